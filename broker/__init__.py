@@ -1,0 +1,1 @@
+"""zstalk broker: the actor that owns every tube, job and session."""

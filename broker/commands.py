@@ -1,0 +1,246 @@
+"""The beanstalk commands, one handler per schema op, mixed into the Broker.
+
+Each handler takes (session, op, now), where op is the schema tuple `(opcode, conn,
+*args)` already checked for format by the front's parser, and returns the reply tuple
+`(conn, code, *values)`, or None when it has no reply (yet).  Counting follows
+beanstalkd: a `cmd-*` counter moves for every well-formed command, found or not
+(../shared/reference/beanstalkd.md §2.3).  Rules that differ by job state are in the
+comments of each handler, with the section of the reference they follow.
+"""
+from __future__ import annotations
+
+from ..protocol.schema import R
+from . import stats
+from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, RESERVED, Job, Session, key_id
+
+class Commands:
+    # -- connection bookkeeping (no reply) ---------------------------------------------
+    def open(self, s: Session, op, now):
+        return None  # already open: a duplicate OPEN changes nothing
+
+    def close(self, s: Session, op, now):
+        self._close(s, now)
+
+    def count(self, s: Session, op, now):
+        """A command the front answered itself that beanstalkd still counts (§2.3)."""
+        _, _, cmd, consumes_id = op
+        key = "cmd-" + cmd
+        if key in self.counters:
+            self.counters[key] += 1
+        if consumes_id:           # EXPECTED_CRLF: the job id was taken before the body (§3.7)
+            self.next_id += 1
+            s.producer = True
+
+    def half_close(self, s: Session, op, now):
+        """The client shut its write side while blocked in reserve: TIMED_OUT (§3.6)."""
+        if s.waiting:
+            self.queue.stop_waiting(s)
+            return (s.conn, R.TIMED_OUT)
+
+    # -- producing ---------------------------------------------------------------------
+    def put(self, s: Session, op, now):
+        _, conn, pri, delay_s, ttr_s, body = op
+        self.counters["cmd-put"] += 1
+        s.producer = True
+        if self.draining:
+            self.next_id += 1     # the job was made before the body was read (§3.7)
+            return (conn, R.DRAINING)
+        cost = len(body) + JOB_OVERHEAD_BYTES
+        limit = self.config.max_jobs_bytes
+        if limit and self.jobs_bytes + cost > limit:
+            return (conn, R.OUT_OF_MEMORY)
+        job_id = self.next_id
+        self.next_id += 1
+        self.jobs_bytes += cost
+        self.total_jobs += 1
+        self.queue.add(Job(job_id, s.use, pri, delay_s, ttr_s, body, now), delay_s, now)
+        return (conn, R.INSERTED, job_id)
+
+    def use(self, s: Session, op, now):
+        self.counters["cmd-use"] += 1
+        old, new = s.use, self.queue.tube(op[2])
+        if new is not old:
+            new.using += 1
+            old.using -= 1
+            s.use = new
+            self.queue.maybe_free(old)
+        return (s.conn, R.USING, new.name)
+
+    # -- consuming ---------------------------------------------------------------------
+    def reserve(self, s: Session, op, now):
+        timeout_s = op[2]
+        self.counters["cmd-reserve" if timeout_s < 0 else "cmd-reserve-with-timeout"] += 1
+        s.worker = True
+        q = self.queue
+        job = q.best_ready(s)
+        if q.in_margin(s, now) and job is None:
+            return (s.conn, R.DEADLINE_SOON)
+        if job is not None:
+            q.take(job)
+            q.reserve(s, job, now)
+            return (s.conn, R.RESERVED, job.id, job.body)
+        if timeout_s == 0:
+            return (s.conn, R.TIMED_OUT)
+        q.wait(s, None if timeout_s < 0 else timeout_s, now)
+        return None
+
+    def reserve_job(self, s: Session, op, now):
+        """Reserve one job by id from any state but reserved, any tube, paused or not (§3.6)."""
+        self.counters["cmd-reserve-job"] += 1
+        s.worker = True
+        job = self.queue.jobs.get(op[2])
+        if job is None or job.state == RESERVED:
+            return (s.conn, R.NOT_FOUND)
+        self.queue.take(job)
+        self.queue.reserve(s, job, now)
+        return (s.conn, R.RESERVED, job.id, job.body)
+
+    def _held(self, s: Session, job_id: int) -> Job | None:
+        return s.reserved.get(job_id)
+
+    def delete(self, s: Session, op, now):
+        """Deletes a job this session holds, or any ready, delayed or buried job (§1.2)."""
+        self.counters["cmd-delete"] += 1
+        job = self.queue.jobs.get(op[2])
+        if job is None or (job.state == RESERVED and job.holder is not s):
+            return (s.conn, R.NOT_FOUND)
+        job.tube.cmd_delete += 1
+        self.jobs_bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        self.queue.delete(job)
+        return (s.conn, R.DELETED)
+
+    def release(self, s: Session, op, now):
+        _, conn, job_id, pri, delay_s = op
+        self.counters["cmd-release"] += 1
+        job = self._held(s, job_id)
+        if job is None:
+            return (conn, R.NOT_FOUND)
+        self.queue.take(job)
+        job.pri = pri
+        job.delay_s = delay_s
+        job.releases += 1
+        self.queue.place(job, delay_s, now)
+        return (conn, R.RELEASED)
+
+    def bury(self, s: Session, op, now):
+        self.counters["cmd-bury"] += 1
+        job = self._held(s, op[2])
+        if job is None:
+            return (s.conn, R.NOT_FOUND)
+        self.queue.take(job)
+        job.pri = op[3]
+        job.buries += 1
+        self.queue.bury(job)
+        return (s.conn, R.BURIED)
+
+    def touch(self, s: Session, op, now):
+        self.counters["cmd-touch"] += 1
+        job = self._held(s, op[2])
+        if job is None:
+            return (s.conn, R.NOT_FOUND)
+        self.queue.touch(job, now)
+        return (s.conn, R.TOUCHED)
+
+    # -- watch list --------------------------------------------------------------------
+    def watch(self, s: Session, op, now):
+        self.counters["cmd-watch"] += 1
+        t = self.queue.tube(op[2])
+        if t not in s.watch:
+            s.watch.append(t)
+            t.watching += 1
+        return (s.conn, R.WATCHING, len(s.watch))
+
+    def ignore(self, s: Session, op, now):
+        """NOT_IGNORED only for the last watched tube; an unwatched name is fine (§3.8)."""
+        self.counters["cmd-ignore"] += 1
+        t = self.queue.tubes.get(op[2])
+        if t is not None and t in s.watch:
+            if len(s.watch) < 2:
+                return (s.conn, R.NOT_IGNORED)
+            i = s.watch.index(t)
+            last = s.watch.pop()             # swap-remove, as beanstalkd's ms_remove
+            if last is not t:
+                s.watch[i] = last
+            t.watching -= 1
+            self.queue.maybe_free(t)
+        return (s.conn, R.WATCHING, len(s.watch))
+
+    # -- looking -----------------------------------------------------------------------
+    def _found(self, s: Session, job: Job | None):
+        if job is None:
+            return (s.conn, R.NOT_FOUND)
+        return (s.conn, R.FOUND, job.id, job.body)
+
+    def peek(self, s: Session, op, now):
+        self.counters["cmd-peek"] += 1
+        return self._found(s, self.queue.jobs.get(op[2]))
+
+    def peek_ready(self, s: Session, op, now):
+        """peek-* look at the used tube only, paused or not (§3.8)."""
+        self.counters["cmd-peek-ready"] += 1
+        t = s.use
+        return self._found(s, self.queue.jobs[key_id(t.ready[0])] if t.ready else None)
+
+    def peek_delayed(self, s: Session, op, now):
+        self.counters["cmd-peek-delayed"] += 1
+        t = s.use
+        return self._found(s, self.queue.jobs[t.delayed[0][1]] if t.delayed else None)
+
+    def peek_buried(self, s: Session, op, now):
+        self.counters["cmd-peek-buried"] += 1
+        t = s.use
+        return self._found(s, next(iter(t.buried.values())) if t.buried else None)
+
+    # -- kicking -----------------------------------------------------------------------
+    def kick(self, s: Session, op, now):
+        self.counters["cmd-kick"] += 1
+        return (s.conn, R.KICKED, self.queue.kick(s.use, op[2], now))
+
+    def kick_job(self, s: Session, op, now):
+        """Only buried or delayed jobs, in any tube (§1.2, §3.7)."""
+        self.counters["cmd-kick-job"] += 1
+        job = self.queue.jobs.get(op[2])
+        if job is None or job.state not in (BURIED, DELAYED):
+            return (s.conn, R.NOT_FOUND)
+        self.queue.kick_job(job, now)
+        return (s.conn, R.KICKED_JOB)
+
+    # -- stats and lists ---------------------------------------------------------------
+    def stats(self, s: Session, op, now):
+        self.counters["cmd-stats"] += 1
+        return (s.conn, R.STATS, stats.server_stats(self, now))
+
+    def stats_job(self, s: Session, op, now):
+        self.counters["cmd-stats-job"] += 1
+        job = self.queue.jobs.get(op[2])
+        if job is None:
+            return (s.conn, R.NOT_FOUND)
+        return (s.conn, R.STATS, stats.job_stats(job, now))
+
+    def stats_tube(self, s: Session, op, now):
+        self.counters["cmd-stats-tube"] += 1
+        t = self.queue.tubes.get(op[2])
+        if t is None:
+            return (s.conn, R.NOT_FOUND)
+        return (s.conn, R.STATS, stats.tube_stats(t, now))
+
+    def list_tubes(self, s: Session, op, now):
+        self.counters["cmd-list-tubes"] += 1
+        return (s.conn, R.LIST, [t.name for t in self.queue.tube_list])
+
+    def list_tube_used(self, s: Session, op, now):
+        self.counters["cmd-list-tube-used"] += 1
+        return (s.conn, R.USING, s.use.name)
+
+    def list_tubes_watched(self, s: Session, op, now):
+        self.counters["cmd-list-tubes-watched"] += 1
+        return (s.conn, R.LIST, [t.name for t in s.watch])
+
+    def pause_tube(self, s: Session, op, now):
+        self.counters["cmd-pause-tube"] += 1
+        t = self.queue.tubes.get(op[2])
+        if t is None:
+            return (s.conn, R.NOT_FOUND)
+        t.cmd_pause_tube += 1
+        self.queue.pause(t, op[3], now)
+        return (s.conn, R.PAUSED)

@@ -1,0 +1,222 @@
+"""The broker core: fronts, sessions and the beanstalk commands, with no I/O and no clock.
+
+`Broker.handle(peer, message, now)` takes one decoded schema message from a front (peer
+is that front's ZeroMQ routing id); `expire(now)` fires due timers; `flush()` returns
+the messages to send, one `Replies` per front with everything produced since the last
+flush (the batching half of the schema's design); `next_deadline()` tells the event
+loop how long it may sleep.  The actor (actor.py) is the only caller that owns a clock
+and a socket, so every timer rule here is tested with a fake clock.
+
+Fronts: a front introduces itself with Hello (its incarnation `front_id`) and must then
+be heard from every PEER_TIMEOUT_S; a silent front is declared dead, its sessions close
+(reserved jobs back to ready, blocked reserves dropped) and its incarnation is fenced:
+anything it sends later gets `Fenced`, and it has to start over with a new incarnation.
+
+Command semantics follow beanstalkd 1.13 (../shared/reference/beanstalkd.md §1.2, §3):
+the handlers below are named after the protocol and count `cmd-*` as beanstalkd does.
+"""
+from __future__ import annotations
+
+import collections
+import random
+from typing import Callable, NamedTuple
+
+from ..protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Hello, Heartbeat, Op, R,
+                               Replies, Settings, Welcome)
+from . import stats
+from .commands import Commands
+from .jobs import READY, Job, Session
+from .queue import Queue
+
+DEFAULT_TUBE = "default"
+_FENCE_MEMORY = 4096          # how many dead front incarnations we remember
+
+
+class Config(NamedTuple):
+    max_job_size: int = 65535
+    max_jobs_bytes: int = 0           # 0: no limit
+    version: str = "0.1.0"
+    binlog_max_size: int = 10485760
+
+
+class Front:
+    __slots__ = ("peer", "front_id", "kind", "pid", "sessions", "last_seen")
+
+    def __init__(self, peer: bytes, hello: Hello, now: float) -> None:
+        self.peer = peer
+        self.front_id = hello.front_id
+        self.kind = hello.kind
+        self.pid = hello.pid
+        self.sessions: dict[int, Session] = {}
+        self.last_seen = now
+
+
+class Broker(Commands):
+    def __init__(self, config: Config, now: float,
+                 sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo) -> None:
+        self.config = config
+        self.sysinfo = sysinfo
+        self.started = now
+        self.broker_id = random.getrandbits(64)
+        self.state_id = random.getrandbits(64) or 1
+        self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
+        self.fronts: dict[bytes, Front] = {}
+        self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.out: dict[bytes, list] = {}
+        self.control: list[tuple[bytes, object]] = []
+        self.next_id = 1
+        self.jobs_bytes = 0
+        self.draining = False
+        self.counters = stats.new_counters()
+        self.total_connections = 0
+        self.total_jobs = 0
+        self._handlers = self._handler_table()
+
+    # -- messages --------------------------------------------------------------------
+    def handle(self, peer: bytes, msg, now: float) -> None:
+        front = self.fronts.get(peer)
+        if isinstance(msg, Hello):
+            self._hello(peer, front, msg, now)
+        elif front is None:
+            sender = getattr(msg, "sender_id", None)
+            self.control.append((peer, Fenced(sender or 0)))
+        else:
+            front.last_seen = now
+            if isinstance(msg, Batch):
+                self._batch(front, msg.ops, now)
+
+    def flush(self) -> list[tuple[bytes, object]]:
+        msgs = self.control
+        self.control = []
+        msgs.extend((peer, Replies(items)) for peer, items in self.out.items() if items)
+        self.out.clear()
+        return msgs
+
+    def heartbeats(self) -> list[tuple[bytes, object]]:
+        return [(peer, Heartbeat(self.broker_id)) for peer in self.fronts]
+
+    def _hello(self, peer: bytes, front: Front | None, hello: Hello, now: float) -> None:
+        if hello.front_id in self.fenced:
+            self.control.append((peer, Fenced(hello.front_id)))
+            return
+        if front is None or front.front_id != hello.front_id:
+            if front is not None:
+                self.drop_front(front, now)
+            front = self.fronts[peer] = Front(peer, hello, now)
+            restored = hello.state_id == self.state_id
+        else:
+            front.last_seen = now
+            restored = True
+        if restored:
+            self._reconcile(front, hello.sessions, now)
+        settings = Settings(max_job_size=self.config.max_job_size)
+        self.control.append((peer, Welcome(self.broker_id, self.state_id, settings, restored)))
+
+    def _reconcile(self, front: Front, states, now: float) -> None:
+        """Make the front's sessions what it says they are (after either side lost the other).
+
+        Sessions it no longer lists close; listed ones are created if missing, and the
+        jobs they hold are kept, or restored with a fresh TTR when a restarted broker
+        still has them ready; jobs we think they hold but they do not list go back to
+        ready (their reserve was answered INTERNAL_ERROR by the front).
+        """
+        listed = {s.conn: s for s in states}
+        for conn in [c for c in front.sessions if c not in listed]:
+            self._close(front.sessions[conn], now)
+        for conn, st in listed.items():
+            s = front.sessions.get(conn) or self._open(front, conn)
+            held = set(st.held)
+            for job in [j for j in s.reserved.values() if j.id not in held]:
+                self.queue.take(job)
+                self.queue.make_ready(job, now)
+            for job_id in held - s.reserved.keys():
+                job = self.queue.jobs.get(job_id)
+                if job is not None and job.state == READY:
+                    self.queue.take(job)
+                    self.queue.reserve(s, job, now)
+
+    def drop_front(self, front: Front, now: float) -> None:
+        """A front died (heartbeat) or was replaced: close its sessions and fence it."""
+        for s in list(front.sessions.values()):
+            self._close(s, now)
+        self.fronts.pop(front.peer, None)
+        self.out.pop(front.peer, None)
+        self.fenced[front.front_id] = None
+        if len(self.fenced) > _FENCE_MEMORY:
+            self.fenced.popitem(last=False)
+
+    def _batch(self, front: Front, ops: list, now: float) -> None:
+        out = self.out.setdefault(front.peer, [])
+        sessions = front.sessions
+        handlers = self._handlers
+        for op in ops:
+            s = sessions.get(op[1])
+            if s is None:
+                if op[0] == Op.OPEN:
+                    self._open(front, op[1])
+                elif op[0] not in (Op.CLOSE, Op.COUNT, Op.HALF_CLOSE):
+                    out.append((op[1], R.INTERNAL_ERROR))
+                continue
+            reply = handlers[op[0]](s, op, now)
+            if reply is not None:
+                out.append(reply)
+
+    # -- timers ----------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        d = self.queue.next_deadline()
+        if self.fronts:
+            f = min(f.last_seen for f in self.fronts.values()) + PEER_TIMEOUT_S
+            d = f if d is None else min(d, f)
+        return d
+
+    def expire(self, now: float) -> None:
+        self.queue.expire(now)
+        for front in [f for f in self.fronts.values() if now - f.last_seen > PEER_TIMEOUT_S]:
+            self.drop_front(front, now)
+
+    # -- queue callbacks (a waiting session got its answer) ---------------------------
+    def _reply(self, s: Session, *reply) -> None:
+        self.out.setdefault(s.front.peer, []).append((s.conn, *reply))
+
+    def _granted(self, s: Session, job: Job) -> None:
+        self._reply(s, R.RESERVED, job.id, job.body)
+
+    def _deadline_soon(self, s: Session) -> None:
+        self._reply(s, R.DEADLINE_SOON)
+
+    def _timed_out(self, s: Session) -> None:
+        self._reply(s, R.TIMED_OUT)
+
+    # -- sessions --------------------------------------------------------------------
+    def _open(self, front: Front, conn: int) -> Session:
+        default = self.queue.tube(DEFAULT_TUBE)
+        s = front.sessions[conn] = Session(front, conn, default)
+        default.using += 1
+        default.watching += 1
+        self.total_connections += 1
+        return s
+
+    def _close(self, s: Session, now: float) -> None:
+        """A connection went away: its jobs go back to ready at once, counters unchanged."""
+        q = self.queue
+        q.stop_waiting(s)
+        for job in list(s.reserved.values()):
+            q.take(job)
+            q.make_ready(job, now)
+        s.use.using -= 1
+        q.maybe_free(s.use)
+        for t in s.watch:
+            t.watching -= 1
+            q.maybe_free(t)
+        del s.front.sessions[s.conn]
+
+    def _handler_table(self) -> list:
+        """Op code -> bound handler; handlers are named after the op (commands.py)."""
+        table: list = [None] * (max(Op) + 1)
+        for op in Op:
+            table[op] = getattr(self, op.name.lower())
+        return table
+
+    def sessions(self):
+        for f in self.fronts.values():
+            yield from f.sessions.values()

@@ -1,0 +1,118 @@
+"""Jobs, their states, and tubes: the data the broker core moves around.
+
+Job states and the commands that move a job between them (beanstalkd protocol.txt,
+"Job Lifecycle"; ../shared/reference/beanstalkd.md §1.2):
+
+    put (delay 0) ---------> READY <--- release(delay 0) / TTR expiry / holder gone --- RESERVED
+    put (delay>0) -> DELAYED --(due)--^ ^-- kick / kick-job --- BURIED                    |
+    DELAYED, BURIED --kick / kick-job--> READY                                            |
+    READY --reserve / reserve-with-timeout--> RESERVED;  READY, DELAYED, BURIED --reserve-job--^
+    RESERVED --release(delay>0)--> DELAYED;  RESERVED --bury--> BURIED
+    any state --delete--> gone (RESERVED only by its holder)
+
+Ordering keys live here and nowhere else:
+  * ready jobs of a tube: an int key `pri << 64 | id`, so plain int comparison gives
+    beanstalkd's (pri, id) order; kept in a SortedList.
+  * delayed jobs: `(deadline, id)` in the tube's SortedList (for peek-delayed and kick)
+    and in the broker's global timer list.
+  * buried jobs: a dict in bury order (FIFO with O(1) removal), as beanstalkd's list.
+"""
+from __future__ import annotations
+
+from sortedcontainers import SortedList
+
+READY = "ready"
+DELAYED = "delayed"
+RESERVED = "reserved"
+BURIED = "buried"
+
+URGENT_PRI = 1024  # pri below this counts as urgent in stats
+JOB_OVERHEAD_BYTES = 256  # what one job costs beyond its body, for --max-jobs-bytes
+_ID_BITS = 64
+_ID_MASK = (1 << _ID_BITS) - 1
+
+
+def ready_key(pri: int, job_id: int) -> int:
+    return (pri << _ID_BITS) | job_id
+
+
+def key_id(key: int) -> int:
+    return key & _ID_MASK
+
+
+class Job:
+    __slots__ = ("id", "tube", "pri", "delay_s", "ttr_s", "body", "state", "created",
+                 "deadline", "holder", "reserves", "timeouts", "releases", "buries", "kicks")
+
+    def __init__(self, job_id: int, tube: "Tube", pri: int, delay_s: int, ttr_s: int,
+                 body: bytes, now: float) -> None:
+        self.id = job_id
+        self.tube = tube
+        self.pri = pri
+        self.delay_s = delay_s
+        self.ttr_s = ttr_s
+        self.body = body
+        self.state = READY
+        self.created = now
+        self.deadline = 0.0     # due time when DELAYED, TTR expiry when RESERVED
+        self.holder = None      # the Session holding it when RESERVED
+        self.reserves = self.timeouts = self.releases = self.buries = self.kicks = 0
+
+
+class Tube:
+    """One tube: its job containers, the sessions waiting on it, and its counters."""
+    __slots__ = ("name", "ready", "delayed", "buried", "urgent", "reserved", "total_jobs",
+                 "using", "watching", "waiting", "cmd_delete", "cmd_pause_tube",
+                 "pause_s", "unpause_at")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ready = SortedList()       # ready_key ints
+        self.delayed = SortedList()     # (deadline, id)
+        self.buried: dict[int, Job] = {}
+        self.urgent = 0                 # ready jobs with pri < URGENT_PRI
+        self.reserved = 0
+        self.total_jobs = 0
+        self.using = 0                  # sessions that `use` it
+        self.watching = 0               # sessions that watch it
+        self.waiting: dict = {}         # sessions blocked in reserve watching it, FIFO
+        self.cmd_delete = 0
+        self.cmd_pause_tube = 0
+        self.pause_s = 0
+        self.unpause_at = 0.0           # > 0 while paused
+
+    @property
+    def job_count(self) -> int:
+        return len(self.ready) + len(self.delayed) + len(self.buried) + self.reserved
+
+    def is_unreferenced(self) -> bool:
+        """A tube lives while a session uses or watches it or a job is in it."""
+        return not (self.using or self.watching or self.job_count)
+
+    def top_key(self) -> int | None:
+        return self.ready[0] if self.ready else None
+
+
+class Session:
+    """One client connection of one front, as the broker sees it (beanstalkd's Conn).
+
+    `watch` keeps beanstalkd's order: append on watch, swap-remove on ignore, which is
+    what list-tubes-watched shows.
+    """
+    __slots__ = ("front", "conn", "use", "watch", "reserved", "waiting", "wait_until",
+                 "wake", "producer", "worker")
+
+    def __init__(self, front, conn: int, default: Tube) -> None:
+        self.front = front
+        self.conn = conn
+        self.use = default
+        self.watch: list[Tube] = [default]
+        self.reserved: dict[int, Job] = {}
+        self.waiting = False
+        self.wait_until: float | None = None   # reserve timeout; None waits forever
+        self.wake: tuple | None = None         # this session's entry in the broker's wake list
+        self.producer = False                  # ever sent put
+        self.worker = False                    # ever sent a reserve command
+
+    def soonest_deadline(self) -> float | None:
+        return min((j.deadline for j in self.reserved.values()), default=None)

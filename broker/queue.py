@@ -1,0 +1,304 @@
+"""The job state machine: tubes, jobs, waiting sessions and the timers that move jobs.
+
+Pure: every method that depends on time takes `now` (monotonic seconds) and nothing here
+reads a clock or does I/O.  When a job is handed to a session that was blocked in
+reserve, the queue calls `grant(session, job)`; the broker turns that into a reply.
+
+Invariant kept after every public call: no waiting session watches an unpaused tube
+that has a ready job.  So a job that becomes ready only has to be offered to the waiters
+of its own tube, and a new reserve never competes with a waiter.
+
+Timers (each a SortedList, so a cancelled timer is removed exactly and nothing stale
+piles up):
+  * `delayed_due` (deadline, id): DELAYED jobs becoming READY;
+  * `ttr_due` (deadline, id): RESERVED jobs whose time-to-run runs out;
+  * `wakes` (when, seq): waiting sessions to look at again (reserve timeout, or the
+    start of the DEADLINE_SOON margin of a job they hold);
+  * `paused` (unpause_at, name): paused tubes.
+`tops` holds (top ready key, tube) for every unpaused tube with ready jobs, so reserve
+across many watched tubes looks at the best candidates first instead of every tube.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from sortedcontainers import SortedList
+
+from .jobs import (BURIED, DELAYED, READY, RESERVED, URGENT_PRI, Job, Session, Tube,
+                   key_id, ready_key)
+
+SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
+_FEW_TUBES = 8          # watch lists up to this size are scanned directly
+
+
+class Queue:
+    def __init__(self, grant: Callable[[Session, Job], None],
+                 deadline_soon: Callable[[Session], None],
+                 timed_out: Callable[[Session], None]) -> None:
+        self.grant = grant
+        self.deadline_soon = deadline_soon
+        self.timed_out = timed_out
+        self.jobs: dict[int, Job] = {}
+        self.tubes: dict[str, Tube] = {}
+        self.tube_list: list[Tube] = []     # creation order with swap-remove (list-tubes)
+        self.tops = SortedList()
+        self.delayed_due = SortedList()
+        self.ttr_due = SortedList()
+        self.wakes = SortedList()
+        self.wake_sessions: dict[int, Session] = {}
+        self.paused = SortedList()
+        self.waiting_count = 0
+        self.job_timeouts = 0
+        self._seq = itertools.count(1)
+
+    # -- tubes ---------------------------------------------------------------------
+    def tube(self, name: str) -> Tube:
+        t = self.tubes.get(name)
+        if t is None:
+            t = self.tubes[name] = Tube(name)
+            self.tube_list.append(t)
+        return t
+
+    def maybe_free(self, t: Tube) -> None:
+        if t.is_unreferenced() and self.tubes.get(t.name) is t:
+            del self.tubes[t.name]
+            i = self.tube_list.index(t)
+            last = self.tube_list.pop()
+            if last is not t:
+                self.tube_list[i] = last
+            if t.unpause_at:
+                self.paused.remove((t.unpause_at, t.name))
+
+    # -- ready set -----------------------------------------------------------------
+    def _ready_add(self, job: Job) -> None:
+        t = job.tube
+        key = ready_key(job.pri, job.id)
+        old_top = t.ready[0] if t.ready else None
+        t.ready.add(key)
+        if job.pri < URGENT_PRI:
+            t.urgent += 1
+        job.state = READY
+        if not t.unpause_at and (old_top is None or key < old_top):
+            if old_top is not None:
+                self.tops.remove((old_top, t))
+            self.tops.add((key, t))
+
+    def _ready_remove(self, job: Job) -> None:
+        t = job.tube
+        key = ready_key(job.pri, job.id)
+        was_top = t.ready[0] == key
+        t.ready.remove(key)
+        if job.pri < URGENT_PRI:
+            t.urgent -= 1
+        if was_top and not t.unpause_at:
+            self.tops.remove((key, t))
+            if t.ready:
+                self.tops.add((t.ready[0], t))
+
+    def make_ready(self, job: Job, now: float) -> None:
+        """Enter READY and hand the job to a waiter of its tube if there is one."""
+        self._ready_add(job)
+        t = job.tube
+        if t.waiting and not t.unpause_at:
+            self._serve_waiters(t, now)
+
+    def _serve_waiters(self, t: Tube, now: float) -> None:
+        while t.waiting and t.ready and not t.unpause_at:
+            session = next(iter(t.waiting))
+            job = self.jobs[key_id(t.ready[0])]
+            self.stop_waiting(session)
+            self._ready_remove(job)
+            self.reserve(session, job, now)
+            self.grant(session, job)
+
+    # -- leaving a state -----------------------------------------------------------
+    def take(self, job: Job) -> None:
+        """Remove a job from the container of its current state."""
+        t = job.tube
+        if job.state == READY:
+            self._ready_remove(job)
+        elif job.state == DELAYED:
+            t.delayed.remove((job.deadline, job.id))
+            self.delayed_due.remove((job.deadline, job.id))
+        elif job.state == BURIED:
+            del t.buried[job.id]
+        elif job.state == RESERVED:
+            self.ttr_due.remove((job.deadline, job.id))
+            del job.holder.reserved[job.id]
+            job.holder = None
+            t.reserved -= 1
+
+    # -- entering a state ----------------------------------------------------------
+    def add(self, job: Job, delay_s: int, now: float) -> None:
+        """A new job enters its tube (put)."""
+        self.jobs[job.id] = job
+        job.tube.total_jobs += 1
+        self.place(job, delay_s, now)
+
+    def place(self, job: Job, delay_s: int, now: float) -> None:
+        """Make a job READY, or DELAYED for delay_s seconds."""
+        if delay_s > 0:
+            job.state = DELAYED
+            job.deadline = now + delay_s
+            job.tube.delayed.add((job.deadline, job.id))
+            self.delayed_due.add((job.deadline, job.id))
+        else:
+            self.make_ready(job, now)
+
+    def reserve(self, session: Session, job: Job, now: float) -> None:
+        """Give `job` (already taken from its container) to `session`."""
+        job.state = RESERVED
+        job.holder = session
+        job.reserves += 1
+        job.deadline = now + job.ttr_s
+        job.tube.reserved += 1
+        session.reserved[job.id] = job
+        self.ttr_due.add((job.deadline, job.id))
+
+    def bury(self, job: Job) -> None:
+        job.state = BURIED
+        job.tube.buried[job.id] = job
+
+    def delete(self, job: Job) -> None:
+        self.take(job)
+        del self.jobs[job.id]
+        self.maybe_free(job.tube)
+
+    def touch(self, job: Job, now: float) -> None:
+        self.ttr_due.remove((job.deadline, job.id))
+        job.deadline = now + job.ttr_s
+        self.ttr_due.add((job.deadline, job.id))
+
+    # -- reserve -------------------------------------------------------------------
+    def best_ready(self, session: Session) -> Job | None:
+        """The (pri, id)-smallest ready job across the session's unpaused watched tubes."""
+        if len(session.watch) <= _FEW_TUBES or len(self.tops) <= _FEW_TUBES:
+            best = None
+            for t in session.watch:
+                if t.ready and not t.unpause_at:
+                    k = t.ready[0]
+                    if best is None or k < best:
+                        best = k
+            return None if best is None else self.jobs[key_id(best)]
+        watched = set(session.watch)
+        for key, t in self.tops:
+            if t in watched:
+                return self.jobs[key_id(key)]
+        return None
+
+    def in_margin(self, session: Session, now: float) -> bool:
+        d = session.soonest_deadline()
+        return d is not None and now >= d - SAFETY_MARGIN_S
+
+    def wait(self, session: Session, timeout_s: float | None, now: float) -> None:
+        """Block `session` in reserve until a job, its timeout, or DEADLINE_SOON."""
+        session.waiting = True
+        session.wait_until = None if timeout_s is None else now + timeout_s
+        for t in session.watch:
+            t.waiting[session] = None
+        self.waiting_count += 1
+        self._schedule_wake(session)
+
+    def _schedule_wake(self, session: Session) -> None:
+        when = session.wait_until
+        soonest = session.soonest_deadline()
+        if soonest is not None:
+            margin = soonest - SAFETY_MARGIN_S
+            when = margin if when is None else min(when, margin)
+        if when is not None:
+            seq = next(self._seq)
+            session.wake = (when, seq)
+            self.wakes.add(session.wake)
+            self.wake_sessions[seq] = session
+
+    def stop_waiting(self, session: Session) -> None:
+        if not session.waiting:
+            return
+        session.waiting = False
+        for t in session.watch:
+            t.waiting.pop(session, None)
+        self.waiting_count -= 1
+        if session.wake is not None:
+            self.wakes.remove(session.wake)
+            del self.wake_sessions[session.wake[1]]
+            session.wake = None
+
+    # -- kick ----------------------------------------------------------------------
+    def kick(self, t: Tube, bound: int, now: float) -> int:
+        """Kick up to `bound` buried jobs of `t`, or if none is buried, delayed ones."""
+        if t.buried:
+            victims = list(itertools.islice(t.buried.values(), bound))
+        else:
+            victims = [self.jobs[i] for _, i in t.delayed.islice(0, bound)]
+        for job in victims:
+            self.kick_job(job, now)
+        return len(victims)
+
+    def kick_job(self, job: Job, now: float) -> None:
+        self.take(job)
+        job.kicks += 1
+        self.make_ready(job, now)
+
+    # -- pause ---------------------------------------------------------------------
+    def pause(self, t: Tube, delay_s: int, now: float) -> None:
+        if t.unpause_at:
+            self.paused.remove((t.unpause_at, t.name))
+        elif t.ready:
+            self.tops.remove((t.ready[0], t))
+        t.pause_s = delay_s
+        # pause 0 ends at the next expire (beanstalkd: 1 ns), waking waiters at once
+        t.unpause_at = now + delay_s
+        self.paused.add((t.unpause_at, t.name))
+
+    def _unpause(self, t: Tube, now: float) -> None:
+        self.paused.remove((t.unpause_at, t.name))
+        t.unpause_at = 0.0
+        t.pause_s = 0
+        if t.ready:
+            self.tops.add((t.ready[0], t))
+            self._serve_waiters(t, now)
+
+    # -- timers --------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        firsts = [sl[0][0] for sl in (self.delayed_due, self.ttr_due, self.wakes, self.paused) if sl]
+        return min(firsts, default=None)
+
+    def expire(self, now: float) -> None:
+        """Fire every timer due at `now`, in beanstalkd's order: delays, pauses, sessions."""
+        while self.delayed_due and self.delayed_due[0][0] <= now:
+            job = self.jobs[self.delayed_due[0][1]]
+            self.take(job)
+            self.make_ready(job, now)
+        while self.paused and self.paused[0][0] <= now:
+            self._unpause(self.tubes[self.paused[0][1]], now)
+        while self.ttr_due and self.ttr_due[0][0] <= now:
+            self._time_out(self.jobs[self.ttr_due[0][1]], now)
+        while self.wakes and self.wakes[0][0] <= now:
+            self._wake(self.wake_sessions[self.wakes[0][1]], now)
+
+    def _time_out(self, job: Job, now: float) -> None:
+        holder = job.holder
+        self.take(job)
+        job.timeouts += 1
+        self.job_timeouts += 1
+        if holder.waiting:            # its DEADLINE_SOON time may have moved
+            self._reschedule(holder)
+        self.make_ready(job, now)
+
+    def _reschedule(self, session: Session) -> None:
+        if session.wake is not None:
+            self.wakes.remove(session.wake)
+            del self.wake_sessions[session.wake[1]]
+            session.wake = None
+        self._schedule_wake(session)
+
+    def _wake(self, session: Session, now: float) -> None:
+        if self.in_margin(session, now):
+            self.stop_waiting(session)
+            self.deadline_soon(session)
+        elif session.wait_until is not None and now >= session.wait_until:
+            self.stop_waiting(session)
+            self.timed_out(session)
+        else:
+            self._reschedule(session)

@@ -1,0 +1,126 @@
+"""The `stats`, `stats-job` and `stats-tube` records, keys spelled and ordered as beanstalkd
+emits them (../shared/reference/beanstalkd.md §2.2-2.3; the emitted order, not protocol.txt's).
+
+Records are ordered lists of (key, value) pairs with plain values (int, float seconds,
+bool, str); the front that serves a protocol decides how to print them (beanstalk: YAML
+with 1.13 quoting).  Process facts (pid, rusage, uname) come from a `SysInfo` the actor
+passes in, which keeps the core free of I/O.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from typing import NamedTuple
+
+from .jobs import DELAYED, RESERVED, Job, Tube
+
+CMD_KEYS = (
+    "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
+    "cmd-reserve", "cmd-reserve-with-timeout", "cmd-delete", "cmd-release", "cmd-use",
+    "cmd-watch", "cmd-ignore", "cmd-bury", "cmd-kick", "cmd-touch", "cmd-stats",
+    "cmd-stats-job", "cmd-stats-tube", "cmd-list-tubes", "cmd-list-tube-used",
+    "cmd-list-tubes-watched", "cmd-pause-tube",
+)
+#: counted by beanstalkd but never reported
+HIDDEN_KEYS = ("cmd-reserve-job", "cmd-kick-job")
+
+
+class SysInfo(NamedTuple):
+    pid: int
+    utime_s: float
+    stime_s: float
+    hostname: str
+    os: str
+    platform: str
+
+
+def no_sysinfo() -> SysInfo:
+    return SysInfo(0, 0.0, 0.0, "", "", "")
+
+
+def process_sysinfo() -> SysInfo:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    u = os.uname()
+    return SysInfo(os.getpid(), ru.ru_utime, ru.ru_stime, u.nodename, u.version, u.machine)
+
+
+def new_counters() -> dict[str, int]:
+    return dict.fromkeys(CMD_KEYS + HIDDEN_KEYS, 0)
+
+
+def server_stats(b, now: float) -> list[tuple[str, object]]:
+    """beanstalkd's 51 `stats` keys for broker `b`."""
+    tubes = b.queue.tubes.values()
+    sessions = list(b.sessions())
+    si = b.sysinfo()
+    pairs = [
+        ("current-jobs-urgent", sum(t.urgent for t in tubes)),
+        ("current-jobs-ready", sum(len(t.ready) for t in tubes)),
+        ("current-jobs-reserved", sum(t.reserved for t in tubes)),
+        ("current-jobs-delayed", sum(len(t.delayed) for t in tubes)),
+        ("current-jobs-buried", sum(len(t.buried) for t in tubes)),
+    ]
+    pairs += [(k, b.counters[k]) for k in CMD_KEYS]
+    pairs += [
+        ("job-timeouts", b.queue.job_timeouts),
+        ("total-jobs", b.total_jobs),
+        ("max-job-size", b.config.max_job_size),
+        ("current-tubes", len(b.queue.tubes)),
+        ("current-connections", len(sessions)),
+        ("current-producers", sum(1 for s in sessions if s.producer)),
+        ("current-workers", sum(1 for s in sessions if s.worker)),
+        ("current-waiting", b.queue.waiting_count),
+        ("total-connections", b.total_connections),
+        ("pid", si.pid),
+        ("version", b.config.version),
+        ("rusage-utime", si.utime_s),
+        ("rusage-stime", si.stime_s),
+        ("uptime", int(now - b.started)),
+        ("binlog-oldest-index", 0),
+        ("binlog-current-index", 0),
+        ("binlog-records-migrated", 0),
+        ("binlog-records-written", 0),
+        ("binlog-max-size", b.config.binlog_max_size),
+        ("draining", b.draining),
+        ("id", f"{b.broker_id:016x}"),
+        ("hostname", si.hostname),
+        ("os", si.os),
+        ("platform", si.platform),
+    ]
+    return pairs
+
+
+def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
+    time_left = 0
+    if job.state in (RESERVED, DELAYED):
+        time_left = max(0, int(job.deadline - now))
+    return [
+        ("id", job.id), ("tube", job.tube.name), ("state", job.state), ("pri", job.pri),
+        ("age", int(now - job.created)), ("delay", job.delay_s), ("ttr", job.ttr_s),
+        ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
+        ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
+        ("kicks", job.kicks),
+    ]
+
+
+def tube_stats(t: Tube, now: float) -> list[tuple[str, object]]:
+    paused_left = max(0, int(t.unpause_at - now)) if t.unpause_at else 0
+    return [
+        ("name", t.name),
+        ("current-jobs-urgent", t.urgent),
+        ("current-jobs-ready", len(t.ready)),
+        ("current-jobs-reserved", t.reserved),
+        ("current-jobs-delayed", len(t.delayed)),
+        ("current-jobs-buried", len(t.buried)),
+        ("total-jobs", t.total_jobs),
+        ("current-using", t.using),
+        ("current-watching", t.watching),
+        ("current-waiting", len(t.waiting)),
+        ("cmd-delete", t.cmd_delete),
+        ("cmd-pause-tube", t.cmd_pause_tube),
+        ("pause", t.pause_s),
+        ("pause-time-left", paused_left),
+    ]
+
+
+__all__ = ["server_stats", "job_stats", "tube_stats", "SysInfo"]

@@ -1,0 +1,131 @@
+"""`zstalk serve` / `zstalkd`: one broker and N beanstalk fronts on one machine, supervised.
+
+The supervisor binds the client socket first (so the port is taken within
+milliseconds of start, and a busy port fails at once with beanstalkd's message and exit
+code), then starts the broker and the fronts as child processes running `zstalk broker`
+and `zstalk front beanstalk --fd N`.  The broker listens on an ipc:// endpoint in a
+private temporary directory, so no internal port is fixed and two servers run side by
+side.
+
+Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
+SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
+SIGUSR1 is passed to the broker (drain mode).  A child that dies is started again.
+Children get PR_SET_PDEATHSIG, so they never outlive the supervisor, even after
+kill -9 of it.  This module imports nothing heavy, to keep start-up fast.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+STOP_GRACE_S = 3.0
+RESTART_DELAY_S = 0.5
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD}
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ServeOptions:
+    fronts: int = 1
+    max_job_size: int = 65535
+    max_jobs_bytes: int = 0
+    max_connections: int = 0
+    verbose: int = 0
+    broker_bind: str | None = None
+    extra_broker_args: list[str] = field(default_factory=list)
+
+
+def _child_setup() -> None:
+    """Runs in each child between fork and exec: default signal mask, die with parent."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, listeners: list[socket.socket], opts: ServeOptions) -> None:
+        self.listeners = listeners
+        self.opts = opts
+        self.tmpdir = tempfile.mkdtemp(prefix="zstalk-")
+        self.endpoint = opts.broker_bind or f"ipc://{self.tmpdir}/broker"
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def _command(self, name: str) -> list[str]:
+        base = [sys.executable, "-m", "zstalk.broker.cli"] + ["-V"] * self.opts.verbose
+        if name == "broker":
+            return base + ["broker", "--bind", self.endpoint,
+                           "--max-job-size", str(self.opts.max_job_size),
+                           "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
+                           *self.opts.extra_broker_args]
+        cmd = base + ["front", "beanstalk", "--broker", self.endpoint,
+                      "--max-job-size", str(self.opts.max_job_size),
+                      "--max-connections", str(self.opts.max_connections)]
+        for sock in self.listeners:
+            cmd += ["--fd", str(sock.fileno())]
+        return cmd
+
+    def _start(self, name: str) -> None:
+        env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
+        fds = [s.fileno() for s in self.listeners] if name != "broker" else []
+        self.children[name] = subprocess.Popen(
+            self._command(name), pass_fds=fds, env=env, preexec_fn=_child_setup,
+            stdin=subprocess.DEVNULL)
+
+    def run(self) -> int:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            self._start("broker")
+            for i in range(self.opts.fronts):
+                self._start(f"front-{i}")
+            self._loop()
+        finally:
+            self._stop()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+        return 0
+
+    def _loop(self) -> None:
+        while True:
+            info = signal.sigtimedwait(_SIGNALS, 1.0)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                self._restart_dead()
+            elif info.si_signo == signal.SIGUSR1:
+                broker = self.children.get("broker")
+                if broker is not None:
+                    broker.send_signal(signal.SIGUSR1)
+            else:
+                return
+
+    def _restart_dead(self) -> None:
+        for name, proc in list(self.children.items()):
+            if proc.poll() is not None:
+                print(f"zstalk: {name} exited with {proc.returncode}; starting it again",
+                      file=sys.stderr)
+                time.sleep(RESTART_DELAY_S)
+                self._start(name)
+
+    def _stop(self) -> None:
+        for proc in self.children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.children.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def serve(listeners: list[socket.socket], opts: ServeOptions) -> int:
+    return Supervisor(listeners, opts).run()

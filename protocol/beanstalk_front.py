@@ -1,0 +1,262 @@
+"""The beanstalk front: an asyncio TCP / unix-socket listener that speaks beanstalkd's text
+protocol to clients and schema ops to the broker.
+
+Per connection (`BeanstalkConn`): bytes go into the sans-IO `Parser`; each event becomes
+a *slot* in the connection's reply queue.  A reply the front makes itself (BAD_FORMAT,
+JOB_TOO_BIG, ...) fills its slot at once; a command for the broker leaves as an op
+(batched per loop turn by the link) and its slot fills when the broker answers.  Slots
+are written strictly in order, so local and broker replies interleave exactly as
+beanstalkd would send them.  A reserve that may block (`reserve`, or a timeout > 0)
+stops the parsing of that connection's later commands until it is answered, as
+beanstalkd does not read past a waiting reserve.
+
+The front mirrors each session's used tube, watch list and held job ids from the
+replies it relays, so after losing the broker it can re-register them (Hello).
+
+Bounds: the parser holds one line plus one body; reading pauses while the parser holds
+more than READ_LIMIT_SLACK beyond that, and while the client is not reading its replies
+(transport write buffer above WRITE_HIGH).  `max_connections` extra connections are
+accepted and closed at once, as beanstalkd does past its descriptor limit.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+
+from .beanstalk import NEED_DATA, Parser, Reject
+from .beanstalk_replies import INTERNAL_ERROR, format_reply
+from .link import BrokerLink, LinkOwner
+from .schema import Op, R, SessionState, Welcome
+
+log = logging.getLogger("zstalk.front")
+
+READ_LIMIT_SLACK = 256 * 1024
+WRITE_HIGH = 1024 * 1024
+
+_SIMPLE = {  # command name -> op code, for commands whose args map straight onto the op
+    "use": Op.USE, "reserve-job": Op.RESERVE_JOB, "delete": Op.DELETE,
+    "release": Op.RELEASE, "bury": Op.BURY, "touch": Op.TOUCH, "watch": Op.WATCH,
+    "ignore": Op.IGNORE, "peek": Op.PEEK, "peek-ready": Op.PEEK_READY,
+    "peek-delayed": Op.PEEK_DELAYED, "peek-buried": Op.PEEK_BURIED, "kick": Op.KICK,
+    "kick-job": Op.KICK_JOB, "stats": Op.STATS, "stats-job": Op.STATS_JOB,
+    "stats-tube": Op.STATS_TUBE, "list-tubes": Op.LIST_TUBES,
+    "list-tube-used": Op.LIST_TUBE_USED, "list-tubes-watched": Op.LIST_TUBES_WATCHED,
+    "pause-tube": Op.PAUSE_TUBE, "reserve-with-timeout": Op.RESERVE,
+}
+_SIMPLE = {k: int(v) for k, v in _SIMPLE.items()}
+_PUT, _RESERVE, _OPEN, _CLOSE = int(Op.PUT), int(Op.RESERVE), int(Op.OPEN), int(Op.CLOSE)
+_COUNT, _HALF_CLOSE = int(Op.COUNT), int(Op.HALF_CLOSE)
+_RELEASING = frozenset({R.DELETED, R.RELEASED, R.BURIED})
+
+
+def command_op(conn: int, cmd) -> tuple:
+    """A parsed command as a schema op."""
+    name = cmd.name
+    if name == "put":
+        pri, delay, ttr, _size = cmd.args
+        return (_PUT, conn, pri, delay, ttr, cmd.body)
+    if name == "reserve":
+        return (_RESERVE, conn, -1)
+    return (_SIMPLE[name], conn, *cmd.args)
+
+
+class BeanstalkConn(asyncio.Protocol):
+    def __init__(self, front: "BeanstalkFront", conn: int) -> None:
+        self.front = front
+        self.conn = conn
+        self.parser = Parser(front.max_job_size)
+        self.transport: asyncio.Transport | None = None
+        self.slots: collections.deque = collections.deque()      # [op, reply bytes | None]
+        self.unanswered: collections.deque = collections.deque()
+        self.blocked = False        # a reserve that may wait is in flight
+        self.quitting = False
+        self.eof = False
+        self.write_paused = False
+        self.read_paused = False
+        self.stale = False          # registered with a broker we lost
+        self.use = "default"
+        self.watch = ["default"]
+        self.held: set[int] = set()
+
+    # -- asyncio callbacks -------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        transport.set_write_buffer_limits(high=WRITE_HIGH)
+        if not self.front.admit(self):
+            transport.close()
+            return
+        self.front.link.submit((_OPEN, self.conn))
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.receive_data(data)
+        self.pump()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.blocked:
+            self.front.link.submit((_HALF_CLOSE, self.conn))
+        self.pump()
+        return True
+
+    def connection_lost(self, exc) -> None:
+        if self.front.conns.pop(self.conn, None) is self:
+            self.front.link.submit((_CLOSE, self.conn))
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.pump()
+
+    # -- commands ----------------------------------------------------------------------
+    def pump(self) -> None:
+        """Turn buffered bytes into replies and ops, as far as ordering allows."""
+        parser, submit = self.parser, self.front.link.submit
+        slots, conn = self.slots, self.conn
+        while not (self.blocked or self.quitting or self.write_paused):
+            ev = parser.next_event()
+            if ev is NEED_DATA:
+                break
+            if type(ev) is Reject:
+                if ev.counts:
+                    submit((_COUNT, conn, ev.counts, ev.consumes_id))
+                slots.append([None, ev.reply])
+                continue
+            if ev.name == "quit":
+                self.quitting = True
+                break
+            op = command_op(conn, ev)
+            slot = [op, None]
+            slots.append(slot)
+            self.unanswered.append(slot)
+            submit(op)
+            if op[0] == _RESERVE and op[2] != 0:
+                self.blocked = True
+        self.flush()
+        self._regulate_reading()
+
+    def answer(self, reply: tuple) -> None:
+        """Fill the oldest unanswered slot with the broker's reply and mirror its effect."""
+        slot = self.unanswered.popleft()
+        op, code = slot[0], reply[1]
+        slot[1] = format_reply(reply)
+        if op[0] == _RESERVE:
+            self.blocked = False
+        if code == R.RESERVED:
+            self.held.add(reply[2])
+        elif code in _RELEASING:
+            self.held.discard(op[2])
+        elif code == R.USING and op[0] == Op.USE:
+            self.use = reply[2]
+        elif code == R.WATCHING:
+            self._mirror_watch(op)
+
+    def _mirror_watch(self, op: tuple) -> None:
+        name = op[2]
+        if op[0] == Op.WATCH and name not in self.watch:
+            self.watch.append(name)
+        elif op[0] == Op.IGNORE and name in self.watch:
+            i = self.watch.index(name)
+            last = self.watch.pop()
+            if last != name:
+                self.watch[i] = last
+
+    def fail_unanswered(self) -> None:
+        """The broker is gone: every command it had is answered INTERNAL_ERROR, never replayed."""
+        while self.unanswered:
+            self.unanswered.popleft()[1] = INTERNAL_ERROR
+        self.blocked = False
+
+    def flush(self) -> None:
+        slots, out = self.slots, []
+        while slots and slots[0][1] is not None:
+            out.append(slots.popleft()[1])
+        if self.transport is None:
+            return
+        if out:
+            self.transport.write(b"".join(out))
+        if not slots and (self.quitting or (self.eof and not self.blocked)):
+            self.transport.close()
+
+    def _regulate_reading(self) -> None:
+        if self.transport is None:
+            return
+        full = self.parser.buffered > self.parser.max_job_size + READ_LIMIT_SLACK
+        if full and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+        elif not full and self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def state(self) -> SessionState:
+        return SessionState(self.conn, self.use, list(self.watch), sorted(self.held))
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class BeanstalkFront(LinkOwner):
+    def __init__(self, broker: str, max_connections: int = 0, hold_s: float = 5.0,
+                 max_job_size: int = 65535) -> None:
+        self.conns: dict[int, BeanstalkConn] = {}
+        self.max_connections = max_connections
+        self.max_job_size = max_job_size
+        self._next_conn = 0
+        self.link = BrokerLink(broker, "beanstalk", self, hold_s=hold_s)
+
+    def protocol_factory(self) -> BeanstalkConn:
+        self._next_conn += 1
+        return BeanstalkConn(self, self._next_conn)
+
+    def admit(self, c: BeanstalkConn) -> bool:
+        if self.max_connections and len(self.conns) >= self.max_connections:
+            return False
+        self.conns[c.conn] = c
+        return True
+
+    # -- LinkOwner ---------------------------------------------------------------------
+    def on_replies(self, items: list) -> None:
+        conns, touched = self.conns, {}
+        for item in items:
+            c = conns.get(item[0])
+            if c is not None and c.unanswered:
+                c.answer(item)
+                touched[c] = None
+        for c in touched:
+            c.pump()
+
+    def on_welcome(self, w: Welcome) -> None:
+        self.max_job_size = w.settings.max_job_size
+        for c in list(self.conns.values()):
+            c.parser.max_job_size = w.settings.max_job_size
+            if c.stale and not w.restored:
+                c.abort()     # the broker lost its state: look like a restarted beanstalkd
+            c.stale = False
+
+    def on_lost(self) -> None:
+        for c in list(self.conns.values()):
+            c.stale = True
+            c.fail_unanswered()
+            c.pump()
+
+    def on_fenced(self) -> None:
+        for c in list(self.conns.values()):
+            self.conns.pop(c.conn, None)
+            c.abort()
+
+    def session_states(self) -> list[SessionState]:
+        return [c.state() for c in self.conns.values() if c.stale]
+
+    def close(self) -> None:
+        for c in list(self.conns.values()):
+            c.abort()
+        self.link.close()

@@ -1,0 +1,203 @@
+"""A front's link to the broker: one DEALER socket driven from an asyncio loop.
+
+Ops queued during one event-loop turn leave as one `Batch` at the end of the turn
+(`call_soon`), which is what makes the cluster fast.  Replies come back through the
+socket's edge-triggered FD; after every send the socket is checked again, as ZeroMQ
+requires of an FD that only signals edges.
+
+Life cycle: CONNECTING (Hello sent, waiting for Welcome) -> READY -> LOST when nothing
+has come from the broker for PEER_TIMEOUT_S, or a heartbeat names another broker
+incarnation.  On LOST the socket is thrown away with everything still queued in it, so
+nothing is replayed to a new broker; the owner answers INTERNAL_ERROR for every op
+already sent (`on_lost`).  Ops submitted while not READY are held (bounded count,
+`hold_s` timeout) and sent after Welcome, or answered INTERNAL_ERROR when the time
+runs out.  `Fenced` means the broker gave up on this incarnation: the owner closes
+every client connection and the link starts over under a new incarnation.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from typing import Callable
+
+import zmq
+
+from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat,
+                     Hello, Op, Replies, R, SchemaError, SessionState, Settings, Welcome,
+                     decode, encode)
+
+log = logging.getLogger("zstalk.front")
+
+CONNECTING, READY, LOST = "connecting", "ready", "lost"
+
+
+class LinkOwner:
+    """What a front supplies to its link (all called on the event loop)."""
+    def on_replies(self, items: list) -> None: ...
+    def on_welcome(self, welcome: Welcome) -> None: ...
+    def on_lost(self) -> None: ...
+    def on_fenced(self) -> None: ...
+    def session_states(self) -> list[SessionState]: ...
+
+
+class BrokerLink:
+    def __init__(self, endpoint: str, kind: str, owner: LinkOwner,
+                 hold_s: float = 5.0, max_held: int = 100_000,
+                 ctx: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.kind = kind
+        self.owner = owner
+        self.hold_s = hold_s
+        self.max_held = max_held
+        self.ctx = ctx or zmq.Context.instance()
+        self.loop = asyncio.get_running_loop()
+        self.front_id = random.getrandbits(64) or 1
+        self.state = CONNECTING
+        self.state_id = 0
+        self.broker_id = 0
+        self.settings = Settings()
+        self.batch: list[tuple] = []
+        self.held: list[tuple[float, tuple]] = []
+        self._flush_scheduled = False
+        self.sock: zmq.Socket | None = None
+        self.last_heard = time.monotonic()
+        self.hello_at = 0.0
+        self._ticker: asyncio.TimerHandle | None = None
+
+    # -- socket ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._connect()
+        self._tick()
+
+    def close(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+        self._drop_socket()
+
+    def _connect(self) -> None:
+        self._drop_socket()
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, self.front_id.to_bytes(8, "big"))
+        for opt, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0),
+                           (zmq.RECONNECT_IVL, 100), (zmq.RECONNECT_IVL_MAX, 1000)):
+            s.setsockopt(opt, value)
+        s.connect(self.endpoint)
+        self.sock = s
+        self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
+        self.state = CONNECTING
+        self.hello_at = time.monotonic()
+        self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
+                         self.owner.session_states()))
+
+    def _drop_socket(self) -> None:
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            self.sock.close(linger=0)
+            self.sock = None
+
+    def _send(self, msg) -> None:
+        self.sock.send(encode(msg), zmq.NOBLOCK)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Take every message waiting on the socket (edge-triggered FD: loop until empty)."""
+        sock = self.sock
+        while sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            data = sock.recv(zmq.NOBLOCK)
+            try:
+                msg = decode(data)
+            except SchemaError as exc:
+                log.warning("ignoring broker message: %s", exc)
+                continue
+            self._handle(msg)
+            sock = self.sock
+
+    # -- ops ---------------------------------------------------------------------------
+    def submit(self, op: tuple) -> None:
+        if self.state is READY:
+            self.batch.append(op)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+        elif op[0] == Op.CLOSE and self._cancel_held_open(op[1]):
+            pass
+        elif op[0] in SILENT_OPS or len(self.held) < self.max_held:
+            self.held.append((time.monotonic(), op))
+        else:
+            self.owner.on_replies([(op[1], R.INTERNAL_ERROR)])
+
+    def _cancel_held_open(self, conn: int) -> bool:
+        """A connection that opened and closed while the broker was away never existed for it."""
+        if not any(op[0] == Op.OPEN and op[1] == conn for _, op in self.held):
+            return False
+        self.held = [(at, op) for at, op in self.held if op[1] != conn]
+        return True
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.batch and self.state is READY:
+            batch, self.batch = self.batch, []
+            self._send(Batch(batch))
+
+    # -- broker messages ---------------------------------------------------------------
+    def _handle(self, msg) -> None:
+        self.last_heard = time.monotonic()
+        if isinstance(msg, Replies):
+            self.owner.on_replies(msg.items)
+        elif isinstance(msg, Heartbeat):
+            if self.state is READY and msg.sender_id != self.broker_id:
+                self._lose("broker restarted (new incarnation)")
+        elif isinstance(msg, Welcome):
+            self._welcome(msg)
+        elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
+            log.warning("fenced by the broker: closing client connections, starting over")
+            self.owner.on_fenced()
+            self.front_id = random.getrandbits(64) or 1
+            self.state_id = 0
+            self._connect()
+
+    def _welcome(self, w: Welcome) -> None:
+        self.broker_id = w.broker_id
+        self.settings = w.settings
+        self.owner.on_welcome(w)
+        self.state_id = w.state_id
+        self.state = READY
+        log.info("registered with broker %016x", w.broker_id)
+        held, self.held = self.held, []
+        for _, op in held:
+            self.submit(op)
+
+    def _lose(self, why: str) -> None:
+        log.warning("lost the broker: %s", why)
+        self.state = LOST
+        self.batch = []
+        self.owner.on_lost()
+        self._connect()
+
+    # -- timers ------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.state is READY:
+            self._send(Heartbeat(self.front_id))
+            if now - self.last_heard > PEER_TIMEOUT_S:
+                self._lose(f"silent for {now - self.last_heard:.1f} s")
+        elif now - self.hello_at > PEER_TIMEOUT_S:
+            self._connect()       # say Hello again on a fresh socket
+        self._expire_held(now)
+        self._ticker = self.loop.call_later(HEARTBEAT_S, self._tick)
+
+    def _expire_held(self, now: float) -> None:
+        if not self.held or now - self.held[0][0] < self.hold_s:
+            return
+        keep, failed = [], []
+        for at, op in self.held:
+            if now - at < self.hold_s or op[0] in SILENT_OPS:
+                keep.append((at, op))
+            else:
+                failed.append((op[1], R.INTERNAL_ERROR))
+        self.held = keep
+        if failed:
+            self.owner.on_replies(failed)

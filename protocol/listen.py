@@ -1,0 +1,79 @@
+"""Listening sockets for fronts: TCP, unix paths, and systemd socket activation.
+
+The supervisor binds the client-facing socket itself and hands the descriptor to every
+front process it starts, so `--fronts N` share one accept queue, a second server on the
+same port fails with "Address already in use" as beanstalkd does (no SO_REUSEPORT
+sharing with strangers), and systemd's LISTEN_FDS sockets slot into the same path.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+SD_LISTEN_FDS_START = 3
+BACKLOG = 1024
+
+
+def parse_listen(spec: str, default_port: int) -> tuple[str, str | None, int]:
+    """'unix:/path' -> ('unix', path, 0); 'HOST:PORT' or 'HOST' -> ('tcp', host, port)."""
+    if spec.startswith("unix:"):
+        return ("unix", spec[len("unix:"):], 0)
+    host, port = spec, default_port
+    if spec.count(":") == 1:
+        host, _, p = spec.partition(":")
+        port = int(p)
+    elif spec.startswith("[") and "]:" in spec:
+        host, _, p = spec[1:].partition("]:")
+        port = int(p)
+    return ("tcp", host.strip("[]") or None, port)
+
+
+def bind_tcp(host: str | None, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                               socket.AI_PASSIVE)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_unix(path: str) -> socket.socket:
+    """Bind a unix socket, removing a stale socket file left by a dead server."""
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_listen(spec: str, default_port: int) -> socket.socket:
+    kind, where, port = parse_listen(spec, default_port)
+    return bind_unix(where) if kind == "unix" else bind_tcp(where, port)
+
+
+def systemd_sockets() -> list[socket.socket]:
+    """Sockets passed by systemd socket activation (sd_listen_fds), if any are for us."""
+    try:
+        if int(os.environ.get("LISTEN_PID", "0")) != os.getpid():
+            return []
+        count = int(os.environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return []
+    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(key, None)
+    return [socket.socket(fileno=fd) for fd in range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + count)]

@@ -1,0 +1,194 @@
+"""The one module that owns every message exchanged between zstalk actors.
+
+Wire format: each ZeroMQ message is one msgpack array `[SCHEMA_VERSION, kind, *fields]`
+where `kind` is the small integer of a message class below and `fields` are that
+NamedTuple's fields in order.  Nothing else in zstalk calls msgpack: actors build
+these typed messages and hand them to `encode`/`decode`.
+
+Traffic shape (why batches): a front gathers every client command of one event-loop
+turn into one `Batch` of ops, and the broker answers each batch it handled with one
+`Replies`, so one ZeroMQ message carries hundreds of commands under load.
+
+Flow control (no silent drops): the broker's ROUTER socket sets ROUTER_MANDATORY, so a
+reply to a front that is no longer connected raises instead of vanishing; the broker
+then declares that front dead (its sessions close) and fences it if it speaks again.
+Send high-water marks are unlimited on both sides; what bounds the queues is credit:
+the broker only ever sends replies to ops a front sent (plus heartbeats), and a front
+only sends ops for commands its clients sent, reading no further from a client whose
+replies are not yet written out.
+
+An op is `(opcode, conn, *args)`; `conn` is the front-local connection number, and a
+session is identified by (front incarnation, conn).  Every op except OPEN, CLOSE,
+COUNT and HALF_CLOSE gets exactly one reply, in order per connection.  A reply is
+`(conn, code, *values)` with codes from `R`; values are protocol-neutral (ints, bytes,
+and for stats an ordered list of (key, value) pairs), and each front formats them for
+its own protocol.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+import msgpack
+
+SCHEMA_VERSION = 1
+
+
+class SchemaError(Exception):
+    """A message that does not follow this schema (wrong version, unknown kind, bad shape)."""
+
+
+# ---------------------------------------------------------------------------------
+# Ops: what a session asks of the broker.  Opcode values are part of the wire format.
+class Op(enum.IntEnum):
+    OPEN = 1            # (conn)                      a client connected
+    CLOSE = 2           # (conn)                      a client went away (or sent quit)
+    COUNT = 3           # (conn, cmd, consumes_id)    a command the front rejected but beanstalkd counts
+    HALF_CLOSE = 4      # (conn)                      client shut its write side: a blocked reserve times out
+    PUT = 10            # (conn, pri, delay_s, ttr_s, body)
+    USE = 11            # (conn, tube)
+    RESERVE = 12        # (conn, timeout_s)           timeout_s < 0: no timeout (plain `reserve`)
+    RESERVE_JOB = 13    # (conn, id)
+    DELETE = 14         # (conn, id)
+    RELEASE = 15        # (conn, id, pri, delay_s)
+    BURY = 16           # (conn, id, pri)
+    TOUCH = 17          # (conn, id)
+    WATCH = 18          # (conn, tube)
+    IGNORE = 19         # (conn, tube)
+    PEEK = 20           # (conn, id)
+    PEEK_READY = 21     # (conn)
+    PEEK_DELAYED = 22   # (conn)
+    PEEK_BURIED = 23    # (conn)
+    KICK = 24           # (conn, bound)
+    KICK_JOB = 25       # (conn, id)
+    STATS = 26          # (conn)
+    STATS_JOB = 27      # (conn, id)
+    STATS_TUBE = 28     # (conn, tube)
+    LIST_TUBES = 29     # (conn)
+    LIST_TUBE_USED = 30  # (conn)
+    LIST_TUBES_WATCHED = 31  # (conn)
+    PAUSE_TUBE = 32     # (conn, tube, delay_s)
+
+
+#: ops that produce no reply
+SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE})
+#: ops whose reply may be held back by the broker (the session waits for a job)
+BLOCKING_OPS = frozenset({Op.RESERVE})
+
+
+class R(enum.IntEnum):
+    """Reply codes.  Values are listed with each code."""
+    INSERTED = 1        # (id)
+    BURIED_ID = 2       # (id)  put that could not enter the ready queue
+    RESERVED = 3        # (id, body)
+    FOUND = 4           # (id, body)
+    DELETED = 5
+    RELEASED = 6
+    BURIED = 7
+    TOUCHED = 8
+    KICKED = 9          # (count) for kick; () for kick-job
+    USING = 10          # (tube)
+    WATCHING = 11       # (count)
+    NOT_IGNORED = 12
+    PAUSED = 13
+    NOT_FOUND = 14
+    TIMED_OUT = 15
+    DEADLINE_SOON = 16
+    DRAINING = 17
+    OUT_OF_MEMORY = 18
+    INTERNAL_ERROR = 19
+    STATS = 20          # (pairs)  ordered [(key, value)], value int | bytes | bool | str
+    LIST = 21           # (names)
+    KICKED_JOB = 22
+
+
+# ---------------------------------------------------------------------------------
+# Envelopes: the messages themselves.
+class Settings(NamedTuple):
+    """Limits the broker owns and fronts enforce (sent in Welcome)."""
+    max_job_size: int = 65535
+
+
+class SessionState(NamedTuple):
+    """What a front knows of one session, re-registered after a broker restart."""
+    conn: int
+    use: str
+    watch: list[str]
+    held: list[int]     # ids of jobs the session holds reserved
+
+
+class Hello(NamedTuple):
+    """Front -> broker, first message of an incarnation (and after losing the broker)."""
+    front_id: int               # the front's incarnation, random u64
+    kind: str                   # 'beanstalk'
+    pid: int
+    state_id: int               # broker state the front last knew (0: none)
+    sessions: list[SessionState]
+
+
+class Welcome(NamedTuple):
+    """Broker -> front, answer to Hello."""
+    broker_id: int              # broker process incarnation
+    state_id: int               # identity of the broker's state (survives restarts only with a binlog)
+    settings: Settings
+    restored: bool              # True: the sessions in Hello were re-registered; False: front must close them
+
+
+class Batch(NamedTuple):
+    """Front -> broker: the ops of one event-loop turn."""
+    ops: list[tuple]
+
+
+class Replies(NamedTuple):
+    """Broker -> front: replies, each (conn, code, *values)."""
+    items: list[tuple]
+
+
+class Heartbeat(NamedTuple):
+    """Both ways, every HEARTBEAT_S; carries the sender's incarnation."""
+    sender_id: int
+
+
+class Fenced(NamedTuple):
+    """Broker -> front: the broker declared this front incarnation dead; start over."""
+    front_id: int
+
+
+HEARTBEAT_S = 0.5
+#: a peer silent this long is dead (heartbeats every HEARTBEAT_S; the issue asks for < 3 s)
+PEER_TIMEOUT_S = 2.0
+
+_KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Batch: 3, Replies: 4, Heartbeat: 5, Fenced: 6}
+_CLASSES: dict[int, type] = {v: k for k, v in _KINDS.items()}
+
+Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced
+
+
+def encode(msg: Message) -> bytes:
+    return msgpack.packb((SCHEMA_VERSION, _KINDS[type(msg)], *msg), use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    try:
+        version, kind, *fields = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise SchemaError(f"undecodable message: {exc}") from None
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
+    cls = _CLASSES.get(kind)
+    if cls is None:
+        raise SchemaError(f"unknown message kind {kind!r}")
+    try:
+        msg = cls(*fields)
+    except TypeError as exc:
+        raise SchemaError(f"bad {cls.__name__}: {exc}") from None
+    return _nest(msg)
+
+
+def _nest(msg: Any) -> Any:
+    """Rebuild the nested NamedTuples msgpack flattened into arrays."""
+    if isinstance(msg, Hello):
+        return msg._replace(sessions=[SessionState(*s) for s in msg.sessions])
+    if isinstance(msg, Welcome):
+        return msg._replace(settings=Settings(*msg.settings))
+    return msg

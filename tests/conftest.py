@@ -1,0 +1,267 @@
+# Fixtures that start real servers for end-to-end tests.
+#
+# Every fixture here is a factory (or is built on one) that remembers each
+# process it starts and stops them all at teardown, so nothing outlives a test,
+# failed or not. Servers bind a free loopback port and are ready when it accepts.
+#
+#   beanstalkd_server / beanstalkd_factory  the reference beanstalkd (1.12 on
+#       Debian). Missing → skip locally, fail when CI=true.
+#   zstalk_server / zstalk_factory          `zstalk serve`.
+#   zstalk_cluster                          `zstalk broker` + N × `zstalk front beanstalk`.
+#   raw_client                              RawClient connections, closed at teardown.
+#
+# ZSTALK_TEST_SELF_CHECK=1 swaps zstalk for a second beanstalkd (a cluster then
+# becomes one beanstalkd that every "front" points at). Differential tests must
+# pass in that mode: it proves the scripts and the normalisation are stable.
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pytest
+
+from servers import (
+    LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, find_beanstalkd,
+    find_zstalk, free_port, reference_required, self_check,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: runs against a zstalk broker with several fronts")
+    config.addinivalue_line("markers", "zstalk_only: checks zstalk where it deliberately differs "
+                                       "from beanstalkd 1.12 (skipped in self-check mode)")
+
+
+def require_beanstalkd() -> str:
+    """Path of the reference server; skip without it, or fail on CI."""
+    path = find_beanstalkd()
+    if path is None:
+        message = "reference server beanstalkd is not installed"
+        if reference_required():
+            pytest.fail(f"{message} (CI=true: reference tests must not be skipped)")
+        pytest.skip(message)
+    return path
+
+
+def _options(param) -> dict:
+    """An indirect param may be a dict of factory options or just a max job size."""
+    if param is None:
+        return {}
+    if isinstance(param, dict):
+        return dict(param)
+    return {"max_job_size": int(param)}
+
+
+def _listen(tmp_dir: Path, unix: bool, label: str) -> tuple[Address, list[str]]:
+    """Where a beanstalk listener goes, as an address and as beanstalkd's -l/-p args."""
+    if unix:
+        path = str(tmp_dir / f"{label}.sock")
+        return path, ["-l", f"unix:{path}"]
+    port = free_port()
+    return (LOOPBACK, port), ["-l", LOOPBACK, "-p", str(port)]
+
+
+class _Processes:
+    """Every process a test starts, stopped in reverse order at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[ServerProcess] = []
+
+    def start(self, process: ServerProcess) -> ServerProcess:
+        self.started.append(process)
+        return process.start()
+
+    def stop_all(self) -> None:
+        errors = []
+        for process in reversed(self.started):
+            try:
+                process.stop()
+            except Exception as error:  # keep stopping the others
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def _processes():
+    processes = _Processes()
+    yield processes
+    processes.stop_all()
+
+
+@pytest.fixture
+def _socket_dir():
+    # UNIX socket paths must stay under ~107 bytes; pytest's tmp_path can be longer.
+    directory = Path(tempfile.mkdtemp(prefix="zst-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- reference beanstalkd -----------------------------------------------------
+
+
+def _start_beanstalkd(processes: _Processes, socket_dir: Path, *, max_job_size: int | None = None,
+                      extra_args: Sequence[str] = (), unix: bool = False,
+                      label: str = "beanstalkd") -> ServerProcess:
+    path = require_beanstalkd()
+    address, listen_args = _listen(socket_dir, unix, label)
+    argv = [path, *listen_args]
+    if max_job_size is not None:
+        argv += ["-z", str(max_job_size)]
+    argv += list(extra_args)
+    return processes.start(ServerProcess(argv, address, name=label))
+
+
+@pytest.fixture
+def beanstalkd_factory(_processes, _socket_dir) -> Callable[..., ServerProcess]:
+    """start(max_job_size=None, extra_args=(), unix=False) -> a fresh reference beanstalkd."""
+
+    def start(**options) -> ServerProcess:
+        return _start_beanstalkd(_processes, _socket_dir, **options)
+
+    return start
+
+
+@pytest.fixture
+def beanstalkd_server(request, beanstalkd_factory) -> ServerProcess:
+    """A fresh beanstalkd; parametrise indirectly with {"max_job_size": 10} (or just 10)."""
+    return beanstalkd_factory(**_options(getattr(request, "param", None)))
+
+
+@pytest.fixture(scope="session")
+def beanstalkd_dialect() -> tuple[int, ...]:
+    """Version of the reference beanstalkd, e.g. (1, 12)."""
+    return beanstalkd_version(require_beanstalkd())
+
+
+# -- zstalk -------------------------------------------------------------------
+
+
+def _start_zstalk(processes: _Processes, socket_dir: Path, *, max_job_size: int | None = None,
+                  extra_args: Sequence[str] = (), unix: bool = False,
+                  label: str = "zstalk") -> ServerProcess:
+    if self_check():
+        return _start_beanstalkd(processes, socket_dir, max_job_size=max_job_size,
+                                 extra_args=extra_args, unix=unix, label=f"{label}-selfcheck")
+    address, _ = _listen(socket_dir, unix, label)
+    listen = ["-l", f"unix:{address}"] if unix else ["-l", LOOPBACK, "-p", str(address[1])]
+    argv = [find_zstalk(), "serve", *listen]
+    if max_job_size is not None:
+        argv += ["-z", str(max_job_size)]
+    argv += list(extra_args)
+    return processes.start(ServerProcess(argv, address, name=label))
+
+
+@pytest.fixture
+def zstalk_factory(_processes, _socket_dir) -> Callable[..., ServerProcess]:
+    """start(max_job_size=None, extra_args=(), unix=False) -> a fresh `zstalk serve`."""
+
+    def start(**options) -> ServerProcess:
+        return _start_zstalk(_processes, _socket_dir, **options)
+
+    return start
+
+
+@pytest.fixture
+def zstalk_server(request, zstalk_factory) -> ServerProcess:
+    """A fresh `zstalk serve`; parametrise indirectly like beanstalkd_server."""
+    return zstalk_factory(**_options(getattr(request, "param", None)))
+
+
+@dataclass
+class Cluster:
+    """A broker and its beanstalk fronts, each a separate process.
+
+    In self-check mode there is no broker: one beanstalkd stands in, and every
+    front address points at it (kill/restart are then not available).
+    """
+
+    broker: ServerProcess | None
+    fronts: list[ServerProcess]
+    broker_address: str
+    front_addresses: list[Address]
+    stand_in: ServerProcess | None = None
+
+    def _real(self, what: str) -> None:
+        if self.stand_in is not None:
+            pytest.skip(f"{what} needs a real zstalk cluster, not the self-check stand-in")
+
+    def kill_front(self, index: int) -> None:
+        self._real("killing a front")
+        self.fronts[index].kill()
+
+    def restart_front(self, index: int) -> ServerProcess:
+        self._real("restarting a front")
+        return self.fronts[index].restart()
+
+    def kill_broker(self) -> None:
+        self._real("killing the broker")
+        self.broker.kill()
+
+    def restart_broker(self) -> ServerProcess:
+        self._real("restarting the broker")
+        return self.broker.restart()
+
+    @property
+    def processes(self) -> list[ServerProcess]:
+        if self.stand_in is not None:
+            return [self.stand_in]
+        return [self.broker, *self.fronts]
+
+
+def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
+                   max_job_size: int | None = None, unix: bool = False,
+                   broker_args: Sequence[str] = (), front_args: Sequence[str] = ()) -> Cluster:
+    if self_check():
+        stand_in = _start_beanstalkd(processes, socket_dir, max_job_size=max_job_size, unix=unix,
+                                     label="cluster-selfcheck")
+        return Cluster(None, [], "tcp://stand-in", [stand_in.address] * fronts, stand_in)
+    zstalk = find_zstalk()
+    broker_port = free_port()
+    broker_address = f"tcp://{LOOPBACK}:{broker_port}"
+    broker = processes.start(ServerProcess(
+        [zstalk, "broker", "--bind", broker_address, *broker_args],
+        (LOOPBACK, broker_port), name="zstalk-broker"))
+    started = []
+    for index in range(fronts):
+        address, _ = _listen(socket_dir, unix, f"front{index}")
+        listen = f"unix:{address}" if unix else f"{LOOPBACK}:{address[1]}"
+        argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen]
+        # Assumption: the front parses `put`, so the job size limit is its option.
+        if max_job_size is not None:
+            argv += ["-z", str(max_job_size)]
+        argv += list(front_args)
+        started.append(processes.start(ServerProcess(argv, address, name=f"zstalk-front{index}")))
+    return Cluster(broker, started, broker_address, [front.address for front in started])
+
+
+@pytest.fixture
+def zstalk_cluster(_processes, _socket_dir) -> Callable[..., Cluster]:
+    """start(fronts=2, max_job_size=None, unix=False, broker_args=(), front_args=()) -> Cluster."""
+
+    def start(**options) -> Cluster:
+        return _start_cluster(_processes, _socket_dir, **options)
+
+    return start
+
+
+# -- clients ------------------------------------------------------------------
+
+
+@pytest.fixture
+def raw_client() -> Callable[..., RawClient]:
+    """connect(address, timeout=5.0) -> RawClient; all are closed at teardown."""
+    clients: list[RawClient] = []
+
+    def connect(address: Address, timeout: float = 5.0) -> RawClient:
+        client = RawClient(address, timeout)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()

@@ -1,0 +1,327 @@
+# Process and socket helpers shared by every end-to-end test.
+#
+# A server under test is a real process started in its own session, so that
+# stop() can signal the whole process group (SIGTERM, then SIGKILL after a grace
+# period) and nothing outlives a failed test. Readiness is polled: the server
+# is ready once its TCP port or UNIX socket accepts a connection, and a server
+# that exits early or is not ready in time raises with its own stderr.
+#
+# RawClient speaks the beanstalk wire format (protocol.txt §"Replies") just far
+# enough to cut the byte stream into replies: a reply is one CRLF-terminated
+# line, and RESERVED/FOUND/OK lines announce a body of <bytes> plus CRLF.
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Sequence, Union
+
+# A TCP address is (host, port); a UNIX socket address is its path.
+Address = Union[tuple[str, int], str]
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 10.0
+STOP_GRACE_S = 5.0
+REPLY_TIMEOUT_S = 5.0
+_POLL_INTERVAL_S = 0.01
+
+# Replies whose line ends with the length of a body that follows it.
+_REPLIES_WITH_BODY = {b"RESERVED": 2, b"FOUND": 2, b"OK": 1}
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (bind port 0, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def reference_required() -> bool:
+    """On CI a missing reference server fails the test instead of skipping it."""
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def self_check() -> bool:
+    """ZSTALK_TEST_SELF_CHECK=1: the zstalk fixtures start a second beanstalkd instead."""
+    return os.environ.get("ZSTALK_TEST_SELF_CHECK", "").strip().lower() in {"1", "true", "yes"}
+
+
+def find_beanstalkd() -> str | None:
+    """Path of the reference beanstalkd ($BEANSTALKD, then $PATH, then /usr/bin)."""
+    candidates = [os.environ.get("BEANSTALKD"), shutil.which("beanstalkd"),
+                  "/usr/bin/beanstalkd", "/usr/sbin/beanstalkd"]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def beanstalkd_version(path: str) -> tuple[int, ...]:
+    """`beanstalkd -v` prints `beanstalkd 1.12`; give back (1, 12)."""
+    out = subprocess.run([path, "-v"], capture_output=True, text=True, timeout=10).stdout
+    numbers = out.split()[-1].split("+")[0] if out.split() else ""
+    return tuple(int(part) for part in numbers.split(".") if part.isdigit())
+
+
+def find_zstalk() -> str:
+    """The zstalk console script: $ZSTALK, else the one beside this interpreter."""
+    import sys
+
+    override = os.environ.get("ZSTALK")
+    if override:
+        return override
+    beside = Path(sys.executable).parent / "zstalk"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("zstalk") or str(beside)
+
+
+def connect(address: Address, timeout: float) -> socket.socket:
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class ServerNotReady(RuntimeError):
+    pass
+
+
+class ServerProcess:
+    """One server process; ready when `address` accepts a connection.
+
+    `address` is what the readiness probe connects to: (host, port) or a UNIX
+    socket path. stderr and stdout go to a temporary file so a chatty server
+    can never block on a full pipe, and so failures can quote them.
+    """
+
+    def __init__(self, argv: Sequence[str], address: Address, *, name: str | None = None,
+                 env: dict[str, str] | None = None, cwd: str | None = None):
+        self.argv = [str(arg) for arg in argv]
+        self.address = address
+        self.name = name or Path(self.argv[0]).name
+        self.env = env
+        self.cwd = cwd
+        self.process: subprocess.Popen | None = None
+        self._log = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> "ServerProcess":
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        if self._log is not None:
+            self._log.close()
+        self._log = tempfile.TemporaryFile(prefix=f"{self.name}-")
+        self.process = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            env=self.env, cwd=self.cwd, start_new_session=True)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        last_error: OSError | None = None
+        while True:
+            if self.process.poll() is not None:
+                raise ServerNotReady(
+                    f"{self.name} exited with status {self.process.returncode} before it "
+                    f"accepted connections on {self.address!r}\n"
+                    f"command: {' '.join(self.argv)}\noutput:\n{self.output()}")
+            try:
+                connect(self.address, timeout=1.0).close()
+                return
+            except OSError as error:
+                last_error = error
+            if time.monotonic() >= deadline:
+                raise ServerNotReady(
+                    f"{self.name} did not accept connections on {self.address!r} within "
+                    f"{timeout:g} s (last error: {last_error})\n"
+                    f"command: {' '.join(self.argv)}\noutput:\n{self.output()}")
+            time.sleep(_POLL_INTERVAL_S)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM the process group, SIGKILL it if still alive after `grace` s."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait()
+        # Children that ignored SIGTERM while the leader exited still go.
+        self._signal_group(signal.SIGKILL)
+        return self.process.returncode
+
+    def kill(self) -> int | None:
+        """kill -9 the process group at once (a crash, not a shutdown)."""
+        if self.process is None:
+            return None
+        self._signal_group(signal.SIGKILL)
+        return self.process.wait()
+
+    def restart(self, timeout: float = READY_TIMEOUT_S) -> "ServerProcess":
+        self.stop()
+        return self.start(timeout)
+
+    def _signal_group(self, sig: int) -> None:
+        # start_new_session=True made the child the leader of its own group,
+        # so its pid is the group id; signal only that group.
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")
+
+    def __enter__(self) -> "ServerProcess":
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<ServerProcess {self.name} {self.address!r} pid={self.pid}>"
+
+
+class ReplyTimeout(TimeoutError):
+    def __init__(self, message: str, partial: bytes):
+        super().__init__(message)
+        self.partial = partial
+
+
+class RawClient:
+    """A blocking beanstalk connection that sends bytes and cuts replies apart."""
+
+    def __init__(self, address: Address, timeout: float = REPLY_TIMEOUT_S):
+        self.address = address
+        self.timeout = timeout
+        self.sock = connect(address, timeout)
+        self._buffer = b""
+        self._eof = False
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def shutdown_write(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- replies -----------------------------------------------------------
+
+    def read_reply(self, timeout: float | None = None) -> bytes:
+        """Exactly one reply; b"" if the server closed the connection cleanly.
+
+        Raises ReplyTimeout (with what had arrived) if the reply is incomplete
+        after `timeout` seconds, and ConnectionError if the server closes the
+        connection in the middle of a reply.
+        """
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            size = self._complete_reply_size()
+            if size is not None:
+                reply, self._buffer = self._buffer[:size], self._buffer[size:]
+                return reply
+            if self._eof:
+                if not self._buffer:
+                    return b""
+                raise ConnectionError(f"connection closed inside a reply: {self._buffer!r}")
+            self._receive(deadline)
+
+    def read_replies(self, count: int, timeout: float | None = None) -> list[bytes]:
+        return [self.read_reply(timeout) for _ in range(count)]
+
+    def read_available(self, seconds: float = 0.0) -> tuple[bytes, bool]:
+        """Whatever arrives within `seconds` (buffered bytes first), and whether EOF was seen."""
+        deadline = time.monotonic() + seconds
+        while not self._eof:
+            try:
+                self._receive(deadline)
+            except ReplyTimeout:
+                break
+        data, self._buffer = self._buffer, b""
+        return data, self._eof
+
+    def expect_silence(self, seconds: float) -> None:
+        data, eof = self.read_available(seconds)
+        if data or eof:
+            raise AssertionError(
+                f"expected silence for {seconds:g} s, got {data!r}" + (" then EOF" if eof else ""))
+
+    def _complete_reply_size(self) -> int | None:
+        end = self._buffer.find(b"\r\n")
+        if end < 0:
+            return None
+        line_size = end + 2
+        words = self._buffer[:end].split(b" ")
+        body_word = _REPLIES_WITH_BODY.get(words[0])
+        if body_word is None or len(words) != body_word + 1 or not words[body_word].isdigit():
+            return line_size
+        total = line_size + int(words[body_word]) + 2
+        return total if len(self._buffer) >= total else None
+
+    def _receive(self, deadline: float) -> None:
+        remaining = max(0.0, deadline - time.monotonic())
+        if not select.select([self.sock], [], [], remaining)[0]:
+            raise ReplyTimeout(f"no complete reply from {self.address!r} in time; "
+                               f"received so far: {self._buffer!r}", self._buffer)
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if chunk:
+            self._buffer += chunk
+        else:
+            self._eof = True
+
+
+def silence_on_all(clients: Iterable[RawClient], seconds: float) -> list[tuple[bytes, bool]]:
+    """One shared silence window for many connections: wait once, then collect."""
+    clients = list(clients)
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        time.sleep(min(remaining, 0.02))
+    return [client.read_available(0.0) for client in clients]

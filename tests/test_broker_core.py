@@ -1,0 +1,362 @@
+"""The pure broker core driven with a fake clock: every timer rule without sleeping."""
+from __future__ import annotations
+
+import pytest
+
+from zstalk.broker.core import Broker, Config
+from zstalk.protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Heartbeat, Hello, Op, R,
+                                    Replies, SessionState, Welcome)
+
+FRONT = b"front-a"
+
+
+class Harness:
+    """One broker, fronts that speak to it, and a clock that only moves when told."""
+
+    def __init__(self, **config) -> None:
+        self.now = 1000.0
+        self.broker = Broker(Config(**config), self.now)
+        self.hello(FRONT, 1)
+
+    def hello(self, peer: bytes, front_id: int, state_id: int = 0, sessions=()) -> list:
+        self.broker.handle(peer, Hello(front_id, "beanstalk", 1, state_id, list(sessions)), self.now)
+        return self.broker.flush()
+
+    def send(self, *ops, peer: bytes = FRONT) -> list[tuple]:
+        """Send ops as one batch; return the replies (conn, code, *values) for `peer`."""
+        self.broker.handle(peer, Batch([tuple(op) for op in ops]), self.now)
+        return self.replies(peer)
+
+    def replies(self, peer: bytes = FRONT) -> list[tuple]:
+        out = []
+        for p, msg in self.broker.flush():
+            if p == peer and isinstance(msg, Replies):
+                out.extend(msg.items)
+        return out
+
+    def advance(self, seconds: float, peer: bytes = FRONT) -> list[tuple]:
+        self.now += seconds
+        self.broker.handle(peer, Heartbeat(0), self.now)   # keep the front alive
+        self.broker.expire(self.now)
+        return self.replies(peer)
+
+    def open(self, *conns: int) -> None:
+        self.send(*[(Op.OPEN, c) for c in conns])
+
+    def put(self, conn: int, body: bytes = b"x", pri: int = 0, delay: int = 0, ttr: int = 60) -> int:
+        [(_, code, job_id)] = self.send((Op.PUT, conn, pri, delay, ttr, body))
+        assert code == R.INSERTED
+        return job_id
+
+    def job_stats(self, job_id: int) -> dict:
+        [(_, code, pairs)] = self.send((Op.STATS_JOB, 1, job_id))
+        assert code == R.STATS
+        return dict(pairs)
+
+    def stats(self) -> dict:
+        [(_, _, pairs)] = self.send((Op.STATS, 1))
+        return dict(pairs)
+
+
+@pytest.fixture
+def h() -> Harness:
+    h = Harness()
+    h.open(1, 2)
+    return h
+
+
+def codes(replies) -> list:
+    return [r[1] for r in replies]
+
+
+# -- ordering ------------------------------------------------------------------------
+def test_reserve_takes_jobs_by_priority_then_id(h):
+    ids = [h.put(1, pri=p) for p in (5, 5, 1, 5, 4294967295, 0)]
+    got = [h.send((Op.RESERVE, 2, 0))[0][2] for _ in ids]
+    assert got == [ids[5], ids[2], ids[0], ids[1], ids[3], ids[4]]
+
+
+def test_ordering_spans_every_watched_tube(h):
+    h.send((Op.USE, 1, "a"))
+    a = h.put(1, pri=99)
+    h.send((Op.USE, 1, "b"))
+    b = h.put(1, pri=999999)
+    c = h.put(1, pri=7)
+    h.send((Op.WATCH, 2, "a"), (Op.WATCH, 2, "b"))
+    got = [h.send((Op.RESERVE, 2, 0))[0][2] for _ in range(3)]
+    assert got == [c, a, b]
+
+
+def test_a_released_job_with_the_same_priority_comes_back_before_a_later_one(h):
+    x, y = h.put(1), h.put(1)
+    assert h.send((Op.RESERVE, 2, 0))[0][2] == x
+    h.send((Op.RELEASE, 2, x, 0, 0))
+    assert h.send((Op.RESERVE, 2, 0))[0][2] == x
+    h.send((Op.RELEASE, 2, x, 1, 0))
+    assert h.send((Op.RESERVE, 2, 0))[0][2] == y
+
+
+def test_reserve_across_many_watched_tubes_finds_the_best_job(h):
+    for i in range(50):
+        h.send((Op.WATCH, 2, f"t{i}"))
+    h.send((Op.USE, 1, "t37"))
+    late = h.put(1, pri=10)
+    h.send((Op.USE, 1, "t3"))
+    best = h.put(1, pri=2)
+    assert [h.send((Op.RESERVE, 2, 0))[0][2] for _ in range(2)] == [best, late]
+
+
+# -- delays --------------------------------------------------------------------------
+def test_a_delayed_job_becomes_ready_when_its_delay_ends(h):
+    j = h.put(1, delay=5)
+    assert codes(h.send((Op.RESERVE, 2, 0))) == [R.TIMED_OUT]
+    h.advance(4.9)
+    assert h.job_stats(j)["state"] == "delayed"
+    h.advance(0.2)
+    assert h.job_stats(j)["state"] == "ready"
+    assert h.send((Op.RESERVE, 2, 0))[0][2] == j
+
+
+def test_a_waiting_reserve_gets_a_delayed_job_when_it_is_due(h):
+    j = h.put(1, delay=2)
+    assert h.send((Op.RESERVE, 2, -1)) == []
+    assert h.advance(1.5) == []
+    assert h.advance(0.6) == [(2, R.RESERVED, j, b"x")]
+
+
+def test_kick_moves_buried_jobs_before_delayed_ones(h):
+    a, b = h.put(1), h.put(1)
+    d = h.put(1, delay=100)
+    for j in (a, b):
+        h.send((Op.RESERVE_JOB, 2, j), (Op.BURY, 2, j, 7))
+    assert h.send((Op.KICK, 1, 10)) == [(1, R.KICKED, 2)]
+    assert h.send((Op.KICK, 1, 10)) == [(1, R.KICKED, 1)]
+    assert h.send((Op.KICK, 1, 10)) == [(1, R.KICKED, 0)]
+    assert h.job_stats(a)["pri"] == 7 and h.job_stats(d)["kicks"] == 1
+
+
+# -- time to run ---------------------------------------------------------------------
+def test_a_job_whose_ttr_runs_out_goes_back_to_ready_and_counts_a_timeout(h):
+    j = h.put(1, ttr=10)
+    h.send((Op.RESERVE, 2, 0))
+    h.advance(9.9)
+    assert h.job_stats(j)["state"] == "reserved"
+    h.advance(0.2)
+    st = h.job_stats(j)
+    assert (st["state"], st["timeouts"], st["reserves"]) == ("ready", 1, 1)
+    assert h.stats()["job-timeouts"] == 1
+
+
+def test_touch_gives_a_reserved_job_its_whole_ttr_again(h):
+    j = h.put(1, ttr=10)
+    h.send((Op.RESERVE, 2, 0))
+    h.advance(8)
+    assert codes(h.send((Op.TOUCH, 2, j))) == [R.TOUCHED]
+    h.advance(8)
+    assert h.job_stats(j)["state"] == "reserved"
+    h.advance(2.5)
+    assert h.job_stats(j)["state"] == "ready"
+
+
+def test_reserve_inside_the_safety_margin_answers_deadline_soon(h):
+    h.put(1, ttr=3)
+    h.send((Op.RESERVE, 2, 0))
+    h.advance(2.1)
+    assert codes(h.send((Op.RESERVE, 2, 10))) == [R.DEADLINE_SOON]
+
+
+def test_a_ready_job_beats_deadline_soon(h):
+    h.put(1, ttr=1)
+    h.send((Op.RESERVE, 2, 0))
+    y = h.put(1)
+    assert h.send((Op.RESERVE, 2, 0))[0][:3] == (2, R.RESERVED, y)
+
+
+def test_a_blocked_reserve_gets_deadline_soon_when_the_margin_starts(h):
+    j = h.put(1, ttr=3)
+    h.send((Op.RESERVE, 2, 0))
+    h.advance(0.25)
+    assert h.send((Op.RESERVE, 2, -1)) == []
+    assert h.advance(1.5) == []
+    assert h.advance(0.3) == [(2, R.DEADLINE_SOON)]
+    assert h.job_stats(j)["state"] == "reserved"
+
+
+# -- reserve timeouts ----------------------------------------------------------------
+def test_reserve_with_timeout_zero_answers_at_once(h):
+    assert codes(h.send((Op.RESERVE, 2, 0))) == [R.TIMED_OUT]
+
+
+def test_reserve_with_timeout_times_out_after_its_seconds(h):
+    assert h.send((Op.RESERVE, 2, 2)) == []
+    assert h.advance(1.9) == []
+    assert h.advance(0.2) == [(2, R.TIMED_OUT)]
+    assert h.stats()["current-waiting"] == 0
+
+
+def test_a_put_wakes_a_waiting_reserve(h):
+    assert h.send((Op.RESERVE, 2, -1)) == []
+    assert h.stats()["current-waiting"] == 1
+    out = h.send((Op.PUT, 1, 0, 0, 60, b"hi"))
+    assert (2, R.RESERVED, 1, b"hi") in out and (1, R.INSERTED, 1) in out
+
+
+def test_waiting_sessions_are_served_first_come_first_served(h):
+    h.open(3)
+    h.send((Op.RESERVE, 2, -1))
+    h.send((Op.RESERVE, 3, -1))
+    out = h.send((Op.PUT, 1, 0, 0, 60, b"a"), (Op.PUT, 1, 0, 0, 60, b"b"))
+    assert [(r[0], r[2]) for r in out if r[1] == R.RESERVED] == [(2, 1), (3, 2)]
+
+
+# -- pause ---------------------------------------------------------------------------
+def test_a_paused_tube_gives_no_jobs_until_the_pause_ends(h):
+    j = h.put(1)
+    assert codes(h.send((Op.PAUSE_TUBE, 1, "default", 3))) == [R.PAUSED]
+    assert codes(h.send((Op.RESERVE, 2, 0))) == [R.TIMED_OUT]
+    assert h.send((Op.PEEK_READY, 1))[0][:3] == (1, R.FOUND, j)
+    assert h.send((Op.RESERVE, 2, -1)) == []
+    assert h.advance(2.9) == []
+    assert h.advance(0.2) == [(2, R.RESERVED, j, b"x")]
+    st = dict(h.send((Op.STATS_TUBE, 1, "default"))[0][2])
+    assert st["pause"] == 0 and st["cmd-pause-tube"] == 1
+
+
+def test_pausing_for_zero_seconds_wakes_waiters_at_once(h):
+    h.put(1)
+    h.send((Op.PAUSE_TUBE, 1, "default", 86400))
+    h.send((Op.RESERVE, 2, -1))
+    h.send((Op.PAUSE_TUBE, 1, "default", 0))
+    assert codes(h.advance(0)) == [R.RESERVED]
+
+
+def test_reserve_job_ignores_a_pause(h):
+    j = h.put(1)
+    h.send((Op.PAUSE_TUBE, 1, "default", 100))
+    assert h.send((Op.RESERVE_JOB, 2, j))[0][:3] == (2, R.RESERVED, j)
+
+
+# -- sessions ------------------------------------------------------------------------
+def test_closing_a_connection_releases_its_reserved_jobs_at_once(h):
+    j = h.put(1)
+    h.send((Op.RESERVE, 2, 0))
+    h.send((Op.CLOSE, 2))
+    st = h.job_stats(j)
+    assert (st["state"], st["reserves"], st["timeouts"], st["releases"]) == ("ready", 1, 0, 0)
+
+
+def test_other_sessions_cannot_touch_a_reserved_job(h):
+    j = h.put(1)
+    h.send((Op.RESERVE, 2, 0))
+    out = h.send((Op.DELETE, 1, j), (Op.TOUCH, 1, j), (Op.RELEASE, 1, j, 0, 0),
+                 (Op.BURY, 1, j, 0), (Op.KICK_JOB, 1, j), (Op.RESERVE_JOB, 1, j))
+    assert codes(out) == [R.NOT_FOUND] * 6
+
+
+def test_any_session_may_delete_a_ready_delayed_or_buried_job(h):
+    a, b = h.put(1), h.put(1, delay=50)
+    assert codes(h.send((Op.DELETE, 2, a), (Op.DELETE, 2, b))) == [R.DELETED, R.DELETED]
+
+
+def test_a_tube_vanishes_when_nothing_refers_to_it(h):
+    h.send((Op.USE, 1, "t1"), (Op.USE, 2, "t2"), (Op.USE, 2, "t3"))
+    h.send((Op.USE, 1, "default"))
+    [(_, _, names)] = h.send((Op.LIST_TUBES, 1))
+    assert names == ["default", "t3"]
+
+
+def test_list_tubes_keeps_beanstalkd_swap_remove_order(h):
+    h.open(3, 4, 5)
+    for conn, name in ((3, "t1"), (4, "t2"), (5, "t3")):
+        h.send((Op.USE, conn, name))
+    h.send((Op.CLOSE, 3))
+    assert h.send((Op.LIST_TUBES, 1))[0][2] == ["default", "t3", "t2"]
+
+
+def test_ignore_refuses_the_last_watched_tube(h):
+    h.send((Op.WATCH, 2, "w1"), (Op.WATCH, 2, "w2"), (Op.WATCH, 2, "w3"))
+    h.send((Op.IGNORE, 2, "default"))
+    assert h.send((Op.LIST_TUBES_WATCHED, 2))[0][2] == ["w3", "w1", "w2"]
+    h.send((Op.IGNORE, 2, "w1"), (Op.IGNORE, 2, "w2"))
+    assert codes(h.send((Op.IGNORE, 2, "w3"))) == [R.NOT_IGNORED]
+    assert h.send((Op.IGNORE, 2, "nope")) == [(2, R.WATCHING, 1)]
+
+
+def test_drain_mode_answers_draining_and_still_uses_an_id(h):
+    h.broker.draining = True
+    assert codes(h.send((Op.PUT, 1, 0, 0, 1, b"x"))) == [R.DRAINING]
+    h.broker.draining = False
+    assert h.put(1) == 2
+    assert h.stats()["total-jobs"] == 1
+
+
+def test_expected_crlf_uses_an_id_and_counts_a_put(h):
+    h.send((Op.COUNT, 1, "put", True))
+    assert h.put(1) == 2
+    assert h.stats()["cmd-put"] == 2
+
+
+def test_puts_past_the_memory_limit_answer_out_of_memory():
+    h = Harness(max_jobs_bytes=2000)
+    h.open(1)
+    out = h.send(*[(Op.PUT, 1, 0, 0, 1, b"x" * 500) for _ in range(4)])
+    assert codes(out) == [R.INSERTED, R.INSERTED, R.OUT_OF_MEMORY, R.OUT_OF_MEMORY]
+    h.send((Op.DELETE, 1, 1))
+    assert codes(h.send((Op.PUT, 1, 0, 0, 1, b"x" * 500))) == [R.INSERTED]
+
+
+# -- fronts --------------------------------------------------------------------------
+def test_a_silent_front_is_declared_dead_and_its_jobs_return(h):
+    j = h.put(1)
+    h.send((Op.RESERVE, 2, 0))
+    other = b"front-b"
+    h.hello(other, 2)
+    h.now += PEER_TIMEOUT_S + 0.1
+    h.broker.handle(other, Heartbeat(2), h.now)
+    h.broker.expire(h.now)
+    assert FRONT not in h.broker.fronts
+    h.broker.handle(other, Batch([(Op.OPEN, 1), (Op.STATS_JOB, 1, j)]), h.now)
+    [reply] = [m for p, m in h.broker.flush() if p == other][0].items
+    assert dict(reply[2])["state"] == "ready"
+
+
+def test_a_dead_front_that_speaks_again_is_fenced(h):
+    h.now += PEER_TIMEOUT_S + 0.1
+    h.broker.expire(h.now)
+    h.broker.handle(FRONT, Batch([(Op.STATS, 1)]), h.now)
+    assert h.broker.flush() == [(FRONT, Fenced(0))]
+    out = h.hello(FRONT, 1)
+    assert out == [(FRONT, Fenced(1))]
+    out = h.hello(FRONT, 99)
+    assert isinstance(out[0][1], Welcome)
+
+
+def test_hello_from_a_known_front_reconciles_its_sessions(h):
+    j = h.put(1)
+    h.send((Op.RESERVE, 2, 0))
+    # the front lost the broker while the reserve was in flight and answered INTERNAL_ERROR,
+    # so it does not list the job: it must go back to ready; session 1 is gone
+    out = h.hello(FRONT, 1, h.broker.state_id, [SessionState(2, "default", ["default"], [])])
+    assert out[0][1].restored
+    assert set(h.broker.fronts[FRONT].sessions) == {2}
+    h.open(1)
+    assert h.job_stats(j)["state"] == "ready"
+
+
+def test_a_restarted_broker_with_state_restores_reservations_with_a_fresh_ttr():
+    h = Harness()
+    h.open(1)
+    j = h.put(1, ttr=30)
+    h.broker.fronts.clear()          # as if the broker restarted with its state (binlog)
+    out = h.hello(b"front-c", 5, h.broker.state_id,
+                  [SessionState(1, "default", ["default"], [j])])
+    assert out[0][1].restored
+    h.advance(29, peer=b"front-c")
+    [(_, _, pairs)] = h.send((Op.STATS_JOB, 1, j), peer=b"front-c")
+    assert dict(pairs)["state"] == "reserved"
+
+
+def test_welcome_hands_the_front_the_brokers_job_size_limit():
+    h = Harness(max_job_size=10)
+    out = h.hello(b"front-z", 3)
+    assert out[0][1].settings.max_job_size == 10

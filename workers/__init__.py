@@ -1,0 +1,1 @@
+"""zstalk native workers (see the native-workers issue); empty until then."""
