@@ -16,9 +16,9 @@ import sys
 import click
 
 from ..protocol.listen import bind_listen
+from . import VERSION
 from .supervisor import ServeOptions, serve as run_supervisor
 
-VERSION = "0.1.0"
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 
 

@@ -99,6 +99,8 @@ class BrokerLink:
             self.sock = None
 
     def _send(self, msg) -> None:
+        if self.sock is None:       # closed: the front is shutting down
+            return
         self.sock.send(encode(msg), zmq.NOBLOCK)
         self._drain()
 

@@ -53,9 +53,14 @@ def self_check() -> bool:
 
 
 def find_beanstalkd() -> str | None:
-    """Path of the reference beanstalkd ($BEANSTALKD, then $PATH, then /usr/bin)."""
-    candidates = [os.environ.get("BEANSTALKD"), shutil.which("beanstalkd"),
-                  "/usr/bin/beanstalkd", "/usr/sbin/beanstalkd"]
+    """Path of the reference beanstalkd, or None.
+
+    $BEANSTALKD, when set, is the only place looked at (so setting it to a
+    missing path shows how the suite behaves without the reference).
+    """
+    override = os.environ.get("BEANSTALKD")
+    candidates = [override] if override else [
+        shutil.which("beanstalkd"), "/usr/bin/beanstalkd", "/usr/sbin/beanstalkd"]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate

@@ -817,3 +817,33 @@ def test_stats_quotes_hostname_os_and_platform_like_1_13(zstalk_addresses):
     assert header == b"OK %d" % (len(body) - 2)
     for key in (b"version", b"hostname", b"os", b"platform"):
         assert re.search(rb'\n%s: "[^"\n]*"\n' % key, body), f"{key!r} is not quoted in {body!r}"
+
+
+# -- the normaliser itself (no server needed) ------------------------------------------
+
+_JOB_1_12 = (b"OK 147\r\n---\nid: 1\ntube: default\nstate: reserved\npri: 0\nage: 1\ndelay: 0\n"
+             b"ttr: 10\ntime-left: 9\nfile: 0\nreserves: 1\ntimeouts: 0\nreleases: 0\n"
+             b"buries: 0\nkicks: 0\n\r\n")
+_JOB_1_13 = _JOB_1_12.replace(b"OK 147", b"OK 149").replace(b"tube: default", b'tube: "default"')
+
+
+def test_normalising_turns_1_13_quoted_names_into_1_12_and_recounts_the_bytes():
+    assert Normaliser(quoted=True)(_JOB_1_13) == Normaliser(quoted=False)(_JOB_1_12) == _JOB_1_12
+
+
+def test_normalising_flags_a_1_13_speaker_that_leaves_names_unquoted():
+    assert Normaliser(quoted=True)(_JOB_1_12) != _JOB_1_12
+
+
+def test_normalising_masks_what_differs_by_nature_but_keeps_counters():
+    body = (b'---\ncmd-put: 2\npid: 9692\nversion: "1.13"\nuptime: 3\nid: 7b158ada0a7f446a\n'
+            b'hostname: "vm"\nos: "#1 SMP"\nplatform: "x86_64"\n')
+    reply = b"OK %d\r\n%s\r\n" % (len(body), body)
+    masked = (b"---\ncmd-put: 2\npid: <pid>\nversion: <version>\nuptime: <uptime>\nid: <id>\n"
+              b"hostname: <hostname>\nos: <os>\nplatform: <platform>\n")
+    assert Normaliser(quoted=True)(reply) == b"OK %d\r\n%s\r\n" % (len(masked), masked)
+
+
+def test_normalising_leaves_a_reply_with_a_wrong_length_alone():
+    wrong = _JOB_1_12.replace(b"OK 147", b"OK 146")
+    assert Normaliser(quoted=False)(wrong) == wrong
