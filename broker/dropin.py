@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"{prog}: bind(): {exc.strerror}", file=sys.stderr)
             return 111
+    from .supervisor import ServeOptions, serve   # import before giving up root
     if opts["user"]:
         become_user(opts["user"])
-    from .supervisor import ServeOptions, serve
     return serve(listeners, ServeOptions(max_job_size=opts["max_job_size"],
                                          verbose=opts["verbose"]))
 
