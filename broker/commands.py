@@ -73,7 +73,7 @@ class Commands:
         s.worker = True
         q = self.queue
         job = q.best_ready(s)
-        if q.in_margin(s, now) and job is None:
+        if job is None and q.in_margin(s, now):
             return (s.conn, R.DEADLINE_SOON)
         if job is not None:
             q.take(job)

@@ -99,7 +99,7 @@ class Session:
     `watch` keeps beanstalkd's order: append on watch, swap-remove on ignore, which is
     what list-tubes-watched shows.
     """
-    __slots__ = ("front", "conn", "use", "watch", "reserved", "waiting", "wait_until",
+    __slots__ = ("front", "conn", "use", "watch", "reserved", "due", "waiting", "wait_until",
                  "wake", "producer", "worker")
 
     def __init__(self, front, conn: int, default: Tube) -> None:
@@ -108,6 +108,7 @@ class Session:
         self.use = default
         self.watch: list[Tube] = [default]
         self.reserved: dict[int, Job] = {}
+        self.due = SortedList()                # (deadline, id) of the reserved jobs
         self.waiting = False
         self.wait_until: float | None = None   # reserve timeout; None waits forever
         self.wake: tuple | None = None         # this session's entry in the broker's wake list
@@ -115,4 +116,4 @@ class Session:
         self.worker = False                    # ever sent a reserve command
 
     def soonest_deadline(self) -> float | None:
-        return min((j.deadline for j in self.reserved.values()), default=None)
+        return self.due[0][0] if self.due else None

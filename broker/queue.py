@@ -125,6 +125,7 @@ class Queue:
             del t.buried[job.id]
         elif job.state == RESERVED:
             self.ttr_due.remove((job.deadline, job.id))
+            job.holder.due.remove((job.deadline, job.id))
             del job.holder.reserved[job.id]
             job.holder = None
             t.reserved -= 1
@@ -154,6 +155,7 @@ class Queue:
         job.deadline = now + job.ttr_s
         job.tube.reserved += 1
         session.reserved[job.id] = job
+        session.due.add((job.deadline, job.id))
         self.ttr_due.add((job.deadline, job.id))
 
     def bury(self, job: Job) -> None:
@@ -166,9 +168,12 @@ class Queue:
         self.maybe_free(job.tube)
 
     def touch(self, job: Job, now: float) -> None:
+        due = job.holder.due
         self.ttr_due.remove((job.deadline, job.id))
+        due.remove((job.deadline, job.id))
         job.deadline = now + job.ttr_s
         self.ttr_due.add((job.deadline, job.id))
+        due.add((job.deadline, job.id))
 
     # -- reserve -------------------------------------------------------------------
     def best_ready(self, session: Session) -> Job | None:

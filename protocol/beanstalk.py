@@ -3,7 +3,8 @@
 How it works. `receive_data(bytes)` appends to one bytearray; `next_event()` extracts
 from its front and returns a `Command`, a `Reject` (an error reply the front sends as
 is), or `NEED_DATA`. The parser is in one of four states, each a method that
-`next_event` calls through `self._step`:
+`next_event` calls through `self._step` (kept unbound, so a parser holds no
+reference cycle and is freed as soon as its connection drops it):
 
     _read_line   a command line: at most LINE_MAX (224) bytes ending in CRLF.
                  A `put` line moves to _read_body, or to _drain_body if too big.
@@ -32,12 +33,15 @@ Deliberate deviations from beanstalkd, both in its buffer handling, not its gram
   * beanstalkd takes the first CR in its buffer as the line end; a CR not followed
     by LF leaves the connection waiting until 224 bytes pile up, then discards them
     (1.12 observed: `use a\\r\\r\\n` gets no reply). Here the line ends at the first
-    CRLF, and a line that contains a CR is BAD_FORMAT, like one that contains a NUL.
+    CRLF, and a line that contains a CR is BAD_FORMAT, like one that contains a NUL;
+    an over-long line likewise ends at its first CRLF.
 """
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Callable, NamedTuple
+
+__all__ = ["Command", "Reject", "NEED_DATA", "Parser", "REPLIES", "LINE_MAX"]
 
 LINE_MAX = 224          # LINE_BUF_SIZE: the longest command line, CRLF included (§1.1)
 NAME_MAX = 200          # tube name length (MAX_TUBE_NAME_LEN - 1)
@@ -198,7 +202,7 @@ def args_pause(rest: bytes) -> tuple:
 class Entry(NamedTuple):
     prefix: bytes
     name: str
-    read_args: object            # rest of line after the prefix -> args tuple; None for put
+    read_args: Callable[[bytes], tuple] | None   # the rest after the prefix -> args; put: None
 
 
 # which_cmd's prefixes in its order (prot.c); the first prefix that matches wins.
@@ -254,7 +258,7 @@ class Parser:
         self.max_job_size = max_job_size
         self._buf = bytearray()
         self._pos = 0             # start of the unparsed bytes in _buf
-        self._step = self._read_line
+        self._step = Parser._read_line
         self._put_args: tuple = ()
         self._remaining = 0       # _read_body: body size; _drain_body: bytes to discard
 
@@ -265,7 +269,7 @@ class Parser:
         self._buf += data
 
     def next_event(self) -> Command | Reject | object:
-        return self._step()
+        return self._step(self)
 
     @property
     def buffered(self) -> int:
@@ -278,7 +282,7 @@ class Parser:
         end = buf.find(b"\r\n", pos, pos + LINE_MAX)
         if end < 0:
             if len(buf) - pos >= LINE_MAX:      # no CRLF within 224 bytes: over-long
-                self._step = self._skip_line
+                self._step = Parser._skip_line
                 return self._skip_line()
             return NEED_DATA
         self._pos = end + 2
@@ -290,7 +294,7 @@ class Parser:
         if len(buf) < end + 2:
             return NEED_DATA
         self._pos = end + 2
-        self._step = self._read_line
+        self._step = Parser._read_line
         if buf[end] != 13 or buf[end + 1] != 10:
             return EXPECTED_CRLF
         return Command("put", self._put_args, bytes(buf[start:end]))
@@ -303,7 +307,7 @@ class Parser:
             self._pos = 0
             return NEED_DATA
         self._pos += self._remaining
-        self._step = self._read_line
+        self._step = Parser._read_line
         return JOB_TOO_BIG
 
     def _skip_line(self):
@@ -315,7 +319,7 @@ class Parser:
             self._pos = 0
             return NEED_DATA
         self._pos = end + 2
-        self._step = self._read_line
+        self._step = Parser._read_line
         return BAD_FORMAT
 
     # --- one command line (CRLF stripped) ---
@@ -345,11 +349,11 @@ class Parser:
             return BAD_FORMAT
         if size > self.max_job_size:            # checked before trailing garbage (§3.5)
             self._remaining = size + 2
-            self._step = self._drain_body
+            self._step = Parser._drain_body
             return self._drain_body()
         if tail:
             return PUT_TRAILING_GARBAGE
         self._put_args = (pri, delay, ttr or 1, size)
         self._remaining = size
-        self._step = self._read_body
+        self._step = Parser._read_body
         return self._read_body()

@@ -223,18 +223,18 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
     zstalk = find_zstalk()
     broker_port = free_port()
     broker_address = f"tcp://{LOOPBACK}:{broker_port}"
+    # The broker owns the job size limit; a front's -z only holds until the
+    # broker tells it, so both get it.
+    size_args = [] if max_job_size is None else ["-z", str(max_job_size)]
     broker = processes.start(ServerProcess(
-        [zstalk, "broker", "--bind", broker_address, *broker_args],
+        [zstalk, "broker", "--bind", broker_address, *size_args, *broker_args],
         (LOOPBACK, broker_port), name="zstalk-broker"))
     started = []
     for index in range(fronts):
         address, _ = _listen(socket_dir, unix, f"front{index}")
         listen = f"unix:{address}" if unix else f"{LOOPBACK}:{address[1]}"
-        argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen]
-        # Assumption: the front parses `put`, so the job size limit is its option.
-        if max_job_size is not None:
-            argv += ["-z", str(max_job_size)]
-        argv += list(front_args)
+        argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen,
+                *size_args, *front_args]
         started.append(processes.start(ServerProcess(argv, address, name=f"zstalk-front{index}")))
     return Cluster(broker, started, broker_address, [front.address for front in started])
 

@@ -222,7 +222,7 @@ CASES = [
     case(b"x" * 500 + b"\r\nput 0 0 1 1\r\nA\r\n", [BAD, C("put", 0, 0, 1, 1, body=b"A")],
          "testserv too_long_commandline"),
     case(b"x" * 223 + b"\r\n" + FOLLOWER, [BAD, FOLLOWED], "deviation a 223-byte line"),
-    case(b"x" * 224 + b"\r\r\n" + FOLLOWER, [BAD, FOLLOWED], "an over-long line ending in CR"),
+    case(b"x" * 224 + b"\r\r\n" + FOLLOWER, [BAD, FOLLOWED], "deviation an over-long line ending in CR"),
     case(b"use a\rb\r\n" + FOLLOWER, [BAD, FOLLOWED], "deviation a stray CR"),
     case(b"use a\r\r\n" + FOLLOWER, [BAD, FOLLOWED], "deviation a CR before CRLF"),
     case(b"use a\nb\r\n", [BAD], "a lone LF is part of the line"),

@@ -24,6 +24,7 @@
 # (reserve-with-timeout arguments, the 223-byte + CRLF line, quoted YAML).
 from __future__ import annotations
 
+import difflib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -553,6 +554,16 @@ class Normaliser:
         return f"{key}: {value}"
 
 
+def render(reply: bytes) -> list[str]:
+    """A reply as transcript lines: a well-framed YAML body gets one line per
+    YAML line (so a diff points at the key), anything else stays one repr."""
+    header, _, rest = reply.partition(b"\r\n")
+    body = rest[:-2]
+    if header.startswith(b"OK ") and rest.endswith(b"\r\n") and header == b"OK %d" % len(body):
+        return [repr(header + b"\r\n")] + [f"    {line!r}" for line in body.split(b"\n")]
+    return [repr(reply)]
+
+
 def _body_kind(body: bytes) -> str:
     if body.startswith(b"---\nid: "):
         return "job"
@@ -663,7 +674,7 @@ class ScriptRun:
                 self.transcript.append(f"{conn} < EOF")
                 self.finished.add(conn)
                 return
-            self.transcript.append(f"{conn} < {self.normalise(reply)!r}")
+            self.transcript += [f"{conn} < {line}" for line in render(self.normalise(reply))]
 
     def _await(self, step: Await) -> None:
         """Poll stats-tube on the side connection; never recorded, never compared."""
@@ -749,7 +760,8 @@ def test_zstalk_answers_like_beanstalkd(script, beanstalkd_factory, beanstalkd_d
     broken = [line for line in expected if "!!" in line]
     assert not broken, (f"the script is wrong: the reference beanstalkd "
                         f"{beanstalkd_dialect} did not follow it:\n" + "\n".join(expected))
-    assert actual == expected
+    assert actual == expected, "zstalk differs from beanstalkd:\n" + "\n".join(
+        difflib.unified_diff(expected, actual, "beanstalkd", "zstalk", lineterm=""))
 
 
 # -- zstalk only: where 1.13 (and zstalk) answer differently from 1.12 on purpose -----
