@@ -60,6 +60,7 @@ class Supervisor:
         self.tmpdir = tempfile.mkdtemp(prefix="zstalk-")
         self.endpoint = opts.broker_bind or f"ipc://{self.tmpdir}/broker"
         self.children: dict[str, subprocess.Popen] = {}
+        self.draining = False       # survives a broker restart (passed as --drain)
 
     def _command(self, name: str) -> list[str]:
         base = [sys.executable, "-m", "zstalk.broker.cli"] + ["-V"] * self.opts.verbose
@@ -67,6 +68,7 @@ class Supervisor:
             return base + ["broker", "--bind", self.endpoint,
                            "--max-job-size", str(self.opts.max_job_size),
                            "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
+                           *(["--drain"] if self.draining else []),
                            *self.opts.extra_broker_args]
         cmd = base + ["front", "beanstalk", "--broker", self.endpoint,
                       "--max-job-size", str(self.opts.max_job_size),
@@ -100,6 +102,7 @@ class Supervisor:
             if info is None or info.si_signo == signal.SIGCHLD:
                 self._restart_dead()
             elif info.si_signo == signal.SIGUSR1:
+                self.draining = True
                 broker = self.children.get("broker")
                 if broker is not None:
                     broker.send_signal(signal.SIGUSR1)

@@ -286,6 +286,8 @@ class Parser:
                 return self._skip_line()
             return NEED_DATA
         self._pos = end + 2
+        if buf.startswith(b"put ", pos):        # the hot path; "put " is which_cmd's first
+            return self._put(bytes(buf[pos:end]))
         return self._command(bytes(buf[pos:end]))
 
     def _read_body(self):
@@ -325,8 +327,6 @@ class Parser:
     # --- one command line (CRLF stripped) ---
 
     def _command(self, line: bytes):
-        if line[:4] == b"put ":                 # the hot path; "put " is which_cmd's first
-            return self._put(line)
         if 0 in line or 13 in line:             # NUL or CR: prot.c "possible maliciousness"
             return BAD_FORMAT
         entry = which_cmd(line)

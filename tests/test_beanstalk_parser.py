@@ -17,6 +17,9 @@ next line in beanstalkd; a stray CR makes it wait for more input). Also verified
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -396,6 +399,19 @@ def test_a_changed_max_job_size_applies_to_the_next_put():
     assert parser.next_event() == TOO_BIG
 
 
+def test_a_dropped_parser_is_freed_without_the_cycle_collector():
+    gc.disable()
+    try:
+        parser = Parser()
+        parser.receive_data(b"put 0 0 1 5\r\nhel")
+        parser.next_event()
+        ref = weakref.ref(parser)
+        del parser
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
 def test_need_data_is_one_named_sentinel():
     assert repr(NEED_DATA) == "NEED_DATA"
     assert Parser().next_event() is NEED_DATA
@@ -426,7 +442,8 @@ def test_every_prefix_is_found_by_the_word_lookup():
 
 # -- properties --
 
-STREAM_TOKENS = LINE_TOKENS + [b"\r\n", b"\r\n", b"\r\n", b"put 0 0 1 3\r\n", b"abc", b"x" * 230]
+STREAM_TOKENS = LINE_TOKENS + [b"\r\n", b"\r\n", b"\r\n", b"put 0 0 1 3\r\n", b"abc", b"x" * 223,
+                               b"x" * 230]
 stream = st.one_of(
     st.binary(max_size=600),
     st.lists(st.one_of(st.sampled_from(STREAM_TOKENS), st.binary(max_size=8)), max_size=40).map(b"".join),
@@ -451,19 +468,21 @@ def test_arbitrary_bytes_only_ever_yield_events(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(stream, st.lists(st.integers(min_value=0, max_value=600), max_size=12))
+@given(stream, st.lists(st.integers(min_value=0, max_value=2000), max_size=12))
 def test_any_chunking_of_the_same_input_yields_the_same_events(data, cuts):
     whole = Parser(max_job_size=16)
     whole.receive_data(data)
     expected = drain_events(whole)
-    chunked = Parser(max_job_size=16)
-    got = []
     bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
-    for start, end in zip(bounds, bounds[1:]):
-        chunked.receive_data(data[start:end])
-        got += drain_events(chunked)
-    assert got == expected
-    assert chunked.buffered == whole.buffered
+    for pieces in ([data[a:b] for a, b in zip(bounds, bounds[1:])],    # random cuts
+                   [data[i:i + 1] for i in range(len(data))]):          # every cut at once
+        chunked = Parser(max_job_size=16)
+        got = []
+        for piece in pieces:
+            chunked.receive_data(piece)
+            got += drain_events(chunked)
+        assert got == expected
+        assert chunked.buffered == whole.buffered
 
 
 # Each item is (bytes sent, the one event it must give, or None for "any one event").
@@ -488,7 +507,7 @@ big_put = st.binary(min_size=41, max_size=120).map(
     lambda b: (b"put 0 0 1 %d\r\n%s\r\n" % (len(b), b), TOO_BIG))
 crlf_less_put = st.tuples(st.binary(max_size=40), st.binary(min_size=2, max_size=2)).filter(
     lambda t: t[1] != b"\r\n").map(lambda t: (b"put 0 0 1 %d\r\n%s%s" % (len(t[0]), t[0], t[1]), NO_CRLF))
-bad_line = st.binary(max_size=400).filter(
+bad_line = st.one_of(st.binary(max_size=30), st.binary(min_size=220, max_size=460)).filter(
     lambda b: b"\r\n" not in b and not b.startswith(b"put ")).map(lambda b: (b + b"\r\n", None))
 command_mix = st.lists(st.one_of(valid_command, good_put, big_put, crlf_less_put, bad_line), max_size=25)
 
