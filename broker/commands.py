@@ -86,8 +86,7 @@ class Commands:
 
     def reserve_job(self, s: Session, op, now):
         """Reserve one job by id from any state but reserved, any tube, paused or not (§3.6)."""
-        self.counters["cmd-reserve-job"] += 1
-        s.worker = True
+        self.counters["cmd-reserve-job"] += 1      # and, unlike reserve, not a worker
         job = self.queue.jobs.get(op[2])
         if job is None or job.state == RESERVED:
             return (s.conn, R.NOT_FOUND)

@@ -124,8 +124,8 @@ class BrokerLink:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self._flush)
-        elif op[0] == Op.CLOSE and self._cancel_held_open(op[1]):
-            pass
+        elif op[0] == Op.CLOSE and len(self.held) >= self.max_held and self._cancel_held_open(op[1]):
+            pass        # at the bound, a connection that came and went is forgotten
         elif op[0] in SILENT_OPS or len(self.held) < self.max_held:
             self.held.append((time.monotonic(), op))
         else:
