@@ -144,8 +144,7 @@ class Commands:
     def watch(self, s: Session, op, now):
         self.counters["cmd-watch"] += 1
         t = self.queue.tube(op[2])
-        if t not in s.watch:
-            s.watch.append(t)
+        if s.add_watch(t):
             t.watching += 1
         return (s.conn, R.WATCHING, len(s.watch))
 
@@ -153,13 +152,10 @@ class Commands:
         """NOT_IGNORED only for the last watched tube; an unwatched name is fine (§3.8)."""
         self.counters["cmd-ignore"] += 1
         t = self.queue.tubes.get(op[2])
-        if t is not None and t in s.watch:
+        if t is not None and t in s.watched:
             if len(s.watch) < 2:
                 return (s.conn, R.NOT_IGNORED)
-            i = s.watch.index(t)
-            last = s.watch.pop()             # swap-remove, as beanstalkd's ms_remove
-            if last is not t:
-                s.watch[i] = last
+            s.remove_watch(t)
             t.watching -= 1
             self.queue.maybe_free(t)
         return (s.conn, R.WATCHING, len(s.watch))

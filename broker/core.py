@@ -124,7 +124,10 @@ class Broker(Commands):
         for conn in [c for c in front.sessions if c not in listed]:
             self._close(front.sessions[conn], now)
         for conn, st in listed.items():
-            s = front.sessions.get(conn) or self._open(front, conn)
+            s = front.sessions.get(conn)
+            if s is None:
+                s = self._open(front, conn)
+                self._restore_tubes(s, st)
             held = set(st.held)
             for job in [j for j in s.reserved.values() if j.id not in held]:
                 self.queue.take(job)
@@ -134,6 +137,24 @@ class Broker(Commands):
                 if job is not None and job.state == READY:
                     self.queue.take(job)
                     self.queue.reserve(s, job, now)
+
+    def _restore_tubes(self, s: Session, st) -> None:
+        """Give a re-registered session the used tube and watch list its front remembers."""
+        q = self.queue
+        new_use = q.tube(st.use)
+        new_use.using += 1
+        s.use.using -= 1
+        old_use, s.use = s.use, new_use
+        q.maybe_free(old_use)
+        for name in st.watch:
+            t = q.tube(name)
+            if s.add_watch(t):
+                t.watching += 1
+        default = s.watch[0]
+        if default.name not in st.watch and len(s.watch) > 1:
+            s.remove_watch(default)
+            default.watching -= 1
+            q.maybe_free(default)
 
     def drop_front(self, front: Front, now: float) -> None:
         """A front died (heartbeat) or was replaced: close its sessions and fence it."""

@@ -99,7 +99,7 @@ class Session:
     `watch` keeps beanstalkd's order: append on watch, swap-remove on ignore, which is
     what list-tubes-watched shows.
     """
-    __slots__ = ("front", "conn", "use", "watch", "reserved", "due", "waiting", "wait_until",
+    __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "due", "waiting", "wait_until",
                  "wake", "producer", "worker")
 
     def __init__(self, front, conn: int, default: Tube) -> None:
@@ -107,6 +107,7 @@ class Session:
         self.conn = conn
         self.use = default
         self.watch: list[Tube] = [default]
+        self.watched: set[Tube] = {default}    # the same tubes, for membership tests
         self.reserved: dict[int, Job] = {}
         self.due = SortedList()                # (deadline, id) of the reserved jobs
         self.waiting = False
@@ -114,6 +115,21 @@ class Session:
         self.wake: tuple | None = None         # this session's entry in the broker's wake list
         self.producer = False                  # ever sent put
         self.worker = False                    # ever sent a reserve command
+
+    def add_watch(self, t: Tube) -> bool:
+        if t in self.watched:
+            return False
+        self.watch.append(t)
+        self.watched.add(t)
+        return True
+
+    def remove_watch(self, t: Tube) -> None:
+        """Swap-remove, as beanstalkd's ms_remove: the last tube takes the freed place."""
+        i = self.watch.index(t)
+        last = self.watch.pop()
+        if last is not t:
+            self.watch[i] = last
+        self.watched.discard(t)
 
     def soonest_deadline(self) -> float | None:
         return self.due[0][0] if self.due else None

@@ -178,7 +178,7 @@ class Queue:
     # -- reserve -------------------------------------------------------------------
     def best_ready(self, session: Session) -> Job | None:
         """The (pri, id)-smallest ready job across the session's unpaused watched tubes."""
-        if len(session.watch) <= _FEW_TUBES or len(self.tops) <= _FEW_TUBES:
+        if len(session.watch) <= _FEW_TUBES:
             best = None
             for t in session.watch:
                 if t.ready and not t.unpause_at:
@@ -186,8 +186,8 @@ class Queue:
                     if best is None or k < best:
                         best = k
             return None if best is None else self.jobs[key_id(best)]
-        watched = set(session.watch)
-        for key, t in self.tops:
+        watched = session.watched
+        for key, t in self.tops:          # best first: stop at the first watched tube
             if t in watched:
                 return self.jobs[key_id(key)]
         return None

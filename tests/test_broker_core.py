@@ -349,8 +349,11 @@ def test_a_restarted_broker_with_state_restores_reservations_with_a_fresh_ttr():
     j = h.put(1, ttr=30)
     h.broker.fronts.clear()          # as if the broker restarted with its state (binlog)
     out = h.hello(b"front-c", 5, h.broker.state_id,
-                  [SessionState(1, "default", ["default"], [j])])
+                  [SessionState(1, "default", ["default"], [j]),
+                   SessionState(2, "emails", ["emails", "sms"], [])])
     assert out[0][1].restored
+    assert h.send((Op.LIST_TUBE_USED, 2), (Op.LIST_TUBES_WATCHED, 2), peer=b"front-c") == [
+        (2, R.USING, "emails"), (2, R.LIST, ["emails", "sms"])]
     h.advance(29, peer=b"front-c")
     [(_, _, pairs)] = h.send((Op.STATS_JOB, 1, j), peer=b"front-c")
     assert dict(pairs)["state"] == "reserved"
