@@ -146,15 +146,14 @@ class Broker(Commands):
         s.use.using -= 1
         old_use, s.use = s.use, new_use
         q.maybe_free(old_use)
-        for name in st.watch:
-            t = q.tube(name)
-            if s.add_watch(t):
-                t.watching += 1
-        default = s.watch[0]
-        if default.name not in st.watch and len(s.watch) > 1:
-            s.remove_watch(default)
-            default.watching -= 1
-            q.maybe_free(default)
+        old_watch = s.watch
+        s.watch = [q.tube(name) for name in dict.fromkeys(st.watch)] or old_watch
+        s.watched = set(s.watch)
+        for t in s.watch:
+            t.watching += 1
+        for t in old_watch:
+            t.watching -= 1
+            q.maybe_free(t)
 
     def drop_front(self, front: Front, now: float) -> None:
         """A front died (heartbeat) or was replaced: close its sessions and fence it."""
