@@ -1,0 +1,1401 @@
+#!/usr/bin/env python3
+"""Benchmark zstalk against beanstalkd with the same load from the same generator.
+
+Usage:
+    .venv/bin/python scripts/bench_beanstalk.py [--quick] [--rows 1,2,3,4,5]
+        [--fronts N] [--json PATH] [--jobs-for-memory N] [--repeats N]
+        [--window N] [--gen-procs N]
+
+Method
+------
+Both servers run on 127.0.0.1 on ports this script picks (bind to port 0, release).
+Every measurement that holds state (rows 1-3) gets a fresh server process, so jobs left
+by one measurement never weigh on the next.  Runs alternate between the two servers
+(beanstalkd then zstalk, then zstalk then beanstalkd on the next repetition), so noise
+from other tenants of this shared 2-core machine hits both alike.  Throughput rows take
+the BEST of the repetitions (interference on a shared machine only ever slows a run
+down, so the best run is the least disturbed one); every sample is kept in the JSON.
+
+The load generator is plain Python on raw sockets, built to cost as little as possible:
+
+* Row 1, pipelined put: the byte stream `put 0 0 60 100\\r\\n<100 bytes>\\r\\n` is
+  pre-built once; each connection sends slices of it with non-blocking send() from a
+  single-threaded epoll (selectors) loop, keeping at most --window commands outstanding
+  per connection, and counts replies by counting b"\\n" in what it receives (every
+  reply to put is one line); SO_RCVLOWAT makes epoll wake the loop only once about
+  half the outstanding replies have arrived, not once per tiny reply segment
+  (beanstalkd writes every reply on its own).  b"INSERTED" is counted as well (across recv boundaries)
+  so that any other reply is reported as an error.  Connections are opened before the
+  clock starts; the run ends when every connection has its replies, or at a time cap
+  (then the rate is what finished / the time taken, and the run is flagged "capped").
+* Row 2, worker cycle: the queue is filled first (pipelined puts, 8 connections) with
+  more jobs than the measurement consumes, so it never runs dry.  Each connection then
+  sends `reserve`; on each `RESERVED <id> <n>` (+ body, checked for length and content)
+  it sends `delete <id>\\r\\nreserve\\r\\n` in one write, as a real worker would; the
+  last job of the connection's quota gets only `delete`.  DELETED replies are counted.
+  SO_RCVLOWAT (one RESERVED reply plus body) gives one wake-up per cycle, not two.
+* Row 3, memory: a fresh server is filled with N ready 100-byte jobs by 8 pipelined
+  connections; RSS (VmRSS from /proc) is read after the fill and a 1 s settle, summed
+  over the zstalk supervisor and all its descendants (broker, fronts).  The ready count
+  is checked with `stats`.
+* Row 4, reserve across 1000 tubes: on one server, connection W1000 watches t0..t999
+  (and ignores default); connection W1 watches only t0.  Three variants, each filled
+  with K jobs and then drained by K reserve->delete cycles on one connection (delete and
+  the next reserve pipelined): W1 with jobs in t0; W1000 with jobs in t0; W1000 with
+  jobs spread round-robin over all 1000 tubes.  Cost ratio = time per cycle of the
+  W1000 variant / time per cycle of W1.  Best of the repetitions per variant.
+  (The generator's own per-cycle cost is in both terms, which pulls a fast server's
+  ratio toward 1.)
+* Row 5, timer lateness: delay - one worker blocked in `reserve` on tube "lat"; a
+  producer puts jobs with delay 1 s at spread times (one every --spacing ms); lateness =
+  time RESERVED is received - (time the put was sent + 1 s).  TTR - for job i a
+  holder connection H_i puts it (ttr 1) in its own tube ttr-i and reserves it with plain
+  `reserve` (the job is ready, so it does not block; the time that reserve is sent =
+  reserve time), then stays idle like a hung worker; a waiter connection W_i watching
+  only ttr-i then blocks in `reserve`; lateness = time W_i receives RESERVED -
+  (reserve time + 1 s).  One tube and one waiter per job so that no waiter can take a
+  job that is still ready.  Both lateness figures include one client->server trip,
+  which is the client's view.  Jobs that do not come back within 5 s of their due time
+  are counted (row "jobs back"), not put in the percentiles: beanstalkd 1.12 loses TTR
+  expiries now and then (its connection tick can fire a hair before the job's deadline,
+  after which the idle holder connection is not rescheduled; `reserve-with-timeout`
+  makes this near certain, which is why the holder uses plain `reserve`).
+
+Generator check: every load run records the generator's own CPU seconds
+(time.process_time(), summed over generator processes with --gen-procs) and wall
+seconds, and the servers' CPU seconds (utime+stime from /proc/<pid>/stat, summed over
+the server's processes).  A generator share near 1.0 core would mean the generator,
+not the server, is the limit.
+
+The script stops what it started (SIGTERM to the server's pid, then SIGKILL to the
+pids it recorded) and reports anything the servers wrote to stderr, restarts of zstalk
+children, and replies that were not the expected ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HOST = "127.0.0.1"
+BODY_LEN = 100
+BODY = (b"0123456789abcdefghijklmnopqrstuvwxyz" * 3)[:BODY_LEN]
+PUT_CMD = b"put 0 0 60 %d\r\n" % BODY_LEN + BODY + b"\r\n"
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ZSTALK = str(Path(sys.executable).parent / "zstalk")
+TICKS = os.sysconf("SC_CLK_TCK")
+RECV_SIZE = 65536           # below glibc's mmap threshold: no mmap/munmap per recv
+MIN_INSERTED = len(b"INSERTED 1\r\n")
+MIN_RESERVED = len(b"RESERVED 1 %d\r\n" % BODY_LEN) + BODY_LEN + 2
+LOWAT_CAP = 65536
+TIMER_GRACE_S = 5.0         # row 5: how long past the last job's due time to wait
+
+
+def set_lowat(sock, n: int) -> None:
+    """SO_RCVLOWAT: epoll / recv report the socket readable only once n bytes wait."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, n))
+
+
+# --------------------------------------------------------------------------- processes
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def proc_children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def proc_tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.append(p)
+        todo += proc_children(p)
+    return seen
+
+
+def proc_rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def proc_cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+class Server:
+    """One server under test, started by us; `pids()` is the process tree."""
+
+    def __init__(self, kind: str, argv_fn, name: str):
+        self.kind, self.name, self.argv_fn = kind, name, argv_fn
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.start_children: list[int] = []
+        self.errfile = None
+        self.notes: list[str] = []
+
+    @property
+    def addr(self):
+        return (HOST, self.port)
+
+    def start(self, timeout: float = 20.0) -> float:
+        self.port = free_port()
+        self.errfile = tempfile.TemporaryFile()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.argv_fn(self.port), stdin=subprocess.DEVNULL,
+                                     stdout=self.errfile, stderr=subprocess.STDOUT)
+        deadline = t0 + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} at start: "
+                                   f"{self.read_output()[:2000]!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} not ready after {timeout}s")
+            try:
+                with socket.create_connection(self.addr, timeout=0.5) as s:
+                    s.sendall(b"list-tube-used\r\n")
+                    got = b""
+                    while not got.endswith(b"\r\n"):
+                        chunk = s.recv(100)
+                        if not chunk:
+                            break
+                        got += chunk
+                    if got == b"USING default\r\n":
+                        break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        self.start_children = sorted(proc_children(self.proc.pid))
+        return time.monotonic() - t0
+
+    def pids(self) -> list[int]:
+        return proc_tree(self.proc.pid) if self.proc and self.proc.poll() is None else []
+
+    def rss_mib(self) -> float:
+        return sum(proc_rss_kib(p) for p in self.pids()) / 1024.0
+
+    def cpu_s(self) -> float:
+        return sum(proc_cpu_s(p) for p in self.pids())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_children(self, where: str) -> None:
+        if not self.alive():
+            self.notes.append(f"{where}: {self.name} supervisor/server exited "
+                              f"(rc={self.proc.returncode})")
+            return
+        now = sorted(proc_children(self.proc.pid))
+        if self.kind == "zstalk" and now != self.start_children:
+            self.notes.append(f"{where}: {self.name} children changed {self.start_children}"
+                              f" -> {now} (a child died and was restarted?)")
+            self.start_children = now
+
+    def read_output(self) -> str:
+        if self.errfile is None:
+            return ""
+        self.errfile.seek(0)
+        return self.errfile.read().decode(errors="replace")
+
+    def stop(self, where: str = "") -> None:
+        if self.proc is None:
+            return
+        self.check_children(where or "stop")
+        tree = self.pids()
+        rc = self.proc.poll()
+        if rc is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.notes.append(f"{where}: {self.name} did not exit 10 s after SIGTERM; killed")
+                for p in tree:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except OSError:
+                        pass
+                rc = self.proc.wait(5)
+        if rc not in (0, -signal.SIGTERM):
+            self.notes.append(f"{where}: {self.name} exit status {rc} after SIGTERM")
+        time.sleep(0.05)
+        left = [p for p in tree if p != self.proc.pid and os.path.exists(f"/proc/{p}")
+                and not open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"]
+        if left:
+            self.notes.append(f"{where}: {self.name} left processes after stop: "
+                              f"{[(p, proc_cmd(p)) for p in left]}")
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        out = self.read_output().strip()
+        if out:
+            self.notes.append(f"{where}: {self.name} output:\n{out[:3000]}")
+        self.errfile.close()
+        self.errfile, self.proc = None, None
+
+
+# --------------------------------------------------------------------------- sync client
+
+class Client:
+    def __init__(self, addr, timeout: float = 15.0):
+        self.sock = socket.create_connection(addr, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+
+    def close(self, patience: float = 1.0) -> bool:
+        """Half-close, read to EOF, close: no RST for replies still in flight."""
+        ok = True
+        try:
+            self.sock.settimeout(patience)
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            while self.sock.recv(65536):
+                pass
+        except OSError:
+            ok = False
+        finally:
+            self.sock.close()
+        return ok
+
+
+    def send(self, data: bytes):
+        self.sock.sendall(data)
+
+    def _fill(self):
+        d = self.sock.recv(65536)
+        if not d:
+            raise EOFError("server closed the connection")
+        self.buf += d
+
+    def line(self) -> bytes:
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                out = bytes(self.buf[:i])
+                del self.buf[:i + 2]
+                return out
+            self._fill()
+
+    def reply(self):
+        line = self.line()
+        if line.startswith((b"RESERVED ", b"FOUND ", b"OK ")):
+            n = int(line.rsplit(b" ", 1)[1])
+            while len(self.buf) < n + 2:
+                self._fill()
+            body = bytes(self.buf[:n])
+            del self.buf[:n + 2]
+            return line, body
+        return line, None
+
+    def expect(self, prefix: bytes):
+        line, body = self.reply()
+        if not line.startswith(prefix):
+            raise RuntimeError(f"expected {prefix!r}, got {line!r}")
+        return line, body
+
+    def pipeline(self, cmds: list[bytes], replies_per_cmd: int = 1, batch: int = 500,
+                 expect: bytes | None = None) -> list[bytes]:
+        """Send commands in pipelined batches; return the reply lines."""
+        lines = []
+        for i in range(0, len(cmds), batch):
+            part = cmds[i:i + batch]
+            self.send(b"".join(part))
+            for _ in range(len(part) * replies_per_cmd):
+                line, _ = self.reply()
+                lines.append(line)
+        if expect is not None:
+            bad = [l for l in lines if not l.startswith(expect)]
+            if bad:
+                raise RuntimeError(f"unexpected replies: {bad[:3]!r} ({len(bad)} total)")
+        return lines
+
+    def stats(self, cmd: bytes = b"stats") -> dict:
+        self.send(cmd + b"\r\n")
+        line, body = self.reply()
+        if not line.startswith(b"OK"):
+            raise RuntimeError(f"{cmd!r}: {line!r}")
+        out = {}
+        for l in body.decode().splitlines():
+            if ":" in l:
+                k, v = l.split(":", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+
+def close_all(clients) -> None:
+    for c in clients:
+        try:
+            c.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    patience = 1.0
+    for c in clients:
+        if not c.close(patience):
+            patience = 0.01
+
+
+# --------------------------------------------------------------------------- load loops
+
+class _Conn:
+    __slots__ = ("sock", "quota", "sent", "total", "lines", "ok", "tail", "wmode", "done",
+                 "buf", "reserved", "out", "bad", "lowat")
+
+
+def _connect_many(addr, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(addr, timeout=15)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        socks.append(s)
+    return socks
+
+
+def _put_loop(socks, quotas, window: int, time_cap: float) -> dict:
+    """Pipelined puts, at most `window` outstanding per connection, replies counted."""
+    L = len(PUT_CMD)
+    chunk_cmds = max(1, min(window, max(quotas), 2000))
+    block = PUT_CMD * chunk_cmds
+    mv = memoryview(block)
+    blen = len(block)
+    sel = selectors.DefaultSelector()
+    conns = []
+    for s, q in zip(socks, quotas):
+        c = _Conn()
+        c.sock, c.quota, c.sent, c.total, c.lines, c.ok = s, q, 0, q * L, 0, 0
+        c.tail, c.wmode, c.done, c.bad, c.lowat = b"", False, q == 0, [], 1
+        conns.append(c)
+        if not c.done:
+            sel.register(s, selectors.EVENT_READ, c)
+    errors = []
+
+    def pump(c):
+        while True:
+            limit = min(c.total, (c.lines + window) * L)
+            n = limit - c.sent
+            if n <= 0:
+                blocked = False
+                break
+            off = c.sent % L
+            n = min(n, blen - off)
+            try:
+                k = c.sock.send(mv[off:off + n])
+            except BlockingIOError:
+                k = 0
+            c.sent += k
+            if k < n:
+                blocked = True
+                break
+        if blocked != c.wmode:
+            c.wmode = blocked
+            sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if blocked else 0), c)
+        # Wake only when about half the outstanding replies are in: never more bytes than
+        # the replies still owed can make (else it would stall), re-set only on big changes.
+        # (a partial reply line, up to 16 bytes, may already be in hand)
+        budget = (c.sent // L - c.lines) * MIN_INSERTED - 16
+        want = max(1, min(LOWAT_CAP, budget // 2))
+        if c.lowat > max(1, budget) or c.lowat * 4 < want:
+            c.lowat = want
+            set_lowat(c.sock, want)
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline = t0 + time_cap
+    active = sum(1 for c in conns if not c.done)
+    for c in conns:
+        if not c.done:
+            pump(c)
+    capped = False
+    while active:
+        now = time.monotonic()
+        if now >= deadline:
+            capped = True
+            break
+        for key, ev in sel.select(min(0.5, deadline - now)):
+            c = key.data
+            if ev & selectors.EVENT_READ:
+                try:
+                    data = c.sock.recv(RECV_SIZE)
+                except BlockingIOError:
+                    data = None
+                except OSError as exc:
+                    errors.append(f"recv: {exc}")
+                    data = b""
+                if data == b"":
+                    errors.append(f"connection closed by server after {c.lines} replies")
+                    sel.unregister(c.sock)
+                    c.done = True
+                    active -= 1
+                    continue
+                if data:
+                    nl = data.count(b"\n")
+                    c.lines += nl
+                    joined = c.tail + data
+                    ins = joined.count(b"INSERTED")
+                    c.ok += ins
+                    if ins != nl and len(c.bad) < 5:
+                        c.bad += [l for l in joined.split(b"\r\n")
+                                  if l and not l.startswith(b"INSERTED")
+                                  and not b"INSERTED".startswith(l[:8])][:5]
+                    c.tail = joined[-7:]
+                    if c.lines >= c.quota:
+                        sel.unregister(c.sock)
+                        c.done = True
+                        active -= 1
+                        continue
+            pump(c)
+    t1, cpu1 = time.monotonic(), time.process_time()
+    sel.close()
+    lines = sum(c.lines for c in conns)
+    ok = sum(c.ok for c in conns)
+    bad = [b for c in conns for b in c.bad][:5]
+    if ok != lines:
+        errors.append(f"{lines - ok} replies were not INSERTED, e.g. {bad!r}")
+    return dict(count=ok, replies=lines, t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped,
+                errors=errors)
+
+
+def _work_loop(socks, quotas, time_cap: float) -> dict:
+    """reserve -> (delete id + reserve) cycles; counts DELETED."""
+    sel = selectors.DefaultSelector()
+    conns = []
+    for s, q in zip(socks, quotas):
+        c = _Conn()
+        c.sock, c.quota, c.buf, c.reserved, c.lines, c.done = s, q, bytearray(), 0, 0, q == 0
+        c.bad, c.out, c.wmode, c.lowat = [], bytearray(), False, MIN_RESERVED
+        conns.append(c)
+        if not c.done:
+            sel.register(s, selectors.EVENT_READ, c)
+            # one wake-up per cycle: DELETED alone is not worth a wake-up, RESERVED+body is
+            set_lowat(s, MIN_RESERVED)
+    errors = []
+    body_bad = 0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline = t0 + time_cap
+    active = 0
+    for c in conns:
+        if not c.done:
+            c.sock.send(b"reserve\r\n")
+            active += 1
+    capped = False
+
+    def flush(c):
+        if c.out:
+            try:
+                k = c.sock.send(c.out)
+            except BlockingIOError:
+                k = 0
+            del c.out[:k]
+        want = bool(c.out)
+        if want != c.wmode:
+            c.wmode = want
+            sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), c)
+
+    while active:
+        now = time.monotonic()
+        if now >= deadline:
+            capped = True
+            break
+        for key, ev in sel.select(min(0.5, deadline - now)):
+            c = key.data
+            if ev & selectors.EVENT_READ:
+                try:
+                    data = c.sock.recv(RECV_SIZE)
+                except BlockingIOError:
+                    data = None
+                except OSError as exc:
+                    errors.append(f"recv: {exc}")
+                    data = b""
+                if data == b"":
+                    errors.append(f"connection closed by server after {c.lines} deletes")
+                    sel.unregister(c.sock)
+                    c.done = True
+                    active -= 1
+                    continue
+                if data:
+                    buf = c.buf
+                    buf += data
+                    pos = 0
+                    need = 1
+                    while True:
+                        i = buf.find(b"\r\n", pos)
+                        if i < 0:
+                            break
+                        if buf.startswith(b"RESERVED ", pos):
+                            parts = buf[pos + 9:i].split(b" ")
+                            n = int(parts[1])
+                            end = i + 2 + n + 2
+                            if len(buf) < end:
+                                need = end - len(buf)
+                                break
+                            if n != BODY_LEN or buf[i + 2:i + 2 + n] != BODY \
+                                    or buf[end - 2:end] != b"\r\n":
+                                body_bad += 1
+                            pos = end
+                            c.reserved += 1
+                            if c.reserved < c.quota:
+                                c.out += b"delete %s\r\nreserve\r\n" % parts[0]
+                            else:
+                                c.out += b"delete %s\r\n" % parts[0]
+                        elif buf.startswith(b"DELETED\r\n", pos):
+                            c.lines += 1
+                            pos = i + 2
+                        else:
+                            line = bytes(buf[pos:i])
+                            pos = i + 2
+                            if len(errors) < 10:
+                                errors.append(f"unexpected reply {line[:80]!r}")
+                            c.done = True
+                    if pos:
+                        del buf[:pos]
+                    if c.lines >= c.quota or c.done:
+                        sel.unregister(c.sock)
+                        c.done = True
+                        active -= 1
+                        set_lowat(c.sock, 1)
+                        continue
+                    # bytes to wait for: the rest of a partial reply, else a whole RESERVED
+                    # (or just DELETED after the last delete)
+                    low = need if buf else (1 if c.reserved >= c.quota else MIN_RESERVED)
+                    if low != c.lowat:
+                        c.lowat = low
+                        set_lowat(c.sock, low)
+            flush(c)
+    t1, cpu1 = time.monotonic(), time.process_time()
+    sel.close()
+    if body_bad:
+        errors.append(f"{body_bad} RESERVED replies had a wrong body")
+    return dict(count=sum(c.lines for c in conns), replies=sum(c.reserved for c in conns),
+                t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped, errors=errors)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _loop_for(kind, socks, quotas, window, time_cap):
+    if kind == "put":
+        return _put_loop(socks, quotas, window, time_cap)
+    return _work_loop(socks, quotas, time_cap)
+
+
+def _child_main(pipe, go, kind, addr, quotas, window, time_cap):
+    try:
+        socks = _connect_many(addr, len(quotas))
+        pipe.send("ready")
+        go.wait(60)
+        res = _loop_for(kind, socks, quotas, window, time_cap)
+        for s in socks:
+            s.close()
+    except BaseException as exc:      # report, never hang the parent
+        res = dict(count=0, replies=0, t0=time.monotonic(), t1=time.monotonic(), cpu=0.0,
+                   capped=False, errors=[f"generator process: {exc!r}"])
+    pipe.send(res)
+    pipe.close()
+
+
+def run_load(addr, kind: str, n_conns: int, total: int, window: int, time_cap: float,
+             gen_procs: int = 1) -> dict:
+    """Drive `total` puts ("put") or worker cycles ("work") over n_conns connections."""
+    quotas = _split(total, n_conns)
+    procs = max(1, min(gen_procs, n_conns))
+    if procs == 1:
+        socks = _connect_many(addr, n_conns)
+        try:
+            res = _loop_for(kind, socks, quotas, window, time_cap)
+        finally:
+            for s in socks:
+                s.close()
+        res["gen_procs"] = 1
+    else:
+        ctx = multiprocessing.get_context("fork")
+        go = ctx.Event()
+        groups = [quotas[i::procs] for i in range(procs)]
+        kids = []
+        for g in groups:
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_child_main, args=(b, go, kind, addr, g, window, time_cap))
+            p.start()
+            kids.append((p, a))
+        for p, a in kids:
+            if not a.poll(30):
+                raise RuntimeError("generator process did not get ready")
+            a.recv()
+        go.set()
+        results = []
+        for p, a in kids:
+            if not a.poll(time_cap + 60):
+                raise RuntimeError("generator process did not report")
+            results.append(a.recv())
+            p.join(10)
+        res = dict(count=sum(r["count"] for r in results),
+                   replies=sum(r["replies"] for r in results),
+                   t0=min(r["t0"] for r in results), t1=max(r["t1"] for r in results),
+                   cpu=sum(r["cpu"] for r in results),
+                   capped=any(r["capped"] for r in results),
+                   errors=[e for r in results for e in r["errors"]], gen_procs=procs)
+    res["wall"] = res["t1"] - res["t0"]
+    res["rate"] = res["count"] / res["wall"] if res["wall"] > 0 else 0.0
+    res["gen_cpu_share"] = res["cpu"] / res["wall"] if res["wall"] > 0 else 0.0
+    del res["t0"], res["t1"]
+    return res
+
+
+# --------------------------------------------------------------------------- helpers
+
+def fill(server: Server, n: int, window: int, time_cap: float, conns: int = 8,
+         gen_procs: int = 1) -> dict:
+    res = run_load(server.addr, "put", conns, n, window, time_cap, gen_procs)
+    if res["count"] != n:
+        raise RuntimeError(f"fill: {res['count']} of {n} jobs inserted in {res['wall']:.1f}s; "
+                           f"errors {res['errors'][:3]}")
+    return res
+
+
+def timed_load(server: Server, *args, **kw) -> dict:
+    c0, w0 = server.cpu_s(), time.monotonic()
+    res = run_load(server.addr, *args, **kw)
+    w1 = time.monotonic()
+    res["server_cpu_share"] = (server.cpu_s() - c0) / (w1 - w0)
+    return res
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, math.ceil(p / 100.0 * len(v)) - 1))
+    return v[k]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------- rows
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.fronts = args.fronts
+        zs_bin = args.zstalk
+        self.factories = {
+            "beanstalkd": lambda: Server("beanstalkd", lambda port: [
+                args.beanstalkd, "-l", HOST, "-p", str(port)], "beanstalkd"),
+            "zstalk": lambda: Server("zstalk", lambda port: [
+                zs_bin, "serve", "-l", HOST, "-p", str(port), "--fronts", str(self.fronts)],
+                "zstalk"),
+        }
+        self.notes: list[str] = []
+        self.results: dict = {}
+        self.start_times = {"beanstalkd": [], "zstalk": []}
+
+    def orders(self, reps):
+        for r in range(reps):
+            yield r, (["beanstalkd", "zstalk"] if r % 2 == 0 else ["zstalk", "beanstalkd"])
+
+    def fresh(self, name: str) -> Server:
+        srv = self.factories[name]()
+        self.start_times[name].append(srv.start())
+        return srv
+
+    def finish(self, srv: Server, where: str):
+        try:
+            srv.stop(where)
+        finally:
+            self.notes += srv.notes
+
+    # Row 1 -----------------------------------------------------------------
+    def row_put(self):
+        a = self.args
+        total = 20000 if self.quick else a.put_count
+        cap = 4.0 if self.quick else 15.0
+        reps = a.repeats
+        out = {}
+        for r, order in self.orders(reps):
+            for nc in (1, 8, 50):
+                for name in order:
+                    where = f"row1 put conns={nc} rep={r} {name}"
+                    srv = self.fresh(name)
+                    try:
+                        res = timed_load(srv, "put", nc, total, a.window, cap,
+                                         gen_procs=a.gen_procs)
+                    except Exception as exc:
+                        res = dict(rate=None, errors=[repr(exc)])
+                    finally:
+                        self.finish(srv, where)
+                    out.setdefault(str(nc), {}).setdefault(name, []).append(res)
+                    self._report(where, res, "puts/s")
+        self.results["put"] = out
+
+    # Row 2 -----------------------------------------------------------------
+    def row_work(self):
+        a = self.args
+        total = 3000 if self.quick else a.work_count
+        cap = 4.0 if self.quick else 8.0
+        out = {}
+        for r, order in self.orders(a.repeats):
+            for nc in (1, 8, 50):
+                for name in order:
+                    where = f"row2 worker conns={nc} rep={r} {name}"
+                    srv = self.fresh(name)
+                    try:
+                        filled = fill(srv, total + 100, a.window, 120.0, gen_procs=a.gen_procs)
+                        res = timed_load(srv, "work", nc, total, a.window, cap,
+                                         gen_procs=a.gen_procs)
+                        res["fill_rate"] = filled["rate"]
+                        c = Client(srv.addr)
+                        st = c.stats()
+                        c.close()
+                        res["ready_after"] = int(st.get("current-jobs-ready", -1))
+                        # (a capped run may leave one delete in flight per connection)
+                        if not res["capped"] and res["ready_after"] != total + 100 - res["count"]:
+                            res["errors"].append(
+                                f"ready after = {res['ready_after']}, expected "
+                                f"{total + 100 - res['count']}")
+                    except Exception as exc:
+                        res = dict(rate=None, errors=[repr(exc)])
+                    finally:
+                        self.finish(srv, where)
+                    out.setdefault(str(nc), {}).setdefault(name, []).append(res)
+                    self._report(where, res, "jobs/s")
+        self.results["work"] = out
+
+    # Row 3 -----------------------------------------------------------------
+    def row_memory(self):
+        a = self.args
+        n = 20000 if self.quick else a.jobs_for_memory
+        out = {"jobs": n}
+        for name in ("beanstalkd", "zstalk"):
+            where = f"row3 memory jobs={n} {name}"
+            srv = self.fresh(name)
+            try:
+                time.sleep(0.3)
+                idle = srv.rss_mib()
+                t0 = time.monotonic()
+                filled = fill(srv, n, a.window, 60.0 if self.quick else 600.0,
+                              gen_procs=a.gen_procs)
+                fill_s = time.monotonic() - t0
+                time.sleep(1.0)
+                c = Client(srv.addr, timeout=60)
+                st = c.stats()
+                c.close()
+                time.sleep(0.2)
+                rss = srv.rss_mib()
+                per = {str(p): round(proc_rss_kib(p) / 1024, 1) for p in srv.pids()}
+                res = dict(idle_mib=idle, rss_mib=rss, fill_s=fill_s, fill_rate=filled["rate"],
+                           ready=int(st.get("current-jobs-ready", -1)), per_process_mib=per,
+                           gen_cpu_share=filled["gen_cpu_share"], errors=filled["errors"])
+                if res["ready"] != n:
+                    res["errors"].append(f"stats says {res['ready']} ready, expected {n}")
+            except Exception as exc:
+                res = dict(rss_mib=None, errors=[repr(exc)])
+            finally:
+                self.finish(srv, where)
+            out[name] = res
+            if res.get("rss_mib") is not None:
+                log(f"  {where}: idle {res['idle_mib']:.1f} MiB, after fill {res['rss_mib']:.1f}"
+                    f" MiB ({res['per_process_mib']}), fill {res['fill_s']:.1f}s "
+                    f"({res['fill_rate']:.0f}/s), gen cpu {res['gen_cpu_share']:.2f}"
+                    + (f" ERR {res['errors']}" if res["errors"] else ""))
+            else:
+                log(f"  {where}: ERROR {res['errors']}")
+        self.results["memory"] = out
+
+    # Row 4 -----------------------------------------------------------------
+    def row_tubes(self):
+        a = self.args
+        k = 300 if self.quick else a.tube_jobs
+        reps = a.repeats
+        ntubes = 1000
+        out = {"jobs": k}
+        servers = {}
+        try:
+            for name in ("beanstalkd", "zstalk"):
+                srv = self.fresh(name)
+                servers[name] = srv
+                w1000 = Client(srv.addr)
+                w1000.pipeline([b"watch t%d\r\n" % i for i in range(ntubes)], expect=b"WATCHING")
+                w1000.pipeline([b"ignore default\r\n"], expect=b"WATCHING")
+                w1 = Client(srv.addr)
+                w1.pipeline([b"watch t0\r\n", b"ignore default\r\n"], expect=b"WATCHING")
+                prod = Client(srv.addr)
+                srv.clients = (w1, w1000, prod)
+            for r, order in self.orders(reps):
+                for name in order:
+                    srv = servers[name]
+                    w1, w1000, prod = srv.clients
+                    for variant in ("watch1", "watch1000_one", "watch1000_spread"):
+                        where = f"row4 tubes {variant} rep={r} {name}"
+                        try:
+                            if variant == "watch1000_spread":
+                                cmds = [b"use t%d\r\n" % (j % ntubes) + PUT_CMD for j in range(k)]
+                                prod.pipeline(cmds, replies_per_cmd=2, batch=250)
+                            else:
+                                prod.pipeline([b"use t0\r\n"], expect=b"USING")
+                                prod.pipeline([PUT_CMD] * k, expect=b"INSERTED")
+                            worker = w1 if variant == "watch1" else w1000
+                            res = self._cycles(srv, worker, k, 4.0 if self.quick else 15.0)
+                            left = self._drain(w1000)
+                            if left:
+                                res["errors"].append(f"{left} jobs left after the drain")
+                        except Exception as exc:
+                            res = dict(per_cycle_us=None, errors=[repr(exc)])
+                        out.setdefault(variant, {}).setdefault(name, []).append(res)
+                        if res.get("per_cycle_us") is not None:
+                            log(f"  {where}: {res['rate']:.0f} cycles/s "
+                                f"({res['per_cycle_us']:.1f} us/cycle), gen cpu "
+                                f"{res['gen_cpu_share']:.2f}, server cpu "
+                                f"{res['server_cpu_share']:.2f}"
+                                + (f" ERR {res['errors']}" if res["errors"] else ""))
+                        else:
+                            log(f"  {where}: ERROR {res['errors']}")
+        finally:
+            for name, srv in servers.items():
+                close_all(getattr(srv, "clients", ()))
+                self.finish(srv, f"row4 {name}")
+        self.results["tubes"] = out
+
+    def _cycles(self, srv, c: Client, k: int, cap: float) -> dict:
+        """k reserve -> delete+reserve cycles on one connection (the row-2 loop)."""
+        if c.buf:
+            raise RuntimeError(f"unread data before cycles: {bytes(c.buf[:80])!r}")
+        c0 = srv.cpu_s()
+        c.sock.setblocking(False)
+        try:
+            res = _work_loop([c.sock], [k], cap)
+        finally:
+            c.sock.settimeout(15)
+        wall = res["t1"] - res["t0"]
+        done = res["count"]
+        return dict(count=done, wall=wall, rate=done / wall,
+                    per_cycle_us=wall / done * 1e6 if done else None,
+                    gen_cpu_share=res["cpu"] / wall,
+                    server_cpu_share=(srv.cpu_s() - c0) / wall,
+                    capped=res["capped"], errors=res["errors"])
+
+    def _drain(self, c: Client) -> int:
+        n = 0
+        while True:
+            c.send(b"reserve-with-timeout 0\r\n")
+            line, _ = c.reply()
+            if not line.startswith(b"RESERVED "):
+                return n
+            c.send(b"delete %s\r\n" % line.split()[1])
+            c.expect(b"DELETED")
+            n += 1
+
+    # Row 5 -----------------------------------------------------------------
+    def row_timers(self):
+        a = self.args
+        n = 30 if self.quick else a.timer_jobs
+        spacing = a.spacing / 1000.0
+        out = {"jobs": n, "spacing_ms": a.spacing}
+        for name in ("beanstalkd", "zstalk"):
+            srv = self.fresh(name)
+            try:
+                for test, fn in (("delay", self._delay_lateness), ("ttr", self._ttr_lateness)):
+                    where = f"row5 {test} {name}"
+                    try:
+                        res = fn(srv, n, spacing)
+                    except Exception as exc:
+                        res = dict(errors=[repr(exc)], late_ms=[])
+                    lm = res["late_ms"]
+                    res.update(p50=pct(lm, 50), p99=pct(lm, 99),
+                               max=max(lm) if lm else float("nan"),
+                               min=min(lm) if lm else float("nan"), received=len(lm))
+                    out.setdefault(test, {})[name] = res
+                    log(f"  {where}: {len(lm)}/{n} jobs, lateness p50 {res['p50']:.2f} p99 "
+                        f"{res['p99']:.2f} max {res['max']:.2f} min {res['min']:.2f} ms"
+                        + (f" ERR {res['errors']}" if res["errors"] else ""))
+            finally:
+                self.finish(srv, f"row5 {name}")
+        self.results["timers"] = out
+
+    def _delay_lateness(self, srv, n, spacing):
+        errors = []
+        got: dict[int, float] = {}
+        w = Client(srv.addr, timeout=0.5)
+        w.sock.settimeout(15)
+        w.pipeline([b"watch lat\r\n", b"ignore default\r\n"], expect=b"WATCHING")
+        w.sock.settimeout(0.5)
+        w.send(b"reserve\r\n")
+        stop = threading.Event()
+
+        def worker():
+            while len(got) < n and not stop.is_set():
+                try:
+                    line, body = w.reply()
+                except socket.timeout:
+                    continue
+                except Exception as exc:
+                    errors.append(f"worker: {exc!r}")
+                    return
+                t = time.monotonic()
+                if line.startswith(b"RESERVED "):
+                    idx = int(body[:10])
+                    got[idx] = t
+                    jid = line.split()[1]
+                    w.send(b"delete %s\r\n" % jid + (b"reserve\r\n" if len(got) < n else b""))
+                elif line != b"DELETED":
+                    errors.append(f"worker got {line!r}")
+
+        th = threading.Thread(target=worker, daemon=True)
+        th.start()
+        p = Client(srv.addr)
+        p.pipeline([b"use lat\r\n"], expect=b"USING")
+        sent, rtt = {}, []
+        t0 = time.monotonic() + 0.05
+        for i in range(n):
+            delay = t0 + i * spacing - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            body = (b"%010d" % i + BODY)[:BODY_LEN]
+            ts = time.monotonic()
+            p.send(b"put 0 1 60 %d\r\n%s\r\n" % (BODY_LEN, body))
+            p.expect(b"INSERTED")
+            sent[i] = ts
+            rtt.append((time.monotonic() - ts) * 1000)
+        th.join(1.0 + TIMER_GRACE_S)
+        stop.set()
+        th.join(2)
+        close_all([w, p])
+        late = [(got[i] - (sent[i] + 1.0)) * 1000 for i in sorted(got) if i in sent]
+        if len(got) < n:
+            errors.append(f"only {len(got)} of {n} delayed jobs were reserved within "
+                          f"{TIMER_GRACE_S:.0f} s after their delay")
+        return dict(late_ms=late, put_rtt_ms_p50=pct(rtt, 50), errors=errors, sent=len(sent))
+
+    def _ttr_lateness(self, srv, n, spacing):
+        """Job i: holder H_i puts it (ttr 1) into tube ttr-i and reserves it; then waiter
+        W_i (watching only ttr-i) blocks in reserve until the TTR sends the job back."""
+        errors = []
+        holders, waiters = [], []
+        for i in range(n):
+            h = Client(srv.addr)
+            h.send(b"use ttr-%d\r\nwatch ttr-%d\r\nignore default\r\n" % (i, i))
+            w = Client(srv.addr)
+            w.send(b"watch ttr-%d\r\nignore default\r\n" % i)
+            holders.append(h)
+            waiters.append(w)
+        for h, w in zip(holders, waiters):
+            h.expect(b"USING")
+            h.expect(b"WATCHING")
+            h.expect(b"WATCHING")
+            w.expect(b"WATCHING")
+            w.expect(b"WATCHING")
+            w.sock.setblocking(False)
+        got: dict[int, float] = {}
+        expected = [0]
+        sel = selectors.DefaultSelector()
+        for i, c in enumerate(waiters):
+            sel.register(c.sock, selectors.EVENT_READ, (i, c))
+        stop = threading.Event()
+
+        def receiver():
+            while not stop.is_set():
+                for key, _ in sel.select(0.1):
+                    i, c = key.data
+                    try:
+                        data = c.sock.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    t = time.monotonic()
+                    if not data:
+                        errors.append(f"waiter {i}: connection closed")
+                        sel.unregister(c.sock)
+                        continue
+                    c.buf += data
+                    while b"\r\n" in c.buf:
+                        j = c.buf.find(b"\r\n")
+                        line = bytes(c.buf[:j])
+                        if line.startswith(b"RESERVED "):
+                            nb = int(line.split()[2])
+                            if len(c.buf) < j + 2 + nb + 2:
+                                break
+                            del c.buf[:j + 2 + nb + 2]
+                            if i not in got:
+                                got[i] = t
+                            c.sock.send(b"delete %s\r\n" % line.split()[1])
+                        else:
+                            del c.buf[:j + 2]
+                            if line != b"DELETED":
+                                errors.append(f"waiter {i} got {line!r}")
+                if expected[0] and len(got) >= expected[0]:
+                    return
+
+        th = threading.Thread(target=receiver, daemon=True)
+        th.start()
+        reserved_at, rtt = {}, []
+        t0 = time.monotonic() + 0.05
+        for i in range(n):
+            delay = t0 + i * spacing - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            h = holders[i]
+            h.send(b"put 0 0 1 %d\r\n" % BODY_LEN + BODY + b"\r\n")
+            h.expect(b"INSERTED")
+            ts = time.monotonic()
+            h.send(b"reserve\r\n")       # the job is ready: this does not block
+            line, body = h.reply()
+            tr = time.monotonic()
+            if not line.startswith(b"RESERVED "):
+                errors.append(f"job {i}: reserve gave {line!r}")
+                continue
+            reserved_at[i] = ts
+            rtt.append((tr - ts) * 1000)
+            waiters[i].sock.send(b"reserve\r\n")
+        expected[0] = len(reserved_at)
+        th.join(1.0 + TIMER_GRACE_S)
+        stop.set()
+        th.join(2)
+        sel.close()
+        late = [(got[i] - (reserved_at[i] + 1.0)) * 1000 for i in sorted(got) if i in reserved_at]
+        still = 0
+        if len(got) < len(reserved_at):
+            # what the server says about the jobs that did not come back
+            probe = Client(srv.addr)
+            for i in sorted(set(reserved_at) - set(got)):
+                st = probe.stats(b"stats-tube ttr-%d" % i)
+                still += int(st.get("current-jobs-reserved", 0))
+            close_all([probe])
+            errors.append(f"only {len(got)} of {len(reserved_at)} jobs came back within "
+                          f"{TIMER_GRACE_S:.0f} s after their TTR; {still} were still "
+                          f"'reserved' (by their idle holder connection) at that point")
+        close_all(waiters + holders)
+        return dict(late_ms=late, reserve_rtt_ms_p50=pct(rtt, 50), errors=errors,
+                    sent=len(reserved_at), still_reserved=still)
+
+    # ---------------------------------------------------------------------
+    def _report(self, where, res, unit):
+        if res.get("rate") is None:
+            log(f"  {where}: ERROR {res.get('errors')}")
+            return
+        log(f"  {where}: {res['rate']:,.0f} {unit} ({res['count']} in {res['wall']:.2f}s"
+            f"{', CAPPED' if res.get('capped') else ''}), gen cpu {res['gen_cpu_share']:.2f}, "
+            f"server cpu {res['server_cpu_share']:.2f}"
+            + (f" ERR {res['errors']}" if res["errors"] else ""))
+
+
+# --------------------------------------------------------------------------- table
+
+def best(samples, key="rate", lowest=False):
+    vals = [s[key] for s in samples if s.get(key) is not None]
+    if not vals:
+        return None
+    return min(vals) if lowest else max(vals)
+
+
+def build_table(results: dict, mem_jobs: int | None) -> tuple[list[dict], dict]:
+    rows = []
+    diag = {}
+
+    def add(metric, b, z, target=None, ratio=True, fmt="{:,.0f}", note=""):
+        r = b and z and ratio and (z / b if b else None)
+        row = dict(metric=metric, beanstalkd=b, zstalk=z,
+                   ratio=(z / b) if (ratio and b and z is not None) else None,
+                   target=None, status="", fmt=fmt, note=note)
+        if target:
+            which, op, thr = target
+            val = row["ratio"] if which == "ratio" else z
+            row["target"] = (f"ratio {op} {thr}x" if which == "ratio" else f"zstalk {op} {thr}")
+            if val is None:
+                row["status"] = "MISS (no data)"
+            else:
+                ok = val >= thr if op == ">=" else val <= thr
+                row["status"] = "PASS" if ok else "MISS"
+        rows.append(row)
+
+    put = results.get("put")
+    if put:
+        for nc in ("1", "8", "50"):
+            d = put.get(nc, {})
+            add(f"pipelined put, {nc} conn (puts/s)", best(d.get("beanstalkd", [])),
+                best(d.get("zstalk", [])), target=("ratio", ">=", 1.5) if nc == "8" else None)
+    work = results.get("work")
+    if work:
+        for nc in ("1", "8", "50"):
+            d = work.get(nc, {})
+            add(f"worker cycle, {nc} conn (jobs/s)", best(d.get("beanstalkd", [])),
+                best(d.get("zstalk", [])),
+                target=("ratio", ">=", 1.0) if nc in ("8", "50") else None)
+    mem = results.get("memory")
+    if mem:
+        b, z = mem.get("beanstalkd", {}), mem.get("zstalk", {})
+        add(f"RSS idle (MiB)", b.get("idle_mib"), z.get("idle_mib"), fmt="{:,.1f}")
+        add(f"RSS with {mem['jobs']:,} ready jobs (MiB)", b.get("rss_mib"), z.get("rss_mib"),
+            target=("ratio", "<=", 1.5), fmt="{:,.1f}",
+            note="" if mem["jobs"] == 1000000 else f"(--jobs-for-memory {mem['jobs']})")
+        add(f"  fill time for {mem['jobs']:,} jobs (s)", b.get("fill_s"), z.get("fill_s"),
+            fmt="{:,.1f}")
+    tubes = results.get("tubes")
+    if tubes:
+        per = {}
+        for v in ("watch1", "watch1000_one", "watch1000_spread"):
+            d = tubes.get(v, {})
+            per[v] = {n: best(d.get(n, []), "per_cycle_us", lowest=True)
+                      for n in ("beanstalkd", "zstalk")}
+        labels = {"watch1": "watch 1 tube", "watch1000_one": "watch 1000, jobs in 1",
+                  "watch1000_spread": "watch 1000, jobs spread"}
+        for v in ("watch1", "watch1000_one", "watch1000_spread"):
+            b, z = per[v]["beanstalkd"], per[v]["zstalk"]
+            add(f"reserve+delete, {labels[v]} (cycles/s)", b and 1e6 / b, z and 1e6 / z)
+        for v in ("watch1000_one", "watch1000_spread"):
+            cost = {n: (per[v][n] / per["watch1"][n]) if per[v][n] and per["watch1"][n] else None
+                    for n in ("beanstalkd", "zstalk")}
+            add(f"reserve cost 1000/1 tubes, {labels[v].split(', ')[1]} (x)",
+                cost["beanstalkd"], cost["zstalk"], target=("zstalk", "<=", 1.2), ratio=False,
+                fmt="{:.2f}")
+    timers = results.get("timers")
+    if timers:
+        d = timers.get("delay", {})
+        add("  request round trip during row 5, put p50 (ms)",
+            d.get("beanstalkd", {}).get("put_rtt_ms_p50"), d.get("zstalk", {}).get("put_rtt_ms_p50"),
+            fmt="{:.2f}", note="(part of each lateness below)")
+        for test, label in (("delay", "delay 1s"), ("ttr", "TTR 1s")):
+            d = timers.get(test, {})
+            b, z = d.get("beanstalkd", {}), d.get("zstalk", {})
+            add(f"{label}: jobs back within {TIMER_GRACE_S:.0f} s of due (of {timers['jobs']})",
+                b.get("received"), z.get("received"), ratio=False, fmt="{:.0f}")
+            for stat in ("p50", "p99", "max"):
+                b = d.get("beanstalkd", {}).get(stat)
+                z = d.get("zstalk", {}).get(stat)
+                add(f"{label} lateness {stat} (ms)", b, z, fmt="{:.2f}",
+                    ratio=bool(b is not None and b > 0.05))
+    return rows, diag
+
+
+def _fmt(v, fmt):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return fmt.format(v)
+
+
+def render(rows) -> tuple[str, str]:
+    header = ["metric", "beanstalkd", "zstalk", "zstalk/beanstalkd", "target", "result"]
+    body = []
+    for r in rows:
+        body.append([r["metric"] + (f" {r['note']}" if r["note"] else ""),
+                     _fmt(r["beanstalkd"], r["fmt"]), _fmt(r["zstalk"], r["fmt"]),
+                     _fmt(r["ratio"], "{:.2f}x"), r["target"] or "", r["status"]])
+    widths = [max(len(header[i]), *(len(b[i]) for b in body)) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(widths[i]) if i == 0 else h.rjust(widths[i]) if i < 4
+                       else h.ljust(widths[i]) for i, h in enumerate(header))]
+    lines.append("  ".join("-" * w for w in widths))
+    for b in body:
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if i < 4
+                               else c.ljust(widths[i]) for i, c in enumerate(b)))
+    md = ["| " + " | ".join(header) + " |",
+          "|" + "|".join(["---", "---:", "---:", "---:", "---", "---"]) + "|"]
+    for b in body:
+        md.append("| " + " | ".join(c.replace("|", "\\|") for c in b) + " |")
+    return "\n".join(lines), "\n".join(md)
+
+
+def diagnostics(results) -> str:
+    """Generator / server CPU share per load row: the max over runs."""
+    out = ["load generator check (cpu s / wall s; 1.00 = one full core):"]
+    for row, label in (("put", "row1 put"), ("work", "row2 worker")):
+        d = results.get(row)
+        if not d:
+            continue
+        for nc, per in d.items():
+            parts = []
+            for name, samples in per.items():
+                g = [s["gen_cpu_share"] for s in samples if s.get("gen_cpu_share") is not None]
+                sv = [s["server_cpu_share"] for s in samples if s.get("server_cpu_share") is not None]
+                if g:
+                    parts.append(f"{name}: gen {min(g):.2f}-{max(g):.2f}, server "
+                                 f"{min(sv):.2f}-{max(sv):.2f}")
+            out.append(f"  {label} conns={nc}: " + "; ".join(parts))
+    d = results.get("tubes")
+    if d:
+        for v in ("watch1", "watch1000_one", "watch1000_spread"):
+            parts = []
+            for name, samples in d.get(v, {}).items():
+                g = [s["gen_cpu_share"] for s in samples if s.get("gen_cpu_share") is not None]
+                sv = [s["server_cpu_share"] for s in samples if s.get("server_cpu_share") is not None]
+                if g:
+                    parts.append(f"{name}: gen {max(g):.2f}, server {max(sv):.2f}")
+            out.append(f"  row4 {v}: " + "; ".join(parts))
+    d = results.get("memory")
+    if d:
+        parts = [f"{n}: gen {d[n].get('gen_cpu_share', float('nan')):.2f}"
+                 for n in ("beanstalkd", "zstalk") if n in d]
+        out.append("  row3 fill: " + "; ".join(parts))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts, one repetition (<60 s)")
+    ap.add_argument("--rows", default="1,2,3,4,5", help="rows to run, e.g. 1,2,5")
+    ap.add_argument("--fronts", type=int, default=1, help="zstalk front processes")
+    ap.add_argument("--json", help="write results as JSON to this path")
+    ap.add_argument("--jobs-for-memory", type=int, default=1000000)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="repetitions of rows 1, 2, 4 (default 3; 1 with --quick); best taken")
+    ap.add_argument("--put-count", type=int, default=100000, help="puts per row-1 run")
+    ap.add_argument("--work-count", type=int, default=40000, help="cycles per row-2 run")
+    ap.add_argument("--tube-jobs", type=int, default=5000, help="cycles per row-4 variant")
+    ap.add_argument("--timer-jobs", type=int, default=200, help="jobs per row-5 test")
+    ap.add_argument("--spacing", type=float, default=10.0, help="row 5: ms between jobs")
+    ap.add_argument("--window", type=int, default=2000,
+                    help="pipelined put: max outstanding commands per connection")
+    ap.add_argument("--gen-procs", type=int, default=1,
+                    help="load generator processes for rows 1-3 (connections split among them)")
+    ap.add_argument("--zstalk", default=DEFAULT_ZSTALK)
+    ap.add_argument("--beanstalkd", default="/usr/bin/beanstalkd")
+    args = ap.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    rows = {int(x) for x in args.rows.split(",") if x.strip()}
+
+    t_start = time.monotonic()
+    meta = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
+                quick=args.quick, fronts=args.fronts, repeats=args.repeats,
+                window=args.window, gen_procs=args.gen_procs, nproc=os.cpu_count(),
+                loadavg_before=os.getloadavg(), python=sys.version.split()[0],
+                beanstalkd=subprocess.run([args.beanstalkd, "-v"], capture_output=True,
+                                          text=True).stdout.strip(),
+                aggregate="best of repetitions (max rate / min time per cycle)")
+    try:
+        meta["zstalk_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+            text=True).stdout.strip()
+        meta["zstalk_dirty"] = bool(subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True).stdout.strip())
+    except OSError:
+        pass
+    log(f"bench: beanstalkd ({meta['beanstalkd']}) vs zstalk {meta.get('zstalk_commit', '?')}"
+        f"{' (dirty tree)' if meta.get('zstalk_dirty') else ''}, fronts={args.fronts}, "
+        f"{'quick' if args.quick else 'full'}, repeats={args.repeats}, rows={sorted(rows)}, "
+        f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+
+    bench = Bench(args)
+    steps = [(1, "row 1: pipelined put", bench.row_put),
+             (2, "row 2: worker cycle", bench.row_work),
+             (3, "row 3: memory", bench.row_memory),
+             (4, "row 4: reserve across 1000 watched tubes", bench.row_tubes),
+             (5, "row 5: timer lateness", bench.row_timers)]
+    durations = {}
+    for num, label, fn in steps:
+        if num not in rows:
+            continue
+        log(f"{label} ...")
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:
+            bench.notes.append(f"{label}: aborted: {exc!r}")
+            log(f"  {label} aborted: {exc!r}")
+        durations[label] = time.monotonic() - t0
+        log(f"  ({durations[label]:.1f}s)")
+
+    table, _ = build_table(bench.results, args.jobs_for_memory)
+    text, md = render(table)
+    elapsed = time.monotonic() - t_start
+    meta.update(elapsed_s=elapsed, loadavg_after=os.getloadavg(), row_durations_s=durations,
+                server_start_s={k: (sum(v) / len(v) if v else None)
+                                for k, v in bench.start_times.items()})
+    print()
+    print(text)
+    print()
+    print("Markdown:")
+    print()
+    print(md)
+    print()
+    if 3 in rows and bench.results.get("memory"):
+        mj = bench.results["memory"]["jobs"]
+        print(f"memory row used {mj:,} jobs" + ("" if mj == 1000000 else
+                                                 " (not 1,000,000)"))
+    print(f"throughput figures: best of {args.repeats} run(s), beanstalkd and zstalk runs "
+          f"alternated; fresh server per run for rows 1-3")
+    print(diagnostics(bench.results))
+    errs = []
+    for key, d in bench.results.items():
+        def walk(x, path):
+            if isinstance(x, dict):
+                if x.get("errors"):
+                    errs.append(f"{path}: {x['errors'][:3]}")
+                for k, v in x.items():
+                    if k != "errors":
+                        walk(v, f"{path}/{k}")
+            elif isinstance(x, list):
+                for i, v in enumerate(x):
+                    walk(v, f"{path}[{i}]")
+        walk(d, key)
+    if errs or bench.notes:
+        print("\nerrors and notes:")
+        for e in errs:
+            print(f"  {e}")
+        for n in bench.notes:
+            print("  " + n.replace("\n", "\n    "))
+    else:
+        print("\nno errors, no server output, no zstalk child restarts")
+    print(f"\ntotal time {elapsed:.1f}s (zstalk start {meta['server_start_s']['zstalk'] or 0:.2f}s"
+          f" avg, beanstalkd {meta['server_start_s']['beanstalkd'] or 0:.2f}s)")
+    if args.json:
+        clean = [{k: v for k, v in r.items() if k != "fmt"} for r in table]
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, table=clean, markdown=md, results=bench.results,
+                           errors=errs, notes=bench.notes), f, indent=1, default=str)
+        print(f"JSON written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
