@@ -1,7 +1,8 @@
 """The broker actor: one ZeroMQ ROUTER socket around the pure core (core.py).
 
-The loop, in the shape of zguide's mdbroker: sleep in zmq_poll until a message or the
-core's next deadline (monotonic clock); take every message that is waiting (up to a
+The loop, in the shape of zguide's mdbroker: sleep (epoll on the socket's FD, after
+ZMQ_EVENTS says nothing is waiting) until a message or the core's next deadline
+(monotonic clock); take every message that is waiting (up to a
 cap, so timers are not starved), hand each to the core; fire due timers; send each
 front the one Replies message the core gathered for it; heartbeat fronts every
 HEARTBEAT_S.  Batching falls out of that shape: everything handled in one turn goes
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import time
@@ -28,6 +30,9 @@ from .stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 256
+# plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
+_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
 class BrokerActor:
@@ -71,48 +76,55 @@ class BrokerActor:
     # -- loop --------------------------------------------------------------------------
     def run(self) -> None:
         rsock = self.install_signals()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(rsock, zmq.POLLIN)
+        poller = select.epoll()
+        poller.register(self.sock.getsockopt(zmq.FD), select.EPOLLIN)
+        poller.register(rsock.fileno(), select.EPOLLIN)
+        signal_fd = rsock.fileno()
         next_heartbeat = time.monotonic()
         log.info("broker %016x listening on %s", self.core.broker_id, self.endpoint)
         while self.running:
             now = time.monotonic()
-            wake = min(d for d in (self.core.next_deadline(), next_heartbeat) if d is not None)
-            timeout_ms = max(0, int((wake - now) * 1000) + 1)
-            for sock, _ in poller.poll(timeout_ms):
-                if sock is self.sock:
-                    self._receive()
-                else:
-                    self._take_signals(rsock)
+            # ZeroMQ's FD only signals edges: sleep only when ZMQ_EVENTS says nothing waits
+            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
+                deadline = self.core.next_deadline()
+                wake = next_heartbeat if deadline is None else min(deadline, next_heartbeat)
+                for fd, _ in poller.poll(max(0.0, wake - now)):
+                    if fd == signal_fd:
+                        self._take_signals(rsock)
+            self._receive()
             now = time.monotonic()
             self.core.expire(now)
             if now >= next_heartbeat:
                 self._send(self.core.heartbeats())
                 next_heartbeat = now + HEARTBEAT_S
             self._send(self.core.flush())
+        poller.close()
         self.sock.close(linger=0)
         log.info("broker stopped")
 
     def _receive(self) -> None:
+        sock, handle = self.sock, self.core.handle
         for _ in range(_MAX_MESSAGES_PER_TURN):
-            try:
-                peer, data = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return
-            except ValueError:      # not two frames: not one of ours
-                continue
+            peer = sock.recv(_NOBLOCK)
+            data = sock.recv(_NOBLOCK) if sock.getsockopt(_RCVMORE) else b""
+            while sock.getsockopt(_RCVMORE):      # not one of ours: drop extra frames
+                sock.recv(_NOBLOCK)
+                data = b""
             try:
                 msg = decode(data)
             except SchemaError as exc:
                 log.warning("ignoring message from %s: %s", peer.hex(), exc)
                 continue
-            self.core.handle(peer, msg, time.monotonic())
+            handle(peer, msg, time.monotonic())
 
     def _send(self, messages) -> None:
+        sock = self.sock
         for peer, msg in messages:
             try:
-                self.sock.send_multipart((peer, encode(msg)), zmq.NOBLOCK)
+                sock.send(peer, _NOBLOCK | _SNDMORE)
+                sock.send(encode(msg), _NOBLOCK)
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise

@@ -32,6 +32,8 @@ from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hea
 log = logging.getLogger("zstalk.front")
 
 CONNECTING, READY, LOST = "connecting", "ready", "lost"
+# plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class LinkOwner:
@@ -101,14 +103,14 @@ class BrokerLink:
     def _send(self, msg) -> None:
         if self.sock is None:       # closed: the front is shutting down
             return
-        self.sock.send(encode(msg), zmq.NOBLOCK)
+        self.sock.send(encode(msg), _NOBLOCK)
         self._drain()
 
     def _drain(self) -> None:
         """Take every message waiting on the socket (edge-triggered FD: loop until empty)."""
         sock = self.sock
-        while sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            data = sock.recv(zmq.NOBLOCK)
+        while sock is not None and sock.getsockopt(_EVENTS) & _POLLIN:
+            data = sock.recv(_NOBLOCK)
             try:
                 msg = decode(data)
             except SchemaError as exc:
