@@ -475,7 +475,7 @@ def test_any_chunking_of_the_same_input_yields_the_same_events(data, cuts):
     expected = drain_events(whole)
     bounds = [0, *sorted(c % (len(data) + 1) for c in cuts), len(data)]
     for pieces in ([data[a:b] for a, b in zip(bounds, bounds[1:])],    # random cuts
-                   [data[i:i + 1] for i in range(len(data))]):          # every cut at once
+                   [data[i:i + 1] for i in range(len(data))]):          # one byte at a time
         chunked = Parser(max_job_size=16)
         got = []
         for piece in pieces:
