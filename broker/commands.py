@@ -86,10 +86,11 @@ class Commands:
 
     def reserve_job(self, s: Session, op, now):
         """Reserve one job by id from any state but reserved, any tube, paused or not (§3.6)."""
-        self.counters["cmd-reserve-job"] += 1      # and, unlike reserve, not a worker
+        self.counters["cmd-reserve-job"] += 1
         job = self.queue.jobs.get(op[2])
         if job is None or job.state == RESERVED:
             return (s.conn, R.NOT_FOUND)
+        s.worker = True          # only once it succeeds (prot.c, OP_RESERVE_JOB)
         self.queue.take(job)
         self.queue.reserve(s, job, now)
         return (s.conn, R.RESERVED, job.id, job.body)

@@ -183,6 +183,7 @@ class BeanstalkConn(asyncio.Protocol):
         if out:
             self.transport.write(b"".join(out))
         if not slots and (self.quitting or (self.eof and not self.blocked)):
+            self.front.forget(self)    # the broker hears of it before the client sees EOF
             self.transport.close()
 
     def _regulate_reading(self) -> None:
@@ -222,6 +223,12 @@ class BeanstalkFront(LinkOwner):
             return False
         self.conns[c.conn] = c
         return True
+
+    def forget(self, c: BeanstalkConn) -> None:
+        """Close a session at the broker now (not at the next loop turn)."""
+        if self.conns.pop(c.conn, None) is c:
+            self.link.submit((_CLOSE, c.conn))
+            self.link.flush_now()
 
     # -- LinkOwner ---------------------------------------------------------------------
     def on_replies(self, items: list) -> None:

@@ -140,6 +140,10 @@ class BrokerLink:
         self.held = [(at, op) for at, op in self.held if op[1] != conn]
         return True
 
+    def flush_now(self) -> None:
+        if self.batch:
+            self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self.batch and self.state is READY:
