@@ -15,7 +15,7 @@
 # pass in that mode: it proves the scripts and the normalisation are stable.
 from __future__ import annotations
 
-import os
+import itertools
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ import pytest
 
 from servers import (
     LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, find_beanstalkd,
-    find_zstalk, free_port, reference_required, self_check,
+    find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
 )
 
 
@@ -56,10 +56,13 @@ def _options(param) -> dict:
     return {"max_job_size": int(param)}
 
 
+_socket_numbers = itertools.count()
+
+
 def _listen(tmp_dir: Path, unix: bool, label: str) -> tuple[Address, list[str]]:
     """Where a beanstalk listener goes, as an address and as beanstalkd's -l/-p args."""
     if unix:
-        path = str(tmp_dir / f"{label}.sock")
+        path = str(tmp_dir / f"{label}-{next(_socket_numbers)}.sock")
         return path, ["-l", f"unix:{path}"]
     port = free_port()
     return (LOOPBACK, port), ["-l", LOOPBACK, "-p", str(port)]
@@ -71,9 +74,15 @@ class _Processes:
     def __init__(self) -> None:
         self.started: list[ServerProcess] = []
 
-    def start(self, process: ServerProcess) -> ServerProcess:
-        self.started.append(process)
-        return process.start()
+    def start(self, build: Callable[[], ServerProcess]) -> ServerProcess:
+        """Start build() on a free port (retrying if the port is taken meanwhile)."""
+
+        def tracked() -> ServerProcess:
+            process = build()
+            self.started.append(process)
+            return process
+
+        return start_on_a_free_port(tracked)
 
     def stop_all(self) -> None:
         errors = []
@@ -108,12 +117,15 @@ def _start_beanstalkd(processes: _Processes, socket_dir: Path, *, max_job_size: 
                       extra_args: Sequence[str] = (), unix: bool = False,
                       label: str = "beanstalkd") -> ServerProcess:
     path = require_beanstalkd()
-    address, listen_args = _listen(socket_dir, unix, label)
-    argv = [path, *listen_args]
-    if max_job_size is not None:
-        argv += ["-z", str(max_job_size)]
-    argv += list(extra_args)
-    return processes.start(ServerProcess(argv, address, name=label))
+
+    def build() -> ServerProcess:
+        address, listen_args = _listen(socket_dir, unix, label)
+        argv = [path, *listen_args]
+        if max_job_size is not None:
+            argv += ["-z", str(max_job_size)]
+        return ServerProcess([*argv, *extra_args], address, name=label)
+
+    return processes.start(build)
 
 
 @pytest.fixture
@@ -147,13 +159,15 @@ def _start_zstalk(processes: _Processes, socket_dir: Path, *, max_job_size: int 
     if self_check():
         return _start_beanstalkd(processes, socket_dir, max_job_size=max_job_size,
                                  extra_args=extra_args, unix=unix, label=f"{label}-selfcheck")
-    address, _ = _listen(socket_dir, unix, label)
-    listen = ["-l", f"unix:{address}"] if unix else ["-l", LOOPBACK, "-p", str(address[1])]
-    argv = [find_zstalk(), "serve", *listen]
-    if max_job_size is not None:
-        argv += ["-z", str(max_job_size)]
-    argv += list(extra_args)
-    return processes.start(ServerProcess(argv, address, name=label))
+
+    def build() -> ServerProcess:
+        address, listen = _listen(socket_dir, unix, label)  # same -l/-p flags as beanstalkd
+        argv = [find_zstalk(), "serve", *listen]
+        if max_job_size is not None:
+            argv += ["-z", str(max_job_size)]
+        return ServerProcess([*argv, *extra_args], address, name=label)
+
+    return processes.start(build)
 
 
 @pytest.fixture
@@ -221,21 +235,27 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
                                      label="cluster-selfcheck")
         return Cluster(None, [], "tcp://stand-in", [stand_in.address] * fronts, stand_in)
     zstalk = find_zstalk()
-    broker_port = free_port()
-    broker_address = f"tcp://{LOOPBACK}:{broker_port}"
     # The broker owns the job size limit; a front's -z only holds until the
     # broker tells it, so both get it.
     size_args = [] if max_job_size is None else ["-z", str(max_job_size)]
-    broker = processes.start(ServerProcess(
-        [zstalk, "broker", "--bind", broker_address, *size_args, *broker_args],
-        (LOOPBACK, broker_port), name="zstalk-broker"))
-    started = []
-    for index in range(fronts):
+
+    def build_broker() -> ServerProcess:
+        port = free_port()
+        return ServerProcess(
+            [zstalk, "broker", "--bind", f"tcp://{LOOPBACK}:{port}", *size_args, *broker_args],
+            (LOOPBACK, port), name="zstalk-broker")
+
+    broker = processes.start(build_broker)
+    broker_address = f"tcp://{LOOPBACK}:{broker.address[1]}"
+
+    def build_front(index: int) -> ServerProcess:
         address, _ = _listen(socket_dir, unix, f"front{index}")
         listen = f"unix:{address}" if unix else f"{LOOPBACK}:{address[1]}"
         argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen,
                 *size_args, *front_args]
-        started.append(processes.start(ServerProcess(argv, address, name=f"zstalk-front{index}")))
+        return ServerProcess(argv, address, name=f"zstalk-front{index}")
+
+    started = [processes.start(lambda index=index: build_front(index)) for index in range(fronts)]
     return Cluster(broker, started, broker_address, [front.address for front in started])
 
 

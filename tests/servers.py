@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import random
 import select
 import shutil
 import signal
@@ -20,7 +21,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Callable, Iterable, Sequence, Union
 
 # A TCP address is (host, port); a UNIX socket address is its path.
 Address = Union[tuple[str, int], str]
@@ -36,10 +37,36 @@ _REPLIES_WITH_BODY = {b"RESERVED": 2, b"FOUND": 2, b"OK": 1}
 
 
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (bind port 0, release it)."""
+    """A loopback TCP port that is free right now.
+
+    Ports come from just below the kernel's ephemeral range: a port from
+    inside it (what binding port 0 gives) can be taken by any client socket's
+    connect() before the server binds it.
+    """
+    low = _ephemeral_range_start()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        if _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((LOOPBACK, 0))
         return probe.getsockname()[1]
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 def reference_required() -> bool:
@@ -222,6 +249,19 @@ class ServerProcess:
 
     def __repr__(self) -> str:
         return f"<ServerProcess {self.name} {self.address!r} pid={self.pid}>"
+
+
+def start_on_a_free_port(build: Callable[[], ServerProcess], attempts: int = 3) -> ServerProcess:
+    """Start build() (which picks its own free port); if another process took
+    that port before the server could bind it, try again with a new one."""
+    for attempt in range(attempts):
+        server = build()
+        try:
+            return server.start()
+        except ServerNotReady:
+            if attempt + 1 == attempts or "in use" not in server.output().lower():
+                raise
+    raise AssertionError("unreachable")
 
 
 class ReplyTimeout(TimeoutError):
