@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import pytest
 
 from servers import (
-    LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, find_beanstalkd,
+    BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, find_beanstalkd,
     find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
 )
 
@@ -165,7 +165,7 @@ def _start_zstalk(processes: _Processes, socket_dir: Path, *, max_job_size: int 
         argv = [find_zstalk(), "serve", *listen]
         if max_job_size is not None:
             argv += ["-z", str(max_job_size)]
-        return ServerProcess([*argv, *extra_args], address, name=label)
+        return ServerProcess([*argv, *extra_args], address, name=label, probe=BEANSTALK_PROBE)
 
     return processes.start(build)
 
@@ -253,7 +253,8 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
         listen = f"unix:{address}" if unix else f"{LOOPBACK}:{address[1]}"
         argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen,
                 *size_args, *front_args]
-        return ServerProcess(argv, address, name=f"zstalk-front{index}")
+        return ServerProcess(argv, address, name=f"zstalk-front{index}",
+                             probe=BEANSTALK_PROBE)
 
     started = [processes.start(lambda index=index: build_front(index)) for index in range(fronts)]
     return Cluster(broker, started, broker_address, [front.address for front in started])

@@ -129,6 +129,11 @@ def connect(address: Address, timeout: float) -> socket.socket:
     return sock
 
 
+#: a command whose reply shows a beanstalk server (its broker included) is serving; job 0
+#: never exists, and beanstalkd counts reserve-job only in a stat it never reports
+BEANSTALK_PROBE = b"reserve-job 0\r\n"
+
+
 class ServerNotReady(RuntimeError):
     pass
 
@@ -142,8 +147,12 @@ class ServerProcess:
     """
 
     def __init__(self, argv: Sequence[str], address: Address, *, name: str | None = None,
-                 env: dict[str, str] | None = None, cwd: str | None = None):
+                 env: dict[str, str] | None = None, cwd: str | None = None,
+                 probe: bytes | None = None):
         self.argv = [str(arg) for arg in argv]
+        # with a probe, ready means "answers it": zstalk's supervisor accepts connections
+        # before its front has registered with the broker
+        self.probe = probe
         self.address = address
         self.name = name or Path(self.argv[0]).name
         self.env = env
@@ -179,8 +188,8 @@ class ServerProcess:
                     f"accepted connections on {self.address!r}\n"
                     f"command: {' '.join(self.argv)}\noutput:\n{self.output()}")
             try:
-                connect(self.address, timeout=1.0).close()
-                return
+                if self._answers(self.probe):
+                    return
             except OSError as error:
                 last_error = error
             if time.monotonic() >= deadline:
@@ -189,6 +198,22 @@ class ServerProcess:
                     f"{timeout:g} s (last error: {last_error})\n"
                     f"command: {' '.join(self.argv)}\noutput:\n{self.output()}")
             time.sleep(_POLL_INTERVAL_S)
+
+    def _answers(self, probe: bytes | None) -> bool:
+        sock = connect(self.address, timeout=1.0)
+        try:
+            if probe is None:
+                return True
+            sock.sendall(probe)
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                chunk = sock.recv(256)
+                if not chunk:
+                    return False
+                reply += chunk
+            return not reply.startswith(b"INTERNAL_ERROR")
+        finally:
+            sock.close()
 
     @property
     def running(self) -> bool:
