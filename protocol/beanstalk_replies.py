@@ -42,8 +42,6 @@ def format_reply(reply: tuple) -> bytes:
         return b"WATCHING %d\r\n" % reply[2]
     if code == R.KICKED:
         return b"KICKED %d\r\n" % reply[2]
-    if code == R.BURIED_ID:
-        return b"BURIED %d\r\n" % reply[2]
     if code == R.STATS:
         return _ok(yaml_dict(reply[2]))
     if code == R.LIST:

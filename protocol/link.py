@@ -32,6 +32,9 @@ from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hea
 log = logging.getLogger("zstalk.front")
 
 CONNECTING, READY, LOST = "connecting", "ready", "lost"
+#: held whatever the bound, so the broker's view of connections stays right; they are
+#: bounded by the number of client connections (and OPEN/CLOSE pairs cancel at the bound)
+_CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
 # plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
@@ -128,10 +131,11 @@ class BrokerLink:
                 self.loop.call_soon(self._flush)
         elif op[0] == Op.CLOSE and len(self.held) >= self.max_held and self._cancel_held_open(op[1]):
             pass        # at the bound, a connection that came and went is forgotten
-        elif op[0] in SILENT_OPS or len(self.held) < self.max_held:
+        elif op[0] in _CONNECTION_OPS or len(self.held) < self.max_held:
             self.held.append((time.monotonic(), op))
-        else:
+        elif op[0] not in SILENT_OPS:
             self.owner.on_replies([(op[1], R.INTERNAL_ERROR)])
+        # else a COUNT past the bound: a lost stat, never acknowledged data
 
     def _cancel_held_open(self, conn: int) -> bool:
         """A connection that opened and closed while the broker was away never existed for it."""

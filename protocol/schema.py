@@ -79,7 +79,6 @@ BLOCKING_OPS = frozenset({Op.RESERVE})
 class R(enum.IntEnum):
     """Reply codes.  Values are listed with each code."""
     INSERTED = 1        # (id)
-    BURIED_ID = 2       # (id)  put that could not enter the ready queue
     RESERVED = 3        # (id, body)
     FOUND = 4           # (id, body)
     DELETED = 5

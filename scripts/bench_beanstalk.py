@@ -400,6 +400,22 @@ def _connect_many(addr, n: int) -> list[socket.socket]:
     return socks
 
 
+def _receive(c, sel, errors: list, progress: str) -> bytes | None:
+    """One recv for a load connection: data, None (nothing yet) or b"" (closed, unregistered)."""
+    try:
+        data = c.sock.recv(RECV_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        errors.append(f"recv: {exc}")
+        data = b""
+    if data == b"":
+        errors.append(f"connection closed by server after {progress}")
+        sel.unregister(c.sock)
+        c.done = True
+    return data
+
+
 def _put_loop(socks, quotas, window: int, time_cap: float) -> dict:
     """Pipelined puts, at most `window` outstanding per connection, replies counted."""
     L = len(PUT_CMD)
@@ -462,17 +478,8 @@ def _put_loop(socks, quotas, window: int, time_cap: float) -> dict:
         for key, ev in sel.select(min(0.5, deadline - now)):
             c = key.data
             if ev & selectors.EVENT_READ:
-                try:
-                    data = c.sock.recv(RECV_SIZE)
-                except BlockingIOError:
-                    data = None
-                except OSError as exc:
-                    errors.append(f"recv: {exc}")
-                    data = b""
+                data = _receive(c, sel, errors, f"{c.lines} replies")
                 if data == b"":
-                    errors.append(f"connection closed by server after {c.lines} replies")
-                    sel.unregister(c.sock)
-                    c.done = True
                     active -= 1
                     continue
                 if data:
@@ -547,17 +554,8 @@ def _work_loop(socks, quotas, time_cap: float) -> dict:
         for key, ev in sel.select(min(0.5, deadline - now)):
             c = key.data
             if ev & selectors.EVENT_READ:
-                try:
-                    data = c.sock.recv(RECV_SIZE)
-                except BlockingIOError:
-                    data = None
-                except OSError as exc:
-                    errors.append(f"recv: {exc}")
-                    data = b""
+                data = _receive(c, sel, errors, f"{c.lines} deletes")
                 if data == b"":
-                    errors.append(f"connection closed by server after {c.lines} deletes")
-                    sel.unregister(c.sock)
-                    c.done = True
                     active -= 1
                     continue
                 if data:

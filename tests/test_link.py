@@ -1,0 +1,73 @@
+"""The front's broker link while no broker answers: held commands are bounded and time out."""
+from __future__ import annotations
+
+import asyncio
+
+from zstalk.protocol.link import BrokerLink, LinkOwner
+from zstalk.protocol.schema import Op, R
+
+
+class Recorder(LinkOwner):
+    def __init__(self) -> None:
+        self.replies: list[tuple] = []
+
+    def on_replies(self, items: list) -> None:
+        self.replies.extend(items)
+
+    def session_states(self):
+        return []
+
+
+def run_with_link(tmp_path, body, **kw):
+    async def main():
+        owner = Recorder()
+        link = BrokerLink(f"ipc://{tmp_path}/nobody-listens", "beanstalk", owner, **kw)
+        link.start()
+        try:
+            await body(link, owner)
+        finally:
+            link.close()
+    asyncio.run(main())
+
+
+def test_commands_past_the_held_bound_are_answered_internal_error_at_once(tmp_path):
+    async def body(link, owner):
+        for conn in range(1, 9):
+            link.submit((int(Op.LIST_TUBE_USED), conn))
+        assert owner.replies == [(c, R.INTERNAL_ERROR) for c in (6, 7, 8)]
+        assert len(link.held) == 5
+
+    run_with_link(tmp_path, body, max_held=5)
+
+
+def test_held_commands_are_answered_internal_error_when_the_hold_time_ends(tmp_path):
+    async def body(link, owner):
+        link.submit((int(Op.OPEN), 1))
+        link.submit((int(Op.PEEK), 1, 7))
+        await asyncio.sleep(0.2)
+        assert owner.replies == []
+        await asyncio.sleep(1.5)          # the link looks at held commands every 0.5 s
+        assert owner.replies == [(1, R.INTERNAL_ERROR)]
+        assert [op[0] for _, op in link.held] == [Op.OPEN]   # the session itself is kept
+
+    run_with_link(tmp_path, body, hold_s=0.5)
+
+
+def test_rejected_commands_counted_during_an_outage_cannot_grow_the_front(tmp_path):
+    async def body(link, owner):
+        for _ in range(1000):
+            link.submit((int(Op.COUNT), 1, "put", False))
+        assert len(link.held) == 10 and owner.replies == []
+
+    run_with_link(tmp_path, body, max_held=10)
+
+
+def test_a_connection_that_comes_and_goes_at_the_bound_is_forgotten(tmp_path):
+    async def body(link, owner):
+        for conn in range(1, 4):
+            link.submit((int(Op.PEEK), conn, 1))
+        link.submit((int(Op.OPEN), 9))
+        link.submit((int(Op.CLOSE), 9))
+        assert [op[:2] for _, op in link.held] == [(Op.PEEK, c) for c in (1, 2, 3)]
+
+    run_with_link(tmp_path, body, max_held=3)
