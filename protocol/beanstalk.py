@@ -338,13 +338,20 @@ class Parser:
             return error.reject
 
     def _put(self, line: bytes):
-        m = _PUT.match(line, 4)
-        if m is None:
-            return BAD_FORMAT
-        pri, delay, ttr, size, tail = m.groups()
-        if tail and (0 in tail or 13 in tail):  # only the tail can hold NUL or CR
-            return BAD_FORMAT
-        pri, delay, ttr, size = int(pri), int(delay), int(ttr), int(size)
+        parts = line.split(b" ")
+        if (len(parts) == 5 and parts[1].isdigit() and parts[2].isdigit()
+                and parts[3].isdigit() and parts[4].isdigit()):
+            # the everyday `put N N N N`: same result as _PUT, a third of the cost
+            pri, delay, ttr, size, tail = (int(parts[1]), int(parts[2]), int(parts[3]),
+                                           int(parts[4]), b"")
+        else:
+            m = _PUT.match(line, 4)
+            if m is None:
+                return BAD_FORMAT
+            pri, delay, ttr, size, tail = m.groups()
+            if tail and (0 in tail or 13 in tail):  # only the tail can hold NUL or CR
+                return BAD_FORMAT
+            pri, delay, ttr, size = int(pri), int(delay), int(ttr), int(size)
         if pri > U32_MAX or delay > U32_MAX or ttr > U32_MAX or size > U32_MAX:
             return BAD_FORMAT
         if size > self.max_job_size:            # checked before trailing garbage (§3.5)
