@@ -276,3 +276,38 @@ def test_zstalkd_rejects_what_beanstalkd_rejects(argv, code):
 def test_zstalkd_prints_its_version():
     out = subprocess.run([ZSTALKD, "-v"], capture_output=True, text=True, timeout=10)
     assert out.returncode == 0 and out.stdout.startswith("zstalkd ")
+
+
+def child_pid(supervisor: int, word: bytes) -> int:
+    for pid in children_of(supervisor):
+        if word in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no {word!r} child")
+
+
+def test_serve_restarts_a_broker_killed_with_9_and_clients_start_over(start):
+    port = free_port()
+    address = ("127.0.0.1", port)
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port)])
+    p.wait_answering(address)
+    old = RawClient(address)
+    old.send(b"put 0 0 10 1\r\nx\r\n")
+    assert old.read_reply() == b"INSERTED 1\r\n"
+    os.kill(child_pid(p.proc.pid, b"broker"), signal.SIGKILL)
+    assert old.read_available(10)[1], "clients of a broker that lost its state are closed"
+    p.wait_answering(address)
+    assert ask(address, b"put 0 0 10 1\r\ny\r\n") == b"INSERTED 1\r\n"
+
+
+def test_serve_restarts_a_front_killed_with_9(start):
+    port = free_port()
+    address = ("127.0.0.1", port)
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port)])
+    p.wait_answering(address)
+    held = RawClient(address)
+    held.send(b"put 0 0 100 1\r\nx\r\nreserve\r\n")
+    assert held.read_replies(2) == [b"INSERTED 1\r\n", b"RESERVED 1 1\r\nx\r\n"]
+    os.kill(child_pid(p.proc.pid, b"front"), signal.SIGKILL)
+    p.wait_answering(address)
+    # the dead front's session is closed by heartbeat: its job is ready again
+    assert wait_until(lambda: ask(address, b"reserve-with-timeout 0\r\n").startswith(b"RESERVED 1"), 8)
