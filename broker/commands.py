@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..protocol.schema import R
 from . import stats
-from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, RESERVED, Job, Session, key_id
+from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, RELEASES, RESERVED, Job,
+                   Session, key_id)
 
 class Commands:
     # -- connection bookkeeping (no reply) ---------------------------------------------
@@ -118,7 +119,7 @@ class Commands:
         self.queue.take(job)
         job.pri = pri
         job.delay_s = delay_s
-        job.releases += 1
+        job.bump(RELEASES)
         self.queue.place(job, delay_s, now)
         return (conn, R.RELEASED)
 
@@ -129,7 +130,7 @@ class Commands:
             return (s.conn, R.NOT_FOUND)
         self.queue.take(job)
         job.pri = op[3]
-        job.buries += 1
+        job.bump(BURIES)
         self.queue.bury(job)
         return (s.conn, R.BURIED)
 

@@ -40,9 +40,16 @@ def key_id(key: int) -> int:
     return key & _ID_MASK
 
 
+#: per-job counters as stats-job names them, kept in Job.counts in this order
+COUNTERS = ("reserves", "timeouts", "releases", "buries", "kicks")
+RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS = range(len(COUNTERS))
+
+
 class Job:
+    # A million waiting jobs is a normal day: every slot costs 8 MB. The five counters
+    # live in one list made on first use, so a job that only waits costs one slot.
     __slots__ = ("id", "tube", "pri", "delay_s", "ttr_s", "body", "state", "created",
-                 "deadline", "holder", "reserves", "timeouts", "releases", "buries", "kicks")
+                 "deadline", "holder", "counts")
 
     def __init__(self, job_id: int, tube: "Tube", pri: int, delay_s: int, ttr_s: int,
                  body: bytes, now: float) -> None:
@@ -56,7 +63,15 @@ class Job:
         self.created = now
         self.deadline = 0.0     # due time when DELAYED, TTR expiry when RESERVED
         self.holder = None      # the Session holding it when RESERVED
-        self.reserves = self.timeouts = self.releases = self.buries = self.kicks = 0
+        self.counts: list[int] | None = None
+
+    def bump(self, counter: int) -> None:
+        if self.counts is None:
+            self.counts = [0] * len(COUNTERS)
+        self.counts[counter] += 1
+
+    def count(self, counter: int) -> int:
+        return self.counts[counter] if self.counts else 0
 
 
 class Tube:

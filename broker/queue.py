@@ -25,8 +25,8 @@ from typing import Callable
 
 from sortedcontainers import SortedList
 
-from .jobs import (BURIED, DELAYED, READY, RESERVED, URGENT_PRI, Job, Session, Tube,
-                   key_id, ready_key)
+from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVES, TIMEOUTS, URGENT_PRI,
+                   Job, Session, Tube, key_id, ready_key)
 
 SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
 _FEW_TUBES = 8          # watch lists up to this size are scanned directly
@@ -151,7 +151,7 @@ class Queue:
         """Give `job` (already taken from its container) to `session`."""
         job.state = RESERVED
         job.holder = session
-        job.reserves += 1
+        job.bump(RESERVES)
         job.deadline = now + job.ttr_s
         job.tube.reserved += 1
         session.reserved[job.id] = job
@@ -242,7 +242,7 @@ class Queue:
 
     def kick_job(self, job: Job, now: float) -> None:
         self.take(job)
-        job.kicks += 1
+        job.bump(KICKS)
         self.make_ready(job, now)
 
     # -- pause ---------------------------------------------------------------------
@@ -285,7 +285,7 @@ class Queue:
     def _time_out(self, job: Job, now: float) -> None:
         holder = job.holder
         self.take(job)
-        job.timeouts += 1
+        job.bump(TIMEOUTS)
         self.job_timeouts += 1
         if holder.waiting:            # its DEADLINE_SOON time may have moved
             self._reschedule(holder)

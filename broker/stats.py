@@ -12,7 +12,7 @@ import os
 import resource
 from typing import NamedTuple
 
-from .jobs import DELAYED, RESERVED, Job, Tube
+from .jobs import COUNTERS, DELAYED, RESERVED, Job, Tube
 
 CMD_KEYS = (
     "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
@@ -97,10 +97,8 @@ def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
     return [
         ("id", job.id), ("tube", job.tube.name), ("state", job.state), ("pri", job.pri),
         ("age", int(now - job.created)), ("delay", job.delay_s), ("ttr", job.ttr_s),
-        ("time-left", time_left), ("file", 0), ("reserves", job.reserves),
-        ("timeouts", job.timeouts), ("releases", job.releases), ("buries", job.buries),
-        ("kicks", job.kicks),
-    ]
+        ("time-left", time_left), ("file", 0),
+    ] + [(name, job.count(i)) for i, name in enumerate(COUNTERS)]
 
 
 def tube_stats(t: Tube, now: float) -> list[tuple[str, object]]:
