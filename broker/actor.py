@@ -29,7 +29,7 @@ from .core import Broker, Config
 from .stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
-_MAX_MESSAGES_PER_TURN = 256
+_MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
 # plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
 _EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)

@@ -32,6 +32,9 @@ from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hea
 log = logging.getLogger("zstalk.front")
 
 CONNECTING, READY, LOST = "connecting", "ready", "lost"
+#: a batch leaves early when it reaches this many ops, so that under a pipelined flood
+#: the broker works on one part while the front parses the next (instead of taking turns)
+MAX_BATCH_OPS = 512
 #: held whatever the bound, so the broker's view of connections stays right; they are
 #: bounded by the number of client connections (and OPEN/CLOSE pairs cancel at the bound)
 _CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
@@ -126,7 +129,9 @@ class BrokerLink:
     def submit(self, op: tuple) -> None:
         if self.state is READY:
             self.batch.append(op)
-            if not self._flush_scheduled:
+            if len(self.batch) >= MAX_BATCH_OPS:
+                self._flush()          # let the broker start while we parse the rest
+            elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self._flush)
         elif op[0] == Op.CLOSE and len(self.held) >= self.max_held and self._cancel_held_open(op[1]):
