@@ -104,9 +104,6 @@ class Tube:
         """A tube lives while a session uses or watches it or a job is in it."""
         return not (self.using or self.watching or self.job_count)
 
-    def top_key(self) -> int | None:
-        return self.ready[0] if self.ready else None
-
 
 class Session:
     """One client connection of one front, as the broker sees it (beanstalkd's Conn).

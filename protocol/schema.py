@@ -72,8 +72,6 @@ class Op(enum.IntEnum):
 
 #: ops that produce no reply
 SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE})
-#: ops whose reply may be held back by the broker (the session waits for a job)
-BLOCKING_OPS = frozenset({Op.RESERVE})
 
 
 class R(enum.IntEnum):
