@@ -44,7 +44,8 @@ class BrokerActor:
             self.sock.setsockopt(opt, value)
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.core = Broker(config, time.monotonic(), process_sysinfo)
+        now = time.monotonic()
+        self.core = Broker(config, now, process_sysinfo, wall_offset=time.time() - now)
         self.running = True
         self._signals: list[int] = []
 

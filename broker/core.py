@@ -18,6 +18,7 @@ the handlers below are named after the protocol and count `cmd-*` as beanstalkd 
 from __future__ import annotations
 
 import collections
+import logging
 import random
 from typing import Callable, NamedTuple
 
@@ -25,9 +26,12 @@ from ..protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Hello, Heartbeat, 
                                Replies, Settings, Welcome)
 from . import stats
 from .commands import Commands
+from .counters import CounterCommands, Counters, CounterSession
 from .jobs import READY, Job, Session
 from .queue import Queue
 
+log = logging.getLogger("zstalk.broker")
+_FIRST_COUNTER_OP = int(Op.C_NOOP)
 DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
 
@@ -37,6 +41,7 @@ class Config(NamedTuple):
     max_jobs_bytes: int = 0           # 0: no limit
     version: str = "0.1.0"
     binlog_max_size: int = 10485760
+    stat_interval_s: int = 86400      # counters: zero counters are collected at these boundaries
 
 
 class Front:
@@ -51,10 +56,13 @@ class Front:
         self.last_seen = now
 
 
-class Broker(Commands):
+class Broker(CounterCommands, Commands):
     def __init__(self, config: Config, now: float,
-                 sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo) -> None:
+                 sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
+                 wall_offset: float = 0.0) -> None:
         self.config = config
+        self.wall_offset = wall_offset    # wall clock = now + offset (counter intervals)
+        self.counter_store = Counters(now + wall_offset, config.stat_interval_s)
         self.sysinfo = sysinfo
         self.started = now
         self.broker_id = random.getrandbits(64)
@@ -124,6 +132,10 @@ class Broker(Commands):
         for conn in [c for c in front.sessions if c not in listed]:
             self._close(front.sessions[conn], now)
         for conn, st in listed.items():
+            if front.kind == "counter":
+                s = front.sessions.get(conn) or self._open(front, conn)
+                self.counter_store.restore(s.holds, st.holds, self.wall(now))
+                continue
             s = front.sessions.get(conn)
             if s is None:
                 s = self._open(front, conn)
@@ -170,20 +182,33 @@ class Broker(Commands):
         sessions = front.sessions
         handlers = self._handlers
         for op in ops:
-            s = sessions.get(op[1])
-            if s is None:
-                if op[0] == Op.OPEN:
-                    self._open(front, op[1])
-                elif op[0] not in (Op.CLOSE, Op.COUNT, Op.HALF_CLOSE):
-                    out.append((op[1], R.INTERNAL_ERROR))
-                continue
-            reply = handlers[op[0]](s, op, now)
+            try:
+                s = sessions.get(op[1])
+                if s is None:
+                    if op[0] == Op.OPEN:
+                        self._open(front, op[1])
+                    elif op[0] not in (Op.CLOSE, Op.COUNT, Op.HALF_CLOSE):
+                        out.append((op[1], R.INTERNAL_ERROR))
+                    continue
+                if (op[0] >= _FIRST_COUNTER_OP) != s.is_counter and op[0] > Op.HALF_CLOSE:
+                    out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
+                    continue
+                reply = handlers[op[0]](s, op, now)
+            except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                # a malformed op from a buggy front must not take the broker down
+                log.warning("bad op %r from front %016x: %r", op[:2], front.front_id, exc)
+                reply = (op[1], R.INTERNAL_ERROR) if isinstance(op, (list, tuple)) and len(op) > 1 else None
             if reply is not None:
                 out.append(reply)
 
     # -- timers ----------------------------------------------------------------------
+    def wall(self, now: float) -> float:
+        return now + self.wall_offset
+
     def next_deadline(self) -> float | None:
         d = self.queue.next_deadline()
+        gc = self.counter_store.next_gc() - self.wall_offset
+        d = gc if d is None else min(d, gc)
         if self.fronts:
             f = min(f.last_seen for f in self.fronts.values()) + PEER_TIMEOUT_S
             d = f if d is None else min(d, f)
@@ -191,6 +216,7 @@ class Broker(Commands):
 
     def expire(self, now: float) -> None:
         self.queue.expire(now)
+        self.counter_store.expire(self.wall(now))
         for front in [f for f in self.fronts.values() if now - f.last_seen > PEER_TIMEOUT_S]:
             self.drop_front(front, now)
 
@@ -208,7 +234,12 @@ class Broker(Commands):
         self._reply(s, R.TIMED_OUT)
 
     # -- sessions --------------------------------------------------------------------
-    def _open(self, front: Front, conn: int) -> Session:
+    def _open(self, front: Front, conn: int):
+        if front.kind == "counter":
+            s = front.sessions[conn] = CounterSession(front, conn)
+            self.counter_store.curr_connections += 1
+            self.counter_store.total_connections += 1
+            return s
         default = self.queue.tube(DEFAULT_TUBE)
         s = front.sessions[conn] = Session(front, conn, default)
         default.using += 1
@@ -216,8 +247,14 @@ class Broker(Commands):
         self.total_connections += 1
         return s
 
-    def _close(self, s: Session, now: float) -> None:
-        """A connection went away: its jobs go back to ready at once, counters unchanged."""
+    def _close(self, s, now: float) -> None:
+        """A connection went away: its jobs go back to ready at once, counters unchanged;
+        a counter session's holdings go back too."""
+        if s.is_counter:
+            self.counter_store.release_all(s.holds, self.wall(now))
+            self.counter_store.curr_connections -= 1
+            del s.front.sessions[s.conn]
+            return
         q = self.queue
         q.stop_waiting(s)
         for job in list(s.reserved.values()):
@@ -238,5 +275,7 @@ class Broker(Commands):
         return table
 
     def sessions(self):
+        """The beanstalk sessions of every front (what beanstalk's stats count)."""
         for f in self.fronts.values():
-            yield from f.sessions.values()
+            if f.kind != "counter":
+                yield from f.sessions.values()

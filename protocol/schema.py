@@ -68,6 +68,13 @@ class Op(enum.IntEnum):
     LIST_TUBE_USED = 30  # (conn)
     LIST_TUBES_WATCHED = 31  # (conn)
     PAUSE_TUBE = 32     # (conn, tube, delay_s)
+    # counters (yrmcds protocol); names are bytes, counts u32
+    C_NOOP = 40         # (conn)
+    C_GET = 41          # (conn, name)
+    C_ACQUIRE = 42      # (conn, name, resources, maximum)
+    C_RELEASE = 43      # (conn, name, resources)
+    C_STATS = 44        # (conn)
+    C_DUMP = 45         # (conn)
 
 
 #: ops that produce no reply
@@ -97,6 +104,9 @@ class R(enum.IntEnum):
     STATS = 20          # (pairs)  ordered [(key, value)], value int | bytes | bool | str
     LIST = 21           # (names)
     KICKED_JOB = 22
+    C_OK = 30           # (value)  counter op succeeded; value: int, or None for no body
+    C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
+    C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
 
 
 # ---------------------------------------------------------------------------------
@@ -112,6 +122,7 @@ class SessionState(NamedTuple):
     use: str
     watch: list[str]
     held: list[int]     # ids of jobs the session holds reserved
+    holds: list = []    # counter sessions: [(name, count)] this connection has acquired
 
 
 class Hello(NamedTuple):
