@@ -32,6 +32,9 @@ from .queue import Queue
 
 log = logging.getLogger("zstalk.broker")
 _FIRST_COUNTER_OP = int(Op.C_NOOP)
+#: fronts of a broker that went away notice within PEER_TIMEOUT_S (at once if they get
+#: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
+RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
 DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
 
@@ -42,6 +45,7 @@ class Config(NamedTuple):
     version: str = "0.1.0"
     binlog_max_size: int = 10485760
     stat_interval_s: int = 86400      # counters: zero counters are collected at these boundaries
+    recovering: bool = False          # started again after a crash: refuse Acquire for a grace period
 
 
 class Front:
@@ -63,6 +67,8 @@ class Broker(CounterCommands, Commands):
         self.config = config
         self.wall_offset = wall_offset    # wall clock = now + offset (counter intervals)
         self.counter_store = Counters(now + wall_offset, config.stat_interval_s)
+        # after a restart, Acquire waits until the fronts had time to re-register holdings
+        self.refuse_acquire_until = now + RECOVERY_GRACE_S if config.recovering else 0.0
         self.sysinfo = sysinfo
         self.started = now
         self.broker_id = random.getrandbits(64)
@@ -86,8 +92,8 @@ class Broker(CounterCommands, Commands):
         if isinstance(msg, Hello):
             self._hello(peer, front, msg, now)
         elif front is None:
-            sender = getattr(msg, "sender_id", None)
-            self.control.append((peer, Fenced(sender or 0)))
+            # a front from before our time (we restarted) or one we declared dead
+            self.control.append((peer, Fenced(int.from_bytes(peer[:8], "big"), self.broker_id)))
         else:
             front.last_seen = now
             if isinstance(msg, Batch):
@@ -105,13 +111,20 @@ class Broker(CounterCommands, Commands):
 
     def _hello(self, peer: bytes, front: Front | None, hello: Hello, now: float) -> None:
         if hello.front_id in self.fenced:
-            self.control.append((peer, Fenced(hello.front_id)))
+            self.control.append((peer, Fenced(hello.front_id, self.broker_id)))
             return
         if front is None or front.front_id != hello.front_id:
             if front is not None:
                 self.drop_front(front, now)
             front = self.fronts[peer] = Front(peer, hello, now)
             restored = hello.state_id == self.state_id
+            if hello.kind == "counter":
+                # holdings are known exactly by the fronts, so they always come back; a
+                # front of an earlier broker means others may still be on their way
+                restored = True
+                if hello.state_id not in (0, self.state_id):
+                    self.refuse_acquire_until = max(self.refuse_acquire_until,
+                                                    self.started + RECOVERY_GRACE_S)
         else:
             front.last_seen = now
             restored = True

@@ -191,6 +191,8 @@ class CounterCommands:
     def c_acquire(self, s, op, now):
         self._counted("acquire")
         _, conn, name, resources, maximum = op
+        if now < self.refuse_acquire_until:
+            return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
         return (conn, *self.counter_store.acquire(s.holds, name, resources, maximum, self.wall(now)))
 
     def c_release(self, s, op, now):

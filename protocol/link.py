@@ -169,6 +169,9 @@ class BrokerLink:
                 self._lose("broker restarted (new incarnation)")
         elif isinstance(msg, Welcome):
             self._welcome(msg)
+        elif isinstance(msg, Fenced) and msg.broker_id != self.broker_id:
+            if self.state is READY:
+                self._lose("broker restarted (it does not know this front)")
         elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
             log.warning("fenced by the broker: closing client connections, starting over")
             self.owner.on_fenced()

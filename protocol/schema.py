@@ -158,8 +158,12 @@ class Heartbeat(NamedTuple):
 
 
 class Fenced(NamedTuple):
-    """Broker -> front: the broker declared this front incarnation dead; start over."""
+    """Broker -> front: "I do not know you".  From the broker incarnation the front
+    registered with, it means that broker declared the front dead: close every client
+    and start over under a new incarnation.  From another incarnation it means the
+    broker restarted: say Hello again and re-register the sessions."""
     front_id: int
+    broker_id: int
 
 
 HEARTBEAT_S = 0.5

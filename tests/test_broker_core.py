@@ -324,9 +324,9 @@ def test_a_dead_front_that_speaks_again_is_fenced(h):
     h.now += PEER_TIMEOUT_S + 0.1
     h.broker.expire(h.now)
     h.broker.handle(FRONT, Batch([(Op.STATS, 1)]), h.now)
-    assert h.broker.flush() == [(FRONT, Fenced(0))]
+    assert h.broker.flush() == [(FRONT, Fenced(int.from_bytes(FRONT[:8], "big"), h.broker.broker_id))]
     out = h.hello(FRONT, 1)
-    assert out == [(FRONT, Fenced(1))]
+    assert out == [(FRONT, Fenced(1, h.broker.broker_id))]
     out = h.hello(FRONT, 99)
     assert isinstance(out[0][1], Welcome)
 

@@ -178,3 +178,23 @@ def test_re_registered_holdings_rebuild_the_counters():
         (9, R.C_OK, 5), (9, R.C_OK, 1)]
     h.send((Op.CLOSE, 2), peer=b"front-x")
     assert h.send((Op.C_GET, 9, b"a"), peer=b"front-x") == [(9, R.C_OK, 2)]
+
+
+def test_after_a_broker_restart_acquires_wait_for_fronts_to_re_register():
+    h = Harness()
+    stale_state = h.broker.state_id + 1          # the state of a broker that went away
+    out = h.hello(b"front-y", 8, stale_state, [SessionState(1, "", [], [], [(b"a", 4)])])
+    assert out[0][1].restored
+    h.send((Op.OPEN, 2), peer=b"front-y")
+    assert h.send((Op.C_ACQUIRE, 2, b"a", 1, 10), peer=b"front-y") == [
+        (2, R.C_ERROR, RESOURCE_NOT_AVAILABLE)]
+    assert h.send((Op.C_GET, 2, b"a"), peer=b"front-y") == [(2, R.C_OK, 4)]
+    h.now += PEER_TIMEOUT_S + 1.1
+    h.broker.handle(b"front-y", Heartbeat(8), h.now)
+    assert h.send((Op.C_ACQUIRE, 2, b"a", 1, 10), peer=b"front-y") == [(2, R.C_OK, 1)]
+
+
+def test_a_fresh_cluster_acquires_at_once():
+    h = Harness()
+    h.send((Op.OPEN, 1))
+    assert h.acquire(1, b"a", 1, 1) == (R.C_OK, 1)
