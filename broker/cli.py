@@ -1,8 +1,10 @@
 """The `zstalk` command: one click group, each subcommand builds one actor and runs it.
 
     zstalk serve [-l ADDR] [-p PORT] [--fronts N]    broker + fronts, supervised
+                 [--counter-port PORT] [--counter-listen ADDR] [--counter-max-connections N]
     zstalk broker --bind tcp://HOST:PORT             the broker actor alone
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
+    zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
 
 Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
 before any of them are loaded.
@@ -15,11 +17,12 @@ import sys
 
 import click
 
-from ..protocol.listen import bind_listen
+from ..protocol.listen import bind_listen, parse_listen
 from . import VERSION
 from .supervisor import ServeOptions, serve as run_supervisor
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
+COUNTER_PORT = 11215            # yrmcds' default counter.port
 
 
 def setup_logging(verbose: int) -> None:
@@ -43,6 +46,14 @@ def bind_or_exit(spec: str, port: int):
         sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
 
 
+def counter_host(addr: str) -> str:
+    """The -l host without a port, for the counter front (a unix -l keeps it on loopback)."""
+    kind, host, _ = parse_listen(addr, 0)
+    if kind == "unix":
+        return "127.0.0.1"
+    return f"[{host}]" if host and ":" in host else host or ""
+
+
 @click.group()
 @click.option("-V", "--verbose", count=True, help="More logging (repeat for more).")
 @click.version_option(VERSION, prog_name="zstalk")
@@ -60,15 +71,30 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--fronts", default=1, show_default=True, help="Front processes sharing the port.")
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
-@click.option("--max-connections", default=0, help="Per front; 0: no limit.")
+@click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
+@click.option("--counter-port", default=COUNTER_PORT, show_default=True,
+              help="Port of the yrmcds counter front; 0: no counter front.")
+@click.option("--counter-listen", default=None,
+              help="Address of the counter front (HOST, HOST:PORT or unix:/path). "
+                   "Default: the -l address, or 127.0.0.1 when -l is a unix socket.")
+@click.option("--counter-max-connections", default=0,
+              help="Counter connections; beyond it accepted, then closed (0: no limit).")
+@click.option("--stat-interval", default=86400, show_default=True,
+              help="Counters: seconds between epoch-aligned collections of zero counters.")
 @click.pass_obj
-def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections):
-    """Run a broker and beanstalk fronts on one machine (port 11300 by default)."""
+def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
+          counter_port, counter_listen, counter_max_connections, stat_interval):
+    """Run a broker, beanstalk fronts (port 11300) and a counter front (port 11215)."""
     listener = bind_or_exit(addr, port)
+    counter_listeners = []
+    if counter_port:
+        where = counter_listen or counter_host(addr)
+        counter_listeners.append(bind_or_exit(where, counter_port))
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
-                        verbose=verbose)
-    sys.exit(run_supervisor([listener], opts))
+                        counter_max_connections=counter_max_connections, verbose=verbose,
+                        extra_broker_args=["--stat-interval", str(stat_interval)])
+    sys.exit(run_supervisor([listener], opts, counter_listeners))
 
 
 @main.command()
@@ -77,14 +103,21 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="0: no limit.")
 @click.option("--drain", is_flag=True, help="Start in drain mode (as after SIGUSR1).")
-def broker(bind, max_job_size, max_jobs_bytes, drain):
+@click.option("--stat-interval", default=86400, show_default=True,
+              type=click.IntRange(min=10), help="Counters: zero counters are collected at "
+              "these epoch-aligned boundaries; Dump's maximum is the peak within one.")
+@click.option("--recovering", is_flag=True,
+              help="Started again after a crash: Acquire answers 0x21 until fronts had "
+                   "time to re-register their holdings.")
+def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering):
     """Run the broker actor: all tube, job and session state."""
     from .actor import BrokerActor
     from .core import Config
 
     exit_with_parent()
     config = Config(max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
-                    max_jobs_bytes=max_jobs_bytes, version=VERSION)
+                    max_jobs_bytes=max_jobs_bytes, version=VERSION,
+                    stat_interval_s=stat_interval, recovering=recovering)
     try:
         actor = BrokerActor(bind, config)
     except Exception as exc:      # zmq.ZMQError: address in use, bad endpoint
@@ -117,6 +150,27 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
         raise click.UsageError("give --listen or --fd")
     from ..protocol.front_main import run_beanstalk_front
     run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s)
+
+
+@front.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--listen", "listens", multiple=True,
+              help="HOST, HOST:PORT or unix:/path (repeatable; port 11215 by default).")
+@click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
+@click.option("--max-connections", default=0,
+              help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
+@click.option("--hold-s", default=5.0, show_default=True,
+              help="How long requests wait for an unreachable broker (Acquire never waits).")
+def counter(broker_ep, listens, fds, max_connections, hold_s):
+    """Serve yrmcds' counter protocol; the counters live in the broker."""
+    import socket
+    exit_with_parent()
+    sockets = [socket.socket(fileno=fd) for fd in fds]
+    sockets += [bind_or_exit(spec, COUNTER_PORT) for spec in listens]
+    if not sockets:
+        raise click.UsageError("give --listen or --fd")
+    from ..protocol.front_main import run_counter_front
+    run_counter_front(broker_ep, sockets, max_connections, hold_s)
 
 
 if __name__ == "__main__":

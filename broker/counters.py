@@ -24,7 +24,8 @@ from typing import Callable
 
 from ..protocol.schema import R
 
-NOT_FOUND, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x21, 0x22
+NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
+U32_MAX = 0xFFFFFFFF
 DEFAULT_STAT_INTERVAL_S = 86400
 OBJECT_OVERHEAD_BYTES = 64      # what yrmcds counts per object beside its name (§2.8)
 COMMANDS = ("noop", "get", "acquire", "release", "stats", "dump")
@@ -186,11 +187,15 @@ class CounterCommands:
 
     def c_get(self, s, op, now):
         self._counted("get")
+        if not _is_name(op[2]):
+            return (s.conn, R.C_ERROR, INVALID)
         return (s.conn, *self.counter_store.get(op[2]))
 
     def c_acquire(self, s, op, now):
         self._counted("acquire")
         _, conn, name, resources, maximum = op
+        if not (_is_name(name) and 0 < resources <= maximum <= U32_MAX):
+            return (conn, R.C_ERROR, INVALID)        # what yrmcds' parser refuses (§2.1)
         if now < self.refuse_acquire_until:
             return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
         return (conn, *self.counter_store.acquire(s.holds, name, resources, maximum, self.wall(now)))
@@ -198,6 +203,8 @@ class CounterCommands:
     def c_release(self, s, op, now):
         self._counted("release")
         _, conn, name, resources = op
+        if not (_is_name(name) and 0 <= resources <= U32_MAX):
+            return (conn, R.C_ERROR, INVALID)
         return (conn, *self.counter_store.release(s.holds, name, resources, self.wall(now)))
 
     def c_stats(self, s, op, now):
@@ -207,3 +214,8 @@ class CounterCommands:
     def c_dump(self, s, op, now):
         self._counted("dump")
         return (s.conn, R.C_DUMP, self.counter_store.dump(self.wall(now)))
+
+
+def _is_name(name) -> bool:
+    """Ops may come from any actor, not only our parser: check what yrmcds' parser checks."""
+    return isinstance(name, bytes) and 0 < len(name) <= 0xFFFF

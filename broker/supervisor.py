@@ -1,11 +1,13 @@
-"""`zstalk serve` / `zstalkd`: one broker and N beanstalk fronts on one machine, supervised.
+"""`zstalk serve` / `zstalkd`: one broker and N beanstalk fronts on one machine, supervised,
+plus one counter front when `zstalk serve` is given a counter listener (`zstalkd`, the
+beanstalkd drop-in, never runs one).
 
-The supervisor binds the client socket first (so the port is taken within
+The supervisor binds the client sockets first (so the ports are taken within
 milliseconds of start, and a busy port fails at once with beanstalkd's message and exit
-code), then starts the broker and the fronts as child processes running `zstalk broker`
-and `zstalk front beanstalk --fd N`.  The broker listens on an ipc:// endpoint in a
-private temporary directory, so no internal port is fixed and two servers run side by
-side.
+code), then starts the broker and the fronts as child processes running `zstalk broker`,
+`zstalk front beanstalk --fd N` and `zstalk front counter --fd N`.  The broker listens
+on an ipc:// endpoint in a private temporary directory, so no internal port is fixed and
+two servers run side by side.
 
 Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
 SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
@@ -38,6 +40,7 @@ class ServeOptions:
     max_job_size: int = 65535
     max_jobs_bytes: int = 0
     max_connections: int = 0
+    counter_max_connections: int = 0
     verbose: int = 0
     broker_bind: str | None = None
     extra_broker_args: list[str] = field(default_factory=list)
@@ -54,13 +57,16 @@ def _child_setup() -> None:
 
 
 class Supervisor:
-    def __init__(self, listeners: list[socket.socket], opts: ServeOptions) -> None:
+    def __init__(self, listeners: list[socket.socket], opts: ServeOptions,
+                 counter_listeners: list[socket.socket] = ()) -> None:
         self.listeners = listeners
+        self.counter_listeners = list(counter_listeners)
         self.opts = opts
         self.tmpdir = tempfile.mkdtemp(prefix="zstalk-")
         self.endpoint = opts.broker_bind or f"ipc://{self.tmpdir}/broker"
         self.children: dict[str, subprocess.Popen] = {}
         self.draining = False       # survives a broker restart (passed as --drain)
+        self.broker_restarts = 0    # a restarted broker starts --recovering
 
     def _command(self, name: str) -> list[str]:
         base = [sys.executable, "-m", "zstalk.broker.cli"] + ["-V"] * self.opts.verbose
@@ -69,17 +75,27 @@ class Supervisor:
                            "--max-job-size", str(self.opts.max_job_size),
                            "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
                            *(["--drain"] if self.draining else []),
+                           *(["--recovering"] if self.broker_restarts else []),
                            *self.opts.extra_broker_args]
-        cmd = base + ["front", "beanstalk", "--broker", self.endpoint,
-                      "--max-job-size", str(self.opts.max_job_size),
-                      "--max-connections", str(self.opts.max_connections)]
-        for sock in self.listeners:
+        if name == "counter":
+            cmd = base + ["front", "counter", "--broker", self.endpoint,
+                          "--max-connections", str(self.opts.counter_max_connections)]
+        else:
+            cmd = base + ["front", "beanstalk", "--broker", self.endpoint,
+                          "--max-job-size", str(self.opts.max_job_size),
+                          "--max-connections", str(self.opts.max_connections)]
+        for sock in self._listeners_of(name):
             cmd += ["--fd", str(sock.fileno())]
         return cmd
 
+    def _listeners_of(self, name: str) -> list[socket.socket]:
+        if name == "broker":
+            return []
+        return self.counter_listeners if name == "counter" else self.listeners
+
     def _start(self, name: str) -> None:
         env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
-        fds = [s.fileno() for s in self.listeners] if name != "broker" else []
+        fds = [s.fileno() for s in self._listeners_of(name)]
         self.children[name] = subprocess.Popen(
             self._command(name), pass_fds=fds, env=env, preexec_fn=_child_setup,
             stdin=subprocess.DEVNULL)
@@ -90,6 +106,8 @@ class Supervisor:
             self._start("broker")
             for i in range(self.opts.fronts):
                 self._start(f"front-{i}")
+            if self.counter_listeners:
+                self._start("counter")
             self._loop()
         finally:
             self._stop()
@@ -115,6 +133,8 @@ class Supervisor:
                 print(f"zstalk: {name} exited with {proc.returncode}; starting it again",
                       file=sys.stderr)
                 time.sleep(RESTART_DELAY_S)
+                if name == "broker":
+                    self.broker_restarts += 1
                 self._start(name)
 
     def _stop(self) -> None:
@@ -130,5 +150,6 @@ class Supervisor:
                 proc.wait()
 
 
-def serve(listeners: list[socket.socket], opts: ServeOptions) -> int:
-    return Supervisor(listeners, opts).run()
+def serve(listeners: list[socket.socket], opts: ServeOptions,
+          counter_listeners: list[socket.socket] = ()) -> int:
+    return Supervisor(listeners, opts, counter_listeners).run()

@@ -139,8 +139,17 @@ class BrokerLink:
         elif op[0] in _CONNECTION_OPS or len(self.held) < self.max_held:
             self.held.append((time.monotonic(), op))
         elif op[0] not in SILENT_OPS:
-            self.owner.on_replies([(op[1], R.INTERNAL_ERROR)])
+            # full: fail the OLDEST held command, so each connection's replies stay in order
+            self._fail_oldest_held()
+            self.held.append((time.monotonic(), op))
         # else a COUNT past the bound: a lost stat, never acknowledged data
+
+    def _fail_oldest_held(self) -> None:
+        for i, (_, held) in enumerate(self.held):
+            if held[0] not in SILENT_OPS:
+                del self.held[i]
+                self.owner.on_replies([(held[1], R.INTERNAL_ERROR)])
+                return
 
     def _cancel_held_open(self, conn: int) -> bool:
         """A connection that opened and closed while the broker was away never existed for it."""

@@ -6,8 +6,10 @@
 #
 #   beanstalkd_server / beanstalkd_factory  the reference beanstalkd (1.12 on
 #       Debian). Missing → skip locally, fail when CI=true.
-#   zstalk_server / zstalk_factory          `zstalk serve`.
-#   zstalk_cluster                          `zstalk broker` + N × `zstalk front beanstalk`.
+#   zstalk_server / zstalk_factory          `zstalk serve` (its counter front off, or
+#       on a free port with counter=True: then server.counter_address).
+#   zstalk_cluster                          `zstalk broker` + N × `zstalk front beanstalk`
+#       (+ M × `zstalk front counter` with counter_fronts=M).
 #   raw_client                              RawClient connections, closed at teardown.
 #
 # ZSTALK_TEST_SELF_CHECK=1 swaps zstalk for a second beanstalkd (a cluster then
@@ -18,15 +20,16 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
 
 from servers import (
-    BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, find_beanstalkd,
-    find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
+    BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, counter_probe,
+    find_beanstalkd, find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
+    wait_counter_ready,
 )
 
 
@@ -154,9 +157,11 @@ def beanstalkd_dialect() -> tuple[int, ...]:
 
 
 def _start_zstalk(processes: _Processes, socket_dir: Path, *, max_job_size: int | None = None,
-                  extra_args: Sequence[str] = (), unix: bool = False,
+                  extra_args: Sequence[str] = (), unix: bool = False, counter: bool = False,
                   label: str = "zstalk") -> ServerProcess:
     if self_check():
+        if counter:
+            pytest.skip("the counter front has no beanstalkd stand-in")
         return _start_beanstalkd(processes, socket_dir, max_job_size=max_job_size,
                                  extra_args=extra_args, unix=unix, label=f"{label}-selfcheck")
 
@@ -165,14 +170,24 @@ def _start_zstalk(processes: _Processes, socket_dir: Path, *, max_job_size: int 
         argv = [find_zstalk(), "serve", *listen]
         if max_job_size is not None:
             argv += ["-z", str(max_job_size)]
-        return ServerProcess([*argv, *extra_args], address, name=label, probe=BEANSTALK_PROBE)
+        # never the fixed port 11215: tests run side by side
+        counter_address = (LOOPBACK, free_port()) if counter else None
+        argv += ["--counter-port", str(counter_address[1]) if counter else "0"]
+        if counter:
+            argv += ["--counter-listen", LOOPBACK]
+        server = ServerProcess([*argv, *extra_args], address, name=label, probe=BEANSTALK_PROBE)
+        server.counter_address = counter_address
+        return server
 
-    return processes.start(build)
+    server = processes.start(build)
+    if counter:
+        wait_counter_ready(server.counter_address)
+    return server
 
 
 @pytest.fixture
 def zstalk_factory(_processes, _socket_dir) -> Callable[..., ServerProcess]:
-    """start(max_job_size=None, extra_args=(), unix=False) -> a fresh `zstalk serve`."""
+    """start(max_job_size=None, extra_args=(), unix=False, counter=False) -> a fresh `zstalk serve`."""
 
     def start(**options) -> ServerProcess:
         return _start_zstalk(_processes, _socket_dir, **options)
@@ -199,6 +214,11 @@ class Cluster:
     broker_address: str
     front_addresses: list[Address]
     stand_in: ServerProcess | None = None
+    counter_fronts: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def counter_addresses(self) -> list[Address]:
+        return [front.address for front in self.counter_fronts]
 
     def _real(self, what: str) -> None:
         if self.stand_in is not None:
@@ -212,6 +232,10 @@ class Cluster:
         self._real("restarting a front")
         return self.fronts[index].restart()
 
+    def kill_counter_front(self, index: int) -> None:
+        self._real("killing a counter front")
+        self.counter_fronts[index].kill()
+
     def kill_broker(self) -> None:
         self._real("killing the broker")
         self.broker.kill()
@@ -224,13 +248,16 @@ class Cluster:
     def processes(self) -> list[ServerProcess]:
         if self.stand_in is not None:
             return [self.stand_in]
-        return [self.broker, *self.fronts]
+        return [self.broker, *self.fronts, *self.counter_fronts]
 
 
 def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
                    max_job_size: int | None = None, unix: bool = False,
-                   broker_args: Sequence[str] = (), front_args: Sequence[str] = ()) -> Cluster:
+                   broker_args: Sequence[str] = (), front_args: Sequence[str] = (),
+                   counter_fronts: int = 0, counter_front_args: Sequence[str] = ()) -> Cluster:
     if self_check():
+        if counter_fronts:
+            pytest.skip("counter fronts have no beanstalkd stand-in")
         stand_in = _start_beanstalkd(processes, socket_dir, max_job_size=max_job_size, unix=unix,
                                      label="cluster-selfcheck")
         return Cluster(None, [], "tcp://stand-in", [stand_in.address] * fronts, stand_in)
@@ -256,13 +283,23 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
         return ServerProcess(argv, address, name=f"zstalk-front{index}",
                              probe=BEANSTALK_PROBE)
 
+    def build_counter_front(index: int) -> ServerProcess:
+        address = (LOOPBACK, free_port())
+        argv = [zstalk, "front", "counter", "--broker", broker_address,
+                "--listen", f"{LOOPBACK}:{address[1]}", *counter_front_args]
+        return ServerProcess(argv, address, name=f"zstalk-counter{index}", probe=counter_probe)
+
     started = [processes.start(lambda index=index: build_front(index)) for index in range(fronts)]
-    return Cluster(broker, started, broker_address, [front.address for front in started])
+    counters = [processes.start(lambda index=index: build_counter_front(index))
+                for index in range(counter_fronts)]
+    return Cluster(broker, started, broker_address, [front.address for front in started],
+                   counter_fronts=counters)
 
 
 @pytest.fixture
 def zstalk_cluster(_processes, _socket_dir) -> Callable[..., Cluster]:
-    """start(fronts=2, max_job_size=None, unix=False, broker_args=(), front_args=()) -> Cluster."""
+    """start(fronts=2, max_job_size=None, unix=False, broker_args=(), front_args=(),
+    counter_fronts=0, counter_front_args=()) -> Cluster."""
 
     def start(**options) -> Cluster:
         return _start_cluster(_processes, _socket_dir, **options)

@@ -9,6 +9,10 @@
 # RawClient speaks the beanstalk wire format (protocol.txt §"Replies") just far
 # enough to cut the byte stream into replies: a reply is one CRLF-terminated
 # line, and RESERVED/FOUND/OK lines announce a body of <bytes> plus CRLF.
+#
+# CounterClient speaks yrmcds' binary counter protocol: requests are packed with
+# the structs of zstalk.protocol.yrmcds (a 12-byte header, then the body), and
+# replies are cut at 12 bytes + the header's body length.
 from __future__ import annotations
 
 import os
@@ -21,7 +25,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, Union
+from typing import Callable, Iterable, NamedTuple, Sequence, Union
+
+from zstalk.protocol.yrmcds import (ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE,
+                                    RELEASE_FIXED, REQUEST_MAGIC, STAT_LENGTHS, U16, Opcode)
 
 # A TCP address is (host, port); a UNIX socket address is its path.
 Address = Union[tuple[str, int], str]
@@ -148,12 +155,14 @@ class ServerProcess:
 
     def __init__(self, argv: Sequence[str], address: Address, *, name: str | None = None,
                  env: dict[str, str] | None = None, cwd: str | None = None,
-                 probe: bytes | None = None):
+                 probe: bytes | Callable[[socket.socket], bool] | None = None):
         self.argv = [str(arg) for arg in argv]
         # with a probe, ready means "answers it": zstalk's supervisor accepts connections
-        # before its front has registered with the broker
+        # before its front has registered with the broker.  A beanstalk probe is a
+        # command line; a callable probe gets the connected socket (counter_probe).
         self.probe = probe
         self.address = address
+        self.counter_address: Address | None = None   # `zstalk serve`'s counter front, if any
         self.name = name or Path(self.argv[0]).name
         self.env = env
         self.cwd = cwd
@@ -199,11 +208,13 @@ class ServerProcess:
                     f"command: {' '.join(self.argv)}\noutput:\n{self.output()}")
             time.sleep(_POLL_INTERVAL_S)
 
-    def _answers(self, probe: bytes | None) -> bool:
+    def _answers(self, probe: bytes | Callable[[socket.socket], bool] | None) -> bool:
         sock = connect(self.address, timeout=1.0)
         try:
             if probe is None:
                 return True
+            if callable(probe):
+                return probe(sock)
             sock.sendall(probe)
             reply = b""
             while not reply.endswith(b"\r\n"):
@@ -395,3 +406,192 @@ def silence_on_all(clients: Iterable[RawClient], seconds: float) -> list[tuple[b
     while (remaining := deadline - time.monotonic()) > 0:
         time.sleep(min(remaining, 0.02))
     return [client.read_available(0.0) for client in clients]
+
+
+# -- yrmcds counter protocol ----------------------------------------------------
+
+
+def counter_request(opcode: int, body: bytes = b"", opaque: int = 0) -> bytes:
+    """One request frame: magic 0x90, opcode, flags 0, reserved 0, body length, opaque."""
+    return HEADER.pack(REQUEST_MAGIC, opcode, 0, 0, len(body), opaque) + body
+
+
+def _name(name: bytes) -> bytes:
+    return U16.pack(len(name)) + name
+
+
+def get_request(name: bytes, opaque: int = 0) -> bytes:
+    return counter_request(Opcode.GET, _name(name), opaque)
+
+
+def acquire_request(name: bytes, resources: int, maximum: int, opaque: int = 0) -> bytes:
+    return counter_request(Opcode.ACQUIRE, ACQUIRE_FIXED.pack(resources, maximum, len(name)) + name,
+                           opaque)
+
+
+def release_request(name: bytes, resources: int, opaque: int = 0) -> bytes:
+    return counter_request(Opcode.RELEASE, RELEASE_FIXED.pack(resources, len(name)) + name, opaque)
+
+
+class CounterResponse(NamedTuple):
+    magic: int
+    opcode: int
+    status: int
+    opaque: int
+    body: bytes
+
+
+def counter_probe(sock: socket.socket) -> bool:
+    """Ready when a Noop comes back OK (the front has reached its broker)."""
+    sock.sendall(counter_request(Opcode.NOOP, opaque=0x50524F42))
+    reply = b""
+    while len(reply) < HEADER_SIZE:
+        chunk = sock.recv(HEADER_SIZE - len(reply))
+        if not chunk:
+            return False
+        reply += chunk
+    return reply == HEADER.pack(0x91, Opcode.NOOP, 0, 0, 0, 0x50524F42)
+
+
+class CounterClient:
+    """A blocking yrmcds counter connection; each call sends one request and reads its reply.
+
+    Opaques count up from 1 per connection (as libyrmcds numbers its requests), and every
+    reply's opaque is checked against its request's.
+    """
+
+    def __init__(self, address: Address, timeout: float = REPLY_TIMEOUT_S):
+        self.address = address
+        self.timeout = timeout
+        self.sock = connect(address, timeout)
+        self._buffer = b""
+        self._eof = False
+        self._serial = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "CounterClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def next_opaque(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    # -- requests ----------------------------------------------------------
+
+    def noop(self) -> CounterResponse:
+        return self._call(lambda opaque: counter_request(Opcode.NOOP, opaque=opaque))
+
+    def get(self, name: bytes) -> CounterResponse:
+        return self._call(lambda opaque: get_request(name, opaque))
+
+    def acquire(self, name: bytes, resources: int, maximum: int) -> CounterResponse:
+        return self._call(lambda opaque: acquire_request(name, resources, maximum, opaque))
+
+    def release(self, name: bytes, resources: int) -> CounterResponse:
+        return self._call(lambda opaque: release_request(name, resources, opaque))
+
+    def stats(self) -> dict[str, bytes]:
+        reply = self._call(lambda opaque: counter_request(Opcode.STATS, opaque=opaque))
+        items, body = {}, reply.body
+        while body:
+            name_len, value_len = STAT_LENGTHS.unpack_from(body)
+            name = body[4:4 + name_len].decode()
+            items[name] = body[4 + name_len:4 + name_len + value_len]
+            body = body[4 + name_len + value_len:]
+        return items
+
+    def dump(self) -> list[tuple[bytes, int, int]]:
+        """(name, current, max) per counter, read up to the empty terminator."""
+        opaque = self.next_opaque()
+        self.send(counter_request(Opcode.DUMP, opaque=opaque))
+        records = []
+        while True:
+            reply = self.read_response()
+            assert (reply.opcode, reply.status, reply.opaque) == (Opcode.DUMP, 0, opaque), reply
+            if not reply.body:
+                return records
+            current, maximum, name_len = DUMP_FIXED.unpack_from(reply.body)
+            records.append((reply.body[10:10 + name_len], current, maximum))
+
+    def _call(self, build: Callable[[int], bytes]) -> CounterResponse:
+        opaque = self.next_opaque()
+        self.send(build(opaque))
+        reply = self.read_response()
+        assert reply is not None, f"connection closed by {self.address!r}"
+        assert reply.opaque == opaque, reply
+        return reply
+
+    # -- replies -----------------------------------------------------------
+
+    def read_response(self, timeout: float | None = None) -> CounterResponse | None:
+        """One reply, parsed; None if the server closed the connection cleanly."""
+        frame = self.read_frame(timeout)
+        if frame is None:
+            return None
+        magic, opcode, status, _, _, opaque = HEADER.unpack_from(frame)
+        return CounterResponse(magic, opcode, status, opaque, frame[HEADER_SIZE:])
+
+    def read_frame(self, timeout: float | None = None) -> bytes | None:
+        """One reply frame as sent; None if the server closed the connection cleanly."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            if len(self._buffer) >= HEADER_SIZE:
+                size = HEADER_SIZE + HEADER.unpack_from(self._buffer)[4]
+                if len(self._buffer) >= size:
+                    frame, self._buffer = self._buffer[:size], self._buffer[size:]
+                    return frame
+            if self._eof:
+                if not self._buffer:
+                    return None
+                raise ConnectionError(f"connection closed inside a reply: {self._buffer!r}")
+            self._receive(deadline)
+
+    def closed_within(self, seconds: float) -> bool:
+        """Whether the server closes the connection within `seconds`, sending nothing more."""
+        deadline = time.monotonic() + seconds
+        while not self._eof:
+            try:
+                self._receive(deadline)
+            except ReplyTimeout:
+                return False
+        return not self._buffer
+
+    def _receive(self, deadline: float) -> None:
+        remaining = max(0.0, deadline - time.monotonic())
+        if not select.select([self.sock], [], [], remaining)[0]:
+            raise ReplyTimeout(f"no complete reply from {self.address!r} in time; "
+                               f"received so far: {self._buffer!r}", self._buffer)
+        try:
+            chunk = self.sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if chunk:
+            self._buffer += chunk
+        else:
+            self._eof = True
+
+
+def wait_counter_ready(address: Address, timeout: float = READY_TIMEOUT_S) -> None:
+    """Poll until a counter front answers a Noop (after `zstalk serve` answers on its beanstalk port)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = connect(address, timeout=1.0)
+            try:
+                if counter_probe(sock):
+                    return
+            finally:
+                sock.close()
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise ServerNotReady(f"no counter front answering on {address!r} within {timeout:g} s")
+        time.sleep(_POLL_INTERVAL_S)

@@ -198,3 +198,13 @@ def test_a_fresh_cluster_acquires_at_once():
     h = Harness()
     h.send((Op.OPEN, 1))
     assert h.acquire(1, b"a", 1, 1) == (R.C_OK, 1)
+
+
+def test_counter_ops_with_values_yrmcds_would_refuse_are_invalid_arguments(h):
+    h.acquire(1, b"x", 5, 10)
+    bad = [(Op.C_ACQUIRE, 2, b"x", -5, 10), (Op.C_ACQUIRE, 2, b"z", 0, 10),
+           (Op.C_ACQUIRE, 2, b"y", 20, 10), (Op.C_ACQUIRE, 2, b"", 1, 1),
+           (Op.C_ACQUIRE, 2, b"y", 1, U32 + 1), (Op.C_RELEASE, 2, b"x", -1),
+           (Op.C_GET, 2, "not bytes")]
+    assert h.send(*bad) == [(2, R.C_ERROR, 0x04)] * len(bad)
+    assert h.get(1, b"x") == (R.C_OK, 5) and b"z" not in h.dump() and b"y" not in h.dump()

@@ -30,12 +30,13 @@ def run_with_link(tmp_path, body, **kw):
     asyncio.run(main())
 
 
-def test_commands_past_the_held_bound_are_answered_internal_error_at_once(tmp_path):
+def test_past_the_held_bound_the_oldest_held_commands_are_answered_internal_error(tmp_path):
     async def body(link, owner):
         for conn in range(1, 9):
             link.submit((int(Op.LIST_TUBE_USED), conn))
-        assert owner.replies == [(c, R.INTERNAL_ERROR) for c in (6, 7, 8)]
-        assert len(link.held) == 5
+        # oldest first, so every connection's replies stay in the order it asked
+        assert owner.replies == [(c, R.INTERNAL_ERROR) for c in (1, 2, 3)]
+        assert [op[1] for _, op in link.held] == [4, 5, 6, 7, 8]
 
     run_with_link(tmp_path, body, max_held=5)
 

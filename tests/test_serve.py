@@ -97,7 +97,7 @@ def start():
 
 def test_sigterm_stops_the_supervisor_and_every_child_within_a_few_seconds(start):
     port = free_port()
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--fronts", "2"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0", "--fronts", "2"])
     p.wait_answering(("127.0.0.1", port))
     kids = children_of(p.proc.pid)
     assert len(kids) == 3
@@ -110,7 +110,7 @@ def test_sigterm_stops_the_supervisor_and_every_child_within_a_few_seconds(start
 
 def test_children_never_outlive_a_supervisor_killed_with_9(start):
     port = free_port()
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port)])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
     p.wait_answering(("127.0.0.1", port))
     kids = children_of(p.proc.pid)
     p.proc.kill()
@@ -143,7 +143,7 @@ def test_sigusr1_puts_the_whole_cluster_in_drain_mode(start):
 def test_several_fronts_share_one_port_and_one_broker(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--fronts", "3"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0", "--fronts", "3"])
     p.wait_answering(address)
     clients = [RawClient(address) for _ in range(12)]
     for i, c in enumerate(clients):
@@ -237,7 +237,7 @@ def test_zstalkd_becomes_the_user_it_is_told(start):
 def test_max_connections_accepts_then_closes_the_extra_connection(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--max-connections", "2"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0", "--max-connections", "2"])
     p.wait_answering(address)
     kept = [RawClient(address), RawClient(address)]
     for c in kept:
@@ -288,7 +288,7 @@ def child_pid(supervisor: int, word: bytes) -> int:
 def test_serve_restarts_a_broker_killed_with_9_and_clients_start_over(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port)])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
     p.wait_answering(address)
     old = RawClient(address)
     old.send(b"put 0 0 10 1\r\nx\r\n")
@@ -302,7 +302,7 @@ def test_serve_restarts_a_broker_killed_with_9_and_clients_start_over(start):
 def test_serve_restarts_a_front_killed_with_9(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port)])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
     p.wait_answering(address)
     held = RawClient(address)
     held.send(b"put 0 0 100 1\r\nx\r\nreserve\r\n")
