@@ -20,20 +20,16 @@ accepted and closed at once, as beanstalkd does past its descriptor limit.
 """
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
-import socket
 
 from .beanstalk import NEED_DATA, Parser, Reject
 from .beanstalk_replies import INTERNAL_ERROR, format_reply
-from .link import BrokerLink, LinkOwner
+from .front_base import LinkedConn, LinkedFront
 from .schema import Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.front")
 
 READ_LIMIT_SLACK = 256 * 1024
-WRITE_HIGH = 1024 * 1024
 
 _SIMPLE = {  # command name -> op code, for commands whose args map straight onto the op
     "use": Op.USE, "reserve-job": Op.RESERVE_JOB, "delete": Op.DELETE,
@@ -62,39 +58,15 @@ def command_op(conn: int, cmd) -> tuple:
     return (_SIMPLE[name], conn, *cmd.args)
 
 
-class BeanstalkConn(asyncio.Protocol):
+class BeanstalkConn(LinkedConn):
     def __init__(self, front: "BeanstalkFront", conn: int) -> None:
-        self.front = front
-        self.conn = conn
+        super().__init__(front, conn)
         self.parser = Parser(front.max_job_size)
-        self.transport: asyncio.Transport | None = None
-        self.slots: collections.deque = collections.deque()      # [op, reply bytes | None]
-        self.unanswered: collections.deque = collections.deque()
         self.blocked = False        # a reserve that may wait is in flight
         self.quitting = False
-        self.eof = False
-        self.write_paused = False
-        self.read_paused = False
-        self.stale = False          # registered with a broker we lost
         self.use = "default"
         self.watch = ["default"]
         self.held: set[int] = set()
-
-    # -- asyncio callbacks -------------------------------------------------------------
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        transport.set_write_buffer_limits(high=WRITE_HIGH)
-        if not self.front.admit(self):
-            transport.close()
-            return
-        self.front.link.submit((_OPEN, self.conn))
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.receive_data(data)
-        self.pump()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -103,17 +75,8 @@ class BeanstalkConn(asyncio.Protocol):
         self.pump()
         return True
 
-    def connection_lost(self, exc) -> None:
-        if self.front.conns.pop(self.conn, None) is self:
-            self.front.link.submit((_CLOSE, self.conn))
-        self.transport = None
 
-    def pause_writing(self) -> None:
-        self.write_paused = True
 
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self.pump()
 
     # -- commands ----------------------------------------------------------------------
     def pump(self) -> None:
@@ -168,7 +131,7 @@ class BeanstalkConn(asyncio.Protocol):
             if last != name:
                 self.watch[i] = last
 
-    def fail_unanswered(self) -> None:
+    def settle_unanswered(self) -> None:
         """The broker is gone: every command it had is answered INTERNAL_ERROR, never replayed."""
         while self.unanswered:
             self.unanswered.popleft()[1] = INTERNAL_ERROR
@@ -187,83 +150,24 @@ class BeanstalkConn(asyncio.Protocol):
             self.transport.close()
 
     def _regulate_reading(self) -> None:
-        if self.transport is None:
-            return
-        full = self.parser.buffered > self.parser.max_job_size + READ_LIMIT_SLACK
-        if full and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-        elif not full and self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
+        self._set_reading(self.parser.buffered > self.parser.max_job_size + READ_LIMIT_SLACK)
 
     def state(self) -> SessionState:
         return SessionState(self.conn, self.use, list(self.watch), sorted(self.held))
 
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
 
 
-class BeanstalkFront(LinkOwner):
+class BeanstalkFront(LinkedFront):
+    kind = "beanstalk"
+    conn_class = BeanstalkConn
+
     def __init__(self, broker: str, max_connections: int = 0, hold_s: float = 5.0,
                  max_job_size: int = 65535) -> None:
-        self.conns: dict[int, BeanstalkConn] = {}
-        self.max_connections = max_connections
+        super().__init__(broker, max_connections, hold_s)
         self.max_job_size = max_job_size
-        self._next_conn = 0
-        self.link = BrokerLink(broker, "beanstalk", self, hold_s=hold_s)
-
-    def protocol_factory(self) -> BeanstalkConn:
-        self._next_conn += 1
-        return BeanstalkConn(self, self._next_conn)
-
-    def admit(self, c: BeanstalkConn) -> bool:
-        if self.max_connections and len(self.conns) >= self.max_connections:
-            return False
-        self.conns[c.conn] = c
-        return True
-
-    def forget(self, c: BeanstalkConn) -> None:
-        """Close a session at the broker now (not at the next loop turn)."""
-        if self.conns.pop(c.conn, None) is c:
-            self.link.submit((_CLOSE, c.conn))
-            self.link.flush_now()
-
-    # -- LinkOwner ---------------------------------------------------------------------
-    def on_replies(self, items: list) -> None:
-        conns, touched = self.conns, {}
-        for item in items:
-            c = conns.get(item[0])
-            if c is not None and c.unanswered:
-                c.answer(item)
-                touched[c] = None
-        for c in touched:
-            c.pump()
 
     def on_welcome(self, w: Welcome) -> None:
         self.max_job_size = w.settings.max_job_size
-        for c in list(self.conns.values()):
+        for c in self.conns.values():
             c.parser.max_job_size = w.settings.max_job_size
-            if c.stale and not w.restored:
-                c.abort()     # the broker lost its state: look like a restarted beanstalkd
-            c.stale = False
-
-    def on_lost(self) -> None:
-        for c in list(self.conns.values()):
-            c.stale = True
-            c.fail_unanswered()
-            c.pump()
-
-    def on_fenced(self) -> None:
-        for c in list(self.conns.values()):
-            self.conns.pop(c.conn, None)
-            c.abort()
-
-    def session_states(self) -> list[SessionState]:
-        return [c.state() for c in self.conns.values() if c.stale]
-
-    def close(self) -> None:
-        for c in list(self.conns.values()):
-            c.abort()
-        self.link.close()
+        super().on_welcome(w)

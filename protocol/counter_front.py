@@ -44,20 +44,18 @@ received may still take up to yrmcds' 30 MiB.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
-import socket
 
 from . import yrmcds
-from .link import READY, BrokerLink, LinkOwner
-from .schema import Op, R, SessionState, Welcome
+from .front_base import LinkedConn, LinkedFront
+from .link import READY
+from .schema import Op, R, SessionState
 from .yrmcds import NEED_DATA, Opcode, Parser, Reject, Request, Status
 
 log = logging.getLogger("zstalk.front")
 
 READ_LIMIT_SLACK = 256 * 1024
-WRITE_HIGH = 1024 * 1024
 MAX_IN_FLIGHT = 8192
 #: a slot's content when no yrmcds reply fits: the connection closes at that point
 CLOSE_HERE = object()
@@ -110,54 +108,21 @@ def format_reply(req: Request, reply: tuple):
     return refused(req) if opcode == _ACQUIRE else CLOSE_HERE
 
 
-class CounterConn(asyncio.Protocol):
+class CounterConn(LinkedConn):
     def __init__(self, front: "CounterFront", conn: int) -> None:
-        self.front = front
-        self.conn = conn
+        super().__init__(front, conn)
         self.parser = Parser()
-        self.transport: asyncio.Transport | None = None
-        self.slots: collections.deque = collections.deque()      # [request, reply bytes | None]
-        self.unanswered: collections.deque = collections.deque()
         self.closing = False        # parse no more; close once the owed replies are out
-        self.eof = False
         self.starved = False        # the parser needs more bytes (no whole frame buffered)
-        self.write_paused = False
-        self.read_paused = False
-        self.stale = False          # registered with a broker we lost
         self.holds: dict[bytes, int] = {}
-
-    # -- asyncio callbacks -------------------------------------------------------------
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        transport.set_write_buffer_limits(high=WRITE_HIGH)
-        if not self.front.admit(self):
-            transport.close()
-            return
-        self.front.link.submit((_OPEN, self.conn))
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.receive_data(data)
-        self.pump()
 
     def eof_received(self) -> bool:
         self.eof = True         # whole frames already in are still answered (§2.1)
         self.pump()
         return True
 
-    def connection_lost(self, exc) -> None:
-        if self.front.conns.pop(self.conn, None) is self:
-            self.front.link.submit((_CLOSE, self.conn))
-        self.transport = None
 
-    def pause_writing(self) -> None:
-        self.write_paused = True
 
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self.pump()
 
     # -- requests ----------------------------------------------------------------------
     def pump(self) -> None:
@@ -244,79 +209,13 @@ class CounterConn(asyncio.Protocol):
             self.transport.close()
 
     def _regulate_reading(self) -> None:
-        if self.transport is None:
-            return
-        full = self.closing or (not self.starved and self.parser.buffered > READ_LIMIT_SLACK)
-        if full and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-        elif not full and self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
+        self._set_reading(self.closing or (not self.starved and self.parser.buffered > READ_LIMIT_SLACK))
 
     def state(self) -> SessionState:
         return SessionState(self.conn, "", [], [], sorted(self.holds.items()))
 
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
 
 
-class CounterFront(LinkOwner):
-    def __init__(self, broker: str, max_connections: int = 0, hold_s: float = 5.0) -> None:
-        self.conns: dict[int, CounterConn] = {}
-        self.max_connections = max_connections
-        self._next_conn = 0
-        self.link = BrokerLink(broker, "counter", self, hold_s=hold_s)
-
-    def protocol_factory(self) -> CounterConn:
-        self._next_conn += 1
-        return CounterConn(self, self._next_conn)
-
-    def admit(self, c: CounterConn) -> bool:
-        if self.max_connections and len(self.conns) >= self.max_connections:
-            return False
-        self.conns[c.conn] = c
-        return True
-
-    def forget(self, c: CounterConn) -> None:
-        """Close a session at the broker now (not at the next loop turn): holdings go back."""
-        if self.conns.pop(c.conn, None) is c:
-            self.link.submit((_CLOSE, c.conn))
-            self.link.flush_now()
-
-    # -- LinkOwner ---------------------------------------------------------------------
-    def on_replies(self, items: list) -> None:
-        conns, touched = self.conns, {}
-        for item in items:
-            c = conns.get(item[0])
-            if c is not None and c.unanswered:
-                c.answer(item)
-                touched[c] = None
-        for c in touched:
-            c.pump()
-
-    def on_welcome(self, w: Welcome) -> None:
-        for c in list(self.conns.values()):
-            if c.stale and not w.restored:
-                c.abort()     # the broker lost its holdings: look like a restarted yrmcds
-            c.stale = False
-
-    def on_lost(self) -> None:
-        for c in list(self.conns.values()):
-            c.stale = True
-            c.settle_unanswered()
-            c.pump()
-
-    def on_fenced(self) -> None:
-        for c in list(self.conns.values()):
-            self.conns.pop(c.conn, None)
-            c.abort()
-
-    def session_states(self) -> list[SessionState]:
-        return [c.state() for c in self.conns.values() if c.stale]
-
-    def close(self) -> None:
-        for c in list(self.conns.values()):
-            c.abort()
-        self.link.close()
+class CounterFront(LinkedFront):
+    kind = "counter"
+    conn_class = CounterConn

@@ -21,7 +21,6 @@ import logging
 import os
 import random
 import time
-from typing import Callable
 
 import zmq
 

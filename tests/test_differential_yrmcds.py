@@ -44,7 +44,7 @@ import pytest
 
 from servers import Address, ReplyTimeout, reference_required, self_check, silence_on_all
 from yrmcds_servers import (
-    OPAQUE, CounterClient, acquire, dump, find_yrmcdsd, get, noop, release, request, stats,
+    OPAQUE, CounterClient, ProcessGroup, acquire, dump, find_yrmcdsd, get, noop, release, request, stats,
     start_zstalk_counter_cluster, yrmcds_process, zstalk_counter_front_missing,
     zstalk_serve_process,
 )
@@ -622,12 +622,21 @@ def require_zstalk_counters() -> None:
 
 
 @pytest.fixture
-def start_yrmcds(_processes, tmp_path):
+def counter_processes():
+    """A ProcessGroup whose processes are all stopped at teardown."""
+    group = ProcessGroup()
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture
+def start_yrmcds(counter_processes, tmp_path):
     """start(label="yrmcds", stat_interval=None, max_connections=None) -> a fresh yrmcdsd."""
     path = require_yrmcdsd()
 
     def start(label: str = "yrmcds", **options):
-        return _processes.start(lambda: yrmcds_process(path, tmp_path / label, label=label, **options))
+        return counter_processes.start(
+            lambda: yrmcds_process(path, tmp_path / label, label=label, **options))
 
     return start
 
@@ -642,7 +651,7 @@ def target(request) -> str:
 
 
 @pytest.fixture
-def start_candidate(target, _processes, start_yrmcds):
+def start_candidate(target, counter_processes, start_yrmcds):
     """start(stat_interval=None, max_connections=None) -> the counter addresses of
     `zstalk serve` or of a 2-front cluster (a yrmcds in self-check mode)."""
 
@@ -651,9 +660,9 @@ def start_candidate(target, _processes, start_yrmcds):
         if self_check():
             return [start_yrmcds(label="yrmcds-selfcheck", **options).address] * fronts
         if target == "cluster":
-            return start_zstalk_counter_cluster(_processes.start, fronts=fronts,
+            return start_zstalk_counter_cluster(counter_processes.start, fronts=fronts,
                                                 **options).front_addresses
-        return [_processes.start(lambda: zstalk_serve_process(**options)).address]
+        return [counter_processes.start(lambda: zstalk_serve_process(**options)).address]
 
     return start
 
