@@ -44,8 +44,8 @@ import pytest
 
 from servers import Address, ReplyTimeout, reference_required, self_check, silence_on_all
 from yrmcds_servers import (
-    OPAQUE, CounterClient, ProcessGroup, acquire, dump, find_yrmcdsd, get, noop, release, request, stats,
-    start_zstalk_counter_cluster, yrmcds_process, zstalk_counter_front_missing,
+    OPAQUE, CounterClient, ProcessGroup, acquire, dump, find_yrmcdsd, get, noop, release, request,
+    stats, start_zstalk_counter_cluster, yrmcds_process, zstalk_counter_front_missing,
     zstalk_serve_process,
 )
 from zstalk.protocol.yrmcds import (
@@ -127,7 +127,8 @@ class Script:
         return self.name
 
 
-def script(name: str, *steps, max_connections: int | None = None, one_front: bool = False) -> Script:
+def script(name: str, *steps, max_connections: int | None = None,
+           one_front: bool = False) -> Script:
     return Script(name, steps, max_connections, one_front)
 
 
@@ -287,8 +288,8 @@ SCRIPTS: list[Script] = [
     script("frames_cut_across_their_boundaries_parse_in_order",
            Pieces(0, pieces(noop(opaque=1) + acquire(4, 10, b"cut") + get(b"cut") + noop(opaque=2),
                             5, 17, 30, 40, 45), 4),
-           Pieces(0, pieces(request(0x05, b"abcdef") + request(Opcode.GET, b"\x00", magic=0) + dump(),
-                            14, 20), 3)),
+           Pieces(0, pieces(request(0x05, b"abcdef") + request(Opcode.GET, b"\x00", magic=0)
+                            + dump(), 14, 20), 3)),
     script("a_partial_frame_then_close_is_discarded_and_its_holdings_released",
            (0, acquire(2, 10, b"pc"), 1), (0, acquire(1, 10, b"pc")[:15], 0), Close(0),
            AwaitGet(1, b"pc", 0), (1, get(b"pc"), 1), (1, dump(), 1)),

@@ -46,13 +46,13 @@ OPAQUE = 0x4F505131
 READY_OPAQUE = 0x5244593F
 #: yrmcds needs a bind_ip different from its virtual_ip (§2.10)
 BIND_IP = "127.0.0.2"
-#: see YrmcdsProcess
-YRMCDS_WARM_UP_S = 0.1
-YRMCDS_SETTLE_S = 0.03
+#: worker threads per yrmcds (few: a start takes milliseconds); see YrmcdsProcess
+YRMCDS_WORKERS = 4
 YRMCDS_STOP_GRACE_S = 1.0
 #: where zstalk's command line takes the counter options (one place to adapt if it
 #: spells them differently): serve, broker, front counter
-ZSTALK_SERVE_FLAGS = {"stat_interval": "--stat-interval", "max_connections": "--counter-max-connections"}
+ZSTALK_SERVE_FLAGS = {"stat_interval": "--stat-interval",
+                      "max_connections": "--counter-max-connections"}
 ZSTALK_BROKER_FLAGS = {"stat_interval": "--stat-interval"}
 ZSTALK_FRONT_FLAGS = {"max_connections": "--max-connections"}
 
@@ -133,7 +133,8 @@ class CounterClient(RawClient):
         while is_dump_record(frames[-1]):
             frame = self.read_reply(timeout)
             if not frame:
-                raise ConnectionError(f"connection closed inside a Dump after {len(frames)} records")
+                raise ConnectionError(
+                    f"connection closed inside a Dump after {len(frames)} records")
             frames.append(frame)
         return frames if frames[0] else []
 
@@ -161,26 +162,49 @@ class CounterServerProcess(ServerProcess):
 
 
 class YrmcdsProcess(CounterServerProcess):
-    """yrmcdsd 1.1.9 with two races worked around (both seen on this machine):
+    """yrmcdsd 1.1.9, started and stopped so that its worker race cannot strike.
 
-    - The first connection opened right after the readiness probe is sometimes
-      accepted and never read: its requests sit in the socket for good (about 1 in
-      150 starts under load, never when it came 100 ms later). So a start waits
-      YRMCDS_WARM_UP_S after the probe's answer.
-    - A SIGTERM right after a client closed sometimes never ends the process (2-8%
-      of stops; one thread spins, the main one waits to join it; most often with
-      workers=1). So a stop waits a moment first, and gives a short grace before
-      SIGKILL: the counters live in memory only, nothing a kill could spoil.
+    A yrmcds worker thread stores "not running" each time it goes back to wait
+    (cybozu/worker.hpp `run()`), so a job or a stop posted just before that store
+    is overwritten: the thread then spins for ever. Posted before a new worker's
+    thread first ran, the job is a connection's read: that connection is accepted
+    but never read again (its requests sit in the socket, and it keeps its
+    max_connections slot). Posted while a worker finishes its last job, the stop
+    is lost and the process never exits. Seen here in about 1 start in 150 when a
+    client connected right after the readiness probe, and in 2-8% of SIGTERMs
+    sent right after start-up or right after a client closed. So nothing is sent
+    until every worker thread is asleep (all threads in state S, at least
+    1 + YRMCDS_WORKERS of them, twice in a row), no SIGTERM either, and a stop
+    still falls back to SIGKILL after a short grace (the counters live in memory
+    only; a kill spoils nothing).
     """
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        super().wait_ready(timeout)
-        time.sleep(YRMCDS_WARM_UP_S)
+        deadline = time.monotonic() + timeout
+        self._wait_asleep(deadline)  # super() reports an exit or a time-out, with the output
+        super().wait_ready(max(0.1, deadline - time.monotonic()))
 
     def stop(self, grace: float = YRMCDS_STOP_GRACE_S) -> int | None:
-        if self.running:
-            time.sleep(YRMCDS_SETTLE_S)
+        self._wait_asleep(time.monotonic() + grace)
         return super().stop(grace)
+
+    def _wait_asleep(self, deadline: float) -> bool:
+        asleep = 0  # consecutive observations: a thread just started may sleep on a lock
+        while asleep < 2:
+            if not self.running or time.monotonic() >= deadline:
+                return False
+            asleep = asleep + 1 if self._threads_asleep() else 0
+            time.sleep(0.005)
+        return True
+
+    def _threads_asleep(self) -> bool:
+        try:
+            tasks = Path(f"/proc/{self.pid}/task")
+            states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for task in tasks.iterdir()]
+        except (OSError, IndexError):
+            return False
+        return len(states) >= 1 + YRMCDS_WORKERS and all(state == "S" for state in states)
 
 
 def find_yrmcdsd() -> str | None:
@@ -214,7 +238,7 @@ def yrmcds_config(*, counter_port: int, port: int, repl_port: int, temp_dir: Pat
         f'temp_dir = "{temp_dir}"',
         "log.threshold = warning",
         "buckets = 10000",
-        "workers = 4",
+        f"workers = {YRMCDS_WORKERS}",
         "counter.enable = true",
         f"counter.port = {counter_port}",
         "counter.buckets = 10000",
@@ -247,7 +271,8 @@ def zstalk_counter_front_missing() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"`{' '.join(command)}` failed: {error}"
     if "--counter-port" not in result.stdout:
-        return "zstalk's counter front is not there yet (`zstalk serve --help` lacks --counter-port)"
+        return ("zstalk's counter front is not there yet "
+                "(`zstalk serve --help` lacks --counter-port)")
     return None
 
 
@@ -260,12 +285,14 @@ def _flags(table: dict[str, str], **options) -> list[str]:
 
 
 def zstalk_serve_process(*, stat_interval: int | None = None, max_connections: int | None = None,
-                         extra_args: Sequence[str] = (), label: str = "zstalk") -> CounterServerProcess:
+                         extra_args: Sequence[str] = (),
+                         label: str = "zstalk") -> CounterServerProcess:
     """An unstarted `zstalk serve` with its counter listener on a fresh loopback port."""
     beanstalk_port, counter_port = free_ports(2)
     argv = [find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(beanstalk_port),
             "--counter-port", str(counter_port),
-            *_flags(ZSTALK_SERVE_FLAGS, stat_interval=stat_interval, max_connections=max_connections),
+            *_flags(ZSTALK_SERVE_FLAGS, stat_interval=stat_interval,
+                    max_connections=max_connections),
             *extra_args]
     return CounterServerProcess(argv, (LOOPBACK, counter_port), name=label)
 
