@@ -290,7 +290,7 @@ class Bench:
 
     def row_recovery(self):
         a = self.args
-        out = self.results.setdefault("recovery", {"jobs": a.jobs, "fsync": a.recovery_fsync})
+        out = self.results.setdefault("recovery", {"jobs": a.jobs, "flags": " ".join(fsync_flags(a.recovery_fsync))})
         for r, order in self.orders(a.recovery_repeats):
             for name in order:
                 where = f"row2 recovery jobs={a.jobs:,} rep={r} {name}"
@@ -363,7 +363,7 @@ def build_table(results: dict) -> list[dict]:
     rec = results.get("recovery")
     if rec:
         lowest = {n: best(rec.get(n, []), "recovery_s", lowest=True) for n in NAMES}
-        rows.append(table_row(f"recovery of {rec['jobs']:,} jobs, -f {rec['fsync']} (s)",
+        rows.append(table_row(f"recovery of {rec['jobs']:,} jobs, {rec['flags']} (s)",
                               lowest["beanstalkd"], lowest["zstalk"], target=("<=", 2.0),
                               fmt="{:,.2f}"))
         starts = results.get("start", {})
