@@ -290,7 +290,8 @@ class Bench:
 
     def row_recovery(self):
         a = self.args
-        out = self.results.setdefault("recovery", {"jobs": a.jobs, "flags": " ".join(fsync_flags(a.recovery_fsync))})
+        flags = " ".join(fsync_flags(a.recovery_fsync))
+        out = self.results.setdefault("recovery", {"jobs": a.jobs, "flags": flags})
         for r, order in self.orders(a.recovery_repeats):
             for name in order:
                 where = f"row2 recovery jobs={a.jobs:,} rep={r} {name}"
@@ -313,7 +314,7 @@ class Bench:
             t0 = time.monotonic()
             filled = fill(srv, a.jobs, a.window, a.fill_cap, gen_procs=a.gen_procs)
             res = dict(fill_s=time.monotonic() - t0, errors=list(filled["errors"]))
-            self._expect_ready(srv, res, "after the fill")
+            self._expect_ready(srv, "after the fill")
             time.sleep(a.settle)
             alloc, apparent = disk_usage(srv.binlog)
             res.update(binlog_mib=alloc / 2**20, binlog_apparent_mib=apparent / 2**20)
@@ -330,7 +331,7 @@ class Bench:
         finally:
             self.notes += srv.close(where, a.keep)
 
-    def _expect_ready(self, srv, res: dict, when: str) -> None:
+    def _expect_ready(self, srv, when: str) -> None:
         c = Client(srv.addr, timeout=60)
         try:
             ready = int(c.stats().get("current-jobs-ready", -1))
