@@ -12,6 +12,12 @@ ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instea
 dropping it; the core then treats that front as dead.  Signals arrive through a
 wakeup fd registered in the poller, so SIGTERM ends the loop at once and SIGUSR1
 (drain mode) takes effect without waiting for the next timer.
+
+With a binlog (binlog.py) each turn writes the records the core appended before any
+reply of that turn is sent, so a crash of this process loses nothing acknowledged.
+fsync runs on the binlog's thread, which wakes the loop through a pipe in the poller;
+under `fsync_ms == 0` the replies of every turn wait in `held` until an fsync covers
+the write that preceded them (group commit).
 """
 from __future__ import annotations
 
@@ -20,11 +26,13 @@ import os
 import select
 import signal
 import socket
+import collections
 import time
 
 import zmq
 
 from ..protocol.schema import HEARTBEAT_S, SchemaError, decode, encode
+from .binlog import Binlog, Options as BinlogOptions
 from .core import Broker, Config
 from .stats import process_sysinfo
 
@@ -36,7 +44,11 @@ _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
 class BrokerActor:
-    def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None) -> None:
+    def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None,
+                 binlog: BinlogOptions | None = None) -> None:
+        # the binlog first: a locked or foreign directory fails before we take the endpoint
+        self.wal, recovered = open_binlog(binlog, config)
+        self.held: collections.deque = collections.deque()   # (write_seq, messages)
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1),
@@ -45,7 +57,8 @@ class BrokerActor:
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         now = time.monotonic()
-        self.core = Broker(config, now, process_sysinfo, wall_offset=time.time() - now)
+        self.core = Broker(config, now, process_sysinfo, wall_offset=time.time() - now,
+                           wal=self.wal, recovered=recovered)
         self.running = True
         self._signals: list[int] = []
 
@@ -81,27 +94,62 @@ class BrokerActor:
         poller.register(self.sock.getsockopt(zmq.FD), select.EPOLLIN)
         poller.register(rsock.fileno(), select.EPOLLIN)
         signal_fd = rsock.fileno()
+        sync_fd = self.wal.notify_fd if self.wal else None
+        if sync_fd is not None:
+            poller.register(sync_fd, select.EPOLLIN)
         next_heartbeat = time.monotonic()
         log.info("broker %016x listening on %s", self.core.broker_id, self.endpoint)
         while self.running:
             now = time.monotonic()
             # ZeroMQ's FD only signals edges: sleep only when ZMQ_EVENTS says nothing waits
             if not self.sock.getsockopt(_EVENTS) & _POLLIN:
-                deadline = self.core.next_deadline()
-                wake = next_heartbeat if deadline is None else min(deadline, next_heartbeat)
+                wake = min(d for d in (self.core.next_deadline(), next_heartbeat,
+                                       self.wal and self.wal.sync_due()) if d is not None)
                 for fd, _ in poller.poll(max(0.0, wake - now)):
                     if fd == signal_fd:
                         self._take_signals(rsock)
+                    elif fd == sync_fd:
+                        self.wal.on_synced(time.monotonic())
             self._receive()
             now = time.monotonic()
             self.core.expire(now)
             if now >= next_heartbeat:
                 self._send(self.core.heartbeats())
                 next_heartbeat = now + HEARTBEAT_S
-            self._send(self.core.flush())
+            self._commit(self.core.flush(), now)
+        self._shutdown_binlog()
         poller.close()
         self.sock.close(linger=0)
         log.info("broker stopped")
+
+    def _commit(self, messages: list, now: float) -> None:
+        """Write this turn's records, then send its replies, or hold them for the fsync."""
+        wal = self.wal
+        if wal is None:
+            self._send(messages)
+            return
+        wal.maintain(self.core.queue.jobs)
+        wal.write(self.core.queue.jobs, self.core.next_id)
+        wal.after_write(now)
+        if wal.opts.fsync_ms != 0:
+            self._send(messages)
+            return
+        if messages:
+            self.held.append((wal.write_seq, messages))
+        while self.held and self.held[0][0] <= wal.synced:
+            self._send(self.held.popleft()[1])
+
+    def _shutdown_binlog(self) -> None:
+        """SIGTERM: everything written reaches the disk before we exit."""
+        if self.wal is None:
+            return
+        self.wal.write(self.core.queue.jobs, self.core.next_id)
+        for seg in self.wal.segments:
+            os.fsync(seg.fd)
+        self.wal.synced = self.wal.write_seq
+        while self.held:
+            self._send(self.held.popleft()[1])
+        self.wal.close()
 
     def _receive(self) -> None:
         sock, handle = self.sock, self.core.handle
@@ -133,6 +181,18 @@ class BrokerActor:
                 if front is not None:
                     log.warning("front %016x unreachable: closing its sessions", front.front_id)
                     self.core.drop_front(front, time.monotonic())
+
+
+def open_binlog(opts: BinlogOptions | None, config: Config):
+    """Open and replay the binlog directory: (Binlog, Replayed) or (None, None)."""
+    if opts is None:
+        return None, None
+    started = time.monotonic()
+    wal = Binlog(opts)
+    recovered = wal.open(config.max_job_size)
+    log.info("binlog %s: %d jobs recovered in %.2f s", opts.path, len(recovered.jobs),
+             time.monotonic() - started)
+    return wal, recovered
 
 
 def run_broker(bind: str, config: Config) -> None:

@@ -3,6 +3,7 @@
     zstalk serve [-l ADDR] [-p PORT] [--fronts N]    broker + fronts, supervised
                  [--counter-port PORT] [--counter-listen ADDR] [--counter-max-connections N]
     zstalk broker --bind tcp://HOST:PORT             the broker actor alone
+    zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
     zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
 
@@ -19,10 +20,27 @@ import click
 
 from ..protocol.listen import bind_listen, parse_listen
 from . import VERSION
-from .supervisor import ServeOptions, serve as run_supervisor
+from .supervisor import ServeOptions, binlog_args, serve as run_supervisor
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
+BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
+
+
+def binlog_options(f):
+    """--binlog/--fsync-ms/--no-fsync/--binlog-size, shared by `serve` and `broker`."""
+    for opt in reversed([
+        click.option("-b", "--binlog", "binlog_dir", default=None, metavar="DIR",
+                     help="Write-ahead log directory: jobs survive restarts and crashes."),
+        click.option("-f", "--fsync-ms", default=50, show_default=True, type=click.IntRange(min=0),
+                     help="fsync the binlog at most every N ms; 0: reply only once on disk."),
+        click.option("-F", "--no-fsync", is_flag=True, help="Never fsync the binlog."),
+        click.option("-s", "--binlog-size", default=10485760, show_default=True,
+                     type=click.IntRange(min=1), help="Binlog segment size in bytes."),
+    ]):
+        f = opt(f)
+    return f
+
 
 
 def setup_logging(verbose: int) -> None:
@@ -81,9 +99,11 @@ def main(ctx: click.Context, verbose: int) -> None:
               help="Counter connections; beyond it accepted, then closed (0: no limit).")
 @click.option("--stat-interval", default=86400, show_default=True,
               help="Counters: seconds between epoch-aligned collections of zero counters.")
+@binlog_options
 @click.pass_obj
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
-          counter_port, counter_listen, counter_max_connections, stat_interval):
+          counter_port, counter_listen, counter_max_connections, stat_interval,
+          binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run a broker, beanstalk fronts (port 11300) and a counter front (port 11215)."""
     listener = bind_or_exit(addr, port)
     counter_listeners = []
@@ -93,7 +113,9 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
-                        extra_broker_args=["--stat-interval", str(stat_interval)])
+                        extra_broker_args=["--stat-interval", str(stat_interval),
+                                           *binlog_args(binlog_dir, fsync_ms, no_fsync,
+                                                        binlog_size)])
     sys.exit(run_supervisor([listener], opts, counter_listeners))
 
 
@@ -109,17 +131,27 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
 @click.option("--recovering", is_flag=True,
               help="Started again after a crash: Acquire answers 0x21 until fronts had "
                    "time to re-register their holdings.")
-def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering):
+@binlog_options
+def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
+           binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run the broker actor: all tube, job and session state."""
     from .actor import BrokerActor
+    from .binlog import BinlogError, Options
     from .core import Config
 
     exit_with_parent()
     config = Config(max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                     max_jobs_bytes=max_jobs_bytes, version=VERSION,
+                    binlog_max_size=binlog_size,
                     stat_interval_s=stat_interval, recovering=recovering)
+    wal = None
+    if binlog_dir:
+        wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     try:
-        actor = BrokerActor(bind, config)
+        actor = BrokerActor(bind, config, binlog=wal)
+    except BinlogError as exc:
+        click.echo(f"zstalk broker: {exc}", err=True)
+        sys.exit(BINLOG_EXIT)
     except Exception as exc:      # zmq.ZMQError: address in use, bad endpoint
         click.echo(f"zstalk broker: cannot bind {bind}: {exc}", err=True)
         sys.exit(111)

@@ -50,11 +50,17 @@ class Commands:
         limit = self.config.max_jobs_bytes
         if limit and self.jobs_bytes + cost > limit:
             return (conn, R.OUT_OF_MEMORY)
+        wal = self.wal
+        if wal is not None and not wal.reserve_put(s.use.name, len(body)):
+            return (conn, R.OUT_OF_MEMORY)       # binlog space (disk full), as beanstalkd
         job_id = self.next_id
         self.next_id += 1
         self.jobs_bytes += cost
         self.total_jobs += 1
-        self.queue.add(Job(job_id, s.use, pri, delay_s, ttr_s, body, now), delay_s, now)
+        job = Job(job_id, s.use, pri, delay_s, ttr_s, body, now)
+        self.queue.add(job, delay_s, now)
+        if wal is not None:
+            wal.log_put(job)
         return (conn, R.INSERTED, job_id)
 
     def use(self, s: Session, op, now):
@@ -107,6 +113,8 @@ class Commands:
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
         self.jobs_bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        if self.wal is not None:
+            self.wal.log_delete(job)    # its space was reserved by its put
         self.queue.delete(job)
         return (s.conn, R.DELETED)
 
@@ -116,11 +124,16 @@ class Commands:
         job = self._held(s, job_id)
         if job is None:
             return (conn, R.NOT_FOUND)
+        logged = delay_s > 0 and self.wal is not None    # beanstalkd logs only these (§5)
+        if logged and not self.wal.reserve_update():
+            return (conn, R.OUT_OF_MEMORY)
         self.queue.take(job)
         job.pri = pri
         job.delay_s = delay_s
         job.bump(RELEASES)
         self.queue.place(job, delay_s, now)
+        if logged:
+            self.wal.log_update(job)
         return (conn, R.RELEASED)
 
     def bury(self, s: Session, op, now):
@@ -128,10 +141,14 @@ class Commands:
         job = self._held(s, op[2])
         if job is None:
             return (s.conn, R.NOT_FOUND)
+        if self.wal is not None and not self.wal.reserve_update():
+            return (s.conn, R.INTERNAL_ERROR)     # no binlog space: beanstalkd's answer
         self.queue.take(job)
         job.pri = op[3]
         job.bump(BURIES)
         self.queue.bury(job)
+        if self.wal is not None:
+            self.wal.log_update(job)
         return (s.conn, R.BURIED)
 
     def touch(self, s: Session, op, now):
@@ -191,16 +208,28 @@ class Commands:
     # -- kicking -----------------------------------------------------------------------
     def kick(self, s: Session, op, now):
         self.counters["cmd-kick"] += 1
-        return (s.conn, R.KICKED, self.queue.kick(s.use, op[2], now))
+        kicked = 0
+        for job in self.queue.kick_victims(s.use, op[2]):
+            if not self._kick_logged(job, now):
+                break               # no binlog space: the rest stay where they are
+            kicked += 1
+        return (s.conn, R.KICKED, kicked)
 
     def kick_job(self, s: Session, op, now):
         """Only buried or delayed jobs, in any tube (§1.2, §3.7)."""
         self.counters["cmd-kick-job"] += 1
         job = self.queue.jobs.get(op[2])
-        if job is None or job.state not in (BURIED, DELAYED):
+        if job is None or job.state not in (BURIED, DELAYED) or not self._kick_logged(job, now):
             return (s.conn, R.NOT_FOUND)
-        self.queue.kick_job(job, now)
         return (s.conn, R.KICKED_JOB)
+
+    def _kick_logged(self, job: Job, now) -> bool:
+        if self.wal is not None and not self.wal.reserve_update():
+            return False
+        self.queue.kick_job(job, now)
+        if self.wal is not None:
+            self.wal.log_update(job)
+        return True
 
     # -- stats and lists ---------------------------------------------------------------
     def stats(self, s: Session, op, now):

@@ -27,8 +27,9 @@ from ..protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Hello, Heartbeat, 
 from . import stats
 from .commands import Commands
 from .counters import CounterCommands, Counters, CounterSession
-from .jobs import READY, Job, Session
+from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
 from .queue import Queue
+from .walformat import S_BURIED, S_DELAYED, S_READY
 
 log = logging.getLogger("zstalk.broker")
 _FIRST_COUNTER_OP = int(Op.C_NOOP)
@@ -37,6 +38,7 @@ _FIRST_COUNTER_OP = int(Op.C_NOOP)
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
 DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
+_STATES = {S_READY: READY, S_DELAYED: DELAYED, S_BURIED: BURIED}
 
 
 class Config(NamedTuple):
@@ -63,7 +65,7 @@ class Front:
 class Broker(CounterCommands, Commands):
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
-                 wall_offset: float = 0.0) -> None:
+                 wall_offset: float = 0.0, wal=None, recovered=None) -> None:
         self.config = config
         self.wall_offset = wall_offset    # wall clock = now + offset (counter intervals)
         self.counter_store = Counters(now + wall_offset, config.stat_interval_s)
@@ -85,6 +87,29 @@ class Broker(CounterCommands, Commands):
         self.total_connections = 0
         self.total_jobs = 0
         self._handlers = self._handler_table()
+        # the binlog (binlog.Binlog) or None; the core only appends records to it
+        self.wal = wal
+        if wal is not None:
+            wal.wall_offset = wall_offset
+            self.state_id = wal.state_id    # fronts' reservations survive our restart
+        if recovered is not None:
+            self._restore(recovered.jobs.values(), recovered.next_id)
+
+    def _restore(self, images, next_id: int) -> None:
+        """Rebuild the jobs a binlog replayed (wall-clock times back to our clock)."""
+        q, off = self.queue, self.wall_offset
+        jobs = []
+        for i in images:
+            job = Job(i.id, q.tube(i.tube), i.pri, i.delay_s, i.ttr_s, i.body, i.created_wall - off)
+            job.state = _STATES[i.state]
+            job.deadline = i.key - off if job.state == DELAYED else i.key
+            job.seg = i.seg
+            if any(i.counts):
+                job.counts = list(i.counts)
+            self.jobs_bytes += len(i.body) + JOB_OVERHEAD_BYTES
+            jobs.append(job)
+        q.load(jobs)
+        self.next_id = max(self.next_id, next_id)
 
     # -- messages --------------------------------------------------------------------
     def handle(self, peer: bytes, msg, now: float) -> None:

@@ -4,8 +4,8 @@ Flags are parsed the way beanstalkd's optparse does (util.c): each argument is a
 of one-letter flags (`-VV`, `-Vu user`), a flag that takes a value uses the rest of its
 argument or the next one (`-p11300`, `-p 11300`), an unknown flag or a stray argument
 prints the usage and exits 5, `-h` prints it and exits 0, `-v` prints the version.
-The binlog flags (-b, -f, -F, -s) are refused with exit 5 until zstalk has a binlog,
-rather than silently running without the durability the caller asked for.
+The binlog flags mean what they mean to beanstalkd: -b DIR the write-ahead log,
+-f MS fsync at most every MS ms (default 50), -F never fsync, -s BYTES segment size.
 
 Start-up order keeps the port promise: bind (or take systemd's LISTEN_FDS socket),
 drop privileges (-u), then start the actors; nothing heavy is imported before the bind.
@@ -22,6 +22,12 @@ Options:
  -l ADDR  listen on address (default is 0.0.0.0), or unix:/path
  -p PORT  listen on port (default is 11300)
  -u USER  become user and group
+ -b DIR   write-ahead log directory
+ -f MS    fsync at most once every MS milliseconds (default is 50ms);
+          use -f0 for "always fsync"
+ -F       never fsync
+ -s BYTES set the size of each write-ahead log file (default is 10485760);
+          will be rounded up to a multiple of 4096 bytes
  -z BYTES set the maximum job size in bytes (default is 65535);
           max allowed is 1073741824 bytes
  -v       show version information
@@ -29,7 +35,6 @@ Options:
  -h       show this help
 """
 WITH_VALUE = set("lpuzbfs")
-UNSUPPORTED = set("bfFs")
 MAX_JOB_SIZE_CAP = 1073741824
 
 
@@ -42,7 +47,8 @@ class Usage(Exception):
 
 def parse_args(argv: list[str]) -> dict:
     opts = {"addr": "0.0.0.0", "port": 11300, "user": None, "max_job_size": 65535,
-            "verbose": 0, "version": False}
+            "verbose": 0, "version": False, "binlog": None, "fsync_ms": 50,
+            "no_fsync": False, "binlog_size": 10485760}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -67,9 +73,6 @@ def parse_args(argv: list[str]) -> dict:
 
 
 def _apply(opts: dict, flag: str, value: str | None) -> None:
-    if flag in UNSUPPORTED:
-        raise Usage(f"-{flag}: the binlog is not supported yet by zstalk; refusing to run "
-                    "without the durability you asked for")
     if flag == "h":
         raise Usage(None, 0)
     if flag == "v":
@@ -80,15 +83,23 @@ def _apply(opts: dict, flag: str, value: str | None) -> None:
         opts["addr"] = value
     elif flag == "u":
         opts["user"] = value
-    elif flag in "pz":
+    elif flag == "b":
+        opts["binlog"] = value
+    elif flag == "F":
+        opts["no_fsync"] = True
+    elif flag in "pzfs":
         try:
             n = int(value)
         except ValueError:
             raise Usage(f"invalid value for -{flag}: {value}") from None
         if flag == "p":
             opts["port"] = n
-        else:
+        elif flag == "z":
             opts["max_job_size"] = min(n, MAX_JOB_SIZE_CAP)
+        elif flag == "f":
+            opts["fsync_ms"] = max(0, n)
+        else:
+            opts["binlog_size"] = max(1, n)
     else:
         raise Usage(f"unknown flag: -{flag}")
 
@@ -122,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"{prog}: bind(): {exc.strerror}", file=sys.stderr)
             return 111
-    from .supervisor import ServeOptions, serve   # import before giving up root
+    from .supervisor import ServeOptions, binlog_args, serve   # import before giving up root
     if opts["user"]:
         become_user(opts["user"])
+    wal = binlog_args(opts["binlog"], opts["fsync_ms"], opts["no_fsync"], opts["binlog_size"])
     return serve(listeners, ServeOptions(max_job_size=opts["max_job_size"],
-                                         verbose=opts["verbose"]))
+                                         verbose=opts["verbose"], extra_broker_args=wal))
 
 
 if __name__ == "__main__":

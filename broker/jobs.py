@@ -49,7 +49,7 @@ class Job:
     # A million waiting jobs is a normal day: every slot costs 8 MB. The five counters
     # live in one list made on first use, so a job that only waits costs one slot.
     __slots__ = ("id", "tube", "pri", "delay_s", "ttr_s", "body", "state", "created",
-                 "deadline", "holder", "counts")
+                 "deadline", "holder", "counts", "seg")
 
     def __init__(self, job_id: int, tube: "Tube", pri: int, delay_s: int, ttr_s: int,
                  body: bytes, now: float) -> None:
@@ -61,9 +61,12 @@ class Job:
         self.body = body
         self.state = READY
         self.created = now
-        self.deadline = 0.0     # due time when DELAYED, TTR expiry when RESERVED
+        # the job's place within its state: due time when DELAYED, TTR expiry when
+        # RESERVED, bury sequence number when BURIED (a binlog restores bury order by it)
+        self.deadline = 0.0
         self.holder = None      # the Session holding it when RESERVED
         self.counts: list[int] | None = None
+        self.seg = 0            # binlog segment holding its latest full record (0: none)
 
     def bump(self, counter: int) -> None:
         if self.counts is None:

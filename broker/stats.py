@@ -76,11 +76,7 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
         ("rusage-utime", si.utime_s),
         ("rusage-stime", si.stime_s),
         ("uptime", int(now - b.started)),
-        ("binlog-oldest-index", 0),
-        ("binlog-current-index", 0),
-        ("binlog-records-migrated", 0),
-        ("binlog-records-written", 0),
-        ("binlog-max-size", b.config.binlog_max_size),
+        *binlog_stats(b.wal, b.config.binlog_max_size),
         ("draining", b.draining),
         ("id", f"{b.broker_id:016x}"),
         ("hostname", si.hostname),
@@ -90,6 +86,19 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
     return pairs
 
 
+def binlog_stats(wal, max_size: int) -> list[tuple[str, object]]:
+    """beanstalkd's binlog-* fields; zeros without a binlog (max-size is -s as given)."""
+    if wal is None:
+        return [("binlog-oldest-index", 0), ("binlog-current-index", 0),
+                ("binlog-records-migrated", 0), ("binlog-records-written", 0),
+                ("binlog-max-size", max_size)]
+    return [("binlog-oldest-index", wal.oldest_index()),
+            ("binlog-current-index", wal.current_index()),
+            ("binlog-records-migrated", wal.records_migrated),
+            ("binlog-records-written", wal.records_written),
+            ("binlog-max-size", wal.opts.segment_size)]
+
+
 def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
     time_left = 0
     if job.state in (RESERVED, DELAYED):
@@ -97,7 +106,7 @@ def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
     return [
         ("id", job.id), ("tube", job.tube.name), ("state", job.state), ("pri", job.pri),
         ("age", int(now - job.created)), ("delay", job.delay_s), ("ttr", job.ttr_s),
-        ("time-left", time_left), ("file", 0),
+        ("time-left", time_left), ("file", job.seg),
     ] + [(name, job.count(i)) for i, name in enumerate(COUNTERS)]
 
 

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 STOP_GRACE_S = 3.0
 RESTART_DELAY_S = 0.5
+#: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
+#: directory, endpoint in use): the supervisor stops and exits with the same code
+FATAL_EXITS = {10, 111}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD}
 _PR_SET_PDEATHSIG = 1
 
@@ -44,6 +47,14 @@ class ServeOptions:
     verbose: int = 0
     broker_bind: str | None = None
     extra_broker_args: list[str] = field(default_factory=list)
+
+
+def binlog_args(binlog_dir, fsync_ms, no_fsync, binlog_size) -> list[str]:
+    """The same options as `zstalk broker` arguments (the supervisor passes them on)."""
+    if not binlog_dir:
+        return []
+    return ["--binlog", os.path.abspath(binlog_dir), "--fsync-ms", str(fsync_ms),
+            "--binlog-size", str(binlog_size), *(["--no-fsync"] if no_fsync else [])]
 
 
 def _child_setup() -> None:
@@ -108,16 +119,18 @@ class Supervisor:
                 self._start(f"front-{i}")
             if self.counter_listeners:
                 self._start("counter")
-            self._loop()
+            return self._loop()
         finally:
             self._stop()
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-        return 0
 
-    def _loop(self) -> None:
+    def _loop(self) -> int:
         while True:
             info = signal.sigtimedwait(_SIGNALS, 1.0)
             if info is None or info.si_signo == signal.SIGCHLD:
+                broker = self.children["broker"]
+                if broker.poll() in FATAL_EXITS:
+                    return broker.returncode
                 self._restart_dead()
             elif info.si_signo == signal.SIGUSR1:
                 self.draining = True
@@ -125,7 +138,7 @@ class Supervisor:
                 if broker is not None:
                     broker.send_signal(signal.SIGUSR1)
             else:
-                return
+                return 0
 
     def _restart_dead(self) -> None:
         for name, proc in list(self.children.items()):

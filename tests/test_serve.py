@@ -257,6 +257,8 @@ def test_max_connections_accepts_then_closes_the_extra_connection(start):
     (["-VVu", "nobody"], {"verbose": 2, "user": "nobody"}),
     (["-V", "-z", "99999999999"], {"verbose": 1, "max_job_size": 1073741824}),
     (["-lunix:/tmp/x.sock"], {"addr": "unix:/tmp/x.sock"}),
+    (["-b", "/tmp/wal", "-f0"], {"binlog": "/tmp/wal", "fsync_ms": 0}),
+    (["-Fb/tmp/wal", "-s", "4096"], {"binlog": "/tmp/wal", "no_fsync": True, "binlog_size": 4096}),
 ])
 def test_zstalkd_parses_flags_as_beanstalkd_does(argv, expected):
     opts = parse_args(argv)
@@ -264,8 +266,8 @@ def test_zstalkd_parses_flags_as_beanstalkd_does(argv, expected):
 
 
 @pytest.mark.parametrize("argv, code", [
-    (["-x"], 5), (["-"], 5), (["extra"], 5), (["-p"], 5), (["-h"], 0), (["-b", "/tmp/wal"], 5),
-    (["-F"], 5),
+    (["-x"], 5), (["-"], 5), (["extra"], 5), (["-p"], 5), (["-h"], 0), (["-b"], 5),
+    (["-f", "often"], 5), (["-s"], 5),
 ])
 def test_zstalkd_rejects_what_beanstalkd_rejects(argv, code):
     with pytest.raises(Usage) as err:

@@ -1,0 +1,527 @@
+"""The broker's write-ahead log: a directory of preallocated segments (walformat.py).
+
+How it is used: the broker core calls `reserve_*` before a change it will log (a refusal
+is beanstalkd's disk-full answer), then `log_put` / `log_update` / `log_delete`, which
+only append bytes to a pending list.  At the end of each event-loop turn the actor calls
+`write()` (one frame per segment touched, written before any reply of that turn leaves),
+then `after_write(now)` to start an fsync on the sync thread when the policy says so,
+and `maintain()` for compaction.  Under `fsync_ms == 0` the actor holds every reply
+until `synced` covers the write that preceded it: one fsync covers a whole batch (group
+commit), and no other session can see a job before its record is on disk.
+
+Space (disk full must never cost an acknowledged change): segments are preallocated
+with posix_fallocate, so writes into them cannot fail for space.  Every record reserves
+twice its size plus a frame header before it is accepted - the second half pays for the
+tail a record can leave unused when it does not fit in a segment - and a put reserves
+its future delete as well, so deletes always find room.  When the reserve runs short a
+new segment is allocated; if that fails, put answers OUT_OF_MEMORY until space returns.
+
+Compaction (beanstalkd #599/#570/#622): a segment lives while a live job's latest full
+record is in it.  Segments are removed oldest first (a newer one may hold the delete
+of a job in an older one).  While the directory exceeds twice the live records plus two
+segments, live jobs of the oldest segment are copied forward as full records, a few
+thousand per turn; updates never pin a segment, so a job released with a delay again
+and again costs nothing once its segment is compacted.  A segment is unlinked only
+after an fsync covers the copies that replaced it.
+
+Ids: each segment header carries the broker's next id when it became the one being
+written, and the segment being written is never removed, so recovery continues after
+the largest id ever issued even when every record of it was compacted away.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import random
+import re
+import threading
+from typing import Callable, NamedTuple
+
+from . import walformat as wf
+from .jobs import BURIED, COUNTERS, DELAYED, Job
+
+log = logging.getLogger("zstalk.binlog")
+SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
+LOCK_NAME = "zstalk.lock"
+_SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
+_BEANSTALKD_RE = re.compile(r"binlog\.\d+")
+_MIGRATE_SCAN_PER_TURN = 4096
+_NO_COUNTS = (0,) * len(COUNTERS)
+_FRAME = wf.FRAME.size
+
+
+class BinlogError(Exception):
+    """The directory cannot be used (locked, beanstalkd's, damaged header): exit 10."""
+
+
+class Options(NamedTuple):
+    path: str
+    segment_size: int = SEGMENT_SIZE
+    fsync_ms: int | None = 50           # None: never fsync (-F)
+
+
+def segment_name(seq: int) -> str:
+    return f"zstalk.{seq:08d}.wal"
+
+
+def is_beanstalkd_dir(path: str) -> bool:
+    try:
+        return any(_BEANSTALKD_RE.fullmatch(n) for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+class Segment:
+    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "dirty")
+
+    def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
+        self.seq = seq
+        self.path = path
+        self.fd = fd
+        self.size = size            # bytes allocated on disk
+        self.pos = pos              # where the next frame goes
+        self.live = 0               # live jobs whose latest full record is here
+        self.ids: list[int] = []    # ids of the full records written here, in order
+        self.cursor = 0             # compaction's progress through `ids`
+        self.dirty = False          # written since the last fsync request
+
+    @property
+    def free(self) -> int:
+        return self.size - self.pos
+
+
+class Binlog:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        # grows past -s only when a record would not fit in one segment (a big -z)
+        self.seg_size = opts.segment_size
+        self.segments: list[Segment] = []   # oldest first; [-1] is the one being written
+        self.by_seq: dict[int, Segment] = {}
+        self.spares: list[Segment] = []     # preallocated, not yet written
+        self.pending: list = []             # (record bytes, job or None) not yet written
+        self.pending_reserve = 0            # reservation the pending records consume
+        self.promised = 0                   # reserved, not yet written
+        self.live_bytes = 0
+        self.records_written = 0
+        self.records_migrated = 0
+        self.wall_offset = 0.0
+        self.write_seq = 0                  # counts write() calls that wrote something
+        self.synced = 0                     # the last write_seq known to be on disk
+        self.last_sync = float("-inf")
+        self.doomed: list[tuple[int, Segment]] = []   # (write_seq, segment) to unlink
+        self.dir_dirty = False
+        self.state_id = 0
+        self.last_seq = 0                   # the highest segment number ever seen here
+        self.syncer = Syncer() if opts.fsync_ms is not None else None
+        self._lock_fd = -1
+        self._dir_fd = -1
+
+    # -- opening -------------------------------------------------------------------
+    def open(self, max_job_size: int) -> wf.Replayed:
+        """Lock the directory, replay it, and start a fresh segment for writing."""
+        path = self.opts.path
+        os.makedirs(path, exist_ok=True)
+        if is_beanstalkd_dir(path):
+            raise BinlogError(
+                f"{path} holds a beanstalkd binlog (binlog.N files), not a zstalk one; "
+                f"import it first with: zstalk import-binlog {path}")
+        self._lock(path)
+        self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        replayed = self._replay(path, max_job_size)
+        self.state_id = replayed.state_id or random.getrandbits(63) or 1
+        first = self._allocate(replayed.next_id)
+        self.segments.append(first)
+        self.by_seq[first.seq] = first
+        return replayed
+
+    def _lock(self, path: str) -> None:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BinlogError(f"{path} is locked by another zstalk broker (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _replay(self, path: str, max_job_size: int) -> wf.Replayed:
+        names = sorted((int(m.group(1)), n) for n in os.listdir(path)
+                       if (m := _SEGMENT_RE.fullmatch(n)))
+        jobs: dict = {}
+        tubes: dict = {}
+        warnings: list[str] = []
+        next_id = state_id = 0
+        last_with_data = self._last_with_data(path, names)
+        self.last_seq = names[-1][0] if names else 0
+        for seq, name in names:
+            full = os.path.join(path, name)
+            with open(full, "rb") as f:
+                data = f.read()
+            try:
+                header = wf.decode_header(data)
+            except wf.BadSegment as exc:
+                if seq == names[-1][0]:       # a segment torn while being created
+                    warnings.append(f"{name}: {exc}; removed")
+                    os.unlink(full)
+                    continue
+                raise BinlogError(f"{full}: {exc}") from None
+            state_id = header.state_id
+            next_id = max(next_id, header.next_id)
+            if seq > last_with_data:          # a spare never written: nothing to keep
+                os.unlink(full)
+                continue
+            seg = self._adopt(seq, full, len(data))
+            payloads, end, why = wf.scan(data)
+            for payload in payloads:
+                top = wf.apply_records(payload, seq, jobs, seg.ids, tubes)
+                next_id = max(next_id, top + 1)
+            if why:
+                self._torn(seg, end, why, seq == last_with_data, warnings)
+        for w in warnings:
+            log.warning("binlog: %s", w)
+        by_seq = {s.seq: s for s in self.segments}
+        for image in jobs.values():
+            by_seq[image.seg].live += 1
+            self.live_bytes += wf.job_record_size(image.tube, len(image.body))
+            self.promised += self._reservation(wf.DELETE_SIZE)
+        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings)
+
+    @staticmethod
+    def _last_with_data(path: str, names) -> int:
+        """The newest segment that has at least one frame (spares after it are empty)."""
+        for seq, name in reversed(names):
+            with open(os.path.join(path, name), "rb") as f:
+                f.seek(wf.HEADER_SIZE)
+                if f.read(4) not in (b"", b"\0\0\0\0"):
+                    return seq
+        return 0
+
+    def _adopt(self, seq: int, full: str, size: int) -> Segment:
+        """An existing segment: kept for its live jobs, never written again."""
+        seg = Segment(seq, full, os.open(full, os.O_RDWR), size, size)
+        self.segments.append(seg)
+        self.by_seq[seq] = seg
+        return seg
+
+    def _torn(self, seg: Segment, end: int, why: str, is_tail: bool, warnings: list) -> None:
+        name = os.path.basename(seg.path)
+        if is_tail:
+            warnings.append(f"{name}: {why}: torn tail truncated at {end}")
+            os.ftruncate(seg.fd, end)
+            os.fsync(seg.fd)
+            seg.size = seg.pos = end
+        else:
+            warnings.append(f"{name}: {why}: the rest of this segment is skipped; "
+                            "you may be missing data")
+
+    def close(self) -> None:
+        if self.syncer is not None:
+            self.syncer.stop()
+        for seg in self.segments + self.spares:
+            os.close(seg.fd)
+        self.segments, self.spares = [], []
+        for fd in (self._dir_fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._dir_fd = self._lock_fd = -1
+
+    # -- space ---------------------------------------------------------------------
+    def _allocate(self, next_id: int) -> Segment:
+        """A new preallocated segment; raises OSError (ENOSPC) when the disk is full."""
+        self.last_seq += 1
+        seq = self.last_seq
+        full = os.path.join(self.opts.path, segment_name(seq))
+        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _preallocate(fd, self.seg_size)
+            os.pwrite(fd, wf.encode_header(wf.Header(self.state_id, next_id, seq)), 0)
+        except OSError:
+            os.close(fd)
+            os.unlink(full)
+            raise
+        self.dir_dirty = True
+        return Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
+
+    @staticmethod
+    def _reservation(record_size: int) -> int:
+        return 2 * (record_size + _FRAME)
+
+    def _capacity(self) -> int:
+        return self.segments[-1].free + sum(s.free for s in self.spares)
+
+    def reserve(self, amount: int) -> bool:
+        """Promise `amount` bytes of log space, allocating a segment if needed."""
+        while self._capacity() - self.promised < amount:
+            try:
+                self.spares.append(self._allocate(0))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                return False
+        self.promised += amount
+        return True
+
+    def reserve_put(self, tube: str, body_len: int) -> bool:
+        size = wf.job_record_size(tube, body_len)
+        if not self._fits(size):
+            return False
+        return self.reserve(self._reservation(size) + self._reservation(wf.DELETE_SIZE))
+
+    def _fits(self, record_size: int) -> bool:
+        """Make every segment to come big enough for this record (spares grow too)."""
+        need = wf.HEADER_SIZE + _FRAME + record_size
+        if need <= self.seg_size:
+            return True
+        try:
+            for seg in self.spares:
+                _preallocate(seg.fd, need)
+                seg.size = need
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            return False
+        self.seg_size = need
+        return True
+
+    def reserve_update(self) -> bool:
+        return self.reserve(self._reservation(wf.UPDATE_SIZE))
+
+    # -- records (called by the core) -------------------------------------------------
+    def image(self, job: Job) -> wf.Image:
+        state, key = wf.S_READY, 0.0
+        if job.state == DELAYED:
+            state, key = wf.S_DELAYED, job.deadline + self.wall_offset
+        elif job.state == BURIED:
+            state, key = wf.S_BURIED, job.deadline
+        return wf.Image(job.id, job.tube.name, job.pri, job.delay_s, job.ttr_s,
+                        job.created + self.wall_offset, state, key,
+                        tuple(job.counts) if job.counts else _NO_COUNTS, job.body)
+
+    def log_put(self, job: Job) -> None:
+        """A new job (its space was reserved by reserve_put)."""
+        size = wf.job_record_size(job.tube.name, len(job.body))
+        self.live_bytes += size
+        self.pending.append((wf.encode_job(self.image(job)), job))
+        self.pending_reserve += self._reservation(size)
+
+    def log_update(self, job: Job) -> None:
+        """bury / kick / release with a delay (space reserved by reserve_update)."""
+        i = self.image(job)
+        self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts), None))
+        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
+
+    def log_delete(self, job: Job) -> None:
+        """The job is gone (its space was reserved when it was put)."""
+        self.live_bytes -= wf.job_record_size(job.tube.name, len(job.body))
+        if job.seg:
+            self._segment(job.seg).live -= 1
+            job.seg = 0
+        self.pending.append((wf.encode_delete(job.id), None))
+        self.pending_reserve += self._reservation(wf.DELETE_SIZE)
+
+    def _segment(self, seq: int) -> Segment:
+        return self.by_seq[seq]
+
+    # -- writing (called by the actor, once per turn) -----------------------------------
+    def write(self, jobs: dict, next_id: int) -> bool:
+        """Write the pending records, one frame per segment; True if anything was written."""
+        if not self.pending:
+            return False
+        chunk: list[bytes] = []
+        size = 0
+        for record, job in self.pending:
+            if _FRAME + size + len(record) > self.segments[-1].free:
+                self._write_frame(chunk, size)
+                chunk, size = [], 0
+                self._roll(next_id)
+            chunk.append(record)
+            size += len(record)
+            if job is not None and jobs.get(job.id) is job:
+                self._place(job)
+        self._write_frame(chunk, size)
+        self.records_written += len(self.pending)
+        self.promised -= self.pending_reserve
+        self.pending.clear()
+        self.pending_reserve = 0
+        self.write_seq += 1
+        if self.syncer is None:
+            self.synced = self.write_seq
+        return True
+
+    def _place(self, job: Job) -> None:
+        cur = self.segments[-1]
+        if job.seg:
+            self._segment(job.seg).live -= 1
+        job.seg = cur.seq
+        cur.live += 1
+        cur.ids.append(job.id)
+
+    def _write_frame(self, chunk: list[bytes], size: int) -> None:
+        if not chunk:
+            return
+        seg = self.segments[-1]
+        frame = wf.encode_frame(b"".join(chunk))
+        # a failed write leaves us unable to promise anything: the caller dies before
+        # replying, and the restarted broker recovers what reached the disk
+        os.pwrite(seg.fd, frame, seg.pos)
+        seg.pos += len(frame)
+        seg.dirty = True
+
+    def _roll(self, next_id: int) -> None:
+        """The segment being written is full: continue in a spare (reserved space)."""
+        seg = self.spares.pop(0) if self.spares else self._allocate(next_id)
+        # the header's next id is the high-water mark of everything logged before it
+        os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
+        seg.dirty = True
+        self.segments.append(seg)
+        self.by_seq[seg.seq] = seg
+
+    # -- fsync ---------------------------------------------------------------------------
+    @property
+    def notify_fd(self) -> int | None:
+        return self.syncer.read_fd if self.syncer else None
+
+    def sync_due(self) -> float | None:
+        """When an fsync should start (fsync_ms > 0 with unsynced writes), else None."""
+        if self.syncer is None or self.synced >= self.write_seq or self.syncer.busy:
+            return None
+        return self.last_sync + self.opts.fsync_ms / 1000.0
+
+    def after_write(self, now: float) -> None:
+        """Start an fsync if the policy allows one now (group commit: it covers all writes)."""
+        due = self.sync_due()
+        if due is not None and now >= due:
+            fds = [s.fd for s in self.segments if s.dirty]
+            for s in self.segments:
+                s.dirty = False
+            dir_fd = self._dir_fd if self.dir_dirty else -1
+            self.dir_dirty = False
+            self.last_sync = now
+            self.syncer.request(self.write_seq, fds, dir_fd)
+
+    def on_synced(self, now: float) -> None:
+        """The sync thread finished: advance `synced` and start the next one if due."""
+        self.synced = max(self.synced, self.syncer.take_done())
+        self.after_write(now)
+
+    # -- compaction ------------------------------------------------------------------------
+    def disk_bytes(self) -> int:
+        return sum(s.size for s in self.segments) + sum(s.size for s in self.spares)
+
+    def maintain(self, jobs: dict) -> None:
+        """Unlink dead segments oldest first; copy live jobs forward when the log is 2x live."""
+        self._unlink_doomed()
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            if oldest.live == 0:
+                self.segments.pop(0)
+                self.doomed.append((self.write_seq + bool(self.pending), oldest))
+                continue
+            if self.disk_bytes() <= 2 * self.live_bytes + 2 * self.seg_size:
+                break
+            self._migrate(oldest, jobs)
+            break
+        self._unlink_doomed()
+
+    def _migrate(self, seg: Segment, jobs: dict) -> None:
+        stop = min(len(seg.ids), seg.cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.cursor < stop:
+            job = jobs.get(seg.ids[seg.cursor])
+            if job is not None and job.seg == seg.seq:
+                size = wf.job_record_size(job.tube.name, len(job.body))
+                if not self.reserve(self._reservation(size)):
+                    return                  # disk full: try again next turn
+                self.pending.append((wf.encode_job(self.image(job)), job))
+                self.pending_reserve += self._reservation(size)
+                self.records_migrated += 1
+            seg.cursor += 1
+
+    def _unlink_doomed(self) -> None:
+        busy = self.syncer is not None and self.syncer.busy
+        keep = []
+        for seq, seg in self.doomed:
+            if seq <= self.synced and not busy:
+                del self.by_seq[seg.seq]
+                os.close(seg.fd)
+                os.unlink(seg.path)
+                self.dir_dirty = True
+            else:
+                keep.append((seq, seg))
+        self.doomed = keep
+
+    # -- stats ---------------------------------------------------------------------------
+    def oldest_index(self) -> int:
+        return self.segments[0].seq if self.segments else 0
+
+    def current_index(self) -> int:
+        return self.segments[-1].seq if self.segments else 0
+
+
+def _preallocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        zeros = bytes(65536)            # file systems without fallocate: write zeros
+        for off in range(0, size, len(zeros)):
+            os.pwrite(fd, zeros[:min(len(zeros), size - off)], off)
+
+
+class Syncer:
+    """The fsync thread: runs one requested sync at a time and signals a pipe when done."""
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self._cond = threading.Condition()
+        self._job: tuple | None = None
+        self._done = 0
+        self.busy = False
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="zstalk-fsync", daemon=True)
+        self._thread.start()
+
+    def request(self, seq: int, fds: list[int], dir_fd: int) -> None:
+        with self._cond:
+            self.busy = True
+            self._job = (seq, fds, dir_fd)
+            self._cond.notify()
+
+    def take_done(self) -> int:
+        try:
+            os.read(self.read_fd, 4096)
+        except BlockingIOError:
+            pass
+        with self._cond:
+            return self._done
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                seq, fds, dir_fd = self._job
+                self._job = None
+            for fd in fds:
+                os.fsync(fd)
+            if dir_fd >= 0:
+                os.fsync(dir_fd)
+            with self._cond:
+                self._done = seq
+                self.busy = False
+            os.write(self._write_fd, b"x")
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(5.0)
+        os.close(self.read_fd)
+        os.close(self._write_fd)

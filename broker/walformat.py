@@ -1,0 +1,180 @@
+"""The bytes of zstalk's binlog: segment headers, checksummed frames, job records, replay.
+
+Sans-IO: this module turns records into bytes and bytes back into the jobs they
+describe; `binlog.py` owns the files, space, fsync and compaction.
+
+A segment file `zstalk.NNNNNNNN.wal` is:
+
+    header   <8s I Q Q Q I>  magic, FORMAT, state_id, next_id, seq, crc32 of the fields
+    frame*   <I I> length, crc32(payload), then `length` bytes of records
+    zeros    the preallocated rest (a frame length of 0 ends the segment)
+
+One frame is one write of the broker (a batch, split where it crosses into a new
+segment), so a checksum costs 8 bytes per batch and a torn write is caught as a frame
+whose length or checksum does not hold: reading stops there.
+
+Records (little-endian, fixed layout):
+  * JOB    the whole job: put, and compaction's copy of a live job into a newer segment.
+           A later JOB for the same id replaces everything known about it.
+  * UPDATE state, priority, delay, order key and counters of a job already logged
+           (bury, kick, release with a delay; what beanstalkd logs, §5).
+  * DELETE the job is gone.
+`key` is the job's place in its state: the absolute wall-clock due time when DELAYED,
+the bury sequence number when BURIED (so bury order survives compaction), 0 when READY.
+A reserved job is logged as READY: reservations are never durable (beanstalkd §5).
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+MAGIC = b"ZSTALKWL"
+FORMAT = 1
+HEADER = struct.Struct("<8sIQQQ")
+HEADER_SIZE = HEADER.size + 4
+FRAME = struct.Struct("<II")
+MAX_FRAME = 1 << 31
+
+JOB, UPDATE, DELETE = 1, 2, 3
+#: state codes on disk
+S_READY, S_DELAYED, S_BURIED = 1, 2, 3
+_JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
+_UPDATE = struct.Struct("<BQBIId5I")
+_DELETE = struct.Struct("<BQ")
+DELETE_SIZE = _DELETE.size
+UPDATE_SIZE = _UPDATE.size
+JOB_FIXED_SIZE = _JOB.size
+
+
+class Image(NamedTuple):
+    """A job as the binlog knows it (wall-clock times; no reservation)."""
+    id: int
+    tube: str
+    pri: int
+    delay_s: int
+    ttr_s: int
+    created_wall: float
+    state: int
+    key: float
+    counts: tuple
+    body: bytes
+    seg: int = 0            # the segment holding its latest JOB record
+
+
+class Header(NamedTuple):
+    state_id: int
+    next_id: int
+    seq: int
+
+
+class Replayed(NamedTuple):
+    jobs: dict            # id -> Image, the live jobs
+    next_id: int
+    state_id: int
+    warnings: list
+
+
+# -- encoding ------------------------------------------------------------------------
+def encode_header(h: Header) -> bytes:
+    fields = HEADER.pack(MAGIC, FORMAT, h.state_id, h.next_id, h.seq)
+    return fields + struct.pack("<I", zlib.crc32(fields))
+
+
+def encode_job(i: Image) -> bytes:
+    tube = i.tube.encode()
+    return _JOB.pack(JOB, i.id, i.pri, i.delay_s, i.ttr_s, i.created_wall, i.key, i.state,
+                     *i.counts, len(tube), len(i.body)) + tube + i.body
+
+
+def job_record_size(tube: str, body_len: int) -> int:
+    return JOB_FIXED_SIZE + len(tube.encode()) + body_len
+
+
+def encode_update(job_id: int, state: int, pri: int, delay_s: int, key: float, counts) -> bytes:
+    return _UPDATE.pack(UPDATE, job_id, state, pri, delay_s, key, *counts)
+
+
+def encode_delete(job_id: int) -> bytes:
+    return _DELETE.pack(DELETE, job_id)
+
+
+def encode_frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+# -- decoding ------------------------------------------------------------------------
+class BadSegment(Exception):
+    """Not a zstalk segment, or a header that does not check."""
+
+
+def decode_header(data: bytes) -> Header:
+    if len(data) < HEADER_SIZE:
+        raise BadSegment("short header")
+    magic, fmt, state_id, next_id, seq = HEADER.unpack_from(data)
+    (crc,) = struct.unpack_from("<I", data, HEADER.size)
+    if magic != MAGIC:
+        raise BadSegment("not a zstalk binlog segment")
+    if crc != zlib.crc32(data[:HEADER.size]):
+        raise BadSegment("header checksum mismatch")
+    if fmt != FORMAT:
+        raise BadSegment(f"binlog format {fmt}, this zstalk reads {FORMAT}")
+    return Header(state_id, next_id, seq)
+
+
+def scan(data: bytes, start: int = HEADER_SIZE) -> tuple[list, int, str]:
+    """Every good frame's payload, the offset where good data ends, and why reading
+    stopped early ("" at a clean end: end of file or the zero tail)."""
+    view = memoryview(data)
+    payloads = []
+    pos = start
+    while pos + FRAME.size <= len(data):
+        length, crc = FRAME.unpack_from(data, pos)
+        if length == 0:
+            break
+        end = pos + FRAME.size + length
+        if end > len(data) or length > MAX_FRAME:
+            return payloads, pos, f"frame at {pos} runs past the end of the file"
+        payload = view[pos + FRAME.size:end]
+        if zlib.crc32(payload) != crc:
+            return payloads, pos, f"frame at {pos} fails its checksum"
+        payloads.append(payload)
+        pos = end
+    return payloads, pos, ""
+
+
+def apply_records(payload, seq: int, jobs: dict, job_ids: list, tubes: dict) -> int:
+    """Apply one frame's records to `jobs`; returns the largest job id seen."""
+    pos, n, top = 0, len(payload), 0
+    unpack_job, unpack_update = _JOB.unpack_from, _UPDATE.unpack_from
+    while pos < n:
+        kind = payload[pos]
+        if kind == JOB:
+            (_, jid, pri, delay_s, ttr_s, created, key, state, c0, c1, c2, c3, c4,
+             tlen, blen) = unpack_job(payload, pos)
+            pos += JOB_FIXED_SIZE
+            raw = bytes(payload[pos:pos + tlen])
+            tube = tubes.get(raw)
+            if tube is None:
+                tube = tubes[raw] = raw.decode()
+            pos += tlen
+            body = bytes(payload[pos:pos + blen])
+            pos += blen
+            jobs[jid] = Image(jid, tube, pri, delay_s, ttr_s, created, state, key,
+                              (c0, c1, c2, c3, c4), body, seq)
+            job_ids.append(jid)
+            top = max(top, jid)
+        elif kind == UPDATE:
+            _, jid, state, pri, delay_s, key, *counts = unpack_update(payload, pos)
+            pos += UPDATE_SIZE
+            old = jobs.get(jid)
+            if old is not None:
+                jobs[jid] = old._replace(state=state, pri=pri, delay_s=delay_s, key=key,
+                                         counts=tuple(counts))
+        elif kind == DELETE:
+            _, jid = _DELETE.unpack_from(payload, pos)
+            pos += DELETE_SIZE
+            jobs.pop(jid, None)
+        else:
+            raise BadSegment(f"unknown record type {kind} at {pos}")
+    return top
