@@ -40,13 +40,13 @@ import threading
 from typing import Callable, NamedTuple
 
 from . import walformat as wf
+from .beanstalkd_binlog import is_beanstalkd_dir
 from .jobs import BURIED, COUNTERS, DELAYED, Job
 
 log = logging.getLogger("zstalk.binlog")
 SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
 LOCK_NAME = "zstalk.lock"
 _SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
-_BEANSTALKD_RE = re.compile(r"binlog\.\d+")
 _MIGRATE_SCAN_PER_TURN = 4096
 _NO_COUNTS = (0,) * len(COUNTERS)
 _FRAME = wf.FRAME.size
@@ -64,13 +64,6 @@ class Options(NamedTuple):
 
 def segment_name(seq: int) -> str:
     return f"zstalk.{seq:08d}.wal"
-
-
-def is_beanstalkd_dir(path: str) -> bool:
-    try:
-        return any(_BEANSTALKD_RE.fullmatch(n) for n in os.listdir(path))
-    except OSError:
-        return False
 
 
 class Segment:
@@ -119,11 +112,14 @@ class Binlog:
         self._dir_fd = -1
 
     # -- opening -------------------------------------------------------------------
-    def open(self, max_job_size: int) -> wf.Replayed:
-        """Lock the directory, replay it, and start a fresh segment for writing."""
+    def open(self, max_job_size: int, beside_beanstalkd: bool = False) -> wf.Replayed:
+        """Lock the directory, replay it, and start a fresh segment for writing.
+
+        A directory with beanstalkd's binlog.N files is refused (never start empty
+        beside them), except by the importer (`beside_beanstalkd`)."""
         path = self.opts.path
         os.makedirs(path, exist_ok=True)
-        if is_beanstalkd_dir(path):
+        if is_beanstalkd_dir(path) and not beside_beanstalkd:
             raise BinlogError(
                 f"{path} holds a beanstalkd binlog (binlog.N files), not a zstalk one; "
                 f"import it first with: zstalk import-binlog {path}")
@@ -325,6 +321,27 @@ class Binlog:
 
     def _segment(self, seq: int) -> Segment:
         return self.by_seq[seq]
+
+    def log_image(self, image: wf.Image) -> bool:
+        """A job from elsewhere (import-binlog) as a full record; False without space."""
+        size = wf.job_record_size(image.tube, len(image.body))
+        if not self._fits(size) or not self.reserve(self._reservation(size)):
+            return False
+        self.pending.append((wf.encode_job(image), None))
+        self.pending_reserve += self._reservation(size)
+        return True
+
+    def mark_next_id(self, next_id: int) -> None:
+        """Record `next_id` as the high-water mark in the segment being written."""
+        seg = self.segments[-1]
+        os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
+
+    def sync_all(self) -> None:
+        """fsync every segment and the directory now, on the caller's thread."""
+        for seg in self.segments:
+            os.fsync(seg.fd)
+        os.fsync(self._dir_fd)
+        self.synced = self.write_seq
 
     # -- writing (called by the actor, once per turn) -----------------------------------
     def write(self, jobs: dict, next_id: int) -> bool:

@@ -159,6 +159,32 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     actor.run()
 
 
+@main.command("import-binlog")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--into", default=None, type=click.Path(file_okay=False),
+              help="Write the zstalk binlog here and leave DIRECTORY untouched "
+                   "(default: in place, beanstalkd's files move to DIRECTORY/beanstalkd-imported).")
+@click.option("-s", "--binlog-size", default=10485760, show_default=True,
+              type=click.IntRange(min=1), help="Segment size of the new binlog.")
+def import_binlog(directory, into, binlog_size):
+    """Import a beanstalkd binlog directory (`beanstalkd -b DIR`, 1.12/1.13) into zstalk's."""
+    from .beanstalkd_binlog import BinlogFormatError
+    from .binlog import BinlogError
+    from .import_binlog import import_beanstalkd
+
+    try:
+        done = import_beanstalkd(directory, into, segment_size=binlog_size)
+    except (BinlogError, BinlogFormatError) as exc:
+        click.echo(f"zstalk import-binlog: {exc}", err=True)
+        sys.exit(BINLOG_EXIT)
+    for warning in done.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    states = ", ".join(f"{n} {state}" for state, n in sorted(done.by_state.items())) or "none"
+    click.echo(f"imported {done.jobs} jobs ({states}) from {len(done.files)} beanstalkd "
+               f"file(s) into {done.into}; the next id is {done.next_id}")
+    click.echo(f"start with: zstalk serve --binlog {done.into}  (or zstalkd -b {done.into})")
+
+
 @main.group()
 def front():
     """Run a protocol front."""
