@@ -6,6 +6,7 @@ and (as under --no-fsync) treats what is written as synced.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 
@@ -134,10 +135,10 @@ def test_ids_continue_after_the_largest_id_even_when_compaction_erased_it(tmp_pa
     after.wal.close()
 
 
-def _fill(node: Node, count: int) -> dict[int, bytes]:
+def _fill(node: Node, count: int, rng=random) -> dict[int, bytes]:
     bodies = {}
     for i in range(count):
-        body = os.urandom(random.randrange(0, 300))
+        body = rng.randbytes(rng.randrange(0, 300))
         bodies[node.put(1, body, pri=i)] = body
     return bodies
 
@@ -151,13 +152,15 @@ def _tail_segment(path: str) -> str:
 def test_a_torn_tail_is_cut_off_and_every_surviving_job_is_whole(tmp_path, seed):
     rng = random.Random(seed)
     node = Node(tmp_path / "wal")
-    bodies = _fill(node, 60)
+    bodies = _fill(node, 60, rng)
     node.wal.close()
     tail = _tail_segment(node.path)
     with open(tail, "rb") as f:
         data = f.read()
-    _, end, _ = wf.scan(data)
-    cut = rng.randrange(wf.HEADER_SIZE + 1, end)
+    payloads, end, _ = wf.scan(data)
+    boundaries = set(itertools.accumulate([wf.HEADER_SIZE] + [wf.FRAME.size + len(p) for p in payloads]))
+    # a cut exactly between two frames is a clean (shorter) log, not a torn one
+    cut = rng.choice([c for c in range(wf.HEADER_SIZE + 1, end) if c not in boundaries])
     with open(tail, "r+b") as f:
         f.truncate(cut)
 
@@ -277,3 +280,34 @@ def test_a_job_bigger_than_a_segment_gets_a_segment_big_enough(tmp_path):
     assert after.job(big).body == body
     assert after.job(small) is not None and after.job(after_big) is not None
     after.wal.close()
+
+
+def test_under_fsync_0_replies_wait_for_the_fsync_that_covers_them(tmp_path):
+    """Group commit: the INSERTED, and a later peek by another session, leave only once an
+    fsync covering the put's record has finished (the sync thread is held back here by
+    taking its lock, so the fsync cannot start)."""
+    import select
+    import time
+
+    from zstalk.broker.actor import BrokerActor
+    from zstalk.protocol.schema import Batch, Hello
+
+    actor = BrokerActor("inproc://fsync-hold", Config(), binlog=Options(str(tmp_path), 1 << 20, 0))
+    core, wal = actor.core, actor.wal
+    try:
+        core.handle(FRONT, Hello(7, "beanstalk", 1, 0, []), time.monotonic())
+        with wal.syncer._cond:
+            core.handle(FRONT, Batch([(Op.OPEN, 1), (Op.PUT, 1, 0, 0, 60, b"x")]), time.monotonic())
+            actor._commit(core.flush(), time.monotonic())
+            core.handle(FRONT, Batch([(Op.OPEN, 2), (Op.PEEK, 2, 1)]), time.monotonic())
+            actor._commit(core.flush(), time.monotonic())
+            assert wal.write_seq == 1 and wal.synced == 0
+            held = [type(m).__name__ for _, msgs in actor.held for _, m in msgs]
+            assert held == ["Welcome", "Replies", "Replies"], "INSERTED and FOUND both wait"
+        assert select.select([wal.notify_fd], [], [], 10)[0], "the fsync finished"
+        wal.on_synced(time.monotonic())
+        actor._commit([], time.monotonic())
+        assert wal.synced == 1 and not actor.held
+    finally:
+        wal.close()
+        actor.sock.close(linger=0)
