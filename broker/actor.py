@@ -27,6 +27,8 @@ import select
 import signal
 import socket
 import collections
+import contextlib
+import gc
 import time
 
 import zmq
@@ -47,7 +49,11 @@ class BrokerActor:
     def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None,
                  binlog: BinlogOptions | None = None) -> None:
         # the binlog first: a locked or foreign directory fails before we take the endpoint
-        self.wal, recovered = open_binlog(binlog, config)
+        with no_gc():       # a million recovered jobs: the collector would double the time
+            self.wal, recovered = open_binlog(binlog, config)
+            self.core = self._make_core(config, recovered)
+        if recovered is not None:
+            gc.freeze()     # and later full collections need not walk them again
         self.held: collections.deque = collections.deque()   # (write_seq, messages)
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -56,11 +62,13 @@ class BrokerActor:
             self.sock.setsockopt(opt, value)
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        now = time.monotonic()
-        self.core = Broker(config, now, process_sysinfo, wall_offset=time.time() - now,
-                           wal=self.wal, recovered=recovered)
         self.running = True
         self._signals: list[int] = []
+
+    def _make_core(self, config: Config, recovered) -> Broker:
+        now = time.monotonic()
+        return Broker(config, now, process_sysinfo, wall_offset=time.time() - now,
+                      wal=self.wal, recovered=recovered)
 
     # -- signals -----------------------------------------------------------------------
     def install_signals(self) -> socket.socket:
@@ -181,6 +189,17 @@ class BrokerActor:
                 if front is not None:
                     log.warning("front %016x unreachable: closing its sessions", front.front_id)
                     self.core.drop_front(front, time.monotonic())
+
+
+@contextlib.contextmanager
+def no_gc():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def open_binlog(opts: BinlogOptions | None, config: Config):

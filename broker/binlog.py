@@ -30,6 +30,7 @@ the largest id ever issued even when every record of it was compacted away.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import logging
@@ -171,19 +172,18 @@ class Binlog:
                 os.unlink(full)
                 continue
             seg = self._adopt(seq, full, len(data))
-            payloads, end, why = wf.scan(data)
-            for payload in payloads:
-                top = wf.apply_records(payload, seq, jobs, seg.ids, tubes)
+            spans, end, why = wf.scan(data)
+            for start, stop in spans:
+                top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes)
                 next_id = max(next_id, top + 1)
             if why:
                 self._torn(seg, end, why, seq == last_with_data, warnings)
         for w in warnings:
             log.warning("binlog: %s", w)
-        by_seq = {s.seq: s for s in self.segments}
-        for image in jobs.values():
-            by_seq[image.seg].live += 1
-            self.live_bytes += wf.job_record_size(image.tube, len(image.body))
-            self.promised += self._reservation(wf.DELETE_SIZE)
+        for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
+            self.by_seq[seq].live = live
+        self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
+        self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
         return wf.Replayed(jobs, max(next_id, 1), state_id, warnings)
 
     @staticmethod

@@ -69,7 +69,7 @@ class Header(NamedTuple):
 
 
 class Replayed(NamedTuple):
-    jobs: dict            # id -> Image, the live jobs
+    jobs: dict            # id -> (rec, tube, body, seq) of each live job: see `image`
     next_id: int
     state_id: int
     warnings: list
@@ -123,58 +123,74 @@ def decode_header(data: bytes) -> Header:
 
 
 def scan(data: bytes, start: int = HEADER_SIZE) -> tuple[list, int, str]:
-    """Every good frame's payload, the offset where good data ends, and why reading
-    stopped early ("" at a clean end: end of file or the zero tail)."""
-    view = memoryview(data)
-    payloads = []
+    """The (start, end) of every good frame's payload, the offset where good data ends,
+    and why reading stopped early ("" at a clean end: end of file or the zero tail)."""
+    spans = []
     pos = start
+    crc32, unpack = zlib.crc32, FRAME.unpack_from
+    view = memoryview(data)
     while pos + FRAME.size <= len(data):
-        length, crc = FRAME.unpack_from(data, pos)
+        length, crc = unpack(data, pos)
         if length == 0:
             break
         end = pos + FRAME.size + length
         if end > len(data) or length > MAX_FRAME:
-            return payloads, pos, f"frame at {pos} runs past the end of the file"
-        payload = view[pos + FRAME.size:end]
-        if zlib.crc32(payload) != crc:
-            return payloads, pos, f"frame at {pos} fails its checksum"
-        payloads.append(payload)
+            return spans, pos, f"frame at {pos} runs past the end of the file"
+        if crc32(view[pos + FRAME.size:end]) != crc:
+            return spans, pos, f"frame at {pos} fails its checksum"
+        spans.append((pos + FRAME.size, end))
         pos = end
-    return payloads, pos, ""
+    return spans, pos, ""
 
 
-def apply_records(payload, seq: int, jobs: dict, job_ids: list, tubes: dict) -> int:
-    """Apply one frame's records to `jobs`; returns the largest job id seen."""
-    pos, n, top = 0, len(payload), 0
-    unpack_job, unpack_update = _JOB.unpack_from, _UPDATE.unpack_from
-    while pos < n:
-        kind = payload[pos]
+# A replayed job is kept as `(rec, tube, body, seq)`: `rec` the JOB struct's fields as
+# unpacked (indexes below), `seq` the segment of its latest JOB record.  Recovering a
+# million jobs is dominated by per-record work, so replay builds no other object.
+R_ID, R_PRI, R_DELAY, R_TTR, R_CREATED, R_KEY, R_STATE = range(1, 8)
+R_COUNTS = slice(8, 13)
+
+
+def image(live: tuple) -> Image:
+    rec, tube, body, seq = live
+    return Image(rec[R_ID], tube, rec[R_PRI], rec[R_DELAY], rec[R_TTR], rec[R_CREATED],
+                 rec[R_STATE], rec[R_KEY], rec[R_COUNTS], body, seq)
+
+
+def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
+                  tubes: dict) -> int:
+    """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
+    above); returns the largest job id seen in a JOB record."""
+    top = 0
+    unpack_job, unpack_update, unpack_delete = _JOB.unpack_from, _UPDATE.unpack_from, _DELETE.unpack_from
+    append = job_ids.append
+    while pos < end:
+        kind = data[pos]
         if kind == JOB:
-            (_, jid, pri, delay_s, ttr_s, created, key, state, c0, c1, c2, c3, c4,
-             tlen, blen) = unpack_job(payload, pos)
+            rec = unpack_job(data, pos)
             pos += JOB_FIXED_SIZE
-            raw = bytes(payload[pos:pos + tlen])
+            tlen = rec[13]
+            raw = data[pos:pos + tlen]
             tube = tubes.get(raw)
             if tube is None:
                 tube = tubes[raw] = raw.decode()
             pos += tlen
-            body = bytes(payload[pos:pos + blen])
-            pos += blen
-            jobs[jid] = Image(jid, tube, pri, delay_s, ttr_s, created, state, key,
-                              (c0, c1, c2, c3, c4), body, seq)
-            job_ids.append(jid)
-            top = max(top, jid)
+            jid = rec[1]
+            jobs[jid] = (rec, tube, data[pos:pos + rec[14]], seq)
+            pos += rec[14]
+            append(jid)
+            if jid > top:
+                top = jid
         elif kind == UPDATE:
-            _, jid, state, pri, delay_s, key, *counts = unpack_update(payload, pos)
+            _, jid, state, pri, delay_s, key, *counts = unpack_update(data, pos)
             pos += UPDATE_SIZE
             old = jobs.get(jid)
             if old is not None:
-                jobs[jid] = old._replace(state=state, pri=pri, delay_s=delay_s, key=key,
-                                         counts=tuple(counts))
+                r = old[0]
+                rec = (JOB, jid, pri, delay_s, r[4], r[5], key, state, *counts, r[13], r[14])
+                jobs[jid] = (rec, old[1], old[2], old[3])
         elif kind == DELETE:
-            _, jid = _DELETE.unpack_from(payload, pos)
+            jobs.pop(unpack_delete(data, pos)[1], None)
             pos += DELETE_SIZE
-            jobs.pop(jid, None)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top
