@@ -98,6 +98,10 @@ class Binlog:
         self.pending_reserve = 0            # reservation the pending records consume
         self.promised = 0                   # reserved, not yet written
         self.live_bytes = 0
+        # room = capacity - promised, kept up to date so reserving is one comparison; it
+        # only shrinks between recomputations (writes and rolls never raise it)
+        self.room = 0
+        self._tube_bytes: dict[str, bytes] = {}
         self.records_written = 0
         self.records_migrated = 0
         self.wall_offset = 0.0
@@ -247,10 +251,15 @@ class Binlog:
         return 2 * (record_size + _FRAME)
 
     def _capacity(self) -> int:
+        """Bytes still writable: the rest of the segment being written, and the spares."""
         return self.segments[-1].free + sum(s.free for s in self.spares)
 
     def reserve(self, amount: int) -> bool:
         """Promise `amount` bytes of log space, allocating a segment if needed."""
+        if self.room >= amount:               # the common case, no arithmetic over segments
+            self.room -= amount
+            self.promised += amount
+            return True
         while self._capacity() - self.promised < amount:
             try:
                 self.spares.append(self._allocate(0))
@@ -259,11 +268,18 @@ class Binlog:
                     raise
                 return False
         self.promised += amount
+        self.room = self._capacity() - self.promised
         return True
 
+    def _tube_size(self, tube: str) -> int:
+        encoded = self._tube_bytes.get(tube)
+        if encoded is None:
+            encoded = self._tube_bytes[tube] = tube.encode()
+        return len(encoded)
+
     def reserve_put(self, tube: str, body_len: int) -> bool:
-        size = wf.job_record_size(tube, body_len)
-        if not self._fits(size):
+        size = wf.JOB_FIXED_SIZE + self._tube_size(tube) + body_len
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
             return False
         return self.reserve(self._reservation(size) + self._reservation(wf.DELETE_SIZE))
 
@@ -281,6 +297,7 @@ class Binlog:
                 raise
             return False
         self.seg_size = need
+        self.room = self._capacity() - self.promised
         return True
 
     def reserve_update(self) -> bool:
@@ -299,10 +316,15 @@ class Binlog:
 
     def log_put(self, job: Job) -> None:
         """A new job (its space was reserved by reserve_put)."""
-        size = wf.job_record_size(job.tube.name, len(job.body))
-        self.live_bytes += size
-        self.pending.append((wf.encode_job(self.image(job)), job))
-        self.pending_reserve += self._reservation(size)
+        tube = job.tube.name
+        self._tube_size(tube)
+        record = wf.encode_new_job(job.id, self._tube_bytes[tube], job.pri, job.delay_s,
+                                   job.ttr_s, job.created + self.wall_offset,
+                                   job.deadline + self.wall_offset if job.state == DELAYED else 0.0,
+                                   job.body)
+        self.live_bytes += len(record)
+        self.pending.append((record, job))
+        self.pending_reserve += 2 * (len(record) + _FRAME)
 
     def log_update(self, job: Job) -> None:
         """bury / kick / release with a delay (space reserved by reserve_update)."""

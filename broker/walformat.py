@@ -87,6 +87,14 @@ def encode_job(i: Image) -> bytes:
                      *i.counts, len(tube), len(i.body)) + tube + i.body
 
 
+def encode_new_job(job_id: int, tube: bytes, pri: int, delay_s: int, ttr_s: int,
+                   created_wall: float, due_wall: float, body: bytes) -> bytes:
+    """A JOB record for a job just put (the put path: no Image, no counters yet)."""
+    state = S_DELAYED if due_wall else S_READY
+    return _JOB.pack(JOB, job_id, pri, delay_s, ttr_s, created_wall, due_wall, state,
+                     0, 0, 0, 0, 0, len(tube), len(body)) + tube + body
+
+
 def job_record_size(tube: str, body_len: int) -> int:
     return JOB_FIXED_SIZE + len(tube.encode()) + body_len
 
