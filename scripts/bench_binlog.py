@@ -481,7 +481,9 @@ def report(bench: Bench, args, meta: dict) -> None:
     capped = [f"{key} {name}" for key, per in bench.results.get("put", {}).items()
               for name, runs in per.items() if any(r.get("capped") for r in runs)]
     if capped:
-        print(f"capped at {args.put_cap:.0f}s (rate = puts done / time): {', '.join(capped)}")
+        print(f"capped at {args.put_cap:.0f}s (rate = puts done / time): {', '.join(capped)}; "
+              f"a capped run closes its connections with replies in flight, so a server "
+              f"may log 'Connection reset by peer' below")
     errs = collect_errors(bench.results)
     if errs or bench.notes:
         print("\nerrors and notes:")
