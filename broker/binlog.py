@@ -37,11 +37,11 @@ import logging
 import os
 import random
 import re
-import threading
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from . import walformat as wf
 from .beanstalkd_binlog import is_beanstalkd_dir
+from .fsync import Syncer, preallocate
 from .jobs import BURIED, COUNTERS, DELAYED, Job
 
 log = logging.getLogger("zstalk.binlog")
@@ -237,7 +237,7 @@ class Binlog:
         full = os.path.join(self.opts.path, segment_name(seq))
         fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            _preallocate(fd, self.seg_size)
+            preallocate(fd, self.seg_size)
             os.pwrite(fd, wf.encode_header(wf.Header(self.state_id, next_id, seq)), 0)
         except OSError:
             os.close(fd)
@@ -290,7 +290,7 @@ class Binlog:
             return True
         try:
             for seg in self.spares:
-                _preallocate(seg.fd, need)
+                preallocate(seg.fd, need)
                 seg.size = need
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -498,69 +498,3 @@ class Binlog:
 
     def current_index(self) -> int:
         return self.segments[-1].seq if self.segments else 0
-
-
-def _preallocate(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        zeros = bytes(65536)            # file systems without fallocate: write zeros
-        for off in range(0, size, len(zeros)):
-            os.pwrite(fd, zeros[:min(len(zeros), size - off)], off)
-
-
-class Syncer:
-    """The fsync thread: runs one requested sync at a time and signals a pipe when done."""
-
-    def __init__(self) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        self._cond = threading.Condition()
-        self._job: tuple | None = None
-        self._done = 0
-        self.busy = False
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="zstalk-fsync", daemon=True)
-        self._thread.start()
-
-    def request(self, seq: int, fds: list[int], dir_fd: int) -> None:
-        with self._cond:
-            self.busy = True
-            self._job = (seq, fds, dir_fd)
-            self._cond.notify()
-
-    def take_done(self) -> int:
-        try:
-            os.read(self.read_fd, 4096)
-        except BlockingIOError:
-            pass
-        with self._cond:
-            return self._done
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._job is None and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                seq, fds, dir_fd = self._job
-                self._job = None
-            for fd in fds:
-                os.fsync(fd)
-            if dir_fd >= 0:
-                os.fsync(dir_fd)
-            with self._cond:
-                self._done = seq
-                self.busy = False
-            os.write(self._write_fd, b"x")
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(5.0)
-        os.close(self.read_fd)
-        os.close(self._write_fd)
