@@ -131,8 +131,10 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
 @click.option("--recovering", is_flag=True,
               help="Started again after a crash: Acquire answers 0x21 until fronts had "
                    "time to re-register their holdings.")
+@click.option("--ready-fd", type=int, default=None,
+              help="Write a byte to this fd once the binlog is replayed and the socket bound.")
 @binlog_options
-def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
+def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
            binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run the broker actor: all tube, job and session state."""
     from .actor import BrokerActor
@@ -156,6 +158,9 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         click.echo(f"zstalk broker: cannot bind {bind}: {exc}", err=True)
         sys.exit(111)
     actor.core.draining = drain
+    if ready_fd is not None:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
     actor.run()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import shutil
 import signal
 import socket
@@ -104,17 +105,42 @@ class Supervisor:
             return []
         return self.counter_listeners if name == "counter" else self.listeners
 
-    def _start(self, name: str) -> None:
+    def _start(self, name: str, extra: list[str] = (), fds: list[int] = ()) -> None:
         env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
-        fds = [s.fileno() for s in self._listeners_of(name)]
+        fds = [s.fileno() for s in self._listeners_of(name)] + list(fds)
         self.children[name] = subprocess.Popen(
-            self._command(name), pass_fds=fds, env=env, preexec_fn=_child_setup,
-            stdin=subprocess.DEVNULL)
+            self._command(name) + list(extra), pass_fds=fds, env=env,
+            preexec_fn=_child_setup, stdin=subprocess.DEVNULL)
+
+    def _start_broker_and_wait(self) -> int | None:
+        """Start the broker and wait until it has replayed its binlog and bound its socket.
+
+        Fronts start only then, so clients that connect meanwhile wait in the listen
+        backlog, as with a beanstalkd replaying its binlog, instead of having their
+        commands held and failed.  Returns an exit code if we must stop instead."""
+        ready_r, ready_w = os.pipe()
+        try:
+            self._start("broker", ["--ready-fd", str(ready_w)], [ready_w])
+            os.close(ready_w)
+            while True:
+                if select.select([ready_r], [], [], 0.05)[0]:
+                    if os.read(ready_r, 1):
+                        return None
+                broker = self.children["broker"]
+                if broker.poll() is not None:
+                    code = broker.wait()
+                    return code if code in FATAL_EXITS else None
+                if signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0) is not None:
+                    return 0
+        finally:
+            os.close(ready_r)
 
     def run(self) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
-            self._start("broker")
+            stop = self._start_broker_and_wait()
+            if stop is not None:
+                return stop
             for i in range(self.opts.fronts):
                 self._start(f"front-{i}")
             if self.counter_listeners:

@@ -298,3 +298,36 @@ def test_state_after_a_crash_matches_beanstalkd_b(beanstalkd_factory, zstalk_fac
     assert after[1][9][1] == b"ready", "the job reserved at the crash is ready again"
     assert after[1][4][1:3] == (b"buried", 77)
     assert after[1][5][2] == 3, "release without delay is not logged: priority as put"
+
+
+def test_a_client_that_connects_during_replay_is_answered_once_it_is_done(tmp_path):
+    """Fronts start only after the broker has replayed its binlog, so a client waits in the
+    listen backlog (as with beanstalkd) instead of having its command held and failed."""
+    from zstalk.broker import walformat as wf
+    from zstalk.broker.binlog import Binlog, Options
+
+    jobs = 200_000
+    wal = Binlog(Options(str(tmp_path / "wal"), 10 << 20, None))
+    wal.open(65535)
+    for job_id in range(1, jobs + 1):
+        wal.log_image(wf.Image(job_id, "default", 0, 0, 60, time.time(), wf.S_READY, 0.0,
+                               (0,) * 5, b"%099d" % job_id))
+        if len(wal.pending) >= 10_000:
+            wal.write({}, job_id + 1)
+    wal.write({}, jobs + 1)
+    wal.close()
+    port = free_port()
+    server = subprocess.Popen([zstalk_path(), "serve", "-l", LOOPBACK, "-p", str(port),
+                               "--counter-port", "0", "-b", str(tmp_path / "wal")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        assert wait_for(lambda: RawClient((LOOPBACK, port), 1).close() is None, 10)
+        with RawClient((LOOPBACK, port), 60) as c:
+            c.send(b"stats\r\n")
+            reply = c.read_reply()
+        assert reply.startswith(b"OK "), reply[:40]
+        assert b"\ncurrent-jobs-ready: %d\n" % jobs in reply
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
