@@ -34,7 +34,7 @@ import time
 import zmq
 
 from ..protocol.schema import HEARTBEAT_S, SchemaError, decode, encode
-from .binlog import Binlog, Options as BinlogOptions
+from .binlog import Binlog, BinlogError, Options as BinlogOptions
 from .core import Broker, Config
 from .stats import process_sysinfo
 
@@ -152,9 +152,10 @@ class BrokerActor:
         if self.wal is None:
             return
         self.wal.write(self.core.queue.jobs, self.core.next_id)
-        for seg in self.wal.segments:
-            os.fsync(seg.fd)
-        self.wal.synced = self.wal.write_seq
+        if self.wal.syncer is not None:
+            self.wal.syncer.stop()      # no fsync of ours may run beside the last one
+            self.wal.syncer = None
+        self.wal.sync_all()
         while self.held:
             self._send(self.held.popleft()[1])
         self.wal.close()
@@ -208,7 +209,10 @@ def open_binlog(opts: BinlogOptions | None, config: Config):
         return None, None
     started = time.monotonic()
     wal = Binlog(opts)
-    recovered = wal.open(config.max_job_size)
+    try:
+        recovered = wal.open(config.max_job_size)
+    except OSError as exc:      # disk full or unreadable at start: not a bind problem
+        raise BinlogError(f"{opts.path}: {exc}") from exc
     log.info("binlog %s: %d jobs recovered in %.2f s", opts.path, len(recovered.jobs),
              time.monotonic() - started)
     return wal, recovered

@@ -37,6 +37,7 @@ import logging
 import os
 import random
 import re
+import struct
 from typing import NamedTuple
 
 from . import walformat as wf
@@ -51,6 +52,11 @@ _SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
 _MIGRATE_SCAN_PER_TURN = 4096
 _NO_COUNTS = (0,) * len(COUNTERS)
 _FRAME = wf.FRAME.size
+
+
+def _round_segment(size: int) -> int:
+    """-s as beanstalkd takes it: up to whole 4 KiB blocks, never below one."""
+    return max(4096, -(-size // 4096) * 4096)
 
 
 class BinlogError(Exception):
@@ -68,7 +74,7 @@ def segment_name(seq: int) -> str:
 
 
 class Segment:
-    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "dirty")
+    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor")
 
     def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
         self.seq = seq
@@ -79,7 +85,6 @@ class Segment:
         self.live = 0               # live jobs whose latest full record is here
         self.ids: list[int] = []    # ids of the full records written here, in order
         self.cursor = 0             # compaction's progress through `ids`
-        self.dirty = False          # written since the last fsync request
 
     @property
     def free(self) -> int:
@@ -90,7 +95,7 @@ class Binlog:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         # grows past -s only when a record would not fit in one segment (a big -z)
-        self.seg_size = opts.segment_size
+        self.seg_size = _round_segment(opts.segment_size)
         self.segments: list[Segment] = []   # oldest first; [-1] is the one being written
         self.by_seq: dict[int, Segment] = {}
         self.spares: list[Segment] = []     # preallocated, not yet written
@@ -110,6 +115,9 @@ class Binlog:
         self.last_sync = float("-inf")
         self.doomed: list[tuple[int, Segment]] = []   # (write_seq, segment) to unlink
         self.dir_dirty = False
+        # segments written (or created) since the last fsync request, wherever they are
+        # now (being written, full, or doomed): the next fsync must cover every one
+        self.dirty: dict[int, Segment] = {}
         self.state_id = 0
         self.last_seq = 0                   # the highest segment number ever seen here
         self.syncer = Syncer() if opts.fsync_ms is not None else None
@@ -129,13 +137,34 @@ class Binlog:
                 f"{path} holds a beanstalkd binlog (binlog.N files), not a zstalk one; "
                 f"import it first with: zstalk import-binlog {path}")
         self._lock(path)
+        try:
+            return self._open_locked(path, max_job_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_locked(self, path: str, max_job_size: int) -> wf.Replayed:
         self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         replayed = self._replay(path, max_job_size)
         self.state_id = replayed.state_id or random.getrandbits(63) or 1
         first = self._allocate(replayed.next_id)
         self.segments.append(first)
         self.by_seq[first.seq] = first
+        self._restore_reserve()
+        # what we replayed may be page cache never synced (kill -9 mid-sync): make it, and
+        # the new segment's next id, durable before anything is unlinked or replied to
+        self.sync_all()
         return replayed
+
+    def _restore_reserve(self) -> None:
+        """Back the deletes promised to the replayed jobs with allocated space."""
+        try:
+            while self._capacity() < self.promised:
+                self.spares.append(self._allocate(0))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("binlog: disk full at start: deletes of recovered jobs may fail")
 
     def _lock(self, path: str) -> None:
         fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
@@ -165,8 +194,8 @@ class Binlog:
             try:
                 header = wf.decode_header(data)
             except wf.BadSegment as exc:
-                if seq == names[-1][0]:       # a segment torn while being created
-                    warnings.append(f"{name}: {exc}; removed")
+                if seq > last_with_data:      # a spare whose header never reached the disk
+                    warnings.append(f"{name}: {exc}; an empty segment, removed")
                     os.unlink(full)
                     continue
                 raise BinlogError(f"{full}: {exc}") from None
@@ -177,9 +206,12 @@ class Binlog:
                 continue
             seg = self._adopt(seq, full, len(data))
             spans, end, why = wf.scan(data)
-            for start, stop in spans:
-                top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes)
-                next_id = max(next_id, top + 1)
+            try:
+                for start, stop in spans:
+                    top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes)
+                    next_id = max(next_id, top + 1)
+            except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
+                raise BinlogError(f"{full}: {exc}") from None
             if why:
                 self._torn(seg, end, why, seq == last_with_data, warnings)
         for w in warnings:
@@ -188,6 +220,8 @@ class Binlog:
             self.by_seq[seq].live = live
         self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
         self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
+        biggest = max((wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values()), default=0)
+        self.seg_size = max(self.seg_size, wf.HEADER_SIZE + _FRAME + biggest)
         return wf.Replayed(jobs, max(next_id, 1), state_id, warnings)
 
     @staticmethod
@@ -221,9 +255,9 @@ class Binlog:
     def close(self) -> None:
         if self.syncer is not None:
             self.syncer.stop()
-        for seg in self.segments + self.spares:
+        for seg in self.segments + self.spares + [seg for _, seg in self.doomed]:
             os.close(seg.fd)
-        self.segments, self.spares = [], []
+        self.segments, self.spares, self.doomed, self.dirty = [], [], [], {}
         for fd in (self._dir_fd, self._lock_fd):
             if fd >= 0:
                 os.close(fd)
@@ -244,7 +278,9 @@ class Binlog:
             os.unlink(full)
             raise
         self.dir_dirty = True
-        return Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
+        seg = Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
+        self.dirty[seq] = seg           # its header must reach the disk too
+        return seg
 
     @staticmethod
     def _reservation(record_size: int) -> int:
@@ -359,10 +395,13 @@ class Binlog:
         os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
 
     def sync_all(self) -> None:
-        """fsync every segment and the directory now, on the caller's thread."""
-        for seg in self.segments:
+        """fsync every segment written or made and the directory now, on this thread
+        (start and shutdown: no sync thread is running then)."""
+        for seg in [*self.segments, *self.dirty.values()]:
             os.fsync(seg.fd)
+        self.dirty = {}
         os.fsync(self._dir_fd)
+        self.dir_dirty = False
         self.synced = self.write_seq
 
     # -- writing (called by the actor, once per turn) -----------------------------------
@@ -387,8 +426,9 @@ class Binlog:
         self.pending.clear()
         self.pending_reserve = 0
         self.write_seq += 1
-        if self.syncer is None:
+        if self.syncer is None:         # --no-fsync: written is as good as it gets
             self.synced = self.write_seq
+            self.dirty = {}
         return True
 
     def _place(self, job: Job) -> None:
@@ -408,14 +448,14 @@ class Binlog:
         # replying, and the restarted broker recovers what reached the disk
         os.pwrite(seg.fd, frame, seg.pos)
         seg.pos += len(frame)
-        seg.dirty = True
+        self.dirty[seg.seq] = seg
 
     def _roll(self, next_id: int) -> None:
         """The segment being written is full: continue in a spare (reserved space)."""
         seg = self.spares.pop(0) if self.spares else self._allocate(next_id)
         # the header's next id is the high-water mark of everything logged before it
         os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
-        seg.dirty = True
+        self.dirty[seg.seq] = seg
         self.segments.append(seg)
         self.by_seq[seg.seq] = seg
 
@@ -434,9 +474,8 @@ class Binlog:
         """Start an fsync if the policy allows one now (group commit: it covers all writes)."""
         due = self.sync_due()
         if due is not None and now >= due:
-            fds = [s.fd for s in self.segments if s.dirty]
-            for s in self.segments:
-                s.dirty = False
+            fds = [s.fd for s in self.dirty.values()]
+            self.dirty = {}
             dir_fd = self._dir_fd if self.dir_dirty else -1
             self.dir_dirty = False
             self.last_sync = now
@@ -444,7 +483,12 @@ class Binlog:
 
     def on_synced(self, now: float) -> None:
         """The sync thread finished: advance `synced` and start the next one if due."""
-        self.synced = max(self.synced, self.syncer.take_done())
+        done, error = self.syncer.take_done()
+        if error is not None:
+            # the kernel may have dropped the pages it failed to write: a retry would
+            # report success over lost data, so the broker must stop (and recover)
+            raise OSError(f"binlog fsync failed: {error}")
+        self.synced = max(self.synced, done)
         self.after_write(now)
 
     # -- compaction ------------------------------------------------------------------------
@@ -472,7 +516,7 @@ class Binlog:
             job = jobs.get(seg.ids[seg.cursor])
             if job is not None and job.seg == seg.seq:
                 size = wf.job_record_size(job.tube.name, len(job.body))
-                if not self.reserve(self._reservation(size)):
+                if not self._fits(size) or not self.reserve(self._reservation(size)):
                     return                  # disk full: try again next turn
                 self.pending.append((wf.encode_job(self.image(job)), job))
                 self.pending_reserve += self._reservation(size)
@@ -483,7 +527,7 @@ class Binlog:
         busy = self.syncer is not None and self.syncer.busy
         keep = []
         for seq, seg in self.doomed:
-            if seq <= self.synced and not busy:
+            if seq <= self.synced and not busy and seg.seq not in self.dirty:
                 del self.by_seq[seg.seq]
                 os.close(seg.fd)
                 os.unlink(seg.path)

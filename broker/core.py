@@ -92,9 +92,9 @@ class Broker(CounterCommands, Commands):
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
         if recovered is not None:
-            self._restore(recovered.jobs.values(), recovered.next_id)
+            self._restore(recovered.jobs.values(), recovered.next_id, now)
 
-    def _restore(self, lives, next_id: int) -> None:
+    def _restore(self, lives, next_id: int, now: float) -> None:
         """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).
 
         Written for a million jobs: plain loops over walformat's replay tuples."""
@@ -106,9 +106,12 @@ class Broker(CounterCommands, Commands):
             t = tubes.get(name) or tubes.setdefault(name, q.tube(name))
             job = Job(rec[1], t, rec[2], rec[3], rec[4], body, rec[5] - off)
             state = rec[7]
-            if state != S_READY:
-                job.state = DELAYED if state == S_DELAYED else BURIED
-                job.deadline = rec[6] - off if state == S_DELAYED else rec[6]
+            if state == S_DELAYED and rec[6] - off > now:
+                job.state, job.deadline = DELAYED, rec[6] - off
+            elif state != S_READY and state != S_DELAYED:
+                job.state, job.deadline = BURIED, rec[6]
+            # (a delayed job already due is ready now, before a front re-registering a
+            # session that reserved it since can ask for it: see _reconcile)
             job.seg = seq
             if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
                 job.counts = list(rec[8:13])

@@ -36,6 +36,7 @@ class Syncer:
         self._cond = threading.Condition()
         self._job: tuple | None = None
         self._done = 0
+        self._error: OSError | None = None
         self.busy = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="zstalk-fsync", daemon=True)
@@ -47,13 +48,14 @@ class Syncer:
             self._job = (seq, fds, dir_fd)
             self._cond.notify()
 
-    def take_done(self) -> int:
+    def take_done(self) -> tuple[int, OSError | None]:
+        """The last write number synced, and the error that stopped the thread, if any."""
         try:
             os.read(self.read_fd, 4096)
         except BlockingIOError:
             pass
         with self._cond:
-            return self._done
+            return self._done, self._error
 
     def _run(self) -> None:
         while True:
@@ -64,10 +66,16 @@ class Syncer:
                     return
                 seq, fds, dir_fd = self._job
                 self._job = None
-            for fd in fds:
-                os.fsync(fd)
-            if dir_fd >= 0:
-                os.fsync(dir_fd)
+            try:
+                for fd in fds:
+                    os.fsync(fd)
+                if dir_fd >= 0:
+                    os.fsync(dir_fd)
+            except OSError as exc:      # reported to the loop, which stops the broker
+                with self._cond:
+                    self._error = exc
+                os.write(self._write_fd, b"x")
+                return
             with self._cond:
                 self._done = seq
                 self.busy = False

@@ -6,9 +6,10 @@ ids, tubes, priorities, delays (absolute due times), TTRs, ages, counters, bodie
 the order beanstalkd would re-bury them in, and the next id.
 
 In place (no --into): zstalk's segments are written and fsynced beside beanstalkd's
-files, then beanstalkd's files move into DIR/beanstalkd-imported/, so `-b DIR` keeps
-working for whoever switches.  A crash in between leaves both kinds in DIR; the broker
-refuses to start on that, and running the import again starts it over.  A beanstalkd
+files, a marker file says so, then beanstalkd's files move into DIR/beanstalkd-imported/,
+so `-b DIR` keeps working for whoever switches.  A crash in between leaves both kinds in
+DIR and the broker refuses to start on that; running the import again starts it over if
+the marker is missing, or only finishes the moves if it is there.  A beanstalkd
 still running on DIR (it holds DIR/lock) is refused: its binlog is still changing.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .beanstalkd_binlog import BeanstalkdBinlog, binlog_numbers, read_beanstalkd
 from .binlog import SEGMENT_SIZE, Binlog, BinlogError, Options
 
 IMPORTED_DIR = "beanstalkd-imported"
+#: in place, set once zstalk's binlog is complete and before any beanstalkd file moves
+WRITTEN_MARKER = "zstalk.import-written"
 _STATES = {"ready": wf.S_READY, "delayed": wf.S_DELAYED, "buried": wf.S_BURIED}
 
 
@@ -43,11 +46,25 @@ def import_beanstalkd(src: str, into: str | None = None, max_job_size: int = 1 <
     if not binlog_numbers(src):
         raise BinlogError(f"{src} holds no beanstalkd binlog.N files")
     _refuse_running_beanstalkd(src)
+    marker = os.path.join(src, WRITTEN_MARKER)
+    if in_place and os.path.exists(marker):
+        # an earlier run wrote everything and died moving beanstalkd's files: finish that
+        _set_aside(src, [])
+        os.unlink(marker)
+        _sync_dir(src)
+        return _summary(read_beanstalkd_binlog(os.path.join(src, IMPORTED_DIR), max_job_size), dst)
     old = read_beanstalkd_binlog(src, max_job_size)
     _clear_target(dst, in_place)
     _write(dst, old, segment_size)
     if in_place:
+        _mark_written(marker, src)
         _set_aside(src, old.files)
+        os.unlink(marker)
+        _sync_dir(src)
+    return _summary(old, dst)
+
+
+def _summary(old: BeanstalkdBinlog, dst: str) -> Imported:
     by_state: dict[str, int] = {}
     for job in old.jobs:
         by_state[job.state] = by_state.get(job.state, 0) + 1
@@ -112,7 +129,19 @@ def _set_aside(src: str, files: list[str]) -> None:
         path = os.path.join(src, name)
         if os.path.exists(path):
             os.rename(path, os.path.join(aside, name))
-    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    _sync_dir(src)
+
+
+def _mark_written(marker: str, src: str) -> None:
+    with open(marker, "wb") as f:
+        f.write(b"zstalk's binlog is complete; beanstalkd's files are moving aside\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_dir(src)
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

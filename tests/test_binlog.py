@@ -310,3 +310,69 @@ def test_under_fsync_0_replies_wait_for_the_fsync_that_covers_them(tmp_path):
     finally:
         wal.close()
         actor.sock.close(linger=0)
+
+
+def test_empty_segments_whose_header_never_reached_the_disk_are_dropped(tmp_path):
+    node = Node(tmp_path / "wal")
+    bodies = _fill(node, 5)
+    node.wal.close()
+    last = max(int(n.split(".")[1]) for n in os.listdir(node.path) if n.endswith(".wal"))
+    for seq in (last + 1, last + 2):        # spares made before a power loss: zeros
+        with open(os.path.join(node.path, segment_name(seq)), "wb") as f:
+            f.write(bytes(8192))
+    after = Node(node.path)
+    assert {i: after.job(i).body for i in bodies} == bodies
+    after.wal.close()
+
+
+def test_a_restart_allocates_the_space_promised_to_the_recovered_jobs_deletes(tmp_path):
+    node = Node(tmp_path / "wal", segment_size=4096)
+    ids = [node.put(1, b"d" * 50) for _ in range(500)]
+    after = node.restart()
+    assert after.wal._capacity() >= after.wal.promised > 0
+    for job_id in ids:
+        assert codes(after.send((Op.DELETE, 1, job_id))) == [R.DELETED]
+    after.wal.close()
+
+
+def test_a_delayed_job_reserved_after_it_came_due_goes_back_to_its_holder(tmp_path):
+    """Its log says DELAYED (becoming ready is not logged): after a broker restart it must
+    still be restorable to the session a front re-registers as holding it."""
+    from zstalk.protocol.schema import Hello, SessionState
+
+    node = Node(tmp_path / "wal")
+    job = node.put(1, b"later", delay=10)
+    node.advance(11)
+    assert node.reserve(2)[2] == job
+    after = node.restart(later_s=1)
+    state = after.broker.state_id
+    after.broker.handle(b"front-b", Hello(99, "beanstalk", 1, state,
+                                          [SessionState(7, "default", ["default"], [job])]),
+                        after.now)
+    after.broker.flush()
+    assert after.job(job).state == "reserved"
+    assert after.job(job).holder.conn == 7
+    after.wal.close()
+
+
+def test_segment_sizes_round_up_to_whole_blocks_as_beanstalkd_does(tmp_path):
+    node = Node(tmp_path / "wal", segment_size=1)
+    node.put(1, b"x")
+    assert node.wal.seg_size == 4096
+    assert node.stats()["binlog-max-size"] == 1, "reported as given, like beanstalkd"
+    node.wal.close()
+
+
+def test_an_fsync_error_is_reported_to_the_loop_not_swallowed(tmp_path):
+    import select
+
+    from zstalk.broker.fsync import Syncer
+
+    syncer = Syncer()
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.close(fd)                             # fsync of a closed fd: EBADF
+    syncer.request(1, [fd], -1)
+    assert select.select([syncer.read_fd], [], [], 10)[0]
+    done, error = syncer.take_done()
+    assert done == 0 and isinstance(error, OSError)
+    syncer.stop()
