@@ -47,7 +47,7 @@ _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 class BrokerActor:
     def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None,
-                 binlog: BinlogOptions | None = None) -> None:
+                 binlog: BinlogOptions | None = None, also_bind: tuple[str, ...] = ()) -> None:
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
@@ -62,8 +62,14 @@ class BrokerActor:
             self.sock.setsockopt(opt, value)
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        for extra in also_bind:        # e.g. a TCP endpoint for worker pools beside ipc://
+            self.sock.bind(extra)
         self.running = True
         self._signals: list[int] = []
+        # wakes the loop for a signal or stop() from another thread
+        self._rsock, self._wsock = socket.socketpair()
+        for sock in (self._rsock, self._wsock):
+            sock.setblocking(False)
 
     def _make_core(self, config: Config, recovered) -> Broker:
         now = time.monotonic()
@@ -71,16 +77,19 @@ class BrokerActor:
                       wal=self.wal, recovered=recovered)
 
     # -- signals -----------------------------------------------------------------------
-    def install_signals(self) -> socket.socket:
-        """Route SIGTERM/SIGINT/SIGUSR1 through a socketpair the poller watches."""
-        rsock, wsock = socket.socketpair()
-        rsock.setblocking(False)
-        wsock.setblocking(False)
-        signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+    def install_signals(self) -> None:
+        """Route SIGTERM/SIGINT/SIGUSR1 through the socketpair the poller watches."""
+        signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, lambda signum, frame: self._signals.append(signum))
-        self._wsock = wsock
-        return rsock
+
+    def stop(self) -> None:
+        """End run() from any thread (in-process use: zstalk.workers.testing)."""
+        self.running = False
+        try:
+            self._wsock.send(b"s")
+        except OSError:
+            pass
 
     def _take_signals(self, rsock: socket.socket) -> None:
         try:
@@ -96,8 +105,11 @@ class BrokerActor:
                 self.running = False
 
     # -- loop --------------------------------------------------------------------------
-    def run(self) -> None:
-        rsock = self.install_signals()
+    def run(self, signals: bool = True) -> None:
+        """The loop; `signals=False` for a broker running in a thread (stop() ends it)."""
+        if signals:
+            self.install_signals()
+        rsock = self._rsock
         poller = select.epoll()
         poller.register(self.sock.getsockopt(zmq.FD), select.EPOLLIN)
         poller.register(rsock.fileno(), select.EPOLLIN)
@@ -128,6 +140,10 @@ class BrokerActor:
         self._shutdown_binlog()
         poller.close()
         self.sock.close(linger=0)
+        if signals:
+            signal.set_wakeup_fd(-1)
+        self._rsock.close()
+        self._wsock.close()
         log.info("broker stopped")
 
     def _commit(self, messages: list, now: float) -> None:

@@ -2,6 +2,7 @@
 
     zstalk serve [-l ADDR] [-p PORT] [--fronts N]    broker + fronts, supervised
                  [--counter-port PORT] [--counter-listen ADDR] [--counter-max-connections N]
+    zstalk serve [--worker-bind tcp://HOST:PORT]     ... and the endpoint native workers use
     zstalk broker --bind tcp://HOST:PORT             the broker actor alone
     zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
@@ -24,6 +25,7 @@ from .supervisor import ServeOptions, binlog_args, serve as run_supervisor
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
+WORKER_ENDPOINT = "tcp://127.0.0.1:11400"   # where `zstalk worker` looks by default
 BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
 
 
@@ -99,10 +101,14 @@ def main(ctx: click.Context, verbose: int) -> None:
               help="Counter connections; beyond it accepted, then closed (0: no limit).")
 @click.option("--stat-interval", default=86400, show_default=True,
               help="Counters: seconds between epoch-aligned collections of zero counters.")
+@click.option("--worker-bind", default=WORKER_ENDPOINT, show_default=True,
+              envvar="ZSTALK_WORKER_BIND",
+              help="ZeroMQ endpoint where native workers and producers (zstalk.workers) "
+                   "reach the broker; 'none': no such endpoint.")
 @binlog_options
 @click.pass_obj
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
-          counter_port, counter_listen, counter_max_connections, stat_interval,
+          counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
           binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run a broker, beanstalk fronts (port 11300) and a counter front (port 11215)."""
     listener = bind_or_exit(addr, port)
@@ -114,6 +120,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
                         extra_broker_args=["--stat-interval", str(stat_interval),
+                                           *(["--also-bind", worker_bind] if worker_bind not in ("", "none") else []),
                                            *binlog_args(binlog_dir, fsync_ms, no_fsync,
                                                         binlog_size)])
     sys.exit(run_supervisor([listener], opts, counter_listeners))
@@ -133,9 +140,11 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                    "time to re-register their holdings.")
 @click.option("--ready-fd", type=int, default=None,
               help="Write a byte to this fd once the binlog is replayed and the socket bound.")
+@click.option("--also-bind", multiple=True, metavar="ENDPOINT",
+              help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @binlog_options
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
-           binlog_dir, fsync_ms, no_fsync, binlog_size):
+           also_bind, binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run the broker actor: all tube, job and session state."""
     from .actor import BrokerActor
     from .binlog import BinlogError, Options
@@ -150,7 +159,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     try:
-        actor = BrokerActor(bind, config, binlog=wal)
+        actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind))
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)

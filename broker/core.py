@@ -28,6 +28,7 @@ from . import stats
 from .commands import Commands
 from .counters import CounterCommands, Counters, CounterSession
 from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
+from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
 from .walformat import S_DELAYED, S_READY
 
@@ -61,7 +62,7 @@ class Front:
         self.last_seen = now
 
 
-class Broker(CounterCommands, Commands):
+class Broker(PoolCommands, CounterCommands, Commands):
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
                  wall_offset: float = 0.0, wal=None, recovered=None) -> None:
@@ -238,7 +239,8 @@ class Broker(CounterCommands, Commands):
                     elif op[0] not in (Op.CLOSE, Op.COUNT, Op.HALF_CLOSE):
                         out.append((op[1], R.INTERNAL_ERROR))
                     continue
-                if (op[0] >= _FIRST_COUNTER_OP) != s.is_counter and op[0] > Op.HALF_CLOSE:
+                if ((op[0] >= _FIRST_COUNTER_OP) != s.is_counter and op[0] > Op.HALF_CLOSE
+                        or s.is_pool and op[0] not in POOL_OPS):
                     out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
                 reply = handlers[op[0]](s, op, now)
@@ -273,7 +275,10 @@ class Broker(CounterCommands, Commands):
         self.out.setdefault(s.front.peer, []).append((s.conn, *reply))
 
     def _granted(self, s: Session, job: Job) -> None:
-        self._reply(s, R.RESERVED, job.id, job.body)
+        if s.is_pool:
+            self._pool_granted(s, job)
+        else:
+            self._reply(s, R.RESERVED, job.id, job.body)
 
     def _deadline_soon(self, s: Session) -> None:
         self._reply(s, R.DEADLINE_SOON)
@@ -289,7 +294,8 @@ class Broker(CounterCommands, Commands):
             self.counter_store.total_connections += 1
             return s
         default = self.queue.tube(DEFAULT_TUBE)
-        s = front.sessions[conn] = Session(front, conn, default)
+        cls = PoolSession if front.kind == "pool" else Session
+        s = front.sessions[conn] = cls(front, conn, default)
         default.using += 1
         default.watching += 1
         self.total_connections += 1

@@ -45,6 +45,7 @@ class CounterSession:
     """One connection of a counter front: what it holds, by counter name."""
     __slots__ = ("front", "conn", "holds")
     is_counter = True
+    is_pool = False
 
     def __init__(self, front, conn: int) -> None:
         self.front = front

@@ -117,6 +117,7 @@ class Session:
     __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "due", "waiting", "wait_until",
                  "wake", "producer", "worker")
     is_counter = False
+    is_pool = False
 
     def __init__(self, front, conn: int, default: Tube) -> None:
         self.front = front

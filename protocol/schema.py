@@ -13,13 +13,15 @@ Flow control (no silent drops): the broker's ROUTER socket sets ROUTER_MANDATORY
 reply to a front that is no longer connected raises instead of vanishing; the broker
 then declares that front dead (its sessions close) and fences it if it speaks again.
 Send high-water marks are unlimited on both sides; what bounds the queues is credit:
-the broker only ever sends replies to ops a front sent (plus heartbeats), and a front
+the broker only ever sends replies to ops a front sent (plus heartbeats, and jobs a pool
+gave credit for), and a front
 only sends ops for commands its clients sent, reading no further from a client whose
 replies are not yet written out.
 
 An op is `(opcode, conn, *args)`; `conn` is the front-local connection number, and a
-session is identified by (front incarnation, conn).  Every op except OPEN, CLOSE,
-COUNT and HALF_CLOSE gets exactly one reply, in order per connection.  A reply is
+session is identified by (front incarnation, conn).  Every op except the SILENT_OPS
+gets exactly one reply, in order per connection; a pool's session also receives pushed
+`R.JOB` messages between its replies (bounded by the credits it gave).  A reply is
 `(conn, code, *values)` with codes from `R`; values are protocol-neutral (ints, bytes,
 and for stats an ordered list of (key, value) pairs), and each front formats them for
 its own protocol.
@@ -68,6 +70,9 @@ class Op(enum.IntEnum):
     LIST_TUBE_USED = 30  # (conn)
     LIST_TUBES_WATCHED = 31  # (conn)
     PAUSE_TUBE = 32     # (conn, tube, delay_s)
+    # native worker pools (kind "pool" fronts; see "Worker pools" below)
+    SUBSCRIBE = 33      # (conn, [min_version, max_version], tubes, credits)
+    CREDIT = 34         # (conn, n)                   n more jobs may be pushed (n < 0: fewer)
     # counters (yrmcds protocol); names are bytes, counts u32
     C_NOOP = 40         # (conn)
     C_GET = 41          # (conn, name)
@@ -78,7 +83,7 @@ class Op(enum.IntEnum):
 
 
 #: ops that produce no reply
-SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE})
+SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT})
 
 
 class R(enum.IntEnum):
@@ -104,6 +109,9 @@ class R(enum.IntEnum):
     STATS = 20          # (pairs)  ordered [(key, value)], value int | bytes | bool | str
     LIST = 21           # (names)
     KICKED_JOB = 22
+    JOB = 23            # (id, body, tube, pri, ttr_s, reserves)  pushed to a pool, not a reply
+    SUBSCRIBED = 24     # (version)  the worker protocol version both sides speak
+    BAD_VERSION = 25    # (min_version, max_version)  what this broker speaks; no subscription
     C_OK = 30           # (value)  counter op succeeded; value: int, or None for no body
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
@@ -111,6 +119,23 @@ class R(enum.IntEnum):
 
 # ---------------------------------------------------------------------------------
 # Envelopes: the messages themselves.
+# ---------------------------------------------------------------------------------
+# Worker pools: a native worker process is a front of kind "pool" with one session.
+# It OPENs, then SUBSCRIBEs with the range of worker-protocol versions it speaks, its
+# tubes and its credits (how many jobs it can take now).  The broker answers SUBSCRIBED
+# with the highest version both speak (or BAD_VERSION), then pushes `R.JOB` messages,
+# each spending one credit, in exactly the order `reserve` would hand the jobs out,
+# interleaved round-robin with beanstalk clients blocked in reserve (a pool with
+# credits left waits on its tubes like such a client).  Pushed jobs are reserved by the
+# pool's session: it answers them with DELETE / RELEASE / BURY / TOUCH as any client,
+# and gives credits back with CREDIT (silent) as its slots free up, usually in the
+# same batch.  A SUBSCRIBE again replaces tubes and credits (credits 0: push nothing
+# more, the graceful-shutdown step).  Heartbeats and re-registration after a broker
+# restart are the fronts' (Hello/Welcome/SessionState).
+#: worker-protocol versions this code speaks (bump the max on an incompatible change)
+WORKER_VERSIONS = (1, 1)
+
+
 class Settings(NamedTuple):
     """Limits the broker owns and fronts enforce (sent in Welcome)."""
     max_job_size: int = 65535

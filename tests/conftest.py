@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from servers import (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # `zstalk serve` binds tcp://127.0.0.1:11400 for native workers by default; servers
+    # under test run side by side, so they bind it only where a test asks (--worker-bind)
+    os.environ["ZSTALK_WORKER_BIND"] = "none"
     config.addinivalue_line("markers", "cluster: runs against a zstalk broker with several fronts")
     config.addinivalue_line("markers", "zstalk_only: checks zstalk where it deliberately differs "
                                        "from beanstalkd 1.12 (skipped in self-check mode)")
