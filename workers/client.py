@@ -1,0 +1,227 @@
+"""The producer: a synchronous client on one plain ZeroMQ DEALER socket (no asyncio).
+
+It is a front of kind "client" with one beanstalk session (conn 1).  Each call sends one
+`Batch` (OPEN and USE ride along when needed, so `put_many` is one round trip for any
+number of jobs) and waits up to timeout_s for the replies, ignoring heartbeats.  The
+broker drops a front silent for PEER_TIMEOUT_S and answers it `Fenced`: an idle client
+then says Hello again under a new incarnation and resends the batch, which is safe
+because the broker executed none of a fenced batch.  A timeout throws the socket away,
+so a late reply can never be taken for the answer to the next call.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any, Iterable
+
+import zmq
+
+from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies, SchemaError,
+                               Settings, Welcome, decode, encode)
+from . import codecs
+from .codecs import Codec
+from .errors import ZstalkError
+
+DEFAULT_BROKER = "tcp://127.0.0.1:11400"
+CONN = 1
+_FENCED_RETRIES = 3
+
+
+class Client:
+    def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
+                 timeout_s: float = 5.0, ctx: zmq.Context | None = None) -> None:
+        self.broker = broker
+        self.codec = codec
+        self.timeout_s = timeout_s
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock: zmq.Socket | None = None
+        self.settings = Settings()
+        self.opened = False
+        self.using = "default"
+
+    # -- producing ---------------------------------------------------------------------
+    def put(self, body: Any, tube: str = "default", pri: int = 1024, delay_s: int = 0,
+            ttr_s: int = 60) -> int:
+        return self.put_many([body], tube, pri, delay_s, ttr_s)[0]
+
+    def put_many(self, bodies: Iterable[Any], tube: str = "default", pri: int = 1024,
+                 delay_s: int = 0, ttr_s: int = 60) -> list[int]:
+        """Put every body in one round trip; ids in the order of the bodies."""
+        self._connected()
+        ops = [(Op.PUT, CONN, pri, delay_s, ttr_s, self._encode(b)) for b in bodies]
+        replies = self._request(ops, tube)
+        ids = [r[2] if r[1] == R.INSERTED else None for r in replies]
+        for r in replies:
+            if r[1] != R.INSERTED:
+                error = ZstalkError(_name(r), f"{len(ids) - ids.count(None)} of {len(ids)} inserted")
+                error.ids = ids       # type: ignore[attr-defined]
+                raise error
+        return ids      # type: ignore[return-value]
+
+    def _encode(self, body: Any) -> bytes:
+        raw = self.codec.encode(body)
+        if len(raw) > self.settings.max_job_size:
+            raise ZstalkError("JOB_TOO_BIG", f"{len(raw)} bytes, the broker takes "
+                                             f"{self.settings.max_job_size}")
+        return raw
+
+    # -- looking -----------------------------------------------------------------------
+    def peek(self, job_id: int) -> tuple[int, Any] | None:
+        return self._found(self._one((Op.PEEK, CONN, job_id)))
+
+    def peek_ready(self, tube: str = "default") -> tuple[int, Any] | None:
+        return self._found(self._one((Op.PEEK_READY, CONN), tube))
+
+    def peek_delayed(self, tube: str = "default") -> tuple[int, Any] | None:
+        return self._found(self._one((Op.PEEK_DELAYED, CONN), tube))
+
+    def peek_buried(self, tube: str = "default") -> tuple[int, Any] | None:
+        return self._found(self._one((Op.PEEK_BURIED, CONN), tube))
+
+    def _found(self, reply: tuple) -> tuple[int, Any] | None:
+        if reply[1] == R.NOT_FOUND:
+            return None
+        _expect(reply, R.FOUND)
+        return reply[2], self.codec.decode(reply[3])
+
+    # -- changing ----------------------------------------------------------------------
+    def delete(self, job_id: int) -> bool:
+        return _found_or_not(self._one((Op.DELETE, CONN, job_id)), R.DELETED)
+
+    def kick(self, bound: int, tube: str = "default") -> int:
+        reply = self._one((Op.KICK, CONN, bound), tube)
+        _expect(reply, R.KICKED)
+        return reply[2]
+
+    def kick_job(self, job_id: int) -> bool:
+        return _found_or_not(self._one((Op.KICK_JOB, CONN, job_id)), R.KICKED_JOB)
+
+    # -- stats -------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        reply = self._one((Op.STATS, CONN))
+        _expect(reply, R.STATS)
+        return dict(reply[2])
+
+    def stats_tube(self, name: str) -> dict[str, Any] | None:
+        return self._stats_or_none(self._one((Op.STATS_TUBE, CONN, name)))
+
+    def stats_job(self, job_id: int) -> dict[str, Any] | None:
+        return self._stats_or_none(self._one((Op.STATS_JOB, CONN, job_id)))
+
+    def _stats_or_none(self, reply: tuple) -> dict[str, Any] | None:
+        if reply[1] == R.NOT_FOUND:
+            return None
+        _expect(reply, R.STATS)
+        return dict(reply[2])
+
+    def list_tubes(self) -> list[str]:
+        reply = self._one((Op.LIST_TUBES, CONN))
+        _expect(reply, R.LIST)
+        return list(reply[2])
+
+    # -- connection --------------------------------------------------------------------
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _one(self, op: tuple, tube: str | None = None) -> tuple:
+        return self._request([op], tube)[0]
+
+    def _request(self, ops: list[tuple], tube: str | None = None) -> list[tuple]:
+        """Send ops as one Batch (after OPEN / USE if needed); their replies, in order."""
+        for _ in range(_FENCED_RETRIES):
+            self._connected()
+            prefix = [] if self.opened else [(Op.OPEN, CONN)]
+            use = tube is not None and tube != self.using
+            if use:
+                prefix.append((Op.USE, CONN, tube))
+            batch = prefix + ops
+            self._send(Batch(batch))
+            replies = self._receive(sum(op[0] not in SILENT_OPS for op in batch))
+            if replies is None:           # fenced: nothing ran; start over and resend
+                self._reset()
+                continue
+            self.opened = True
+            if use:
+                _expect(replies[0], R.USING)
+                self.using, replies = tube, replies[1:]        # type: ignore[assignment]
+            return replies
+        raise ZstalkError("FENCED", "the broker keeps refusing this client")
+
+    def _connected(self) -> None:
+        if self.sock is not None:
+            return
+        s = self.ctx.socket(zmq.DEALER)
+        front_id = random.getrandbits(64) or 1
+        s.setsockopt(zmq.IDENTITY, front_id.to_bytes(8, "big"))
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.broker)
+        self.sock, self.opened, self.using = s, False, "default"
+        self._send(Hello(front_id, "client", os.getpid(), 0, []))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            msg = self._next(deadline)
+            if isinstance(msg, Welcome):
+                self.settings = msg.settings
+                return
+
+    def _send(self, msg: Any) -> None:
+        assert self.sock is not None
+        self.sock.send(encode(msg))
+
+    def _receive(self, expected: int) -> list[tuple] | None:
+        deadline = time.monotonic() + self.timeout_s
+        items: list[tuple] = []
+        while len(items) < expected:
+            msg = self._next(deadline)
+            if isinstance(msg, Replies):
+                items.extend(msg.items)
+            elif isinstance(msg, Fenced):
+                return None
+        return items
+
+    def _next(self, deadline: float) -> Any:
+        """The next schema message, or TimeoutError (the socket is then dropped)."""
+        sock = self.sock
+        assert sock is not None
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not sock.poll(remaining_ms):
+                self._reset()
+                raise TimeoutError(f"no answer from the broker at {self.broker} "
+                                   f"within {self.timeout_s} s")
+            try:
+                return decode(sock.recv())
+            except SchemaError:
+                continue
+
+    def _reset(self) -> None:
+        self.close()
+        self.opened = False
+
+
+def _name(reply: tuple) -> str:
+    try:
+        return R(reply[1]).name
+    except ValueError:
+        return f"REPLY_{reply[1]}"
+
+
+def _expect(reply: tuple, code: R) -> None:
+    if reply[1] != code:
+        raise ZstalkError(_name(reply))
+
+
+def _found_or_not(reply: tuple, code: R) -> bool:
+    if reply[1] == R.NOT_FOUND:
+        return False
+    _expect(reply, code)
+    return True

@@ -1,0 +1,325 @@
+"""One pool process's session with the broker: subscribe, run pushed jobs, ack, give credit.
+
+The pool is a front of kind "pool" with one session (conn 1) over a BrokerLink, which
+owns Hello/Welcome, heartbeats, batching and reconnects.  After Welcome the pool OPENs
+and SUBSCRIBEs with its tubes and credits = capacity - jobs it holds (capacity is
+concurrency + prefetch), so it never holds more than capacity jobs.  The broker pushes
+`R.JOB`s, each reserved by this session; a finished job is answered DELETE / RELEASE /
+BURY and its slot given back with CREDIT, all in the loop turn that collected the
+results, so the link sends them as one Batch.
+
+Replies come in op order and pushed jobs are not replies, so `awaiting` is a FIFO of
+(op, callback) for every op that gets a reply.  When the link loses the broker, acks
+in flight are kept to send again after Welcome (a job id is never reused, so a second
+DELETE is harmless) and the session state re-registered lists them as still held.
+
+Shutdown (SIGTERM): SUBSCRIBE with 0 credits, release every job not started yet, let
+running handlers finish for grace_s (their acks go out as usual), release the rest.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import zmq
+
+from ..protocol.link import READY, BrokerLink, LinkOwner
+from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
+from .errors import Bury, Retry, WorkerVersionError, ZstalkError
+from .job import BURY, DELETE, RELEASE, Job, Outcome, decide
+from .runners import AsyncRunner, Result, ThreadRunner
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+CONN = 1
+#: ops submitted while the broker is away wait for it (acks must not turn into errors)
+HOLD_FOREVER_S = 10.0 ** 9
+_ACKS = frozenset({Op.DELETE, Op.RELEASE, Op.BURY})
+_DONE_CODES = {R.DELETED: "deleted", R.RELEASED: "released", R.BURIED: "buried"}
+Callback = Callable[[tuple, tuple], None]
+_CHOSEN = (Retry, Bury)       # the handler chose the outcome itself: not a failure
+
+
+class Pool(LinkOwner):
+    def __init__(self, worker: "Worker", endpoint: str, ctx: zmq.Context | None = None) -> None:
+        self.worker = worker
+        self.endpoint = endpoint
+        self.ctx = ctx
+        self.log: logging.Logger = worker.logger
+        self.tubes = list(worker.handlers)
+        self.capacity = worker.concurrency + worker.prefetch
+        self.held: dict[int, Job] = {}
+        self.awaiting: collections.deque[tuple[tuple, Callback | None]] = collections.deque()
+        self.resend: list[tuple] = []
+        self.touch_timers: dict[int, asyncio.TimerHandle] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.had_session = False
+        self.subscribed = False
+        self.stopping = False
+
+    # -- life cycle --------------------------------------------------------------------
+    def start(self) -> None:
+        if not self.tubes:
+            raise ValueError("this worker has no handlers: register one with @worker.handler(tube)")
+        self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        self.done: asyncio.Future = self.loop.create_future()
+        decider = self._decider()
+        self.threads = ThreadRunner(self.worker.concurrency, decider, self._finished)
+        self.tasks = AsyncRunner(self.worker.concurrency, decider, self._finished)
+        self.routes = {tube: (h, self.tasks if inspect.iscoroutinefunction(h) else self.threads)
+                       for tube, h in self.worker.handlers.items()}
+        self.link = BrokerLink(self.endpoint, "pool", self, hold_s=HOLD_FOREVER_S, ctx=self.ctx)
+        self.link.start()
+
+    def _decider(self) -> Callable[[Job, BaseException | None], Outcome]:
+        max_attempts, backoff = self.worker.max_attempts, self.worker.backoff
+        return lambda job, exc: decide(job, exc, max_attempts, backoff)
+
+    def close(self) -> None:
+        for timer in self.touch_timers.values():
+            timer.cancel()
+        self.threads.stop()
+        self.tasks.stop()
+        self.link.close()
+
+    def request_stop(self) -> None:
+        """SIGTERM / SIGINT: shut down gracefully, then resolve `done`."""
+        if not self.stopping:
+            self.loop.create_task(self._stop_and_finish())
+
+    async def _stop_and_finish(self) -> None:
+        await self.shutdown()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.log.info("stopping: no new jobs, %d held", len(self.held))
+        self._subscribe(0)
+        for job in self.threads.take_pending() + self.tasks.take_pending():
+            self._release(job)
+        await _until(lambda: not self.held, self.worker.grace_s)
+        for job in list(self.held.values()):
+            self.log.warning("job %d still running after %.1f s: released", job.id,
+                             self.worker.grace_s, extra=_fields(job, RELEASE))
+            self._release(job)
+        await _until(lambda: not self._acks_in_flight(), 2.0)
+
+    # -- ops ---------------------------------------------------------------------------
+    def _submit(self, op: tuple, callback: Callback | None = None) -> None:
+        if op[0] not in SILENT_OPS:
+            self.awaiting.append((op, callback))
+        self.link.submit(op)
+
+    def _subscribe(self, credits: int) -> None:
+        self._submit((Op.SUBSCRIBE, CONN, list(WORKER_VERSIONS), self.tubes, max(0, credits)),
+                     self._subscribed)
+
+    def query(self, op: tuple) -> asyncio.Future:
+        """Send any beanstalk op on the pool's session; the future gets its reply."""
+        fut = self.loop.create_future()
+        self._submit(op, lambda _op, reply: fut.done() or fut.set_result(reply))
+        return fut
+
+    def _acks_in_flight(self) -> bool:
+        return bool(self.resend) or any(op[0] in _ACKS for op, _ in self.awaiting)
+
+    # -- LinkOwner ---------------------------------------------------------------------
+    def on_replies(self, items: list) -> None:
+        awaiting, job_code = self.awaiting, R.JOB
+        for item in items:
+            if item[1] == job_code:
+                self._pushed(item)
+            elif awaiting:
+                op, callback = awaiting.popleft()
+                if callback is not None:
+                    callback(op, item)
+            else:
+                self.log.warning("reply with no op waiting for it: %r", item[:2])
+
+    def on_welcome(self, w: Welcome) -> None:
+        if not (w.restored and self.had_session):
+            self._submit((Op.OPEN, CONN))
+        self.had_session = True
+        resend, self.resend = self.resend, []
+        for op in resend:
+            self._submit(op, self._acked)
+        self._subscribe(0 if self.stopping else self.capacity - len(self.held))
+
+    def on_lost(self) -> None:
+        """Ops sent to the lost broker get no reply: acks go again after Welcome."""
+        self.subscribed = False
+        awaiting, self.awaiting = self.awaiting, collections.deque()
+        for op, callback in awaiting:
+            if op[0] in _ACKS:
+                self.resend.append(op)
+            elif callback is not None:
+                callback(op, (CONN, R.INTERNAL_ERROR))
+
+    def on_fenced(self) -> None:
+        """The broker dropped this incarnation (and released our jobs): start afresh."""
+        self.link.batch.clear()     # ops not sent yet would be answered out of our order
+        self.on_lost()
+        self.had_session = False
+
+    def session_states(self) -> list[SessionState]:
+        if not self.had_session:
+            return []
+        held = list(self.held) + [op[2] for op in self.resend]
+        return [SessionState(CONN, self.tubes[0], self.tubes, held)]
+
+    # -- replies -----------------------------------------------------------------------
+    def _subscribed(self, op: tuple, reply: tuple) -> None:
+        code = reply[1]
+        if code == R.SUBSCRIBED:
+            self.subscribed = True
+            self.log.info("subscribed to %s with %d credits (worker protocol %d)",
+                          ", ".join(op[3]), op[4], reply[2])
+        elif code == R.BAD_VERSION:
+            self.fail(WorkerVersionError(WORKER_VERSIONS, (reply[2], reply[3])))
+        elif self.link.state is READY:
+            self.fail(ZstalkError(R(code).name, "SUBSCRIBE refused: does this broker "
+                                                "serve worker pools?"))
+
+    def _acked(self, op: tuple, reply: tuple) -> None:
+        done = _DONE_CODES.get(reply[1])
+        if done is not None:
+            self.counts[done] += 1
+        elif reply[1] == R.NOT_FOUND:
+            self.counts["lost"] += 1
+            self.log.warning("job %d was no longer ours at %s (its TTR ran out?)",
+                             op[2], Op(op[0]).name, extra={"job_id": op[2]})
+        else:
+            self.counts["failed"] += 1
+            self.log.error("%s of job %d answered %s", Op(op[0]).name, op[2],
+                           R(reply[1]).name, extra={"job_id": op[2]})
+
+    # -- jobs --------------------------------------------------------------------------
+    def _pushed(self, item: tuple) -> None:
+        _, _, job_id, raw, tube, pri, ttr_s, reserves = item[:8]
+        job = Job(job_id, raw, tube, pri, ttr_s, reserves, self.worker.codec, self.touch)
+        self.held[job_id] = job
+        route = self.routes.get(tube)
+        if self.stopping or route is None:
+            self._release(job)
+            return
+        if self.worker.auto_touch:
+            self._schedule_touch(job)
+        route[1].submit(job, route[0])
+
+    def _finished(self, results: list[Result]) -> None:
+        """Handlers are done: ack each job, and give their slots back in the same batch."""
+        held, credits = self.held, 0
+        for r in results:
+            if held.pop(r.job.id, None) is None:
+                continue            # released at the end of the shutdown grace
+            self._untouch(r.job.id)
+            self._ack(r.job.id, r.outcome)
+            credits += 1
+            self._log(r)
+        if credits and not self.stopping:
+            self._submit((Op.CREDIT, CONN, credits))
+
+    def _ack(self, job_id: int, outcome: Outcome) -> None:
+        if outcome.action == DELETE:
+            op: tuple = (Op.DELETE, CONN, job_id)
+        elif outcome.action == RELEASE:
+            op = (Op.RELEASE, CONN, job_id, outcome.pri, outcome.delay_s)
+        else:
+            op = (Op.BURY, CONN, job_id, outcome.pri)
+        self._submit(op, self._acked)
+
+    def _release(self, job: Job) -> None:
+        """Hand a job back now, untouched: its own priority, no delay."""
+        if self.held.pop(job.id, None) is not None:
+            self._untouch(job.id)
+            self._submit((Op.RELEASE, CONN, job.id, job.pri, 0), self._acked)
+
+    def _log(self, r: Result) -> None:
+        job, action = r.job, r.outcome.action
+        log = self.log
+        if r.error is None or isinstance(r.error, _CHOSEN):
+            if log.isEnabledFor(logging.INFO):
+                log.info("job %d %s in %.3f s", job.id, action, r.duration_s,
+                         extra=_fields(job, action, r.duration_s))
+            return
+        level = logging.ERROR if action == BURY else logging.WARNING
+        log.log(level, "job %d failed (attempt %d): %s", job.id, job.attempt, action,
+                exc_info=r.error, extra=_fields(job, action, r.duration_s))
+
+    # -- touch -------------------------------------------------------------------------
+    def touch(self, job_id: int) -> None:
+        """Restart a held job's TTR; callable from handler threads too."""
+        if threading.get_ident() == self.loop_thread:
+            self._touch(job_id)
+        else:
+            self.loop.call_soon_threadsafe(self._touch, job_id)
+
+    def _touch(self, job_id: int) -> None:
+        if job_id in self.held:
+            self._submit((Op.TOUCH, CONN, job_id))
+
+    def _schedule_touch(self, job: Job) -> None:
+        interval_s = max(0.5, job.ttr_s / 2)
+        self.touch_timers[job.id] = self.loop.call_later(interval_s, self._auto_touch, job)
+
+    def _auto_touch(self, job: Job) -> None:
+        if job.id in self.held:
+            self._touch(job.id)
+            self._schedule_touch(job)
+
+    def _untouch(self, job_id: int) -> None:
+        timer = self.touch_timers.pop(job_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    # -- idleness (testing) ------------------------------------------------------------
+    async def until_idle(self, timeout_s: float, wait_delayed: bool = False) -> bool:
+        """True once this pool holds nothing and its tubes have no ready or reserved job."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+            if self.held or not self.subscribed or self._acks_in_flight():
+                continue
+            if await self._tubes_idle(wait_delayed) and not self.held:
+                return True
+        return False
+
+    async def _tubes_idle(self, wait_delayed: bool) -> bool:
+        keys = ("current-jobs-ready", "current-jobs-reserved") + (
+            ("current-jobs-delayed",) if wait_delayed else ())
+        for tube in self.tubes:
+            reply = await self.query((Op.STATS_TUBE, CONN, tube))
+            if reply[1] == R.NOT_FOUND:
+                continue
+            if reply[1] != R.STATS:
+                return False
+            stats = dict(reply[2])
+            if any(stats.get(k) for k in keys):
+                return False
+        return True
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def _fields(job: Job, outcome: str, duration_s: float | None = None) -> dict[str, Any]:
+    return {"job_id": job.id, "tube": job.tube, "attempt": job.attempt, "outcome": outcome,
+            "duration_s": duration_s}
+

@@ -1,0 +1,142 @@
+"""Where handlers run: sync handlers on N threads, async handlers as tasks on the loop.
+
+Threads (ThreadRunner): the pool puts `(job, handler)` on one `queue.SimpleQueue` that N
+threads pull from; each thread decides the outcome itself (job.decide) and appends it
+to a shared list.  Only the first result of a burst wakes the loop
+(`call_soon_threadsafe`); the loop then takes the whole list at once, so a busy pool
+costs one wake-up per burst, not one per job, and its acks leave as one batch.
+
+Tasks (AsyncRunner): at most N handlers awaited at a time; the rest wait in a deque.
+Both runners can hand back the jobs nobody started (`take_pending`, for shutdown).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+import time
+from typing import Any, Awaitable, Callable, NamedTuple
+
+from .job import Job, Outcome
+
+
+class Result(NamedTuple):
+    job: Job
+    outcome: Outcome
+    duration_s: float
+    error: BaseException | None
+
+
+Decide = Callable[[Job, BaseException | None], Outcome]
+Finish = Callable[[list[Result]], None]
+
+
+def run_sync(job: Job, handler: Callable[[Job], Any], decide: Decide) -> Result:
+    job.started_at = started = time.monotonic()
+    try:
+        handler(job)
+        error = None
+    except Exception as exc:     # the handler's failure is the job's outcome, not ours
+        error = exc
+    return Result(job, decide(job, error), time.monotonic() - started, error)
+
+
+class ThreadRunner:
+    def __init__(self, threads: int, decide: Decide, finish: Finish) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.decide = decide
+        self.finish = finish
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: list[Result] = []
+        self.lock = threading.Lock()
+        self.wake_pending = False
+        self.threads = [threading.Thread(target=self._work, name=f"zstalk-worker-{i}",
+                                         daemon=True) for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, job: Job, handler: Callable[[Job], Any]) -> None:
+        self.inbox.put((job, handler))
+
+    def take_pending(self) -> list[Job]:
+        pending = []
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return pending
+            if item is None:            # keep a stop marker where it was
+                self.inbox.put(None)
+                return pending
+            pending.append(item[0])
+
+    def stop(self) -> None:
+        """Threads end after their current handler (daemon threads: none blocks exit)."""
+        for _ in self.threads:
+            self.inbox.put(None)
+
+    def _work(self) -> None:
+        inbox, decide = self.inbox, self.decide
+        while (item := inbox.get()) is not None:
+            self._hand_back(run_sync(item[0], item[1], decide))
+
+    def _hand_back(self, result: Result) -> None:
+        with self.lock:
+            self.results.append(result)
+            if self.wake_pending:
+                return
+            self.wake_pending = True
+        try:
+            self.loop.call_soon_threadsafe(self._collect)
+        except RuntimeError:          # the loop is closed: the pool is gone
+            pass
+
+    def _collect(self) -> None:
+        with self.lock:
+            results, self.results = self.results, []
+            self.wake_pending = False
+        self.finish(results)
+
+
+class AsyncRunner:
+    def __init__(self, limit: int, decide: Decide, finish: Finish) -> None:
+        self.limit = limit
+        self.decide = decide
+        self.finish = finish
+        self.waiting: collections.deque = collections.deque()
+        self.tasks: set[asyncio.Task] = set()
+
+    def submit(self, job: Job, handler: Callable[[Job], Awaitable[Any]]) -> None:
+        self.waiting.append((job, handler))
+        self._start()
+
+    def take_pending(self) -> list[Job]:
+        pending = [job for job, _ in self.waiting]
+        self.waiting.clear()
+        return pending
+
+    def stop(self) -> None:
+        """Cancel the handlers still running (their jobs were released already)."""
+        for task in list(self.tasks):
+            task.cancel()
+
+    def _start(self) -> None:
+        while self.waiting and len(self.tasks) < self.limit:
+            job, handler = self.waiting.popleft()
+            task = asyncio.get_running_loop().create_task(self._run(job, handler))
+            self.tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self._start()
+
+    async def _run(self, job: Job, handler: Callable[[Job], Awaitable[Any]]) -> None:
+        job.started_at = started = time.monotonic()
+        try:
+            await handler(job)
+            error = None
+        except Exception as exc:
+            error = exc
+        self.finish([Result(job, self.decide(job, error), time.monotonic() - started, error)])

@@ -1,0 +1,63 @@
+"""In-process broker for users' unit tests: the real broker actor, not a mock.
+
+`LocalBroker()` binds the actor (broker/actor.py) to `inproc://zstalk-<random>` on a
+zmq Context it shares with the clients and workers it hands out, and runs its loop in
+a daemon thread (no signal handlers) until the context manager exits.
+
+    with LocalBroker() as broker:
+        broker.client().put(b"hello", tube="emails")
+        counts = broker.work(worker)          # until no job is ready or reserved
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import Any
+
+import zmq
+
+from ..broker.actor import BrokerActor
+from ..broker.core import Config
+from .client import Client
+from .codecs import Codec
+from .worker import Worker
+
+
+class LocalBroker:
+    def __init__(self, max_job_size: int = 65535, max_jobs_bytes: int = 0) -> None:
+        self.ctx = zmq.Context()
+        self.endpoint = f"inproc://zstalk-{secrets.token_hex(8)}"
+        self.actor = BrokerActor(self.endpoint, Config(max_job_size=max_job_size,
+                                                       max_jobs_bytes=max_jobs_bytes),
+                                 ctx=self.ctx)
+        self.thread = threading.Thread(target=self.actor.run, kwargs={"signals": False},
+                                       name="zstalk-local-broker", daemon=True)
+        self.clients: list[Client] = []
+        self.thread.start()
+
+    def client(self, codec: Codec | None = None, timeout_s: float = 5.0) -> Client:
+        """A producer Client on this broker (closed with the broker)."""
+        c = Client(self.endpoint, timeout_s=timeout_s, ctx=self.ctx,
+                   **({"codec": codec} if codec is not None else {}))
+        self.clients.append(c)
+        return c
+
+    def work(self, worker: Worker, until_idle: bool = True, timeout_s: float = 10.0,
+             wait_delayed: bool = False) -> dict[str, int]:
+        """Run `worker` in this thread until its tubes are idle (see Worker.run_until_idle)."""
+        if not until_idle:
+            raise ValueError("LocalBroker.work only runs until idle (use a thread for more)")
+        return worker.run_until_idle(self, timeout_s=timeout_s, wait_delayed=wait_delayed)
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.actor.stop()
+        self.thread.join(timeout=5.0)
+        self.ctx.term()
+
+    def __enter__(self) -> "LocalBroker":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

@@ -1,0 +1,194 @@
+"""The Worker: handlers by tube, settings, and the ways to run them.
+
+`run()` runs one pool (pool.py) on an asyncio loop in this process until SIGTERM or
+SIGINT; `run(processes=N)` forks N such processes and supervises them: it forwards
+SIGTERM/SIGINT, restarts one that dies unexpectedly (after a second), and returns once
+they have all exited.  `run_until_idle()` is for tests: one pool in the caller's thread,
+no signals, until the tubes have nothing ready or reserved.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, TypeVar
+
+import zmq
+
+from . import codecs
+from .codecs import Codec
+from .errors import WorkerVersionError
+from .job import Backoff
+from .pool import Pool
+
+DEFAULT_BROKER = "tcp://127.0.0.1:11400"
+VERSION_EXIT = 3          # a pool process that can never work: not restarted
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class Worker:
+    def __init__(self, broker: str = DEFAULT_BROKER, concurrency: int = 1,
+                 prefetch: int | None = None, codec: Codec = codecs.raw, max_attempts: int = 5,
+                 backoff: Backoff = Backoff(), grace_s: float = 30.0, auto_touch: bool = False,
+                 logger: logging.Logger | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.broker = broker
+        self.concurrency = concurrency
+        self._prefetch = prefetch
+        self.codec = codec
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.grace_s = grace_s
+        self.auto_touch = auto_touch
+        self.logger = logger or logging.getLogger("zstalk.workers")
+        self.handlers: dict[str, Callable[..., Any]] = {}
+        self.last_counts: dict[str, int] = {}
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs held beyond those running (default: as many as run at once)."""
+        return self.concurrency if self._prefetch is None else self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int | None) -> None:
+        self._prefetch = value
+
+    def handler(self, *tubes: str) -> Callable[[H], H]:
+        """Decorator: `fn(job)` (def or async def) handles the jobs of these tubes."""
+        if not tubes:
+            raise TypeError("handler() needs at least one tube name")
+
+        def register(fn: H) -> H:
+            for tube in tubes:
+                if tube in self.handlers:
+                    raise ValueError(f"tube {tube!r} already has a handler")
+                self.handlers[tube] = fn
+            return fn
+        return register
+
+    # -- running -----------------------------------------------------------------------
+    def run(self, processes: int = 1) -> None:
+        """Work until SIGTERM / SIGINT, then shut down gracefully."""
+        if processes > 1:
+            code = supervise(self, processes)
+            if code:
+                sys.exit(code)
+            return
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        pool = Pool(self, self.broker)
+        pool.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, pool.request_stop)
+        try:
+            await pool.done
+        finally:
+            pool.close()
+            self.last_counts = dict(pool.counts)
+
+    def run_until_idle(self, broker: Any = None, timeout_s: float = 10.0,
+                       wait_delayed: bool = False) -> dict[str, int]:
+        """Run one pool here until its tubes have no ready or reserved job (nor delayed
+        ones, with wait_delayed); return how many jobs were deleted, released, buried.
+        `broker`: a testing.LocalBroker, an endpoint, or None for self.broker.
+        Raises TimeoutError when the tubes are still busy after timeout_s."""
+        endpoint = getattr(broker, "endpoint", broker) or self.broker
+        ctx = getattr(broker, "ctx", None)
+        return asyncio.run(self._until_idle(endpoint, ctx, timeout_s, wait_delayed))
+
+    async def _until_idle(self, endpoint: str, ctx: zmq.Context | None, timeout_s: float,
+                          wait_delayed: bool) -> dict[str, int]:
+        pool = Pool(self, endpoint, ctx)
+        pool.start()
+        idle = asyncio.ensure_future(pool.until_idle(timeout_s, wait_delayed))
+        try:
+            await asyncio.wait({idle, pool.done}, return_when=asyncio.FIRST_COMPLETED)
+            if pool.done.done():
+                pool.done.result()          # a fatal error (e.g. WorkerVersionError)
+            if not idle.result():
+                raise TimeoutError(f"tubes {pool.tubes} not idle after {timeout_s} s")
+            await pool.shutdown()
+        finally:
+            idle.cancel()
+            pool.close()
+        self.last_counts = dict(pool.counts)
+        return self.last_counts
+
+
+# -- processes ---------------------------------------------------------------------------
+def _child(worker: Worker) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)    # not the supervisor's handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        worker.run()
+    except WorkerVersionError as exc:
+        worker.logger.error("%s", exc)
+        sys.exit(VERSION_EXIT)
+
+
+def supervise(worker: Worker, processes: int) -> int:
+    """Fork `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code."""
+    mp = multiprocessing.get_context("fork")
+    stopping: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _: stopping.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    children = [_spawn(mp, worker) for _ in range(processes)]
+    code = 0
+    try:
+        code = _watch(mp, worker, children, stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _spawn(mp: Any, worker: Worker) -> Any:
+    p = mp.Process(target=_child, args=(worker,), daemon=False)
+    p.start()
+    return p
+
+
+def _watch(mp: Any, worker: Worker, children: list, stopping: list[int]) -> int:
+    forwarded, code = False, 0
+    while True:
+        if stopping and not forwarded:
+            forwarded = True
+            for c in children:
+                if c.is_alive():
+                    os.kill(c.pid, signal.SIGTERM)
+        alive = False
+        for i, c in enumerate(children):
+            if c.is_alive():
+                alive = True
+            elif c.exitcode == VERSION_EXIT and code != VERSION_EXIT:
+                code = VERSION_EXIT         # it can never work: stop the others too
+                stopping.append(signal.SIGTERM)
+            elif c.exitcode not in (0, None) and not stopping:
+                worker.logger.warning("pool process %d exited with %s: restarting", c.pid,
+                                      c.exitcode)
+                time.sleep(1.0)
+                children[i], alive = _spawn(mp, worker), True
+        if not alive:
+            return code
+        time.sleep(0.05)
+
+
+def load_worker(spec: str) -> Worker:
+    """`MODULE:ATTR` -> the Worker object (the cwd is importable, as celery and rq do)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected MODULE:WORKER, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(obj, Worker):
+        raise TypeError(f"{spec} is a {type(obj).__name__}, not a zstalk.workers.Worker")
+    return obj
