@@ -245,6 +245,38 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
     run_counter_front(broker_ep, sockets, max_connections, hold_s)
 
 
+@main.command()
+@click.argument("spec", metavar="MODULE:WORKER")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Handlers running at once per process (default: the Worker's).")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pool processes, each with its own connection (supervised).")
+@click.option("--broker", "broker_ep", default=None,
+              help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
+@click.option("--prefetch", type=click.IntRange(min=0), default=None,
+              help="Jobs held beyond those running (default: the Worker's).")
+def worker(spec, concurrency, processes, broker_ep, prefetch):
+    """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""
+    from ..workers.errors import WorkerVersionError
+    from ..workers.worker import VERSION_EXIT, load_worker
+
+    try:
+        w = load_worker(spec)       # the cwd is importable, as with celery and rq
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise click.UsageError(f"cannot load {spec}: {exc}")
+    if concurrency is not None:
+        w.concurrency = concurrency
+    if prefetch is not None:
+        w.prefetch = prefetch
+    if broker_ep is not None:
+        w.broker = broker_ep
+    try:
+        w.run(processes=processes)
+    except WorkerVersionError as exc:
+        click.echo(f"zstalk worker: {exc}", err=True)
+        sys.exit(VERSION_EXIT)
+
+
 if __name__ == "__main__":
     main()
 

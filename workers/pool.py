@@ -54,7 +54,8 @@ class Pool(LinkOwner):
         self.log: logging.Logger = worker.logger
         self.tubes = list(worker.handlers)
         self.capacity = worker.concurrency + worker.prefetch
-        self.held: dict[int, Job] = {}
+        self.held: dict[int, Job] = {}     # reserved by our session: the latest delivery
+        self.busy = 0                      # deliveries taking a slot: pushed, not finished
         self.awaiting: collections.deque[tuple[tuple, Callback | None]] = collections.deque()
         self.resend: list[tuple] = []
         self.touch_timers: dict[int, asyncio.TimerHandle] = {}
@@ -110,8 +111,9 @@ class Pool(LinkOwner):
         self.log.info("stopping: no new jobs, %d held", len(self.held))
         self._subscribe(0)
         for job in self.threads.take_pending() + self.tasks.take_pending():
+            self.busy -= 1
             self._release(job)
-        await _until(lambda: not self.held, self.worker.grace_s)
+        await _until(lambda: not self.busy, self.worker.grace_s)
         for job in list(self.held.values()):
             self.log.warning("job %d still running after %.1f s: released", job.id,
                              self.worker.grace_s, extra=_fields(job, RELEASE))
@@ -157,7 +159,7 @@ class Pool(LinkOwner):
         resend, self.resend = self.resend, []
         for op in resend:
             self._submit(op, self._acked)
-        self._subscribe(0 if self.stopping else self.capacity - len(self.held))
+        self._subscribe(0 if self.stopping else self.capacity - self.busy)
 
     def on_lost(self) -> None:
         """Ops sent to the lost broker get no reply: acks go again after Welcome."""
@@ -211,27 +213,34 @@ class Pool(LinkOwner):
     def _pushed(self, item: tuple) -> None:
         _, _, job_id, raw, tube, pri, ttr_s, reserves = item[:8]
         job = Job(job_id, raw, tube, pri, ttr_s, reserves, self.worker.codec, self.touch)
-        self.held[job_id] = job
+        self.held[job_id] = job     # a job whose TTR ran out can come back while it runs
         route = self.routes.get(tube)
         if self.stopping or route is None:
             self._release(job)
             return
+        self.busy += 1
         if self.worker.auto_touch:
             self._schedule_touch(job)
         route[1].submit(job, route[0])
 
     def _finished(self, results: list[Result]) -> None:
-        """Handlers are done: ack each job, and give their slots back in the same batch."""
-        held, credits = self.held, 0
+        """Handlers are done: ack each job, and give their slots back in the same batch.
+
+        A delivery that is no longer the job's latest (its TTR ran out and the broker gave
+        it to us again) or that shutdown released already is not acked: the reservation
+        is not its own any more.  Its slot comes back all the same."""
+        held = self.held
+        self.busy -= len(results)
         for r in results:
-            if held.pop(r.job.id, None) is None:
-                continue            # released at the end of the shutdown grace
+            if held.get(r.job.id) is not r.job:
+                self.counts["stale"] += 1
+                continue
+            del held[r.job.id]
             self._untouch(r.job.id)
             self._ack(r.job.id, r.outcome)
-            credits += 1
             self._log(r)
-        if credits and not self.stopping:
-            self._submit((Op.CREDIT, CONN, credits))
+        if results and not self.stopping:
+            self._submit((Op.CREDIT, CONN, len(results)))
 
     def _ack(self, job_id: int, outcome: Outcome) -> None:
         if outcome.action == DELETE:
@@ -292,7 +301,7 @@ class Pool(LinkOwner):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-            if self.held or not self.subscribed or self._acks_in_flight():
+            if self.busy or self.held or not self.subscribed or self._acks_in_flight():
                 continue
             if await self._tubes_idle(wait_delayed) and not self.held:
                 return True
