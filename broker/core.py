@@ -22,8 +22,8 @@ import logging
 import random
 from typing import Callable, NamedTuple
 
-from ..protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Hello, Heartbeat, Op, R,
-                               Replies, Settings, Welcome)
+from ..protocol.schema import (PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hello, Heartbeat,
+                               Op, R, Replies, Settings, Welcome)
 from . import stats
 from .commands import Commands
 from .counters import CounterCommands, Counters, CounterSession
@@ -247,7 +247,8 @@ class Broker(PoolCommands, CounterCommands, Commands):
             except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 # a malformed op from a buggy front must not take the broker down
                 log.warning("bad op %r from front %016x: %r", op[:2], front.front_id, exc)
-                reply = (op[1], R.INTERNAL_ERROR) if isinstance(op, (list, tuple)) and len(op) > 1 else None
+                reply = (op[1], R.INTERNAL_ERROR) if (isinstance(op, (list, tuple)) and len(op) > 1
+                                                      and op[0] not in SILENT_OPS) else None
             if reply is not None:
                 out.append(reply)
 

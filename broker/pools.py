@@ -62,13 +62,14 @@ class PoolCommands:
         if not version:
             return (conn, R.BAD_VERSION, *WORKER_VERSIONS)
         names = [str(t) for t in tubes]
+        credits = max(0, min(int(credits), MAX_CREDITS))    # (checked before any change)
         if not names or len(names) > 1024 or any(not 0 < len(n) <= 200 for n in names):
             return (conn, R.INTERNAL_ERROR)
         self.queue.stop_waiting(s)
         self._set_watch(s, names)
         s.version = version
         s.worker = True
-        s.credits = max(0, min(int(credits), MAX_CREDITS))
+        s.credits = credits
         self._reply(s, R.SUBSCRIBED, version)    # before the jobs it lets through
         self._feed(s, now)
 

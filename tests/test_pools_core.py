@@ -233,9 +233,11 @@ def test_a_malformed_subscription_gets_internal_error_and_no_jobs(h):
     h.broker.flush()
     h.put(1)
     for bad in ((Op.SUBSCRIBE, 1, V, [], 5), (Op.SUBSCRIBE, 1, V, ["x" * 201], 5),
-                (Op.SUBSCRIBE, 1, "v", ["a"], 5), (Op.CREDIT, 1, "many")):
-        assert h.send((Op.OPEN, 1), bad, peer=POOL) in ([(1, R.INTERNAL_ERROR)], [])
+                (Op.SUBSCRIBE, 1, "v", ["a"], 5), (Op.SUBSCRIBE, 1, V, ["a"], "lots")):
+        assert h.send((Op.OPEN, 1), bad, peer=POOL) == [(1, R.INTERNAL_ERROR)]
+    assert h.send((Op.CREDIT, 1, "many"), peer=POOL) == []     # silent, even when malformed
     assert h.stats()["current-jobs-ready"] == 1
+    assert h.stats()["current-workers"] == 0
 
 
 def test_a_pool_that_says_hello_again_keeps_only_the_jobs_it_lists(h):

@@ -212,3 +212,21 @@ def test_a_running_broker_refuses_a_pool_that_speaks_no_common_version():
         ctx.term()
         os.killpg(broker.pid, signal.SIGKILL)
         broker.wait(5)
+
+
+def test_with_a_binlog_a_pool_keeps_the_job_it_runs_across_a_broker_restart(zstalk_cluster, pools, tmp_path):
+    cluster = zstalk_cluster(fronts=1, broker_args=["--binlog", str(tmp_path / "wal")])
+    start_pool(pools, cluster, "stuck")
+    with Client(cluster.broker_address) as producer:
+        job_id = producer.put(b"long report", tube="stuck", ttr_s=120)
+    wait_for(lambda: pools.started(), what="the handler to start")
+    cluster.kill_broker()
+    cluster.restart_broker()
+    with Client(cluster.broker_address) as producer:
+        wait_for(lambda: producer.stats()["current-workers"] == 1, timeout=15,
+                 what="the pool to re-register")
+        assert producer.stats_job(job_id)["state"] == "reserved"
+    with beanstalk(cluster, watch="stuck") as c:
+        with pytest.raises(greenstalk.TimedOutError):
+            c.reserve(timeout=0)
+    assert [row[0] for row in pools.started()] == [job_id]      # not handed out twice
