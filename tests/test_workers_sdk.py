@@ -1,0 +1,218 @@
+# The pieces of the zstalk.workers SDK on their own: codecs, backoff, the outcome rule,
+# Job, handler registration, the thread runner's hand-off, and the producer Client's
+# errors and round trips (against LocalBroker: the real broker actor in a thread).
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from zstalk.workers import (Backoff, Bury, Client, Job, Retry, Worker, ZstalkError, codecs)
+from zstalk.workers.job import BURY, DELETE, RELEASE, Outcome, decide
+from zstalk.workers.runners import ThreadRunner
+from zstalk.workers.testing import LocalBroker
+from zstalk.workers.worker import load_worker
+
+
+def make_job(attempt: int = 1, pri: int = 100, raw: bytes = b"{}", codec=codecs.json,
+             touched: list | None = None) -> Job:
+    return Job(7, raw, "emails", pri, 60, attempt, codec,
+               (touched.append if touched is not None else lambda _id: None))
+
+
+# -- codecs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("codec, value", [
+    (codecs.raw, b"\x00\xffbytes"),
+    (codecs.json, {"to": "a@b.c", "n": [1, 2.5, None]}),
+    (codecs.msgpack, {"to": "a@b.c", "blob": b"\x00\x01", "n": [1, 2]}),
+])
+def test_each_codec_gives_back_what_it_encoded(codec, value):
+    data = codec.encode(value)
+    assert isinstance(data, bytes)
+    assert codec.decode(data) == value
+
+
+def test_the_raw_codec_encodes_text_as_utf8():
+    assert codecs.raw.encode("héllo") == "héllo".encode()
+
+
+# -- backoff and outcomes ---------------------------------------------------------------------
+def test_backoff_doubles_from_one_second_and_stops_at_an_hour():
+    b = Backoff()
+    assert [b.delay_s(k) for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 8, 16]
+    assert b.delay_s(40) == 3600
+    assert isinstance(Backoff(base_s=1.5).delay_s(2), int)
+
+
+def test_a_returning_handler_deletes_its_job():
+    assert decide(make_job(), None, 5, Backoff()) == Outcome(DELETE)
+
+
+def test_a_failure_releases_with_backoff_until_the_last_attempt_buries():
+    assert decide(make_job(attempt=3), ValueError(), 5, Backoff()) == Outcome(RELEASE, 100, 4)
+    assert decide(make_job(attempt=5), ValueError(), 5, Backoff()) == Outcome(BURY, 100)
+
+
+def test_retry_and_bury_choose_priority_and_delay_whatever_the_attempt():
+    job = make_job(attempt=9)
+    assert decide(job, Retry(delay_s=30), 5, Backoff()) == Outcome(RELEASE, 100, 30)
+    assert decide(job, Retry(pri=1), 5, Backoff()) == Outcome(RELEASE, 1, 0)
+    assert decide(job, Bury(), 5, Backoff()) == Outcome(BURY, 100)
+    assert decide(job, Bury(pri=3), 5, Backoff()) == Outcome(BURY, 3)
+
+
+# -- Job and Worker ---------------------------------------------------------------------------
+def test_a_job_body_is_decoded_once_on_first_use():
+    calls = []
+
+    class Counting:
+        def encode(self, obj):
+            return b""
+
+        def decode(self, data):
+            calls.append(data)
+            return {"decoded": True}
+
+    job = make_job(raw=b"x", codec=Counting())
+    assert calls == []
+    assert job.body == {"decoded": True} and job.body is job.body
+    assert calls == [b"x"] and job.raw == b"x"
+
+
+def test_touch_asks_the_pool_with_the_job_id():
+    touched: list = []
+    make_job(touched=touched).touch()
+    assert touched == [7]
+
+
+def test_a_handler_can_serve_several_tubes_but_a_tube_has_one_handler():
+    w = Worker()
+
+    @w.handler("a", "b")
+    def handle(job):
+        pass
+    assert w.handlers == {"a": handle, "b": handle}
+    with pytest.raises(ValueError):
+        w.handler("b")(handle)
+    with pytest.raises(TypeError):
+        w.handler()
+
+
+def test_prefetch_defaults_to_concurrency():
+    assert Worker(concurrency=4).prefetch == 4
+    assert Worker(concurrency=4, prefetch=0).prefetch == 0
+
+
+def test_a_worker_spec_must_name_a_worker():
+    with pytest.raises(ValueError):
+        load_worker("no_colon")
+    with pytest.raises(TypeError):
+        load_worker("zstalk.workers:codecs")
+
+
+# -- the thread hand-off -----------------------------------------------------------------------
+def test_threads_hand_results_back_in_bursts_not_one_wake_up_per_job():
+    batches: list[int] = []
+
+    async def main() -> None:
+        done = asyncio.Event()
+        total = [0]
+
+        def finish(results):
+            batches.append(len(results))
+            total[0] += len(results)
+            if total[0] == 2000:
+                done.set()
+        runner = ThreadRunner(4, lambda job, exc: Outcome(DELETE), finish)
+        for _ in range(2000):
+            runner.submit(make_job(), lambda job: None)
+        await asyncio.wait_for(done.wait(), 10)
+        runner.stop()
+
+    asyncio.run(main())
+    assert sum(batches) == 2000
+    assert len(batches) < 1000
+
+
+def test_jobs_nobody_started_can_be_taken_back():
+    async def main() -> list:
+        gate = threading.Event()
+        runner = ThreadRunner(1, lambda job, exc: Outcome(DELETE), lambda results: None)
+        runner.submit(make_job(), lambda job: gate.wait(5))
+        time.sleep(0.05)                    # the thread is busy with the first job
+        for _ in range(3):
+            runner.submit(make_job(), lambda job: None)
+        pending = runner.take_pending()
+        gate.set()
+        runner.stop()
+        return pending
+
+    assert len(asyncio.run(main())) == 3
+
+
+# -- Client ------------------------------------------------------------------------------------
+def test_a_client_with_no_broker_times_out():
+    with Client("tcp://127.0.0.1:1", timeout_s=0.3) as c:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.put(b"x")
+        assert time.monotonic() - started < 2.0
+
+
+@pytest.fixture
+def local():
+    with LocalBroker(max_job_size=64, max_jobs_bytes=2000) as broker:
+        yield broker
+
+
+def test_put_peek_delete_and_kick_round_trip(local):
+    c = local.client(codec=codecs.json)
+    ready = c.put({"a": 1}, tube="t")
+    delayed = c.put("later", tube="t", delay_s=60)
+    assert c.peek(ready) == (ready, {"a": 1})
+    assert c.peek_ready("t") == (ready, {"a": 1})
+    assert c.peek_delayed("t") == (delayed, "later")
+    assert c.peek_buried("t") is None
+    assert c.kick(10, tube="t") == 1
+    assert c.stats_job(delayed)["state"] == "ready"
+    assert c.delete(ready) and not c.delete(ready)
+    assert c.peek(ready) is None
+    assert not c.kick_job(delayed)          # ready jobs are not kicked
+    assert c.stats_tube("t")["current-jobs-ready"] == 1
+    assert c.stats_tube("nope") is None
+    assert "t" in c.list_tubes()
+    assert c.stats()["current-jobs-ready"] == 1
+
+
+def test_put_many_puts_every_body_in_one_batch_in_order(local):
+    c = local.client()
+    ids = c.put_many([b"1", b"2", b"3"], tube="m", pri=5)
+    assert ids == sorted(ids) and len(ids) == 3
+    assert [c.peek(i)[1] for i in ids] == [b"1", b"2", b"3"]
+    assert c.stats_job(ids[0])["pri"] == 5
+
+
+def test_a_body_over_the_broker_limit_is_refused_before_it_is_sent(local):
+    c = local.client()
+    with pytest.raises(ZstalkError) as error:
+        c.put(b"x" * 65)
+    assert error.value.reply == "JOB_TOO_BIG"
+
+
+def test_a_broker_out_of_memory_is_an_error_named_after_its_reply(local):
+    c = local.client()
+    with pytest.raises(ZstalkError) as error:
+        c.put_many([b"x" * 60] * 50)
+    assert error.value.reply == "OUT_OF_MEMORY"
+    assert str(error.value).startswith("OUT_OF_MEMORY")
+
+
+def test_an_idle_client_dropped_by_the_broker_says_hello_again(local):
+    c = local.client()
+    c.put(b"before", tube="idle")
+    time.sleep(2.6)                 # past PEER_TIMEOUT_S: the broker fences this front
+    job_id = c.put(b"after", tube="idle")
+    assert c.peek(job_id) == (job_id, b"after")
+    assert c.stats_tube("idle")["current-jobs-ready"] == 2
