@@ -45,6 +45,10 @@ _EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
 
 
+class BindError(Exception):
+    """An endpoint the broker cannot bind (in use, bad address): exit 111."""
+
+
 class BrokerActor:
     def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None,
                  binlog: BinlogOptions | None = None, also_bind: tuple[str, ...] = ()) -> None:
@@ -60,10 +64,14 @@ class BrokerActor:
         for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1),
                            (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
             self.sock.setsockopt(opt, value)
-        self.sock.bind(bind)
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        for extra in also_bind:        # e.g. a TCP endpoint for worker pools beside ipc://
-            self.sock.bind(extra)
+        for endpoint in (bind, *also_bind):    # e.g. TCP for worker pools beside ipc://
+            try:
+                self.sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                self.sock.close(linger=0)
+                raise BindError(f"{endpoint}: {os.strerror(exc.errno)}") from exc
+            if endpoint == bind:
+                self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.running = True
         self._signals: list[int] = []
         # wakes the loop for a signal or stop() from another thread

@@ -163,8 +163,8 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)
-    except Exception as exc:      # zmq.ZMQError: address in use, bad endpoint
-        click.echo(f"zstalk broker: cannot bind {bind}: {exc}", err=True)
+    except Exception as exc:      # BindError: address in use, bad endpoint
+        click.echo(f"zstalk broker: cannot bind {exc}", err=True)
         sys.exit(111)
     actor.core.draining = drain
     if ready_fd is not None:

@@ -230,3 +230,21 @@ def test_with_a_binlog_a_pool_keeps_the_job_it_runs_across_a_broker_restart(zsta
         with pytest.raises(greenstalk.TimedOutError):
             c.reserve(timeout=0)
     assert [row[0] for row in pools.started()] == [job_id]      # not handed out twice
+
+
+def test_serve_stops_with_exit_111_naming_the_worker_endpoint_when_it_is_taken():
+    from servers import free_port
+    taken = f"tcp://127.0.0.1:{free_port()}"
+    first = subprocess.Popen([find_zstalk(), "broker", "--bind", taken], start_new_session=True,
+                             stderr=subprocess.DEVNULL)
+    try:
+        with Client(taken) as c:
+            c.stats()                               # it is bound
+        second = subprocess.run([find_zstalk(), "serve", "-l", "127.0.0.1", "-p", str(free_port()),
+                                 "--counter-port", "0", "--worker-bind", taken],
+                                capture_output=True, text=True, timeout=20)
+        assert second.returncode == 111
+        assert f"cannot bind {taken}: Address already in use" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(5)
