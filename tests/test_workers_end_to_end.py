@@ -28,20 +28,28 @@ from zstalk.workers.testing import LocalBroker
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    log = open(tmp_path_factory.mktemp("broker") / "broker.log", "wb")
+def start_broker(endpoint: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "zstalk.broker.cli", "broker", "--bind", endpoint],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        with Client(endpoint, timeout_s=10.0) as probe:
-            probe.stats()               # answers once the broker is bound and running
-        yield endpoint
-    finally:
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with Client(endpoint, timeout_s=10.0) as probe:
+        probe.stats()               # answers once the broker is bound and running
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
         proc.terminate()
         proc.wait(timeout=5)
-        log.close()
+
+
+@pytest.fixture(scope="module")
+def broker():
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    proc = start_broker(endpoint)
+    try:
+        yield endpoint
+    finally:
+        stop(proc)
 
 
 @pytest.fixture
@@ -295,6 +303,34 @@ def test_two_processes_share_the_jobs_and_both_stop_on_sigterm(broker, client, p
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=8) == 0
     wait_for(lambda: client.stats_tube("shared")["current-jobs-reserved"] == 0, 3)
+
+
+# -- broker restarts -------------------------------------------------------------------------------
+def test_a_worker_carries_on_with_a_restarted_broker_and_sends_its_ack_again(tube):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    brokers = [start_broker(endpoint)]
+    seen: list[bytes] = []
+    w = Worker(endpoint)
+
+    @w.handler(tube)
+    def handle(job: Job) -> None:
+        seen.append(job.body)
+        if job.body == b"first":        # the broker dies under the running job
+            brokers[0].kill()
+            brokers[0].wait(timeout=5)
+            brokers.append(start_broker(endpoint))
+            with Client(endpoint) as c:
+                c.put(b"second", tube=tube)
+    try:
+        with Client(endpoint) as c:
+            c.put(b"first", tube=tube)
+        counts = w.run_until_idle(timeout_s=15)
+    finally:
+        for proc in brokers:
+            stop(proc)
+    # the first job's DELETE went again to the new broker, which never had that job
+    assert seen == [b"first", b"second"]
+    assert counts == {"lost": 1, "deleted": 1}
 
 
 # -- versions and in-process mode ----------------------------------------------------------------

@@ -10,8 +10,10 @@ results, so the link sends them as one Batch.
 
 Replies come in op order and pushed jobs are not replies, so `awaiting` is a FIFO of
 (op, callback) for every op that gets a reply.  When the link loses the broker, acks
-in flight are kept to send again after Welcome (a job id is never reused, so a second
-DELETE is harmless) and the session state re-registered lists them as still held.
+in flight are kept to send again after Welcome (a job id is never reused within one
+broker state, so a second DELETE is harmless) and the session state re-registered lists
+them as still held.  A broker with another state (restarted without a binlog) numbers
+its jobs afresh: then nothing held or in flight is acked there (see _forget_state).
 
 Shutdown (SIGTERM): SUBSCRIBE with 0 credits, release every job not started yet, let
 running handlers finish for grace_s (their acks go out as usual), release the rest.
@@ -61,6 +63,7 @@ class Pool(LinkOwner):
         self.touch_timers: dict[int, asyncio.TimerHandle] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         self.had_session = False
+        self.state_id = 0                  # the broker state our job ids belong to
         self.subscribed = False
         self.stopping = False
 
@@ -157,9 +160,23 @@ class Pool(LinkOwner):
             self._submit((Op.OPEN, CONN))
         self.had_session = True
         resend, self.resend = self.resend, []
-        for op in resend:
-            self._submit(op, self._acked)
+        if w.state_id == self.state_id or not self.state_id:
+            for op in resend:
+                self._submit(op, self._acked)
+        else:
+            self._forget_state(len(resend))
+        self.state_id = w.state_id
         self._subscribe(0 if self.stopping else self.capacity - self.busy)
+
+    def _forget_state(self, acks: int) -> None:
+        """A broker with other state (restarted without a binlog): our job ids may now
+        name its new jobs, so nothing we hold may be acked there."""
+        self.log.warning("the broker's state changed: %d jobs held and %d acks dropped",
+                         len(self.held), acks)
+        self.counts["lost"] += acks + len(self.held)
+        for job_id in list(self.held):
+            self._untouch(job_id)
+        self.held.clear()
 
     def on_lost(self) -> None:
         """Ops sent to the lost broker get no reply: acks go again after Welcome."""
