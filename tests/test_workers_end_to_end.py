@@ -293,6 +293,21 @@ def test_a_handler_still_running_after_the_grace_period_is_released(broker, clie
     assert client.delete(job_id)
 
 
+def test_a_second_sigterm_releases_the_running_job_at_once(broker, client, processes, tmp_path):
+    log = tmp_path / "events"
+    job_id = client.put({"sleep": 8}, tube="slow", ttr_s=60)
+    worker = start_worker(processes, "slow", broker, log)
+    wait_for(lambda: bool(events(log)))
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    started = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
+    assert time.monotonic() - started < 1.5
+    assert client.stats_job(job_id)["state"] == "ready"
+    assert client.delete(job_id)
+
+
 def test_two_processes_share_the_jobs_and_both_stop_on_sigterm(broker, client, processes, tmp_path):
     log = tmp_path / "events"
     ids = client.put_many([{"sleep": 0.1}] * 12, tube="shared")

@@ -139,7 +139,7 @@ class Client:
         """Send ops as one Batch (after OPEN / USE if needed); their replies, in order."""
         for _ in range(_FENCED_RETRIES):
             self._connected()
-            prefix = [] if self.opened else [(Op.OPEN, CONN)]
+            prefix: list[tuple] = [] if self.opened else [(Op.OPEN, CONN)]
             use = tube is not None and tube != self.using
             if use:
                 prefix.append((Op.USE, CONN, tube))

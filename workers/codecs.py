@@ -9,7 +9,7 @@ from __future__ import annotations
 import json as _json
 from typing import Any, Protocol
 
-import msgpack as _msgpack
+import msgpack as _msgpack  # type: ignore[import-untyped]
 
 
 class Codec(Protocol):

@@ -66,6 +66,7 @@ class Pool(LinkOwner):
         self.state_id = 0                  # the broker state our job ids belong to
         self.subscribed = False
         self.stopping = False
+        self.hurry = False                 # a second SIGTERM / SIGINT: no more grace
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -75,10 +76,13 @@ class Pool(LinkOwner):
         self.loop_thread = threading.get_ident()
         self.done: asyncio.Future = self.loop.create_future()
         decider = self._decider()
-        self.threads = ThreadRunner(self.worker.concurrency, decider, self._finished)
+        handlers = self.worker.handlers
+        any_sync = not all(inspect.iscoroutinefunction(h) for h in handlers.values())
+        self.threads = ThreadRunner(self.worker.concurrency if any_sync else 0, decider,
+                                    self._finished)
         self.tasks = AsyncRunner(self.worker.concurrency, decider, self._finished)
         self.routes = {tube: (h, self.tasks if inspect.iscoroutinefunction(h) else self.threads)
-                       for tube, h in self.worker.handlers.items()}
+                       for tube, h in handlers.items()}
         self.link = BrokerLink(self.endpoint, "pool", self, hold_s=HOLD_FOREVER_S, ctx=self.ctx)
         self.link.start()
 
@@ -94,8 +98,12 @@ class Pool(LinkOwner):
         self.link.close()
 
     def request_stop(self) -> None:
-        """SIGTERM / SIGINT: shut down gracefully, then resolve `done`."""
-        if not self.stopping:
+        """SIGTERM / SIGINT: shut down gracefully, then resolve `done`; a second signal
+        cuts the grace period short (running jobs are released at once)."""
+        if self.stopping:
+            self.hurry = True
+            self.log.warning("stopping now: running jobs are released")
+        else:
             self.loop.create_task(self._stop_and_finish())
 
     async def _stop_and_finish(self) -> None:
@@ -116,7 +124,7 @@ class Pool(LinkOwner):
         for job in self.threads.take_pending() + self.tasks.take_pending():
             self.busy -= 1
             self._release(job)
-        await _until(lambda: not self.busy, self.worker.grace_s)
+        await _until(lambda: not self.busy or self.hurry, self.worker.grace_s)
         for job in list(self.held.values()):
             self.log.warning("job %d still running after %.1f s: released", job.id,
                              self.worker.grace_s, extra=_fields(job, RELEASE))
@@ -136,7 +144,11 @@ class Pool(LinkOwner):
     def query(self, op: tuple) -> asyncio.Future:
         """Send any beanstalk op on the pool's session; the future gets its reply."""
         fut = self.loop.create_future()
-        self._submit(op, lambda _op, reply: fut.done() or fut.set_result(reply))
+
+        def answer(_op: tuple, reply: tuple) -> None:
+            if not fut.done():
+                fut.set_result(reply)
+        self._submit(op, answer)
         return fut
 
     def _acks_in_flight(self) -> bool:

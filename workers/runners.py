@@ -60,7 +60,7 @@ class ThreadRunner:
         self.inbox.put((job, handler))
 
     def take_pending(self) -> list[Job]:
-        pending = []
+        pending: list[Job] = []
         while True:
             try:
                 item = self.inbox.get_nowait()
