@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -216,3 +217,20 @@ def test_an_idle_client_dropped_by_the_broker_says_hello_again(local):
     job_id = c.put(b"after", tube="idle")
     assert c.peek(job_id) == (job_id, b"after")
     assert c.stats_tube("idle")["current-jobs-ready"] == 2
+
+
+def test_each_finished_job_is_logged_with_structured_fields(local, caplog):
+    w = Worker(concurrency=1)
+
+    @w.handler("logged")
+    def handle(job):
+        if job.raw == b"bad":
+            raise Bury()
+    c = local.client()
+    good, bad = c.put_many([b"good", b"bad"], tube="logged")
+    with caplog.at_level(logging.INFO, logger="zstalk.workers"):
+        assert local.work(w, timeout_s=5) == {"deleted": 1, "buried": 1}
+    fields = {(r.job_id, r.tube, r.attempt, r.outcome) for r in caplog.records
+              if hasattr(r, "job_id")}
+    assert fields == {(good, "logged", 1, "delete"), (bad, "logged", 1, "bury")}
+    assert all(r.duration_s >= 0 for r in caplog.records if hasattr(r, "duration_s"))

@@ -29,6 +29,8 @@ _FENCED_RETRIES = 3
 
 
 class Client:
+    """Not thread-safe: one Client per thread (they are cheap: one socket each)."""
+
     def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
                  timeout_s: float = 5.0, ctx: zmq.Context | None = None) -> None:
         self.broker = broker

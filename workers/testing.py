@@ -54,7 +54,7 @@ class LocalBroker:
             c.close()
         self.actor.stop()
         self.thread.join(timeout=5.0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)      # a socket left open by a test must not hang us
 
     def __enter__(self) -> "LocalBroker":
         return self
