@@ -6,7 +6,8 @@ to a shared list.  Only the first result of a burst wakes the loop
 (`call_soon_threadsafe`); the loop then takes the whole list at once, so a busy pool
 costs one wake-up per burst, not one per job, and its acks leave as one batch.
 
-Tasks (AsyncRunner): at most N handlers awaited at a time; the rest wait in a deque.
+Tasks (AsyncRunner): at most N lanes, each a task awaiting handlers one after the
+other while jobs wait in a deque; results of one loop turn go back together.
 Both runners can hand back the jobs nobody started (`take_pending`, for shutdown).
 """
 from __future__ import annotations
@@ -100,16 +101,23 @@ class ThreadRunner:
 
 
 class AsyncRunner:
+    """At most `limit` lanes: each lane is one task that awaits handlers one after the
+    other while jobs wait, so a burst costs no task per job; results of one loop turn
+    go back together (one `finish` call per turn)."""
+
     def __init__(self, limit: int, decide: Decide, finish: Finish) -> None:
         self.limit = limit
         self.decide = decide
         self.finish = finish
         self.waiting: collections.deque = collections.deque()
-        self.tasks: set[asyncio.Task] = set()
+        self.lanes: set[asyncio.Task] = set()
+        self.results: list[Result] = []
+        self._flush_scheduled = False
 
     def submit(self, job: Job, handler: Callable[[Job], Awaitable[Any]]) -> None:
         self.waiting.append((job, handler))
-        self._start()
+        if len(self.lanes) < self.limit:
+            self.lanes.add(asyncio.get_running_loop().create_task(self._lane()))
 
     def take_pending(self) -> list[Job]:
         pending = [job for job, _ in self.waiting]
@@ -118,25 +126,33 @@ class AsyncRunner:
 
     def stop(self) -> None:
         """Cancel the handlers still running (their jobs were released already)."""
-        for task in list(self.tasks):
+        for task in list(self.lanes):
             task.cancel()
 
-    def _start(self) -> None:
-        while self.waiting and len(self.tasks) < self.limit:
-            job, handler = self.waiting.popleft()
-            task = asyncio.get_running_loop().create_task(self._run(job, handler))
-            self.tasks.add(task)
-            task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
-        self._start()
-
-    async def _run(self, job: Job, handler: Callable[[Job], Awaitable[Any]]) -> None:
-        job.started_at = started = time.monotonic()
+    async def _lane(self) -> None:
+        waiting, decide = self.waiting, self.decide
         try:
-            await handler(job)
-            error = None
-        except Exception as exc:
-            error = exc
-        self.finish([Result(job, self.decide(job, error), time.monotonic() - started, error)])
+            while waiting:
+                job, handler = waiting.popleft()
+                job.started_at = started = time.monotonic()
+                try:
+                    await handler(job)
+                    error = None
+                except Exception as exc:
+                    error = exc
+                self._hand_back(Result(job, decide(job, error), time.monotonic() - started,
+                                       error))
+        finally:
+            # at once, not in a done callback: a submit() right after must see the room
+            self.lanes.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    def _hand_back(self, result: Result) -> None:
+        self.results.append(result)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        results, self.results = self.results, []
+        self.finish(results)
