@@ -348,6 +348,25 @@ def test_a_worker_carries_on_with_a_restarted_broker_and_sends_its_ack_again(tub
     assert counts == {"lost": 1, "deleted": 1}
 
 
+def test_a_pool_dropped_for_silence_starts_afresh_and_its_ack_still_lands(broker, client, tube):
+    job_id = client.put("block", tube=tube)
+    attempts: list[int] = []
+    w = Worker(broker, codec=codecs.json)
+
+    @w.handler(tube)
+    async def handle(job: Job) -> None:
+        attempts.append(job.attempt)
+        if job.attempt == 1:
+            time.sleep(2.6)     # blocks the loop: no heartbeat, the broker drops the pool
+
+    counts = w.run_until_idle(timeout_s=10)
+    # the broker released the job when it dropped the pool; the DELETE sent again
+    # after the new Hello deletes it before the new subscription could take it again
+    assert attempts == [1]
+    assert counts == {"deleted": 1}
+    assert client.stats_job(job_id) is None
+
+
 # -- versions and in-process mode ----------------------------------------------------------------
 def test_a_broker_without_a_common_worker_version_is_a_clear_error(broker, tube, monkeypatch):
     monkeypatch.setattr(pool_module, "WORKER_VERSIONS", (90, 99))
