@@ -271,7 +271,7 @@ def worker(spec, concurrency, processes, broker_ep, prefetch):
     if broker_ep is not None:
         w.broker = broker_ep
     try:
-        w.run(processes=processes)
+        w.run(processes=processes, spec=spec)
     except WorkerVersionError as exc:
         click.echo(f"zstalk worker: {exc}", err=True)
         sys.exit(VERSION_EXIT)

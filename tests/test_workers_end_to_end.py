@@ -308,10 +308,18 @@ def test_a_second_sigterm_releases_the_running_job_at_once(broker, client, proce
     assert client.delete(job_id)
 
 
-def test_two_processes_share_the_jobs_and_both_stop_on_sigterm(broker, client, processes, tmp_path):
+@pytest.mark.parametrize("how", ["spawned by the CLI", "forked by Worker.run"])
+def test_two_processes_share_the_jobs_and_both_stop_on_sigterm(broker, client, processes, tmp_path, how):
     log = tmp_path / "events"
     ids = client.put_many([{"sleep": 0.1}] * 12, tube="shared")
-    parent = start_worker(processes, "shared", broker, log, "--processes", "2")
+    if how == "spawned by the CLI":
+        parent = start_worker(processes, "shared", broker, log, "--processes", "2")
+    else:
+        code = ("import tests.workers_app as app; app.shared.broker = %r; "
+                "app.shared.run(processes=2)" % broker)
+        parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                                  env=dict(os.environ, ZSTALK_TEST_LOG=str(log)))
+        processes.append(parent)
     wait_for(lambda: sum(e[0] == "end" for e in events(log)) == 12, 10)
     assert {e[1] for e in events(log) if e[0] == "end"} == set(ids)
     assert len({e[3] for e in events(log)}) == 2

@@ -1,9 +1,11 @@
 """The Worker: handlers by tube, settings, and the ways to run them.
 
 `run()` runs one pool (pool.py) on an asyncio loop in this process until SIGTERM or
-SIGINT; `run(processes=N)` forks N such processes and supervises them: it forwards
+SIGINT; `run(processes=N)` starts N such processes and supervises them: it forwards
 SIGTERM/SIGINT, restarts one that dies unexpectedly (after a second), and returns once
-they have all exited.  `run_until_idle()` is for tests: one pool in the caller's thread,
+they have all exited.  Children are forked, or with `spec="MODULE:ATTR"` spawned
+(fresh interpreters that import the Worker by that name and take this one's broker,
+concurrency and prefetch), which is what the CLI does.  `run_until_idle()` is for tests: one pool in the caller's thread,
 no signals, until the tubes have nothing ready or reserved.
 """
 from __future__ import annotations
@@ -73,10 +75,11 @@ class Worker:
         return register
 
     # -- running -----------------------------------------------------------------------
-    def run(self, processes: int = 1) -> None:
-        """Work until SIGTERM / SIGINT, then shut down gracefully."""
+    def run(self, processes: int = 1, spec: str | None = None) -> None:
+        """Work until SIGTERM / SIGINT, then shut down gracefully.  `spec`: this
+        Worker's MODULE:ATTR, to spawn the processes instead of forking them."""
         if processes > 1:
-            code = supervise(self, processes)
+            code = supervise(self, processes, spec)
             if code:
                 sys.exit(code)
             return
@@ -134,29 +137,43 @@ def _child(worker: Worker) -> None:
         sys.exit(VERSION_EXIT)
 
 
-def supervise(worker: Worker, processes: int) -> int:
-    """Fork `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code."""
-    mp = multiprocessing.get_context("fork")
+def _spawned(spec: str, settings: dict[str, Any]) -> None:
+    worker = load_worker(spec)
+    worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
+    worker.prefetch = settings["prefetch"]
+    _child(worker)
+
+
+def supervise(worker: Worker, processes: int, spec: str | None = None) -> int:
+    """Start `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code."""
+    mp = multiprocessing.get_context("spawn" if spec else "fork")
     stopping: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _: stopping.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
-    children = [_spawn(mp, worker) for _ in range(processes)]
+    if spec:
+        settings = {"broker": worker.broker, "concurrency": worker.concurrency,
+                    "prefetch": worker._prefetch}
+        start = lambda: _start(mp, _spawned, (spec, settings))     # noqa: E731
+    else:
+        start = lambda: _start(mp, _child, (worker,))              # noqa: E731
+    children = [start() for _ in range(processes)]
     code = 0
     try:
-        code = _watch(mp, worker, children, stopping)
+        code = _watch(start, worker, children, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
 
 
-def _spawn(mp: Any, worker: Worker) -> Any:
-    p = mp.Process(target=_child, args=(worker,), daemon=False)
+def _start(mp: Any, target: Callable[..., None], args: tuple) -> Any:
+    p = mp.Process(target=target, args=args, daemon=False)
     p.start()
     return p
 
 
-def _watch(mp: Any, worker: Worker, children: list, stopping: list[int]) -> int:
+def _watch(start: Callable[[], Any], worker: Worker, children: list,
+           stopping: list[int]) -> int:
     forwarded, code = False, 0
     while True:
         if stopping and not forwarded:
@@ -175,7 +192,7 @@ def _watch(mp: Any, worker: Worker, children: list, stopping: list[int]) -> int:
                 worker.logger.warning("pool process %d exited with %s: restarting", c.pid,
                                       c.exitcode)
                 time.sleep(1.0)
-                children[i], alive = _spawn(mp, worker), True
+                children[i], alive = start(), True
         if not alive:
             return code
         time.sleep(0.05)
