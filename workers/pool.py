@@ -67,6 +67,7 @@ class Pool(LinkOwner):
         self.subscribed = False
         self.stopping = False
         self.hurry = False                 # a second SIGTERM / SIGINT: no more grace
+        self.stop_task: asyncio.Task | None = None
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -100,11 +101,11 @@ class Pool(LinkOwner):
     def request_stop(self) -> None:
         """SIGTERM / SIGINT: shut down gracefully, then resolve `done`; a second signal
         cuts the grace period short (running jobs are released at once)."""
-        if self.stopping:
+        if self.stop_task is not None:
             self.hurry = True
             self.log.warning("stopping now: running jobs are released")
         else:
-            self.loop.create_task(self._stop_and_finish())
+            self.stop_task = self.loop.create_task(self._stop_and_finish())
 
     async def _stop_and_finish(self) -> None:
         await self.shutdown()
