@@ -212,7 +212,9 @@ class BrokerActor:
                     raise
                 front = self.core.fronts.get(peer)
                 if front is not None:
-                    log.warning("front %016x unreachable: closing its sessions", front.front_id)
+                    # with no sessions left it has said goodbye (a pool that stopped)
+                    (log.warning if front.sessions else log.info)(
+                        "front %016x unreachable: closing its sessions", front.front_id)
                     self.core.drop_front(front, time.monotonic())
 
 

@@ -7,6 +7,7 @@
     zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
     zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
+    zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
 
 Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
 before any of them are loaded.

@@ -79,10 +79,11 @@ class BrokerLink:
         self._connect()
         self._tick()
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Stop; `linger_ms` gives ops already sent (a goodbye CLOSE) time to leave."""
         if self._ticker:
             self._ticker.cancel()
-        self._drop_socket()
+        self._drop_socket(linger_ms)
 
     def _connect(self) -> None:
         self._drop_socket()
@@ -99,10 +100,10 @@ class BrokerLink:
         self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
                          self.owner.session_states()))
 
-    def _drop_socket(self) -> None:
+    def _drop_socket(self, linger_ms: int = 0) -> None:
         if self.sock is not None:
             self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
-            self.sock.close(linger=0)
+            self.sock.close(linger=linger_ms)
             self.sock = None
 
     def _send(self, msg) -> None:
@@ -182,6 +183,7 @@ class BrokerLink:
                 self._lose("broker restarted (it does not know this front)")
         elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
             log.warning("fenced by the broker: closing client connections, starting over")
+            self.batch = []         # ops of the fenced incarnation must not reach the next
             self.owner.on_fenced()
             self.front_id = random.getrandbits(64) or 1
             self.state_id = 0

@@ -248,3 +248,17 @@ def test_serve_stops_with_exit_111_naming_the_worker_endpoint_when_it_is_taken()
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(5)
+
+
+def test_a_pool_stopped_with_sigterm_says_goodbye_and_leaves_the_stats_at_once(zstalk_cluster, pools):
+    cluster = zstalk_cluster(fronts=1)
+    with beanstalk(cluster) as c:
+        before = c.stats()["current-connections"]
+        proc = start_pool(pools, cluster, "emails")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        stopped = time.monotonic()
+        wait_for(lambda: c.stats()["current-connections"] == before, timeout=5,
+                 what="the pool's session to close")
+        # a pool that vanished is noticed after the 2 s heartbeat timeout; this one said so
+        assert time.monotonic() - stopped < 1.5

@@ -101,8 +101,8 @@ def test_a_handler_can_serve_several_tubes_but_a_tube_has_one_handler():
         w.handler()
 
 
-def test_prefetch_defaults_to_concurrency():
-    assert Worker(concurrency=4).prefetch == 4
+def test_prefetch_adapts_by_default_and_can_be_fixed():
+    assert Worker(concurrency=4).prefetch is None
     assert Worker(concurrency=4, prefetch=0).prefetch == 0
 
 
@@ -234,3 +234,37 @@ def test_each_finished_job_is_logged_with_structured_fields(local, caplog):
               if hasattr(r, "job_id")}
     assert fields == {(good, "logged", 1, "delete"), (bad, "logged", 1, "bury")}
     assert all(r.duration_s >= 0 for r in caplog.records if hasattr(r, "duration_s"))
+
+
+# -- auto prefetch -------------------------------------------------------------------
+def _results(duration_s: float, n: int):
+    from zstalk.workers.runners import Result
+    job = Job(1, b"", "t", 0, 60, 1, codecs.raw, lambda _id: None)
+    return [Result(job, Outcome(DELETE), duration_s, None)] * n
+
+
+def _pool(**settings):
+    from zstalk.workers.pool import Pool
+    w = Worker(**settings)
+    w.handler("t")(lambda job: None)
+    return Pool(w, "inproc://unused")
+
+
+def test_auto_prefetch_starts_at_the_concurrency():
+    assert _pool(concurrency=4).capacity == 8
+
+
+def test_auto_prefetch_holds_many_jobs_for_fast_handlers_and_few_for_slow_ones():
+    from zstalk.workers.pool import AUTO_MAX
+    fast, slow, medium = _pool(concurrency=2), _pool(concurrency=2), _pool(concurrency=2)
+    fast._adapt(_results(0.00002, 20))
+    slow._adapt(_results(1.5, 20))
+    medium._adapt(_results(0.01, 50))           # 2 slots x 20 ms / 10 ms = 4 jobs
+    assert fast.capacity == 2 + AUTO_MAX
+    assert slow.capacity == 2 + 1
+    assert medium.capacity == 2 + 4
+
+
+def test_a_fixed_prefetch_is_kept():
+    pool = _pool(concurrency=3, prefetch=5)
+    assert pool.capacity == 8 and pool.fixed_prefetch == 5

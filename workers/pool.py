@@ -3,7 +3,8 @@
 The pool is a front of kind "pool" with one session (conn 1) over a BrokerLink, which
 owns Hello/Welcome, heartbeats, batching and reconnects.  After Welcome the pool OPENs
 and SUBSCRIBEs with its tubes and credits = capacity - jobs it holds (capacity is
-concurrency + prefetch), so it never holds more than capacity jobs.  The broker pushes
+concurrency + prefetch; by default the prefetch adapts to the handlers' run time, see
+`_adapt`), so it never holds more than capacity jobs.  The broker pushes
 `R.JOB`s, each reserved by this session; a finished job is answered DELETE / RELEASE /
 BURY and its slot given back with CREDIT, all in the loop turn that collected the
 results, so the link sends them as one Batch.
@@ -24,6 +25,7 @@ import asyncio
 import collections
 import inspect
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,6 +42,12 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 CONN = 1
+#: auto prefetch (Worker(prefetch=None)): work held beyond the running handlers, in
+#: seconds of handler time, between 1 and AUTO_MAX jobs; the run time average's weight
+AUTO_BUFFER_S = 0.02
+AUTO_MAX = 256
+AUTO_WEIGHT = 0.2
+GOODBYE_LINGER_MS = 200
 #: ops submitted while the broker is away wait for it (acks must not turn into errors)
 HOLD_FOREVER_S = 10.0 ** 9
 _ACKS = frozenset({Op.DELETE, Op.RELEASE, Op.BURY})
@@ -55,7 +63,11 @@ class Pool(LinkOwner):
         self.ctx = ctx
         self.log: logging.Logger = worker.logger
         self.tubes = list(worker.handlers)
-        self.capacity = worker.concurrency + worker.prefetch
+        self.fixed_prefetch = worker.prefetch          # None: adapt (see _adapt)
+        self.capacity = worker.concurrency + (worker.concurrency if worker.prefetch is None
+                                              else worker.prefetch)
+        self.granted = 0                   # credits the broker holds for us, by our count
+        self.handler_s: float | None = None    # moving average of handler run time
         self.held: dict[int, Job] = {}     # reserved by our session: the latest delivery
         self.busy = 0                      # deliveries taking a slot: pushed, not finished
         self.awaiting: collections.deque[tuple[tuple, Callback | None]] = collections.deque()
@@ -96,7 +108,10 @@ class Pool(LinkOwner):
             timer.cancel()
         self.threads.stop()
         self.tasks.stop()
-        self.link.close()
+        if self.link.state is READY:     # say goodbye: the broker closes our session now
+            self.link.submit((Op.CLOSE, CONN))
+            self.link.flush_now()
+        self.link.close(linger_ms=GOODBYE_LINGER_MS)
 
     def request_stop(self) -> None:
         """SIGTERM / SIGINT: shut down gracefully, then resolve `done`; a second signal
@@ -139,6 +154,7 @@ class Pool(LinkOwner):
         self.link.submit(op)
 
     def _subscribe(self, credits: int) -> None:
+        self.granted = max(0, credits)
         self._submit((Op.SUBSCRIBE, CONN, list(WORKER_VERSIONS), self.tubes, max(0, credits)),
                      self._subscribed)
 
@@ -203,7 +219,6 @@ class Pool(LinkOwner):
 
     def on_fenced(self) -> None:
         """The broker dropped this incarnation (and released our jobs): start afresh."""
-        self.link.batch.clear()     # ops not sent yet would be answered out of our order
         self.on_lost()
         self.had_session = False
 
@@ -243,6 +258,8 @@ class Pool(LinkOwner):
     def _pushed(self, item: tuple) -> None:
         _, _, job_id, raw, tube, pri, ttr_s, reserves = item[:8]
         job = Job(job_id, raw, tube, pri, ttr_s, reserves, self.worker.codec, self.touch)
+        if self.granted:
+            self.granted -= 1
         self.held[job_id] = job     # a job whose TTR ran out can come back while it runs
         route = self.routes.get(tube)
         if self.stopping or route is None:
@@ -269,8 +286,32 @@ class Pool(LinkOwner):
             self._untouch(r.job.id)
             self._ack(r.job.id, r.outcome)
             self._log(r)
-        if results and not self.stopping:
-            self._submit((Op.CREDIT, CONN, len(results)))
+        if self.fixed_prefetch is None:
+            self._adapt(results)
+        if not self.stopping:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Give the broker the credits that bring held + promised jobs back to capacity
+        (never more: pushes already on their way were counted off `granted`)."""
+        want = self.capacity - self.busy - self.granted
+        if want > 0:
+            self.granted += want
+            self._submit((Op.CREDIT, CONN, want))
+
+    def _adapt(self, results: list[Result]) -> None:
+        """Auto prefetch: hold about AUTO_BUFFER_S of work beyond the running handlers.
+
+        Fast handlers then never wait a round trip for their next job, while slow ones
+        keep few jobs away from other pools (a prefetched job's TTR is already running).
+        The capacity only shrinks by not giving credits back, so nothing is taken back."""
+        avg = self.handler_s
+        for r in results:
+            avg = r.duration_s if avg is None else avg + (r.duration_s - avg) * AUTO_WEIGHT
+        self.handler_s = avg
+        slots = self.worker.concurrency
+        prefetch = math.ceil(slots * AUTO_BUFFER_S / max(avg or 0.0, 1e-6))
+        self.capacity = slots + min(max(prefetch, 1), AUTO_MAX)
 
     def _ack(self, job_id: int, outcome: Outcome) -> None:
         if outcome.action == DELETE:
