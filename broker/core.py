@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple
 from ..protocol.schema import (PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hello, Heartbeat,
                                Op, R, Replies, Settings, Welcome)
 from . import stats
+from .checks import NATIVE_KINDS, check
 from .commands import Commands
 from .counters import CounterCommands, Counters, CounterSession
 from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
@@ -230,13 +231,21 @@ class Broker(PoolCommands, CounterCommands, Commands):
         out = self.out.setdefault(front.peer, [])
         sessions = front.sessions
         handlers = self._handlers
+        native = front.kind in NATIVE_KINDS       # ops not built by a beanstalk parser
+        max_job_size = self.config.max_job_size
         for op in ops:
             try:
+                if native:
+                    refused = check(op, max_job_size)
+                    if refused is not None:
+                        if refused:
+                            out.append((op[1], refused))
+                        continue
                 s = sessions.get(op[1])
                 if s is None:
                     if op[0] == Op.OPEN:
                         self._open(front, op[1])
-                    elif op[0] not in (Op.CLOSE, Op.COUNT, Op.HALF_CLOSE):
+                    elif op[0] not in SILENT_OPS:
                         out.append((op[1], R.INTERNAL_ERROR))
                     continue
                 if ((op[0] >= _FIRST_COUNTER_OP) != s.is_counter and op[0] > Op.HALF_CLOSE
@@ -244,11 +253,10 @@ class Broker(PoolCommands, CounterCommands, Commands):
                     out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
                 reply = handlers[op[0]](s, op, now)
-            except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            except Exception as exc:
                 # a malformed op from a buggy front must not take the broker down
-                log.warning("bad op %r from front %016x: %r", op[:2], front.front_id, exc)
-                reply = (op[1], R.INTERNAL_ERROR) if (isinstance(op, (list, tuple)) and len(op) > 1
-                                                      and op[0] not in SILENT_OPS) else None
+                log.warning("bad op %.60r from front %016x: %r", op, front.front_id, exc)
+                reply = _error_reply(op)
             if reply is not None:
                 out.append(reply)
 
@@ -334,3 +342,13 @@ class Broker(PoolCommands, CounterCommands, Commands):
         for f in self.fronts.values():
             if f.kind != "counter":
                 yield from f.sessions.values()
+
+
+def _error_reply(op) -> tuple | None:
+    """INTERNAL_ERROR for an op that failed, if it is shaped like one that gets a reply."""
+    try:
+        if len(op) > 1 and type(op[1]) is int and op[0] not in SILENT_OPS:
+            return (op[1], R.INTERNAL_ERROR)
+    except TypeError:       # not a sequence, or an unhashable opcode
+        pass
+    return None

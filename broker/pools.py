@@ -46,7 +46,7 @@ class PoolSession(Session):
 
 def negotiate(versions) -> int:
     """The highest worker-protocol version both sides speak, or 0 for none."""
-    low, high = int(versions[0]), int(versions[1])
+    low, high = versions
     best = min(high, WORKER_VERSIONS[1])
     return best if best >= max(low, WORKER_VERSIONS[0]) else 0
 
@@ -58,25 +58,22 @@ class PoolCommands:
         _, conn, versions, tubes, credits = op
         if not s.is_pool:
             return (conn, R.INTERNAL_ERROR)
+        # (arguments were checked on arrival: checks.py)
         version = negotiate(versions)
         if not version:
             return (conn, R.BAD_VERSION, *WORKER_VERSIONS)
-        names = [str(t) for t in tubes]
-        credits = max(0, min(int(credits), MAX_CREDITS))    # (checked before any change)
-        if not names or len(names) > 1024 or any(not 0 < len(n) <= 200 for n in names):
-            return (conn, R.INTERNAL_ERROR)
         self.queue.stop_waiting(s)
-        self._set_watch(s, names)
+        self._set_watch(s, tubes)
         s.version = version
         s.worker = True
-        s.credits = credits
+        s.credits = max(0, min(credits, MAX_CREDITS))
         self._reply(s, R.SUBSCRIBED, version)    # before the jobs it lets through
         self._feed(s, now)
 
     def credit(self, s: Session, op, now):
         if not s.is_pool:
             return None
-        s.credits = max(0, min(s.credits + int(op[2]), MAX_CREDITS))
+        s.credits = max(0, min(s.credits + op[2], MAX_CREDITS))
         if s.credits == 0:
             self.queue.stop_waiting(s)
         elif not s.waiting and s.version:

@@ -123,8 +123,13 @@ def _u64(digits: bytes) -> int:
     return value
 
 
+def is_valid_tube(raw: bytes) -> bool:
+    """beanstalkd's is_valid_tube: 1-200 NAME_CHARS, no leading '-'."""
+    return _NAME.fullmatch(raw) is not None
+
+
 def _name(raw: bytes) -> str:
-    if _NAME.fullmatch(raw) is None:     # is_valid_tube: 1-200 NAME_CHARS, no leading '-'
+    if not is_valid_tube(raw):
         raise Malformed
     return raw.decode("ascii")
 

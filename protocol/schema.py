@@ -112,6 +112,8 @@ class R(enum.IntEnum):
     JOB = 23            # (id, body, tube, pri, ttr_s, reserves)  pushed to a pool, not a reply
     SUBSCRIBED = 24     # (version)  the worker protocol version both sides speak
     BAD_VERSION = 25    # (min_version, max_version)  what this broker speaks; no subscription
+    BAD_FORMAT = 26     # an op from a native peer with arguments beanstalkd would refuse
+    JOB_TOO_BIG = 27    # a native PUT body over the broker's max job size
     C_OK = 30           # (value)  counter op succeeded; value: int, or None for no body
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]

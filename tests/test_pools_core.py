@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_broker_core import FRONT, Harness, codes
-from zstalk.protocol.schema import WORKER_VERSIONS, Heartbeat, Hello, Op, R, Replies, SessionState
+from zstalk.protocol.schema import (WORKER_VERSIONS, Batch, Heartbeat, Hello, Op, R, Replies,
+                                    SessionState)
 
 POOL = b"pool-a"
 POOL_B = b"pool-b"
@@ -14,10 +17,10 @@ V = list(WORKER_VERSIONS)
 class PoolHarness(Harness):
     """Keeps what the broker sends each peer until that peer's replies are asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, **config) -> None:
         self.mail: dict[bytes, list] = {}
         self.alive = [FRONT]        # the peers that keep heartbeating while time passes
-        super().__init__()
+        super().__init__(**config)
 
     def put(self, conn: int, body: bytes = b"x", pri: int = 0, delay: int = 0, ttr: int = 60) -> int:
         """The id of a put on FRONT; other replies of that turn stay in the mailbox."""
@@ -228,13 +231,15 @@ def test_a_resubscription_moves_the_pool_to_other_tubes(h):
     assert "a" in h.broker.queue.tubes     # (a job is still in it)
 
 
-def test_a_malformed_subscription_gets_internal_error_and_no_jobs(h):
+def test_a_malformed_subscription_gets_bad_format_and_no_jobs(h):
     h.broker.handle(POOL, Hello(7, "pool", 1, 0, []), h.now)
     h.broker.flush()
     h.put(1)
     for bad in ((Op.SUBSCRIBE, 1, V, [], 5), (Op.SUBSCRIBE, 1, V, ["x" * 201], 5),
-                (Op.SUBSCRIBE, 1, "v", ["a"], 5), (Op.SUBSCRIBE, 1, V, ["a"], "lots")):
-        assert h.send((Op.OPEN, 1), bad, peer=POOL) == [(1, R.INTERNAL_ERROR)]
+                (Op.SUBSCRIBE, 1, "v", ["a"], 5), (Op.SUBSCRIBE, 1, V, ["a"], "lots"),
+                (Op.SUBSCRIBE, 1, V, ["-a"], 5), (Op.SUBSCRIBE, 1, V, ["a b"], 5),
+                (Op.SUBSCRIBE, 1, V, ["a"], float("inf")), (Op.SUBSCRIBE, 1, V, ["a"])):
+        assert h.send((Op.OPEN, 1), bad, peer=POOL) == [(1, R.BAD_FORMAT)]
     assert h.send((Op.CREDIT, 1, "many"), peer=POOL) == []     # silent, even when malformed
     assert h.stats()["current-jobs-ready"] == 1
     assert h.stats()["current-workers"] == 0
@@ -250,3 +255,67 @@ def test_a_pool_that_says_hello_again_keeps_only_the_jobs_it_lists(h):
     assert h.job_stats(a)["state"] == "reserved"
     assert h.job_stats(b)["state"] == "ready"
     assert h.send((Op.DELETE, 1, a), peer=POOL) == [(1, R.DELETED)]
+
+
+# -- ops from native peers are checked as beanstalkd's parser would ------------------------
+@pytest.mark.parametrize("pri, delay", [(1.5, 0), (2 ** 32, 0), (-1, 0), (True, 0), ("5", 0),
+                                        (0, 2 ** 32), (0, -3), (0, 0.5)])
+def test_a_pool_releasing_with_a_priority_or_delay_beanstalkd_refuses_gets_bad_format(h, pri, delay):
+    job_id = h.put(1)
+    h.pool(POOL, 7, credits=1)
+    assert h.send((Op.RELEASE, 1, job_id, pri, delay), peer=POOL) == [(1, R.BAD_FORMAT)]
+    assert h.job_stats(job_id)["state"] == "reserved"       # still the pool's, unharmed
+    assert h.send((Op.RELEASE, 1, job_id, 5, 0), peer=POOL)[0] == (1, R.RELEASED)
+
+
+def test_a_native_client_gets_bad_format_for_a_bad_tube_and_job_too_big_for_a_big_body():
+    h = PoolHarness(max_job_size=10)
+    h.broker.handle(POOL, Hello(7, "client", 1, 0, []), h.now)
+    h.broker.flush()
+    assert h.send((Op.OPEN, 1), (Op.USE, 1, "no spaces"), peer=POOL) == [(1, R.BAD_FORMAT)]
+    assert h.send((Op.USE, 1, "-dash"), peer=POOL) == [(1, R.BAD_FORMAT)]
+    assert h.send((Op.PUT, 1, 0, 0, 60, b"x" * 11), peer=POOL) == [(1, R.JOB_TOO_BIG)]
+    assert h.send((Op.PUT, 1, 0, 0, 60, "text"), peer=POOL) == [(1, R.BAD_FORMAT)]
+    assert h.send((Op.PUT, 1, 0, 0, 60, b"x" * 10), peer=POOL)[0][1] == R.INSERTED
+
+
+def test_silent_ops_are_never_answered_even_for_an_unknown_session(h):
+    h.broker.handle(POOL, Hello(7, "pool", 1, 0, []), h.now)
+    h.broker.flush()
+    assert h.send((Op.CREDIT, 5, 1), (Op.CREDIT, 1, float("inf")), (Op.COUNT, 1, "put", 0),
+                  peer=POOL) == []
+
+
+def test_a_pool_cannot_send_counter_ops_or_count(h):
+    h.pool(POOL, 7, credits=0)
+    assert h.send((Op.C_NOOP, 1), peer=POOL) == [(1, R.BAD_FORMAT)]
+    before = h.stats()["cmd-put"]
+    h.send((Op.COUNT, 1, "put", True), peer=POOL)
+    assert h.stats()["cmd-put"] == before
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 65, 2 ** 65),
+                    st.floats(allow_nan=True), st.binary(max_size=20), st.text(max_size=20))
+_ops = st.lists(st.one_of(
+    st.tuples(st.sampled_from(list(Op)), st.just(1)).flatmap(
+        lambda head: st.lists(_values, max_size=5).map(lambda rest: (*head, *rest))),
+    _values, st.lists(_values, max_size=3)), max_size=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(_ops, max_size=4))
+def test_arbitrary_ops_from_a_pool_never_break_the_broker(batches):
+    h = PoolHarness()
+    h.open(1)
+    ids = [h.put(1) for _ in range(3)]
+    h.pool(POOL, 7, credits=2)
+    for ops in batches:
+        h.broker.handle(POOL, Batch(ops), h.now)
+        h.replies(POOL)
+    h.advance(120)                            # every timer fires; nothing may raise
+    for job_id in ids:                        # and every job is still somewhere sane
+        state = h.broker.queue.jobs.get(job_id)
+        assert state is None or state.state in ("ready", "delayed", "buried", "reserved")
+        if state is not None and state.state == "reserved":
+            assert state.holder is not None and job_id in state.holder.reserved
+    assert h.send((Op.PUT, 1, 0, 0, 60, b"after"))[0][1] == R.INSERTED

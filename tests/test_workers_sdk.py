@@ -268,3 +268,11 @@ def test_auto_prefetch_holds_many_jobs_for_fast_handlers_and_few_for_slow_ones()
 def test_a_fixed_prefetch_is_kept():
     pool = _pool(concurrency=3, prefetch=5)
     assert pool.capacity == 8 and pool.fixed_prefetch == 5
+
+
+@pytest.mark.parametrize("make", [lambda: Retry(delay_s=1.5), lambda: Retry(pri=2 ** 32),
+                                  lambda: Retry(delay_s=-1), lambda: Bury(pri=-1),
+                                  lambda: Bury(pri=1.0), lambda: Retry(pri=True)])
+def test_retry_and_bury_refuse_what_beanstalkd_would_refuse_where_the_handler_raises_them(make):
+    with pytest.raises(ValueError):
+        make()

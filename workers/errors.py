@@ -27,7 +27,7 @@ class Retry(Exception):
 
     def __init__(self, delay_s: int = 0, pri: int | None = None) -> None:
         super().__init__(f"retry in {delay_s} s")
-        self.delay_s, self.pri = int(delay_s), pri
+        self.delay_s, self.pri = u32("delay_s", delay_s), _pri(pri)
 
 
 class Bury(Exception):
@@ -35,4 +35,16 @@ class Bury(Exception):
 
     def __init__(self, pri: int | None = None) -> None:
         super().__init__("bury")
-        self.pri = pri
+        self.pri = _pri(pri)
+
+
+def u32(what: str, value: object) -> int:
+    """beanstalkd's priorities and delays are whole numbers 0..2**32-1: refuse the rest
+    where the handler made them, not as a BAD_FORMAT from the broker later."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 32:
+        raise ValueError(f"{what} must be an int from 0 to 2**32-1, not {value!r}")
+    return value
+
+
+def _pri(pri: object) -> int | None:
+    return None if pri is None else u32("pri", pri)
