@@ -192,9 +192,11 @@ class BrokerLink:
     def _welcome(self, w: Welcome) -> None:
         self.broker_id = w.broker_id
         self.settings = w.settings
-        self.owner.on_welcome(w)
         self.state_id = w.state_id
         self.state = READY
+        # what the owner sends on Welcome (re-OPEN, SUBSCRIBE, ...) goes before the ops
+        # held while the broker was away: they may need the session it sets up
+        self.owner.on_welcome(w)
         log.info("registered with broker %016x", w.broker_id)
         held, self.held = self.held, []
         for _, op in held:

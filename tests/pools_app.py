@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from zstalk.workers import Job, Worker
+from zstalk.workers import Bury, Job, Worker
 
 
 def record(job: Job) -> None:
@@ -30,3 +30,14 @@ stuck = Worker(concurrency=1, prefetch=0)
 def hang(job: Job) -> None:
     record(job)
     time.sleep(3600)
+
+
+slow_bury = Worker(concurrency=1, prefetch=0)
+
+
+@slow_bury.handler("reports")
+def bury_after_a_while(job: Job) -> None:
+    record(job)
+    if job.raw == b"bury me":
+        time.sleep(1.5)
+        raise Bury()

@@ -262,3 +262,27 @@ def test_a_pool_stopped_with_sigterm_says_goodbye_and_leaves_the_stats_at_once(z
                  what="the pool's session to close")
         # a pool that vanished is noticed after the 2 s heartbeat timeout; this one said so
         assert time.monotonic() - stopped < 1.5
+
+
+@pytest.mark.parametrize("binlog", [True, False], ids=["binlog", "no-binlog"])
+def test_a_job_finished_while_the_broker_is_down_is_acked_once_it_is_back(zstalk_cluster, pools,
+                                                                         tmp_path, binlog):
+    args = ["--binlog", str(tmp_path / "wal")] if binlog else []
+    cluster = zstalk_cluster(fronts=1, broker_args=args)
+    start_pool(pools, cluster, "slow_bury")
+    with Client(cluster.broker_address) as producer:
+        job_id = producer.put(b"bury me", tube="reports")
+    wait_for(lambda: pools.started(), what="the handler to start")
+    cluster.kill_broker()
+    time.sleep(3.0)             # the handler buries its job while the broker is away
+    cluster.restart_broker()
+    with Client(cluster.broker_address) as producer:
+        if binlog:
+            wait_for(lambda: (producer.stats_job(job_id) or {}).get("state") == "buried",
+                     timeout=15, what="the bury to land")
+            assert producer.stats_job(job_id)["buries"] == 1
+        # without a binlog the new broker never knew the job: the ack is dropped, and
+        # the pool must still carry on (it used to lose step with its replies and stop)
+        after = producer.put(b"next", tube="reports")
+        wait_for(lambda: producer.stats_job(after) is None, timeout=15, what="the pool to go on")
+    assert [row[3] for row in pools.started()] == [b"bury me", b"next"]     # not run twice

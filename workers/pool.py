@@ -149,9 +149,21 @@ class Pool(LinkOwner):
 
     # -- ops ---------------------------------------------------------------------------
     def _submit(self, op: tuple, callback: Callback | None = None) -> None:
+        if self.link.state is not READY:
+            self._while_away(op, callback)
+            return
         if op[0] not in SILENT_OPS:
             self.awaiting.append((op, callback))
         self.link.submit(op)
+
+    def _while_away(self, op: tuple, callback: Callback | None) -> None:
+        """The broker is away: an ack waits in `resend` (and its job is listed as held
+        when we say Hello again); credits, touches and subscriptions are made afresh
+        by on_welcome's SUBSCRIBE; a question gets INTERNAL_ERROR now."""
+        if op[0] in _ACKS:
+            self.resend.append(op)
+        elif callback is not None and op[0] not in (Op.SUBSCRIBE, Op.TOUCH):
+            callback(op, (CONN, R.INTERNAL_ERROR))
 
     def _subscribe(self, credits: int) -> None:
         self.granted = max(0, credits)
