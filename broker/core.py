@@ -190,6 +190,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
             if s is None:
                 s = self._open(front, conn)
                 self._restore_tubes(s, st)
+            if s.is_pool:           # no pushes on old credits: the pool subscribes again
+                self.queue.stop_waiting(s)
+                s.credits = 0
             held = set(st.held)
             for job in [j for j in s.reserved.values() if j.id not in held]:
                 self.queue.take(job)

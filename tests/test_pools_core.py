@@ -319,3 +319,14 @@ def test_arbitrary_ops_from_a_pool_never_break_the_broker(batches):
         if state is not None and state.state == "reserved":
             assert state.holder is not None and job_id in state.holder.reserved
     assert h.send((Op.PUT, 1, 0, 0, 60, b"after"))[0][1] == R.INSERTED
+
+
+def test_a_pool_saying_hello_again_gets_nothing_pushed_until_it_subscribes_again(h):
+    a = h.put(1)
+    h.pool(POOL, 7, credits=3)          # holds `a`, two credits left and waiting
+    h.broker.handle(POOL, Hello(7, "pool", 1, h.broker.state_id,
+                                [SessionState(1, "default", ["default"], [])]), h.now)
+    h.broker.flush()
+    assert h.job_stats(a)["state"] == "ready"      # given up, and not pushed straight back
+    assert h.pushed(h.replies(POOL)) == []
+    assert h.pushed(h.send((Op.SUBSCRIBE, 1, V, ["default"], 1), peer=POOL)) == [a]

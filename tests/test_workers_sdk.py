@@ -276,3 +276,40 @@ def test_a_fixed_prefetch_is_kept():
 def test_retry_and_bury_refuse_what_beanstalkd_would_refuse_where_the_handler_raises_them(make):
     with pytest.raises(ValueError):
         make()
+
+
+# -- jobs that waited, handlers that escape ------------------------------------------
+def _job(ttr_s: int = 10, touched: list | None = None) -> Job:
+    touch = (lambda job_id: touched.append(job_id)) if touched is not None else (lambda _: None)
+    return Job(7, b"", "t", 0, ttr_s, 1, codecs.raw, touch)
+
+
+def test_a_job_that_waited_its_whole_ttr_in_the_pool_is_not_started():
+    from zstalk.workers.job import may_start
+    touched: list = []
+    job = _job(ttr_s=10, touched=touched)
+    job.pushed_at = 100.0
+    assert may_start(job, 104.0) and touched == []        # early: as it is
+    assert may_start(job, 106.0) and touched == [7]       # past half: TTR restarted first
+    assert not may_start(job, 110.0)                      # all of it: the broker's again
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_handler_escaping_with_a_base_exception_releases_its_job_and_the_pool_goes_on(kind):
+    w = Worker(concurrency=1, prefetch=1, backoff=Backoff(base_s=30))
+    if kind == "sync":
+        @w.handler("t")
+        def handle(job):
+            if job.raw == b"exit":
+                raise SystemExit(3)           # a library calling sys.exit()
+    else:
+        @w.handler("t")
+        async def handle(job):
+            if job.raw == b"exit":
+                gone = asyncio.get_running_loop().create_future()
+                gone.cancel()
+                await gone                    # CancelledError from something it awaited
+    with LocalBroker() as broker:
+        broker.client().put_many([b"exit", b"a", b"b"], tube="t")
+        counts = broker.work(w, timeout_s=10)
+    assert counts.get("released") == 1 and counts.get("deleted") == 2

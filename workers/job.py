@@ -15,6 +15,8 @@ from .codecs import Codec
 from .errors import Bury, Retry
 
 DELETE, RELEASE, BURY = "delete", "release", "bury"
+#: not run: the job waited in the pool for its whole TTR, so it is the broker's again
+EXPIRED = "expired"
 
 
 class Backoff(NamedTuple):
@@ -37,7 +39,7 @@ class Job:
     """One job pushed to this pool.  `body` is decoded by the worker's codec on first use;
     `touch()` restarts its TTR and may be called from any thread."""
     __slots__ = ("id", "tube", "pri", "ttr_s", "attempt", "raw", "_codec", "_body",
-                 "_touch", "started_at")
+                 "_touch", "started_at", "pushed_at")
 
     def __init__(self, job_id: int, raw: bytes, tube: str, pri: int, ttr_s: int,
                  attempt: int, codec: Codec, touch: Callable[[int], None]) -> None:
@@ -51,6 +53,7 @@ class Job:
         self._body: Any = _UNDECODED
         self._touch = touch
         self.started_at = 0.0
+        self.pushed_at = 0.0        # monotonic time the broker's push arrived (TTR runs)
 
     @property
     def body(self) -> Any:
@@ -80,3 +83,15 @@ def decide(job: Job, exc: BaseException | None, max_attempts: int, backoff: Back
     if job.attempt >= max_attempts:
         return Outcome(BURY, job.pri)
     return Outcome(RELEASE, job.pri, backoff.delay_s(job.attempt))
+
+
+def may_start(job: Job, now: float) -> bool:
+    """Whether a job taken from the pool's queue may still run: its TTR started when it
+    was pushed, so one that waited all of it is the broker's again (skip it) and one
+    that waited over half gets its TTR restarted first."""
+    waited = now - job.pushed_at
+    if waited >= job.ttr_s:
+        return False
+    if waited > job.ttr_s / 2:
+        job.touch()
+    return True

@@ -35,7 +35,7 @@ import zmq
 from ..protocol.link import READY, BrokerLink, LinkOwner
 from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
-from .job import BURY, DELETE, RELEASE, Job, Outcome, decide
+from .job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome, decide
 from .runners import AsyncRunner, Result, ThreadRunner
 
 if TYPE_CHECKING:
@@ -270,6 +270,7 @@ class Pool(LinkOwner):
     def _pushed(self, item: tuple) -> None:
         _, _, job_id, raw, tube, pri, ttr_s, reserves = item[:8]
         job = Job(job_id, raw, tube, pri, ttr_s, reserves, self.worker.codec, self.touch)
+        job.pushed_at = time.monotonic()
         if self.granted:
             self.granted -= 1
         self.held[job_id] = job     # a job whose TTR ran out can come back while it runs
@@ -290,16 +291,23 @@ class Pool(LinkOwner):
         is not its own any more.  Its slot comes back all the same."""
         held = self.held
         self.busy -= len(results)
+        ran = []
         for r in results:
             if held.get(r.job.id) is not r.job:
                 self.counts["stale"] += 1
                 continue
             del held[r.job.id]
             self._untouch(r.job.id)
+            if r.outcome.action == EXPIRED:       # never ran: no ack, it is not ours
+                self.counts["expired"] += 1
+                self.log.warning("job %d waited its whole TTR (%d s) here: not run",
+                                 r.job.id, r.job.ttr_s, extra=_fields(r.job, EXPIRED))
+                continue
+            ran.append(r)
             self._ack(r.job.id, r.outcome)
             self._log(r)
-        if self.fixed_prefetch is None:
-            self._adapt(results)
+        if self.fixed_prefetch is None and ran:
+            self._adapt(ran)
         if not self.stopping:
             self._top_up()
 
@@ -365,11 +373,12 @@ class Pool(LinkOwner):
             self._submit((Op.TOUCH, CONN, job_id))
 
     def _schedule_touch(self, job: Job) -> None:
+        self._untouch(job.id)       # a job back from its TTR: one timer chain per id
         interval_s = max(0.5, job.ttr_s / 2)
         self.touch_timers[job.id] = self.loop.call_later(interval_s, self._auto_touch, job)
 
     def _auto_touch(self, job: Job) -> None:
-        if job.id in self.held:
+        if self.held.get(job.id) is job:
             self._touch(job.id)
             self._schedule_touch(job)
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, NamedTuple
 
-from .job import Job, Outcome
+from .job import EXPIRED, Job, Outcome, may_start
 
 
 class Result(NamedTuple):
@@ -35,11 +35,13 @@ Finish = Callable[[list[Result]], None]
 
 def run_sync(job: Job, handler: Callable[[Job], Any], decide: Decide) -> Result:
     job.started_at = started = time.monotonic()
+    if not may_start(job, started):
+        return Result(job, Outcome(EXPIRED), 0.0, None)
     try:
         handler(job)
         error = None
-    except Exception as exc:     # the handler's failure is the job's outcome, not ours
-        error = exc
+    except BaseException as exc:     # the handler's failure is the job's outcome, not
+        error = exc                  # ours (SystemExit too: it must not end the thread)
     return Result(job, decide(job, error), time.monotonic() - started, error)
 
 
@@ -135,9 +137,16 @@ class AsyncRunner:
             while waiting:
                 job, handler = waiting.popleft()
                 job.started_at = started = time.monotonic()
+                if not may_start(job, started):
+                    self._hand_back(Result(job, Outcome(EXPIRED), 0.0, None))
+                    continue
                 try:
                     await handler(job)
                     error = None
+                except asyncio.CancelledError as exc:
+                    if asyncio.current_task().cancelling():     # type: ignore[union-attr]
+                        raise           # this lane is being stopped
+                    error = exc         # the handler awaited something cancelled
                 except Exception as exc:
                     error = exc
                 self._hand_back(Result(job, decide(job, error), time.monotonic() - started,
