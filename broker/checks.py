@@ -18,6 +18,7 @@ NATIVE_KINDS = frozenset({"pool", "client"})
 _U32 = 1 << 32
 _U64 = 1 << 64
 MAX_SUBSCRIBED_TUBES = 1024
+_DELETE, _CREDIT = int(Op.DELETE), int(Op.CREDIT)
 
 
 def u32(x) -> bool:
@@ -69,8 +70,15 @@ ARGS = {
 
 def check(op, max_job_size: int) -> R | None:
     """None when `op` is well-formed; else the reply code (0 for a silent op: drop it).
-    The caller has checked that op is a list or tuple of at least (opcode, conn)."""
-    rules = ARGS.get(op[0])
+    `op` may be anything: what is not a sequence raises TypeError (the caller's net)."""
+    code = op[0]
+    # a pool's steady traffic first, without the generic loop (a third of the cost)
+    if code == _DELETE or code == _CREDIT:
+        if len(op) == 3 and type(op[2]) is int and (0 <= op[2] < _U64 if code == _DELETE
+                                                   else -_U32 < op[2] < _U32):
+            return None
+        return _refuse(op)
+    rules = ARGS.get(code)
     if rules is None or len(op) != 2 + len(rules):
         return _refuse(op)
     for rule, arg in zip(rules, op[2:]):

@@ -99,8 +99,16 @@ class Queue:
 
     def make_ready(self, job: Job, now: float) -> None:
         """Enter READY and hand the job to a waiter of its tube if there is one."""
-        self._ready_add(job)
         t = job.tube
+        if t.waiting and not t.unpause_at and not t.ready:
+            # by the invariant a tube with waiters has no ready job, so this one is what
+            # _serve_waiters would pick: hand it over without the sorted containers
+            session = next(iter(t.waiting))
+            self.stop_waiting(session)
+            self.reserve(session, job, now)
+            self.grant(session, job)
+            return
+        self._ready_add(job)
         if t.waiting and not t.unpause_at:
             self._serve_waiters(t, now)
 
