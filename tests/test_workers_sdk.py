@@ -313,3 +313,15 @@ def test_a_handler_escaping_with_a_base_exception_releases_its_job_and_the_pool_
         broker.client().put_many([b"exit", b"a", b"b"], tube="t")
         counts = broker.work(w, timeout_s=10)
     assert counts.get("released") == 1 and counts.get("deleted") == 2
+
+
+def test_a_closed_client_leaves_the_connection_count_at_once():
+    with LocalBroker() as broker:
+        watcher, leaving = broker.client(), broker.client()
+        leaving.put(b"x")
+        before = watcher.stats()["current-connections"]
+        leaving.close()
+        deadline = time.monotonic() + 1.0           # not the 2 s heartbeat timeout
+        while watcher.stats()["current-connections"] != before - 1:
+            assert time.monotonic() < deadline, "the closed client is still counted"
+            time.sleep(0.02)

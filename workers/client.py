@@ -26,6 +26,7 @@ from .errors import ZstalkError
 DEFAULT_BROKER = "tcp://127.0.0.1:11400"
 CONN = 1
 _FENCED_RETRIES = 3
+GOODBYE_LINGER_MS = 100
 
 
 class Client:
@@ -124,8 +125,15 @@ class Client:
 
     # -- connection --------------------------------------------------------------------
     def close(self) -> None:
+        """Say goodbye (the broker closes our session now, not after the heartbeat
+        timeout) and drop the socket."""
         if self.sock is not None:
-            self.sock.close(linger=0)
+            if self.opened:
+                try:
+                    self.sock.send(encode(Batch([(Op.CLOSE, CONN)])), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            self.sock.close(linger=GOODBYE_LINGER_MS)
             self.sock = None
 
     def __enter__(self) -> "Client":
