@@ -17,8 +17,13 @@ as bytes (greenstalk with encoding=None, zstalk with the raw codec).
 * beanstalkd: `beanstalkd -l 127.0.0.1 -p PORT` (no binlog).  Each worker process runs
   `greenstalk.Client((HOST, PORT), encoding=None, watch="bench")` in the loop
   `job = c.reserve(); handle(job); c.delete(job)`: one connection per process, which is
-  how greenstalk is run.  The producer is bench_beanstalk's pipelined put loop (raw
-  socket after `use bench`, at most --window = 100 puts outstanding, replies counted).
+  how greenstalk is run.  The producer writes on a raw socket after `use bench`:
+  with --producer batch (the default) --batch = 100 puts at once, then reads their 100
+  replies, and again, which is what zstalk's put_many does below, so both producers have
+  the same puts outstanding at every moment; with --producer window it is
+  bench_beanstalk's pipelined put loop instead (at most --window = 100 outstanding, a
+  continuous stream zstalk's synchronous Client has no equivalent of).  A greenstalk
+  producer would wait for each put's reply: slower than either.
 * zstalk: the broker actor alone, `python -m zstalk.broker.cli broker --bind
   tcp://127.0.0.1:PORT`; native workers and the producer speak ZeroMQ to it, no TCP
   front.  Each worker process runs `zstalk.workers.Worker(broker=EP,
@@ -26,13 +31,12 @@ as bytes (greenstalk with encoding=None, zstalk with the raw codec).
   `w.run()`.  The producer is `zstalk.workers.Client(EP).put_many([body] * 100, ...)`:
   one round trip per batch of --batch = 100, the same 100 jobs in flight as beanstalkd's
   window.
-  The README row uses this script's defaults, --concurrency 1 --prefetch 100 --handler
-  sync: a trivial handler gains nothing from more threads under the GIL, and a prefetch
-  of 100 keeps jobs queued in the worker while the acks of the previous ones travel.
-  (The Worker's own default prefetch equals its concurrency, 2 jobs held in all: each
-  pool is then bound by round trips, near 2,000 jobs/s per process in smoke runs, below
-  greenstalk.  An async handler with concurrency 1 runs one job per loop turn, so its
-  acks leave one Batch per job; it needs a concurrency near the prefetch to batch.)
+  The README row uses this script's defaults, --concurrency 1 --prefetch auto --handler
+  sync: the Worker's own defaults (a trivial handler gains nothing from more threads
+  under the GIL; the auto prefetch holds about 20 ms of work, which for this handler is
+  its cap of 256 jobs, so jobs stay queued in the worker while earlier acks travel).
+  With a fixed prefetch equal to the concurrency (2 jobs held in all) a pool is bound
+  by round trips: near 2,000 jobs/s per process in smoke runs, below greenstalk.
 
 Every run gets a fresh server and fresh workers (each its own process, in its own
 session, started by re-running this file with a hidden `_child` role).  The workers are
@@ -170,7 +174,8 @@ def greenstalk_worker(port: str) -> None:
 
 def zstalk_worker(endpoint: str, concurrency: str, prefetch: str, kind: str) -> None:
     from zstalk.workers import Worker
-    w = Worker(broker=endpoint, concurrency=int(concurrency), prefetch=int(prefetch))
+    w = Worker(broker=endpoint, concurrency=int(concurrency),
+               prefetch=None if prefetch == "auto" else int(prefetch))
     if kind == "async":
         @w.handler(TUBE)
         async def handle_async(job):
@@ -261,6 +266,8 @@ class BeanstalkdSide(Side):
                 reply += sock.recv(100)
             if reply != b"USING %s\r\n" % TUBE.encode():
                 raise RuntimeError(f"use {TUBE}: {reply!r}")
+            if self.args.producer == "batch":
+                return _put_batches(sock, jobs, self.args.batch, time_cap)
             sock.setblocking(False)
             res = _put_loop([sock], [jobs], self.args.window, time_cap)
         finally:
@@ -272,6 +279,32 @@ class BeanstalkdSide(Side):
             self.client.sock.close()
             self.client = None
         return super().stop()
+
+
+def _put_batches(sock: socket.socket, jobs: int, batch: int, time_cap: float) -> dict:
+    """What zstalk's put_many does, over beanstalk's protocol: write `batch` puts at
+    once, then read their `batch` replies, and again (at most `batch` outstanding, and
+    none while the replies come back)."""
+    put = b"put 0 0 60 %d\r\n%s\r\n" % (len(BODY), BODY)
+    done, errors, deadline = 0, [], time.monotonic() + time_cap
+    pending = b""
+    while done < jobs and time.monotonic() < deadline:
+        n = min(batch, jobs - done)
+        sock.sendall(put * n)
+        replies = 0
+        while replies < n:
+            data = sock.recv(65536)
+            if not data:
+                raise RuntimeError("beanstalkd closed the producer's connection")
+            pending += data
+            lines = pending.split(b"\r\n")
+            pending = lines.pop()
+            for line in lines:
+                replies += 1
+                if not line.startswith(b"INSERTED "):
+                    errors.append(line.decode(errors="replace"))
+        done += n
+    return dict(put=done, capped=done < jobs, errors=errors[:5])
 
 
 class ZstalkSide(Side):
@@ -411,12 +444,17 @@ def parse_args(argv):
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per server and row, best taken (default 3; 1 with --quick)")
     ap.add_argument("--concurrency", type=int, default=1, help="zstalk Worker concurrency")
-    ap.add_argument("--prefetch", type=int, default=100, help="zstalk Worker prefetch")
+    ap.add_argument("--prefetch", default="auto",
+                    help="zstalk Worker prefetch: a number, or auto (the Worker's default)")
     ap.add_argument("--handler", choices=("sync", "async"), default="sync",
                     help="zstalk handler kind (the same len(job.body) either way)")
+    ap.add_argument("--producer", choices=("batch", "window"), default="batch",
+                    help="batch: both producers write --batch puts and wait for their "
+                         "replies (zstalk: put_many); window: beanstalkd's keeps --window "
+                         "puts outstanding, pipelined (zstalk's still uses put_many)")
     ap.add_argument("--window", type=int, default=100,
-                    help="beanstalkd producer: puts outstanding at most")
-    ap.add_argument("--batch", type=int, default=100, help="zstalk producer: put_many size")
+                    help="beanstalkd producer in window mode: puts outstanding at most")
+    ap.add_argument("--batch", type=int, default=100, help="puts per producer batch")
     ap.add_argument("--time-cap", type=float, default=None,
                     help="seconds a run may take (120; 60 with --quick)")
     ap.add_argument("--sides", default=",".join(NAMES), help="servers to run")
@@ -447,7 +485,7 @@ def header(args) -> dict:
                 jobs=args.jobs, repeats=args.repeats, workers=args.worker_counts,
                 zstalk_worker=dict(concurrency=args.concurrency, prefetch=args.prefetch,
                                    handler=args.handler, batch=args.batch),
-                beanstalkd_window=args.window, nproc=os.cpu_count(),
+                producer=args.producer, beanstalkd_window=args.window, nproc=os.cpu_count(),
                 loadavg_before=os.getloadavg(), python=sys.version.split()[0],
                 beanstalkd=subprocess.run([args.beanstalkd, "-v"], capture_output=True,
                                           text=True).stdout.strip(),
@@ -484,8 +522,9 @@ def report(results: dict, args, meta: dict) -> None:
     print(f"\n{text}\n\nMarkdown:\n\n{md}\n")
     print(f"best of {args.repeats} run(s) of {args.jobs:,} jobs per server and row, "
           f"servers alternated run by run; zstalk workers: concurrency {args.concurrency}, "
-          f"prefetch {args.prefetch}, {args.handler} handler; beanstalkd producer window "
-          f"{args.window}, zstalk put_many batch {args.batch}")
+          f"prefetch {args.prefetch}, {args.handler} handler; producers: "
+          + (f"batches of {args.batch} on both sides" if args.producer == "batch" else
+             f"beanstalkd window {args.window}, zstalk put_many batch {args.batch}"))
     print(diagnostics(results))
     errs = [f"{key}/{name}[{i}]: {r['errors'][:3]}" for key, per in results.items()
             for name, runs in per.items() for i, r in enumerate(runs) if r.get("errors")]
