@@ -211,12 +211,18 @@ class Broker(PoolCommands, CounterCommands, Commands):
         s.use.using -= 1
         old_use, s.use = s.use, new_use
         q.maybe_free(old_use)
-        old_watch = s.watch
-        s.watch = [q.tube(name) for name in dict.fromkeys(st.watch)] or old_watch
+        if st.watch:
+            self._set_watch(s, st.watch)
+
+    def _set_watch(self, s: Session, names: list[str]) -> None:
+        """Replace a session's watch list (a re-registration, a pool's SUBSCRIBE)."""
+        q = self.queue
+        old = s.watch
+        s.watch = [q.tube(n) for n in dict.fromkeys(names)]
         s.watched = set(s.watch)
         for t in s.watch:
             t.watching += 1
-        for t in old_watch:
+        for t in old:
             t.watching -= 1
             q.maybe_free(t)
 

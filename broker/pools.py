@@ -106,14 +106,3 @@ class PoolCommands:
         self._push(s, job)
         if s.credits > 0:
             self.queue.wait(s, None, 0.0)     # no timeout: the clock is not read
-
-    def _set_watch(self, s: Session, names: list[str]) -> None:
-        q = self.queue
-        old = s.watch
-        s.watch = [q.tube(n) for n in dict.fromkeys(names)]
-        s.watched = set(s.watch)
-        for t in s.watch:
-            t.watching += 1
-        for t in old:
-            t.watching -= 1
-            q.maybe_free(t)
