@@ -57,7 +57,7 @@ class Commands:
         self.next_id += 1
         self.jobs_bytes += cost
         self.total_jobs += 1
-        job = Job(job_id, s.use, pri, delay_s, ttr_s, body, now)
+        job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (§3.7)
         self.queue.add(job, delay_s, now)
         if wal is not None:
             wal.log_put(job)

@@ -190,8 +190,10 @@ class Broker(PoolCommands, CounterCommands, Commands):
             if s is None:
                 s = self._open(front, conn)
                 self._restore_tubes(s, st)
-            if s.is_pool:           # no pushes on old credits: the pool subscribes again
-                self.queue.stop_waiting(s)
+            # a reserve it was blocked in was answered by the front when it lost us (and a
+            # pool subscribes again): a job handed over now would answer the wrong command
+            self.queue.stop_waiting(s)
+            if s.is_pool:
                 s.credits = 0
             held = set(st.held)
             for job in [j for j in s.reserved.values() if j.id not in held]:

@@ -330,3 +330,22 @@ def test_a_pool_saying_hello_again_gets_nothing_pushed_until_it_subscribes_again
     assert h.job_stats(a)["state"] == "ready"      # given up, and not pushed straight back
     assert h.pushed(h.replies(POOL)) == []
     assert h.pushed(h.send((Op.SUBSCRIBE, 1, V, ["default"], 1), peer=POOL)) == [a]
+
+
+def test_a_native_put_with_ttr_0_gets_ttr_1_as_beanstalkd_gives_it(h):
+    h.broker.handle(POOL, Hello(7, "client", 1, 0, []), h.now)
+    h.broker.flush()
+    [(_, code, job_id)] = h.send((Op.OPEN, 1), (Op.PUT, 1, 0, 0, 0, b"x"), peer=POOL)
+    assert h.job_stats(job_id)["ttr"] == 1
+
+
+def test_a_reserve_blocked_when_its_front_lost_the_broker_is_not_answered_after_hello(h):
+    """The front answered the blocked reserve INTERNAL_ERROR when it lost the broker; a
+    job now must not become that connection's reply to its next command."""
+    h.send((Op.RESERVE, 2, -1))
+    sessions = [SessionState(c, "default", ["default"], []) for c in (1, 2)]
+    h.broker.handle(FRONT, Hello(1, "beanstalk", 1, h.broker.state_id, sessions), h.now)
+    h.broker.flush()
+    job_id = h.put(1)
+    assert [r for r in h.replies(FRONT) if r[1] == R.RESERVED] == []
+    assert h.job_stats(job_id)["state"] == "ready"

@@ -294,10 +294,15 @@ def test_a_job_that_waited_its_whole_ttr_in_the_pool_is_not_started():
     assert not may_start(job, 110.0)                      # all of it: the broker's again
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "async-exit"])
 def test_a_handler_escaping_with_a_base_exception_releases_its_job_and_the_pool_goes_on(kind):
     w = Worker(concurrency=1, prefetch=1, backoff=Backoff(base_s=30))
-    if kind == "sync":
+    if kind == "async-exit":
+        @w.handler("t")
+        async def handle(job):
+            if job.raw == b"exit":
+                raise SystemExit(3)
+    elif kind == "sync":
         @w.handler("t")
         def handle(job):
             if job.raw == b"exit":
@@ -325,3 +330,30 @@ def test_a_closed_client_leaves_the_connection_count_at_once():
         while watcher.stats()["current-connections"] != before - 1:
             assert time.monotonic() < deadline, "the closed client is still counted"
             time.sleep(0.02)
+
+
+@pytest.mark.parametrize("tube", ["emails@prod", "my emails", "-x", "é", "x" * 201, ""])
+def test_a_bad_tube_name_is_refused_before_anything_is_sent(tube):
+    with LocalBroker() as broker:
+        c = broker.client()
+        with pytest.raises(ValueError):
+            c.put(b"x", tube=tube)
+        with pytest.raises(ValueError):
+            c.kick(10, tube=tube)
+        assert c.stats()["total-jobs"] == 0          # not put in another tube instead
+    with pytest.raises(ValueError):
+        Worker().handler(tube)
+
+
+def test_auto_touch_keeps_a_prefetched_job_that_waits_longer_than_its_ttr():
+    w = Worker(concurrency=1, auto_touch=True)
+
+    @w.handler("t")
+    def handle(job):
+        time.sleep(1.6)                         # longer than the TTR of 1 s
+
+    with LocalBroker() as broker:
+        ids = broker.client().put_many([b"a", b"b"], tube="t", ttr_s=1)
+        counts = broker.work(w, timeout_s=15)
+    assert counts.get("deleted") == 2 and not counts.get("expired") and not counts.get("stale")
+    assert len(ids) == 2

@@ -21,7 +21,7 @@ from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies,
                                Settings, Welcome, decode, encode)
 from . import codecs
 from .codecs import Codec
-from .errors import ZstalkError
+from .errors import ZstalkError, tube_name
 
 DEFAULT_BROKER = "tcp://127.0.0.1:11400"
 CONN = 1
@@ -147,6 +147,8 @@ class Client:
 
     def _request(self, ops: list[tuple], tube: str | None = None) -> list[tuple]:
         """Send ops as one Batch (after OPEN / USE if needed); their replies, in order."""
+        if tube is not None:
+            tube_name(tube)
         for _ in range(_FENCED_RETRIES):
             self._connected()
             prefix: list[tuple] = [] if self.opened else [(Op.OPEN, CONN)]

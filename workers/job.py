@@ -53,7 +53,7 @@ class Job:
         self._body: Any = _UNDECODED
         self._touch = touch
         self.started_at = 0.0
-        self.pushed_at = 0.0        # monotonic time the broker's push arrived (TTR runs)
+        self.pushed_at = 0.0        # monotonic time its TTR started: push, or last touch
 
     @property
     def body(self) -> Any:

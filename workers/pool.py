@@ -369,7 +369,9 @@ class Pool(LinkOwner):
             self.loop.call_soon_threadsafe(self._touch, job_id)
 
     def _touch(self, job_id: int) -> None:
-        if job_id in self.held:
+        job = self.held.get(job_id)
+        if job is not None:
+            job.pushed_at = time.monotonic()    # its TTR runs from here now (may_start)
             self._submit((Op.TOUCH, CONN, job_id))
 
     def _schedule_touch(self, job: Job) -> None:

@@ -147,8 +147,8 @@ class AsyncRunner:
                     if asyncio.current_task().cancelling():     # type: ignore[union-attr]
                         raise           # this lane is being stopped
                     error = exc         # the handler awaited something cancelled
-                except Exception as exc:
-                    error = exc
+                except BaseException as exc:     # SystemExit too: a job's failure, not
+                    error = exc                  # the pool's (asyncio would re-raise it)
                 self._hand_back(Result(job, decide(job, error), time.monotonic() - started,
                                        error))
         finally:

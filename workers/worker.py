@@ -24,7 +24,7 @@ import zmq
 
 from . import codecs
 from .codecs import Codec
-from .errors import WorkerVersionError
+from .errors import WorkerVersionError, tube_name
 from .job import Backoff
 from .pool import Pool
 
@@ -66,6 +66,8 @@ class Worker:
         """Decorator: `fn(job)` (def or async def) handles the jobs of these tubes."""
         if not tubes:
             raise TypeError("handler() needs at least one tube name")
+        for tube in tubes:
+            tube_name(tube)
 
         def register(fn: H) -> H:
             for tube in tubes:
