@@ -63,7 +63,6 @@ graceful stop) and then SIGKILL to their whole process group, servers the same; 
 finally block per run, an atexit hook and a SIGTERM/SIGHUP handler cover the rest, and
 every child has PR_SET_PDEATHSIG, so even a SIGKILL of this script leaves nothing behind.
 Processes that exit otherwise than expected, or write anything, are listed at the end.
-If zstalk.workers cannot be imported, the zstalk side is skipped with the reason.
 """
 from __future__ import annotations
 
@@ -88,7 +87,6 @@ READY_TIMEOUT_S = 30.0      # server up and W workers waiting
 STOP_GRACE_S = 5.0          # SIGTERM -> SIGKILL
 NAMES = ("beanstalkd", "zstalk")
 LIVE: dict[int, subprocess.Popen] = {}    # pgid -> process; everything we started
-SKIPPED: list[str] = []     # why the zstalk side did not run
 NOTES: list[str] = []       # exit statuses and output of what we started
 
 
@@ -414,11 +412,8 @@ def build_table(results: dict) -> list[dict]:
     rows = []
     for key, per in results.items():
         b, z = (best(per.get(n, [])) for n in NAMES)
-        row = table_row(f"put -> handled -> deleted, 1 producer + {key} (jobs/s)", b, z,
-                        target=(">=", 2.0))
-        if SKIPPED and z is None:
-            row["status"] = "SKIPPED"
-        rows.append(row)
+        rows.append(table_row(f"put -> handled -> deleted, 1 producer + {key} (jobs/s)", b, z,
+                              target=(">=", 2.0)))
     return rows
 
 
@@ -468,14 +463,6 @@ def parse_args(argv):
             setattr(args, k, v)
     args.worker_counts = [int(x) for x in args.workers.split(",") if x.strip()]
     return args
-
-
-def zstalk_missing() -> str | None:
-    try:
-        from zstalk.workers import Client as _C, Worker as _W   # noqa: F401
-    except ImportError as exc:
-        return f"zstalk.workers has no Client/Worker yet: {exc}"
-    return None
 
 
 def header(args) -> dict:
@@ -528,9 +515,9 @@ def report(results: dict, args, meta: dict) -> None:
     print(diagnostics(results))
     errs = [f"{key}/{name}[{i}]: {r['errors'][:3]}" for key, per in results.items()
             for name, runs in per.items() for i, r in enumerate(runs) if r.get("errors")]
-    if errs or NOTES or SKIPPED:
+    if errs or NOTES:
         print("\nerrors and notes:")
-        for e in errs + NOTES + [f"zstalk SKIPPED: {s}" for s in SKIPPED]:
+        for e in errs + NOTES:
             print("  " + e.replace("\n", "\n    "))
     else:
         print("\nno errors, no output from servers or workers")
@@ -538,7 +525,7 @@ def report(results: dict, args, meta: dict) -> None:
         clean = [{k: v for k, v in r.items() if k != "fmt"} for r in table]
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, table=clean, markdown=md, results=results,
-                           errors=errs, notes=NOTES, skipped=SKIPPED), f, indent=1,
+                           errors=errs, notes=NOTES), f, indent=1,
                       default=str)
         print(f"JSON written to {args.json}")
 
@@ -553,11 +540,6 @@ def main(argv=None) -> int:
         signal.signal(sig, _exit_on_signal)
     meta = header(args)
     names = [n for n in NAMES if n in args.sides.split(",")]
-    missing = zstalk_missing() if "zstalk" in names else None
-    if missing:
-        SKIPPED.append(missing)
-        names.remove("zstalk")
-        log(f"SKIPPING zstalk: {missing}")
     t0 = time.monotonic()
     try:
         results = run_all(args, names)
