@@ -1,48 +1,54 @@
-"""The broker actor: one ZeroMQ ROUTER socket around the pure core (core.py).
+"""The broker actor: the pure core (core.py) driven by an asyncio loop, for every placement.
 
-The loop, in the shape of zguide's mdbroker: sleep (epoll on the socket's FD, after
-ZMQ_EVENTS says nothing is waiting) until a message or the core's next deadline
-(monotonic clock); take every message that is waiting (up to a
-cap, so timers are not starved), hand each to the core; fire due timers; send each
-front the one Replies message the core gathered for it; heartbeat fronts every
-HEARTBEAT_S.  Batching falls out of that shape: everything handled in one turn goes
-back to a front as one message.
+Peers reach the core two ways, and the core cannot tell them apart (each is a routing id):
+* **over ZeroMQ** (remote fronts, native worker pools, producers): one ROUTER socket whose
+  FD is watched with `add_reader`.  That FD only signals edges, so after every send and
+  every turn `ZMQ_EVENTS` is checked again and a read is scheduled if anything waits.
+* **through the in-process mailbox** (fronts placed beside the broker, `local:` links in
+  protocol/mailbox.py): a front hands its batch to `post()`, the core handles it and the
+  replies are delivered back to the front's link in the same call: no socket, no
+  encoding, no extra loop turn.
+
+A turn (`_turn`): handle what came in, fire due timers (`expire`), write the turn's binlog
+records, then send or deliver each peer the one Replies message the core gathered for it.
+The next deadline is armed with `call_at` (asyncio's clock is time.monotonic()), remote
+fronts get a Heartbeat every HEARTBEAT_S, and in-process fronts are never declared dead
+for silence: they share our loop, so a long GC pause or a slow disk write stalls them
+exactly as long as it stalls us.
 
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
-dropping it; the core then treats that front as dead.  Signals arrive through a
-wakeup fd registered in the poller, so SIGTERM ends the loop at once and SIGUSR1
-(drain mode) takes effect without waiting for the next timer.
+dropping it; the core then treats that front as dead.  With a binlog (binlog.py) each turn
+writes the records the core appended before any reply of that turn leaves, so a crash
+loses nothing acknowledged; fsync runs on the binlog's thread, which wakes the loop
+through its notify FD, and under `fsync_ms == 0` the replies of every turn wait in `held`
+until an fsync covers the write that preceded them (group commit).
 
-With a binlog (binlog.py) each turn writes the records the core appended before any
-reply of that turn is sent, so a crash of this process loses nothing acknowledged.
-fsync runs on the binlog's thread, which wakes the loop through a pipe in the poller;
-under `fsync_ms == 0` the replies of every turn wait in `held` until an fsync covers
-the write that preceded them (group commit).
+zmq is imported only when an endpoint is bound, so a server whose fronts all live in this
+process answers its first client before the ZeroMQ machinery has loaded.
 """
 from __future__ import annotations
 
-import logging
-import os
-import select
-import signal
-import socket
+import asyncio
 import collections
 import contextlib
 import gc
+import logging
+import math
+import os
+import signal
+import threading
 import time
 
-import zmq
-
+from ..protocol.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import HEARTBEAT_S, SchemaError, decode, encode
-from .binlog import Binlog, BinlogError, Options as BinlogOptions
 from .core import Broker, Config
 from .stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
-# plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
-_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
-_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+# libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
+# enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
+_EVENTS, _RCVMORE, _POLLIN, _NOBLOCK, _SNDMORE = 15, 13, 1, 1, 2
 
 
 class BindError(Exception):
@@ -50,8 +56,8 @@ class BindError(Exception):
 
 
 class BrokerActor:
-    def __init__(self, bind: str, config: Config, ctx: zmq.Context | None = None,
-                 binlog: BinlogOptions | None = None, also_bind: tuple[str, ...] = ()) -> None:
+    def __init__(self, bind: str | None, config: Config, ctx=None, binlog=None,
+                 also_bind: tuple[str, ...] = ()) -> None:
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
@@ -59,101 +65,268 @@ class BrokerActor:
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again
         self.held: collections.deque = collections.deque()   # (write_seq, messages)
-        self.ctx = ctx or zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1),
-                           (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
-            self.sock.setsockopt(opt, value)
-        for endpoint in (bind, *also_bind):    # e.g. TCP for worker pools beside ipc://
-            try:
-                self.sock.bind(endpoint)
-            except zmq.ZMQError as exc:
-                self.sock.close(linger=0)
-                raise BindError(f"{endpoint}: {os.strerror(exc.errno)}") from exc
-            if endpoint == bind:
-                self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.running = True
-        self._signals: list[int] = []
-        # wakes the loop for a signal or stop() from another thread
-        self._rsock, self._wsock = socket.socketpair()
-        for sock in (self._rsock, self._wsock):
-            sock.setblocking(False)
+        self.ctx = ctx
+        self.sock = None
+        self.endpoint: str | None = None
+        self.endpoints: list[str] = []
+        self.local: dict[bytes, object] = {}      # peer -> in-process link (mailbox.LocalLink)
+        self.local_names: list[str] = []
+        self._inbox: list[tuple[bytes, object]] = []
+        self._busy = False
+        self._again = False       # a delivery of ours changed the core: one more turn
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._read_scheduled = False
+        self._stopped: asyncio.Future | None = None
+        self._stop_requested = False
+        self.closed = False
+        if bind is not None or also_bind:
+            self.bind(*((bind,) if bind is not None else ()), *also_bind)
 
     def _make_core(self, config: Config, recovered) -> Broker:
         now = time.monotonic()
         return Broker(config, now, process_sysinfo, wall_offset=time.time() - now,
                       wal=self.wal, recovered=recovered)
 
-    # -- signals -----------------------------------------------------------------------
+    # -- endpoints -----------------------------------------------------------------------
+    def bind(self, *endpoints: str) -> None:
+        """Bind ZeroMQ endpoints (now, or later: a server binds the worker endpoint after it
+        answers its first client); raises BindError naming the endpoint."""
+        import zmq
+        self._zmq = zmq
+        if self.sock is None:
+            self.ctx = self.ctx or zmq.Context.instance()
+            self.sock = self.ctx.socket(zmq.ROUTER)
+            for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1),
+                               (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
+                self.sock.setsockopt(opt, value)
+            if self.loop is not None:
+                self._watch_socket()
+        for endpoint in endpoints:    # e.g. TCP for worker pools beside ipc://
+            try:
+                self.sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise BindError(f"{endpoint}: {os.strerror(exc.errno)}") from exc
+            bound = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.endpoints.append(bound)
+            self.endpoint = self.endpoint or bound
+
+    def expose(self, name: str) -> str:
+        """Let fronts in this process reach us at `local:NAME` (protocol/mailbox.py)."""
+        address = register_mailbox(name, self)
+        self.local_names.append(address)
+        return address
+
+    # -- the in-process mailbox (protocol/mailbox.Mailbox) -------------------------------
+    def attach(self, peer: bytes, link) -> None:
+        self.local[peer] = link
+
+    def detach(self, peer: bytes) -> None:
+        """A front in this process closed: its sessions close now, as for a silent front."""
+        if self.local.pop(peer, None) is not None and not self.closed:
+            front = self.core.fronts.get(peer)
+            if front is not None:
+                self.core.drop_front(front, time.monotonic())
+                self._again = True
+                if not self._busy:
+                    self._turn()
+
+    def post(self, peer: bytes, msg) -> None:
+        """A message from a front in this process: handled, and the replies delivered,
+        before this returns (or, when a delivery of ours led here, right after it)."""
+        if self.closed:
+            return      # stopped: the process is closing its client connections
+        self._inbox.append((peer, msg))
+        if not self._busy:
+            self._turn()
+
+    # -- signals -------------------------------------------------------------------------
     def install_signals(self) -> None:
-        """Route SIGTERM/SIGINT/SIGUSR1 through the socketpair the poller watches."""
-        signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, lambda signum, frame: self._signals.append(signum))
+        loop = self.loop
+        loop.add_signal_handler(signal.SIGTERM, self.stop)
+        loop.add_signal_handler(signal.SIGINT, self.stop)
+        loop.add_signal_handler(signal.SIGUSR1, self.drain)
+
+    def drain(self) -> None:
+        log.info("SIGUSR1: drain mode on, put now answers DRAINING")
+        self.core.draining = True
 
     def stop(self) -> None:
-        """End run() from any thread (in-process use: zstalk.workers.testing)."""
-        self.running = False
-        try:
-            self._wsock.send(b"s")
-        except OSError:
-            pass
+        """End serve(); callable from any thread (in-process use: zstalk.workers.testing)."""
+        self._stop_requested = True
+        loop = self.loop
+        if loop is None or self._stopped is None:
+            return
+        if threading.get_ident() == getattr(self, "_thread", None):
+            self._finish()
+        else:
+            with contextlib.suppress(RuntimeError):     # the loop already closed
+                loop.call_soon_threadsafe(self._finish)
 
-    def _take_signals(self, rsock: socket.socket) -> None:
-        try:
-            rsock.recv(512)
-        except BlockingIOError:
-            pass
-        while self._signals:
-            signum = self._signals.pop(0)
-            if signum == signal.SIGUSR1:
-                log.info("SIGUSR1: drain mode on, put now answers DRAINING")
-                self.core.draining = True
-            else:
-                self.running = False
+    def _finish(self) -> None:
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
 
-    # -- loop --------------------------------------------------------------------------
-    def run(self, signals: bool = True) -> None:
-        """The loop; `signals=False` for a broker running in a thread (stop() ends it)."""
+    # -- running -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Attach to the running loop: watch the socket and the binlog, arm the timers."""
+        self.loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._stopped = self.loop.create_future()
+        if self._stop_requested:
+            self._finish()
+        if self.sock is not None:
+            self._watch_socket()
+        if self.wal is not None and self.wal.notify_fd is not None:
+            self.loop.add_reader(self.wal.notify_fd, self._on_synced)
+        self._beat()
+        self._turn()
+        log.info("broker %016x listening on %s", self.core.broker_id,
+                 ", ".join(self.endpoints + self.local_names) or "nothing")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped
+
+    async def serve(self, signals: bool = True) -> None:
+        self.start()
         if signals:
             self.install_signals()
-        rsock = self._rsock
-        poller = select.epoll()
-        poller.register(self.sock.getsockopt(zmq.FD), select.EPOLLIN)
-        poller.register(rsock.fileno(), select.EPOLLIN)
-        signal_fd = rsock.fileno()
-        sync_fd = self.wal.notify_fd if self.wal else None
-        if sync_fd is not None:
-            poller.register(sync_fd, select.EPOLLIN)
-        next_heartbeat = time.monotonic()
-        log.info("broker %016x listening on %s", self.core.broker_id, self.endpoint)
-        while self.running:
-            now = time.monotonic()
-            # ZeroMQ's FD only signals edges: sleep only when ZMQ_EVENTS says nothing waits
-            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
-                wake = min(d for d in (self.core.next_deadline(), next_heartbeat,
-                                       self.wal and self.wal.sync_due()) if d is not None)
-                for fd, _ in poller.poll(max(0.0, wake - now)):
-                    if fd == signal_fd:
-                        self._take_signals(rsock)
-                    elif fd == sync_fd:
-                        self.wal.on_synced(time.monotonic())
-            self._receive()
-            now = time.monotonic()
-            self.core.expire(now)
-            if now >= next_heartbeat:
-                self._send(self.core.heartbeats())
-                next_heartbeat = now + HEARTBEAT_S
-            self._commit(self.core.flush(), now)
+        try:
+            await self.wait_stopped()
+        finally:
+            self.close()
+
+    def run(self, signals: bool = True) -> None:
+        """Run on a loop of our own until stopped; `signals=False` in a thread."""
+        from ..protocol.loop import run
+        run(self.serve(signals))
+
+    def close(self) -> None:
+        """Stop: binlog to disk, held replies out, sockets closed."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in (self._timer, self._heartbeat):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._heartbeat = None
         self._shutdown_binlog()
-        poller.close()
-        self.sock.close(linger=0)
-        if signals:
-            signal.set_wakeup_fd(-1)
-        self._rsock.close()
-        self._wsock.close()
+        if self.loop is not None and self.wal is not None and self.wal.notify_fd is not None:
+            self.loop.remove_reader(self.wal.notify_fd)
+        if self.wal is not None:
+            self.wal.close()
+        if self.sock is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(self.sock.FD)
+            self.sock.close(linger=0)
+            self.sock = None
+        for address in self.local_names:
+            unregister_mailbox(address)
+        for endpoint in self.endpoints:
+            if endpoint.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.unlink(endpoint[len("ipc://"):])
         log.info("broker stopped")
 
+    # -- the turn ------------------------------------------------------------------------
+    def _turn(self) -> None:
+        """Handle the inbox, fire due timers, write the binlog, send and deliver replies;
+        repeated while deliveries to in-process fronts post more."""
+        core = self.core
+        self._busy = True
+        try:
+            while True:
+                now = time.monotonic()
+                if self._inbox:
+                    inbox, self._inbox = self._inbox, []
+                    for peer, msg in inbox:
+                        core.handle(peer, msg, now)
+                self._keep_local_alive(now)
+                core.expire(now)
+                self._commit(core.flush(), now)
+                if not (self._inbox or self._again):
+                    break
+                self._again = False
+        finally:
+            self._busy = False
+        self._arm(now)
+        self._check_socket()
+
+    def _keep_local_alive(self, now: float) -> None:
+        fronts = self.core.fronts
+        for peer in self.local:
+            front = fronts.get(peer)
+            if front is not None:
+                front.last_seen = now
+
+    def _arm(self, now: float) -> None:
+        """Make sure a timer fires at the core's (or the binlog's) next deadline."""
+        wake = self.core.next_deadline()
+        sync = self.wal.sync_due() if self.wal is not None else None
+        if sync is not None and (wake is None or sync < wake):
+            wake = sync
+        if wake is None or wake >= self._timer_at or self.loop is None:
+            return      # the armed timer fires first, and arms the next one then
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = self.loop.call_later(max(0.0, wake - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self._turn()
+
+    def _beat(self) -> None:
+        """Heartbeat the peers across ZeroMQ (in-process ones share our loop: no need)."""
+        local = self.local
+        self._send([m for m in self.core.heartbeats() if m[0] not in local])
+        self._heartbeat = self.loop.call_later(HEARTBEAT_S, self._beat)
+        self._check_socket()
+
+    def _on_synced(self) -> None:
+        self.wal.on_synced(time.monotonic())
+        self._turn()
+
+    # -- ZeroMQ --------------------------------------------------------------------------
+    def _watch_socket(self) -> None:
+        self.loop.add_reader(self.sock.FD, self._on_readable)
+        self._check_socket()
+
+    def _check_socket(self) -> None:
+        """The FD signals edges only: after any send, look whether messages wait."""
+        sock = self.sock
+        if sock is not None and not self._read_scheduled and sock.getsockopt(_EVENTS) & _POLLIN:
+            self._read_scheduled = True
+            self.loop.call_soon(self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._read_scheduled = False
+        if self._receive():
+            self._turn()
+        else:
+            self._check_socket()
+
+    def _receive(self) -> int:
+        sock, handle = self.sock, self.core.handle
+        taken = 0
+        while taken < _MAX_MESSAGES_PER_TURN and sock.getsockopt(_EVENTS) & _POLLIN:
+            taken += 1
+            peer = sock.recv(_NOBLOCK)
+            data = sock.recv(_NOBLOCK) if sock.getsockopt(_RCVMORE) else b""
+            while sock.getsockopt(_RCVMORE):      # not one of ours: drop extra frames
+                sock.recv(_NOBLOCK)
+                data = b""
+            try:
+                msg = decode(data)
+            except SchemaError as exc:
+                log.warning("ignoring message from %s: %s", peer.hex(), exc)
+                continue
+            handle(peer, msg, time.monotonic())
+        return taken
+
+    # -- replies -------------------------------------------------------------------------
     def _commit(self, messages: list, now: float) -> None:
         """Write this turn's records, then send its replies, or hold them for the fsync."""
         wal = self.wal
@@ -172,7 +345,7 @@ class BrokerActor:
             self._send(self.held.popleft()[1])
 
     def _shutdown_binlog(self) -> None:
-        """SIGTERM: everything written reaches the disk before we exit."""
+        """Stopping: everything written reaches the disk before we exit."""
         if self.wal is None:
             return
         self.wal.write(self.core.queue.jobs, self.core.next_id)
@@ -182,33 +355,21 @@ class BrokerActor:
         self.wal.sync_all()
         while self.held:
             self._send(self.held.popleft()[1])
-        self.wal.close()
-
-    def _receive(self) -> None:
-        sock, handle = self.sock, self.core.handle
-        for _ in range(_MAX_MESSAGES_PER_TURN):
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
-                return
-            peer = sock.recv(_NOBLOCK)
-            data = sock.recv(_NOBLOCK) if sock.getsockopt(_RCVMORE) else b""
-            while sock.getsockopt(_RCVMORE):      # not one of ours: drop extra frames
-                sock.recv(_NOBLOCK)
-                data = b""
-            try:
-                msg = decode(data)
-            except SchemaError as exc:
-                log.warning("ignoring message from %s: %s", peer.hex(), exc)
-                continue
-            handle(peer, msg, time.monotonic())
 
     def _send(self, messages) -> None:
-        sock = self.sock
+        local, sock = self.local, self.sock
         for peer, msg in messages:
+            link = local.get(peer)
+            if link is not None:
+                link.deliver(msg)
+                continue
+            if sock is None:
+                continue
             try:
                 sock.send(peer, _NOBLOCK | _SNDMORE)
                 sock.send(encode(msg), _NOBLOCK)
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
+            except self._zmq.ZMQError as exc:
+                if exc.errno != self._zmq.EHOSTUNREACH:
                     raise
                 front = self.core.fronts.get(peer)
                 if front is not None:
@@ -229,10 +390,11 @@ def no_gc():
             gc.enable()
 
 
-def open_binlog(opts: BinlogOptions | None, config: Config):
+def open_binlog(opts, config: Config):
     """Open and replay the binlog directory: (Binlog, Replayed) or (None, None)."""
     if opts is None:
         return None, None
+    from .binlog import Binlog, BinlogError
     started = time.monotonic()
     wal = Binlog(opts)
     try:
@@ -242,15 +404,3 @@ def open_binlog(opts: BinlogOptions | None, config: Config):
     log.info("binlog %s: %d jobs recovered in %.2f s", opts.path, len(recovered.jobs),
              time.monotonic() - started)
     return wal, recovered
-
-
-def run_broker(bind: str, config: Config) -> None:
-    actor = BrokerActor(bind, config)
-    try:
-        actor.run()
-    finally:
-        if bind.startswith("ipc://"):
-            try:
-                os.unlink(bind[len("ipc://"):])
-            except OSError:
-                pass

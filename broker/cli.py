@@ -14,15 +14,14 @@ before any of them are loaded.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 import click
 
-from ..protocol.listen import bind_listen, parse_listen
+from ..protocol.listen import bind_listen, describe_listen, parse_listen
 from . import VERSION
-from .supervisor import ServeOptions, binlog_args, serve as run_supervisor
+from .options import ServeOptions, no_endpoint, run_server, setup_logging
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -46,12 +45,6 @@ def binlog_options(f):
 
 
 
-def setup_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
-
-
 def exit_with_parent() -> None:
     """A supervised child whose supervisor is already gone exits (the prctl races start-up)."""
     parent = os.environ.get("ZSTALK_SUPERVISOR_PID")
@@ -63,7 +56,7 @@ def bind_or_exit(spec: str, port: int):
     try:
         return bind_listen(spec, port)
     except OSError as exc:
-        click.echo(f"zstalk: bind {spec}: {exc.strerror}", err=True)
+        click.echo(f"zstalk: bind {describe_listen(spec, port)}: {exc.strerror}", err=True)
         sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
 
 
@@ -89,7 +82,9 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("-l", "--listen", "addr", default="0.0.0.0", show_default=True,
               help="Address to listen on, or unix:/path.")
 @click.option("-p", "--port", default=11300, show_default=True)
-@click.option("--fronts", default=1, show_default=True, help="Front processes sharing the port.")
+@click.option("--fronts", default=0, show_default=True, type=click.IntRange(min=0),
+              help="0: the fronts run in the broker's process; N: N beanstalk front "
+                   "processes share the port (supervised, as is the broker then).")
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
 @click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
@@ -120,11 +115,11 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
-                        extra_broker_args=["--stat-interval", str(stat_interval),
-                                           *(["--also-bind", worker_bind] if worker_bind not in ("", "none") else []),
-                                           *binlog_args(binlog_dir, fsync_ms, no_fsync,
-                                                        binlog_size)])
-    sys.exit(run_supervisor([listener], opts, counter_listeners))
+                        stat_interval=stat_interval,
+                        worker_bind=None if no_endpoint(worker_bind) else worker_bind,
+                        binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
+                        binlog_size=binlog_size)
+    sys.exit(run_server([listener], opts, counter_listeners))
 
 
 @main.command()

@@ -125,20 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     if opts["version"]:
         print(f"{prog} {VERSION}")
         return 0
-    from ..protocol.listen import bind_listen, systemd_sockets
+    from ..protocol.listen import bind_listen, describe_listen, systemd_sockets
     listeners = systemd_sockets()
     if not listeners:
         try:
             listeners = [bind_listen(opts["addr"], opts["port"])]
         except OSError as exc:
-            print(f"{prog}: bind(): {exc.strerror}", file=sys.stderr)
+            where = describe_listen(opts["addr"], opts["port"])
+            print(f"{prog}: bind {where}: {exc.strerror}", file=sys.stderr)
             return 111
-    from .supervisor import ServeOptions, binlog_args, serve   # import before giving up root
+    from .options import ServeOptions, run_server, setup_logging
+    from . import serve as _imported_before_giving_up_root  # noqa: F401
     if opts["user"]:
         become_user(opts["user"])
-    wal = binlog_args(opts["binlog"], opts["fsync_ms"], opts["no_fsync"], opts["binlog_size"])
-    return serve(listeners, ServeOptions(max_job_size=opts["max_job_size"],
-                                         verbose=opts["verbose"], extra_broker_args=wal))
+    setup_logging(opts["verbose"])
+    return run_server(listeners, ServeOptions(
+        max_job_size=opts["max_job_size"], verbose=opts["verbose"], binlog_dir=opts["binlog"],
+        fsync_ms=opts["fsync_ms"], no_fsync=opts["no_fsync"], binlog_size=opts["binlog_size"],
+        announce=False))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+
+from .options import ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
 RESTART_DELAY_S = 0.5
@@ -36,26 +37,6 @@ RESTART_DELAY_S = 0.5
 FATAL_EXITS = {10, 111}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD}
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass
-class ServeOptions:
-    fronts: int = 1
-    max_job_size: int = 65535
-    max_jobs_bytes: int = 0
-    max_connections: int = 0
-    counter_max_connections: int = 0
-    verbose: int = 0
-    broker_bind: str | None = None
-    extra_broker_args: list[str] = field(default_factory=list)
-
-
-def binlog_args(binlog_dir, fsync_ms, no_fsync, binlog_size) -> list[str]:
-    """The same options as `zstalk broker` arguments (the supervisor passes them on)."""
-    if not binlog_dir:
-        return []
-    return ["--binlog", os.path.abspath(binlog_dir), "--fsync-ms", str(fsync_ms),
-            "--binlog-size", str(binlog_size), *(["--no-fsync"] if no_fsync else [])]
 
 
 def _child_setup() -> None:
@@ -88,7 +69,7 @@ class Supervisor:
                            "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
                            *(["--drain"] if self.draining else []),
                            *(["--recovering"] if self.broker_restarts else []),
-                           *self.opts.extra_broker_args]
+                           *self.opts.broker_args()]
         if name == "counter":
             cmd = base + ["front", "counter", "--broker", self.endpoint,
                           "--max-connections", str(self.opts.counter_max_connections)]
@@ -145,6 +126,9 @@ class Supervisor:
                 self._start(f"front-{i}")
             if self.counter_listeners:
                 self._start("counter")
+            if self.opts.announce:
+                print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind),
+                      file=sys.stderr, flush=True)
             return self._loop()
         finally:
             self._stop()

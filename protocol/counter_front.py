@@ -28,9 +28,12 @@ applied to the tally and answered OK (or 0x22 if the tally does not cover it), s
 takes effect exactly once whether or not the old broker saw it; an Acquire is answered
 0x21 and left out of the tally, so it is undone if the old broker did apply it; Noop,
 Get, Stats and Dump change nothing and are asked again once the broker is back.
-While the link is not READY the front fails closed: an Acquire is answered 0x21 at once
-and never sent; other requests are held by the link for up to `hold_s` (a Release then
-reaches the broker after the Hello that listed the tally without it: applied once).
+While the link is out of touch with a broker it had (`link.fail_closed`) the front fails
+closed: an Acquire is answered 0x21 at once and never sent; other requests are held by
+the link for up to `hold_s` (a Release then reaches the broker after the Hello that
+listed the tally without it: applied once).  A front that has never reached a broker
+(it started before the broker) holds Acquires too: nothing can be held yet, so waiting
+up to `hold_s` for the first Welcome overcommits nothing.
 yrmcds has no status for "the server could not do this now", so a request the broker
 cannot answer in time (held past `hold_s`, or refused because the broker does not know
 the session) is answered 0x21 if it is an Acquire, and otherwise closes the connection
@@ -49,7 +52,6 @@ import logging
 
 from . import yrmcds
 from .front_base import LinkedConn, LinkedFront
-from .link import READY
 from .schema import Op, R, SessionState
 from .yrmcds import NEED_DATA, Opcode, Parser, Reject, Request, Status
 
@@ -137,7 +139,7 @@ class CounterConn(LinkedConn):
                 break
             kind = type(ev)
             if kind is Request:
-                if ev.opcode == _ACQUIRE and link.state is not READY:
+                if ev.opcode == _ACQUIRE and link.fail_closed:
                     slots.append([ev, refused(ev)])
                     continue
                 slot = [ev, None]

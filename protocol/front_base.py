@@ -13,7 +13,8 @@ import asyncio
 import collections
 import socket
 
-from .link import BrokerLink, LinkOwner
+from .link import LinkOwner
+from .mailbox import open_link
 from .schema import Op, SessionState, Welcome
 
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
@@ -51,8 +52,11 @@ class LinkedConn(asyncio.Protocol):
         self.front.link.submit((_OPEN, self.conn))
 
     def data_received(self, data: bytes) -> None:
+        link = self.front.link
+        link.gather()
         self.parser.receive_data(data)
         self.pump()
+        link.read_done()        # beside the broker: the replies are back before this returns
 
     def connection_lost(self, exc) -> None:
         if self.front.conns.pop(self.conn, None) is self:
@@ -89,7 +93,7 @@ class LinkedFront(LinkOwner):
         self.conns: dict = {}
         self.max_connections = max_connections
         self._next_conn = 0
-        self.link = BrokerLink(broker, self.kind, self, hold_s=hold_s)
+        self.link = open_link(broker, self.kind, self, hold_s=hold_s)
 
     def protocol_factory(self):
         self._next_conn += 1

@@ -1,12 +1,12 @@
-"""Runs one front process: an asyncio loop with the listeners, the front and its broker link.
+"""Runs fronts on an asyncio loop: listeners, the front and its broker link.
 
-The loop is the same for every protocol; only the front it builds differs (beanstalk or
-counter), so `_serve` takes a function that makes the front once the loop is running
-(its link needs the loop).
-
-SIGTERM / SIGINT stop accepting, close the client connections and the link, and end the
-loop; nothing is left in flight that the broker would not clean up itself (it closes
-the sessions of a front that says nothing more).
+`start_front` puts one front on the running loop, whatever its placement (the broker
+address decides: `local:NAME` beside the broker, tcp:// or ipc:// across ZeroMQ), so a
+front process (`zstalk front …`) and the one-process server (broker/serve.py) start
+fronts the same way.  `run_*_front` are the front processes: they run until SIGTERM /
+SIGINT, then stop accepting, close the client connections and the link; nothing is left
+in flight that the broker would not clean up itself (it closes the sessions of a front
+that says nothing more).
 """
 from __future__ import annotations
 
@@ -15,34 +15,59 @@ import signal
 import socket
 from typing import Callable
 
-from .beanstalk_front import BeanstalkFront
-from .counter_front import CounterFront
+from .front_base import LinkedFront
+from .loop import run
 
 
-async def _serve(make_front: Callable[[], BeanstalkFront | CounterFront],
-                 sockets: list[socket.socket]) -> None:
+class RunningFront:
+    """A started front and its listening servers."""
+
+    def __init__(self, front: LinkedFront, servers: list) -> None:
+        self.front = front
+        self.servers = servers
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.front.close()
+
+
+async def start_front(make_front: Callable[[], LinkedFront],
+                      sockets: list[socket.socket]) -> RunningFront:
+    """Make the front (its link needs the running loop), connect it, start listening."""
     loop = asyncio.get_running_loop()
     front = make_front()
     front.link.start()
     servers = [await loop.create_server(front.protocol_factory, sock=s) for s in sockets]
+    return RunningFront(front, servers)
+
+
+async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.socket]) -> None:
+    loop = asyncio.get_running_loop()
+    running = await start_front(make_front, sockets)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    for server in servers:
-        server.close()
-    front.close()
+    running.close()
+
+
+def beanstalk_front(broker: str, max_connections: int, max_job_size: int, hold_s: float):
+    from .beanstalk_front import BeanstalkFront
+    return lambda: BeanstalkFront(broker, max_connections=max_connections, hold_s=hold_s,
+                                  max_job_size=max_job_size)
+
+
+def counter_front(broker: str, max_connections: int, hold_s: float):
+    from .counter_front import CounterFront
+    return lambda: CounterFront(broker, max_connections=max_connections, hold_s=hold_s)
 
 
 def run_beanstalk_front(broker: str, sockets: list[socket.socket], max_connections: int,
                         max_job_size: int, hold_s: float) -> None:
-    asyncio.run(_serve(lambda: BeanstalkFront(broker, max_connections=max_connections,
-                                              hold_s=hold_s, max_job_size=max_job_size),
-                       sockets))
+    run(_serve(beanstalk_front(broker, max_connections, max_job_size, hold_s), sockets))
 
 
 def run_counter_front(broker: str, sockets: list[socket.socket], max_connections: int,
                       hold_s: float) -> None:
-    asyncio.run(_serve(lambda: CounterFront(broker, max_connections=max_connections,
-                                            hold_s=hold_s),
-                       sockets))
+    run(_serve(counter_front(broker, max_connections, hold_s), sockets))

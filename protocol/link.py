@@ -34,6 +34,8 @@ CONNECTING, READY, LOST = "connecting", "ready", "lost"
 #: a batch leaves early when it reaches this many ops, so that under a pipelined flood
 #: the broker works on one part while the front parses the next (instead of taking turns)
 MAX_BATCH_OPS = 512
+#: while no broker answers, "waiting for the broker" is logged at most this often
+WAITING_LOG_S = 30.0
 #: held whatever the bound, so the broker's view of connections stays right; they are
 #: bounded by the number of client connections (and OPEN/CLOSE pairs cancel at the bound)
 _CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
@@ -73,6 +75,8 @@ class BrokerLink:
         self.last_heard = time.monotonic()
         self.hello_at = 0.0
         self._ticker: asyncio.TimerHandle | None = None
+        self._waiting_since: float | None = None
+        self._waiting_said = -WAITING_LOG_S
 
     # -- socket ------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,7 +129,20 @@ class BrokerLink:
             self._handle(msg)
             sock = self.sock
 
+    @property
+    def fail_closed(self) -> bool:
+        """Out of touch with a broker we had: requests that must not wait are refused.
+        (A front that never reached one holds everything for `hold_s` instead.)"""
+        return self.state is not READY and self.broker_id != 0
+
     # -- ops ---------------------------------------------------------------------------
+    def gather(self) -> None:
+        """A read from a client begins (its ops leave with the turn's batch anyway)."""
+
+    def read_done(self) -> None:
+        """A read from a client was handled: the batch still waits for the end of the turn,
+        so one message carries the commands of every connection read in this turn."""
+
     def submit(self, op: tuple) -> None:
         if self.state is READY:
             self.batch.append(op)
@@ -197,6 +214,9 @@ class BrokerLink:
         # what the owner sends on Welcome (re-OPEN, SUBSCRIBE, ...) goes before the ops
         # held while the broker was away: they may need the session it sets up
         self.owner.on_welcome(w)
+        if self._waiting_since is not None:
+            log.warning("%s: reached the broker at %s", self.kind, self.endpoint)
+            self._waiting_since, self._waiting_said = None, -WAITING_LOG_S
         log.info("registered with broker %016x", w.broker_id)
         held, self.held = self.held, []
         for _, op in held:
@@ -217,9 +237,20 @@ class BrokerLink:
             if now - self.last_heard > PEER_TIMEOUT_S:
                 self._lose(f"silent for {now - self.last_heard:.1f} s")
         elif now - self.hello_at > PEER_TIMEOUT_S:
+            self._say_waiting(now)
             self._connect()       # say Hello again on a fresh socket
         self._expire_held(now)
         self._ticker = self.loop.call_later(HEARTBEAT_S, self._tick)
+
+    def _say_waiting(self, now: float) -> None:
+        """No broker answers: say so once, then every WAITING_LOG_S (not every Hello)."""
+        if now - self._waiting_said < WAITING_LOG_S:
+            return
+        if self._waiting_since is None:
+            self._waiting_since = self.hello_at
+        self._waiting_said = now
+        log.warning("%s: waiting for the broker at %s (no answer for %.0f s)", self.kind,
+                    self.endpoint, now - self._waiting_since)
 
     def _expire_held(self, now: float) -> None:
         if not self.held or now - self.held[0][0] < self.hold_s:

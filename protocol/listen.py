@@ -29,6 +29,15 @@ def parse_listen(spec: str, default_port: int) -> tuple[str, str | None, int]:
     return ("tcp", host.strip("[]") or None, port)
 
 
+def describe_listen(spec: str, default_port: int) -> str:
+    """Where `spec` listens, with its port: '127.0.0.1:11300', '[::1]:11300', 'unix:/p'."""
+    kind, host, port = parse_listen(spec, default_port)
+    if kind == "unix":
+        return spec
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def bind_tcp(host: str | None, port: int) -> socket.socket:
     infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
                                socket.AI_PASSIVE)

@@ -121,6 +121,14 @@ def find_zstalk() -> str:
     return shutil.which("zstalk") or str(beside)
 
 
+def children_of(pid: int) -> list[int]:
+    """The pids of a process's children (a supervisor's broker and fronts)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        out += [int(p) for p in task.read_text().split()]
+    return out
+
+
 def connect(address: Address, timeout: float) -> socket.socket:
     if isinstance(address, str):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -15,16 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from servers import LOOPBACK, RawClient, free_port, self_check
+from servers import LOOPBACK, RawClient, children_of, free_port, self_check
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own binlog")
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        out += [int(p) for p in task.read_text().split()]
-    return out
 
 
 def broker_pid(server) -> int:
@@ -169,7 +162,7 @@ def test_kill_9_of_the_whole_server_loses_nothing_acknowledged(zstalk_factory, w
 
 
 def test_a_front_that_stays_up_while_the_broker_restarts_loses_nothing(zstalk_factory, wal_dir):
-    server = zstalk_factory(extra_args=["-b", wal_dir, "-f", "0"])
+    server = zstalk_factory(extra_args=["-b", wal_dir, "-f", "0", "--fronts", "1"])
     p = Pipeline(server.address)
     p.run(lambda: os.kill(broker_pid(server), signal.SIGKILL), after_s=1.0, keep_going_s=4.0)
     assert set(p.errors) <= {b"INTERNAL_ERROR\r\n"}, p.errors[:5]
@@ -178,7 +171,7 @@ def test_a_front_that_stays_up_while_the_broker_restarts_loses_nothing(zstalk_fa
 
 
 def test_a_reservation_survives_a_broker_restart_under_its_front(zstalk_factory, wal_dir):
-    server = zstalk_factory(extra_args=["-b", wal_dir])
+    server = zstalk_factory(extra_args=["-b", wal_dir, "--fronts", "1"])
     with RawClient(server.address, 15) as holder:
         holder.send(b"put 5 0 120 4\r\nheld\r\nreserve\r\n")
         assert holder.read_replies(2) == [b"INSERTED 1\r\n", b"RESERVED 1 4\r\nheld\r\n"]

@@ -296,7 +296,7 @@ def test_zstalk_serve_on_a_busy_counter_port_fails_with_address_in_use():
 
 
 def test_zstalk_serve_restarts_a_counter_front_killed_with_9(zstalk_factory, connect):
-    server = zstalk_factory(counter=True)
+    server = zstalk_factory(counter=True, extra_args=["--fronts", "1"])
     holder = connect(server.counter_address)
     assert holder.acquire(b"again", 5, 5).status == OK
     os.kill(_child_running(server.pid, b"counter"), signal.SIGKILL)

@@ -22,6 +22,17 @@ class FakeLink:
     def __init__(self) -> None:
         self.state = READY
         self.ops: list[tuple] = []
+        self.broker_id = 1          # it has reached a broker (0: never yet)
+
+    @property
+    def fail_closed(self) -> bool:      # as BrokerLink's
+        return self.state is not READY and self.broker_id != 0
+
+    def gather(self) -> None:
+        pass
+
+    def read_done(self) -> None:
+        pass
 
     def submit(self, op: tuple) -> None:
         self.ops.append(op)
@@ -131,7 +142,7 @@ def test_losing_the_broker_settles_requests_in_flight_against_the_tally(front):
     assert take(transport) == get_response(4, 3) + error_response(Opcode.RELEASE, 5, 0x22)
 
 
-def test_acquire_fails_closed_at_once_while_the_link_is_down(front):
+def test_acquire_fails_closed_at_once_while_the_link_to_a_broker_it_had_is_down(front):
     conn, transport = connect(front)
     front.link.state = CONNECTING
     conn.data_received(acquire_request(b"x", 1, 10, 7) + counter_request(Opcode.NOOP, opaque=8))
@@ -139,6 +150,16 @@ def test_acquire_fails_closed_at_once_while_the_link_is_down(front):
     assert take(transport) == error_response(Opcode.ACQUIRE, 7, Status.RESOURCE_NOT_AVAILABLE)
     front.on_replies([(conn.conn, R.C_OK, None)])
     assert take(transport) == noop_response(8)
+
+
+def test_acquire_waits_for_the_link_while_the_front_has_never_reached_a_broker(front):
+    conn, transport = connect(front)
+    front.link.state, front.link.broker_id = CONNECTING, 0
+    conn.data_received(acquire_request(b"x", 1, 10, 7))
+    assert front.link.ops == [(Op.OPEN, conn.conn), (Op.C_ACQUIRE, conn.conn, b"x", 1, 10)]
+    assert take(transport) == b""
+    front.on_replies([(conn.conn, R.C_OK, 1)])
+    assert take(transport) == acquire_response(7, 1)
 
 
 def test_a_request_the_broker_cannot_answer_closes_the_connection_after_earlier_replies(front):

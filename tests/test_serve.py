@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import RawClient, free_port, self_check
+from servers import RawClient, children_of, free_port, self_check
 from zstalk.broker.dropin import Usage, parse_args
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own programs")
@@ -18,13 +18,6 @@ pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own program
 BIN = Path(__file__).resolve().parents[1] / ".venv" / "bin"
 ZSTALKD = str(BIN / "zstalkd") if (BIN / "zstalkd").exists() else "zstalkd"
 ZSTALK = str(BIN / "zstalk") if (BIN / "zstalk").exists() else "zstalk"
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        out += [int(p) for p in task.read_text().split()]
-    return out
 
 
 def alive(pid: int) -> bool:
@@ -110,7 +103,8 @@ def test_sigterm_stops_the_supervisor_and_every_child_within_a_few_seconds(start
 
 def test_children_never_outlive_a_supervisor_killed_with_9(start):
     port = free_port()
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0",
+               "--fronts", "1"])
     p.wait_answering(("127.0.0.1", port))
     kids = children_of(p.proc.pid)
     p.proc.kill()
@@ -290,7 +284,8 @@ def child_pid(supervisor: int, word: bytes) -> int:
 def test_serve_restarts_a_broker_killed_with_9_and_clients_start_over(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0",
+               "--fronts", "1"])
     p.wait_answering(address)
     old = RawClient(address)
     old.send(b"put 0 0 10 1\r\nx\r\n")
@@ -304,7 +299,8 @@ def test_serve_restarts_a_broker_killed_with_9_and_clients_start_over(start):
 def test_serve_restarts_a_front_killed_with_9(start):
     port = free_port()
     address = ("127.0.0.1", port)
-    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0"])
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0",
+               "--fronts", "1"])
     p.wait_answering(address)
     held = RawClient(address)
     held.send(b"put 0 0 100 1\r\nx\r\nreserve\r\n")

@@ -1,0 +1,89 @@
+"""What `zstalk serve` and `zstalkd` were asked for, whichever way they place the actors.
+
+One process (broker/serve.py) builds the broker from these fields directly; the
+supervisor (`--fronts N`, broker/supervisor.py) passes the same fields on to its
+`zstalk broker` child as arguments (`broker_args`).  Nothing heavy is imported here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+HOLD_S = 5.0    # how long a remote front holds commands for an unreachable broker
+
+
+@dataclass
+class ServeOptions:
+    fronts: int = 0                     # 0: fronts in the broker's process; N: N front processes
+    max_job_size: int = 65535
+    max_jobs_bytes: int = 0
+    max_connections: int = 0
+    counter_max_connections: int = 0
+    verbose: int = 0
+    stat_interval: int = 86400
+    worker_bind: str | None = None      # the ZeroMQ endpoint for native workers, if any
+    binlog_dir: str | None = None
+    fsync_ms: int = 50
+    no_fsync: bool = False
+    binlog_size: int = 10485760
+    broker_bind: str | None = None      # supervised: where the broker child listens
+    announce: bool = True               # say on stderr what listens where (zstalkd: no)
+
+    def broker_args(self) -> list[str]:
+        """These options as `zstalk broker` arguments (the supervisor's child)."""
+        args = ["--stat-interval", str(self.stat_interval)]
+        if self.worker_bind:
+            args += ["--also-bind", self.worker_bind]
+        if self.binlog_dir:
+            args += ["--binlog", os.path.abspath(self.binlog_dir), "--fsync-ms",
+                     str(self.fsync_ms), "--binlog-size", str(self.binlog_size),
+                     *(["--no-fsync"] if self.no_fsync else [])]
+        return args
+
+    def binlog(self):
+        """The binlog's Options, or None (imports the binlog only when there is one)."""
+        if not self.binlog_dir:
+            return None
+        from .binlog import Options
+        return Options(self.binlog_dir, self.binlog_size, None if self.no_fsync else self.fsync_ms)
+
+
+def no_endpoint(spec: str | None) -> bool:
+    """`--worker-bind none` (or empty) turns the worker endpoint off."""
+    return spec is None or spec.strip().lower() in ("", "none")
+
+
+def where(sock) -> str:
+    """A listening socket's address as a user would type it (HOST:PORT or unix:/path)."""
+    addr = sock.getsockname()
+    if isinstance(addr, str):
+        return f"unix:{addr}"
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def announcement(listeners, counter_listeners, worker_endpoint: str | None) -> str:
+    """The one line `zstalk serve` prints once everything listens."""
+    parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
+    if counter_listeners:
+        parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
+    parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
+    return "zstalk: " + "; ".join(parts)
+
+
+def run_server(listeners, opts: ServeOptions, counter_listeners=()) -> int:
+    """`zstalk serve` / `zstalkd` once their ports are bound: one process, or a supervisor
+    with front processes (`--fronts N`)."""
+    if opts.fronts == 0:
+        from .serve import serve_here
+        return serve_here(listeners, opts, counter_listeners)
+    from .supervisor import serve
+    return serve(listeners, opts, counter_listeners)
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")

@@ -1,0 +1,94 @@
+"""`zstalk serve` and `zstalkd` in one process: the broker and its fronts on one event loop.
+
+The fronts are the same classes a front process runs; they are given the broker's
+`local:` address, so their links hand batches to the broker actor through the in-process
+mailbox (protocol/mailbox.py) instead of ZeroMQ, and a client's command is answered in
+the event-loop turn that read it.
+
+Start-up is ordered for the first reply.  The CLI has already bound the client ports
+(a busy port fails at once, exit 111, as beanstalkd).  Then the broker is built (with a
+binlog, its replay finishes first, while clients wait in the listen backlog, as with
+beanstalkd), the fronts start accepting, and only after that first loop turn is ZeroMQ
+imported to bind the endpoint for native workers; a failure there still stops the
+server with exit 111 and the endpoint's name.  One line on stderr then says what listens
+where.
+
+SIGTERM / SIGINT stop accepting, let the binlog reach the disk (replies held for it go
+out), close the client connections and exit 0; SIGUSR1 turns on drain mode.  There is
+no supervisor: like beanstalkd, the server is one process (`--fronts N` for more).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+from ..protocol.front_main import beanstalk_front, counter_front, start_front
+from ..protocol.loop import run
+from . import VERSION
+from .options import ServeOptions, announcement, no_endpoint
+
+BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
+BIND_EXIT = 111         # and for an address it cannot bind
+
+
+def serve_here(listeners: list[socket.socket], opts: ServeOptions,
+               counter_listeners: list[socket.socket] = ()) -> int:
+    from .actor import BrokerActor
+    from .core import Config
+
+    config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
+                    version=VERSION, binlog_max_size=opts.binlog_size,
+                    stat_interval_s=opts.stat_interval)
+    try:
+        actor = BrokerActor(None, config, binlog=opts.binlog())
+    except Exception as exc:
+        from .binlog import BinlogError
+        if not isinstance(exc, BinlogError):
+            raise
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return BINLOG_EXIT
+    return run(_main(actor, listeners, list(counter_listeners), opts))
+
+
+async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
+    loop = asyncio.get_running_loop()
+    actor.start()
+    address = actor.expose(f"serve-{os.getpid()}")
+    fronts = [await start_front(beanstalk_front(address, opts.max_connections,
+                                                opts.max_job_size, 0.0), listeners)]
+    if counter_listeners:
+        fronts.append(await start_front(counter_front(address, opts.counter_max_connections, 0.0),
+                                        counter_listeners))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, actor.stop)
+    loop.add_signal_handler(signal.SIGUSR1, actor.drain)
+    await asyncio.sleep(0)          # serve the first clients before ZeroMQ loads
+    code = _bind_workers(actor, opts)
+    if code is None:
+        if opts.announce:
+            print(announcement(listeners, counter_listeners, actor.endpoint), file=sys.stderr,
+                  flush=True)
+        await actor.wait_stopped()
+    for running in fronts:
+        for server in running.servers:
+            server.close()          # no new clients while the binlog reaches the disk
+    actor.close()
+    for running in fronts:
+        running.front.close()
+    return code or 0
+
+
+def _bind_workers(actor, opts: ServeOptions) -> int | None:
+    if no_endpoint(opts.worker_bind):
+        return None
+    from .actor import BindError
+    try:
+        actor.bind(opts.worker_bind)
+    except BindError as exc:
+        print(f"zstalk: cannot bind {exc} (the worker endpoint: --worker-bind moves it, "
+              f"'none' turns it off)", file=sys.stderr)
+        return BIND_EXIT
+    return None
