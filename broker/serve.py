@@ -8,8 +8,9 @@ the event-loop turn that read it.
 Start-up is ordered for the first reply.  The CLI has already bound the client ports
 (a busy port fails at once, exit 111, as beanstalkd).  Then the broker is built (with a
 binlog, its replay finishes first, while clients wait in the listen backlog, as with
-beanstalkd), the fronts start accepting, and only after that first loop turn is ZeroMQ
-imported to bind the endpoint for native workers; a failure there still stops the
+beanstalkd), the beanstalk front starts accepting, and only after its first loop turns
+(a client already waiting has its first command answered) do the counter front start and
+ZeroMQ load to bind the endpoint for native workers; a failure there still stops the
 server with exit 111 and the endpoint's name.  One line on stderr then says what listens
 where.
 
@@ -32,6 +33,9 @@ from .options import ServeOptions, announcement, no_endpoint
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
 BIND_EXIT = 111         # and for an address it cannot bind
+#: loop turns given to the beanstalk front before the counter front and ZeroMQ load: one to
+#: accept a waiting client, one for connection_made, one to read and answer its command
+_FIRST_TURNS = 3
 
 
 def serve_here(listeners: list[socket.socket], opts: ServeOptions,
@@ -59,13 +63,14 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     address = actor.expose(f"serve-{os.getpid()}")
     fronts = [await start_front(beanstalk_front(address, opts.max_connections,
                                                 opts.max_job_size, 0.0), listeners)]
-    if counter_listeners:
-        fronts.append(await start_front(counter_front(address, opts.counter_max_connections, 0.0),
-                                        counter_listeners))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, actor.stop)
     loop.add_signal_handler(signal.SIGUSR1, actor.drain)
-    await asyncio.sleep(0)          # serve the first clients before ZeroMQ loads
+    for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
+        await asyncio.sleep(0)
+    if counter_listeners:
+        fronts.append(await start_front(counter_front(address, opts.counter_max_connections, 0.0),
+                                        counter_listeners))
     code = _bind_workers(actor, opts)
     if code is None:
         if opts.announce:

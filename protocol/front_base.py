@@ -13,8 +13,7 @@ import asyncio
 import collections
 import socket
 
-from .link import LinkOwner
-from .mailbox import open_link
+from .mailbox import LinkOwner, open_link
 from .schema import Op, SessionState, Welcome
 
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)

@@ -24,6 +24,7 @@ import time
 
 import zmq
 
+from .mailbox import LinkOwner  # noqa: F401  (the owner's interface lives with both links)
 from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat,
                      Hello, Op, Replies, R, SchemaError, SessionState, Settings, Welcome,
                      decode, encode)
@@ -41,15 +42,6 @@ WAITING_LOG_S = 30.0
 _CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
 # plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
-
-
-class LinkOwner:
-    """What a front supplies to its link (all called on the event loop)."""
-    def on_replies(self, items: list) -> None: ...
-    def on_welcome(self, welcome: Welcome) -> None: ...
-    def on_lost(self) -> None: ...
-    def on_fenced(self) -> None: ...
-    def session_states(self) -> list[SessionState]: ...
 
 
 class BrokerLink:

@@ -27,12 +27,21 @@ import os
 import random
 from typing import Protocol
 
-from .schema import Batch, Fenced, Hello, Replies, Settings, Welcome
+from .schema import Batch, Fenced, Hello, Replies, SessionState, Settings, Welcome
 
 CONNECTING, READY = "connecting", "ready"
 LOCAL_PREFIX = "local:"
 
 _mailboxes: dict[str, "Mailbox"] = {}
+
+
+class LinkOwner:
+    """What a front supplies to its link (all called on the event loop)."""
+    def on_replies(self, items: list) -> None: ...
+    def on_welcome(self, welcome: Welcome) -> None: ...
+    def on_lost(self) -> None: ...
+    def on_fenced(self) -> None: ...
+    def session_states(self) -> list[SessionState]: ...
 
 
 class Mailbox(Protocol):
