@@ -2,14 +2,17 @@
 """Benchmark zstalk against beanstalkd with the same load from the same generator.
 
 Usage:
-    .venv/bin/python scripts/bench_beanstalk.py [--quick] [--rows 1,2,3,4,5]
+    .venv/bin/python scripts/bench_beanstalk.py [--quick] [--rows 1,2,3,4,5,6,7]
         [--fronts N] [--json PATH] [--jobs-for-memory N] [--repeats N]
-        [--window N] [--gen-procs N]
+        [--window N] [--gen-procs N] [--one-put-count N] [--one-cycle-count N]
+
+--fronts 0 (the default, as for `zstalk serve`) runs zstalk's fronts in the broker's
+process; --fronts N runs N front processes.  The header and the footer say which.
 
 Method
 ------
 Both servers run on 127.0.0.1 on ports this script picks (bind to port 0, release).
-Every measurement that holds state (rows 1-3) gets a fresh server process, so jobs left
+Every measurement that holds state (rows 1-3, 6) gets a fresh server process, so jobs left
 by one measurement never weigh on the next.  Runs alternate between the two servers
 (beanstalkd then zstalk, then zstalk then beanstalkd on the next repetition), so noise
 from other tenants of this shared 2-core machine hits both alike.  Throughput rows take
@@ -60,6 +63,25 @@ The load generator is plain Python on raw sockets, built to cost as little as po
   expiries now and then (its connection tick can fire a hair before the job's deadline,
   after which the idle holder connection is not rescheduled; `reserve-with-timeout`
   makes this near certain, which is why the holder uses plain `reserve`).
+* Row 6, one command at a time, 1 connection, the way greenstalk / pystalk clients work:
+  a blocking socket (TCP_NODELAY, 15 s timeout) sends one command with one sendall()
+  and reads until the whole reply is in before sending the next.  (a) N puts of
+  `put 0 0 60 100` + 100-byte body (--one-put-count, default 20000; 3000 with --quick),
+  every reply checked to be one INSERTED line; (b) on a server first filled with N+100
+  jobs (pipelined, as in row 2), N cycles (--one-cycle-count, default 10000; 2000 with
+  --quick) of `reserve` (RESERVED <id> <n> + body, checked) then `delete <id>` (DELETED).
+  Rate = puts/s or cycles/s; the ready count is checked with `stats` afterwards.  Best
+  of the repetitions, fresh server per run.  This row measures latency per request
+  (one client->server->client trip each) more than throughput.
+* Row 7, exec -> first reply: the time from just before subprocess.Popen of the server
+  command to the moment a client receives the INSERTED reply to `put 0 0 60 1`; the
+  client retries connect() every 1 ms (connection refused -> retry; a connection closed
+  before replying -> retry; 10 s cap).  The time the port first accepted a connection is
+  recorded too.  5 runs per server, the servers' order alternating, fresh port each
+  run, server stopped after each run; the median is reported.  zstalk is started as
+  `zstalk serve -l 127.0.0.1 -p PORT --counter-port 0 --worker-bind none` (plus
+  `--fronts N` when N > 0), and, as an informational line, as `zstalkd -l 127.0.0.1 -p
+  PORT` (from the directory of --zstalk).  Python's fork+exec is in every figure.
 
 Generator check: every load run records the generator's own CPU seconds
 (time.process_time(), summed over generator processes with --gen-procs) and wall
@@ -183,12 +205,18 @@ class Server:
     def addr(self):
         return (HOST, self.port)
 
-    def start(self, timeout: float = 20.0) -> float:
+    def spawn(self) -> float:
+        """Pick a port and start the process; return the time just before Popen."""
         self.port = free_port()
         self.errfile = tempfile.TemporaryFile()
+        argv = self.argv_fn(self.port)
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.argv_fn(self.port), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                      stdout=self.errfile, stderr=subprocess.STDOUT)
+        return t0
+
+    def start(self, timeout: float = 20.0) -> float:
+        t0 = self.spawn()
         deadline = t0 + timeout
         while True:
             if self.proc.poll() is not None:
@@ -274,7 +302,9 @@ class Server:
                     os.kill(p, signal.SIGKILL)
                 except OSError:
                     pass
-        out = self.read_output().strip()
+        # (zstalk's one start-up line, "zstalk: beanstalk on ...", is not news)
+        out = "\n".join(l for l in self.read_output().splitlines()
+                        if not l.startswith("zstalk: beanstalk on ")).strip()
         if out:
             self.notes.append(f"{where}: {self.name} output:\n{out[:3000]}")
         self.errfile.close()
@@ -688,6 +718,129 @@ def run_load(addr, kind: str, n_conns: int, total: int, window: int, time_cap: f
     return res
 
 
+def one_at_a_time(addr, kind: str, n: int, time_cap: float) -> dict:
+    """Row 6: one blocking connection, one command at a time, each reply read whole before
+    the next command.  kind "put": n puts; kind "cycle": n reserve -> delete cycles."""
+    sock = socket.create_connection(addr, timeout=15)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    send, recv = sock.sendall, sock.recv
+    errors, bad, body_bad, done, capped = [], [], 0, 0, False
+
+    def line_reply(r: bytes) -> bytes:          # a one-line reply: read to its \r\n
+        while not r.endswith(b"\r\n"):
+            d = recv(RECV_SIZE)
+            if not d:
+                raise EOFError(f"server closed the connection after {done} {kind}s")
+            r += d
+        return r
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline = t0 + time_cap
+    try:
+        for i in range(n):
+            if i & 63 == 63 and time.monotonic() >= deadline:
+                capped = True
+                break
+            if kind == "put":
+                send(PUT_CMD)
+                r = line_reply(recv(RECV_SIZE))
+                if r.startswith(b"INSERTED ") and r.find(b"\n") == len(r) - 1:
+                    done += 1
+                else:
+                    bad.append(r[:80])
+                continue
+            send(b"reserve\r\n")
+            r = recv(RECV_SIZE)
+            while True:                          # RESERVED <id> <n>\r\n<body>\r\n
+                j = r.find(b"\r\n")
+                if j >= 0:
+                    if not r.startswith(b"RESERVED "):
+                        break
+                    jid, nb = r[9:j].split(b" ")
+                    end = j + 2 + int(nb) + 2
+                    if len(r) >= end:
+                        break
+                d = recv(RECV_SIZE)
+                if not d:
+                    raise EOFError(f"server closed the connection after {done} cycles")
+                r += d
+            if not r.startswith(b"RESERVED "):
+                bad.append(r[:80])
+                break                            # nothing reserved: no cycle to go on with
+            if int(nb) != BODY_LEN or r[j + 2:end - 2] != BODY or len(r) != end \
+                    or r[end - 2:] != b"\r\n":
+                body_bad += 1
+            send(b"delete %s\r\n" % jid)
+            r = line_reply(recv(RECV_SIZE))
+            if r == b"DELETED\r\n":
+                done += 1
+            else:
+                bad.append(r[:80])
+    except (OSError, EOFError, ValueError) as exc:
+        errors.append(f"after {done} {kind}s: {exc!r}")
+    t1, cpu1 = time.monotonic(), time.process_time()
+    sock.close()
+    if bad:
+        errors.append(f"{len(bad)} unexpected replies, e.g. {bad[:3]!r}")
+    if body_bad:
+        errors.append(f"{body_bad} RESERVED replies had a wrong body")
+    wall = t1 - t0
+    return dict(count=done, wall=wall, rate=done / wall if wall > 0 else 0.0,
+                gen_cpu_share=(cpu1 - cpu0) / wall if wall > 0 else 0.0, capped=capped,
+                errors=errors)
+
+
+def exec_to_first_reply(srv: Server, cap: float = 10.0) -> dict:
+    """Row 7: start `srv`'s command, retry connect() every 1 ms, then one put; ms from just
+    before Popen to the first accepted connection and to the INSERTED reply."""
+    t0 = srv.spawn()
+    deadline = t0 + cap
+    listen = first = None
+    errors, refused, dropped = [], 0, 0
+    while first is None and not errors:
+        if time.monotonic() >= deadline:
+            errors.append(f"no INSERTED within {cap:.0f} s ({refused} connects refused, "
+                          f"{dropped} connections dropped)")
+            break
+        s = socket.socket()
+        try:
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                s.connect(srv.addr)
+            except ConnectionRefusedError:
+                refused += 1
+                if srv.proc.poll() is not None:
+                    errors.append(f"{srv.name} exited with {srv.proc.returncode}")
+                time.sleep(0.001)
+                continue
+            if listen is None:
+                listen = time.monotonic()
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(b"put 0 0 60 1\r\nx\r\n")
+            r = b""
+            while not r.endswith(b"\r\n"):
+                d = s.recv(100)
+                if not d:
+                    raise ConnectionResetError("closed before replying")
+                r += d
+            if r.startswith(b"INSERTED "):
+                first = time.monotonic()
+            else:
+                errors.append(f"first reply {r[:80]!r}")
+        except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
+            dropped += 1                          # accepted, then dropped: try again
+            time.sleep(0.001)
+        except OSError as exc:
+            errors.append(repr(exc))
+        finally:
+            s.close()
+    if srv.alive():
+        srv.start_children = sorted(proc_children(srv.proc.pid))
+    ms = lambda t: (t - t0) * 1000 if t is not None else None
+    return dict(listen_ms=ms(listen), first_ms=ms(first), refused=refused, dropped=dropped,
+                errors=errors)
+
+
 # --------------------------------------------------------------------------- helpers
 
 def fill(server: Server, n: int, window: int, time_cap: float, conns: int = 8,
@@ -705,6 +858,13 @@ def timed_load(server: Server, *args, **kw) -> dict:
     w1 = time.monotonic()
     res["server_cpu_share"] = (server.cpu_s() - c0) / (w1 - w0)
     return res
+
+
+def median(values: list) -> float | None:
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 def pct(values: list[float], p: float) -> float:
@@ -733,6 +893,17 @@ class Bench:
             "zstalk": lambda: Server("zstalk", lambda port: [
                 zs_bin, "serve", "-l", HOST, "-p", str(port), "--fronts", str(self.fronts)],
                 "zstalk"),
+        }
+        # row 7: the commands as a user would type them (no counter front, no worker endpoint)
+        zstalkd = str(Path(zs_bin).parent / "zstalkd")
+        self.exec_factories = {
+            "beanstalkd": self.factories["beanstalkd"],
+            "zstalk": lambda: Server("zstalk", lambda port: [
+                zs_bin, "serve", "-l", HOST, "-p", str(port), "--counter-port", "0",
+                "--worker-bind", "none"] + (["--fronts", str(self.fronts)] if self.fronts else []),
+                "zstalk serve"),
+            "zstalkd": lambda: Server("zstalk", lambda port: [zstalkd, "-l", HOST, "-p", str(port)],
+                                      "zstalkd"),
         }
         self.notes: list[str] = []
         self.results: dict = {}
@@ -1114,6 +1285,63 @@ class Bench:
         return dict(late_ms=late, reserve_rtt_ms_p50=pct(rtt, 50), errors=errors,
                     sent=len(reserved_at), still_reserved=still)
 
+    # Row 6 -----------------------------------------------------------------
+    def row_one(self):
+        a = self.args
+        counts = {"put": 3000 if self.quick else a.one_put_count,
+                  "cycle": 2000 if self.quick else a.one_cycle_count}
+        cap = 10.0 if self.quick else 30.0
+        out = {}
+        for r, order in self.orders(a.repeats):
+            for kind, n in counts.items():
+                for name in order:
+                    where = f"row6 one at a time {kind} rep={r} {name}"
+                    srv = self.fresh(name)
+                    try:
+                        if kind == "cycle":
+                            fill(srv, n + 100, a.window, 120.0, gen_procs=a.gen_procs)
+                        c0, w0 = srv.cpu_s(), time.monotonic()
+                        res = one_at_a_time(srv.addr, kind, n, cap)
+                        res["server_cpu_share"] = (srv.cpu_s() - c0) / (time.monotonic() - w0)
+                        c = Client(srv.addr)
+                        st = c.stats()
+                        c.close()
+                        ready = int(st.get("current-jobs-ready", -1))
+                        want = res["count"] if kind == "put" else n + 100 - res["count"]
+                        if ready != want:
+                            res["errors"].append(f"ready after = {ready}, expected {want}")
+                    except Exception as exc:
+                        res = dict(rate=None, errors=[repr(exc)])
+                    finally:
+                        self.finish(srv, where)
+                    out.setdefault(kind, {}).setdefault(name, []).append(res)
+                    self._report(where, res, "puts/s" if kind == "put" else "cycles/s")
+        self.results["one"] = out
+
+    # Row 7 -----------------------------------------------------------------
+    def row_exec(self):
+        runs = 5
+        names = list(self.exec_factories)
+        out = {"runs": runs}
+        for r in range(runs):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                where = f"row7 exec run={r} {name}"
+                srv = self.exec_factories[name]()
+                try:
+                    res = exec_to_first_reply(srv)
+                except Exception as exc:
+                    res = dict(listen_ms=None, first_ms=None, errors=[repr(exc)])
+                finally:
+                    self.finish(srv, where)
+                out.setdefault(name, []).append(res)
+                if res["first_ms"] is not None:
+                    log(f"  {where}: port accepts at {res['listen_ms']:.1f} ms, INSERTED at "
+                        f"{res['first_ms']:.1f} ms ({res['refused']} connects refused"
+                        f"{', %d dropped' % res['dropped'] if res['dropped'] else ''})")
+                else:
+                    log(f"  {where}: ERROR {res['errors']}")
+        self.results["exec"] = out
+
     # ---------------------------------------------------------------------
     def _report(self, where, res, unit):
         if res.get("rate") is None:
@@ -1210,6 +1438,25 @@ def build_table(results: dict, mem_jobs: int | None) -> tuple[list[dict], dict]:
                 z = d.get("zstalk", {}).get(stat)
                 add(f"{label} lateness {stat} (ms)", b, z, fmt="{:.2f}",
                     ratio=bool(b is not None and b > 0.05))
+    one = results.get("one")
+    if one:
+        for kind, label in (("put", "put (puts/s)"), ("cycle", "reserve+delete (cycles/s)")):
+            d = one.get(kind, {})
+            add(f"one at a time, 1 conn: {label}", best(d.get("beanstalkd", [])),
+                best(d.get("zstalk", [])), target=("ratio", ">=", 0.7))
+    ex = results.get("exec")
+    if ex:
+        med = {n: {k: median([s.get(k) for s in ex.get(n, [])]) for k in ("first_ms", "listen_ms")}
+               for n in ("beanstalkd", "zstalk", "zstalkd")}
+        runs = ex["runs"]
+        add(f"exec → first INSERTED, median of {runs} (ms)", med["beanstalkd"]["first_ms"],
+            med["zstalk"]["first_ms"], target=("zstalk", "<=", 100), fmt="{:,.1f}")
+        add(f"  exec → port accepts a connection, median of {runs} (ms)",
+            med["beanstalkd"]["listen_ms"], med["zstalk"]["listen_ms"], fmt="{:,.1f}")
+        zd = med["zstalkd"]["listen_ms"]
+        add(f"  exec → first INSERTED, zstalkd, median of {runs} (ms)",
+            med["beanstalkd"]["first_ms"], med["zstalkd"]["first_ms"], fmt="{:,.1f}",
+            note="" if zd is None else f"(port accepts at {zd:,.1f} ms)")
     return rows, diag
 
 
@@ -1243,7 +1490,8 @@ def render(rows) -> tuple[str, str]:
 def diagnostics(results) -> str:
     """Generator / server CPU share per load row: the max over runs."""
     out = ["load generator check (cpu s / wall s; 1.00 = one full core):"]
-    for row, label in (("put", "row1 put"), ("work", "row2 worker")):
+    for row, label in (("put", "row1 put conns="), ("work", "row2 worker conns="),
+                       ("one", "row6 one at a time, 1 conn, ")):
         d = results.get(row)
         if not d:
             continue
@@ -1255,7 +1503,7 @@ def diagnostics(results) -> str:
                 if g:
                     parts.append(f"{name}: gen {min(g):.2f}-{max(g):.2f}, server "
                                  f"{min(sv):.2f}-{max(sv):.2f}")
-            out.append(f"  {label} conns={nc}: " + "; ".join(parts))
+            out.append(f"  {label}{nc}: " + "; ".join(parts))
     d = results.get("tubes")
     if d:
         for v in ("watch1", "watch1000_one", "watch1000_spread"):
@@ -1279,14 +1527,20 @@ def diagnostics(results) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts, one repetition (<60 s)")
-    ap.add_argument("--rows", default="1,2,3,4,5", help="rows to run, e.g. 1,2,5")
-    ap.add_argument("--fronts", type=int, default=1, help="zstalk front processes")
+    ap.add_argument("--rows", default="1,2,3,4,5,6,7", help="rows to run, e.g. 1,2,5")
+    ap.add_argument("--fronts", type=int, default=0,
+                    help="0: fronts in the broker's process (zstalk serve's default); "
+                         "N: N front processes")
     ap.add_argument("--json", help="write results as JSON to this path")
     ap.add_argument("--jobs-for-memory", type=int, default=1000000)
     ap.add_argument("--repeats", type=int, default=None,
-                    help="repetitions of rows 1, 2, 4 (default 3; 1 with --quick); best taken")
+                    help="repetitions of rows 1, 2, 4, 6 (default 3; 1 with --quick); best taken")
     ap.add_argument("--put-count", type=int, default=100000, help="puts per row-1 run")
     ap.add_argument("--work-count", type=int, default=40000, help="cycles per row-2 run")
+    ap.add_argument("--one-put-count", type=int, default=20000,
+                    help="puts per row-6 run (one command at a time)")
+    ap.add_argument("--one-cycle-count", type=int, default=10000,
+                    help="reserve+delete cycles per row-6 run (one command at a time)")
     ap.add_argument("--tube-jobs", type=int, default=5000, help="cycles per row-4 variant")
     ap.add_argument("--timer-jobs", type=int, default=200, help="jobs per row-5 test")
     ap.add_argument("--spacing", type=float, default=10.0, help="row 5: ms between jobs")
@@ -1300,10 +1554,13 @@ def main(argv=None) -> int:
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     rows = {int(x) for x in args.rows.split(",") if x.strip()}
+    placement = ("one process" if args.fronts == 0 else
+                 f"{args.fronts} front process{'es' if args.fronts > 1 else ''}")
 
     t_start = time.monotonic()
     meta = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
-                quick=args.quick, fronts=args.fronts, repeats=args.repeats,
+                quick=args.quick, fronts=args.fronts, zstalk_placement=placement,
+                repeats=args.repeats,
                 window=args.window, gen_procs=args.gen_procs, nproc=os.cpu_count(),
                 loadavg_before=os.getloadavg(), python=sys.version.split()[0],
                 beanstalkd=subprocess.run([args.beanstalkd, "-v"], capture_output=True,
@@ -1319,7 +1576,8 @@ def main(argv=None) -> int:
     except OSError:
         pass
     log(f"bench: beanstalkd ({meta['beanstalkd']}) vs zstalk {meta.get('zstalk_commit', '?')}"
-        f"{' (dirty tree)' if meta.get('zstalk_dirty') else ''}, fronts={args.fronts}, "
+        f"{' (dirty tree)' if meta.get('zstalk_dirty') else ''}, fronts={args.fronts} "
+        f"({placement}), "
         f"{'quick' if args.quick else 'full'}, repeats={args.repeats}, rows={sorted(rows)}, "
         f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
 
@@ -1328,7 +1586,9 @@ def main(argv=None) -> int:
              (2, "row 2: worker cycle", bench.row_work),
              (3, "row 3: memory", bench.row_memory),
              (4, "row 4: reserve across 1000 watched tubes", bench.row_tubes),
-             (5, "row 5: timer lateness", bench.row_timers)]
+             (5, "row 5: timer lateness", bench.row_timers),
+             (6, "row 6: one command at a time, 1 connection", bench.row_one),
+             (7, "row 7: exec -> first reply", bench.row_exec)]
     durations = {}
     for num, label, fn in steps:
         if num not in rows:
@@ -1361,7 +1621,8 @@ def main(argv=None) -> int:
         print(f"memory row used {mj:,} jobs" + ("" if mj == 1000000 else
                                                  " (not 1,000,000)"))
     print(f"throughput figures: best of {args.repeats} run(s), beanstalkd and zstalk runs "
-          f"alternated; fresh server per run for rows 1-3")
+          f"alternated; fresh server per run for rows 1-3 and 6")
+    print(f"zstalk placement: --fronts {args.fronts} ({placement})")
     print(diagnostics(bench.results))
     errs = []
     for key, d in bench.results.items():

@@ -1,5 +1,6 @@
 """Real clients (greenstalk, pystalk) against real zstalk processes: `zstalk serve` over TCP and a
-unix socket, and a cluster of one broker and two fronts."""
+unix socket, in both placements (fronts in the broker's process, the default, and front
+processes with `--fronts 1`), and a cluster of one broker and two fronts."""
 from __future__ import annotations
 
 import threading
@@ -16,9 +17,15 @@ def greenstalk_client(address, **kw) -> greenstalk.Client:
     return greenstalk.Client(address if isinstance(address, str) else tuple(address), **kw)
 
 
-@pytest.fixture(params=["tcp", "unix"])
+#: `zstalk serve` arguments per placement of its fronts
+PLACEMENTS = {"one-process": [], "front-processes": ["--fronts", "1"]}
+
+
+@pytest.fixture(params=[(listen, placement) for placement in PLACEMENTS
+                        for listen in ("tcp", "unix")], ids=lambda p: "-".join(p))
 def server(request, zstalk_factory):
-    return zstalk_factory(unix=request.param == "unix")
+    listen, placement = request.param
+    return zstalk_factory(unix=listen == "unix", extra_args=PLACEMENTS[placement])
 
 
 def test_greenstalk_puts_reserves_and_deletes_a_job(server):
@@ -69,9 +76,9 @@ def test_greenstalk_stats_count_what_was_done(server):
         assert c.stats()["version"]
 
 
-@pytest.fixture
-def tcp_server(zstalk_factory):
-    return zstalk_factory()
+@pytest.fixture(params=list(PLACEMENTS))
+def tcp_server(request, zstalk_factory):
+    return zstalk_factory(extra_args=PLACEMENTS[request.param])
 
 
 def test_pystalk_puts_reserves_releases_and_deletes(tcp_server):
