@@ -233,9 +233,16 @@ class BrokerActor:
     # -- the turn ------------------------------------------------------------------------
     def _turn(self) -> None:
         """Handle the inbox, fire due timers, write the binlog, send and deliver replies;
-        repeated while deliveries to in-process fronts post more."""
+        repeated while deliveries to in-process fronts post more.
+
+        Timers are fired only once the armed one is due: `_timer_at` is never later than
+        the core's next deadline (every turn ends in `_arm`), and a deadline set during a
+        turn is not earlier than that turn's `now`, so the core's `expire` would find
+        nothing to do before then (a deadline of `now` itself, as `pause-tube x 0` sets,
+        fires on the next loop iteration)."""
         core = self.core
         self._busy = True
+        expired = False
         try:
             while True:
                 now = time.monotonic()
@@ -243,15 +250,17 @@ class BrokerActor:
                     inbox, self._inbox = self._inbox, []
                     for peer, msg in inbox:
                         core.handle(peer, msg, now)
-                self._keep_local_alive(now)
-                core.expire(now)
+                if now >= self._timer_at:
+                    self._keep_local_alive(now)
+                    core.expire(now)
+                    expired = True
                 self._commit(core.flush(), now)
                 if not (self._inbox or self._again):
                     break
                 self._again = False
         finally:
             self._busy = False
-        self._arm(now)
+        self._arm(now, expired)
         self._check_socket()
 
     def _keep_local_alive(self, now: float) -> None:
@@ -261,12 +270,17 @@ class BrokerActor:
             if front is not None:
                 front.last_seen = now
 
-    def _arm(self, now: float) -> None:
+    def _arm(self, now: float, expired: bool) -> None:
         """Make sure a timer fires at the core's (or the binlog's) next deadline."""
         wake = self.core.next_deadline()
         sync = self.wal.sync_due() if self.wal is not None else None
         if sync is not None and (wake is None or sync < wake):
             wake = sync
+        if expired:         # what was due has fired: an armed timer still pending is stale
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._timer_at = math.inf
         if wake is None or wake >= self._timer_at or self.loop is None:
             return      # the armed timer fires first, and arms the next one then
         if self._timer is not None:
@@ -275,7 +289,8 @@ class BrokerActor:
         self._timer = self.loop.call_later(max(0.0, wake - now), self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, math.inf
+        self._timer = None      # _timer_at stays: it is due, so this turn fires the timers
+        self._timer_at = min(self._timer_at, time.monotonic())   # (a clock a hair behind)
         self._turn()
 
     def _beat(self) -> None:

@@ -137,10 +137,13 @@ class Broker(PoolCommands, CounterCommands, Commands):
                 self._batch(front, msg.ops, now)
 
     def flush(self) -> list[tuple[bytes, object]]:
-        msgs = self.control
+        msgs, out = self.control, self.out
         self.control = []
-        msgs.extend((peer, Replies(items)) for peer, items in self.out.items() if items)
-        self.out.clear()
+        if out:
+            for peer, items in out.items():
+                if items:
+                    msgs.append((peer, Replies(items)))
+            out.clear()
         return msgs
 
     def heartbeats(self) -> list[tuple[bytes, object]]:
@@ -276,12 +279,15 @@ class Broker(PoolCommands, CounterCommands, Commands):
         return now + self.wall_offset
 
     def next_deadline(self) -> float | None:
-        d = self.queue.next_deadline()
-        gc = self.counter_store.next_gc() - self.wall_offset
-        d = gc if d is None else min(d, gc)
-        if self.fronts:
-            f = min(f.last_seen for f in self.fronts.values()) + PEER_TIMEOUT_S
-            d = f if d is None else min(d, f)
+        # (called after every turn of the actor: plain comparisons, no generators)
+        d = self.counter_store.next_gc() - self.wall_offset
+        q = self.queue.next_deadline()
+        if q is not None and q < d:
+            d = q
+        for f in self.fronts.values():
+            silent_at = f.last_seen + PEER_TIMEOUT_S
+            if silent_at < d:
+                d = silent_at
         return d
 
     def expire(self, now: float) -> None:

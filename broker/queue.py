@@ -305,8 +305,13 @@ class Queue:
 
     # -- timers --------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        firsts = [sl[0][0] for sl in (self.delayed_due, self.ttr_due, self.wakes, self.paused) if sl]
-        return min(firsts, default=None)
+        d = None
+        for due in (self.delayed_due, self.ttr_due, self.wakes, self.paused):
+            if due:
+                first = due[0][0]
+                if d is None or first < d:
+                    d = first
+        return d
 
     def expire(self, now: float) -> None:
         """Fire every timer due at `now`, in beanstalkd's order: delays, pauses, sessions."""

@@ -150,7 +150,10 @@ class BeanstalkConn(LinkedConn):
             self.transport.close()
 
     def _regulate_reading(self) -> None:
-        self._set_reading(self.parser.buffered > self.parser.max_job_size + READ_LIMIT_SLACK)
+        parser = self.parser
+        full = parser.buffered > parser.max_job_size + READ_LIMIT_SLACK
+        if full is not self.read_paused:        # (runs twice per command: keep it cheap)
+            self._set_reading(full)
 
     def state(self) -> SessionState:
         return SessionState(self.conn, self.use, list(self.watch), sorted(self.held))
