@@ -32,6 +32,9 @@ SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
 _FEW_TUBES = 8          # watch lists up to this size are scanned directly
 
 
+DEFAULT_TUBE = "default"
+
+
 class Queue:
     def __init__(self, grant: Callable[[Session, Job], None],
                  deadline_soon: Callable[[Session], None],
@@ -62,7 +65,9 @@ class Queue:
         return t
 
     def maybe_free(self, t: Tube) -> None:
-        if t.is_unreferenced() and self.tubes.get(t.name) is t:
+        # beanstalkd holds a reference to `default` for its whole life (tube.c's
+        # default_tube): it is listed and answers stats-tube even when nobody uses it
+        if t.name != DEFAULT_TUBE and t.is_unreferenced() and self.tubes.get(t.name) is t:
             del self.tubes[t.name]
             i = self.tube_list.index(t)
             last = self.tube_list.pop()

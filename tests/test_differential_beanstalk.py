@@ -146,6 +146,18 @@ SCRIPTS: list[Script] = [
            (0, b"put 0 0 10 10\r\n01234", 0), (0, b"56789", 0), (0, b"\r", 0), (0, b"\n", 1),
            (0, b"list-tube-used\r", 0), (0, b"\n", 1), (0, b"peek 1\r\n", 1)),
 
+    # single-connection sequences the random scripts rarely reach ----------------
+    script("the_default_tube_is_never_removed_even_when_nobody_uses_or_watches_it",
+           (0, b"use zz\r\nwatch zz\r\nignore default\r\n", 3), (0, b"list-tubes\r\n", 1),
+           (0, b"stats-tube default\r\n", 1), (0, b"pause-tube default 0\r\n", 1),
+           (0, b"list-tubes\r\n", 1)),
+    script("a_tube_that_empties_while_watched_by_one_connection_stays_listed",
+           (0, b"use t\r\nwatch t\r\n", 2), (0, put(b"x"), 1), (0, b"reserve-with-timeout 0\r\n", 1),
+           (0, b"delete 1\r\nlist-tubes\r\nstats-tube t\r\n", 3),
+           (0, b"ignore t\r\nuse default\r\nlist-tubes\r\nstats-tube t\r\n", 4)),
+    script("kick_in_an_empty_tube_kicks_nothing",
+           (0, b"kick 10\r\nuse e\r\nkick 1\r\nkick-job 99\r\n", 4)),
+
     # §3.2 numbers -------------------------------------------------------------
     script("numbers_may_have_leading_spaces_and_leading_zeros",
            (0, b"put  0 0 1 1\r\nA\r\n", 1), (0, b"put 0  0 1 1\r\nB\r\n", 1),
