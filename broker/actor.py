@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 
 from ..protocol.mailbox import register_mailbox, unregister_mailbox
@@ -156,14 +155,9 @@ class BrokerActor:
     def stop(self) -> None:
         """End serve(); callable from any thread (in-process use: zstalk.workers.testing)."""
         self._stop_requested = True
-        loop = self.loop
-        if loop is None or self._stopped is None:
-            return
-        if threading.get_ident() == getattr(self, "_thread", None):
-            self._finish()
-        else:
+        if self._stopped is not None:
             with contextlib.suppress(RuntimeError):     # the loop already closed
-                loop.call_soon_threadsafe(self._finish)
+                self.loop.call_soon_threadsafe(self._finish)
 
     def _finish(self) -> None:
         if self._stopped is not None and not self._stopped.done():
@@ -173,7 +167,6 @@ class BrokerActor:
     def start(self) -> None:
         """Attach to the running loop: watch the socket and the binlog, arm the timers."""
         self.loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
         self._stopped = self.loop.create_future()
         if self._stop_requested:
             self._finish()

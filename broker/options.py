@@ -11,8 +11,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-HOLD_S = 5.0    # how long a remote front holds commands for an unreachable broker
-
 
 @dataclass
 class ServeOptions:

@@ -62,14 +62,14 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     actor.start()
     address = actor.expose(f"serve-{os.getpid()}")
     fronts = [await start_front(beanstalk_front(address, opts.max_connections,
-                                                opts.max_job_size, 0.0), listeners)]
+                                                opts.max_job_size), listeners)]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, actor.stop)
     loop.add_signal_handler(signal.SIGUSR1, actor.drain)
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
     if counter_listeners:
-        fronts.append(await start_front(counter_front(address, opts.counter_max_connections, 0.0),
+        fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
     code = _bind_workers(actor, opts)
     if code is None:

@@ -52,13 +52,14 @@ async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.soc
     running.close()
 
 
-def beanstalk_front(broker: str, max_connections: int, max_job_size: int, hold_s: float):
+def beanstalk_front(broker: str, max_connections: int, max_job_size: int,
+                    hold_s: float = 5.0):
     from .beanstalk_front import BeanstalkFront
     return lambda: BeanstalkFront(broker, max_connections=max_connections, hold_s=hold_s,
                                   max_job_size=max_job_size)
 
 
-def counter_front(broker: str, max_connections: int, hold_s: float):
+def counter_front(broker: str, max_connections: int, hold_s: float = 5.0):
     from .counter_front import CounterFront
     return lambda: CounterFront(broker, max_connections=max_connections, hold_s=hold_s)
 

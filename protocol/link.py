@@ -24,14 +24,14 @@ import time
 
 import zmq
 
-from .mailbox import LinkOwner  # noqa: F401  (the owner's interface lives with both links)
+from .mailbox import CONNECTING, READY, LinkOwner  # shared by both links
 from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat,
                      Hello, Op, Replies, R, SchemaError, SessionState, Settings, Welcome,
                      decode, encode)
 
 log = logging.getLogger("zstalk.front")
 
-CONNECTING, READY, LOST = "connecting", "ready", "lost"
+LOST = "lost"
 #: a batch leaves early when it reaches this many ops, so that under a pipelined flood
 #: the broker works on one part while the front parses the next (instead of taking turns)
 MAX_BATCH_OPS = 512
