@@ -9,6 +9,8 @@ comments of each handler, with the section of the reference they follow.
 """
 from __future__ import annotations
 
+import collections
+
 from ..protocol.schema import R
 from . import stats
 from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, RELEASES, RESERVED, Job,
@@ -33,9 +35,13 @@ class Commands:
             s.producer = True
 
     def half_close(self, s: Session, op, now):
-        """The client shut its write side while blocked in reserve: TIMED_OUT (§3.6)."""
+        """The client shut its write side: a reserve that waits, now or later, answers
+        TIMED_OUT (beanstalkd sees the hang-up while the connection waits, prot.c's
+        STATE_WAIT, and the hang-up stays seen); commands held behind it then run."""
+        s.half_closed = True
         if s.waiting:
             self.queue.stop_waiting(s)
+            self._answered(s)
             return (s.conn, R.TIMED_OUT)
 
     # -- producing ---------------------------------------------------------------------
@@ -86,9 +92,11 @@ class Commands:
             q.take(job)
             q.reserve(s, job, now)
             return (s.conn, R.RESERVED, job.id, job.body)
-        if timeout_s == 0:
+        if timeout_s == 0 or s.half_closed:
             return (s.conn, R.TIMED_OUT)
         q.wait(s, None if timeout_s < 0 else timeout_s, now)
+        if s.behind is None:
+            s.behind = collections.deque()      # later ops of this session wait their turn
         return None
 
     def reserve_job(self, s: Session, op, now):

@@ -12,6 +12,11 @@ be heard from every PEER_TIMEOUT_S; a silent front is declared dead, its session
 (reserved jobs back to ready, blocked reserves dropped) and its incarnation is fenced:
 anything it sends later gets `Fenced`, and it has to start over with a new incarnation.
 
+Ordering: while a session waits in reserve, its later ops are held in `Session.behind`
+(`_hold`) and run in order, in the same turn, once the reserve is answered (`_resume`):
+the front forwards a pipeline without waiting, and the session still sees beanstalkd's
+order, ids and counters.
+
 Command semantics follow beanstalkd 1.13 (../shared/reference/beanstalkd.md §1.2, §3):
 the handlers below are named after the protocol and count `cmd-*` as beanstalkd does.
 """
@@ -22,8 +27,9 @@ import logging
 import random
 from typing import Callable, NamedTuple
 
-from ..protocol.schema import (PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hello, Heartbeat,
-                               Op, R, Replies, Settings, Welcome)
+from ..protocol.schema import (PEER_TIMEOUT_S, SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS,
+                               Batch, Fenced, Hello, Heartbeat, Op, R, Replies, Settings,
+                               Welcome)
 from . import stats
 from .checks import NATIVE_KINDS, check
 from .commands import Commands
@@ -40,6 +46,7 @@ _FIRST_COUNTER_OP = int(Op.C_NOOP)
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
 DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
+_PUT, _CLOSE, _HALF_CLOSE = int(Op.PUT), int(Op.CLOSE), int(Op.HALF_CLOSE)
 
 
 class Config(NamedTuple):
@@ -81,6 +88,7 @@ class Broker(PoolCommands, CounterCommands, Commands):
         self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.out: dict[bytes, list] = {}
         self.control: list[tuple[bytes, object]] = []
+        self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
         self.next_id = 1
         self.jobs_bytes = 0
         self.draining = False
@@ -193,9 +201,11 @@ class Broker(PoolCommands, CounterCommands, Commands):
             if s is None:
                 s = self._open(front, conn)
                 self._restore_tubes(s, st)
-            # a reserve it was blocked in was answered by the front when it lost us (and a
-            # pool subscribes again): a job handed over now would answer the wrong command
+            # a reserve it was blocked in, and what it sent after, was answered by the front
+            # when it lost us (and a pool subscribes again): a job handed over now would
+            # answer the wrong command
             self.queue.stop_waiting(s)
+            s.behind = None
             if s.is_pool:
                 s.credits = 0
             held = set(st.held)
@@ -266,6 +276,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
                         or s.is_pool and op[0] not in POOL_OPS):
                     out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
+                if s.behind is not None and op[0] != _CLOSE and op[0] != _HALF_CLOSE:
+                    self._hold(s, op, out)
+                    continue
                 reply = handlers[op[0]](s, op, now)
             except Exception as exc:
                 # a malformed op from a buggy front must not take the broker down
@@ -273,6 +286,55 @@ class Broker(PoolCommands, CounterCommands, Commands):
                 reply = _error_reply(op)
             if reply is not None:
                 out.append(reply)
+        if self.resumed:        # after the whole batch: beanstalkd also finishes what it
+            self._resume(now)   # read from one client before a woken one reads on
+
+    # -- ordering behind a waiting reserve ------------------------------------------
+    def _hold(self, s: Session, op, out: list) -> None:
+        """Keep `op` until the session's waiting reserve is answered (schema: "Ordering")."""
+        behind = s.behind
+        behind.append(op)
+        if op[0] == _PUT:
+            s.behind_bytes += len(op[5])
+        if (len(behind) > SESSION_OPS_MAX
+                or s.behind_bytes > SESSION_BYTES_MAX + self.config.max_job_size):
+            log.warning("front %016x sent more than a connection may have in flight: "
+                        "answering its held commands INTERNAL_ERROR", s.front.front_id)
+            if s.waiting:
+                self.queue.stop_waiting(s)
+                out.append((s.conn, R.INTERNAL_ERROR))      # the reserve
+            out.extend((s.conn, R.INTERNAL_ERROR) for o in behind if o[0] not in SILENT_OPS)
+            s.behind, s.behind_bytes = None, 0
+
+    def _answered(self, s: Session) -> None:
+        """A session's waiting reserve got its reply: what it held runs next."""
+        if s.behind is not None:
+            self.resumed.append(s)
+
+    def _resume(self, now: float) -> None:
+        """Run held ops in order, until each session waits again or has nothing held.
+
+        Ops run here may answer other sessions' reserves; those join the same loop."""
+        resumed, handlers = self.resumed, self._handlers
+        while resumed:
+            s = resumed.popleft()
+            behind = s.behind
+            if behind is None or s.front.sessions.get(s.conn) is not s:
+                continue
+            out = self.out.setdefault(s.front.peer, [])
+            while behind and not s.waiting:
+                op = behind.popleft()
+                if op[0] == _PUT:
+                    s.behind_bytes -= len(op[5])
+                try:
+                    reply = handlers[op[0]](s, op, now)
+                except Exception as exc:
+                    log.warning("bad op %.60r from front %016x: %r", op, s.front.front_id, exc)
+                    reply = _error_reply(op)
+                if reply is not None:
+                    out.append(reply)
+            if not s.waiting:
+                s.behind, s.behind_bytes = None, 0
 
     # -- timers ----------------------------------------------------------------------
     def wall(self, now: float) -> float:
@@ -292,6 +354,8 @@ class Broker(PoolCommands, CounterCommands, Commands):
 
     def expire(self, now: float) -> None:
         self.queue.expire(now)
+        if self.resumed:
+            self._resume(now)
         self.counter_store.expire(self.wall(now))
         for front in [f for f in self.fronts.values() if now - f.last_seen > PEER_TIMEOUT_S]:
             self.drop_front(front, now)
@@ -305,12 +369,15 @@ class Broker(PoolCommands, CounterCommands, Commands):
             self._pool_granted(s, job)
         else:
             self._reply(s, R.RESERVED, job.id, job.body)
+            self._answered(s)
 
     def _deadline_soon(self, s: Session) -> None:
         self._reply(s, R.DEADLINE_SOON)
+        self._answered(s)
 
     def _timed_out(self, s: Session) -> None:
         self._reply(s, R.TIMED_OUT)
+        self._answered(s)
 
     # -- sessions --------------------------------------------------------------------
     def _open(self, front: Front, conn: int):
@@ -337,6 +404,7 @@ class Broker(PoolCommands, CounterCommands, Commands):
             return
         q = self.queue
         q.stop_waiting(s)
+        s.behind = None
         for job in list(s.reserved.values()):
             q.take(job)
             q.make_ready(job, now)

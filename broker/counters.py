@@ -46,6 +46,7 @@ class CounterSession:
     __slots__ = ("front", "conn", "holds")
     is_counter = True
     is_pool = False
+    behind = None       # counter ops never wait behind one another (see core.Broker._hold)
 
     def __init__(self, front, conn: int) -> None:
         self.front = front

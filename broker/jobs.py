@@ -115,7 +115,7 @@ class Session:
     what list-tubes-watched shows.
     """
     __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "due", "waiting", "wait_until",
-                 "wake", "producer", "worker")
+                 "wake", "producer", "worker", "behind", "behind_bytes", "half_closed")
     is_counter = False
     is_pool = False
 
@@ -132,6 +132,11 @@ class Session:
         self.wake: tuple | None = None         # this session's entry in the broker's wake list
         self.producer = False                  # ever sent put
         self.worker = False                    # ever sent a reserve command
+        # ops that arrived while a reserve waited, run in order once it is answered
+        # (None: nothing held, ops run as they come; see core.Broker._hold)
+        self.behind = None
+        self.behind_bytes = 0                  # put body bytes among them
+        self.half_closed = False               # a reserve that would wait times out at once
 
     def add_watch(self, t: Tube) -> bool:
         if t in self.watched:

@@ -8,6 +8,7 @@ passes in, which keeps the core free of I/O.
 """
 from __future__ import annotations
 
+import math
 import os
 import resource
 from typing import NamedTuple
@@ -99,10 +100,17 @@ def binlog_stats(wal, max_size: int) -> list[tuple[str, object]]:
             ("binlog-max-size", wal.opts.segment_size)]
 
 
+def seconds_left(deadline: float, now: float) -> int:
+    """Whole seconds until `deadline` as beanstalkd prints them: its nanosecond clock has
+    always moved on since the deadline was set, so a whole number reads one less (a
+    pipelined `reserve` + `stats-job` answered in one turn shows ttr - 1, as beanstalkd)."""
+    return max(0, math.ceil(deadline - now) - 1)
+
+
 def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
     time_left = 0
     if job.state in (RESERVED, DELAYED):
-        time_left = max(0, int(job.deadline - now))
+        time_left = seconds_left(job.deadline, now)
     return [
         ("id", job.id), ("tube", job.tube.name), ("state", job.state), ("pri", job.pri),
         ("age", int(now - job.created)), ("delay", job.delay_s), ("ttr", job.ttr_s),
@@ -111,7 +119,7 @@ def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
 
 
 def tube_stats(t: Tube, now: float) -> list[tuple[str, object]]:
-    paused_left = max(0, int(t.unpause_at - now)) if t.unpause_at else 0
+    paused_left = seconds_left(t.unpause_at, now) if t.unpause_at else 0
     return [
         ("name", t.name),
         ("current-jobs-urgent", t.urgent),

@@ -6,16 +6,19 @@ a *slot* in the connection's reply queue.  A reply the front makes itself (BAD_F
 JOB_TOO_BIG, ...) fills its slot at once; a command for the broker leaves as an op
 (batched per loop turn by the link) and its slot fills when the broker answers.  Slots
 are written strictly in order, so local and broker replies interleave exactly as
-beanstalkd would send them.  A reserve that may block (`reserve`, or a timeout > 0)
-stops the parsing of that connection's later commands until it is answered, as
-beanstalkd does not read past a waiting reserve.
+beanstalkd would send them.  Commands after a reserve that may block leave at once: the
+broker holds them until the reserve is answered (schema: "Ordering behind a waiting
+reserve"), which is what beanstalkd, not reading past a waiting reserve, amounts to.
+At end of input the broker hears HALF_CLOSE: a reserve that waits then, or would wait
+later, answers TIMED_OUT, as beanstalkd's does for a half-closed client.
 
 The front mirrors each session's used tube, watch list and held job ids from the
 replies it relays, so after losing the broker it can re-register them (Hello).
 
-Bounds: the parser holds one line plus one body; reading pauses while the parser holds
-more than READ_LIMIT_SLACK beyond that, and while the client is not reading its replies
-(transport write buffer above WRITE_HIGH).  `max_connections` extra connections are
+Bounds: the parser holds one line plus one body; parsing stops at SESSION_OPS_MAX commands
+or SESSION_BYTES_MAX job bytes in flight and while the client is not reading its replies
+(transport write buffer above WRITE_HIGH); reading pauses while the parser holds more than
+READ_LIMIT_SLACK beyond one line and body.  `max_connections` extra connections are
 accepted and closed at once, as beanstalkd does past its descriptor limit.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 from .beanstalk import NEED_DATA, Parser, Reject
 from .beanstalk_replies import INTERNAL_ERROR, format_reply
 from .front_base import LinkedConn, LinkedFront
-from .schema import Op, R, SessionState, Welcome
+from .schema import SESSION_BYTES_MAX, SESSION_OPS_MAX, Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.front")
 
@@ -62,7 +65,7 @@ class BeanstalkConn(LinkedConn):
     def __init__(self, front: "BeanstalkFront", conn: int) -> None:
         super().__init__(front, conn)
         self.parser = Parser(front.max_job_size)
-        self.blocked = False        # a reserve that may wait is in flight
+        self.inflight_bytes = 0     # put body bytes sent and not yet answered
         self.quitting = False
         self.use = "default"
         self.watch = ["default"]
@@ -70,20 +73,26 @@ class BeanstalkConn(LinkedConn):
 
     def eof_received(self) -> bool:
         self.eof = True
-        if self.blocked:
+        if self.unanswered or self.parser.buffered:     # a reserve may wait, or come
             self.front.link.submit((_HALF_CLOSE, self.conn))
         self.pump()
         return True
 
-
-
-
     # -- commands ----------------------------------------------------------------------
     def pump(self) -> None:
-        """Turn buffered bytes into replies and ops, as far as ordering allows."""
+        """Turn buffered bytes into replies and ops, as far as the bounds allow."""
+        while self._parse() and self._flush_frees():
+            pass
+        self.flush()
+        self._regulate_reading()
+
+    def _parse(self) -> bool:
+        """Parse until input runs out or a bound stops it; True when a bound did."""
         parser, submit = self.parser, self.front.link.submit
         slots, conn = self.slots, self.conn
-        while not (self.blocked or self.quitting or self.write_paused):
+        while not (self.quitting or self.write_paused):
+            if len(slots) >= SESSION_OPS_MAX or self.inflight_bytes >= SESSION_BYTES_MAX:
+                return True
             ev = parser.next_event()
             if ev is NEED_DATA:
                 break
@@ -100,19 +109,24 @@ class BeanstalkConn(LinkedConn):
             slots.append(slot)
             self.unanswered.append(slot)
             submit(op)
-            if op[0] == _RESERVE and op[2] != 0:
-                self.blocked = True
+            if op[0] == _PUT:
+                self.inflight_bytes += len(op[5])
+        return False
+
+    def _flush_frees(self) -> bool:
+        """At the in-flight bound: write what is answered; True if that made room."""
+        n = len(self.slots)
         self.flush()
-        self._regulate_reading()
+        return len(self.slots) < n and self.inflight_bytes < SESSION_BYTES_MAX
 
     def answer(self, reply: tuple) -> None:
         """Fill the oldest unanswered slot with the broker's reply and mirror its effect."""
         slot = self.unanswered.popleft()
         op, code = slot[0], reply[1]
         slot[1] = format_reply(reply)
-        if op[0] == _RESERVE:
-            self.blocked = False
-        if code == R.RESERVED:
+        if op[0] == _PUT:
+            self.inflight_bytes -= len(op[5])
+        elif code == R.RESERVED:
             self.held.add(reply[2])
         elif code in _RELEASING:
             self.held.discard(op[2])
@@ -135,7 +149,7 @@ class BeanstalkConn(LinkedConn):
         """The broker is gone: every command it had is answered INTERNAL_ERROR, never replayed."""
         while self.unanswered:
             self.unanswered.popleft()[1] = INTERNAL_ERROR
-        self.blocked = False
+        self.inflight_bytes = 0
 
     def flush(self) -> None:
         slots, out = self.slots, []
@@ -145,7 +159,7 @@ class BeanstalkConn(LinkedConn):
             return
         if out:
             self.transport.write(b"".join(out))
-        if not slots and (self.quitting or (self.eof and not self.blocked)):
+        if not slots and (self.quitting or self.eof):
             self.front.forget(self)    # the broker hears of it before the client sees EOF
             self.transport.close()
 

@@ -25,6 +25,17 @@ gets exactly one reply, in order per connection; a pool's session also receives 
 `(conn, code, *values)` with codes from `R`; values are protocol-neutral (ints, bytes,
 and for stats an ordered list of (key, value) pairs), and each front formats them for
 its own protocol.
+
+Ordering behind a waiting reserve: a front forwards a connection's commands as it parses
+them, also past a `reserve` that may block.  While a session waits in reserve the broker
+holds its later ops (the silent COUNT included; OPEN, CLOSE and HALF_CLOSE act at once)
+and runs them in order once the reserve is answered or times out, so job ids, `cmd-*`
+counters and replies are what beanstalkd gives a client whose later commands it reads only
+after the reserve.  A connection has at most SESSION_OPS_MAX commands and
+SESSION_BYTES_MAX job bytes in flight (sent and not yet answered, or answered and not yet
+written): past either the front stops reading that client; the broker answers
+INTERNAL_ERROR to a session's waiting reserve and everything held behind it when a front
+sends more (a front with a bug must not grow the broker's memory).
 """
 from __future__ import annotations
 
@@ -46,7 +57,7 @@ class Op(enum.IntEnum):
     OPEN = 1            # (conn)                      a client connected
     CLOSE = 2           # (conn)                      a client went away (or sent quit)
     COUNT = 3           # (conn, cmd, consumes_id)    a command the front rejected but beanstalkd counts
-    HALF_CLOSE = 4      # (conn)                      client shut its write side: a blocked reserve times out
+    HALF_CLOSE = 4      # (conn)                      client shut its write side: a reserve that waits times out
     PUT = 10            # (conn, pri, delay_s, ttr_s, body)
     USE = 11            # (conn, tube)
     RESERVE = 12        # (conn, timeout_s)           timeout_s < 0: no timeout (plain `reserve`)
@@ -81,6 +92,11 @@ class Op(enum.IntEnum):
     C_STATS = 44        # (conn)
     C_DUMP = 45         # (conn)
 
+
+#: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
+#: body crosses the byte bound is still sent, so the broker allows one job beyond it
+SESSION_OPS_MAX = 1024
+SESSION_BYTES_MAX = 4 * 1024 * 1024
 
 #: ops that produce no reply
 SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT})

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.core import Broker, Config
-from zstalk.protocol.schema import (PEER_TIMEOUT_S, Batch, Fenced, Heartbeat, Hello, Op, R,
-                                    Replies, SessionState, Welcome)
+from zstalk.protocol.schema import (PEER_TIMEOUT_S, SESSION_OPS_MAX, Batch, Fenced,
+                                    Heartbeat, Hello, Op, R, Replies, SessionState, Welcome)
 
 FRONT = b"front-a"
 
@@ -53,8 +53,8 @@ class Harness:
         assert code == R.STATS
         return dict(pairs)
 
-    def stats(self) -> dict:
-        [(_, _, pairs)] = self.send((Op.STATS, 1))
+    def stats(self, conn: int = 1) -> dict:
+        [(_, _, pairs)] = self.send((Op.STATS, conn))
         return dict(pairs)
 
 
@@ -67,6 +67,11 @@ def h() -> Harness:
 
 def codes(replies) -> list:
     return [r[1] for r in replies]
+
+
+def of(replies, conn: int) -> list:
+    """The replies to one connection, in order (replies to different ones may interleave)."""
+    return [r for r in replies if r[0] == conn]
 
 
 # -- ordering ------------------------------------------------------------------------
@@ -303,6 +308,95 @@ def test_puts_past_the_memory_limit_answer_out_of_memory():
     assert codes(out) == [R.INSERTED, R.INSERTED, R.OUT_OF_MEMORY, R.OUT_OF_MEMORY]
     h.send((Op.DELETE, 1, 1))
     assert codes(h.send((Op.PUT, 1, 0, 0, 1, b"x" * 500))) == [R.INSERTED]
+
+
+# -- commands behind a waiting reserve (schema: "Ordering behind a waiting reserve") ------
+def test_commands_behind_a_waiting_reserve_run_after_it_in_order(h):
+    assert h.send((Op.RESERVE, 1, -1), (Op.PUT, 1, 0, 0, 60, b"mine"), (Op.USE, 1, "t")) == []
+    # the put behind the reserve has taken no id yet: the job that wakes the reserve is 1
+    replies = h.send((Op.PUT, 2, 0, 0, 60, b"wake"))
+    assert of(replies, 2) == [(2, R.INSERTED, 1)]
+    assert of(replies, 1) == [(1, R.RESERVED, 1, b"wake"), (1, R.INSERTED, 2), (1, R.USING, "t")]
+
+
+def test_a_held_command_counts_nothing_until_it_runs(h):
+    h.send((Op.RESERVE, 1, -1), (Op.PUT, 1, 0, 0, 60, b"x"), (Op.COUNT, 1, "put", True))
+    before = h.stats(2)
+    assert (before["cmd-put"], before["total-jobs"]) == (0, 0)
+    h.send((Op.PUT, 2, 0, 0, 60, b"wake"))
+    after = h.stats(2)
+    assert (after["cmd-put"], after["total-jobs"]) == (3, 2)
+    assert h.put(2) == 4     # 1 woke the reserve, 2 is the held put, 3 its EXPECTED_CRLF
+
+
+def test_pipelined_reserves_take_ready_jobs_and_the_next_one_waits(h):
+    a, b = h.put(2, b"a"), h.put(2, b"b")
+    replies = h.send((Op.RESERVE, 1, -1), (Op.RESERVE, 1, -1), (Op.RESERVE, 1, 5),
+                     (Op.DELETE, 1, a))
+    assert replies == [(1, R.RESERVED, a, b"a"), (1, R.RESERVED, b, b"b")]
+    assert h.advance(5) == [(1, R.TIMED_OUT), (1, R.DELETED)]
+
+
+def test_a_held_reserve_waits_in_its_turn_behind_the_first(h):
+    h.send((Op.RESERVE, 1, -1), (Op.RESERVE, 1, -1), (Op.STATS_TUBE, 1, "default"))
+    assert codes(of(h.send((Op.PUT, 2, 0, 0, 60, b"1")), 1)) == [R.RESERVED]
+    second = of(h.send((Op.PUT, 2, 0, 0, 60, b"2")), 1)
+    assert codes(second) == [R.RESERVED, R.STATS]
+    assert dict(second[1][2])["current-waiting"] == 0
+
+
+def test_half_close_times_out_the_waiting_reserve_then_runs_what_it_held(h):
+    h.send((Op.RESERVE, 1, -1), (Op.LIST_TUBE_USED, 1), (Op.RESERVE, 1, 30))
+    # the reserve behind also finds nothing: on a half-closed connection it does not wait
+    assert h.send((Op.HALF_CLOSE, 1)) == [(1, R.TIMED_OUT), (1, R.USING, "default"),
+                                          (1, R.TIMED_OUT)]
+    assert h.stats()["current-waiting"] == 0
+
+
+def test_half_close_leaves_a_ready_job_to_a_later_reserve(h):
+    h.send((Op.HALF_CLOSE, 1))
+    j = h.put(2)
+    assert h.send((Op.RESERVE, 1, -1)) == [(1, R.RESERVED, j, b"x")]
+
+
+def test_deadline_soon_ends_the_wait_and_releases_what_it_held(h):
+    j = h.put(2, ttr=3)
+    h.send((Op.RESERVE, 1, -1))
+    assert h.send((Op.RESERVE, 1, -1), (Op.TOUCH, 1, j)) == []
+    assert h.advance(2) == [(1, R.DEADLINE_SOON), (1, R.TOUCHED)]
+
+
+def test_closing_a_session_drops_what_it_held(h):
+    h.send((Op.RESERVE, 1, -1), (Op.PUT, 1, 0, 0, 60, b"never"), (Op.CLOSE, 1))
+    [(_, _, pairs)] = h.send((Op.STATS, 2))
+    assert dict(pairs)["total-jobs"] == 0
+    assert h.put(2) == 1
+
+
+def test_a_front_re_registering_drops_what_its_sessions_held(h):
+    h.send((Op.RESERVE, 1, -1), (Op.PUT, 1, 0, 0, 60, b"answered-by-the-front"))
+    h.hello(FRONT, 1, h.broker.state_id, [SessionState(1, "default", ["default"], []),
+                                          SessionState(2, "default", ["default"], [])])
+    assert h.put(2) == 1
+    assert h.send((Op.LIST_TUBE_USED, 1)) == [(1, R.USING, "default")]
+
+
+def test_more_held_commands_than_a_connection_may_have_in_flight_are_refused_in_step(h):
+    ops = [(Op.RESERVE, 1, -1)] + [(Op.LIST_TUBE_USED, 1)] * SESSION_OPS_MAX
+    assert h.send(*ops) == []
+    refused = h.send((Op.PEEK_READY, 1), (Op.COUNT, 1, "put", False))
+    assert refused == [(1, R.INTERNAL_ERROR)] * (SESSION_OPS_MAX + 2)
+    assert h.send((Op.LIST_TUBE_USED, 1)) == [(1, R.USING, "default")]
+    assert h.stats()["current-waiting"] == 0
+
+
+def test_a_waiting_pool_answers_its_commands_at_once():
+    h = Harness()
+    h.broker.handle(b"pool", Hello(9, "pool", 1, 0, []), h.now)
+    h.broker.flush()
+    h.send((Op.OPEN, 1), (Op.SUBSCRIBE, 1, [1, 1], ["default"], 1), peer=b"pool")
+    [(_, code, pairs)] = h.send((Op.STATS_TUBE, 1, "default"), peer=b"pool")
+    assert code == R.STATS and dict(pairs)["current-waiting"] == 1
 
 
 # -- fronts --------------------------------------------------------------------------

@@ -382,6 +382,33 @@ SCRIPTS: list[Script] = [
     script("a_half_closed_idle_connection_is_closed",
            (0, b"list-tube-used\r\n", 1), HalfClose(0), (0, b"", 1)),
 
+    # pipelines past a waiting reserve: beanstalkd reads a connection's next command only
+    # once its reserve is answered, so later commands take their ids and counts after it
+    script("commands_pipelined_behind_a_waiting_reserve_run_after_it_with_later_ids",
+           (0, b"reserve\r\n" + put(b"mine") + b"use t\r\nstats-tube default\r\n", 0),
+           Await("default", "current-waiting", 1), (1, b"stats\r\n", 1),
+           (1, put(b"wake"), 1), (0, b"", 4), (1, b"stats-job 2\r\nstats\r\n", 2)),
+    script("pipelined_reserves_take_the_ready_jobs_then_wait_out_their_timeouts",
+           (0, put(b"A") + put(b"B"), 2),
+           (0, b"reserve\r\nreserve-with-timeout 1\r\nreserve-with-timeout 1\r\n"
+               b"list-tube-used\r\ndelete 1\r\ndelete 2\r\n", 6), (0, b"stats\r\n", 1)),
+    script("a_pipelined_reserve_with_a_timeout_gets_a_job_put_while_it_waits",
+           (0, b"reserve-with-timeout 5\r\nreserve-with-timeout 0\r\n"
+               b"stats-tube default\r\n", 0),
+           Await("default", "current-waiting", 1), (1, put(b"x") + put(b"y"), 2), (0, b"", 3)),
+    script("quit_behind_a_waiting_reserve_closes_once_the_reserve_is_answered",
+           (0, b"reserve\r\nquit\r\n", 0), Await("default", "current-waiting", 1),
+           (1, put(), 1), (0, b"", 2), Await("default", "current-jobs-ready", 1),
+           (1, b"stats-job 1\r\n", 1)),
+    script("half_close_behind_a_waiting_reserve_times_it_out_then_runs_what_follows",
+           (0, b"reserve\r\nlist-tube-used\r\nreserve-with-timeout 5\r\nreserve\r\n", 0),
+           Await("default", "current-waiting", 1), HalfClose(0), (0, b"", 5),
+           (1, b"stats\r\n", 1)),
+    script("half_close_after_a_pipelined_reserve_got_its_job_times_out_the_next_one",
+           (0, b"reserve\r\nreserve\r\n", 0), Await("default", "current-waiting", 1),
+           (1, put(), 1), (0, b"", 1), Await("default", "current-waiting", 1), HalfClose(0),
+           (0, b"", 2), Await("default", "current-jobs-ready", 1), (1, b"stats-job 1\r\n", 1)),
+
     # §3.7 cross-connection rules, touch, ids --------------------------------------
     script("another_connections_reserved_job_is_not_found_for_every_command",
            (0, put(), 1), (0, b"reserve\r\n", 1),

@@ -99,6 +99,18 @@ def test_a_reserve_in_flight_when_the_broker_dies_gets_internal_error(zstalk_clu
     assert waiting.read_reply(timeout=6) == b"INTERNAL_ERROR\r\n"
 
 
+def test_commands_behind_a_waiting_reserve_get_internal_error_when_the_broker_dies(
+        zstalk_cluster):
+    cluster = zstalk_cluster(fronts=1)
+    waiting = RawClient(cluster.front_addresses[0])
+    waiting.send(b"reserve\r\nput 0 0 10 2\r\nhi\r\nbad\r\nlist-tube-used\r\n")
+    waiting.expect_silence(0.3)                 # all four wait behind the reserve
+    cluster.kill_broker()
+    assert waiting.read_replies(4, timeout=6) == [
+        b"INTERNAL_ERROR\r\n", b"INTERNAL_ERROR\r\n", b"UNKNOWN_COMMAND\r\n",
+        b"INTERNAL_ERROR\r\n"]
+
+
 def test_commands_wait_for_an_unreachable_broker_then_answer_internal_error(zstalk_cluster):
     cluster = zstalk_cluster(fronts=1, front_args=["--hold-s", "1"])
     c = RawClient(cluster.front_addresses[0])

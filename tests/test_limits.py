@@ -94,3 +94,20 @@ def test_a_pipelined_flood_is_answered_completely_and_in_order(zstalk_factory, r
     replies = c.read_replies(2 * n, timeout=60)
     assert replies[0::2] == [b"INSERTED %d\r\n" % i for i in range(1, n + 1)]
     assert set(replies[1::2]) == {b"UNKNOWN_COMMAND\r\n"}
+
+
+@pytest.mark.parametrize("placement", [[], ["--fronts", "1"]], ids=["one-process", "front-process"])
+def test_thousands_of_commands_behind_a_waiting_reserve_are_answered_in_order_after_it(
+        zstalk_factory, placement):
+    server = zstalk_factory(extra_args=placement)
+    n = 5000        # past the 1,024 a connection may have in flight: the front stops reading
+    waiting = RawClient(server.address)
+    waiting.send(b"reserve\r\n" + b"".join(b"put 0 0 10 1\r\n%d\r\n" % (i % 10)
+                                          for i in range(n)))
+    waiting.expect_silence(0.3)
+    with RawClient(server.address) as producer:
+        producer.send(b"put 0 0 10 4\r\nwake\r\n")
+        assert producer.read_reply() == b"INSERTED 1\r\n"
+    replies = waiting.read_replies(n + 1, timeout=30)
+    assert replies[0] == b"RESERVED 1 4\r\nwake\r\n"
+    assert replies[1:] == [b"INSERTED %d\r\n" % i for i in range(2, n + 2)]
