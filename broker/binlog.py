@@ -348,7 +348,8 @@ class Binlog:
             state, key = wf.S_BURIED, job.deadline
         return wf.Image(job.id, job.tube.name, job.pri, job.delay_s, job.ttr_s,
                         job.created + self.wall_offset, state, key,
-                        tuple(job.counts) if job.counts else _NO_COUNTS, job.body)
+                        tuple(job.counts[:len(COUNTERS)]) if job.counts else _NO_COUNTS,
+                        job.body)
 
     def log_put(self, job: Job) -> None:
         """A new job (its space was reserved by reserve_put)."""

@@ -201,7 +201,8 @@ class Commands:
         """peek-* look at the used tube only, paused or not (§3.8)."""
         self.counters["cmd-peek-ready"] += 1
         t = s.use
-        return self._found(s, self.queue.jobs[key_id(t.ready[0])] if t.ready else None)
+        top = t.ready.top
+        return self._found(s, None if top is None else self.queue.jobs[key_id(top)])
 
     def peek_delayed(self, s: Session, op, now):
         self.counters["cmd-peek-delayed"] += 1

@@ -124,7 +124,7 @@ class Broker(PoolCommands, CounterCommands, Commands):
             # session that reserved it since can ask for it: see _reconcile)
             job.seg = seq
             if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
-                job.counts = list(rec[8:13])
+                job.set_counts(rec[8:13])
             size += len(body)
             jobs.append(job)
         q.load(jobs)

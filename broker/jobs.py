@@ -11,8 +11,10 @@ Job states and the commands that move a job between them (beanstalkd protocol.tx
     any state --delete--> gone (RESERVED only by its holder)
 
 Ordering keys live here and nowhere else:
-  * ready jobs of a tube: an int key `pri << 64 | id`, so plain int comparison gives
-    beanstalkd's (pri, id) order; kept in a SortedList.
+  * ready jobs of a tube: a `ReadySet`, the distinct priorities sorted and per priority
+    the job ids sorted, so no job carries a key object of its own; a tube's first job is
+    published as the int key `pri << 64 | id` (plain int comparison gives beanstalkd's
+    (pri, id) order across tubes).
   * delayed jobs: `(deadline, id)` in the tube's SortedList (for peek-delayed and kick)
     and in the broker's global timer list.
   * buried jobs: a dict in bury order (FIFO with O(1) removal), as beanstalkd's list.
@@ -45,36 +47,157 @@ COUNTERS = ("reserves", "timeouts", "releases", "buries", "kicks")
 RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS = range(len(COUNTERS))
 
 
+#: where Job.counts keeps the session holding a RESERVED job (a reserved job has counts)
+_HOLDER = len(COUNTERS)
+#: (delay_s, ttr_s) pairs shared by every job that has them; past this many distinct
+#: pairs new ones are not remembered (each such job then has its own tuple)
+_TIMES_MAX = 4096
+_times: dict[tuple[int, int], tuple[int, int]] = {}
+
+
+def shared_times(delay_s: int, ttr_s: int) -> tuple[int, int]:
+    pair = (delay_s, ttr_s)
+    known = _times.get(pair)
+    if known is not None:
+        return known
+    if len(_times) < _TIMES_MAX:
+        _times[pair] = pair
+    return pair
+
+
 class Job:
-    # A million waiting jobs is a normal day: every slot costs 8 MB. The five counters
-    # live in one list made on first use, so a job that only waits costs one slot.
-    __slots__ = ("id", "tube", "pri", "delay_s", "ttr_s", "body", "state", "created",
-                 "deadline", "holder", "counts", "seg")
+    """One job.  A million waiting jobs is a normal day and every slot costs 8 MB, so a
+    ready job carries only what every job needs (10 slots: 112 bytes with the object
+    headers, 12 would round up to 128): the five counters and the holder of a reserved
+    job live in one list made on first use (`counts`), and delay and ttr in a pair
+    shared by all jobs put with the same ones (`times`)."""
+    __slots__ = ("id", "tube", "pri", "times", "body", "state", "created", "deadline",
+                 "counts", "seg")
 
     def __init__(self, job_id: int, tube: "Tube", pri: int, delay_s: int, ttr_s: int,
                  body: bytes, now: float) -> None:
         self.id = job_id
         self.tube = tube
         self.pri = pri
-        self.delay_s = delay_s
-        self.ttr_s = ttr_s
+        self.times = shared_times(delay_s, ttr_s)
         self.body = body
         self.state = READY
         self.created = now
         # the job's place within its state: due time when DELAYED, TTR expiry when
         # RESERVED, bury sequence number when BURIED (a binlog restores bury order by it)
         self.deadline = 0.0
-        self.holder = None      # the Session holding it when RESERVED
-        self.counts: list[int] | None = None
+        self.counts: list | None = None     # COUNTERS, then the holder (None: all 0, none)
         self.seg = 0            # binlog segment holding its latest full record (0: none)
+
+    @property
+    def delay_s(self) -> int:
+        return self.times[0]
+
+    @delay_s.setter
+    def delay_s(self, delay_s: int) -> None:
+        self.times = shared_times(delay_s, self.times[1])
+
+    @property
+    def ttr_s(self) -> int:
+        return self.times[1]
+
+    @property
+    def holder(self):
+        """The Session holding the job while it is RESERVED, else None."""
+        counts = self.counts
+        return None if counts is None else counts[_HOLDER]
+
+    @holder.setter
+    def holder(self, session) -> None:
+        if self.counts is None:
+            if session is None:
+                return
+            self.counts = [0] * len(COUNTERS) + [None]
+        self.counts[_HOLDER] = session
+
+    def set_counts(self, counts) -> None:
+        """Counters from a binlog record (never held: nothing is reserved at start)."""
+        self.counts = [*counts, None]
 
     def bump(self, counter: int) -> None:
         if self.counts is None:
-            self.counts = [0] * len(COUNTERS)
+            self.counts = [0] * len(COUNTERS) + [None]
         self.counts[counter] += 1
 
     def count(self, counter: int) -> int:
         return self.counts[counter] if self.counts else 0
+
+
+class ReadySet:
+    """The ready jobs of one tube, (pri, id) smallest first, at no cost per job beyond a
+    pointer: the ids stored are the jobs' own int objects (a million ready jobs would
+    otherwise carry a million 32-48 byte keys).
+
+    `pris` holds the distinct priorities; `by_pri[pri]` is a bare id while one job has
+    that priority, and a SortedList of ids from the second on (kept until it empties).
+    `top` is the key of the first job, or None when empty."""
+    __slots__ = ("pris", "by_pri", "n", "top")
+
+    def __init__(self) -> None:
+        self.pris = SortedList()
+        self.by_pri: dict[int, int | SortedList] = {}
+        self.n = 0
+        self.top: int | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def add(self, pri: int, job_id: int) -> bool:
+        """Add a job; True if it is the new first one."""
+        by_pri = self.by_pri
+        ids = by_pri.get(pri)
+        if ids is None:
+            by_pri[pri] = job_id
+            self.pris.add(pri)
+        elif type(ids) is int:
+            by_pri[pri] = SortedList((ids, job_id))
+        else:
+            ids.add(job_id)
+        self.n += 1
+        key = ready_key(pri, job_id)
+        if self.top is None or key < self.top:
+            self.top = key
+            return True
+        return False
+
+    def remove(self, pri: int, job_id: int) -> bool:
+        """Remove a job; True if it was the first one (`top` has moved on)."""
+        by_pri = self.by_pri
+        ids = by_pri[pri]
+        if type(ids) is int or len(ids) == 1:
+            del by_pri[pri]
+            self.pris.remove(pri)
+        else:
+            ids.remove(job_id)
+        self.n -= 1
+        if self.top != ready_key(pri, job_id):
+            return False
+        if self.n:
+            first = self.pris[0]
+            ids = by_pri[first]
+            self.top = ready_key(first, ids if type(ids) is int else ids[0])
+        else:
+            self.top = None
+        return True
+
+    def fill(self, jobs: list) -> None:
+        """Bulk-add jobs to an empty set (a binlog replay): one sort, no inserts."""
+        groups: dict[int, list[int]] = {}
+        for job in jobs:
+            groups.setdefault(job.pri, []).append(job.id)
+        for pri, ids in groups.items():
+            self.by_pri[pri] = ids[0] if len(ids) == 1 else SortedList(ids)
+        self.pris.update(groups)
+        self.n = len(jobs)
+        if jobs:
+            first = self.pris[0]
+            ids = self.by_pri[first]
+            self.top = ready_key(first, ids if type(ids) is int else ids[0])
 
 
 class Tube:
@@ -85,7 +208,7 @@ class Tube:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.ready = SortedList()       # ready_key ints
+        self.ready = ReadySet()
         self.delayed = SortedList()     # (deadline, id)
         self.buried: dict[int, Job] = {}
         self.urgent = 0                 # ready jobs with pri < URGENT_PRI

@@ -26,7 +26,7 @@ from typing import Callable
 from sortedcontainers import SortedList
 
 from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVES, TIMEOUTS, URGENT_PRI,
-                   Job, Session, Tube, key_id, ready_key)
+                   Job, Session, Tube, key_id)
 
 SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
 _FEW_TUBES = 8          # watch lists up to this size are scanned directly
@@ -79,33 +79,31 @@ class Queue:
     # -- ready set -----------------------------------------------------------------
     def _ready_add(self, job: Job) -> None:
         t = job.tube
-        key = ready_key(job.pri, job.id)
-        old_top = t.ready[0] if t.ready else None
-        t.ready.add(key)
+        ready = t.ready
+        old_top = ready.top
         if job.pri < URGENT_PRI:
             t.urgent += 1
         job.state = READY
-        if not t.unpause_at and (old_top is None or key < old_top):
+        if ready.add(job.pri, job.id) and not t.unpause_at:
             if old_top is not None:
                 self.tops.remove((old_top, t))
-            self.tops.add((key, t))
+            self.tops.add((ready.top, t))
 
     def _ready_remove(self, job: Job) -> None:
         t = job.tube
-        key = ready_key(job.pri, job.id)
-        was_top = t.ready[0] == key
-        t.ready.remove(key)
+        ready = t.ready
+        old_top = ready.top
         if job.pri < URGENT_PRI:
             t.urgent -= 1
-        if was_top and not t.unpause_at:
-            self.tops.remove((key, t))
-            if t.ready:
-                self.tops.add((t.ready[0], t))
+        if ready.remove(job.pri, job.id) and not t.unpause_at:
+            self.tops.remove((old_top, t))
+            if ready.top is not None:
+                self.tops.add((ready.top, t))
 
     def make_ready(self, job: Job, now: float) -> None:
         """Enter READY and hand the job to a waiter of its tube if there is one."""
         t = job.tube
-        if t.waiting and not t.unpause_at and not t.ready:
+        if t.waiting and not t.unpause_at and t.ready.top is None:
             # by the invariant a tube with waiters has no ready job, so this one is what
             # _serve_waiters would pick: hand it over without the sorted containers
             session = next(iter(t.waiting))
@@ -118,9 +116,9 @@ class Queue:
             self._serve_waiters(t, now)
 
     def _serve_waiters(self, t: Tube, now: float) -> None:
-        while t.waiting and t.ready and not t.unpause_at:
+        while t.waiting and t.ready.top is not None and not t.unpause_at:
             session = next(iter(t.waiting))
-            job = self.jobs[key_id(t.ready[0])]
+            job = self.jobs[key_id(t.ready.top)]
             self.stop_waiting(session)
             self._ready_remove(job)
             self.reserve(session, job, now)
@@ -164,16 +162,16 @@ class Queue:
             self.jobs[job.id] = job
             t = job.tube
             if job.state == READY:
-                ready.setdefault(t, []).append(ready_key(job.pri, job.id))
+                ready.setdefault(t, []).append(job)
                 t.urgent += job.pri < URGENT_PRI
             elif job.state == DELAYED:
                 delayed.append((job.deadline, job.id))
             else:
                 buried.append(job)
-        for t, keys in ready.items():
-            t.ready.update(keys)
+        for t, tube_jobs in ready.items():
+            t.ready.fill(tube_jobs)
             if not t.unpause_at:
-                self.tops.add((t.ready[0], t))
+                self.tops.add((t.ready.top, t))
         for key in delayed:
             self.jobs[key[1]].tube.delayed.add(key)
         self.delayed_due.update(delayed)
@@ -228,8 +226,8 @@ class Queue:
         if len(session.watch) <= _FEW_TUBES:
             best = None
             for t in session.watch:
-                if t.ready and not t.unpause_at:
-                    k = t.ready[0]
+                k = t.ready.top
+                if k is not None and not t.unpause_at:
                     if best is None or k < best:
                         best = k
             return None if best is None else self.jobs[key_id(best)]
@@ -293,8 +291,8 @@ class Queue:
     def pause(self, t: Tube, delay_s: int, now: float) -> None:
         if t.unpause_at:
             self.paused.remove((t.unpause_at, t.name))
-        elif t.ready:
-            self.tops.remove((t.ready[0], t))
+        elif t.ready.top is not None:
+            self.tops.remove((t.ready.top, t))
         t.pause_s = delay_s
         # pause 0 ends at the next expire (beanstalkd: 1 ns), waking waiters at once
         t.unpause_at = now + delay_s
@@ -304,8 +302,8 @@ class Queue:
         self.paused.remove((t.unpause_at, t.name))
         t.unpause_at = 0.0
         t.pause_s = 0
-        if t.ready:
-            self.tops.add((t.ready[0], t))
+        if t.ready.top is not None:
+            self.tops.add((t.ready.top, t))
             self._serve_waiters(t, now)
 
     # -- timers --------------------------------------------------------------------
