@@ -2,17 +2,19 @@
 """Benchmark zstalk against beanstalkd with the same load from the same generator.
 
 Usage:
-    .venv/bin/python scripts/bench_beanstalk.py [--quick] [--rows 1,2,3,4,5,6,7]
+    .venv/bin/python scripts/bench_beanstalk.py [--quick] [--rows 1,2,3,4,5,6,7,8,9]
         [--fronts N] [--json PATH] [--jobs-for-memory N] [--repeats N]
         [--window N] [--gen-procs N] [--one-put-count N] [--one-cycle-count N]
+        [--latency-count N]
 
 --fronts 0 (the default, as for `zstalk serve`) runs zstalk's fronts in the broker's
 process; --fronts N runs N front processes.  The header and the footer say which.
+Row 9 runs zstalk both ways (--fronts 0 and --fronts 1) whatever --fronts says.
 
 Method
 ------
 Both servers run on 127.0.0.1 on ports this script picks (bind to port 0, release).
-Every measurement that holds state (rows 1-3, 6) gets a fresh server process, so jobs left
+Every measurement that holds state (rows 1-3, 6, 8, 9) gets a fresh server process, so jobs left
 by one measurement never weigh on the next.  Runs alternate between the two servers
 (beanstalkd then zstalk, then zstalk then beanstalkd on the next repetition), so noise
 from other tenants of this shared 2-core machine hits both alike.  Throughput rows take
@@ -82,6 +84,36 @@ The load generator is plain Python on raw sockets, built to cost as little as po
   `zstalk serve -l 127.0.0.1 -p PORT --counter-port 0 --worker-bind none` (plus
   `--fronts N` when N > 0), and, as an informational line, as `zstalkd -l 127.0.0.1 -p
   PORT` (from the directory of --zstalk).  Python's fork+exec is in every figure.
+* Row 8, the pipelines clients use: 32 commands in flight per connection (what an
+  asynchronous client with a bounded pipeline keeps), and many connections with one
+  command each (a pool of synchronous workers).  (a) put, 8 connections, 32 in flight:
+  the row-1 loop with a window of 32 (--put-count puts; 20000 with --quick).  (b)
+  reserve -> delete, 8 connections, 32 in flight: the server is filled first as in row 2
+  (--work-count + 100 jobs; 3000 + 100 with --quick); each connection sends min(32, its
+  quota) `reserve`s; on each `RESERVED <id> <n>` (+ body, checked) it sends `delete
+  <id>`; on each DELETED it sends one more `reserve` while it has sent fewer than its
+  quota, so ~32 commands stay in flight.  SO_RCVLOWAT wakes the loop for the next
+  reply, no later (DELETED while a delete is outstanding, else a whole RESERVED; the
+  rest of a partial reply): waiting for more, as row 1 does, stalled beanstalkd, which
+  writes every reply as its own segment.  (c) the same loop with 1 in flight, 50
+  connections: `reserve`, on RESERVED `delete <id>`, on DELETED the next `reserve`
+  (row 2 sends delete and the next reserve in one write; this does not); low-water
+  mark 1.  Rate = deletes/s; the ready count is checked with `stats` afterwards as in
+  row 2.  Best of the repetitions, fresh server per run, --gen-procs applies.
+* Row 9, request latency: the round trip of each request of one connection sending one
+  command at a time (blocking socket, TCP_NODELAY, as row 6): `put 0 0 60 100` +
+  100-byte body, the INSERTED line read whole, each request timed with
+  time.perf_counter() from just before sendall() to the reply's \\r\\n; N requests
+  (--latency-count, default 2000; 500 with --quick); p50 and p99 in ms.  (i) idle; (ii)
+  under load: a forked process keeps 8 connections x 32 pipelined puts in flight (the
+  row-1 loop, in rounds of 2000 puts per connection, each round ending with all its
+  replies in, until told to stop between rounds) from 0.2 s before the first probe
+  request to the last.  Three servers: beanstalkd, zstalk with its fronts in the
+  broker's process (`--fronts 0`) and zstalk with one front process (`--fronts 1`: the
+  round trip through a remote front).  Fresh server per measurement; the order of the
+  three servers is reversed every other repetition; the lowest p50 / p99 of the
+  repetitions is reported.  On this 2-core machine the load generator, the server
+  and the probe share two cores, so the under-load figures include waiting for a CPU.
 
 Generator check: every load run records the generator's own CPU seconds
 (time.process_time(), summed over generator processes with --gen-procs) and wall
@@ -645,6 +677,134 @@ def _work_loop(socks, quotas, time_cap: float) -> dict:
                 t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped, errors=errors)
 
 
+DELETED_LEN = len(b"DELETED\r\n")
+
+
+def _depth_work_loop(socks, quotas, depth: int, time_cap: float) -> dict:
+    """reserve -> delete cycles with `depth` commands in flight per connection: first
+    min(depth, quota) reserves; each RESERVED gets `delete <id>`, each DELETED one more
+    `reserve` while fewer than the quota were sent.  Counts DELETED."""
+    sel = selectors.DefaultSelector()
+    conns = []
+    for s, q in zip(socks, quotas):
+        c = _Conn()
+        c.sock, c.quota, c.sent, c.reserved, c.lines, c.done = s, q, 0, 0, 0, q == 0
+        c.buf, c.out, c.wmode, c.lowat = bytearray(), bytearray(), False, 1
+        conns.append(c)
+        if not c.done:
+            sel.register(s, selectors.EVENT_READ, c)
+            set_lowat(s, 1)
+    errors = []
+    body_bad = 0
+
+    def flush(c):
+        if c.out:
+            try:
+                k = c.sock.send(c.out)
+            except BlockingIOError:
+                k = 0
+            del c.out[:k]
+        want = bool(c.out)
+        if want != c.wmode:
+            c.wmode = want
+            sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), c)
+
+    def tune(c, need):
+        # Wake for the next reply, no later: `need` more bytes of a partial reply in hand,
+        # else the shortest reply that can come next (DELETED while a delete is
+        # outstanding, else a whole RESERVED).  Waiting for more (half of what is in
+        # flight, as _put_loop does) stalled beanstalkd here (~25k instead of ~85k
+        # deletes/s, both processes mostly idle): it writes every reply as its own small
+        # segment, and those seem to wait for ACKs that we delay while below the mark.
+        if c.buf:
+            want = need
+        else:
+            want = DELETED_LEN if c.reserved > c.lines else MIN_RESERVED
+        if want != c.lowat:
+            c.lowat = want
+            set_lowat(c.sock, want)
+
+    # depth 1: one reply outstanding, which the servers write whole: a low-water mark of
+    # 1 (set above) saves a setsockopt per reply
+    tuned = depth > 1
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline = t0 + time_cap
+    active = 0
+    for c in conns:
+        if not c.done:
+            c.sent = min(depth, c.quota)
+            c.out += b"reserve\r\n" * c.sent
+            flush(c)
+            if tuned:
+                tune(c, 1)
+            active += 1
+    capped = False
+    while active:
+        now = time.monotonic()
+        if now >= deadline:
+            capped = True
+            break
+        for key, ev in sel.select(min(0.5, deadline - now)):
+            c = key.data
+            if ev & selectors.EVENT_READ:
+                data = _receive(c, sel, errors, f"{c.lines} deletes")
+                if data == b"":
+                    active -= 1
+                    continue
+                if data:
+                    buf = c.buf
+                    buf += data
+                    pos = 0
+                    need = 1
+                    while True:
+                        i = buf.find(b"\r\n", pos)
+                        if i < 0:
+                            break
+                        if buf.startswith(b"RESERVED ", pos):
+                            parts = buf[pos + 9:i].split(b" ")
+                            n = int(parts[1])
+                            end = i + 2 + n + 2
+                            if len(buf) < end:
+                                need = end - len(buf)
+                                break
+                            if n != BODY_LEN or buf[i + 2:i + 2 + n] != BODY \
+                                    or buf[end - 2:end] != b"\r\n":
+                                body_bad += 1
+                            pos = end
+                            c.reserved += 1
+                            c.out += b"delete %s\r\n" % parts[0]
+                        elif buf.startswith(b"DELETED\r\n", pos):
+                            c.lines += 1
+                            pos = i + 2
+                            if c.sent < c.quota:
+                                c.sent += 1
+                                c.out += b"reserve\r\n"
+                        else:
+                            line = bytes(buf[pos:i])
+                            pos = i + 2
+                            if len(errors) < 10:
+                                errors.append(f"unexpected reply {line[:80]!r}")
+                            c.done = True
+                    if pos:
+                        del buf[:pos]
+                    if c.lines >= c.quota or c.done:
+                        sel.unregister(c.sock)
+                        c.done = True
+                        active -= 1
+                        if c.lowat != 1:
+                            set_lowat(c.sock, 1)
+                        continue
+                    if tuned:
+                        tune(c, need)
+            flush(c)
+    t1, cpu1 = time.monotonic(), time.process_time()
+    sel.close()
+    if body_bad:
+        errors.append(f"{body_bad} RESERVED replies had a wrong body")
+    return dict(count=sum(c.lines for c in conns), replies=sum(c.reserved for c in conns),
+                t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped, errors=errors)
+
+
 def _split(total: int, parts: int) -> list[int]:
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -653,7 +813,11 @@ def _split(total: int, parts: int) -> list[int]:
 def _loop_for(kind, socks, quotas, window, time_cap):
     if kind == "put":
         return _put_loop(socks, quotas, window, time_cap)
-    return _work_loop(socks, quotas, time_cap)
+    if kind.startswith("work") and kind[4:].isdigit():      # "work32": depth 32
+        return _depth_work_loop(socks, quotas, int(kind[4:]), time_cap)
+    if kind == "work":
+        return _work_loop(socks, quotas, time_cap)
+    raise ValueError(f"unknown load kind {kind!r}")
 
 
 def _child_main(pipe, go, kind, addr, quotas, window, time_cap):
@@ -673,7 +837,9 @@ def _child_main(pipe, go, kind, addr, quotas, window, time_cap):
 
 def run_load(addr, kind: str, n_conns: int, total: int, window: int, time_cap: float,
              gen_procs: int = 1) -> dict:
-    """Drive `total` puts ("put") or worker cycles ("work") over n_conns connections."""
+    """Drive `total` puts ("put"), worker cycles ("work", delete+reserve in one write) or
+    reserve -> delete cycles with D commands in flight per connection ("workD", e.g.
+    "work32", "work1") over n_conns connections."""
     quotas = _split(total, n_conns)
     procs = max(1, min(gen_procs, n_conns))
     if procs == 1:
@@ -790,6 +956,90 @@ def one_at_a_time(addr, kind: str, n: int, time_cap: float) -> dict:
                 errors=errors)
 
 
+def request_latency(addr, n: int, time_cap: float) -> dict:
+    """Row 9 probe: one blocking connection, n puts one at a time; each request's round
+    trip (sendall of the put to its whole INSERTED line) timed with perf_counter()."""
+    sock = socket.create_connection(addr, timeout=15)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    send, recv, clock = sock.sendall, sock.recv, time.perf_counter
+    lat, bad, errors, capped = [], [], [], False
+    deadline = time.monotonic() + time_cap
+    try:
+        for i in range(n):
+            if i & 63 == 63 and time.monotonic() >= deadline:
+                capped = True
+                break
+            t = clock()
+            send(PUT_CMD)
+            r = recv(RECV_SIZE)
+            while not r.endswith(b"\r\n"):
+                d = recv(RECV_SIZE)
+                if not d:
+                    raise EOFError(f"server closed the connection after {len(lat)} puts")
+                r += d
+            dt = clock() - t
+            if r.startswith(b"INSERTED ") and r.find(b"\n") == len(r) - 1:
+                lat.append(dt * 1000.0)
+            else:
+                bad.append(r[:80])
+    except (OSError, EOFError) as exc:
+        errors.append(f"after {len(lat)} puts: {exc!r}")
+    sock.close()
+    if bad:
+        errors.append(f"{len(bad)} unexpected replies, e.g. {bad[:3]!r}")
+    return dict(count=len(lat), p50=pct(lat, 50) if lat else None,
+                p99=pct(lat, 99) if lat else None, max=max(lat) if lat else None,
+                mean=sum(lat) / len(lat) if lat else None, capped=capped, errors=errors,
+                lat_ms=[round(x, 4) for x in lat])
+
+
+def _bg_put_main(pipe, go, stop, addr, n_conns: int, window: int, time_cap: float,
+                 chunk: int = 2000):
+    """Row 9 background load (a forked process): pipelined puts on n_conns connections,
+    `window` in flight each, until `stop` is set (or time_cap).  _put_loop runs in rounds
+    of `chunk` puts per connection, each round ending with all its replies in; `stop` is
+    looked at between rounds."""
+    try:
+        socks = _connect_many(addr, n_conns)
+    except BaseException as exc:
+        pipe.send(dict(count=0, errors=[f"load process: {exc!r}"]))
+        pipe.close()
+        return
+    pipe.send("ready")
+    count = replies = rounds = 0
+    cpu, errors, hit_cap = 0.0, [], False
+    go.wait(60)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    deadline = t0 + time_cap
+    try:
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hit_cap = True
+                break
+            r = _put_loop(socks, [chunk] * n_conns, window, left)
+            count += r["count"]
+            replies += r["replies"]
+            rounds += 1
+            errors += r["errors"]
+            if r["capped"] or r["errors"]:
+                hit_cap = hit_cap or r["capped"]
+                break
+            for s in socks:                   # _put_loop starts from a low-water mark of 1
+                set_lowat(s, 1)
+    except BaseException as exc:
+        errors.append(f"load process: {exc!r}")
+    t1, cpu1 = time.monotonic(), time.process_time()
+    for s in socks:
+        s.close()
+    wall = t1 - t0
+    pipe.send(dict(count=count, replies=replies, rounds=rounds, wall=wall,
+                   rate=count / wall if wall > 0 else 0.0,
+                   gen_cpu_share=(cpu1 - cpu0) / wall if wall > 0 else 0.0,
+                   hit_time_cap=hit_cap, errors=errors))
+    pipe.close()
+
+
 def exec_to_first_reply(srv: Server, cap: float = 10.0) -> dict:
     """Row 7: start `srv`'s command, retry connect() every 1 ms, then one put; ms from just
     before Popen to the first accepted connection and to the INSERTED reply."""
@@ -894,6 +1144,12 @@ class Bench:
                 zs_bin, "serve", "-l", HOST, "-p", str(port), "--fronts", str(self.fronts)],
                 "zstalk"),
         }
+        # row 9: both placements of the fronts, whatever --fronts says (names outside
+        # self.orders(): row 9 orders its three servers itself)
+        for nf in (0, 1):
+            self.factories[f"zstalk-f{nf}"] = (lambda nf=nf: Server("zstalk", lambda port: [
+                zs_bin, "serve", "-l", HOST, "-p", str(port), "--fronts", str(nf)],
+                f"zstalk --fronts {nf}"))
         # row 7: the commands as a user would type them (no counter front, no worker endpoint)
         zstalkd = str(Path(zs_bin).parent / "zstalkd")
         self.exec_factories = {
@@ -907,7 +1163,7 @@ class Bench:
         }
         self.notes: list[str] = []
         self.results: dict = {}
-        self.start_times = {"beanstalkd": [], "zstalk": []}
+        self.start_times = {"beanstalkd": [], "zstalk": [], "zstalk-f0": [], "zstalk-f1": []}
 
     def orders(self, reps):
         for r in range(reps):
@@ -1342,6 +1598,129 @@ class Bench:
                     log(f"  {where}: ERROR {res['errors']}")
         self.results["exec"] = out
 
+    # Row 8 -----------------------------------------------------------------
+    def row_pipe(self):
+        a = self.args
+        puts = 20000 if self.quick else a.put_count
+        cycles = 3000 if self.quick else a.work_count
+        # (label, load kind, connections, in flight per connection, count, time cap)
+        variants = [("put8x32", "put", 8, 32, puts, 4.0 if self.quick else 15.0),
+                    ("work8x32", "work32", 8, 32, cycles, 4.0 if self.quick else 8.0),
+                    ("work50x1", "work1", 50, 1, cycles, 4.0 if self.quick else 8.0)]
+        out = {}
+        for r, order in self.orders(a.repeats):
+            for label, kind, nc, depth, total, cap in variants:
+                for name in order:
+                    where = f"row8 {label} rep={r} {name}"
+                    srv = self.fresh(name)
+                    try:
+                        if kind == "put":
+                            res = timed_load(srv, "put", nc, total, depth, cap,
+                                             gen_procs=a.gen_procs)
+                        else:
+                            filled = fill(srv, total + 100, a.window, 120.0,
+                                          gen_procs=a.gen_procs)
+                            res = timed_load(srv, kind, nc, total, depth, cap,
+                                             gen_procs=a.gen_procs)
+                            res["fill_rate"] = filled["rate"]
+                            c = Client(srv.addr)
+                            st = c.stats()
+                            c.close()
+                            res["ready_after"] = int(st.get("current-jobs-ready", -1))
+                            # (a capped run may leave deletes in flight)
+                            if not res["capped"] and \
+                                    res["ready_after"] != total + 100 - res["count"]:
+                                res["errors"].append(
+                                    f"ready after = {res['ready_after']}, expected "
+                                    f"{total + 100 - res['count']}")
+                    except Exception as exc:
+                        res = dict(rate=None, errors=[repr(exc)])
+                    finally:
+                        self.finish(srv, where)
+                    out.setdefault(label, {}).setdefault(name, []).append(res)
+                    self._report(where, res, "puts/s" if kind == "put" else "deletes/s")
+        self.results["pipe"] = out
+
+    # Row 9 -----------------------------------------------------------------
+    LAT_NAMES = ("beanstalkd", "zstalk-f0", "zstalk-f1")
+
+    def row_latency(self):
+        a = self.args
+        n = 500 if self.quick else a.latency_count
+        cap = 30.0 if self.quick else 120.0
+        names = list(self.LAT_NAMES)
+        out = {"requests": n, "load_desc": "8 conns x 32 pipelined puts, another process"}
+        for r in range(a.repeats):
+            order = names if r % 2 == 0 else names[::-1]
+            for cond in ("idle", "load"):
+                for name in order:
+                    where = f"row9 latency {cond} rep={r} {name}"
+                    srv = self.fresh(name)
+                    try:
+                        if cond == "idle":
+                            c0, w0 = srv.cpu_s(), time.monotonic()
+                            res = request_latency(srv.addr, n, cap)
+                            res["server_cpu_share"] = ((srv.cpu_s() - c0)
+                                                       / (time.monotonic() - w0))
+                        else:
+                            res = self._latency_under_load(srv, n, cap)
+                        if res["count"] < n and not res["errors"]:
+                            res["errors"].append(f"only {res['count']} of {n} requests")
+                    except Exception as exc:
+                        res = dict(p50=None, p99=None, errors=[repr(exc)])
+                    finally:
+                        self.finish(srv, where)
+                    out.setdefault(cond, {}).setdefault(name, []).append(res)
+                    if res.get("p50") is None:
+                        log(f"  {where}: ERROR {res.get('errors')}")
+                        continue
+                    ld = res.get("load")
+                    log(f"  {where}: p50 {res['p50']:.3f} ms, p99 {res['p99']:.3f} ms, max "
+                        f"{res['max']:.2f} ms ({res['count']} puts"
+                        f"{', CAPPED' if res.get('capped') else ''}), server cpu "
+                        f"{res['server_cpu_share']:.2f}"
+                        + (f"; load {ld['rate']:,.0f} puts/s, load gen cpu "
+                           f"{ld['gen_cpu_share']:.2f}" if ld else "")
+                        + (f" ERR {res['errors']}" if res["errors"] else ""))
+        self.results["latency"] = out
+        log(latency_table(out, a.repeats))
+
+    def _latency_under_load(self, srv, n, cap):
+        """The row-9 probe while another process keeps 8 connections x 32 puts in flight."""
+        ctx = multiprocessing.get_context("fork")
+        go, stop = ctx.Event(), ctx.Event()
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_bg_put_main,
+                        args=(theirs, go, stop, srv.addr, 8, 32, cap + 30.0))
+        p.start()
+        try:
+            if not mine.poll(30):
+                raise RuntimeError("load process did not get ready")
+            msg = mine.recv()
+            if msg != "ready":
+                raise RuntimeError(f"load process: {msg.get('errors')}")
+            c0, w0 = srv.cpu_s(), time.monotonic()
+            go.set()
+            time.sleep(0.2)                  # the load up to speed before the first probe
+            res = request_latency(srv.addr, n, cap)
+            stop.set()
+            if not mine.poll(60):
+                raise RuntimeError("load process did not report")
+            load = mine.recv()
+            res["server_cpu_share"] = (srv.cpu_s() - c0) / (time.monotonic() - w0)
+        finally:
+            stop.set()
+            go.set()
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        res["load"] = load
+        res["errors"] += [f"load: {e}" for e in load["errors"][:3]]
+        if load.get("hit_time_cap"):
+            res["errors"].append("load: ran into its time cap before the probe ended")
+        return res
+
     # ---------------------------------------------------------------------
     def _report(self, where, res, unit):
         if res.get("rate") is None:
@@ -1400,7 +1779,7 @@ def build_table(results: dict, mem_jobs: int | None) -> tuple[list[dict], dict]:
         b, z = mem.get("beanstalkd", {}), mem.get("zstalk", {})
         add(f"RSS idle (MiB)", b.get("idle_mib"), z.get("idle_mib"), fmt="{:,.1f}")
         add(f"RSS with {mem['jobs']:,} ready jobs (MiB)", b.get("rss_mib"), z.get("rss_mib"),
-            target=("ratio", "<=", 1.5), fmt="{:,.1f}",
+            target=("ratio", "<=", 1.3), fmt="{:,.1f}",
             note="" if mem["jobs"] == 1000000 else f"(--jobs-for-memory {mem['jobs']})")
         add(f"  fill time for {mem['jobs']:,} jobs (s)", b.get("fill_s"), z.get("fill_s"),
             fmt="{:,.1f}")
@@ -1444,6 +1823,26 @@ def build_table(results: dict, mem_jobs: int | None) -> tuple[list[dict], dict]:
             d = one.get(kind, {})
             add(f"one at a time, 1 conn: {label}", best(d.get("beanstalkd", [])),
                 best(d.get("zstalk", [])), target=("ratio", ">=", 0.7))
+    pipe = results.get("pipe")
+    if pipe:
+        for key, label, goal in (
+                ("put8x32", "32 in flight, 8 conn: put (puts/s)", 1.2),
+                ("work8x32", "32 in flight, 8 conn: reserve+delete (deletes/s)", 1.0),
+                ("work50x1", "1 in flight, 50 conn: reserve+delete (deletes/s)", 0.8)):
+            d = pipe.get(key, {})
+            add(label, best(d.get("beanstalkd", [])), best(d.get("zstalk", [])),
+                target=("ratio", ">=", goal))
+    lat = results.get("latency")
+    if lat:
+        for cond, label in (("idle", "idle"), ("load", "under load")):
+            d = lat.get(cond, {})
+            for stat in ("p50", "p99"):
+                b = best(d.get("beanstalkd", []), stat, lowest=True)
+                for zn, zl in (("zstalk-f0", "--fronts 0"), ("zstalk-f1", "--fronts 1")):
+                    goal = ("zstalk", "<=", 0.15) if (cond, stat, zn) == (
+                        "idle", "p50", "zstalk-f1") else None
+                    add(f"put round trip, {label}, {stat} (ms); zstalk {zl}", b,
+                        best(d.get(zn, []), stat, lowest=True), fmt="{:.3f}", target=goal)
     ex = results.get("exec")
     if ex:
         med = {n: {k: median([s.get(k) for s in ex.get(n, [])]) for k in ("first_ms", "listen_ms")}
@@ -1487,11 +1886,35 @@ def render(rows) -> tuple[str, str]:
     return "\n".join(lines), "\n".join(md)
 
 
+def latency_table(lat: dict, repeats: int) -> str:
+    """Row 9's three servers side by side: lowest p50 / p99 of the repetitions."""
+    names = Bench.LAT_NAMES
+    header = ["put round trip (ms)", "beanstalkd", "zstalk --fronts 0", "ratio",
+              "zstalk --fronts 1", "ratio"]
+    body = []
+    for cond, label in (("idle", "idle"), ("load", "under load")):
+        for stat in ("p50", "p99"):
+            v = {n: best(lat.get(cond, {}).get(n, []), stat, lowest=True) for n in names}
+            b = v["beanstalkd"]
+            row = [f"{label}, {stat}", _fmt(b, "{:.3f}")]
+            for n in names[1:]:
+                row += [_fmt(v[n], "{:.3f}"),
+                        _fmt(v[n] / b if (b and v[n] is not None) else None, "{:.2f}x")]
+            body.append(row)
+    widths = [max(len(header[i]), *(len(r[i]) for r in body)) for i in range(len(header))]
+    lines = [f"request latency (row 9): {lat.get('requests')} puts one at a time per run, "
+             f"lowest of {repeats} run(s); load = {lat.get('load_desc')}"]
+    for r in [header, ["-" * w for w in widths]] + body:
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                               for i, c in enumerate(r)))
+    return "\n".join(lines)
+
+
 def diagnostics(results) -> str:
     """Generator / server CPU share per load row: the max over runs."""
     out = ["load generator check (cpu s / wall s; 1.00 = one full core):"]
     for row, label in (("put", "row1 put conns="), ("work", "row2 worker conns="),
-                       ("one", "row6 one at a time, 1 conn, ")):
+                       ("one", "row6 one at a time, 1 conn, "), ("pipe", "row8 ")):
         d = results.get(row)
         if not d:
             continue
@@ -1519,6 +1942,19 @@ def diagnostics(results) -> str:
         parts = [f"{n}: gen {d[n].get('gen_cpu_share', float('nan')):.2f}"
                  for n in ("beanstalkd", "zstalk") if n in d]
         out.append("  row3 fill: " + "; ".join(parts))
+    d = results.get("latency")
+    if d:
+        for cond in ("idle", "load"):
+            parts = []
+            for name, samples in d.get(cond, {}).items():
+                sv = [s["server_cpu_share"] for s in samples if s.get("server_cpu_share") is not None]
+                ld = [s["load"] for s in samples if s.get("load")]
+                if sv:
+                    parts.append(f"{name}: server {max(sv):.2f}" + (
+                        f", load {min(l['rate'] for l in ld):,.0f}-"
+                        f"{max(l['rate'] for l in ld):,.0f} puts/s, load gen "
+                        f"{max(l['gen_cpu_share'] for l in ld):.2f}" if ld else ""))
+            out.append(f"  row9 latency {cond}: " + "; ".join(parts))
     return "\n".join(out)
 
 
@@ -1527,27 +1963,31 @@ def diagnostics(results) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts, one repetition (<60 s)")
-    ap.add_argument("--rows", default="1,2,3,4,5,6,7", help="rows to run, e.g. 1,2,5")
+    ap.add_argument("--rows", default="1,2,3,4,5,6,7,8,9", help="rows to run, e.g. 1,2,5")
     ap.add_argument("--fronts", type=int, default=0,
                     help="0: fronts in the broker's process (zstalk serve's default); "
                          "N: N front processes")
     ap.add_argument("--json", help="write results as JSON to this path")
     ap.add_argument("--jobs-for-memory", type=int, default=1000000)
     ap.add_argument("--repeats", type=int, default=None,
-                    help="repetitions of rows 1, 2, 4, 6 (default 3; 1 with --quick); best taken")
-    ap.add_argument("--put-count", type=int, default=100000, help="puts per row-1 run")
-    ap.add_argument("--work-count", type=int, default=40000, help="cycles per row-2 run")
+                    help="repetitions of rows 1, 2, 4, 6, 8, 9 (default 3; 1 with --quick); "
+                         "best taken")
+    ap.add_argument("--put-count", type=int, default=100000, help="puts per row-1 run and row-8 put run")
+    ap.add_argument("--work-count", type=int, default=40000, help="cycles per row-2 run and row-8 cycle run")
     ap.add_argument("--one-put-count", type=int, default=20000,
                     help="puts per row-6 run (one command at a time)")
     ap.add_argument("--one-cycle-count", type=int, default=10000,
                     help="reserve+delete cycles per row-6 run (one command at a time)")
+    ap.add_argument("--latency-count", type=int, default=2000,
+                    help="row 9: requests per latency probe (500 with --quick)")
     ap.add_argument("--tube-jobs", type=int, default=5000, help="cycles per row-4 variant")
     ap.add_argument("--timer-jobs", type=int, default=200, help="jobs per row-5 test")
     ap.add_argument("--spacing", type=float, default=10.0, help="row 5: ms between jobs")
     ap.add_argument("--window", type=int, default=2000,
                     help="pipelined put: max outstanding commands per connection")
     ap.add_argument("--gen-procs", type=int, default=1,
-                    help="load generator processes for rows 1-3 (connections split among them)")
+                    help="load generator processes for rows 1-3, 6's fill and 8 "
+                         "(connections split among them)")
     ap.add_argument("--zstalk", default=DEFAULT_ZSTALK)
     ap.add_argument("--beanstalkd", default="/usr/bin/beanstalkd")
     args = ap.parse_args(argv)
@@ -1588,7 +2028,9 @@ def main(argv=None) -> int:
              (4, "row 4: reserve across 1000 watched tubes", bench.row_tubes),
              (5, "row 5: timer lateness", bench.row_timers),
              (6, "row 6: one command at a time, 1 connection", bench.row_one),
-             (7, "row 7: exec -> first reply", bench.row_exec)]
+             (7, "row 7: exec -> first reply", bench.row_exec),
+             (8, "row 8: pipelines clients use", bench.row_pipe),
+             (9, "row 9: request latency", bench.row_latency)]
     durations = {}
     for num, label, fn in steps:
         if num not in rows:
@@ -1621,8 +2063,14 @@ def main(argv=None) -> int:
         print(f"memory row used {mj:,} jobs" + ("" if mj == 1000000 else
                                                  " (not 1,000,000)"))
     print(f"throughput figures: best of {args.repeats} run(s), beanstalkd and zstalk runs "
-          f"alternated; fresh server per run for rows 1-3 and 6")
-    print(f"zstalk placement: --fronts {args.fronts} ({placement})")
+          f"alternated; fresh server per run for rows 1-3, 6, 8 and 9")
+    if bench.results.get("latency"):
+        print()
+        print(latency_table(bench.results["latency"], args.repeats))
+        print()
+    print(f"zstalk placement: --fronts {args.fronts} ({placement})"
+          + ("; row 9 runs --fronts 0 and --fronts 1 whatever --fronts says"
+             if 9 in rows else ""))
     print(diagnostics(bench.results))
     errs = []
     for key, d in bench.results.items():
