@@ -90,6 +90,7 @@ class LocalLink:
         self.held: list[tuple] = []         # submitted before Welcome (start() not called)
         self._gathering = False
         self._flush_scheduled = False
+        self._sent_early = False        # read_done sent this turn's first batch
         self._new_incarnation()
 
     def _new_incarnation(self) -> None:
@@ -122,8 +123,21 @@ class LocalLink:
         self._gathering = True
 
     def read_done(self) -> None:
+        """The first read of a loop turn goes to the broker at once; the reads after it in
+        the same turn (many connections ready together) go as one batch at its end, so
+        the broker's per-turn work is paid once for them all."""
         self._gathering = False
-        self.flush_now()
+        if self._sent_early:
+            if self.batch and not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._scheduled_flush)
+            return
+        if self.batch:
+            self._sent_early = True
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._scheduled_flush)
+            self.flush_now()
 
     def flush_now(self) -> None:
         if self.batch:
@@ -131,7 +145,7 @@ class LocalLink:
             self.mailbox.post(self.peer, Batch(batch))
 
     def _scheduled_flush(self) -> None:
-        self._flush_scheduled = False
+        self._flush_scheduled = self._sent_early = False
         self.flush_now()
 
     # -- broker messages (called by the actor, on our loop) ------------------------------
