@@ -10,9 +10,11 @@ same schema messages, so one front implementation serves both placements.
 
 A LocalLink passes the typed messages themselves: nothing is encoded or copied.  While
 a front handles one read from a client (`gather()` … `read_done()`) the ops it submits
-are collected, and `read_done` hands them to the broker as one Batch; the broker handles
-it and delivers the replies back through `deliver()` before `read_done` returns, so a
-command and its reply take one event-loop turn.  Ops submitted at other times (a
+are collected.  The first read of a loop turn hands them to the broker as one Batch at
+`read_done`; the broker handles it and delivers the replies back through `deliver()`
+before `read_done` returns, so an idle client's command and its reply take one
+event-loop turn.  Reads after it in the same turn (many connections ready at once) go as
+one Batch at the end of the turn, so the broker's per-turn work is shared.  Ops submitted at other times (a
 connection opening, commands parsed after a reply unblocked them) leave at the end of
 the loop turn (`call_soon`), or right after the delivery that caused them.
 
