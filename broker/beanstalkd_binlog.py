@@ -1,7 +1,7 @@
 """Read a beanstalkd binlog directory (`beanstalkd -b DIR`) the way beanstalkd recovers it.
 
 How it works (beanstalkd 1.12/1.13 `walg.c` walread, `file.c` fileread/readrec, `prot.c`
-prot_replay; reference notes §5):
+prot_replay):
 
   * Files are `binlog.N`.  beanstalkd reads every N from the smallest to the largest
     present, skipping numbers that are missing.  Each file starts with an `int` version:

@@ -5,8 +5,9 @@ A beanstalk front's parser only ever builds ops whose arguments beanstalkd would
 and the broker relies on that: a float priority would break the ready-set keys and a
 priority past 2**32 the binlog's records.  Native peers build ops themselves, so every
 op from a front of a native kind passes `check` first.  The rules are beanstalkd's
-(../shared/reference/beanstalkd.md §3) and the answer is data: BAD_FORMAT (JOB_TOO_BIG
-for a body over the limit), or silence for a silent op, which has no reply to carry it.
+(prot.c: read_u32, read_u64, is_valid_tube, the job size limit) and the answer is data:
+BAD_FORMAT (JOB_TOO_BIG for a body over the limit), or silence for a silent op, which has
+no reply to carry it.
 """
 from __future__ import annotations
 

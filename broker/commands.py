@@ -4,8 +4,9 @@ Each handler takes (session, op, now), where op is the schema tuple `(opcode, co
 *args)` already checked for format by the front's parser, and returns the reply tuple
 `(conn, code, *values)`, or None when it has no reply (yet).  Counting follows
 beanstalkd: a `cmd-*` counter moves for every well-formed command, found or not
-(../shared/reference/beanstalkd.md §2.3).  Rules that differ by job state are in the
-comments of each handler, with the section of the reference they follow.
+(prot.c's dispatch_cmd bumps `op_ct` once the arguments parse).  Rules that differ by job
+state are in the comments of each handler, with the beanstalkd source they follow (that
+command's case in prot.c's dispatch_cmd unless named otherwise).
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ class Commands:
         self._close(s, now)
 
     def count(self, s: Session, op, now):
-        """A command the front answered itself that beanstalkd still counts (§2.3)."""
+        """A command the front answered itself that beanstalkd still counts (prot.c)."""
         _, _, cmd, consumes_id = op
         key = "cmd-" + cmd
         if key in self.counters:
             self.counters[key] += 1
-        if consumes_id:           # EXPECTED_CRLF: the job id was taken before the body (§3.7)
+        if consumes_id:           # EXPECTED_CRLF: make_job took the id before the body
             self.next_id += 1
             s.producer = True
 
@@ -50,7 +51,7 @@ class Commands:
         self.counters["cmd-put"] += 1
         s.producer = True
         if self.draining:
-            self.next_id += 1     # the job was made before the body was read (§3.7)
+            self.next_id += 1     # the job was made before the body was read (prot.c)
             return (conn, R.DRAINING)
         cost = len(body) + JOB_OVERHEAD_BYTES
         limit = self.config.max_jobs_bytes
@@ -63,7 +64,7 @@ class Commands:
         self.next_id += 1
         self.jobs_bytes += cost
         self.total_jobs += 1
-        job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (§3.7)
+        job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (prot.c)
         self.queue.add(job, delay_s, now)
         if wal is not None:
             wal.log_put(job)
@@ -100,7 +101,7 @@ class Commands:
         return None
 
     def reserve_job(self, s: Session, op, now):
-        """Reserve one job by id from any state but reserved, any tube, paused or not (§3.6)."""
+        """Reserve one job by id from any state but reserved, any tube, paused or not (prot.c)."""
         self.counters["cmd-reserve-job"] += 1
         job = self.queue.jobs.get(op[2])
         if job is None or job.state == RESERVED:
@@ -114,7 +115,7 @@ class Commands:
         return s.reserved.get(job_id)
 
     def delete(self, s: Session, op, now):
-        """Deletes a job this session holds, or any ready, delayed or buried job (§1.2)."""
+        """Deletes a job this session holds, or any ready, delayed or buried job (prot.c)."""
         self.counters["cmd-delete"] += 1
         job = self.queue.jobs.get(op[2])
         if job is None or (job.state == RESERVED and job.holder is not s):
@@ -132,7 +133,7 @@ class Commands:
         job = self._held(s, job_id)
         if job is None:
             return (conn, R.NOT_FOUND)
-        logged = delay_s > 0 and self.wal is not None    # beanstalkd logs only these (§5)
+        logged = delay_s > 0 and self.wal is not None    # beanstalkd logs only these (prot.c)
         if logged and not self.wal.reserve_update():
             return (conn, R.OUT_OF_MEMORY)
         self.queue.take(job)
@@ -176,7 +177,7 @@ class Commands:
         return (s.conn, R.WATCHING, len(s.watch))
 
     def ignore(self, s: Session, op, now):
-        """NOT_IGNORED only for the last watched tube; an unwatched name is fine (§3.8)."""
+        """NOT_IGNORED only for the last watched tube; an unwatched name is fine (prot.c)."""
         self.counters["cmd-ignore"] += 1
         t = self.queue.tubes.get(op[2])
         if t is not None and t in s.watched:
@@ -198,7 +199,7 @@ class Commands:
         return self._found(s, self.queue.jobs.get(op[2]))
 
     def peek_ready(self, s: Session, op, now):
-        """peek-* look at the used tube only, paused or not (§3.8)."""
+        """peek-* look at the used tube only, paused or not (prot.c, OP_PEEK_READY)."""
         self.counters["cmd-peek-ready"] += 1
         t = s.use
         top = t.ready.top
@@ -225,7 +226,7 @@ class Commands:
         return (s.conn, R.KICKED, kicked)
 
     def kick_job(self, s: Session, op, now):
-        """Only buried or delayed jobs, in any tube (§1.2, §3.7)."""
+        """Only buried or delayed jobs, in any tube (prot.c, OP_KICKJOB)."""
         self.counters["cmd-kick-job"] += 1
         job = self.queue.jobs.get(op[2])
         if job is None or job.state not in (BURIED, DELAYED) or not self._kick_logged(job, now):

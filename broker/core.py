@@ -17,7 +17,8 @@ Ordering: while a session waits in reserve, its later ops are held in `Session.b
 the front forwards a pipeline without waiting, and the session still sees beanstalkd's
 order, ids and counters.
 
-Command semantics follow beanstalkd 1.13 (../shared/reference/beanstalkd.md §1.2, §3):
+Command semantics follow beanstalkd 1.13 (https://github.com/beanstalkd/beanstalkd: its
+doc/protocol.txt, and prot.c where the two differ):
 the handlers below are named after the protocol and count `cmd-*` as beanstalkd does.
 """
 from __future__ import annotations

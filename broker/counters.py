@@ -3,14 +3,15 @@
 A counter is a name with a consumption; a session (one client connection of a counter
 front) acquires and releases units of it and keeps its own tally, so it can only
 release what it acquired and everything it holds goes back when it closes or its front
-dies (../shared/reference/yrmcds.md §2.2-2.5).  The capacity is not stored: every
-Acquire names its maximum.
+dies (yrmcds src/counter/sockets.cpp: on_acquire, on_release, release_all).  The capacity
+is not stored: every Acquire names its maximum (docs/counter.md, "Acquire").
 
 Time: yrmcds keeps zero counters until the next stat-interval boundary, aligned to the
-Unix epoch (§2.6), and reports in Dump the peak consumption within the current interval
-(§2.7), so this module works in wall-clock seconds.  The broker passes `wall` (its
-monotonic `now` plus a fixed offset taken at start), which keeps this code pure and its
-timers testable with a fake clock.
+Unix epoch (object.hpp `deletable`, `nearest_boundary`), and reports in Dump the peak
+consumption within the current interval (object.hpp `max_consumption`), so this module
+works in wall-clock seconds.  The broker passes `wall` (its monotonic `now` plus a fixed
+offset taken at start), which keeps this code pure and its timers testable with a fake
+clock.
 
 One deliberate difference from yrmcds: its u32 arithmetic lets Acquire 0xFFFFFFFF of
 0xFFFFFFFF succeed on a counter at 1 and wrap it to 0; here the sum is checked exactly,
@@ -27,7 +28,7 @@ from ..protocol.schema import R
 NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
 U32_MAX = 0xFFFFFFFF
 DEFAULT_STAT_INTERVAL_S = 86400
-OBJECT_OVERHEAD_BYTES = 64      # what yrmcds counts per object beside its name (§2.8)
+OBJECT_OVERHEAD_BYTES = 64      # per object beside its name (yrmcds gc.cpp, amd64)
 COMMANDS = ("noop", "get", "acquire", "release", "stats", "dump")
 
 
@@ -100,7 +101,8 @@ class Counters:
         return (R.C_OK, resources)
 
     def release(self, holds: dict, name: bytes, resources: int, wall: float):
-        """Only what this session holds (§2.3): not found, then not acquired, then too many."""
+        """Only what this session holds: not found, then not acquired, then too many (yrmcds'
+        cmd_release and on_release)."""
         c = self.table.get(name)
         if c is None:
             return (R.C_ERROR, NOT_FOUND)
@@ -115,7 +117,7 @@ class Counters:
         return (R.C_OK, None)
 
     def release_all(self, holds: dict, wall: float) -> None:
-        """A session went away: everything it held goes back (§2.5)."""
+        """A session went away: everything it held goes back (yrmcds' release_all)."""
         for name, held in holds.items():
             c = self.table.get(name)
             if c is not None:
@@ -146,7 +148,7 @@ class Counters:
                 for c in self.table.values()]
 
     def stats(self) -> list[tuple[str, int]]:
-        """yrmcds' 15 items in its order (§2.8); objects and used_memory are live here."""
+        """yrmcds' 15 items in its order (counter.cpp); objects and used_memory are live here."""
         pairs = [
             ("objects", len(self.table)),
             ("total_objects", self.total_objects),
@@ -160,7 +162,7 @@ class Counters:
         ]
         return pairs + [("command:" + k, self.commands[k]) for k in COMMANDS]
 
-    # -- garbage collection (§2.6) -----------------------------------------------------
+    # -- garbage collection (yrmcds gc.cpp, object.hpp deletable) ----------------------
     def gc(self, wall: float) -> None:
         """Forget counters at zero that were last touched before the current boundary."""
         started = self.timer()
@@ -197,7 +199,7 @@ class CounterCommands:
         self._counted("acquire")
         _, conn, name, resources, maximum = op
         if not (_is_name(name) and 0 < resources <= maximum <= U32_MAX):
-            return (conn, R.C_ERROR, INVALID)        # what yrmcds' parser refuses (§2.1)
+            return (conn, R.C_ERROR, INVALID)        # what yrmcds' request::parse refuses
         if now < self.refuse_acquire_until:
             return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
         return (conn, *self.counter_store.acquire(s.holds, name, resources, maximum, self.wall(now)))

@@ -1,7 +1,7 @@
 """Jobs, their states, and tubes: the data the broker core moves around.
 
 Job states and the commands that move a job between them (beanstalkd protocol.txt,
-"Job Lifecycle"; ../shared/reference/beanstalkd.md §1.2):
+"Job Lifecycle"; for delete, kick-job and reserve-job, prot.c's dispatch_cmd):
 
     put (delay 0) ---------> READY <--- release(delay 0) / TTR expiry / holder gone --- RESERVED
     put (delay>0) -> DELAYED --(due)--^ ^-- kick / kick-job --- BURIED                    |

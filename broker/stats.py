@@ -1,5 +1,6 @@
 """The `stats`, `stats-job` and `stats-tube` records, keys spelled and ordered as beanstalkd
-emits them (../shared/reference/beanstalkd.md §2.2-2.3; the emitted order, not protocol.txt's).
+emits them (prot.c's STATS_FMT, STATS_JOB_FMT and STATS_TUBE_FMT: the emitted order, not
+protocol.txt's).
 
 Records are ordered lists of (key, value) pairs with plain values (int, float seconds,
 bool, str); the front that serves a protocol decides how to print them (beanstalk: YAML

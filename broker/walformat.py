@@ -17,11 +17,12 @@ Records (little-endian, fixed layout):
   * JOB    the whole job: put, and compaction's copy of a live job into a newer segment.
            A later JOB for the same id replaces everything known about it.
   * UPDATE state, priority, delay, order key and counters of a job already logged
-           (bury, kick, release with a delay; what beanstalkd logs, §5).
+           (bury, kick, release with a delay: what beanstalkd's prot.c logs).
   * DELETE the job is gone.
 `key` is the job's place in its state: the absolute wall-clock due time when DELAYED,
 the bury sequence number when BURIED (so bury order survives compaction), 0 when READY.
-A reserved job is logged as READY: reservations are never durable (beanstalkd §5).
+A reserved job is logged as READY: reservations are never durable (beanstalkd logs no
+reserve, and its prot_replay re-queues a Reserved record as ready).
 """
 from __future__ import annotations
 

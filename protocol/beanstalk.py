@@ -9,8 +9,9 @@ reference cycle and is freed as soon as its connection drops it):
     _read_line   a command line: at most LINE_MAX (224) bytes ending in CRLF.
                  A `put` line moves to _read_body, or to _drain_body if too big.
     _read_body   exactly size+2 bytes: the job body and its CRLF trailer.
-    _drain_body  throw size+2 bytes away, then reply JOB_TOO_BIG (§3.5).
-    _skip_line   an over-long line: throw bytes away until CRLF, then BAD_FORMAT (§3.4).
+    _drain_body  throw size+2 bytes away, then reply JOB_TOO_BIG (prot.c, dispatch_cmd).
+    _skip_line   an over-long line: throw bytes away until CRLF, then BAD_FORMAT
+                 (prot.c, conn_process_io's STATE_WANT_ENDLINE).
 
 Why this shape: a command or body that arrives one byte at a time parses exactly
 like one that arrives whole, since every state waits until its whole unit is buffered
@@ -20,7 +21,7 @@ at most one line plus one body beyond the chunk last handed to `receive_data`.
 Extraction only moves an offset; the consumed prefix is cut once per
 `receive_data` call, not per command.
 
-Parsing follows prot.c (reference §3): `which_cmd` matches by prefix in a fixed
+Parsing follows beanstalkd's prot.c: `which_cmd` matches by prefix in a fixed
 order, `read_u32`/`read_u64` skip spaces and want a digit, kick uses `strtoul`. A
 dict keyed on the first word sends the common commands straight to their entry;
 only unusual lines (`quitx`, `pause-tubedefault 0`, `reservex`) walk the prefix list.
@@ -43,7 +44,7 @@ from typing import Callable, NamedTuple
 
 __all__ = ["Command", "Reject", "NEED_DATA", "Parser", "REPLIES", "LINE_MAX"]
 
-LINE_MAX = 224          # LINE_BUF_SIZE: the longest command line, CRLF included (§1.1)
+LINE_MAX = 224          # LINE_BUF_SIZE: the longest command line, CRLF included (dat.h)
 NAME_MAX = 200          # tube name length (MAX_TUBE_NAME_LEN - 1)
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -84,7 +85,7 @@ JOB_TOO_BIG = Reject(REPLIES["JOB_TOO_BIG"], counts="put")   # counted before th
 EXPECTED_CRLF = Reject(REPLIES["EXPECTED_CRLF"], counts="put", consumes_id=True)
 # put counts before its trailing-garbage check (verified on 1.12: cmd-put +1).
 PUT_TRAILING_GARBAGE = Reject(REPLIES["BAD_FORMAT"], counts="put")
-# pause-tube counts before it validates the name (§1.2 stats notes).
+# pause-tube counts before it validates the name (prot.c, dispatch_cmd: op_ct, then is_valid_tube).
 PAUSE_TUBE_BAD_NAME = Reject(REPLIES["BAD_FORMAT"], counts="pause-tube")
 
 
@@ -359,7 +360,7 @@ class Parser:
             pri, delay, ttr, size = int(pri), int(delay), int(ttr), int(size)
         if pri > U32_MAX or delay > U32_MAX or ttr > U32_MAX or size > U32_MAX:
             return BAD_FORMAT
-        if size > self.max_job_size:            # checked before trailing garbage (§3.5)
+        if size > self.max_job_size:            # checked before trailing garbage (prot.c)
             self._remaining = size + 2
             self._step = Parser._drain_body
             return self._drain_body()

@@ -1,4 +1,4 @@
-"""Broker replies -> beanstalk reply bytes (sans-IO; ../shared/reference/beanstalkd.md §1.2, §2).
+"""Broker replies -> beanstalk reply bytes (sans-IO; beanstalkd's protocol.txt, prot.c).
 
 The broker answers in protocol-neutral terms (`R` codes with ints, bytes and ordered
 stats pairs); this module is the one place that knows how beanstalkd spells them:
@@ -54,7 +54,7 @@ def _job(word: bytes, job_id: int, body: bytes) -> bytes:
 
 
 def _ok(body: bytes) -> bytes:
-    """`OK <bytes>` counts the YAML up to its last \\n, not the final CRLF (§2.1)."""
+    """`OK <bytes>` counts the YAML up to its last \\n, not the final CRLF (prot.c, do_stats)."""
     return b"OK %d\r\n%s\r\n" % (len(body), body)
 
 
@@ -75,5 +75,5 @@ def yaml_dict(pairs) -> bytes:
 
 
 def yaml_list(names) -> bytes:
-    """Names are never quoted in lists, in any version (§2.1)."""
+    """Names are never quoted in lists, in any version (prot.c, do_list_tubes)."""
     return ("---\n" + "".join("- %s\n" % n for n in names)).encode()

@@ -7,14 +7,15 @@ becomes a *slot* in the connection's reply queue, as in the beanstalk front.  A 
 bytes yrmcds sends; a `Request` leaves as one op (batched per loop turn by the link) and
 its slot keeps the request, whose opcode and opaque the reply is built from when the
 broker answers.  Slots are written strictly in order, so pipelined replies come back in
-request order (../shared/reference/yrmcds.md §2.1).  Dump is one frame per counter plus
-the empty terminator, written together (§2.9).
+request order, as yrmcds answers a connection's frames (src/counter/sockets.cpp).  Dump is
+one frame per counter plus the empty terminator, written together (sockets.cpp cmd_dump).
 
-Closing (§2.5): a client's EOF lets the replies already owed go out, then the broker
-hears CLOSE (which releases everything the session holds) before the socket closes.  A
-frame over 30 MiB (`TooLarge`, §2.1) ends the connection the same way, with no reply of
-its own.  TCP keepalive is on, so a client host that vanishes is noticed too.  Beyond
-`max_connections`, a connection is accepted and closed at once, as yrmcds does (§2.10).
+Closing (yrmcds: release_all in sockets.cpp): a client's EOF lets the replies already owed
+go out, then the broker hears CLOSE (which releases everything the session holds) before
+the socket closes.  A frame over 30 MiB (`TooLarge`, yrmcds' MAX_REQUEST_LENGTH) ends the
+connection the same way, with no reply of its own.  TCP keepalive is on, so a client host
+that vanishes is noticed too.  Beyond `max_connections`, a connection is accepted and
+closed at once, as yrmcds does (handler.cpp, make_counter_socket).
 
 The front mirrors what each session holds from the Acquire and Release replies it
 relays, and reports it in `session_states()` (Hello) for the sessions registered with a
@@ -119,7 +120,7 @@ class CounterConn(LinkedConn):
         self.holds: dict[bytes, int] = {}
 
     def eof_received(self) -> bool:
-        self.eof = True         # whole frames already in are still answered (§2.1)
+        self.eof = True         # whole frames already in are still answered, as in yrmcds
         self.pump()
         return True
 
@@ -148,7 +149,7 @@ class CounterConn(LinkedConn):
                 link.submit(request_op(conn, ev))
             elif kind is Reject:
                 slots.append([None, ev.reply])
-            else:                   # TooLarge: no reply of its own (§2.1)
+            else:                   # TooLarge: no reply of its own, as in yrmcds
                 self.closing = True
         self.flush()
         self._regulate_reading()
@@ -169,7 +170,7 @@ class CounterConn(LinkedConn):
         if left > 0:
             self.holds[name] = left
         else:
-            self.holds.pop(name, None)     # yrmcds erases a tally entry at 0 (§2.3)
+            self.holds.pop(name, None)     # yrmcds erases a tally entry at 0 (on_release)
 
     def settle_unanswered(self) -> None:
         """The broker is lost and the link is about to list our tally in its Hello: settle
@@ -187,7 +188,7 @@ class CounterConn(LinkedConn):
 
     def _release_locally(self, req: Request) -> bytes:
         held = self.holds.get(req.name, 0)
-        if not held or req.resources > held:     # what the broker says too (§2.3)
+        if not held or req.resources > held:     # what the broker says too (yrmcds' on_release)
             return yrmcds.error_response(req.opcode, req.opaque, Status.NOT_ACQUIRED)
         self._take_back(req.name, req.resources)
         return yrmcds.release_response(req.opaque)

@@ -3,13 +3,14 @@
 How it works. `receive_data(bytes)` appends to one bytearray; `next_event()` extracts
 one frame from its front and returns a `Request`, a `Reject` (the exact error reply,
 which the front sends as is), `TooLarge` (the front closes the connection), or
-`NEED_DATA`. Section numbers below are those of ../shared/reference/yrmcds.md. Every
-frame is a 12-byte header plus `body_length` bytes (§1):
+`NEED_DATA`. Sources: yrmcds' docs/counter.md
+(https://github.com/cybozu/yrmcds/blob/master/docs/counter.md) and its src/counter/*.cpp.
+Every frame is a 12-byte header plus `body_length` bytes (counter.md, "Request header"):
 
     request   0x90 | opcode | flags  | reserved | body length u32 | opaque (4 bytes)
     response  0x91 | opcode | status | 0        | body length u32 | opaque (copied)
 
-Framing comes first and validation second, as in yrmcds' `request::parse` (§2.1): a
+Framing comes first and validation second, as in yrmcds' `request::parse` (counter.cpp): a
 frame is extracted only once all `12 + body_length` bytes are buffered, and is then
 consumed whole whatever is wrong with it, so no bad request can desync the stream.
 Then, in yrmcds' order: a bad magic is 0x04 with the request's raw opcode byte
@@ -21,7 +22,7 @@ it goes back out byte for byte. Extraction only moves an offset; the consumed pr
 is cut once per `receive_data` call. A frame arriving one byte at a time therefore
 parses exactly like one arriving whole (h11's `_receivebuffer`).
 
-The bound (§2.1 "Oversized body length"): yrmcds drops a connection without a reply
+The bound (sockets.cpp, MAX_REQUEST_LENGTH): yrmcds drops a connection without a reply
 once more than 30 MiB (MAX_REQUEST_LENGTH) stays unparsed after a recv. Here the
 decision is taken from the header alone: a frame longer than 30 MiB in total gives
 `TooLarge` as soon as its 12 header bytes are in, and the parser then holds nothing
@@ -32,7 +33,8 @@ arrive (seen on 1.1.9: a 31 MiB Get sent at once was dropped; the same frame sen
 
 Replies are built by the functions at the bottom: one per opcode, `error_response`
 from the one table of exact error bodies (`counter.cpp` STATUS_*), stats in yrmcds'
-order (§2.8), dump as one frame per counter plus an empty terminator (§2.9).
+order (`response::stats`), dump as one frame per counter plus an empty terminator
+(sockets.cpp `cmd_dump`; counter.md, "Dump").
 """
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ __all__ = [
 HEADER_SIZE = 12
 REQUEST_MAGIC = 0x90
 RESPONSE_MAGIC = 0x91
-MAX_REQUEST_LENGTH = 30 * 1024 * 1024    # yrmcds constants.hpp: 31457280 bytes (§2.1)
-NAME_MAX = 65535                         # a u16 name length; 0 is invalid (§1)
+MAX_REQUEST_LENGTH = 30 * 1024 * 1024    # yrmcds src/constants.hpp: 31457280 bytes
+NAME_MAX = 65535                         # a u16 name length; 0 is invalid (counter.md)
 
 HEADER = struct.Struct(">BBBBII")        # magic, opcode, flags|status, reserved, length, opaque
 U16 = struct.Struct(">H")
@@ -82,7 +84,7 @@ class Status(IntEnum):
     OUT_OF_MEMORY = 0x82  # defined by yrmcds, but no code path of its counter sends it
 
 
-# Errors are data: each error status and its exact body (counter.cpp STATUS_*, §1).
+# Errors are data: each error status and its exact body (counter.cpp STATUS_*).
 ERROR_BODIES: dict[int, bytes] = {
     Status.NOT_FOUND: b"Not found",
     Status.INVALID: b"Invalid arguments",
@@ -92,7 +94,7 @@ ERROR_BODIES: dict[int, bytes] = {
     Status.OUT_OF_MEMORY: b"OutOfMemory",
 }
 
-# The 15 stats items in the order yrmcds' `response::stats` writes them (§2.8).
+# The 15 stats items in the order yrmcds' `response::stats` writes them (counter.cpp).
 STATS_NAMES = (
     "objects", "total_objects", "used_memory", "conflicts", "gc_count", "last_gc_elapsed",
     "total_gc_elapsed", "curr_connections", "total_connections", "command:noop",
@@ -202,7 +204,7 @@ class Parser:
         start = pos + HEADER_SIZE
         if len(buf) < start + length:
             return NEED_DATA
-        self._pos = start + length             # consumed whole, whatever follows (§2.1)
+        self._pos = start + length             # consumed whole, as request::parse does
         if magic != REQUEST_MAGIC:
             return _invalid(opcode, opaque)    # the raw opcode byte is echoed
         read = _READERS.get(opcode)
@@ -242,7 +244,7 @@ def get_response(opaque: int, consumption: int) -> bytes:
 
 
 def acquire_response(opaque: int, resources: int) -> bytes:
-    """Success echoes the *requested* count, not the new total (§2.2)."""
+    """Success echoes the *requested* count, not the new total (sockets.cpp cmd_acquire)."""
     return response(Opcode.ACQUIRE, opaque, body=U32.pack(resources))
 
 

@@ -6,7 +6,7 @@
 # is ready once its TCP port or UNIX socket accepts a connection, and a server
 # that exits early or is not ready in time raises with its own stderr.
 #
-# RawClient speaks the beanstalk wire format (protocol.txt §"Replies") just far
+# RawClient speaks the beanstalk wire format (beanstalkd's doc/protocol.txt) just far
 # enough to cut the byte stream into replies: a reply is one CRLF-terminated
 # line, and RESERVED/FOUND/OK lines announce a body of <bytes> plus CRLF.
 #

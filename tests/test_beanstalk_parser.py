@@ -1,10 +1,10 @@
 """Tests for zstalk.protocol.beanstalk, the sans-IO beanstalkd command parser.
 
-Every case from the reference notes (../shared/reference/beanstalkd.md §3.1-3.5) and
-every parsing behaviour of beanstalkd's testserv.c (§4) is run three ways: whole,
-one byte at a time, and followed by another command that must still parse. Hypothesis
-then checks that arbitrary bytes never raise, that chunking never changes the events,
-and that each command sent yields exactly one event.
+Every parsing edge case of beanstalkd's prot.c (which_cmd, read_u32/read_u64, tube names,
+the 224-byte line buffer, job bodies) and every parsing behaviour of beanstalkd's
+testserv.c is run three ways: whole, one byte at a time, and followed by another command
+that must still parse. Hypothesis then checks that arbitrary bytes never raise, that
+chunking never changes the events, and that each command sent yields exactly one event.
 
 Checked against the real beanstalkd 1.12 (/usr/bin/beanstalkd on 127.0.0.1) by sending
 each case in CASES and TOO_BIG_CASES on a fresh connection and comparing the error
@@ -92,7 +92,7 @@ CASES = [
     case(b"pause-tube foo 30\r\n", [C("pause-tube", "foo", 30)], "pause-tube"),
     case(b"quit\r\n", [C("quit")], "quit"),
 
-    # -- §3.1 command matching --
+    # -- command matching (prot.c, which_cmd) --
     case(b"use a\x00b\r\n", [BAD], "a NUL byte is bad format"),
     case(b"quit\x00\r\n", [BAD], "a NUL byte is checked before the command word"),
     case(b"put 0 0 1 1\x00\r\nA\r\n", [BAD, UNKNOWN], "a put with a NUL reads no body"),
@@ -128,7 +128,7 @@ CASES = [
     case(b"pause-tubedefault 0\r\n", [C("pause-tube", "default", 0)], "pause-tubedefault 0"),
     case(b"use a\r\nuse b\r\n", [C("use", "a"), C("use", "b")], "testserv 2cmdpacket"),
 
-    # -- §3.2 numbers --
+    # -- numbers (prot.c, read_u32 / read_u64; kick uses strtoul) --
     case(b"put  0 0 1 1\r\nA\r\n", [C("put", 0, 0, 1, 1, body=b"A")], "put with two spaces first"),
     case(b"put 0  0 1 1\r\nA\r\n", [C("put", 0, 0, 1, 1, body=b"A")], "put with two spaces inside"),
     case(b"put 007 0 1 1\r\nA\r\n", [C("put", 7, 0, 1, 1, body=b"A")], "leading zeros are fine"),
@@ -197,7 +197,7 @@ CASES = [
     case(b"pause-tube -x -1\r\n", [BAD], "pause-tube with a bad name and bad delay"),
     case(b"pause-tube nosuch 1\r\n", [C("pause-tube", "nosuch", 1)], "pause-tube nosuch"),
 
-    # -- §3.3 names --
+    # -- names (protocol.txt, "Protocol"; prot.c, is_valid_tube) --
     case(b"use a-b+c/d;e.f$g_h(i)\r\n", [C("use", "a-b+c/d;e.f$g_h(i)")], "every name char"),
     case(b"use 9\r\n", [C("use", "9")], "a digit name"),
     case(b"use x_y\r\n", [C("use", "x_y")], "testserv underscore"),
@@ -215,7 +215,7 @@ CASES = [
     case(b"stats-tube -x\r\n", [BAD], "stats-tube a hyphen name"),
     case(b"stats-tube nosuch\r\n", [C("stats-tube", "nosuch")], "stats-tube nosuch"),
 
-    # -- §3.4 line length --
+    # -- line length (LINE_BUF_SIZE in dat.h: 224 bytes, CRLF included) --
     case(b"pause-tube " + NAME200 + b" 4294967295\r\n", [C("pause-tube", NAME200.decode(), U32)],
          "testserv longest_command is 224 bytes"),
     case(b"x" * 222 + b"\r\n", [UNKNOWN], "a 224-byte line is read"),
@@ -230,7 +230,7 @@ CASES = [
     case(b"use a\r\r\n" + FOLLOWER, [BAD, FOLLOWED], "deviation a CR before CRLF"),
     case(b"use a\nb\r\n", [BAD], "a lone LF is part of the line"),
 
-    # -- §3.5 bodies --
+    # -- bodies (prot.c, dispatch_cmd's put and enqueue_incoming_job) --
     case(b"put 0 0 1 4\r\na\r\nb\r\n", [C("put", 0, 0, 1, 4, body=b"a\r\nb")], "a body with CRLF"),
     case(b"put 0 0 1 3\r\na\x00b\r\n", [C("put", 0, 0, 1, 3, body=b"a\x00b")], "a body with NUL"),
     case(b"put 0 0 1 0\r\n\r\n", [C("put", 0, 0, 1, 0, body=b"")], "testserv zero_delay"),
@@ -248,7 +248,7 @@ CASES = [
     case(b"put 0 0 0 --!@#$%^&&**()0b\r\nput 0 0 1 1\r\nA\r\n", [BAD, C("put", 0, 0, 1, 1, body=b"A")],
          "testserv job_size_invalid garbage"),
 
-    # -- §4 testserv bad formats --
+    # -- testserv.c bad formats --
     case(b"peek 18446744073709551616\r\n", [BAD], "peek above u64"),
     case(b"peek 184467440737095516160000\r\n", [BAD], "peek far above u64"),
     case(b"peek foo111\r\n", [BAD], "peek with a non-digit prefix"),
@@ -283,7 +283,7 @@ CASES = [
     case(b"reserve-job 1x\r\n", [BAD], "reserve-job with a suffix"),
 ]
 
-TOO_BIG_CASES = [  # beanstalkd -z 10 (§3.5, testserv too_big)
+TOO_BIG_CASES = [  # beanstalkd -z 10 (testserv.c, cttest_too_big)
     case(b"put 0 0 1 10\r\n0123456789\r\n", [C("put", 0, 0, 1, 10, body=b"0123456789")],
          "a body at a limit of 10", limit=10),
     case(b"put 0 0 1 11\r\n0123456789X\r\n" + FOLLOWER, [TOO_BIG, FOLLOWED],

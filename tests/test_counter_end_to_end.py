@@ -3,7 +3,7 @@ processes (and `zstalk serve --counter-port`), driven by a raw-socket client who
 requests are packed with zstalk.protocol.yrmcds' structs (servers.CounterClient).
 
 The first group follows yrmcds' own live test (test/counter.cpp: noop, one_client,
-multi_clients, over_releasing, multi_names, dump; ../shared/reference/yrmcds.md §3);
+multi_clients, over_releasing, multi_names, dump);
 then what zstalk adds: several fronts sharing one counter, a killed front's holdings
 released by heartbeat, holdings re-registered after a broker restart, failing closed
 while the broker is away, and the connection limits.

@@ -10,7 +10,7 @@
 #
 # Before comparing, replies are normalised for what differs by nature (pid,
 # uptime, rusage, version, random id, uname fields) and for the 1.12 → 1.13
-# change that quotes YAML strings (reference §1.3, §2.1): a 1.13 speaker must
+# change that quotes YAML strings (beanstalkd CHANGELOG 1.13, #592): a 1.13 speaker must
 # quote, its quotes are removed and `OK <bytes>` recomputed, so both sides read
 # as 1.12. Scripts whose bytes unavoidably cross a second boundary name the
 # keys (age, time-left, …) they loosen.
@@ -105,12 +105,13 @@ NAME_201 = b"a" * 201
 ALL_NAME_CHARS = b"a-b+c/d;e.f$g_h(i)"
 UINT32_MAX = b"4294967295"
 UINT64_MAX = b"18446744073709551615"
-# Single-id arguments that must be BAD_FORMAT (§3.2: no end pointer, no sign).
+# Single-id arguments that must be BAD_FORMAT (prot.c read_u64 with no end pointer: digits
+# only, no sign, nothing after).
 BAD_IDS = [b"1 ", b"1x", b"x1", b"-1", b"+1", b"", b"0x1", b"18446744073709551616"]
 
 
 SCRIPTS: list[Script] = [
-    # §3.1 command matching ---------------------------------------------------
+    # command matching (prot.c, which_cmd) ------------------------------------
     script("an_unknown_word_an_empty_line_and_a_leading_space_are_unknown_commands",
            (0, b"foo\r\n", 1), (0, b"\r\n", 1), (0, b" use a\r\n", 1), (0, b"USE a\r\n", 1),
            (0, b"Stats\r\n", 1), (0, b"list-tube-used\r\n", 1)),
@@ -158,7 +159,7 @@ SCRIPTS: list[Script] = [
     script("kick_in_an_empty_tube_kicks_nothing",
            (0, b"kick 10\r\nuse e\r\nkick 1\r\nkick-job 99\r\n", 4)),
 
-    # §3.2 numbers -------------------------------------------------------------
+    # numbers (prot.c, read_u32 / read_u64; kick uses strtoul) -----------------
     script("numbers_may_have_leading_spaces_and_leading_zeros",
            (0, b"put  0 0 1 1\r\nA\r\n", 1), (0, b"put 0  0 1 1\r\nB\r\n", 1),
            (0, b"put 007 0 010 1\r\nC\r\n", 1), (0, b"stats-job 3\r\n", 1),
@@ -217,7 +218,7 @@ SCRIPTS: list[Script] = [
                                   b"default x", b"-x 1", b"nosuch 1", b"a*b 1", b"default 0"]),
            (0, b"stats\r\n", 1), (0, b"stats-tube default\r\n", 1)),
 
-    # §3.3 names ---------------------------------------------------------------
+    # names (protocol.txt, "Protocol"; prot.c, is_valid_tube) ------------------
     script("every_name_character_is_allowed_in_a_tube_name",
            (0, b"use " + ALL_NAME_CHARS + b"\r\n", 1), (0, b"use 9\r\n", 1),
            (0, b"watch x_y\r\n", 1), (0, b"watch " + ALL_NAME_CHARS + b"\r\n", 1),
@@ -239,7 +240,7 @@ SCRIPTS: list[Script] = [
            (0, b"stats-tube nosuch\r\n", 1), (0, b"pause-tube nosuch 1\r\n", 1),
            (0, b"list-tubes\r\n", 1)),
 
-    # §3.4 line length ----------------------------------------------------------
+    # line length (LINE_BUF_SIZE in dat.h: 224 bytes) ---------------------------
     script("the_longest_command_of_224_bytes_is_accepted",
            (0, b"use " + NAME_200 + b"\r\n", 1),
            (0, b"pause-tube " + NAME_200 + b" " + UINT32_MAX + b"\r\n", 1),
@@ -257,7 +258,7 @@ SCRIPTS: list[Script] = [
            (0, b"z" * 300, 0), (0, b"z" * 300, 0), (0, b"\r\n", 1),
            (0, b"list-tube-used\r\n", 1)),
 
-    # §3.5 job size, JOB_TOO_BIG, EXPECTED_CRLF -----------------------------------
+    # job size, JOB_TOO_BIG, EXPECTED_CRLF (prot.c) -------------------------------
     script("with_z_10_a_ten_byte_job_fits_and_eleven_bytes_is_too_big",
            (0, b"put 0 0 1 10\r\n0123456789\r\n", 1),
            (0, b"put 0 0 1 11\r\n0123456789X\r\nlist-tube-used\r\n", 2),
@@ -291,7 +292,7 @@ SCRIPTS: list[Script] = [
            (0, b"put 0 0 10 0\r\n\r\n", 1), (0, b"peek 1\r\n", 1), (0, b"peek-ready\r\n", 1),
            (0, b"reserve\r\n", 1), (0, b"stats-job 1\r\n", 1), (0, b"delete 1\r\n", 1)),
 
-    # §3.6 reserve, timeouts, TTR, DEADLINE_SOON, ordering -----------------------
+    # reserve, timeouts, TTR, DEADLINE_SOON, ordering (protocol.txt, "reserve") ---
     script("reserve_with_timeout_zero_answers_at_once",
            (0, b"reserve-with-timeout 0\r\n", 1), (0, put(), 1),
            (0, b"reserve-with-timeout 0\r\n", 1), (0, b"stats\r\n", 1)),
@@ -409,7 +410,7 @@ SCRIPTS: list[Script] = [
            (1, put(), 1), (0, b"", 1), Await("default", "current-waiting", 1), HalfClose(0),
            (0, b"", 2), Await("default", "current-jobs-ready", 1), (1, b"stats-job 1\r\n", 1)),
 
-    # §3.7 cross-connection rules, touch, ids --------------------------------------
+    # cross-connection rules, touch, ids (prot.c, dispatch_cmd) --------------------
     script("another_connections_reserved_job_is_not_found_for_every_command",
            (0, put(), 1), (0, b"reserve\r\n", 1),
            *[(1, line + b"\r\n", 1) for line in [
@@ -435,7 +436,7 @@ SCRIPTS: list[Script] = [
            (0, put(), 1), (0, b"delete 1\r\n", 1), (0, put(), 1),
            (0, b"put -1 0 1 1\r\nA\r\n", 2), (0, put(), 1), (0, b"peek 1\r\n", 1)),
 
-    # §3.8 tubes, watch lists, pause, kick, peek --------------------------------------
+    # tubes, watch lists, pause, kick, peek (protocol.txt; prot.c) --------------------
     script("a_new_connection_uses_and_watches_default",
            (0, b"list-tube-used\r\n", 1), (0, b"list-tubes-watched\r\n", 1),
            (0, b"list-tubes\r\n", 1), (0, b"stats-tube default\r\n", 1)),
@@ -566,10 +567,10 @@ _check_names(SCRIPTS)
 
 # -- normalisation ----------------------------------------------------------------
 
-# stats keys whose values differ by nature between two processes (§2.3).
+# stats keys whose values differ by nature between two processes (prot.c, fmt_stats).
 NATURE_KEYS = {"pid", "uptime", "rusage-utime", "rusage-stime", "version", "id",
                "hostname", "os", "platform"}
-# Strings 1.13 quotes and 1.12 does not (§1.3, #592/#610), per kind of body.
+# Strings 1.13 quotes and 1.12 does not (CHANGELOG 1.13, #592/#610), per kind of body.
 QUOTED_SINCE_1_13 = {"stats": {"hostname", "os", "platform"}, "tube": {"name"},
                      "job": {"tube"}, "list": set()}
 
@@ -829,7 +830,7 @@ def zstalk_addresses(start_candidate) -> list[Address]:
 @pytest.mark.parametrize("argument", [b"abc", b"-1", b"4294967296", b"2147483648", b"", b"+1"])
 def test_reserve_with_timeout_rejects_what_1_13_rejects_and_stays_in_sync(argument,
                                                                           zstalk_addresses):
-    # §1.3 / §3.6: read_u32 then <= INT_MAX, so all of these are BAD_FORMAT at 1.13
+    # prot.c since 1.13 (#607): read_u32 then <= INT_MAX, so all of these are BAD_FORMAT
     # (1.12 answered TIMED_OUT or blocked forever). A ready job must not be taken.
     with RawClient(zstalk_addresses[0]) as client:
         client.send(b"put 0 0 10 1\r\nA\r\n")
@@ -845,8 +846,9 @@ def test_reserve_with_timeout_rejects_what_1_13_rejects_and_stays_in_sync(argume
 @pytest.mark.parametrize("length", [225, 449], ids=["223_bytes_and_crlf", "447_bytes_and_crlf"])
 def test_a_line_whose_cr_ends_a_224_byte_chunk_is_bad_format_and_the_next_line_is_answered(
         length, zstalk_addresses):
-    # §3.4: beanstalkd loses the CR at a 224-byte chunk boundary and swallows the
-    # next line too; zstalk deliberately answers that next line.
+    # Observed on 1.12 and 1.13: beanstalkd reads a line in 224-byte chunks (prot.c),
+    # loses the CR at a chunk boundary and swallows the next line too; zstalk
+    # deliberately answers that next line.
     with RawClient(zstalk_addresses[0]) as client:
         client.send(b"x" * (length - 2) + b"\r\nlist-tube-used\r\n")
         assert client.read_replies(2) == [b"BAD_FORMAT\r\n", b"USING default\r\n"]
@@ -855,7 +857,8 @@ def test_a_line_whose_cr_ends_a_224_byte_chunk_is_bad_format_and_the_next_line_i
 
 @pytest.mark.zstalk_only
 def test_stats_tube_and_stats_job_quote_tube_names_like_1_13(zstalk_addresses):
-    # §2.2, bytes as captured from HEAD (with this test's counters).
+    # Bytes as captured from beanstalkd HEAD 25085c5, just after 1.13 (with this test's
+    # counters).
     with RawClient(zstalk_addresses[0]) as client:
         client.send(b"stats-tube default\r\n")
         assert client.read_reply() == (

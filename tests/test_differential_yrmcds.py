@@ -7,7 +7,7 @@
 # barrier: poll Get on a connection until the counter reads a value, so a script
 # never guesses how long the server needs to notice a closed connection) and
 # Served (connect until the server answers a Noop rather than closing at once:
-# its max_connections count goes down late, reference §2.10). Connections open on
+# its max_connections count goes down late, observed on 1.1.9). Connections open on
 # first use. An answer is one frame, or a whole Dump series. After the last step
 # every open connection must stay silent for a moment.
 #
@@ -15,11 +15,11 @@
 # header field, so a diff reads well. Two things are normalised:
 #   Stats  names and order stay exact; the values that differ by nature are
 #          masked (still required to be decimal ASCII): objects, used_memory and
-#          conflicts (yrmcds refreshes them only in its GC, §2.8), the GC figures,
+#          conflicts (yrmcds refreshes them only in its GC, gc.cpp), the GC figures,
 #          the connection counts (readiness probes connect; curr_connections goes
 #          down late) and command:noop (readiness probes send Noops). Scripts
 #          that poll with AwaitGet loosen command:get as well.
-#   Dump   yrmcds walks a randomly seeded hash table (§2.9), so a series is
+#   Dump   yrmcds walks a randomly seeded hash table (sockets.cpp cmd_dump), so a series is
 #          compared as the sorted set of its records, then its terminator.
 #
 # Each script runs on both sides at once (two threads) against fresh servers.
@@ -30,7 +30,7 @@
 # front (`zstalk serve --help` lacks --counter-port) the zstalk side is skipped.
 #
 # The one deliberate difference (issue 3): yrmcds lets an Acquire wrap its u32
-# counter (§2.2); zstalk refuses with 0x21. That is checked on zstalk only, at
+# counter (object.hpp acquire); zstalk refuses with 0x21. That is checked on zstalk only, at
 # the end, with the expected bytes written out.
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ UNKNOWN_OPCODES = [0x04, 0x05, 0x0F, 0x12, 0x13, 0x20, 0x80, 0x90, 0x91, 0xFF]
 
 
 SCRIPTS: list[Script] = [
-    # §1 Noop, opaques, flags ------------------------------------------------------------
+    # Noop, opaques, flags (docs/counter.md) ---------------------------------------------
     script("three_noops_echo_their_opaques",
            (0, noop(opaque=0), 1), (0, noop(opaque=0x12345678), 1), (0, noop(opaque=U32_MAX), 1)),
     script("flags_and_reserved_are_ignored_on_every_opcode",
@@ -162,7 +162,7 @@ SCRIPTS: list[Script] = [
            (0, release(1, b"e", extra=b"more"), 1), (0, get(b"e", extra=b"e"), 1),
            (0, request(Opcode.DUMP, b"xx"), 1), (0, request(Opcode.STATS, b"yy"), 1)),
 
-    # §1 Get, Acquire, Release: the happy paths ---------------------------------------------
+    # Get, Acquire, Release: the happy paths (docs/counter.md) ------------------------------
     script("one_client_acquires_2_3_5_of_10_is_refused_then_release_makes_room",
            (0, acquire(2, 10, b"one", opaque=1), 1), (0, get(b"one", opaque=2), 1),
            (0, acquire(3, 10, b"one", opaque=3), 1), (0, get(b"one", opaque=4), 1),
@@ -204,7 +204,7 @@ SCRIPTS: list[Script] = [
            (0, acquire(U32_MAX - 1, U32_MAX, b"huge"), 1), (0, acquire(1, U32_MAX, b"huge"), 1),
            (0, get(b"huge"), 1), (0, release(U32_MAX, b"huge"), 1), (0, dump(), 1)),
 
-    # §2.1 every error --------------------------------------------------------------------
+    # every error (counter.cpp request::parse, sockets.cpp) -------------------------------
     script("a_bad_magic_is_invalid_with_the_raw_opcode_echoed",
            (0, request(Opcode.NOOP, magic=0x80), 1), (0, request(0x05, magic=0x00), 1),
            (0, request(Opcode.GET, b"\x00\x01g", magic=0x91), 1),
@@ -258,7 +258,7 @@ SCRIPTS: list[Script] = [
            (1, release(2, b"share"), 1), (1, get(b"share"), 1), (1, release(1, b"share"), 1),
            (1, release(1, b"share"), 1), (0, release(10, b"share"), 1), (0, get(b"share"), 1)),
 
-    # §2.1 names ------------------------------------------------------------------------
+    # names (binary, up to 65535 bytes) -------------------------------------------------
     script("names_are_binary_case_sensitive_and_may_hold_nul",
            (0, acquire(1, 10, b"a\x00b"), 1), (0, acquire(2, 10, b"a"), 1),
            (0, acquire(3, 10, b"A\x00b"), 1), (0, acquire(4, 10, b"\xff\x00\xfe"), 1),
@@ -270,7 +270,7 @@ SCRIPTS: list[Script] = [
            (0, acquire(1, 2, BIG_NAME), 1), (0, get(BIG_NAME[:-1]), 1), (0, dump(), 1),
            (0, release(2, BIG_NAME), 1), (0, get(BIG_NAME), 1)),
 
-    # §2.1 framing: pipelining, partial frames ------------------------------------------------
+    # framing: pipelining, partial frames (sockets.cpp) ---------------------------------------
     script("pipelined_frames_of_every_kind_are_answered_in_order",
            (0, noop(opaque=1) + acquire(2, 10, b"p", opaque=2) + get(b"p", opaque=3)
             + request(Opcode.NOOP, magic=0x00, opaque=4) + request(0x05, opaque=5)
@@ -297,7 +297,7 @@ SCRIPTS: list[Script] = [
            (0, acquire(2, 10, b"hc"), 1), (0, get(b"hc") + noop(opaque=3), 0), HalfClose(0),
            (0, b"", 3), AwaitGet(1, b"hc", 0), (1, get(b"hc"), 1)),
 
-    # §2.5 auto-release, several connections -------------------------------------------------
+    # auto-release, several connections (sockets.cpp release_all) ----------------------------
     script("two_clients_share_a_counter_and_a_disconnect_releases_the_holdings",
            (0, acquire(2, 10, b"mc"), 1), (1, acquire(8, 10, b"mc"), 1),
            (0, acquire(1, 10, b"mc"), 1), (1, release(1, b"mc"), 1), (0, acquire(1, 10, b"mc"), 1),
@@ -317,7 +317,7 @@ SCRIPTS: list[Script] = [
            (0, get(b"n1") + get(b"n2") + get(b"n3"), 3), (0, release(1, b"n3"), 1),
            (0, get(b"n3"), 1), (1, acquire(10, 10, b"n2"), 1), (1, get(b"n1"), 1)),
 
-    # §2.7, §2.9 Dump -----------------------------------------------------------------------
+    # Dump (sockets.cpp cmd_dump; object.hpp max_consumption) -------------------------------
     script("dump_with_no_counters_is_only_its_terminator",
            (0, dump(opaque=0), 1), (0, dump(opaque=U32_MAX), 1)),
     script("dump_reports_current_and_peak_and_lists_counters_released_to_zero",
@@ -335,7 +335,7 @@ SCRIPTS: list[Script] = [
            (1, acquire(5, 10, b"pk"), 1), (0, acquire(2, 10, b"pk"), 1), Close(1),
            AwaitGet(0, b"pk", 2), (0, dump(), 1), (0, acquire(1, 10, b"pk"), 1), (0, dump(), 1)),
 
-    # §2.8 Stats -----------------------------------------------------------------------------
+    # Stats (counter.cpp response::stats) ----------------------------------------------------
     script("stats_lists_its_fifteen_items_in_order_before_any_counter_exists",
            (0, stats(), 1), (0, stats(opaque=2), 1)),
     script("stats_counts_each_well_formed_command_and_no_invalid_or_unknown_one",
@@ -345,7 +345,7 @@ SCRIPTS: list[Script] = [
             + acquire(0, 1, b"s") + acquire(2, 1, b"s") + request(Opcode.RELEASE, b"\x00"), 6),
            (1, acquire(1, 10, b"t"), 1), (1, stats(), 1), (0, stats(), 1)),
 
-    # §2.10 max_connections ------------------------------------------------------------------
+    # max_connections (handler.cpp make_counter_socket) --------------------------------------
     script("beyond_max_connections_a_connection_is_accepted_then_closed",
            Served(0), Served(1), (0, acquire(1, 10, b"mx"), 1), (2, b"", 1),
            (1, get(b"mx"), 1), Close(0), Served(3), AwaitGet(3, b"mx", 0),
@@ -594,7 +594,8 @@ def run_both(script: Script, reference: list[Address], candidate: list[Address],
 
 def clear_of_the_gc_boundary(stat_interval: int = 86400) -> None:
     """yrmcds collects zero counters just after each stat_interval boundary (00:00
-    UTC by default, §2.6); scripts that expect them listed must not straddle one."""
+    UTC by default; object.hpp deletable, handler.cpp gc_ready); scripts that expect
+    them listed must not straddle one."""
     left = stat_interval - time.time() % stat_interval
     if left < 3.0:
         time.sleep(left + 1.5)
@@ -726,7 +727,7 @@ WRAPS = [
 @pytest.mark.parametrize("first, wrapping", WRAPS)
 def test_an_acquire_that_would_wrap_the_u32_counter_is_refused(first, wrapping, zstalk_addresses):
     # yrmcds 1.1.9 checks `consumption + resources <= maximum` in u32 and answers OK,
-    # after which Get reads the wrapped sum and Release fails (§2.2). zstalk answers
+    # after which Get reads the wrapped sum and Release fails (observed). zstalk answers
     # "Resource not available" and leaves the counter and the holdings as they were.
     held = first[0]
     with CounterClient(zstalk_addresses[0]) as client:

@@ -1,7 +1,7 @@
 """Tests for zstalk.protocol.yrmcds, the sans-IO yrmcds counter codec.
 
-Every frame type and every parse error from the reference notes
-(../shared/reference/yrmcds.md §1, §2.1, §3 counter_request.cpp) is run three ways:
+Every frame type and every parse error of yrmcds (docs/counter.md, counter.cpp's
+request::parse, and the cases of its test/counter_request.cpp) is run three ways:
 whole, one byte at a time, and followed by more data (a whole frame, and a partial
 header that must stay buffered). Then pipelining, the skip-by-declared-length rule,
 the 30 MiB bound (from headers that declare a huge length, not 30 MiB buffers), the
@@ -82,7 +82,7 @@ def case(data: bytes, expected: list, id: str):
 
 
 CASES = [
-    # -- §1 well-formed requests --
+    # -- well-formed requests (docs/counter.md) --
     case(frame(NOOP), [Request(NOOP, OPQ)], "noop"),
     case(frame(NOOP, flags=0xFF, reserved=0xEE), [Request(NOOP, OPQ)], "noop ignores flags and reserved"),
     case(frame(NOOP, b"12345"), [Request(NOOP, OPQ)], "noop ignores a 5-byte body"),
@@ -108,7 +108,7 @@ CASES = [
     case(frame(DUMP), [Request(DUMP, OPQ)], "dump"),
     case(frame(DUMP, b"junk"), [Request(DUMP, OPQ)], "dump ignores its body"),
 
-    # -- §2.1 bodies too short for their opcode: 0x04, opcode echoed --
+    # -- bodies too short for their opcode (request::parse): 0x04, opcode echoed --
     case(frame(GET), [INVALID_GET], "get with no body"),
     case(frame(GET, b"\x00"), [INVALID_GET], "get with a 1-byte body"),
     case(frame(GET, b"\x00\x00"), [INVALID_GET], "get with a zero name length"),
@@ -125,7 +125,7 @@ CASES = [
     case(frame(RELEASE, struct.pack(">IH", 1, 3) + b"ab"), [INVALID_RELEASE],
          "release with a name longer than its body"),
 
-    # -- §2.1 bad magic: 0x04 with the raw opcode; unknown opcode: 0x81 with opcode 0x12 --
+    # -- bad magic: 0x04 with the raw opcode; unknown opcode: 0x81 with opcode 0x12 --
     case(frame(NOOP, opaque=0x42414431, magic=0x80),
          [reply("910004000000001142414431496e76616c696420617267756d656e7473")], "bad magic 0x80 on noop"),
     case(frame(0x05, magic=0x00), [bad_magic(0x05)], "bad magic echoes an unknown opcode"),
@@ -138,7 +138,7 @@ CASES = [
     case(frame(0x13), [UNKNOWN], "unknown opcode 0x13"),
     case(frame(0xFF), [UNKNOWN], "unknown opcode 0xff"),
 
-    # -- §2.1 skip by declared length: a frame inside a body is never parsed --
+    # -- skip by declared length (request::parse): a frame inside a body is never parsed --
     case(frame(NOOP, FOLLOWER, magic=0x80), [bad_magic(NOOP)], "a bad-magic body hides a whole frame"),
     case(frame(0x07, FOLLOWER), [UNKNOWN], "an unknown opcode's body hides a whole frame"),
     case(frame(GET, b"\x00\x00" + FOLLOWER), [INVALID_GET], "an invalid get's body hides a whole frame"),
@@ -245,7 +245,7 @@ def test_the_opaque_bytes_round_trip_exactly():
         assert noop_response(event.opaque)[8:12] == struct.pack(">I", opaque)
 
 
-# -- the 30 MiB bound (§2.1 oversized body length) --
+# -- the 30 MiB bound (MAX_REQUEST_LENGTH, sockets.cpp) --
 
 def test_a_frame_of_exactly_30_mib_is_waited_for():
     parser = Parser()

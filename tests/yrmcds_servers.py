@@ -1,7 +1,7 @@
 # Counter servers and a counter client for end-to-end and differential tests.
 #
-# The reference is Debian's yrmcds 1.1.9 with its counter extension on
-# (../shared/reference/yrmcds.md §2.10). It reads everything from a config file,
+# The reference is Debian's yrmcds 1.1.9 with its counter extension on (the
+# `counter.*` keys of yrmcds docs/counter.md). It reads everything from a config file,
 # so each start writes one into a per-test directory: `counter.enable = true`,
 # three free ports (memcache `port`, `repl_port`, `counter.port`), and
 # `virtual_ip = 127.0.0.1` with a *different* `bind_ip = 127.0.0.2` — yrmcds
@@ -17,7 +17,7 @@
 #
 # CounterClient cuts the byte stream into yrmcds frames (12-byte header, body
 # length at offset 4); a Dump answer is a series of records ended by a frame
-# with an empty body (§2.9), so read_answer() returns one frame or one series.
+# with an empty body (docs/counter.md, "Dump"), so read_answer() returns one frame or one series.
 # Request frames are built here from the codec's own header layout.
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ from zstalk.protocol.yrmcds import (
     Opcode, Status, noop_response,
 )
 
-#: the opaque requests carry unless told otherwise: b"OPQ1", as in the reference notes
+#: the opaque requests carry unless told otherwise: b"OPQ1", as in the captured yrmcds replies
 OPAQUE = 0x4F505131
 #: opaque of the readiness Noop (b"RDY?")
 READY_OPAQUE = 0x5244593F
-#: yrmcds needs a bind_ip different from its virtual_ip (§2.10)
+#: yrmcds needs a bind_ip different from its virtual_ip (equal ones: "Address already in use")
 BIND_IP = "127.0.0.2"
 #: worker threads per yrmcds (few: a start takes milliseconds); see YrmcdsProcess
 YRMCDS_WORKERS = 4
