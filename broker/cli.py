@@ -21,7 +21,7 @@ import click
 
 from ..protocol.listen import bind_listen, describe_listen, parse_listen
 from . import VERSION
-from .options import ServeOptions, no_endpoint, run_server, setup_logging
+from .options import ServeOptions, run_server, setup_logging, worker_endpoint
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -99,8 +99,9 @@ def main(ctx: click.Context, verbose: int) -> None:
               help="Counters: seconds between epoch-aligned collections of zero counters.")
 @click.option("--worker-bind", default=WORKER_ENDPOINT, show_default=True,
               envvar="ZSTALK_WORKER_BIND",
-              help="ZeroMQ endpoint where native workers and producers (zstalk.workers) "
-                   "reach the broker; 'none': no such endpoint.")
+              help="ZeroMQ endpoint (tcp://HOST:PORT, HOST:PORT or ipc://PATH) where native "
+                   "workers and producers (zstalk.workers) reach the broker; 'none': no such "
+                   "endpoint.")
 @binlog_options
 @click.pass_obj
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
@@ -116,7 +117,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
                         stat_interval=stat_interval,
-                        worker_bind=None if no_endpoint(worker_bind) else worker_bind,
+                        worker_bind=worker_endpoint(worker_bind),
                         binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
                         binlog_size=binlog_size)
     sys.exit(run_server([listener], opts, counter_listeners))

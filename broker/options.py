@@ -53,6 +53,15 @@ def no_endpoint(spec: str | None) -> bool:
     return spec is None or spec.strip().lower() in ("", "none")
 
 
+def worker_endpoint(spec: str | None) -> str | None:
+    """The ZeroMQ endpoint `--worker-bind` names: None for 'none', and HOST:PORT taken as
+    tcp://HOST:PORT, the way every other address flag is written."""
+    if no_endpoint(spec):
+        return None
+    spec = spec.strip()
+    return spec if "://" in spec else f"tcp://{spec}"
+
+
 def where(sock) -> str:
     """A listening socket's address as a user would type it (HOST:PORT or unix:/path)."""
     addr = sock.getsockname()
