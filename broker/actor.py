@@ -311,6 +311,8 @@ class BrokerActor:
 
     def _on_readable(self) -> None:
         self._read_scheduled = False
+        if self.sock is None:
+            return              # closed after this read was scheduled (stopping)
         if self._receive():
             self._turn()
         else:

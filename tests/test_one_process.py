@@ -85,6 +85,47 @@ def test_a_local_link_is_welcomed_and_answered_within_the_read_that_sent_the_com
     assert _with_local_broker(body) == [(1, R.INSERTED, 1)]
 
 
+def test_the_first_read_of_a_loop_turn_is_answered_at_once_and_later_ones_at_its_end():
+    from zstalk.protocol.schema import Op, R
+
+    async def body(actor, link, owner):
+        link.gather()
+        link.submit((Op.OPEN, 1))
+        link.submit((Op.PUT, 1, 0, 0, 60, b"first"))
+        link.read_done()
+        first = list(owner.replies)
+        link.gather()
+        link.submit((Op.PUT, 1, 0, 0, 60, b"second"))
+        link.read_done()
+        held = list(owner.replies)
+        await asyncio.sleep(0)
+        return first, held, list(owner.replies)
+
+    first, held, after = _with_local_broker(body)
+    assert first == [(1, R.INSERTED, 1)]
+    assert held == first, "a second read in the same turn waits for the turn's end"
+    assert after == [(1, R.INSERTED, 1), (1, R.INSERTED, 2)]
+
+
+def test_a_socket_read_scheduled_before_the_broker_closes_is_dropped():
+    from zstalk.broker.actor import BrokerActor
+    from zstalk.broker.core import Config
+
+    async def main():
+        errors = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        actor = BrokerActor(f"inproc://closing-{os.getpid()}", Config())
+        actor.start()
+        actor._read_scheduled = True
+        loop.call_soon(actor._on_readable)      # as _check_socket leaves it
+        actor.close()
+        await asyncio.sleep(0.01)
+        return errors
+
+    assert asyncio.run(main()) == []
+
+
 def test_ops_submitted_outside_a_read_leave_at_the_end_of_the_loop_turn():
     from zstalk.protocol.schema import Op, R
 
