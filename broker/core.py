@@ -38,10 +38,15 @@ from .counters import CounterCommands, Counters, CounterSession
 from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
 from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
+from .tasks import FunctionSpec, TaskCommands, Tasks, TaskSession
 from .walformat import S_DELAYED, S_READY
 
 log = logging.getLogger("zstalk.broker")
-_FIRST_COUNTER_OP = int(Op.C_NOOP)
+#: which protocol an op belongs to: 0 beanstalk (and the connection ops every front
+#: sends), 1 counters, 2 cloud tasks; a session takes only its own (its `family`)
+_FAMILY = [0 if code < Op.C_NOOP else 1 if code < Op.T_ENQUEUE else 2
+           for code in range(max(Op) + 1)]
+_TASK_KINDS = frozenset({"http", "dispatcher"})
 #: fronts of a broker that went away notice within PEER_TIMEOUT_S (at once if they get
 #: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
@@ -57,6 +62,8 @@ class Config(NamedTuple):
     binlog_max_size: int = 10485760
     stat_interval_s: int = 86400      # counters: zero counters are collected at these boundaries
     recovering: bool = False          # started again after a crash: refuse Acquire for a grace period
+    functions: tuple = ()             # cloud tasks: the FunctionSpecs of the config file
+    base_function: FunctionSpec | None = None     # any other name, under the base URL
 
 
 class Front:
@@ -71,7 +78,7 @@ class Front:
         self.last_seen = now
 
 
-class Broker(PoolCommands, CounterCommands, Commands):
+class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
                  wall_offset: float = 0.0, wal=None, recovered=None) -> None:
@@ -85,6 +92,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
         self.broker_id = random.getrandbits(64)
         self.state_id = random.getrandbits(64) or 1
         self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
+        self.tasks = Tasks({f.name: f for f in config.functions}, wall_offset,
+                           base=config.base_function)
+        self.dispatchers: dict = {}       # dispatcher sessions, in the order they came
         self.fronts: dict[bytes, Front] = {}
         self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.out: dict[bytes, list] = {}
@@ -198,6 +208,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
                 s = front.sessions.get(conn) or self._open(front, conn)
                 self.counter_store.restore(s.holds, st.holds, self.wall(now))
                 continue
+            if front.kind in _TASK_KINDS:
+                front.sessions.get(conn) or self._open(front, conn)
+                continue
             s = front.sessions.get(conn)
             if s is None:
                 s = self._open(front, conn)
@@ -273,7 +286,7 @@ class Broker(PoolCommands, CounterCommands, Commands):
                     elif op[0] not in SILENT_OPS:
                         out.append((op[1], R.INTERNAL_ERROR))
                     continue
-                if ((op[0] >= _FIRST_COUNTER_OP) != s.is_counter and op[0] > Op.HALF_CLOSE
+                if (op[0] > _HALF_CLOSE and _FAMILY[op[0]] != s.family
                         or s.is_pool and op[0] not in POOL_OPS):
                     out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
@@ -347,6 +360,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
         q = self.queue.next_deadline()
         if q is not None and q < d:
             d = q
+        t = self.tasks.next_deadline()
+        if t is not None and t < d:
+            d = t
         for f in self.fronts.values():
             silent_at = f.last_seen + PEER_TIMEOUT_S
             if silent_at < d:
@@ -355,6 +371,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
 
     def expire(self, now: float) -> None:
         self.queue.expire(now)
+        if self.tasks.tasks:
+            self.tasks.expire(now)
+            self._feed_dispatchers(now)
         if self.resumed:
             self._resume(now)
         self.counter_store.expire(self.wall(now))
@@ -382,6 +401,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
 
     # -- sessions --------------------------------------------------------------------
     def _open(self, front: Front, conn: int):
+        if front.kind in _TASK_KINDS:
+            s = front.sessions[conn] = TaskSession(front, conn)
+            return s
         if front.kind == "counter":
             s = front.sessions[conn] = CounterSession(front, conn)
             self.counter_store.curr_connections += 1
@@ -398,6 +420,9 @@ class Broker(PoolCommands, CounterCommands, Commands):
     def _close(self, s, now: float) -> None:
         """A connection went away: its jobs go back to ready at once, counters unchanged;
         a counter session's holdings go back too."""
+        if s.family == 2:
+            self._close_task_session(s, now)
+            return
         if s.is_counter:
             self.counter_store.release_all(s.holds, self.wall(now))
             self.counter_store.curr_connections -= 1
@@ -426,7 +451,7 @@ class Broker(PoolCommands, CounterCommands, Commands):
     def sessions(self):
         """The beanstalk sessions of every front (what beanstalk's stats count)."""
         for f in self.fronts.values():
-            if f.kind != "counter":
+            if f.kind != "counter" and f.kind not in _TASK_KINDS:
                 yield from f.sessions.values()
 
 

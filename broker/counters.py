@@ -45,6 +45,7 @@ class Counter:
 class CounterSession:
     """One connection of a counter front: what it holds, by counter name."""
     __slots__ = ("front", "conn", "holds")
+    family = 1          # ops it may send: the counter ones (core.Broker._batch)
     is_counter = True
     is_pool = False
     behind = None       # counter ops never wait behind one another (see core.Broker._hold)

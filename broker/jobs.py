@@ -239,6 +239,7 @@ class Session:
     """
     __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "due", "waiting", "wait_until",
                  "wake", "producer", "worker", "behind", "behind_bytes", "half_closed")
+    family = 0          # ops it may send: the beanstalk ones (core.Broker._batch)
     is_counter = False
     is_pool = False
 

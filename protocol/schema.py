@@ -91,6 +91,12 @@ class Op(enum.IntEnum):
     C_RELEASE = 43      # (conn, name, resources)
     C_STATS = 44        # (conn)
     C_DUMP = 45         # (conn)
+    # cloud tasks (kind "http" fronts and "dispatcher" pools; see "Cloud tasks" below)
+    T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id)
+    T_INFO = 51         # (conn, unique_id)
+    T_CANCEL = 52       # (conn, unique_id)
+    T_SUBSCRIBE = 53    # (conn, slots)              the calls a dispatcher can take now
+    T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
 
 
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
@@ -99,7 +105,8 @@ SESSION_OPS_MAX = 1024
 SESSION_BYTES_MAX = 4 * 1024 * 1024
 
 #: ops that produce no reply
-SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT})
+SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE,
+                        Op.T_OUTCOME})
 
 
 class R(enum.IntEnum):
@@ -133,6 +140,9 @@ class R(enum.IntEnum):
     C_OK = 30           # (value)  counter op succeeded; value: int, or None for no body
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
+    T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
+    T_ERROR = 41        # (status, code, message)  the HTTP status and JSON error to answer
+    T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
 
 
 # ---------------------------------------------------------------------------------
@@ -150,6 +160,13 @@ class R(enum.IntEnum):
 # same batch.  A SUBSCRIBE again replaces tubes and credits (credits 0: push nothing
 # more, the graceful-shutdown step).  Heartbeats and re-registration after a broker
 # restart are the fronts' (Hello/Welcome/SessionState).
+#
+# Cloud tasks: an HTTP front (kind "http") sends T_ENQUEUE / T_INFO / T_CANCEL, each
+# answered T_TASK or T_ERROR; the unique id of a task enqueued without one is made by the
+# front (the broker core has no randomness).  A dispatcher (kind "dispatcher") OPENs and
+# T_SUBSCRIBEs with its free slots: the broker pushes `R.T_CALL` while it has some, and
+# every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal") frees one; T_SUBSCRIBE
+# again sets the count (after a reconnect: the slots no running call will free).  broker/tasks.py says what the outcomes do.
 #: worker-protocol versions this code speaks (bump the max on an incompatible change)
 WORKER_VERSIONS = (1, 1)
 

@@ -1,0 +1,514 @@
+"""Cloud tasks: function calls queued in the broker and made over HTTP by dispatchers.
+
+Pure, like the rest of the core: every method that depends on time takes `now`
+(monotonic seconds); wall-clock values (createdAt, the default priority) are
+`now + wall_offset`.  The HTTP front turns requests into calls of this store and its
+answers into JSON; dispatchers are handed tasks with `take` and report each call with
+`outcome`.  Nothing here knows HTTP or sockets.
+
+A task's life (the statuses of LeanCloud's Cloud Queue):
+
+    enqueue --> queued --take--> running --2xx--> success
+                  ^  |              |---- failed call, retries left ----> queued (retryAt)
+     cancelled <--'  |              |---- failed call, none left -------> failed
+                     |              '---- outcome unknown, atMostOnce ---> failed
+                     '-- delay / backoff: queued but not due yet
+    success, failed, cancelled --keepResult--> forgotten (the uniqueId is free again)
+
+A "fatal" outcome (the call ran but its result cannot be kept: over the size limit)
+fails the task at once, since calling again would run the function again.
+
+`attempts` counts *retries* (the Cloud Queue's 最大重试次数): with the default 1 a failing
+task is called twice.  An outcome is "unknown" when the request may have reached the
+function (a timeout after sending, a connection lost mid-call, a dispatcher that
+vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task saying so.
+
+Queues: per function, due tasks in `(priority, seq)` order (seq is the enqueue order, so
+equal priorities run first come, first served); `waitNum` is a task's rank there.
+Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks count against
+their function's `concurrency`, which holds across every dispatcher because only the
+broker hands tasks out.  A running task also has a deadline (its timeout plus
+CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
+
+Errors are data: `TaskError(status, code, message)`, the HTTP status and JSON error the
+front answers with; nothing is changed when an error is returned.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from typing import Any, Callable, NamedTuple
+
+from sortedcontainers import SortedList
+
+from ..protocol.schema import R
+
+QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
+FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
+AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
+
+#: how long past its timeout a running task waits for its dispatcher's report
+CALL_GRACE_S = 5.0
+MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
+MAX_ATTEMPTS = 1000
+MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
+INT64 = (-(1 << 63), (1 << 63) - 1)
+UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "priority",
+           "timeout", "uniqueId")
+
+
+class TaskError(NamedTuple):
+    status: int         # the HTTP status
+    code: str           # a stable machine-readable name
+    message: str
+
+
+class FunctionSpec(NamedTuple):
+    """A function tasks may call (from the config file)."""
+    name: str
+    url: str
+    concurrency: int = 1
+    timeout_ms: int = 15000
+    max_timeout_ms: int = MAX_TIMEOUT_MS
+
+
+class Backoff(NamedTuple):
+    kind: str = "fixed"         # "fixed" | "exponential"
+    delay_ms: int = 60000
+    max_delay_ms: int = MAX_DURATION_MS
+    jitter: bool = False
+
+    def wait_ms(self, retry: int, rand: Callable[[], float]) -> int:
+        """Before retry number `retry` (1 for the first)."""
+        wait = self.delay_ms if self.kind == "fixed" else self.delay_ms * 2 ** (retry - 1)
+        wait = min(wait, self.max_delay_ms)
+        return int(wait * rand()) if self.jitter else int(wait)    # "full jitter"
+
+
+class Task:
+    __slots__ = ("uid", "function", "params", "priority", "seq", "status", "attempt",
+                 "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
+                 "created", "started", "finished", "due", "deadline", "expires",
+                 "status_code", "result", "error", "holder")
+
+    def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
+                 now: float) -> None:
+        self.uid = uid
+        self.function = function
+        self.params = params            # the JSON body to POST, as received
+        self.priority = priority
+        self.seq = seq
+        self.status = QUEUED
+        self.attempt = 0                # calls made so far
+        self.attempts = 1               # retries allowed after the first call
+        self.backoff = Backoff()
+        self.timeout_ms = 15000
+        self.delivery = AT_LEAST_ONCE
+        self.keep_result_ms = 300000
+        self.created = now
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.due = now                  # queued: when it may run (delay, backoff)
+        self.deadline = 0.0             # running: when its dispatcher is given up on
+        self.expires = 0.0              # finished: when it is forgotten
+        self.status_code: int | None = None
+        self.result: bytes | None = None    # the function's response body
+        self.error: str | None = None
+        self.holder = None              # the dispatcher session running it
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.priority, self.seq)
+
+
+class Outcome(NamedTuple):
+    """What a dispatcher reports for one call."""
+    kind: str                   # "success" | "failure" | "unknown" | "fatal"
+    status_code: int | None = None
+    result: bytes | None = None
+    error: str | None = None
+    retry_after_ms: int = 0     # a 429 / 503 with Retry-After: wait at least this long
+
+
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+class Tasks:
+    def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
+                 rand: Callable[[], float] = random.random,
+                 base: FunctionSpec | None = None) -> None:
+        self.functions = dict(functions)
+        self.base = base        # any other name F is called at base.url/F (config base_url)
+        self.wall_offset = wall_offset
+        self.rand = rand
+        self.tasks: dict[str, Task] = {}
+        self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
+        self.by_key: dict[tuple[int, int], Task] = {}
+        self.running: dict[str, int] = {}           # function -> tasks running
+        self.waiting = SortedList()     # (due, seq) of queued tasks not due yet
+        self.calls = SortedList()       # (deadline, seq) of running tasks
+        self.keeping = SortedList()     # (expires, seq) of finished tasks
+        self.by_seq: dict[int, Task] = {}
+        self._seq = itertools.count(1)
+        self.bytes = 0                  # params and results held (for --max-jobs-bytes)
+
+    # -- enqueue -------------------------------------------------------------------------
+    def enqueue(self, function: str, params: bytes, options: Any, now: float,
+                uid: str | None = None) -> Task | TaskError:
+        """A new task, or the error that refused it (then nothing changed).  `uid` is a
+        random id the caller made (the core has no randomness of its own for ids)."""
+        spec = self.function(function)
+        if spec is None:
+            return TaskError(404, "unknown_function", f"no function named {function!r}")
+        parsed = parse_options(options, spec)
+        if isinstance(parsed, TaskError):
+            return parsed
+        uid = parsed.get("uniqueId", uid)
+        if uid is None:
+            return TaskError(400, "bad_request", "a uniqueId is needed")
+        if uid in self.tasks:
+            return TaskError(409, "duplicate", f"a task with uniqueId {uid!r} exists")
+        seq = next(self._seq)
+        priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
+        task = Task(uid, function, params, priority, seq, now)
+        task.attempts = parsed.get("attempts", 1)
+        task.backoff = parsed.get("backoff", Backoff())
+        task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
+        task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
+        task.keep_result_ms = parsed.get("keepResult", 300000)
+        self.tasks[uid] = task
+        self.by_seq[seq] = task
+        self.bytes += len(params)
+        self._queue(task, now + parsed.get("delay", 0) / 1000, now)
+        return task
+
+    def function(self, name: str) -> FunctionSpec | None:
+        """The function `name`: configured by name, or under the base URL."""
+        spec = self.functions.get(name)
+        if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
+            spec = self.functions[name] = self.base._replace(
+                name=name, url=f"{self.base.url.rstrip('/')}/{name}")
+        return spec
+
+    def _queue(self, task: Task, due: float, now: float) -> None:
+        task.status = QUEUED
+        task.due = due
+        if due > now:
+            self.waiting.add((due, task.seq))
+        else:
+            self.ready.setdefault(task.function, SortedList()).add(task.key)
+            self.by_key[task.key] = task
+
+    # -- looking -------------------------------------------------------------------------
+    def wait_num(self, task: Task) -> int:
+        """Tasks of its function that run before it (if it were due now)."""
+        ready = self.ready.get(task.function)
+        return ready.bisect_left(task.key) if ready else 0
+
+    def info(self, uid: str, now: float) -> dict | None:
+        """The TaskInfo of the API: what applies to the task's state, nothing else."""
+        task = self.tasks.get(uid)
+        if task is None:
+            return None
+        wall = self.wall_offset
+        out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
+                               "status": task.status, "createdAt": task.created + wall,
+                               "attempt": task.attempt, "attempts": task.attempts}
+        if task.started is not None:
+            out["startedAt"] = task.started + wall
+        if task.finished is not None:
+            out["finishedAt"] = task.finished + wall
+        if task.status_code is not None:
+            out["statusCode"] = task.status_code
+        if task.result is not None:
+            out["result"] = task.result
+        if task.error is not None:
+            out["error"] = task.error
+        if task.status == QUEUED:
+            out["waitNum"] = self.wait_num(task)
+            if task.attempt and task.due > now:
+                out["retryAt"] = task.due + wall
+        return out
+
+    # -- dispatch ------------------------------------------------------------------------
+    def take(self, holder, now: float) -> Task | None:
+        """The next task a dispatcher may call: the best due one, by (priority, seq),
+        among functions below their concurrency."""
+        best = None
+        for name, ready in self.ready.items():
+            if ready and self.running.get(name, 0) < self.functions[name].concurrency:
+                if best is None or ready[0] < best:
+                    best = ready[0]
+        if best is None:
+            return None
+        task = self.by_key.pop(best)
+        self.ready[task.function].remove(best)
+        task.status = RUNNING
+        task.attempt += 1
+        task.started = now
+        task.holder = holder
+        task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
+        self.calls.add((task.deadline, task.seq))
+        self.running[task.function] = self.running.get(task.function, 0) + 1
+        return task
+
+    def outcome(self, uid: str, attempt: int, result: Outcome, now: float,
+                holder=None) -> bool:
+        """A dispatcher's report of call `attempt`; False if that call is no longer the
+        task's current one (a late report after a timeout gave up on it), or `holder` is
+        given and is not the dispatcher the call was handed to."""
+        task = self.tasks.get(uid)
+        if task is None or task.status != RUNNING or task.attempt != attempt:
+            return False
+        if holder is not None and task.holder is not holder:
+            return False
+        self._end_call(task)
+        task.status_code = result.status_code
+        if result.kind == "success":
+            task.error = None
+            self._set_result(task, result.result)
+            self._finish(task, SUCCESS, now)
+            return True
+        task.error = result.error or "the call failed"
+        if result.kind == "fatal":
+            self._finish(task, FAILED, now)
+        elif result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
+            task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"
+            self._finish(task, FAILED, now)
+        elif task.attempt <= task.attempts:
+            wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand), result.retry_after_ms)
+            self._queue(task, now + wait_ms / 1000, now)
+        else:
+            self._finish(task, FAILED, now)
+        return True
+
+    def lost(self, holder, now: float) -> None:
+        """A dispatcher went away: its calls' outcomes are unknown."""
+        for task in [self.by_seq[seq] for _, seq in self.calls]:
+            if task.holder is not holder:
+                continue
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error="the dispatcher went away during the call"),
+                         now)
+
+    def _end_call(self, task: Task) -> None:
+        self.calls.remove((task.deadline, task.seq))
+        self.running[task.function] -= 1
+        task.holder = None
+
+    def _set_result(self, task: Task, result: bytes | None) -> None:
+        self.bytes += len(result or b"") - len(task.result or b"")
+        task.result = result
+
+    def _finish(self, task: Task, status: str, now: float) -> None:
+        task.status = status
+        task.finished = now
+        task.expires = now + task.keep_result_ms / 1000
+        self.keeping.add((task.expires, task.seq))
+
+    # -- cancel --------------------------------------------------------------------------
+    def cancel(self, uid: str, now: float) -> Task | TaskError:
+        task = self.tasks.get(uid)
+        if task is None:
+            return TaskError(404, "not_found", f"no task {uid!r}")
+        if task.status != QUEUED:
+            return TaskError(409, "not_cancellable", f"task {uid!r} is {task.status}")
+        if task.key in self.by_key:
+            del self.by_key[task.key]
+            self.ready[task.function].remove(task.key)
+        else:
+            self.waiting.remove((task.due, task.seq))
+        self._finish(task, CANCELLED, now)
+        return task
+
+    # -- timers --------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping) if s]
+        return min(heads) if heads else None
+
+    def expire(self, now: float) -> None:
+        while self.waiting and self.waiting[0][0] <= now:
+            due, seq = self.waiting.pop(0)
+            task = self.by_seq[seq]
+            self.ready.setdefault(task.function, SortedList()).add(task.key)
+            self.by_key[task.key] = task
+        while self.calls and self.calls[0][0] <= now:
+            task = self.by_seq[self.calls[0][1]]
+            self.outcome(task.uid, task.attempt, Outcome(
+                "unknown", error=f"no report within the timeout ({task.timeout_ms} ms)"), now)
+        while self.keeping and self.keeping[0][0] <= now:
+            _, seq = self.keeping.pop(0)
+            task = self.by_seq.pop(seq)
+            del self.tasks[task.uid]
+            self.bytes -= len(task.params) + len(task.result or b"")
+
+
+# -- options ---------------------------------------------------------------------------------
+def parse_options(options: Any, spec: FunctionSpec) -> dict | TaskError:
+    """The enqueue options, checked; names and units as in the API (durations in ms)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        return _bad("options must be an object")
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in OPTIONS:
+            return _bad(f"unknown option {name!r}; options are {', '.join(OPTIONS)}")
+        checked = _CHECKS[name](value, spec)
+        if isinstance(checked, TaskError):
+            return checked
+        out[name] = checked
+    return out
+
+
+def _bad(message: str) -> TaskError:
+    return TaskError(400, "bad_request", message)
+
+
+def _int(name: str, value: Any, low: int, high: int) -> int | TaskError:
+    if type(value) is not int:          # (a bool is an int to Python, not to JSON)
+        return _bad(f"{name} must be an integer")
+    if not low <= value <= high:
+        return _bad(f"{name} must be between {low} and {high}")
+    return value
+
+
+def _backoff(value: Any, spec: FunctionSpec) -> Backoff | TaskError:
+    if not isinstance(value, dict):
+        ms = _int("backoff", value, 0, MAX_DURATION_MS)
+        return ms if isinstance(ms, TaskError) else Backoff("fixed", ms)
+    unknown = set(value) - {"type", "delay", "maxDelay", "jitter"}
+    if unknown:
+        return _bad(f"unknown backoff field {sorted(unknown)[0]!r}")
+    kind = value.get("type", "fixed")
+    if kind not in ("fixed", "exponential"):
+        return _bad("backoff type must be 'fixed' or 'exponential'")
+    delay = _int("backoff delay", value.get("delay", 60000), 0, MAX_DURATION_MS)
+    cap = _int("backoff maxDelay", value.get("maxDelay", MAX_DURATION_MS), 0, MAX_DURATION_MS)
+    jitter = value.get("jitter", False)
+    if type(jitter) is not bool:
+        return _bad("backoff jitter must be true or false")
+    for checked in (delay, cap):
+        if isinstance(checked, TaskError):
+            return checked
+    return Backoff(kind, delay, cap, jitter)
+
+
+def _delivery(value: Any, spec: FunctionSpec) -> str | TaskError:
+    if value not in (AT_LEAST_ONCE, AT_MOST_ONCE):
+        return _bad(f"deliveryMode must be {AT_LEAST_ONCE!r} or {AT_MOST_ONCE!r}")
+    return value
+
+
+def _unique_id(value: Any, spec: FunctionSpec) -> str | TaskError:
+    if not isinstance(value, str) or not UNIQUE_ID.fullmatch(value):
+        return _bad("uniqueId must be 1 to 32 characters of A-Z a-z 0-9 _ . : -")
+    return value
+
+
+_CHECKS: dict[str, Callable[[Any, FunctionSpec], Any]] = {
+    "attempts": lambda v, spec: _int("attempts", v, 0, MAX_ATTEMPTS),
+    "backoff": _backoff,
+    "delay": lambda v, spec: _int("delay", v, 0, MAX_DURATION_MS),
+    "deliveryMode": _delivery,
+    "keepResult": lambda v, spec: _int("keepResult", v, 0, MAX_DURATION_MS),
+    "priority": lambda v, spec: _int("priority", v, *INT64),
+    "timeout": lambda v, spec: _int("timeout", v, 1, spec.max_timeout_ms),
+    "uniqueId": _unique_id,
+}
+
+
+# -- the broker side: sessions of HTTP fronts and dispatchers, and their ops ---------------
+#: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
+MAX_SLOTS = 1 << 16
+OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal"})
+
+
+class TaskSession:
+    """One session of an HTTP front (kind "http") or of a dispatcher ("dispatcher")."""
+    __slots__ = ("front", "conn", "slots")
+    family = 2          # ops it may send: the T_* ones (core.Broker._batch)
+    is_counter = False
+    is_pool = False
+    is_task = True
+    behind = None       # task ops never wait behind one another
+
+    def __init__(self, front, conn: int) -> None:
+        self.front = front
+        self.conn = conn
+        self.slots = 0  # a dispatcher: calls it may be handed now
+
+
+class TaskCommands:
+    """Handlers of the task ops, mixed into the Broker (see commands.py for the shape).
+    Each answers T_TASK or T_ERROR, except the dispatchers' silent T_SUBSCRIBE and
+    T_OUTCOME; whatever frees a function's slot or makes a task due feeds the dispatchers."""
+
+    def t_enqueue(self, s, op, now):
+        _, conn, function, params, options, uid = op
+        if type(function) is not str or type(params) is not bytes or type(uid) is not str:
+            return (conn, R.T_ERROR, 400, "bad_request", "malformed enqueue")
+        task = self.tasks.enqueue(function, params, options, now, uid=uid)
+        if isinstance(task, TaskError):
+            return (conn, R.T_ERROR, *task)
+        info = self.tasks.info(task.uid, now)     # as enqueued, before a dispatcher takes it
+        self._feed_dispatchers(now)
+        return (conn, R.T_TASK, info)
+
+    def t_info(self, s, op, now):
+        info = self.tasks.info(op[2], now) if type(op[2]) is str else None
+        if info is None:
+            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+        return (s.conn, R.T_TASK, info)
+
+    def t_cancel(self, s, op, now):
+        task = self.tasks.cancel(op[2], now) if type(op[2]) is str else None
+        if task is None:
+            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+        if isinstance(task, TaskError):
+            return (s.conn, R.T_ERROR, *task)
+        return (s.conn, R.T_TASK, self.tasks.info(task.uid, now))
+
+    def t_subscribe(self, s, op, now):
+        if type(op[2]) is int and s.is_task:
+            s.slots = max(0, min(op[2], MAX_SLOTS))
+            self.dispatchers[s] = None
+            self._feed_dispatchers(now)
+
+    def t_outcome(self, s, op, now):
+        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
+        if s not in self.dispatchers or kind not in OUTCOME_KINDS:
+            return None
+        s.slots = min(s.slots + 1, MAX_SLOTS)       # the call is over for the dispatcher
+        if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
+                and (result is None or type(result) is bytes)):
+            outcome = Outcome(kind, status_code, result,
+                              None if error is None else str(error)[:1000], retry_after_ms)
+            self.tasks.outcome(uid, attempt, outcome, now, holder=s)
+        self._feed_dispatchers(now)
+
+    def _close_task_session(self, s, now: float) -> None:
+        self.dispatchers.pop(s, None)
+        self.tasks.lost(s, now)
+        del s.front.sessions[s.conn]
+        self._feed_dispatchers(now)
+
+    def _feed_dispatchers(self, now: float) -> None:
+        """Hand due tasks to dispatchers with free slots, one each in turn."""
+        while True:
+            handed = False
+            for d in self.dispatchers:
+                if d.slots <= 0:
+                    continue
+                task = self.tasks.take(d, now)
+                if task is None:
+                    return
+                d.slots -= 1
+                handed = True
+                url = self.tasks.function(task.function).url
+                self._reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
+                            task.timeout_ms)
+            if not handed:
+                return

@@ -1,0 +1,353 @@
+"""The cloud-task store with a fake clock: options, order, concurrency, retries, delivery
+modes, cancel and keepResult, without HTTP or sleeping."""
+from __future__ import annotations
+
+import pytest
+
+from zstalk.broker.tasks import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING, SUCCESS,
+                                 Backoff, FunctionSpec, Outcome, Task, TaskError, Tasks)
+
+T0 = 1000.0
+WALL = 1_700_000_000.0 - T0       # wall clock = now + WALL
+
+
+class Clock:
+    """A store and a clock that moves only when told; ids are t1, t2, ..."""
+
+    def __init__(self, **functions) -> None:
+        specs = functions or {"f": {}}
+        self.store = Tasks({name: FunctionSpec(name, f"http://fn/{name}", **spec)
+                            for name, spec in specs.items()}, wall_offset=WALL,
+                           rand=lambda: 0.5)
+        self.now = T0
+        self.n = 0
+
+    def enqueue(self, function: str = "f", options=None, params: bytes = b"{}"):
+        self.n += 1
+        return self.store.enqueue(function, params, options, self.now, uid=f"t{self.n}")
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.store.expire(self.now)
+
+    def take(self, holder="d1"):
+        return self.store.take(holder, self.now)
+
+    def report(self, task: Task, kind: str, **kw) -> bool:
+        return self.store.outcome(task.uid, task.attempt, Outcome(kind, **kw), self.now)
+
+    def status(self, uid: str):
+        info = self.store.info(uid, self.now)
+        return None if info is None else info["status"]
+
+
+@pytest.fixture
+def c() -> Clock:
+    return Clock()
+
+
+# -- enqueue and options ---------------------------------------------------------------------
+def test_a_task_is_queued_with_the_cloud_queue_defaults(c):
+    task = c.enqueue()
+    assert (task.status, task.attempts, task.timeout_ms, task.keep_result_ms) == (
+        QUEUED, 1, 15000, 300000)
+    assert task.backoff == Backoff("fixed", 60000)
+    assert task.priority == int((T0 + WALL) * 1000), "default priority: enqueue time in ms"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"colour": 1}, "unknown option 'colour'"),
+    ({"delay": -1}, "delay must be between"),
+    ({"delay": True}, "delay must be an integer"),
+    ({"attempts": 1.5}, "attempts must be an integer"),
+    ({"timeout": 0}, "timeout must be between"),
+    ({"timeout": 15 * 60 * 1000 + 1}, "timeout must be between"),
+    ({"priority": 1 << 63}, "priority must be between"),
+    ({"uniqueId": "x" * 33}, "uniqueId must be 1 to 32"),
+    ({"uniqueId": "a/b"}, "uniqueId must be 1 to 32"),
+    ({"deliveryMode": "once"}, "deliveryMode must be"),
+    ({"backoff": {"type": "linear"}}, "backoff type must be"),
+    ({"backoff": {"delay": 10, "step": 2}}, "unknown backoff field 'step'"),
+    ({"backoff": {"jitter": 1}}, "backoff jitter must be true or false"),
+    ([1, 2], "options must be an object"),
+])
+def test_a_bad_option_is_a_400_and_enqueues_nothing(c, options, message):
+    error = c.enqueue(options=options)
+    assert isinstance(error, TaskError) and error.status == 400 and message in error.message
+    assert c.store.tasks == {} and c.take() is None
+
+
+def test_an_unknown_function_is_a_404(c):
+    error = c.enqueue("nosuch")
+    assert isinstance(error, TaskError) and error.status == 404 and "nosuch" in error.message
+
+
+def test_a_function_timeout_caps_what_a_task_may_ask_for():
+    c = Clock(f={"timeout_ms": 1000, "max_timeout_ms": 2000})
+    assert c.enqueue().timeout_ms == 1000
+    assert c.enqueue(options={"timeout": 2000}).timeout_ms == 2000
+    assert c.enqueue(options={"timeout": 2001}).status == 400
+
+
+def test_a_unique_id_is_taken_until_its_finished_task_is_forgotten(c):
+    first = c.enqueue(options={"uniqueId": "order-1", "keepResult": 1000})
+    assert c.enqueue(options={"uniqueId": "order-1"}).status == 409
+    assert c.report(c.take(), "success", status_code=200, result=b'{"ok":true}')
+    assert c.enqueue(options={"uniqueId": "order-1"}).status == 409, "still kept"
+    c.advance(1.0)
+    assert c.store.info("order-1", c.now) is None
+    again = c.enqueue(options={"uniqueId": "order-1"})
+    assert isinstance(again, Task) and again is not first
+
+
+# -- order and concurrency ---------------------------------------------------------------------
+def test_tasks_run_by_priority_then_enqueue_order(c):
+    c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=10)
+    ids = [c.enqueue(options={"priority": p}).uid for p in (5, 1, 5, -3)]
+    assert [c.take().uid for _ in ids] == [ids[3], ids[1], ids[0], ids[2]]
+
+
+def test_wait_num_counts_the_tasks_ahead_in_the_functions_queue(c):
+    a, b = c.enqueue(options={"priority": 1}), c.enqueue(options={"priority": 2})
+    first = c.enqueue(options={"priority": 0})
+    assert [c.store.info(t.uid, c.now)["waitNum"] for t in (first, a, b)] == [0, 1, 2]
+
+
+def test_a_function_runs_no_more_calls_than_its_concurrency_across_dispatchers():
+    c = Clock(f={"concurrency": 2}, g={})
+    for _ in range(3):
+        c.enqueue("f")
+    g = c.enqueue("g")
+    taken = [c.take("d1"), c.take("d2"), c.take("d1")]
+    assert [t.function for t in taken] == ["f", "f", "g"] and taken[2] is g
+    assert c.take("d2") is None, "f is at its concurrency, g has nothing left"
+    c.report(taken[0], "success", status_code=200)
+    assert c.take("d2").function == "f"
+
+
+def test_a_delayed_task_is_not_handed_out_before_its_delay(c):
+    task = c.enqueue(options={"delay": 1500})
+    assert c.take() is None
+    c.advance(1.4)
+    assert c.take() is None
+    c.advance(0.1)
+    assert c.take() is task
+
+
+# -- outcomes ------------------------------------------------------------------------------------
+def test_a_successful_call_records_status_code_result_and_times(c):
+    task = c.enqueue()
+    c.advance(1.0)
+    assert c.take() is task and c.status(task.uid) == RUNNING
+    c.advance(0.25)
+    assert c.report(task, "success", status_code=201, result=b'{"id":7}')
+    info = c.store.info(task.uid, c.now)
+    assert info["status"] == SUCCESS and info["statusCode"] == 201
+    assert info["result"] == b'{"id":7}' and info["attempt"] == 1
+    assert info["createdAt"] == T0 + WALL and info["startedAt"] == T0 + 1.0 + WALL
+    assert info["finishedAt"] == T0 + 1.25 + WALL
+    assert "waitNum" not in info and "error" not in info
+
+
+def test_a_failing_task_is_retried_after_its_backoff_then_fails(c):
+    task = c.enqueue(options={"attempts": 1, "backoff": 2000})
+    assert c.report(c.take(), "failure", status_code=500, error="HTTP 500")
+    info = c.store.info(task.uid, c.now)
+    assert info["status"] == QUEUED and info["error"] == "HTTP 500"
+    assert info["retryAt"] == T0 + 2.0 + WALL
+    c.advance(1.9)
+    assert c.take() is None
+    c.advance(0.1)
+    assert c.report(c.take(), "failure", status_code=500, error="HTTP 500 again")
+    assert c.status(task.uid) == FAILED and task.attempt == 2 and task.error == "HTTP 500 again"
+
+
+def test_a_fatal_outcome_fails_the_task_without_a_retry(c):
+    task = c.enqueue(options={"attempts": 5})
+    c.report(c.take(), "fatal", status_code=200, error="result over the limit")
+    assert c.status(task.uid) == FAILED and task.attempt == 1
+
+
+def test_attempts_zero_means_one_call_and_no_retry(c):
+    task = c.enqueue(options={"attempts": 0})
+    c.report(c.take(), "failure", error="refused")
+    assert c.status(task.uid) == FAILED
+
+
+def test_exponential_backoff_doubles_up_to_its_cap_and_jitter_scales_it():
+    backoff = Backoff("exponential", 1000, 5000)
+    assert [backoff.wait_ms(n, lambda: 0.5) for n in (1, 2, 3, 4)] == [1000, 2000, 4000, 5000]
+    assert Backoff("exponential", 1000, 5000, jitter=True).wait_ms(2, lambda: 0.5) == 1000
+
+
+def test_retry_after_from_the_function_waits_longer_than_the_backoff(c):
+    task = c.enqueue(options={"backoff": 1000})
+    c.report(c.take(), "failure", status_code=429, retry_after_ms=30000)
+    assert c.store.info(task.uid, c.now)["retryAt"] == T0 + 30.0 + WALL
+
+
+def test_an_unknown_outcome_is_retried_at_least_once_but_fails_at_most_once():
+    c = Clock(f={"concurrency": 2})
+    retried = c.enqueue(options={"backoff": 0})
+    c.report(c.take(), "unknown", error="timed out after sending")
+    assert c.status(retried.uid) == QUEUED
+    once = c.enqueue(options={"deliveryMode": "atMostOnce", "backoff": 0})
+    assert c.take() is retried
+    assert c.take() is once
+    c.report(once, "unknown", error="timed out after sending")
+    assert c.status(once.uid) == FAILED and "atMostOnce" in once.error
+
+
+def test_a_call_whose_dispatcher_never_reports_times_out_as_unknown(c):
+    task = c.enqueue(options={"timeout": 2000, "backoff": 0})
+    c.take()
+    c.advance(2.0 + CALL_GRACE_S - 0.01)
+    assert c.status(task.uid) == RUNNING
+    c.advance(0.01)
+    assert c.status(task.uid) == QUEUED and "no report" in task.error
+    late = c.store.outcome(task.uid, 1, Outcome("success", 200), c.now)
+    assert late is False and c.status(task.uid) == QUEUED, "a late report changes nothing"
+
+
+def test_a_lost_dispatcher_gives_its_calls_unknown_outcomes_and_spares_the_others(c):
+    c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=2)
+    mine, theirs = c.enqueue(options={"backoff": 0}), c.enqueue()
+    c.take("dead"), c.take("alive")
+    c.store.lost("dead", c.now)
+    assert c.status(mine.uid) == QUEUED and "went away" in mine.error
+    assert c.status(theirs.uid) == RUNNING
+
+
+# -- cancel and memory -----------------------------------------------------------------------------
+def test_cancel_takes_a_queued_or_retrying_task_and_refuses_a_running_one(c):
+    queued, delayed, running = c.enqueue(), c.enqueue(options={"delay": 5000}), c.enqueue()
+    c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=5)
+    assert c.take() is queued          # (first come) -- now running
+    assert c.store.cancel(delayed.uid, c.now) is delayed and c.status(delayed.uid) == CANCELLED
+    assert c.store.cancel(queued.uid, c.now).status == 409
+    assert c.store.cancel(running.uid, c.now) is running
+    assert c.take() is None
+    c.advance(10)
+    assert c.take() is None, "a cancelled delayed task never comes due"
+    assert c.store.cancel("nosuch", c.now).status == 404
+
+
+def test_params_and_results_are_counted_until_the_task_is_forgotten(c):
+    task = c.enqueue(params=b'{"id": 1234}', options={"keepResult": 0})
+    assert c.store.bytes == 12
+    c.report(c.take(), "success", status_code=200, result=b"done")
+    assert c.store.bytes == 16
+    c.advance(0)
+    assert c.store.bytes == 0 and c.store.info(task.uid, c.now) is None
+
+
+def test_the_next_deadline_is_the_soonest_of_delays_calls_and_expiries(c):
+    assert c.store.next_deadline() is None
+    c.enqueue(options={"delay": 9000})
+    c.enqueue(options={"timeout": 1000})
+    c.take()
+    assert c.store.next_deadline() == T0 + 1.0 + CALL_GRACE_S
+    c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=2)
+    c.enqueue(options={"keepResult": 500})
+    c.report(c.take(), "success", status_code=200)
+    assert c.store.next_deadline() == T0 + 0.5
+
+
+# -- through the broker: an HTTP front and dispatchers as the broker sees them -----------------
+from zstalk.broker.core import Broker, Config                          # noqa: E402
+from zstalk.protocol.schema import Batch, Hello, Op, R, Replies        # noqa: E402
+
+HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
+
+
+class BrokerClock:
+    def __init__(self, **spec) -> None:
+        self.now = T0
+        self.broker = Broker(Config(functions=(FunctionSpec("f", "http://fn/f", **spec),)),
+                             self.now)
+        for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
+                                     (D2, "dispatcher", 3), (BEANSTALK, "beanstalk", 4)):
+            self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)
+            self.send(peer, (Op.OPEN, 1))
+
+    def send(self, peer: bytes, *ops) -> dict[bytes, list]:
+        self.broker.handle(peer, Batch(list(ops)), self.now)
+        out: dict[bytes, list] = {}
+        for p, msg in self.broker.flush():
+            if isinstance(msg, Replies):
+                out.setdefault(p, []).extend(msg.items)
+        return out
+
+    def enqueue(self, uid: str, options=None) -> tuple:
+        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, "f", b'{"n":1}', options, uid))[HTTP]
+        return reply
+
+
+def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
+    b = BrokerClock()
+    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 4)) == {}
+    b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1")]), b.now)
+    out = {p: m.items for p, m in b.broker.flush() if isinstance(m, Replies)}
+    assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == QUEUED
+    assert out[D1] == [(1, R.T_CALL, "t1", 1, "http://fn/f", b'{"n":1}', 15000)]
+    b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"ok"', None, 0))
+    [(_, code, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and info["status"] == SUCCESS and info["result"] == b'"ok"'
+
+
+def test_enqueue_errors_come_back_as_http_errors():
+    b = BrokerClock()
+    assert b.enqueue("t1")[1] == R.T_TASK
+    assert b.enqueue("t1")[1:3] == (R.T_ERROR, 409)
+    assert b.enqueue("t2", {"delay": "soon"})[1:3] == (R.T_ERROR, 400)
+    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "nosuch", b"{}", None, "t3"))[HTTP]
+    assert reply[1:3] == (R.T_ERROR, 404)
+    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "f", "not bytes", None, "t4"))[HTTP]
+    assert reply[1:3] == (R.T_ERROR, 400)
+
+
+def test_a_function_s_concurrency_holds_across_dispatchers_and_calls_go_round():
+    b = BrokerClock(concurrency=2)
+    for uid in ("t1", "t2", "t3"):
+        b.enqueue(uid)
+    out = b.send(D1, (Op.T_SUBSCRIBE, 1, 8))
+    out.update(b.send(D2, (Op.T_SUBSCRIBE, 1, 8)))
+    calls = [item[2] for items in out.values() for item in items if item[1] == R.T_CALL]
+    assert calls == ["t1", "t2"]
+    out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
+    assert [i[2] for items in out.values() for i in items] == ["t3"]
+
+
+def test_a_dispatcher_may_only_report_its_own_calls():
+    b = BrokerClock()
+    b.enqueue("t1")
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 1))
+    b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
+    b.send(D2, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"forged", None, 0))
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    assert info["status"] == RUNNING
+
+
+def test_a_dispatcher_that_goes_away_gives_its_call_to_the_next_one():
+    b = BrokerClock()
+    b.enqueue("t1", {"backoff": 0})
+    assert [i[2] for i in b.send(D1, (Op.T_SUBSCRIBE, 1, 1))[D1]] == ["t1"]
+    assert b.send(D1, (Op.CLOSE, 1)) == {}, "no dispatcher left to take the retry"
+    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
+    assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000)]}
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    assert info["attempt"] == 2 and "went away" in info["error"]
+
+
+def test_a_beanstalk_client_cannot_send_task_ops_nor_a_task_front_beanstalk_ones():
+    b = BrokerClock()
+    [reply] = b.send(BEANSTALK, (Op.T_INFO, 1, "t1"))[BEANSTALK]
+    assert reply == (1, R.INTERNAL_ERROR)
+    [reply] = b.send(HTTP, (Op.PEEK_READY, 1))[HTTP]
+    assert reply == (1, R.INTERNAL_ERROR)
+
+
+def test_task_sessions_are_not_counted_as_beanstalk_connections():
+    b = BrokerClock()
+    [(_, _, pairs)] = b.send(BEANSTALK, (Op.STATS, 1))[BEANSTALK]
+    assert dict(pairs)["current-connections"] == 1
