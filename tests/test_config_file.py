@@ -1,0 +1,62 @@
+"""The TOML config file: functions, their defaults, durations with units, and errors that
+name the file and the key."""
+from __future__ import annotations
+
+import pytest
+
+from zstalk.broker.config_file import ConfigError, duration_ms, load
+from zstalk.broker.tasks import FunctionSpec
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "zstalk.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_named_functions_take_the_defaults_they_do_not_set(tmp_path):
+    got = load(write(tmp_path, """
+[functions]
+concurrency = 3
+timeout = "20s"
+
+[functions.closeOrder]
+url = "http://orders:3000/closeOrder"
+timeout = "500ms"
+"""))
+    assert got.named == (FunctionSpec("closeOrder", "http://orders:3000/closeOrder", 3, 500,
+                                      15 * 60 * 1000),)
+    assert got.base is None
+
+
+def test_a_base_url_makes_a_template_for_every_other_name(tmp_path):
+    got = load(write(tmp_path, '[functions]\nbase_url = "http://127.0.0.1:3000/fn"\n'))
+    assert got.named == () and got.base.url == "http://127.0.0.1:3000/fn"
+    assert (got.base.concurrency, got.base.timeout_ms) == (1, 15000)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[functions.f]\nurl = "ftp://x"', "url must be an http:// or https:// URL"),
+    ('[functions.f]\nconcurrency = 2', "url is missing"),
+    ('[functions.f]\nurl = "http://x"\ntimeout = 10', "a duration is a string with a unit"),
+    ('[functions.f]\nurl = "http://x"\ncolour = 1', "unknown key 'colour'"),
+    ('[functions]\nconcurrency = 0', "concurrency must be an integer from 1"),
+    ('[functions.f]\nurl = "http://x"\ntimeout = "20m"', "at most max_timeout"),
+    ('[functions.f]\nurl = "http://x"\n[functions', "not valid TOML"),
+])
+def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert message in str(err.value) and path in str(err.value)
+
+
+def test_a_missing_file_says_so():
+    with pytest.raises(ConfigError, match="No such file"):
+        load("/nonexistent/zstalk.toml")
+
+
+@pytest.mark.parametrize("text, ms", [("500ms", 500), ("10s", 10_000), ("2m", 120_000),
+                                      ("1h", 3_600_000), (" 3 s ", 3000)])
+def test_durations_are_strings_with_units(text, ms):
+    assert duration_ms(text, "x") == ms
