@@ -1,0 +1,417 @@
+"""The dispatcher against a real function host (an aiohttp server on a free loopback port)
+and a fake link that records what it submits: how each kind of answer, or of silence,
+becomes an outcome, and what the dispatcher tells the broker around its calls."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import logging
+import socket
+import time
+
+import pytest
+from aiohttp import web
+from hypothesis import given, settings, strategies as st
+
+from zstalk.protocol.schema import Op, R, SessionState, Settings, Welcome
+from zstalk.workers.dispatcher import (RETRY_AFTER_MAX_MS, Dispatcher, Outcome,
+                                       retry_after_ms)
+
+PARAMS = b'{"a":1}'
+SLOW_S = 5.0            # the slow function: far past any timeout used here
+NAP_S = 0.3             # the napping function: a call that takes a while, then succeeds
+
+
+class FakeLink:
+    """Records ops; the broker side of a test reads them."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
+        self.started = self.closed = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def submit(self, op: tuple) -> None:
+        self.ops.append(op)
+
+    def flush_now(self) -> None:
+        pass
+
+    def close(self, linger_ms: int = 0) -> None:
+        self.closed = True
+
+    def outcomes(self) -> dict[str, Outcome]:
+        return {op[2]: Outcome(*op[4:]) for op in self.ops if op[0] == Op.T_OUTCOME}
+
+    async def outcome(self, uid: str) -> Outcome:
+        await until(lambda: uid in self.outcomes())
+        return self.outcomes()[uid]
+
+
+class FunctionHost:
+    """The functions the dispatcher calls, one per way an answer can go; `hits` lists the
+    paths called."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        self.app = web.Application(middlewares=[self._count])
+        self.app.add_routes([
+            web.post("/echo", self.echo), web.post("/error", self.error),
+            web.post("/busy", self.busy), web.post("/down", self.down),
+            web.post("/error-with-retry-after", self.error_with_retry_after),
+            web.post("/slow", self.slow), web.post("/nap", self.nap),
+            web.post("/hang-up", self.hang_up), web.post("/redirect", self.redirect),
+            web.post("/bytes/{n}", self.sized), web.post("/chunked/{n}", self.chunked)])
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler):
+        self.hits.append(request.path)
+        return await handler(request)
+
+    async def echo(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response({"body": body.decode(), "headers": dict(request.headers)})
+
+    async def error(self, request: web.Request) -> web.Response:
+        return web.Response(status=500, text="boom")
+
+    async def busy(self, request: web.Request) -> web.Response:
+        return web.Response(status=429, headers={"Retry-After": "7"})
+
+    async def down(self, request: web.Request) -> web.Response:
+        back_at = email.utils.formatdate(time.time() + 30, usegmt=True)
+        return web.Response(status=503, headers={"Retry-After": back_at})
+
+    async def error_with_retry_after(self, request: web.Request) -> web.Response:
+        return web.Response(status=500, headers={"Retry-After": "7"})
+
+    async def slow(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(SLOW_S)
+        return web.Response(text="too late")
+
+    async def nap(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(NAP_S)
+        return web.Response(text="rested")
+
+    async def hang_up(self, request: web.Request) -> web.Response:
+        request.transport.close()       # no status line, nothing: the connection just ends
+        return web.Response()
+
+    async def redirect(self, request: web.Request) -> web.Response:
+        return web.Response(status=302, headers={"Location": "/echo"})
+
+    async def sized(self, request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * int(request.match_info["n"]))
+
+    async def chunked(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        left = int(request.match_info["n"])
+        with contextlib.suppress(ConnectionError):      # the dispatcher stops reading
+            while left > 0:
+                await resp.write(b"x" * min(left, 65536))
+                left -= 65536
+            await resp.write_eof()
+        return resp
+
+
+@contextlib.asynccontextmanager
+async def function_host():
+    host = FunctionHost()
+    # handlers whose caller went away are cancelled, so cleanup does not wait for /slow
+    runner = web.AppRunner(host.app, handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host.url = "http://127.0.0.1:%d" % runner.addresses[0][1]
+    try:
+        yield host
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def dispatcher(cls=Dispatcher, **options):
+    """A dispatcher with a fake link, welcomed by a fresh broker session."""
+    link = FakeLink()
+    d = cls("tcp://broker.invalid:1", link=link, **options)
+    d.start()
+    d.on_welcome(welcome())
+    try:
+        yield d, link
+    finally:
+        await d.close()
+
+
+def welcome(restored: bool = False) -> Welcome:
+    return Welcome(broker_id=7, state_id=9, settings=Settings(), restored=restored)
+
+
+def push(d: Dispatcher, url: str, uid: str = "t1", timeout_ms: int = 1000) -> None:
+    d.on_replies([(1, R.T_CALL, uid, 1, url, PARAMS, timeout_ms)])
+
+
+def call(path: str, timeout_ms: int = 1000, **options) -> Outcome:
+    """Call one function of a fresh host; its outcome."""
+    async def main() -> Outcome:
+        async with function_host() as host, dispatcher(**options) as (d, link):
+            push(d, host.url + path, timeout_ms=timeout_ms)
+            return await link.outcome("t1")
+    return asyncio.run(main())
+
+
+async def until(predicate, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"still not true after {within_s} s"
+        await asyncio.sleep(0.01)
+
+
+def refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the session -------------------------------------------------------------------------
+def test_welcome_opens_the_session_and_subscribes_with_the_slots() -> None:
+    async def main() -> None:
+        link = FakeLink()
+        d = Dispatcher("tcp://broker.invalid:1", slots=8, link=link)
+        assert d.session_states() == []
+        d.start()
+        d.on_welcome(welcome())
+        assert link.started
+        assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8)]
+        assert d.session_states() == [SessionState(1, "", [], [])]
+        await d.close()
+    asyncio.run(main())
+
+
+def test_a_restored_session_is_subscribed_again_without_opening_it_again() -> None:
+    async def main() -> None:
+        async with dispatcher(slots=8) as (d, link):
+            d.on_lost()
+            d.on_welcome(welcome(restored=True))
+            assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8), (Op.T_SUBSCRIBE, 1, 8)]
+    asyncio.run(main())
+
+
+def test_a_fenced_dispatcher_opens_a_new_session_on_the_next_welcome() -> None:
+    async def main() -> None:
+        async with dispatcher(slots=8) as (d, link):
+            d.on_fenced()
+            assert d.session_states() == []
+            d.on_welcome(welcome(restored=True))
+            assert link.ops[2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8)]
+    asyncio.run(main())
+
+
+def test_a_welcome_while_calls_run_subscribes_only_the_slots_they_leave_free() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher(slots=8) as (d, link):
+            push(d, host.url + "/nap")
+            d.on_lost()
+            d.on_welcome(welcome(restored=True))
+            assert link.ops[-1] == (Op.T_SUBSCRIBE, 1, 7)
+            d.on_fenced()
+            d.on_welcome(welcome())
+            assert link.ops[-2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 7)]
+            assert (await link.outcome("t1")).kind == "success"
+    asyncio.run(main())
+
+
+def test_reports_made_while_the_broker_is_away_are_resent_after_the_next_welcome() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher(slots=8) as (d, link):
+            push(d, host.url + "/bytes/5")
+            d.on_lost()
+            await until(lambda: not d.calls)
+            assert not link.outcomes()
+            d.on_welcome(welcome(restored=True))
+            assert link.ops[-2:] == [(Op.T_SUBSCRIBE, 1, 7),
+                                     (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"xxxxx", None, 0)]
+    asyncio.run(main())
+
+
+def test_replies_other_than_calls_are_ignored() -> None:
+    async def main() -> None:
+        async with dispatcher() as (d, link):
+            d.on_replies([(1, R.INTERNAL_ERROR), (1, R.T_TASK, {})])
+            assert not d.calls and len(link.ops) == 2
+    asyncio.run(main())
+
+
+# -- what the function gets --------------------------------------------------------------
+def test_the_function_receives_the_params_as_a_json_body_with_the_task_headers() -> None:
+    outcome = call("/echo")
+    got = json.loads(outcome.result)
+    assert got["body"] == PARAMS.decode()
+    assert got["headers"]["Content-Type"] == "application/json"
+    assert got["headers"]["X-Zstalk-Task-Id"] == "t1"
+    assert got["headers"]["X-Zstalk-Attempt"] == "1"
+
+
+def test_the_headers_and_the_outcome_name_the_task_and_its_attempt() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            d.on_replies([(1, R.T_CALL, "t9", 3, host.url + "/echo", PARAMS, 1000)])
+            got = json.loads((await link.outcome("t9")).result)["headers"]
+            assert (got["X-Zstalk-Task-Id"], got["X-Zstalk-Attempt"]) == ("t9", "3")
+            assert link.ops[-1][:4] == (Op.T_OUTCOME, 1, "t9", 3)
+    asyncio.run(main())
+
+
+# -- answers -----------------------------------------------------------------------------
+def test_a_2xx_is_a_success_whose_result_is_the_body() -> None:
+    assert call("/bytes/5") == Outcome("success", 200, b"xxxxx", None, 0)
+
+
+def test_a_500_is_a_failure_naming_the_status() -> None:
+    assert call("/error") == Outcome("failure", 500, None, "HTTP 500 Internal Server Error", 0)
+
+
+def test_a_429_with_retry_after_is_a_failure_that_waits_that_long() -> None:
+    outcome = call("/busy")
+    assert (outcome.kind, outcome.status_code, outcome.retry_after_ms) == ("failure", 429, 7000)
+    assert outcome.error.startswith("HTTP 429")
+
+
+def test_a_503_with_an_http_date_retry_after_waits_until_that_date() -> None:
+    outcome = call("/down")
+    assert (outcome.kind, outcome.status_code) == ("failure", 503)
+    assert 28_000 <= outcome.retry_after_ms <= 30_000       # HTTP-dates are whole seconds
+
+
+def test_retry_after_counts_only_on_a_429_or_a_503() -> None:
+    outcome = call("/error-with-retry-after")
+    assert (outcome.kind, outcome.status_code, outcome.retry_after_ms) == ("failure", 500, 0)
+
+
+def test_a_redirect_is_a_failure_and_is_not_followed() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            push(d, host.url + "/redirect")
+            outcome = await link.outcome("t1")
+            assert (outcome.kind, outcome.status_code, outcome.result) == ("failure", 302, None)
+            assert outcome.error == "HTTP 302 Found to /echo (redirects are not followed)"
+            assert host.hits == ["/redirect"]
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path", ["/bytes/2097152", "/chunked/2097152"],
+                         ids=["with-content-length", "chunked"])
+def test_a_result_over_the_limit_is_fatal_naming_the_limit(path: str) -> None:
+    outcome = call(path)
+    assert (outcome.kind, outcome.status_code, outcome.result) == ("fatal", 200, None)
+    assert "over the 1048576-byte limit" in outcome.error
+
+
+@pytest.mark.parametrize("path", ["/bytes/10", "/chunked/10"])
+def test_a_result_of_exactly_the_limit_is_a_success(path: str) -> None:
+    assert call(path, max_result_bytes=10) == Outcome("success", 200, b"x" * 10, None, 0)
+
+
+@pytest.mark.parametrize("path", ["/bytes/11", "/chunked/11"])
+def test_a_result_one_byte_over_the_limit_is_fatal(path: str) -> None:
+    assert call(path, max_result_bytes=10).kind == "fatal"
+
+
+# -- no answer ---------------------------------------------------------------------------
+def test_a_refused_connection_is_a_failure_naming_the_url() -> None:
+    async def main() -> None:
+        async with dispatcher() as (d, link):
+            url = f"http://127.0.0.1:{refused_port()}/f"
+            push(d, url)
+            outcome = await link.outcome("t1")
+            assert (outcome.kind, outcome.status_code, outcome.result) == ("failure", None, None)
+            assert outcome.error.startswith(f"could not connect to {url}: ")
+    asyncio.run(main())
+
+
+def test_a_timeout_is_an_unknown_outcome() -> None:
+    started = time.monotonic()
+    outcome = call("/slow", timeout_ms=300)
+    assert (outcome.kind, outcome.status_code, outcome.result) == ("unknown", None, None)
+    assert outcome.error.endswith("within 300 ms")
+    assert time.monotonic() - started < 2
+
+
+def test_a_connection_closed_without_an_answer_is_an_unknown_outcome() -> None:
+    outcome = call("/hang-up")
+    assert (outcome.kind, outcome.status_code, outcome.result) == ("unknown", None, None)
+    assert "after the request was sent: ServerDisconnectedError" in outcome.error
+
+
+def test_an_unexpected_error_in_a_call_is_an_unknown_outcome_logged_once(caplog) -> None:
+    class Broken(Dispatcher):
+        async def _post(self, *args) -> Outcome:
+            raise RuntimeError("a bug")
+
+    async def main() -> None:
+        async with dispatcher(Broken) as (d, link):
+            push(d, "http://127.0.0.1:1/f")
+            outcome = await link.outcome("t1")
+            assert outcome.kind == "unknown" and "RuntimeError('a bug')" in outcome.error
+    with caplog.at_level(logging.ERROR, logger="zstalk.dispatcher"):
+        asyncio.run(main())
+    assert len(caplog.records) == 1 and caplog.records[0].exc_info
+
+
+# -- concurrency and shutdown ------------------------------------------------------------
+@pytest.mark.parametrize("slots, low_s, high_s", [(2, NAP_S, 2 * NAP_S),
+                                                 (1, 2 * NAP_S, 3 * NAP_S)],
+                         ids=["two-slots-together", "one-slot-in-turn"])
+def test_calls_run_concurrently_up_to_the_slots(slots: int, low_s: float, high_s: float) -> None:
+    async def main() -> float:
+        async with function_host() as host, dispatcher(slots=slots) as (d, link):
+            started = time.monotonic()
+            push(d, host.url + "/nap", "t1", 2000)
+            push(d, host.url + "/nap", "t2", 2000)
+            for uid in ("t1", "t2"):
+                assert (await link.outcome(uid)).kind == "success"
+            return time.monotonic() - started
+    assert low_s <= asyncio.run(main()) < high_s
+
+
+def test_closing_cancels_calls_in_flight_and_says_goodbye() -> None:
+    async def main() -> None:
+        async with function_host() as host:
+            link = FakeLink()
+            d = Dispatcher("tcp://broker.invalid:1", link=link)
+            d.on_welcome(welcome())
+            push(d, host.url + "/slow")
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            await d.close()
+            assert time.monotonic() - started < 0.5
+            assert link.ops[2:] == [(Op.CLOSE, 1)] and link.closed
+            assert not d.calls and d.http.closed
+            push(d, host.url + "/echo", "t2")           # pushed before the broker heard
+            assert not d.calls
+    asyncio.run(main())
+
+
+# -- Retry-After -------------------------------------------------------------------------
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize("value, ms", [
+    ("7", 7000), (" 0 ", 0), (None, 0), ("", 0), ("soon", 0), ("-1", 0), ("1.5", 0),
+    ("²", 0), ("9" * 5000, RETRY_AFTER_MAX_MS), (str(10 ** 9), RETRY_AFTER_MAX_MS),
+    (email.utils.formatdate(NOW + 90, usegmt=True), 90_000),
+    (email.utils.formatdate(NOW - 90, usegmt=True), 0),
+    ("Tue, 14 Nov 2023 22:13:50 -0000", 30_000),
+    ("Tue, 14 Nov 2023 23:13:50 +0100", 30_000),
+])
+def test_retry_after_is_delta_seconds_or_an_http_date(value, ms: int) -> None:
+    assert retry_after_ms(value, NOW) == ms
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_retry_after_gives_a_wait_and_never_an_exception(value: str) -> None:
+    assert 0 <= retry_after_ms(value, NOW) <= RETRY_AFTER_MAX_MS

@@ -1,0 +1,240 @@
+"""A dispatcher: makes the broker's cloud-task calls over HTTP and reports each outcome.
+
+The dispatcher is a front of kind "dispatcher" with one session (conn 1) over a link,
+which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/mailbox.py:
+a BrokerLink over ZeroMQ or a LocalLink beside the broker).  After Welcome it OPENs and
+T_SUBSCRIBEs with its slots; the broker pushes `R.T_CALL`s while it has free slots, each
+becomes an asyncio task that POSTs the task's params to its function's URL, and the
+task's T_OUTCOME frees the slot again (protocol/schema.py, "Cloud tasks").  Every call
+goes through one aiohttp ClientSession, whose keep-alive pool holds at most `slots`
+connections.
+
+An outcome says whether the function may have run, because that decides whether the
+broker may call it again (broker/tasks.py says what it does with each kind):
+
+    2xx, body within max_result_bytes       success  the body is the result
+    2xx with a bigger body                  fatal    it ran: the task fails, no retry
+    any other status                        failure  redirects are not followed; a 429
+                                                     or 503 may say when to retry
+    no connection made (refused, DNS)       failure  the request never left
+    timeout; connection lost mid-call       unknown  the function may have run
+
+The broker counts a dispatcher's *free* slots: T_SUBSCRIBE sets the count and each
+T_OUTCOME adds one (broker/tasks.py, `t_subscribe` / `t_outcome`).  So calls keep running
+while the broker is away, their reports wait in `resend`, and the next Welcome subscribes
+with the slots that neither a running call nor a report about to be resent will free,
+then resends them (the broker ignores a report on a call it no longer waits for).  For
+the same reason a dispatcher cannot drain gracefully: every report would free a slot and
+bring a new call, so close() cancels what runs (the broker counts it unknown).
+"""
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import time
+from datetime import timezone
+from typing import NamedTuple
+
+import aiohttp
+
+from ..protocol.mailbox import LinkOwner, open_link
+from ..protocol.schema import Op, R, SessionState, Welcome
+
+log = logging.getLogger("zstalk.dispatcher")
+
+CONN = 1
+GOODBYE_LINGER_MS = 200
+SUCCESS, FAILURE, UNKNOWN, FATAL = "success", "failure", "unknown", "fatal"
+#: a longer Retry-After is taken as this: it is the function's wish, not a reason to park
+#: a task for years (and the value must fit the wire's 64-bit ints)
+RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
+#: raised before the request left this process: the function surely did not run
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.InvalidURL)
+
+
+class Outcome(NamedTuple):
+    """One call's report: the fields of T_OUTCOME after (conn, unique_id, attempt)."""
+    kind: str                       # SUCCESS | FAILURE | UNKNOWN
+    status_code: int | None = None
+    result: bytes | None = None     # the body of a success
+    error: str | None = None
+    retry_after_ms: int = 0
+
+
+class Dispatcher(LinkOwner):
+    def __init__(self, broker: str, slots: int = 64, max_result_bytes: int = 1 << 20,
+                 link=None) -> None:
+        """Made on the running loop (the link belongs to it); `link` replaces the real one
+        in tests."""
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
+        self.broker = broker
+        self.slots = slots
+        self.max_result_bytes = max_result_bytes
+        self.calls: set[asyncio.Task] = set()
+        self.resend: list[tuple] = []   # reports made while the broker was away
+        self.opened = False             # the broker has our session, as far as we know
+        self.ready = False              # the link has had Welcome and not lost it since
+        self.closing = False
+        self.http: aiohttp.ClientSession | None = None
+        self.link = link if link is not None else open_link(broker, "dispatcher", self)
+
+    # -- life cycle --------------------------------------------------------------------
+    def start(self) -> None:
+        self.link.start()
+
+    async def close(self) -> None:
+        """Stop: make no new calls and cancel the running ones (closing our session makes
+        the broker count them unknown: they may have reached their functions)."""
+        self.closing = True
+        for task in self.calls:
+            task.cancel()
+        await asyncio.gather(*self.calls, return_exceptions=True)
+        if self.ready:
+            self.link.submit((Op.CLOSE, CONN))
+            self.link.flush_now()
+        if self.http is not None:
+            await self.http.close()
+        self.link.close(linger_ms=GOODBYE_LINGER_MS)
+
+    # -- LinkOwner ---------------------------------------------------------------------
+    def on_replies(self, items: list) -> None:
+        for item in items:
+            if item[1] == R.T_CALL and not self.closing:
+                self._start_call(*item[2:7])
+
+    def on_welcome(self, w: Welcome) -> None:
+        if not (w.restored and self.opened):
+            self.link.submit((Op.OPEN, CONN))
+        self.opened = self.ready = True
+        resend, self.resend = self.resend, []
+        free = 0 if self.closing else max(0, self.slots - len(self.calls) - len(resend))
+        self.link.submit((Op.T_SUBSCRIBE, CONN, free))
+        for op in resend:
+            self.link.submit(op)
+        log.info("dispatcher subscribed: %d slots free of %d", free, self.slots)
+
+    def on_lost(self) -> None:
+        """Calls keep running; their reports wait in `resend` for the next Welcome."""
+        self.ready = False
+
+    def on_fenced(self) -> None:
+        """The broker closed our session (its calls count as unknown there): the next
+        Welcome opens a new one, where reports on the old calls still free their slots."""
+        self.ready = self.opened = False
+
+    def session_states(self) -> list[SessionState]:
+        return [SessionState(CONN, "", [], [])] if self.opened else []
+
+    # -- calls -------------------------------------------------------------------------
+    def _start_call(self, uid: str, attempt: int, url: str, params: bytes,
+                    timeout_ms: int) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._run_call(uid, attempt, url, params, timeout_ms))
+        self.calls.add(task)
+        task.add_done_callback(self.calls.discard)
+
+    async def _run_call(self, uid: str, attempt: int, url: str, params: bytes,
+                        timeout_ms: int) -> None:
+        try:
+            outcome = await self._call(uid, attempt, url, params, timeout_ms)
+        except Exception as exc:    # a bug here or in aiohttp: the request may have left
+            log.exception("call %s (attempt %d) to %s failed unexpectedly", uid, attempt, url)
+            outcome = Outcome(UNKNOWN, error=f"the dispatcher failed during the call: {exc!r}")
+        report = (Op.T_OUTCOME, CONN, uid, attempt, *outcome)
+        if self.ready:
+            self.link.submit(report)
+        else:
+            self.resend.append(report)
+
+    async def _call(self, uid: str, attempt: int, url: str, params: bytes,
+                    timeout_ms: int) -> Outcome:
+        """The call's outcome; only errors no outcome describes are raised."""
+        try:
+            return await self._post(uid, attempt, url, params, timeout_ms)
+        except _NOT_SENT as exc:
+            return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}")
+        except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
+            return Outcome(UNKNOWN, error=f"no answer from {url} within {timeout_ms} ms")
+        except aiohttp.ClientError as exc:
+            return Outcome(UNKNOWN, error=f"the connection to {url} failed after the "
+                                          f"request was sent: {_say(exc)}")
+
+    async def _post(self, uid: str, attempt: int, url: str, params: bytes,
+                    timeout_ms: int) -> Outcome:
+        headers = {"Content-Type": "application/json", "X-Zstalk-Task-Id": uid,
+                   "X-Zstalk-Attempt": str(attempt)}
+        timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        async with self._session().post(url, data=params, headers=headers, timeout=timeout,
+                                         allow_redirects=False) as resp:
+            if 200 <= resp.status < 300:
+                return await self._success(resp)
+            return _refused(resp, time.time())
+
+    def _session(self) -> aiohttp.ClientSession:
+        """One keep-alive pool for every call, made on first use (on the running loop)."""
+        if self.http is None:
+            self.http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.slots),
+                cookie_jar=aiohttp.DummyCookieJar())    # one task's cookies are not another's
+        return self.http
+
+    async def _success(self, resp: aiohttp.ClientResponse) -> Outcome:
+        """The body is the result, unless it is over the limit: then it is read no further
+        than one byte past it (a Content-Length over it is not read at all)."""
+        limit = self.max_result_bytes
+        if resp.content_length is None or resp.content_length <= limit:
+            body = await _read_up_to(resp.content, limit + 1)
+            if len(body) <= limit:
+                return Outcome(SUCCESS, resp.status, body)
+        return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
+                       f"over the {limit}-byte limit (max_result_bytes)")
+
+
+def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
+    """A status that is not 2xx: the function answered no (a redirect is not followed)."""
+    error = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+    if 300 <= resp.status < 400:
+        error += f" to {resp.headers.get('Location')} (redirects are not followed)"
+    wait_ms = (retry_after_ms(resp.headers.get("Retry-After"), now)
+               if resp.status in (429, 503) else 0)
+    return Outcome(FAILURE, resp.status, error=error, retry_after_ms=wait_ms)
+
+
+def retry_after_ms(value: str | None, now: float) -> int:
+    """How long a Retry-After header asks to wait (RFC 9110 §10.2.3: delta-seconds or an
+    HTTP-date, compared with `now`, the wall clock); 0 when absent or unparsable."""
+    value = (value or "").strip()
+    if value.isascii() and value.isdigit():
+        # (digits too many for int() to take are a very long wait all the same)
+        ms = int(value) * 1000 if len(value) < 16 else RETRY_AFTER_MAX_MS
+    else:
+        ms = _ms_until(value, now)
+    return min(ms, RETRY_AFTER_MAX_MS)
+
+
+def _ms_until(http_date: str, now: float) -> int:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return 0
+    if when.tzinfo is None:         # "-0000": UTC with no claim about local time
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0, int((when.timestamp() - now) * 1000))
+
+
+async def _read_up_to(stream: aiohttp.StreamReader, n: int) -> bytes:
+    """The first `n` bytes of a body, or all of it if shorter."""
+    chunks, size = [], 0
+    while size < n:
+        chunk = await stream.read(n - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _say(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
