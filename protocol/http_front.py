@@ -1,0 +1,331 @@
+"""The HTTP front: the cloud-task API as HTTP/JSON on aiohttp.web, over one broker session.
+
+How it works: the front holds ONE broker session (conn 1), opened on every Welcome (a
+duplicate OPEN changes nothing at the broker).  Each request is parsed into a typed
+value, becomes exactly one op on that session, and waits for its reply.  The broker
+answers a session's ops in the order they were sent, so the front keeps a FIFO of
+futures: `on_replies` resolves them oldest first, whichever request they belong to.
+
+    POST   /v1/tasks              {"function", "params"?, "options"?}  -> T_ENQUEUE -> 201
+    GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
+    DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
+
+The broker owns the rules (which functions exist, what the options mean, statuses):
+it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with the HTTP status, code
+and message to send, which pass through untouched.  The front checks only the shape of
+a request body (a JSON object with known keys of the right types) and makes the random
+uniqueId the broker core cannot (`secrets.token_hex(16)`; the broker prefers
+options.uniqueId).  `params` is re-encoded as compact JSON: that is the body the
+dispatcher later POSTs to the function.
+
+Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the status
+named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405, body over
+`max_body` 413), which a middleware turns into JSON.  With a master key, POST and DELETE
+need `Authorization: Bearer <key>` (missing 401, wrong 403); reading a task needs none,
+as in LeanCloud's Cloud Queue, where a client may query by uniqueId.
+
+Losing the broker (`on_lost`) or being fenced fails every request in flight with 503:
+the link throws away what it had sent, so no reply will come for them.  Requests made
+while the link waits for a broker are held by the link (sent after Welcome, or answered
+INTERNAL_ERROR after its hold time: 503 too).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import hmac
+import json
+import logging
+import secrets
+import socket
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+from aiohttp import web
+
+from .mailbox import LinkOwner, open_link
+from .schema import Op, R, SessionState, Welcome
+
+log = logging.getLogger("zstalk.http")
+
+CONN = 1                    # the front's one broker session
+#: how long close() lets requests in flight finish before failing them
+SHUTDOWN_GRACE_S = 5.0
+
+_OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
+_T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
+
+#: the error code of each status the front answers on its own (the broker's T_ERROR
+#: replies carry their own code)
+CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    500: "internal",
+    503: "unavailable",
+}
+ENQUEUE_KEYS = ("function", "params", "options")
+ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
+TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
+
+
+class Problem(NamedTuple):
+    """A refusal: the HTTP status and JSON error to answer (as broker/tasks.TaskError)."""
+    status: int
+    code: str
+    message: str
+
+
+def refuse(status: int, message: str) -> Problem:
+    return Problem(status, CODES[status], message)
+
+
+class Enqueue(NamedTuple):
+    """A checked POST /v1/tasks body."""
+    function: str
+    params: bytes               # compact JSON, the body the function will be POSTed
+    options: dict | None        # checked by the broker (broker/tasks.parse_options)
+
+
+# -- parsing -------------------------------------------------------------------------------
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(data: bytes) -> Any:
+    """JSON as RFC 8259 has it (no NaN or Infinity, which could not be re-encoded as JSON).
+    Raises ValueError, for nesting too deep as well."""
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def parse_enqueue(body: bytes) -> Enqueue | Problem:
+    """The body of POST /v1/tasks, or why it is refused."""
+    try:
+        doc = loads_strict(body)
+    except ValueError as exc:
+        return refuse(400, f"the body is not valid JSON: {exc}")
+    if not isinstance(doc, dict):
+        return refuse(400, f"the body must be a JSON object, not {_json_type(doc)}")
+    unknown = [key for key in doc if key not in ENQUEUE_KEYS]
+    if unknown:
+        return refuse(400, f"unknown field {unknown[0]!r}; fields are {', '.join(ENQUEUE_KEYS)}")
+    function, options = doc.get("function"), doc.get("options")
+    if not isinstance(function, str):
+        return refuse(400, "function must be a string" if "function" in doc
+                      else "function is required")
+    if options is not None and not isinstance(options, dict):
+        return refuse(400, f"options must be an object, not {_json_type(options)}")
+    params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
+    return Enqueue(function, params, options)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+# -- formatting ----------------------------------------------------------------------------
+def rfc3339(seconds: float) -> str:
+    """Wall-clock seconds as RFC 3339 UTC with milliseconds: 2026-11-24T20:30:00.123Z."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+def result_json(result: bytes) -> Any:
+    """A function's response body: its JSON value when it is JSON, else its text."""
+    try:
+        return loads_strict(result)
+    except ValueError:
+        return bytes(result).decode("utf-8", "replace")
+
+
+def task_json(info: dict) -> dict:
+    """A broker TaskInfo as the API shows it."""
+    out = dict(info)
+    for name in TIME_FIELDS:
+        if out.get(name) is not None:
+            out[name] = rfc3339(out[name])
+    if isinstance(out.get("result"), (bytes, bytearray)):
+        out["result"] = result_json(out["result"])
+    return out
+
+
+def problem_response(problem: Problem) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    return web.json_response({"error": problem.code, "message": problem.message},
+                             status=problem.status, headers=headers)
+
+
+def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
+    """The broker's reply to one request: its TaskInfo (only `fields` of it, if given),
+    or its error."""
+    code = reply[1]
+    if code == R.T_TASK:
+        info = reply[2]
+        body = {k: info[k] for k in fields if k in info} if fields else task_json(info)
+        return web.json_response(body, status=status)
+    if code == R.T_ERROR:
+        return problem_response(Problem(*reply[2:5]))
+    if code == R.INTERNAL_ERROR:        # held by the link past its hold time
+        return problem_response(refuse(503, "the broker did not answer in time"))
+    log.warning("unexpected broker reply %r", reply[1:2])
+    return problem_response(refuse(500, "unexpected reply from the broker"))
+
+
+# -- auth ----------------------------------------------------------------------------------
+def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
+    """None if the request may change tasks (RFC 6750 bearer token), else the refusal."""
+    if master_key is None:
+        return None
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return refuse(401, "this needs Authorization: Bearer <master key>")
+    if not hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), master_key):
+        return refuse(403, "wrong master key")
+    return None
+
+
+# -- aiohttp's own errors as JSON ----------------------------------------------------------
+_HTTP_MESSAGES = {
+    404: lambda request, exc: f"no such resource: {request.path}",
+    405: lambda request, exc: (f"{request.method} is not allowed here; allowed: "
+                               f"{', '.join(sorted(exc.allowed_methods))}"),
+    413: lambda request, exc: f"the body is over {request.client_max_size} bytes",
+}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's HTTPExceptions (no route, wrong method, body too big), a body that
+    cannot be decoded, and anything unforeseen come out as `{"error", "message"}` like
+    the front's own refusals."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = _HTTP_MESSAGES.get(exc.status, lambda r, e: e.reason)(request, exc)
+        response = problem_response(
+            Problem(exc.status, CODES.get(exc.status, "http_error"), message))
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except web.RequestPayloadError as exc:     # e.g. Content-Encoding: gzip, but it is not
+        reason = getattr(exc.__cause__, "message", None) or str(exc)
+        return problem_response(refuse(400, f"the body could not be read: {reason}"))
+    except ConnectionError:                 # the client left mid-body: nobody to answer
+        log.debug("HTTP front: %s %s: the client went away", request.method, request.path)
+        return problem_response(refuse(400, "the connection was lost"))
+    except Exception:
+        log.exception("HTTP front: %s %s failed", request.method, request.path)
+        return problem_response(refuse(500, "internal error"))
+
+
+# -- the front -----------------------------------------------------------------------------
+class HttpFront(LinkOwner):
+    def __init__(self, broker: str, master_key: str | None = None, max_body: int = 1 << 20,
+                 link=None) -> None:
+        self.master_key = master_key.encode() if master_key else None
+        self.max_body = max_body
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.opened = False
+        self.runner: web.AppRunner | None = None
+        self.link = link if link is not None else open_link(broker, "http", self)
+
+    # -- serving -------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body, middlewares=[json_errors])
+        app.router.add_post("/v1/tasks", self.enqueue)
+        app.router.add_get("/v1/tasks/{uniqueId}", self.info)
+        app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
+        return app
+
+    async def start(self, sockets: list[socket.socket]) -> None:
+        """Reach the broker and serve on listening sockets bound by the caller."""
+        self.link.start()
+        self.runner = web.AppRunner(self.app(), shutdown_timeout=SHUTDOWN_GRACE_S)
+        await self.runner.setup()
+        for sock in sockets:
+            await web.SockSite(self.runner, sock).start()
+
+    async def close(self) -> None:
+        """Stop taking requests, give those in flight the grace period, end the session."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        self._fail_waiting("the front is closing")
+        if self.opened:
+            self.link.submit((_CLOSE, CONN))
+            self.link.flush_now()
+            self.opened = False
+        self.link.close()
+
+    # -- handlers: parse, one op, format -------------------------------------------------
+    async def enqueue(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        task = parse_enqueue(await request.read())
+        if isinstance(task, Problem):
+            return problem_response(task)
+        uid = secrets.token_hex(16)
+        reply = await self.call((_T_ENQUEUE, CONN, task.function, task.params, task.options, uid))
+        response = reply_response(reply, 201, ENQUEUED_FIELDS)
+        if response.status == 201:
+            response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
+        return response
+
+    async def info(self, request: web.Request) -> web.Response:
+        return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"])))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
+
+    async def call(self, op: tuple) -> tuple:
+        """Send one op on the session and wait for its reply (replies come in op order)."""
+        future = asyncio.get_running_loop().create_future()
+        self.link.submit(op)            # first: if it raises, no future waits for nothing
+        self.waiting.append(future)
+        return await future
+
+    def _fail_waiting(self, message: str) -> None:
+        waiting, self.waiting = self.waiting, collections.deque()
+        unavailable = (CONN, R.T_ERROR, 503, CODES[503], message)
+        for future in waiting:
+            if not future.done():
+                future.set_result(unavailable)
+
+    # -- LinkOwner -----------------------------------------------------------------------
+    def on_replies(self, items: list) -> None:
+        for item in items:
+            if item[0] != CONN or not self.waiting:
+                log.warning("HTTP front: a broker reply nobody waits for: %r", item[:2])
+                continue
+            future = self.waiting.popleft()
+            if not future.done():       # the request was cancelled: its reply is dropped
+                future.set_result(item)
+
+    def on_welcome(self, w: Welcome) -> None:
+        self.link.submit((_OPEN, CONN))     # before the requests the link held
+        self.opened = True
+
+    def on_lost(self) -> None:
+        self._fail_waiting("lost the broker; the request may or may not have taken effect")
+
+    def on_fenced(self) -> None:
+        self.opened = False                 # the broker dropped our session
+        self._fail_waiting("the broker dropped this front; try again")
+
+    def session_states(self) -> list[SessionState]:
+        return [SessionState(CONN, "", [], [])] if self.opened else []

@@ -1,0 +1,414 @@
+"""The HTTP front over real HTTP on loopback: aiohttp's client talks to the front, and a
+fake link stands in for the broker, recording every op and answering each with the reply
+a test chooses.  So each rule of protocol/http_front.py is checked end to end at the HTTP
+level (status, JSON body, the op sent), without a broker."""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import re
+import socket
+
+import aiohttp
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from zstalk.protocol.http_front import Enqueue, HttpFront, Problem, parse_enqueue
+from zstalk.protocol.schema import SILENT_OPS, Op, R, SessionState, Settings, Welcome
+
+CREATED = datetime.datetime(2026, 11, 24, 20, 30, 0, 123000, datetime.timezone.utc).timestamp()
+KEY = "s3cret-master-key"
+
+
+class FakeLink:
+    """Records ops; answers each op that has a reply with `answer(op)` on the next loop
+    turn (None: never answered, as when the broker is away)."""
+
+    def __init__(self, answer=None) -> None:
+        self.answer = answer
+        self.front: HttpFront | None = None
+        self.ops: list[tuple] = []
+        self.closed = False
+
+    def start(self) -> None:
+        self.front.on_welcome(Welcome(1, 1, Settings(), False))
+
+    def submit(self, op: tuple) -> None:
+        self.ops.append(op)
+        if op[0] in SILENT_OPS or self.answer is None:
+            return
+        reply = self.answer(op)
+        if reply is not None:
+            asyncio.get_running_loop().call_soon(self.front.on_replies, [reply])
+
+    def flush_now(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def requests(self) -> list[tuple]:
+        """The ops that wait for a reply (not OPEN / CLOSE)."""
+        return [op for op in self.ops if op[0] not in SILENT_OPS]
+
+
+def listening_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def run(scenario, answer=None, link: FakeLink | None = None, **front_options):
+    """Serve a front with a FakeLink (`link`, or one answering with `answer`) on
+    127.0.0.1 port 0 and run `scenario(client, link, front)` against it; returns what
+    the scenario returns."""
+    async def main():
+        fake = link or FakeLink(answer)
+        front = HttpFront("tcp://127.0.0.1:1", link=fake, **front_options)
+        fake.front = front
+        sock = listening_socket()
+        port = sock.getsockname()[1]
+        await front.start([sock])
+        try:
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as client:
+                return await scenario(client, fake, front)
+        finally:
+            await front.close()
+    return asyncio.run(main())
+
+
+async def fetch(client, method: str, path: str, **kwargs) -> tuple[int, dict]:
+    """One request: its status and JSON body (every answer must be JSON)."""
+    async with client.request(method, path, **kwargs) as response:
+        assert response.content_type == "application/json"
+        return response.status, await response.json()
+
+
+def request(method: str, path: str, answer=None, front_options=None, **kwargs):
+    """One request against a fresh front: (status, body, the ops that wanted a reply)."""
+    async def scenario(client, link, front):
+        status, body = await fetch(client, method, path, **kwargs)
+        return status, body, link.requests
+    return run(scenario, answer, **(front_options or {}))
+
+
+# -- canned broker replies ------------------------------------------------------------------
+def task_info(uid: str, **fields) -> dict:
+    info = {"uniqueId": uid, "function": "hello", "status": "queued", "createdAt": CREATED,
+            "attempt": 0, "attempts": 1, "waitNum": 3}
+    info.update(fields)
+    return info
+
+
+def enqueued(op: tuple) -> tuple:
+    """As the broker: the task under options.uniqueId, else under the front's uid."""
+    uid = (op[4] or {}).get("uniqueId", op[5])
+    return (1, R.T_TASK, task_info(uid, function=op[2]))
+
+
+def info_of(op: tuple, **fields) -> tuple:
+    return (1, R.T_TASK, task_info(op[2], **fields))
+
+
+def error(status: int, code: str, message: str):
+    return lambda op: (1, R.T_ERROR, status, code, message)
+
+
+# -- enqueue --------------------------------------------------------------------------------
+def test_enqueuing_a_task_answers_201_with_its_id_status_and_wait_number() -> None:
+    body = {"function": "hello", "params": {"name": "zstalk", "n": [1, 2.5, None]},
+            "options": {"priority": 5, "backoff": {"type": "exponential"}}}
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, json=body)
+
+    [op] = ops
+    assert op[:5] == (Op.T_ENQUEUE, 1, "hello", b'{"name":"zstalk","n":[1,2.5,null]}',
+                      {"priority": 5, "backoff": {"type": "exponential"}})
+    assert re.fullmatch(r"[0-9a-f]{32}", op[5])
+    assert status == 201
+    assert reply == {"uniqueId": op[5], "status": "queued", "waitNum": 3}
+
+
+def test_params_default_to_null_and_absent_options_are_sent_as_none() -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, data=b'{"function": "hello"}')
+    assert status == 201
+    assert ops[0][2:5] == ("hello", b"null", None)
+
+
+def test_the_uniqueid_given_in_options_is_the_tasks_id_and_its_location() -> None:
+    async def scenario(client, link, front):
+        body = {"function": "hello", "options": {"uniqueId": "order-42"}}
+        async with client.post("/v1/tasks", json=body) as response:
+            return response.status, response.headers["Location"], await response.json()
+
+    status, location, reply = run(scenario, enqueued)
+    assert (status, location, reply["uniqueId"]) == (201, "/v1/tasks/order-42", "order-42")
+
+
+def test_each_task_gets_a_fresh_random_id() -> None:
+    async def scenario(client, link, front):
+        for _ in range(3):
+            await fetch(client, "POST", "/v1/tasks", json={"function": "hello"})
+        return [op[5] for op in link.requests]
+
+    uids = run(scenario, enqueued)
+    assert len(set(uids)) == 3
+
+
+@pytest.mark.parametrize("status, code, message", [
+    (409, "duplicate", "a task with uniqueId 'x' exists"),
+    (404, "unknown_function", "no function named 'nope'"),
+    (400, "bad_request", "unknown option 'colour'; options are ..."),
+])
+def test_the_brokers_refusal_of_an_enqueue_passes_through(status, code, message) -> None:
+    got, reply, ops = request("POST", "/v1/tasks", error(status, code, message),
+                              json={"function": "hello", "options": {"colour": 1}})
+    assert len(ops) == 1
+    assert (got, reply) == (status, {"error": code, "message": message})
+
+
+# -- info and cancel ------------------------------------------------------------------------
+def test_getting_a_task_formats_its_times_as_rfc3339_utc_with_milliseconds() -> None:
+    def answer(op):
+        return info_of(op, status="success", startedAt=CREATED + 1.5, finishedAt=CREATED + 2,
+                       statusCode=200, result=b'{"ok": true, "n": [1, 2]}')
+
+    status, reply, ops = request("GET", "/v1/tasks/order-42", answer)
+    assert ops == [(Op.T_INFO, 1, "order-42")]
+    assert status == 200
+    assert reply == {"uniqueId": "order-42", "function": "hello", "status": "success",
+                     "createdAt": "2026-11-24T20:30:00.123Z",
+                     "startedAt": "2026-11-24T20:30:01.623Z",
+                     "finishedAt": "2026-11-24T20:30:02.123Z",
+                     "attempt": 0, "attempts": 1, "waitNum": 3, "statusCode": 200,
+                     "result": {"ok": True, "n": [1, 2]}}
+
+
+def test_a_retry_time_is_formatted_like_the_others() -> None:
+    status, reply, _ = request("GET", "/v1/tasks/t", lambda op: info_of(op, retryAt=0.5))
+    assert reply["retryAt"] == "1970-01-01T00:00:00.500Z"
+
+
+@pytest.mark.parametrize("result, shown", [
+    (b'"a json string"', "a json string"),
+    (b"42", 42),
+    (b"plain text, not JSON", "plain text, not JSON"),
+    (b"caf\xc3\xa9 \xff", "caf\u00e9 \ufffd"),       # bad UTF-8 is replaced, not refused
+    (b"NaN", "NaN"),                                # not JSON: shown as text
+    (b"", ""),
+])
+def test_a_result_is_shown_as_json_when_it_is_json_and_as_text_otherwise(result, shown) -> None:
+    status, reply, _ = request("GET", "/v1/tasks/t", lambda op: info_of(op, result=result))
+    assert status == 200
+    assert reply["result"] == shown
+
+
+def test_getting_an_unknown_task_answers_the_brokers_404() -> None:
+    status, reply, _ = request("GET", "/v1/tasks/nope",
+                               error(404, "not_found", "no task 'nope'"))
+    assert (status, reply) == (404, {"error": "not_found", "message": "no task 'nope'"})
+
+
+def test_deleting_a_task_cancels_it_and_answers_its_info() -> None:
+    status, reply, ops = request("DELETE", "/v1/tasks/order-42",
+                                 lambda op: info_of(op, status="cancelled", finishedAt=CREATED))
+    assert ops == [(Op.T_CANCEL, 1, "order-42")]
+    assert status == 200
+    assert reply["status"] == "cancelled"
+    assert reply["finishedAt"] == "2026-11-24T20:30:00.123Z"
+
+
+def test_deleting_a_running_task_answers_the_brokers_409() -> None:
+    status, reply, _ = request("DELETE", "/v1/tasks/t",
+                               error(409, "not_cancellable", "task 't' is running"))
+    assert (status, reply["error"]) == (409, "not_cancellable")
+
+
+# -- bad requests ---------------------------------------------------------------------------
+@pytest.mark.parametrize("body, says", [
+    (b"{not json", "not valid JSON"),
+    (b"", "not valid JSON"),
+    (b"\xff\xfe\x00", "not valid JSON"),
+    (b'{"function": "hello", "params": NaN}', "not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+    (b'[{"function": "hello"}]', "must be a JSON object, not an array"),
+    (b'"hello"', "must be a JSON object, not a string"),
+    (b'{"function": "hello", "priority": 1}', "unknown field 'priority'"),
+    (b'{"params": {}}', "function is required"),
+    (b'{"function": 7}', "function must be a string"),
+    (b'{"function": null}', "function must be a string"),
+    (b'{"function": "hello", "options": [1]}', "options must be an object, not an array"),
+    (b'{"function": "hello", "options": "fast"}', "options must be an object, not a string"),
+])
+def test_a_malformed_body_is_refused_with_400_and_nothing_is_sent(body, says) -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, data=body)
+    assert (status, reply["error"]) == (400, "bad_request")
+    assert says in reply["message"]
+    assert ops == []
+
+
+def test_a_body_that_cannot_be_decoded_is_refused_with_400_not_500() -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, data=b'{"function": "x"}',
+                                 headers={"Content-Encoding": "gzip"})
+    assert (status, reply["error"]) == (400, "bad_request")
+    assert "could not be read" in reply["message"]
+    assert ops == []
+
+
+def test_a_body_over_the_limit_is_refused_with_413_and_one_at_the_limit_is_taken() -> None:
+    def body(size: int) -> bytes:
+        head = b'{"function":"hello","params":"'
+        return head + b"x" * (size - len(head) - 2) + b'"}'
+
+    async def scenario(client, link, front):
+        over = await fetch(client, "POST", "/v1/tasks", data=body(101))
+        at = await fetch(client, "POST", "/v1/tasks", data=body(100))
+        return over, at, link.requests
+
+    (status, reply), (at_status, _), ops = run(scenario, enqueued, max_body=100)
+    assert (status, reply["error"]) == (413, "too_large")
+    assert "100 bytes" in reply["message"]
+    assert at_status == 201 and len(ops) == 1
+
+
+def test_an_unknown_path_answers_404_in_json() -> None:
+    status, reply, ops = request("GET", "/v2/elsewhere")
+    assert (status, reply["error"]) == (404, "not_found")
+    assert "/v2/elsewhere" in reply["message"]
+    assert ops == []
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/v1/tasks", "POST"),
+    ("PUT", "/v1/tasks/t", "DELETE, GET, HEAD"),
+])
+def test_a_wrong_method_answers_405_in_json_with_the_allowed_ones(method, path, allowed) -> None:
+    async def scenario(client, link, front):
+        async with client.request(method, path) as response:
+            return response.status, response.headers.get("Allow"), await response.json()
+
+    status, allow, reply = run(scenario)
+    assert (status, reply["error"]) == (405, "method_not_allowed")
+    assert set(allow.split(",")) == set(allowed.split(", "))
+    assert allowed in reply["message"]
+
+
+# -- auth -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("authorization, status, code", [
+    (None, 401, "unauthorized"),
+    ("Basic dXNlcjpwYXNz", 401, "unauthorized"),
+    ("Bearer", 401, "unauthorized"),
+    ("Bearer wrong-key", 403, "forbidden"),
+    ("Bearer s3cret-master-ke", 403, "forbidden"),
+    ("Bearer s3cret-master-k\u00e9y", 403, "forbidden"),
+])
+def test_with_a_master_key_an_enqueue_without_the_right_key_is_refused(
+        authorization, status, code) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    got, reply, ops = request("POST", "/v1/tasks", enqueued, {"master_key": KEY},
+                              json={"function": "hello"}, headers=headers)
+    assert (got, reply["error"]) == (status, code)
+    assert ops == []
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer"])
+def test_with_a_master_key_an_enqueue_with_it_is_accepted(scheme) -> None:
+    status, _, ops = request("POST", "/v1/tasks", enqueued, {"master_key": KEY},
+                             json={"function": "hello"},
+                             headers={"Authorization": f"{scheme} {KEY}"})
+    assert status == 201 and len(ops) == 1
+
+
+def test_with_a_master_key_a_delete_needs_it_and_a_get_does_not() -> None:
+    async def scenario(client, link, front):
+        refused = await fetch(client, "DELETE", "/v1/tasks/t")
+        wrong = await fetch(client, "DELETE", "/v1/tasks/t",
+                            headers={"Authorization": "Bearer nope"})
+        cancelled = await fetch(client, "DELETE", "/v1/tasks/t",
+                                headers={"Authorization": f"Bearer {KEY}"})
+        got = await fetch(client, "GET", "/v1/tasks/t")
+        return [s for s, _ in (refused, wrong, cancelled, got)], link.requests
+
+    statuses, ops = run(scenario, lambda op: info_of(op), master_key=KEY)
+    assert statuses == [401, 403, 200, 200]
+    assert [op[0] for op in ops] == [Op.T_CANCEL, Op.T_INFO]
+
+
+# -- the broker session ---------------------------------------------------------------------
+def test_concurrent_requests_each_get_their_own_reply() -> None:
+    n = 20
+
+    class Batching(FakeLink):
+        """Answers nothing until all n requests are in, then all at once, in op order."""
+        def submit(self, op: tuple) -> None:
+            self.ops.append(op)
+            if len(self.requests) == n:
+                replies = [info_of(o, attempt=int(o[2][1:])) for o in self.requests]
+                asyncio.get_running_loop().call_soon(self.front.on_replies, replies)
+
+    async def scenario(client, link, front):
+        return await asyncio.gather(*(fetch(client, "GET", f"/v1/tasks/t{i}") for i in range(n)))
+
+    results = run(scenario, link=Batching())
+    assert [(status, body["uniqueId"], body["attempt"]) for status, body in results] == \
+        [(200, f"t{i}", i) for i in range(n)]
+
+
+@pytest.mark.parametrize("loss", ["on_lost", "on_fenced"])
+def test_losing_the_broker_fails_the_requests_in_flight_with_503(loss) -> None:
+    async def scenario(client, link, front):
+        pending = asyncio.ensure_future(fetch(client, "GET", "/v1/tasks/t"))
+        while not link.requests:
+            await asyncio.sleep(0.001)
+        getattr(front, loss)()
+        failed = await pending
+        link.answer = info_of                      # the broker is back
+        link.start()
+        return failed, await fetch(client, "GET", "/v1/tasks/t2")
+
+    (status, reply), (then, info) = run(scenario)
+    assert (status, reply["error"]) == (503, "unavailable")
+    assert reply["message"]
+    assert (then, info["uniqueId"]) == (200, "t2")       # no reply is owed to the failed one
+
+
+def test_a_request_the_link_held_too_long_fails_with_503() -> None:
+    status, reply, _ = request("GET", "/v1/tasks/t", lambda op: (1, R.INTERNAL_ERROR))
+    assert (status, reply["error"]) == (503, "unavailable")
+
+
+def test_the_front_opens_its_one_session_on_welcome_and_closes_it_at_the_end() -> None:
+    async def main():
+        link = FakeLink()
+        front = HttpFront("tcp://127.0.0.1:1", link=link)
+        link.front = front
+        before = front.session_states()
+        await front.start([listening_socket()])
+        after = front.session_states()
+        await front.close()
+        return before, after, link
+
+    before, after, link = asyncio.run(main())
+    assert before == []
+    assert after == [SessionState(1, "", [], [])]
+    assert link.ops == [(Op.OPEN, 1), (Op.CLOSE, 1)]
+    assert link.closed
+
+
+# -- the body parser alone ------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.sampled_from(
+        ["function", "params", "options", "x"]) | st.text(), inner),
+).map(lambda doc: json.dumps(doc).encode())))
+def test_any_body_either_parses_or_is_refused_with_400(body) -> None:
+    parsed = parse_enqueue(body)
+    assert isinstance(parsed, (Enqueue, Problem))
+    if isinstance(parsed, Problem):
+        assert parsed.status == 400
+    else:
+        json.loads(parsed.params)
+
