@@ -25,6 +25,7 @@ from .options import ServeOptions, run_server, setup_logging, worker_endpoint
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
+HTTP_PORT = 8080                # the HTTP task API's default port
 WORKER_ENDPOINT = "tcp://127.0.0.1:11400"   # where `zstalk worker` looks by default
 BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
 
@@ -102,25 +103,56 @@ def main(ctx: click.Context, verbose: int) -> None:
               help="ZeroMQ endpoint (tcp://HOST:PORT, HOST:PORT or ipc://PATH) where native "
                    "workers and producers (zstalk.workers) reach the broker; 'none': no such "
                    "endpoint.")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="TOML config file: the functions cloud tasks call ([functions]).")
+@click.option("--http-port", default=None, type=click.IntRange(min=0),
+              help="Port of the HTTP task API (default 8080 when --config names functions; "
+                   "0: none).")
+@click.option("--master-key", default=None, envvar="ZSTALK_MASTER_KEY",
+              help="Bearer key the HTTP API requires to enqueue and cancel; without one it "
+                   "listens on loopback only.")
 @binlog_options
 @click.pass_obj
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
-          binlog_dir, fsync_ms, no_fsync, binlog_size):
-    """Run a broker, beanstalk fronts (port 11300) and a counter front (port 11215)."""
+          config_path, http_port, master_key, binlog_dir, fsync_ms, no_fsync, binlog_size):
+    """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
+    --config, the HTTP task API (port 8080) and a dispatcher."""
+    functions = load_config_or_exit(config_path)
     listener = bind_or_exit(addr, port)
     counter_listeners = []
     if counter_port:
         where = counter_listen or counter_host(addr)
         counter_listeners.append(bind_or_exit(where, counter_port))
+    http_listeners = []
+    if http_port is None and functions is not None:
+        http_port = HTTP_PORT
+    if http_port:
+        if fronts:
+            click.echo("zstalk: the HTTP task API runs with --fronts 0 only (for now)", err=True)
+            sys.exit(2)
+        http_host = counter_host(addr) if master_key else "127.0.0.1"
+        http_listeners.append(bind_or_exit(http_host, http_port))
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
                         stat_interval=stat_interval,
                         worker_bind=worker_endpoint(worker_bind),
                         binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
-                        binlog_size=binlog_size)
+                        binlog_size=binlog_size, functions=functions,
+                        http_listeners=http_listeners, master_key=master_key)
     sys.exit(run_server([listener], opts, counter_listeners))
+
+
+def load_config_or_exit(path: str | None):
+    if path is None:
+        return None
+    from .config_file import ConfigError, load
+    try:
+        return load(path)
+    except ConfigError as exc:
+        click.echo(f"zstalk: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command()
@@ -139,19 +171,23 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
               help="Write a byte to this fd once the binlog is replayed and the socket bound.")
 @click.option("--also-bind", multiple=True, metavar="ENDPOINT",
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="TOML config file: the functions cloud tasks call ([functions]).")
 @binlog_options
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
-           also_bind, binlog_dir, fsync_ms, no_fsync, binlog_size):
-    """Run the broker actor: all tube, job and session state."""
+           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size):
+    """Run the broker actor: all tube, job, session and task state."""
     from .actor import BrokerActor
     from .binlog import BinlogError, Options
     from .core import Config
 
     exit_with_parent()
+    fns = load_config_or_exit(config_path)
     config = Config(max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                     max_jobs_bytes=max_jobs_bytes, version=VERSION,
                     binlog_max_size=binlog_size,
-                    stat_interval_s=stat_interval, recovering=recovering)
+                    stat_interval_s=stat_interval, recovering=recovering,
+                    functions=fns.named if fns else (), base_function=fns.base if fns else None)
     wal = None
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
@@ -240,6 +276,34 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
         raise click.UsageError("give --listen or --fd")
     from ..protocol.front_main import run_counter_front
     run_counter_front(broker_ep, sockets, max_connections, hold_s)
+
+
+@front.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--listen", "listens", multiple=True,
+              help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default).")
+@click.option("--master-key", default=None, envvar="ZSTALK_MASTER_KEY",
+              help="Bearer key required to enqueue and cancel; without one, loopback only.")
+def http(broker_ep, listens, master_key):
+    """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
+    from ..protocol.listen import is_loopback
+    exit_with_parent()
+    sockets = [bind_or_exit(spec, HTTP_PORT) for spec in listens or ["127.0.0.1"]]
+    if not master_key and not all(is_loopback(s) for s in sockets):
+        raise click.UsageError("without --master-key the HTTP API listens on loopback only")
+    from ..protocol.front_main import run_http_front
+    run_http_front(broker_ep, sockets, master_key)
+
+
+@main.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Calls made at once by this process.")
+def dispatcher(broker_ep, slots):
+    """Make the broker's cloud-task calls over HTTP until SIGTERM."""
+    exit_with_parent()
+    from ..protocol.front_main import run_dispatcher
+    run_dispatcher(broker_ep, slots)
 
 
 @main.command()

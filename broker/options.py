@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -28,6 +28,9 @@ class ServeOptions:
     binlog_size: int = 10485760
     broker_bind: str | None = None      # supervised: where the broker child listens
     announce: bool = True               # say on stderr what listens where (zstalkd: no)
+    functions: object = None            # cloud tasks: config_file.Functions, if configured
+    http_listeners: list = field(default_factory=list)   # the HTTP front's bound sockets
+    master_key: str | None = None       # required by the HTTP front to enqueue and cancel
 
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""
@@ -71,11 +74,15 @@ def where(sock) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def announcement(listeners, counter_listeners, worker_endpoint: str | None) -> str:
+def announcement(listeners, counter_listeners, worker_endpoint: str | None,
+                 http_listeners=(), master_key: str | None = None) -> str:
     """The one line `zstalk serve` prints once everything listens."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
+    if http_listeners:
+        parts.append("http on " + ", ".join(where(s) for s in http_listeners)
+                     + ("" if master_key else " (no --master-key: loopback only)"))
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
     return "zstalk: " + "; ".join(parts)
 

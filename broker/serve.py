@@ -43,9 +43,11 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
     from .actor import BrokerActor
     from .core import Config
 
+    fns = opts.functions
     config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
                     version=VERSION, binlog_max_size=opts.binlog_size,
-                    stat_interval_s=opts.stat_interval)
+                    stat_interval_s=opts.stat_interval,
+                    functions=fns.named if fns else (), base_function=fns.base if fns else None)
     try:
         actor = BrokerActor(None, config, binlog=opts.binlog())
     except Exception as exc:
@@ -71,19 +73,39 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     if counter_listeners:
         fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
+    tasks = await _start_tasks(address, opts)
     code = _bind_workers(actor, opts)
     if code is None:
         if opts.announce:
-            print(announcement(listeners, counter_listeners, actor.endpoint), file=sys.stderr,
-                  flush=True)
+            print(announcement(listeners, counter_listeners, actor.endpoint,
+                               opts.http_listeners, opts.master_key),
+                  file=sys.stderr, flush=True)
         await actor.wait_stopped()
     for running in fronts:
         for server in running.servers:
             server.close()          # no new clients while the binlog reaches the disk
+    for actor_ in tasks:
+        await actor_.close()
     actor.close()
     for running in fronts:
         running.front.close()
     return code or 0
+
+
+async def _start_tasks(address: str, opts: ServeOptions) -> list:
+    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then)."""
+    started = []
+    if opts.http_listeners:
+        from ..protocol.http_front import HttpFront
+        front = HttpFront(address, master_key=opts.master_key)
+        await front.start(opts.http_listeners)
+        started.append(front)
+    if opts.functions is not None:
+        from ..workers.dispatcher import Dispatcher
+        dispatcher = Dispatcher(address)
+        dispatcher.start()
+        started.append(dispatcher)
+    return started
 
 
 def _bind_workers(actor, opts: ServeOptions) -> int | None:

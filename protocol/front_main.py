@@ -72,3 +72,35 @@ def run_beanstalk_front(broker: str, sockets: list[socket.socket], max_connectio
 def run_counter_front(broker: str, sockets: list[socket.socket], max_connections: int,
                       hold_s: float) -> None:
     run(_serve(counter_front(broker, max_connections, hold_s), sockets))
+
+
+async def _until_stopped(actor, start) -> None:
+    """Start an actor with an async close() (HTTP front, dispatcher); close it on SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await start()
+    await stop.wait()
+    await actor.close()
+
+
+def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None) -> None:
+    from .http_front import HttpFront
+
+    async def main() -> None:
+        front = HttpFront(broker, master_key=master_key)
+        await _until_stopped(front, lambda: front.start(sockets))
+    run(main())
+
+
+def run_dispatcher(broker: str, slots: int) -> None:
+    from ..workers.dispatcher import Dispatcher
+
+    async def main() -> None:
+        dispatcher = Dispatcher(broker, slots=slots)
+
+        async def start() -> None:
+            dispatcher.start()
+        await _until_stopped(dispatcher, start)
+    run(main())

@@ -86,3 +86,11 @@ def systemd_sockets() -> list[socket.socket]:
     for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(key, None)
     return [socket.socket(fileno=fd) for fd in range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + count)]
+
+
+def is_loopback(sock: socket.socket) -> bool:
+    """A unix socket, or a TCP socket bound to a loopback address (127.0.0.0/8, ::1)."""
+    import ipaddress
+    if sock.family == socket.AF_UNIX:
+        return True
+    return ipaddress.ip_address(sock.getsockname()[0]).is_loopback

@@ -81,3 +81,53 @@ def test_the_producers_and_the_worker_command_work_on_the_readme_ports(tmp_path)
             worker.terminate()
             worker.wait(30)
         server.stop()
+
+
+def fenced(language: str, marker: str) -> str:
+    found = [b for b in re.findall(rf"```{language}\n(.*?)```", README, re.S) if marker in b]
+    assert len(found) == 1, f"one README {language} block holds {marker!r}"
+    return found[0]
+
+
+def json_documents(text: str) -> list:
+    import json
+    decoder, docs, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        doc, i = decoder.raw_decode(text, i)
+        docs.append(doc)
+    return docs
+
+
+def test_the_cloud_task_example_runs_as_written(tmp_path):
+    ports = (11300, 11215, 11400, 8080, 3000)
+    if not all(_free(p) for p in ports):
+        pytest.skip(f"the README's ports {ports} are not all free on this machine")
+    (tmp_path / "zstalk.toml").write_text(fenced("toml", "[functions]"))
+    (tmp_path / "functions.py").write_text(block("# functions.py"))
+    host = ServerProcess([sys.executable, "functions.py"], (LOOPBACK, 3000), cwd=str(tmp_path),
+                         name="readme-functions").start()
+    server = ServerProcess([find_zstalk(), "serve", "--config", "zstalk.toml"], (LOOPBACK, 11300),
+                           cwd=str(tmp_path), name="readme-tasks").start()
+    try:
+        deadline = time.monotonic() + 10
+        while _free(8080) or "http on" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        out = subprocess.run(["bash", "-c", fenced("sh", "/v1/tasks")], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        enqueued, info = json_documents(out.stdout)
+        assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0}
+        get = fenced("sh", "/v1/tasks").strip().splitlines()[-1]
+        while info["status"] in ("queued", "running") and time.monotonic() < deadline + 10:
+            time.sleep(0.2)         # (a slow machine: the README's sleep was not enough)
+            [info] = json_documents(subprocess.run(["bash", "-c", get], capture_output=True,
+                                                   text=True, timeout=30).stdout)
+        assert info["status"] == "success" and info["result"] == {"closed": 1234}
+        assert info["statusCode"] == 200 and info["attempt"] == 1
+    finally:
+        server.stop()
+        host.stop()
