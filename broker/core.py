@@ -360,9 +360,10 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         q = self.queue.next_deadline()
         if q is not None and q < d:
             d = q
-        t = self.tasks.next_deadline()
-        if t is not None and t < d:
-            d = t
+        if self.tasks.tasks:
+            t = self.tasks.next_deadline()
+            if t is not None and t < d:
+                d = t
         for f in self.fronts.values():
             silent_at = f.last_seen + PEER_TIMEOUT_S
             if silent_at < d:
