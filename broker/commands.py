@@ -55,7 +55,7 @@ class Commands:
             return (conn, R.DRAINING)
         cost = len(body) + JOB_OVERHEAD_BYTES
         limit = self.config.max_jobs_bytes
-        if limit and self.jobs_bytes + cost > limit:
+        if limit and self.jobs_bytes + self.tasks.bytes + cost > limit:
             return (conn, R.OUT_OF_MEMORY)
         wal = self.wal
         if wal is not None and not wal.reserve_put(s.use.name, len(body)):

@@ -52,6 +52,9 @@ AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 CALL_GRACE_S = 5.0
 MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
 MAX_ATTEMPTS = 1000
+#: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
+#: its id, its places in the index and the timer lists)
+TASK_OVERHEAD_BYTES = 512
 MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
 INT64 = (-(1 << 63), (1 << 63) - 1)
 UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
@@ -152,7 +155,7 @@ class Tasks:
         self.keeping = SortedList()     # (expires, seq) of finished tasks
         self.by_seq: dict[int, Task] = {}
         self._seq = itertools.count(1)
-        self.bytes = 0                  # params and results held (for --max-jobs-bytes)
+        self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
 
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
@@ -180,7 +183,7 @@ class Tasks:
         task.keep_result_ms = parsed.get("keepResult", 300000)
         self.tasks[uid] = task
         self.by_seq[seq] = task
-        self.bytes += len(params)
+        self.bytes += TASK_OVERHEAD_BYTES + len(params)
         self._queue(task, now + parsed.get("delay", 0) / 1000, now)
         return task
 
@@ -342,7 +345,7 @@ class Tasks:
             _, seq = self.keeping.pop(0)
             task = self.by_seq.pop(seq)
             del self.tasks[task.uid]
-            self.bytes -= len(task.params) + len(task.result or b"")
+            self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -450,6 +453,12 @@ class TaskCommands:
         _, conn, function, params, options, uid = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
             return (conn, R.T_ERROR, 400, "bad_request", "malformed enqueue")
+        if self.draining:
+            return (conn, R.T_ERROR, 503, "draining", "the server is draining: no new tasks")
+        limit = self.config.max_jobs_bytes
+        if limit and self.jobs_bytes + self.tasks.bytes + TASK_OVERHEAD_BYTES + len(params) > limit:
+            return (conn, R.T_ERROR, 503, "out_of_memory",
+                    f"the memory for jobs and tasks (--max-jobs-bytes {limit}) is used up")
         task = self.tasks.enqueue(function, params, options, now, uid=uid)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.tasks import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING, SUCCESS,
-                                 Backoff, FunctionSpec, Outcome, Task, TaskError, Tasks)
+                                 TASK_OVERHEAD_BYTES, Backoff, FunctionSpec, Outcome, Task,
+                                 TaskError, Tasks)
 
 T0 = 1000.0
 WALL = 1_700_000_000.0 - T0       # wall clock = now + WALL
@@ -234,9 +235,9 @@ def test_cancel_takes_a_queued_or_retrying_task_and_refuses_a_running_one(c):
 
 def test_params_and_results_are_counted_until_the_task_is_forgotten(c):
     task = c.enqueue(params=b'{"id": 1234}', options={"keepResult": 0})
-    assert c.store.bytes == 12
+    assert c.store.bytes == TASK_OVERHEAD_BYTES + 12
     c.report(c.take(), "success", status_code=200, result=b"done")
-    assert c.store.bytes == 16
+    assert c.store.bytes == TASK_OVERHEAD_BYTES + 16
     c.advance(0)
     assert c.store.bytes == 0 and c.store.info(task.uid, c.now) is None
 
@@ -261,10 +262,10 @@ HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
 
 
 class BrokerClock:
-    def __init__(self, **spec) -> None:
+    def __init__(self, max_jobs_bytes: int = 0, **spec) -> None:
         self.now = T0
-        self.broker = Broker(Config(functions=(FunctionSpec("f", "http://fn/f", **spec),)),
-                             self.now)
+        self.broker = Broker(Config(functions=(FunctionSpec("f", "http://fn/f", **spec),),
+                                    max_jobs_bytes=max_jobs_bytes), self.now)
         for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
                                      (D2, "dispatcher", 3), (BEANSTALK, "beanstalk", 4)):
             self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)
@@ -351,3 +352,16 @@ def test_task_sessions_are_not_counted_as_beanstalk_connections():
     b = BrokerClock()
     [(_, _, pairs)] = b.send(BEANSTALK, (Op.STATS, 1))[BEANSTALK]
     assert dict(pairs)["current-connections"] == 1
+
+
+def test_tasks_and_jobs_share_the_memory_limit_and_draining_refuses_new_tasks():
+    b = BrokerClock(max_jobs_bytes=2 * TASK_OVERHEAD_BYTES + 300)
+    assert b.enqueue("t1")[1] == R.T_TASK
+    [reply] = b.send(BEANSTALK, (Op.PUT, 1, 0, 0, 60, b"x" * 200))[BEANSTALK]
+    assert reply[1] == R.INSERTED
+    assert b.enqueue("t2")[1:4] == (R.T_ERROR, 503, "out_of_memory")
+    [reply] = b.send(BEANSTALK, (Op.PUT, 1, 0, 0, 60, b"x" * 300))[BEANSTALK]
+    assert reply[1] == R.OUT_OF_MEMORY
+    b.broker.draining = True
+    b.send(BEANSTALK, (Op.DELETE, 1, 1))
+    assert b.enqueue("t3")[1:4] == (R.T_ERROR, 503, "draining")
