@@ -7,6 +7,7 @@ answers a session's ops in the order they were sent, so the front keeps a FIFO o
 futures: `on_replies` resolves them oldest first, whichever request they belong to.
 
     POST   /v1/tasks              {"function", "params"?, "options"?}  -> T_ENQUEUE -> 201
+    POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
 
@@ -69,6 +70,7 @@ CODES = {
     503: "unavailable",
 }
 ENQUEUE_KEYS = ("function", "params", "options")
+MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
 TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
 
@@ -105,14 +107,24 @@ def loads_strict(data: bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-def parse_enqueue(body: bytes) -> Enqueue | Problem:
-    """The body of POST /v1/tasks, or why it is refused."""
+def parse_enqueue(body: bytes) -> Enqueue | list[Enqueue | Problem] | Problem:
+    """The body of POST /v1/tasks: one task, or an array of them (each checked on its
+    own: a bad item refuses that item only), or why the whole body is refused."""
     try:
         doc = loads_strict(body)
     except ValueError as exc:
         return refuse(400, f"the body is not valid JSON: {exc}")
+    if isinstance(doc, list):
+        if len(doc) > MAX_BATCH:
+            return refuse(400, f"{len(doc)} tasks in one request; at most {MAX_BATCH}")
+        return [parse_task(item) for item in doc]
+    return parse_task(doc)
+
+
+def parse_task(doc: Any) -> Enqueue | Problem:
+    """One task object of POST /v1/tasks."""
     if not isinstance(doc, dict):
-        return refuse(400, f"the body must be a JSON object, not {_json_type(doc)}")
+        return refuse(400, f"a task must be a JSON object, not {_json_type(doc)}")
     unknown = [key for key in doc if key not in ENQUEUE_KEYS]
     if unknown:
         return refuse(400, f"unknown field {unknown[0]!r}; fields are {', '.join(ENQUEUE_KEYS)}")
@@ -164,20 +176,30 @@ def problem_response(problem: Problem) -> web.Response:
                              status=problem.status, headers=headers)
 
 
+def enqueue_op(task: Enqueue) -> tuple:
+    """The op for one task, with the random uniqueId the broker uses unless the options
+    name one."""
+    return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16))
+
+
 def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
     """The broker's reply to one request: its TaskInfo (only `fields` of it, if given),
     or its error."""
-    code = reply[1]
-    if code == R.T_TASK:
+    if reply[1] == R.T_TASK:
         info = reply[2]
         body = {k: info[k] for k in fields if k in info} if fields else task_json(info)
         return web.json_response(body, status=status)
-    if code == R.T_ERROR:
-        return problem_response(Problem(*reply[2:5]))
-    if code == R.INTERNAL_ERROR:        # held by the link past its hold time
-        return problem_response(refuse(503, "the broker did not answer in time"))
+    return problem_response(reply_problem(reply))
+
+
+def reply_problem(reply: tuple) -> Problem:
+    """A broker reply that is not a TaskInfo, as the refusal to answer with."""
+    if reply[1] == R.T_ERROR:
+        return Problem(*reply[2:5])
+    if reply[1] == R.INTERNAL_ERROR:    # held by the link past its hold time
+        return refuse(503, "the broker did not answer in time")
     log.warning("unexpected broker reply %r", reply[1:2])
-    return problem_response(refuse(500, "unexpected reply from the broker"))
+    return refuse(500, "unexpected reply from the broker")
 
 
 # -- auth ----------------------------------------------------------------------------------
@@ -276,12 +298,36 @@ class HttpFront(LinkOwner):
         task = parse_enqueue(await request.read())
         if isinstance(task, Problem):
             return problem_response(task)
-        uid = secrets.token_hex(16)
-        reply = await self.call((_T_ENQUEUE, CONN, task.function, task.params, task.options, uid))
+        if isinstance(task, list):
+            return web.json_response(await self.enqueue_many(task))
+        reply = await self.call(enqueue_op(task))
         response = reply_response(reply, 201, ENQUEUED_FIELDS)
         if response.status == 201:
             response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
         return response
+
+    async def enqueue_many(self, tasks: list[Enqueue | Problem]) -> list[dict]:
+        """Every well-formed task's op leaves in this loop turn (one Batch: one broker
+        round trip); each item's result is `{"status": HTTP status, ...its body}`."""
+        loop = asyncio.get_running_loop()
+        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task), loop)
+                 for task in tasks]
+        results = []
+        for call in calls:
+            if isinstance(call, Problem):
+                results.append({"status": call.status, "error": call.code,
+                                "message": call.message})
+                continue
+            reply = await call
+            if reply[1] == R.T_TASK:
+                info = reply[2]
+                results.append({"status": 201, "uniqueId": info["uniqueId"],
+                                "waitNum": info.get("waitNum", 0)})
+            else:
+                problem = reply_problem(reply)
+                results.append({"status": problem.status, "error": problem.code,
+                                "message": problem.message})
+        return results
 
     async def info(self, request: web.Request) -> web.Response:
         return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"])))
@@ -294,10 +340,14 @@ class HttpFront(LinkOwner):
 
     async def call(self, op: tuple) -> tuple:
         """Send one op on the session and wait for its reply (replies come in op order)."""
-        future = asyncio.get_running_loop().create_future()
+        return await self.send(op, asyncio.get_running_loop())
+
+    def send(self, op: tuple, loop) -> asyncio.Future:
+        """Send one op now; the future gets its reply."""
+        future = loop.create_future()
         self.link.submit(op)            # first: if it raises, no future waits for nothing
         self.waiting.append(future)
-        return await future
+        return future
 
     def _fail_waiting(self, message: str) -> None:
         waiting, self.waiting = self.waiting, collections.deque()

@@ -118,6 +118,28 @@ def error(status: int, code: str, message: str):
 
 
 # -- enqueue --------------------------------------------------------------------------------
+def test_an_array_enqueues_each_good_task_in_one_batch_and_answers_each_in_order() -> None:
+    def answer(op: tuple) -> tuple:
+        if op[2] == "dup":
+            return (1, R.T_ERROR, 409, "duplicate", "a task with uniqueId 'd' exists")
+        return enqueued(op)
+    body = [{"function": "a", "options": {"uniqueId": "u1"}}, {"function": 7},
+            {"function": "dup"}, {"function": "b", "params": [1]}]
+    status, reply, ops = request("POST", "/v1/tasks", answer, json=body)
+    assert status == 200
+    assert reply[0] == {"status": 201, "uniqueId": "u1", "waitNum": 3}
+    assert reply[1] == {"status": 400, "error": "bad_request",
+                        "message": "function must be a string"}
+    assert reply[2]["status"] == 409 and reply[2]["error"] == "duplicate"
+    assert reply[3]["status"] == 201 and len(reply[3]["uniqueId"]) == 32
+    assert [op[2] for op in ops] == ["a", "dup", "b"], "the bad item sends nothing"
+
+
+def test_an_empty_array_enqueues_nothing() -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, json=[])
+    assert (status, reply, ops) == (200, [], [])
+
+
 def test_enqueuing_a_task_answers_201_with_its_id_status_and_wait_number() -> None:
     body = {"function": "hello", "params": {"name": "zstalk", "n": [1, 2.5, None]},
             "options": {"priority": 5, "backoff": {"type": "exponential"}}}
@@ -233,8 +255,8 @@ def test_deleting_a_running_task_answers_the_brokers_409() -> None:
     (b"\xff\xfe\x00", "not valid JSON"),
     (b'{"function": "hello", "params": NaN}', "not valid JSON"),
     (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
-    (b'[{"function": "hello"}]', "must be a JSON object, not an array"),
     (b'"hello"', "must be a JSON object, not a string"),
+    (b"[" + b",".join([b'{"function": "f"}'] * 1001) + b"]", "1001 tasks in one request"),
     (b'{"function": "hello", "priority": 1}', "unknown field 'priority'"),
     (b'{"params": {}}', "function is required"),
     (b'{"function": 7}', "function must be a string"),
@@ -406,9 +428,10 @@ def test_the_front_opens_its_one_session_on_welcome_and_closes_it_at_the_end() -
 ).map(lambda doc: json.dumps(doc).encode())))
 def test_any_body_either_parses_or_is_refused_with_400(body) -> None:
     parsed = parse_enqueue(body)
-    assert isinstance(parsed, (Enqueue, Problem))
-    if isinstance(parsed, Problem):
-        assert parsed.status == 400
-    else:
-        json.loads(parsed.params)
+    for one in parsed if isinstance(parsed, list) else [parsed]:
+        assert isinstance(one, (Enqueue, Problem))
+        if isinstance(one, Problem):
+            assert one.status == 400
+        else:
+            json.loads(one.params)
 

@@ -242,3 +242,14 @@ def test_the_http_front_refuses_to_listen_beyond_loopback_without_a_master_key()
     out = subprocess.run([find_zstalk(), "front", "http", "--listen", f"0.0.0.0:{free_port()}"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "loopback only" in out.stderr
+
+
+def test_an_array_of_tasks_is_enqueued_in_one_request_and_each_is_called(serve, host):
+    api = serve()
+    code, results = api.request("POST", "/v1/tasks", [
+        {"function": "batch", "params": n} for n in range(50)] + [{"function": 1}])
+    assert code == 200 and len(results) == 51
+    assert [r["status"] for r in results] == [201] * 50 + [400]
+    for r in results[:50]:
+        assert api.wait_status(r["uniqueId"], "success")["statusCode"] == 200
+    assert sorted(json.loads(params) for _, params, _ in host.calls) == list(range(50))
