@@ -40,18 +40,21 @@ import random
 import re
 from typing import Any, Callable, NamedTuple
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict, SortedList
 
 from ..protocol.schema import R
 
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
 FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
+STATUSES = frozenset({QUEUED, RUNNING}) | FINISHED
 AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 
 #: how long past its timeout a running task waits for its dispatcher's report
 CALL_GRACE_S = 5.0
 MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
 MAX_ATTEMPTS = 1000
+PAGE_SCAN = 10_000          # tasks one listing request may look at (see Tasks.page)
+MAX_PAGE = 1000             # tasks one listing request may return
 #: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
 #: its id, its places in the index and the timer lists)
 TASK_OVERHEAD_BYTES = 512
@@ -153,7 +156,7 @@ class Tasks:
         self.waiting = SortedList()     # (due, seq) of queued tasks not due yet
         self.calls = SortedList()       # (deadline, seq) of running tasks
         self.keeping = SortedList()     # (expires, seq) of finished tasks
-        self.by_seq: dict[int, Task] = {}
+        self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self._seq = itertools.count(1)
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
 
@@ -234,6 +237,22 @@ class Tasks:
             if task.attempt and task.due > now:
                 out["retryAt"] = task.due + wall
         return out
+
+    def page(self, function: str | None, status: str | None, limit: int, after: int,
+             now: float) -> tuple[list[dict], int | None]:
+        """Tasks enqueued after cursor `after` (a seq), oldest first, that match; and the
+        cursor to go on from (None: nothing further).  At most PAGE_SCAN tasks are looked
+        at per call, matching or not, so a listing never holds up the broker."""
+        infos, last = [], None
+        for scanned, seq in enumerate(self.by_seq.irange(minimum=after, inclusive=(False, True))):
+            if len(infos) >= limit or scanned >= PAGE_SCAN:
+                return infos, last
+            task = self.by_seq[seq]
+            last = seq
+            if (function is None or task.function == function) and (
+                    status is None or task.status == status):
+                infos.append(self.info(task.uid, now))
+        return infos, None
 
     # -- dispatch ------------------------------------------------------------------------
     def take(self, holder, now: float) -> Task | None:
@@ -479,6 +498,16 @@ class TaskCommands:
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
         return (s.conn, R.T_TASK, self.tasks.info(task.uid, now))
+
+    def t_list(self, s, op, now):
+        _, conn, function, status, limit, after = op
+        if not (function is None or type(function) is str) or not (
+                status is None or status in STATUSES) or type(limit) is not int or not (
+                1 <= limit <= MAX_PAGE) or type(after) is not int:
+            return (conn, R.T_ERROR, 400, "bad_request",
+                    f"status is one of {', '.join(sorted(STATUSES))}, limit 1 to {MAX_PAGE}")
+        infos, cursor = self.tasks.page(function, status, limit, after, now)
+        return (conn, R.T_LIST, infos, cursor)
 
     def t_subscribe(self, s, op, now):
         if type(op[2]) is int and s.is_task:

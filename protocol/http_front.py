@@ -8,6 +8,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
 
     POST   /v1/tasks              {"function", "params"?, "options"?}  -> T_ENQUEUE -> 201
     POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
+    GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
 
@@ -56,6 +57,8 @@ SHUTDOWN_GRACE_S = 5.0
 
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
 _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
+_T_LIST = int(Op.T_LIST)
+PAGE_LIMIT = 100            # tasks in a listing page unless `limit` says otherwise
 
 #: the error code of each status the front answers on its own (the broker's T_ERROR
 #: replies carry their own code)
@@ -136,6 +139,20 @@ def parse_task(doc: Any) -> Enqueue | Problem:
         return refuse(400, f"options must be an object, not {_json_type(options)}")
     params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
     return Enqueue(function, params, options)
+
+
+def parse_listing(query) -> tuple | Problem:
+    """GET /v1/tasks's query: (function, status, limit, after); the broker checks status
+    and the limit's range."""
+    unknown = [key for key in query if key not in ("function", "status", "limit", "after")]
+    if unknown:
+        return refuse(400, f"unknown parameter {unknown[0]!r}")
+    try:
+        limit = int(query.get("limit", PAGE_LIMIT))
+        after = int(query.get("after", 0))
+    except ValueError:
+        return refuse(400, "limit and after must be integers (after: a page's next)")
+    return (query.get("function"), query.get("status"), limit, after)
 
 
 def _json_type(value: Any) -> str:
@@ -266,6 +283,7 @@ class HttpFront(LinkOwner):
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body, middlewares=[json_errors])
         app.router.add_post("/v1/tasks", self.enqueue)
+        app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         return app
@@ -328,6 +346,21 @@ class HttpFront(LinkOwner):
                 results.append({"status": problem.status, "error": problem.code,
                                 "message": problem.message})
         return results
+
+    async def listing(self, request: web.Request) -> web.Response:
+        """A page of tasks for operators (the master key), oldest first; `next` is the
+        `after` of the following page (null: no more)."""
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        query = parse_listing(request.query)
+        if isinstance(query, Problem):
+            return problem_response(query)
+        reply = await self.call((_T_LIST, CONN, *query))
+        if reply[1] != R.T_LIST:
+            return problem_response(reply_problem(reply))
+        return web.json_response({"tasks": [task_json(info) for info in reply[2]],
+                                  "next": None if reply[3] is None else str(reply[3])})
 
     async def info(self, request: web.Request) -> web.Response:
         return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"])))

@@ -97,6 +97,7 @@ class Op(enum.IntEnum):
     T_CANCEL = 52       # (conn, unique_id)
     T_SUBSCRIBE = 53    # (conn, slots)              the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
+    T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
 
 
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
@@ -143,6 +144,7 @@ class R(enum.IntEnum):
     T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
     T_ERROR = 41        # (status, code, message)  the HTTP status and JSON error to answer
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
+    T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
 
 
 # ---------------------------------------------------------------------------------

@@ -303,7 +303,7 @@ def test_an_unknown_path_answers_404_in_json() -> None:
 
 
 @pytest.mark.parametrize("method, path, allowed", [
-    ("GET", "/v1/tasks", "POST"),
+    ("PATCH", "/v1/tasks", "GET, HEAD, POST"),
     ("PUT", "/v1/tasks/t", "DELETE, GET, HEAD"),
 ])
 def test_a_wrong_method_answers_405_in_json_with_the_allowed_ones(method, path, allowed) -> None:

@@ -365,3 +365,40 @@ def test_tasks_and_jobs_share_the_memory_limit_and_draining_refuses_new_tasks():
     b.broker.draining = True
     b.send(BEANSTALK, (Op.DELETE, 1, 1))
     assert b.enqueue("t3")[1:4] == (R.T_ERROR, 503, "draining")
+
+
+def test_a_listing_pages_through_tasks_in_enqueue_order_with_filters():
+    c = Clock(f={}, g={})
+    ids = [c.enqueue("f" if n % 2 else "g").uid for n in range(7)]
+    infos, cursor = c.store.page(None, None, 3, 0, c.now)
+    assert [i["uniqueId"] for i in infos] == ids[:3]
+    infos, cursor = c.store.page(None, None, 3, cursor, c.now)
+    assert [i["uniqueId"] for i in infos] == ids[3:6]
+    infos, cursor = c.store.page(None, None, 3, cursor, c.now)
+    assert [i["uniqueId"] for i in infos] == ids[6:] and cursor is None
+    infos, _ = c.store.page("f", None, 10, 0, c.now)
+    assert [i["uniqueId"] for i in infos] == ids[1::2]
+    c.take()
+    infos, _ = c.store.page(None, "running", 10, 0, c.now)
+    assert [i["status"] for i in infos] == ["running"]
+
+
+def test_a_listing_looks_at_a_bounded_number_of_tasks_per_request(monkeypatch):
+    import zstalk.broker.tasks as tasks_module
+    monkeypatch.setattr(tasks_module, "PAGE_SCAN", 5)
+    c = Clock()
+    for _ in range(12):
+        c.enqueue()
+    infos, cursor = c.store.page(None, "success", 10, 0, c.now)
+    assert infos == [] and cursor == 5, "nothing matched in 5: go on from there"
+    infos, cursor = c.store.page(None, None, 10, cursor, c.now)
+    assert len(infos) == 5 and cursor == 10
+
+
+def test_the_broker_answers_a_listing_and_refuses_a_bad_one():
+    b = BrokerClock()
+    b.enqueue("t1")
+    [reply] = b.send(HTTP, (Op.T_LIST, 1, None, None, 10, 0))[HTTP]
+    assert reply[1] == R.T_LIST and [i["uniqueId"] for i in reply[2]] == ["t1"] and reply[3] is None
+    [reply] = b.send(HTTP, (Op.T_LIST, 1, None, "sleeping", 10, 0))[HTTP]
+    assert reply[1:3] == (R.T_ERROR, 400)

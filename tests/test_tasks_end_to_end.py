@@ -253,3 +253,17 @@ def test_an_array_of_tasks_is_enqueued_in_one_request_and_each_is_called(serve, 
     for r in results[:50]:
         assert api.wait_status(r["uniqueId"], "success")["statusCode"] == 200
     assert sorted(json.loads(params) for _, params, _ in host.calls) == list(range(50))
+
+
+def test_operators_list_tasks_page_by_page_with_the_master_key(serve, host):
+    api = serve("--master-key", "k")
+    api.key = "k"
+    ids = [api.request("POST", "/v1/tasks", {"function": "f", "options": {"delay": 60000}})[1]
+           ["uniqueId"] for _ in range(5)]
+    code, page = api.request("GET", "/v1/tasks?limit=3&status=queued")
+    assert code == 200 and [t["uniqueId"] for t in page["tasks"]] == ids[:3]
+    code, page = api.request("GET", f"/v1/tasks?limit=3&after={page['next']}")
+    assert [t["uniqueId"] for t in page["tasks"]] == ids[3:] and page["next"] is None
+    assert api.request("GET", "/v1/tasks?status=sleeping")[0] == 400
+    api.key = None
+    assert api.request("GET", "/v1/tasks")[0] == 401
