@@ -16,6 +16,7 @@ from aiohttp import web
 from hypothesis import given, settings, strategies as st
 
 from zstalk.protocol.schema import Op, R, SessionState, Settings, Welcome
+from zstalk.workers import signing
 from zstalk.workers.dispatcher import (RETRY_AFTER_MAX_MS, Dispatcher, Outcome,
                                        retry_after_ms)
 
@@ -263,6 +264,40 @@ def test_the_headers_and_the_outcome_name_the_task_and_its_attempt() -> None:
             assert (got["X-Zstalk-Task-Id"], got["X-Zstalk-Attempt"]) == ("t9", "3")
             assert link.ops[-1][:4] == (Op.T_OUTCOME, 1, "t9", 3)
     asyncio.run(main())
+
+
+# -- signatures --------------------------------------------------------------------------
+SIGNING_KEY = b"shared between the dispatchers and the functions"
+
+
+@pytest.fixture
+def no_key_env(monkeypatch):
+    monkeypatch.delenv(signing.ENV_KEY, raising=False)
+    monkeypatch.delenv(signing.ENV_KEY_FILE, raising=False)
+    return monkeypatch
+
+
+def echoed_signature(outcome: Outcome) -> str | None:
+    return json.loads(outcome.result)["headers"].get(signing.HEADER)
+
+
+def test_with_a_signing_key_every_call_carries_a_signature_of_its_task_and_body(
+        no_key_env) -> None:
+    before = time.time()
+    header = echoed_signature(call("/echo", signing_key=SIGNING_KEY))
+    assert signing.verify(SIGNING_KEY, header, "t1", PARAMS, time.time()) is None
+    assert signing.verify(SIGNING_KEY, header, "t2", PARAMS, time.time()) == "bad signature"
+    assert int(before) <= signing.parse(header).t <= time.time()
+
+
+def test_the_signing_key_comes_from_the_environment_when_none_is_given(no_key_env) -> None:
+    no_key_env.setenv(signing.ENV_KEY, SIGNING_KEY.decode())
+    header = echoed_signature(call("/echo"))
+    assert signing.verify(SIGNING_KEY, header, "t1", PARAMS, time.time()) is None
+
+
+def test_without_a_signing_key_calls_carry_no_signature(no_key_env) -> None:
+    assert echoed_signature(call("/echo")) is None
 
 
 # -- answers -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """zstalk native workers: a Worker pool that the broker pushes jobs to, a producer
-Client, codecs, and an in-process broker for tests (zstalk.workers.testing).
+Client, codecs, and an in-process broker for tests (zstalk.workers.testing); and the
+cloud-task SDK (zstalk.workers.cloud: TaskClient, AsyncTaskClient, Functions).
 
     from zstalk.workers import Worker, Client, codecs
 
@@ -17,5 +18,17 @@ from .errors import Bury, Retry, WorkerVersionError, ZstalkError
 from .job import Backoff, Job
 from .worker import Worker
 
-__all__ = ["Backoff", "Bury", "Client", "Job", "Retry", "Worker", "WorkerVersionError",
-           "ZstalkError", "codecs"]
+__all__ = ["AsyncTaskClient", "Backoff", "Bury", "Client", "Functions", "Job", "Retry",
+           "TaskApiError", "TaskClient", "Worker", "WorkerVersionError", "ZstalkError",
+           "codecs"]
+
+#: imported on first use: aiohttp takes a worker process's start-up longer than the
+#: rest of this package together
+_CLOUD = ("AsyncTaskClient", "Functions", "TaskApiError", "TaskClient")
+
+
+def __getattr__(name: str):
+    if name in _CLOUD:
+        from . import cloud
+        return getattr(cloud, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,12 @@ with the slots that neither a running call nor a report about to be resent will 
 then resends them (the broker ignores a report on a call it no longer waits for).  For
 the same reason a dispatcher cannot drain gracefully: every report would free a slot and
 bring a new call, so close() cancels what runs (the broker counts it unknown).
+
+Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
+signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
+X-Zstalk-Signature over the task id and the body, stamped when the call is sent
+(workers/signing.py).  Without a key calls go unsigned, and a function host that
+verifies signatures refuses them (401: a failure, retried by the task's policy).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import aiohttp
 
 from ..protocol.mailbox import LinkOwner, open_link
 from ..protocol.schema import Op, R, SessionState, Welcome
+from . import signing
 
 log = logging.getLogger("zstalk.dispatcher")
 
@@ -64,14 +71,15 @@ class Outcome(NamedTuple):
 
 class Dispatcher(LinkOwner):
     def __init__(self, broker: str, slots: int = 64, max_result_bytes: int = 1 << 20,
-                 link=None) -> None:
+                 link=None, signing_key: bytes | None = None) -> None:
         """Made on the running loop (the link belongs to it); `link` replaces the real one
-        in tests."""
+        in tests.  `signing_key` None: the one this process's environment names, if any."""
         if slots < 1:
             raise ValueError(f"slots must be at least 1, not {slots}")
         self.broker = broker
         self.slots = slots
         self.max_result_bytes = max_result_bytes
+        self.signing_key = signing.signing_key(signing_key)
         self.calls: set[asyncio.Task] = set()
         self.resend: list[tuple] = []   # reports made while the broker was away
         self.opened = False             # the broker has our session, as far as we know
@@ -82,6 +90,9 @@ class Dispatcher(LinkOwner):
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
+        if self.signing_key is None:
+            log.info("dispatcher: calls are not signed (no %s or %s)",
+                     signing.ENV_KEY, signing.ENV_KEY_FILE)
         self.link.start()
 
     async def close(self) -> None:
@@ -165,6 +176,8 @@ class Dispatcher(LinkOwner):
                     timeout_ms: int) -> Outcome:
         headers = {"Content-Type": "application/json", "X-Zstalk-Task-Id": uid,
                    "X-Zstalk-Attempt": str(attempt)}
+        if self.signing_key is not None:
+            headers[signing.HEADER] = signing.sign(self.signing_key, uid, params, time.time())
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         async with self._session().post(url, data=params, headers=headers, timeout=timeout,
                                          allow_redirects=False) as resp:

@@ -1,0 +1,147 @@
+"""Call signatures (workers/signing.py): what verifies, each reason a signature is refused,
+and where a process finds its key."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from zstalk.workers import signing
+from zstalk.workers.signing import sign, signing_key, verify
+
+KEY = b"k" * 32
+BODY = b'{"id":1234}'
+NOW = 1_700_000_000.0
+
+
+def test_a_signed_call_verifies() -> None:
+    assert verify(KEY, sign(KEY, "t1", BODY, NOW), "t1", BODY, NOW) is None
+
+
+def test_the_header_is_a_timestamp_and_an_hmac_sha256_over_it_the_task_id_and_the_body() -> None:
+    mac = hmac.new(KEY, b"1700000000.t1." + BODY, hashlib.sha256).hexdigest()
+    assert sign(KEY, "t1", BODY, NOW + 0.9) == f"t=1700000000,v1={mac}"
+
+
+def test_a_tampered_body_is_a_bad_signature() -> None:
+    header = sign(KEY, "t1", BODY, NOW)
+    assert verify(KEY, header, "t1", b'{"id":4321}', NOW) == signing.BAD_SIGNATURE
+
+
+def test_a_signature_for_another_task_is_a_bad_signature() -> None:
+    assert verify(KEY, sign(KEY, "t1", BODY, NOW), "t2", BODY, NOW) == signing.BAD_SIGNATURE
+
+
+def test_a_signature_made_with_another_key_is_a_bad_signature() -> None:
+    header = sign(b"other", "t1", BODY, NOW)
+    assert verify(KEY, header, "t1", BODY, NOW) == signing.BAD_SIGNATURE
+
+
+def test_a_moved_timestamp_is_a_bad_signature_not_a_fresh_one() -> None:
+    header = sign(KEY, "t1", BODY, NOW - 3600).replace(f"t={int(NOW) - 3600}", f"t={int(NOW)}")
+    assert verify(KEY, header, "t1", BODY, NOW) == signing.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize("age_s, reason", [
+    (300, None), (301, signing.TOO_OLD), (3600, signing.TOO_OLD),
+    (-300, None), (-301, signing.TOO_NEW), (-3600, signing.TOO_NEW),
+])
+def test_a_signature_is_good_only_within_the_window_either_way(age_s: int, reason) -> None:
+    assert verify(KEY, sign(KEY, "t1", BODY, NOW - age_s), "t1", BODY, NOW) == reason
+
+
+def test_the_window_is_a_parameter() -> None:
+    header = sign(KEY, "t1", BODY, NOW - 10)
+    assert verify(KEY, header, "t1", BODY, NOW, window_s=5) == signing.TOO_OLD
+    assert verify(KEY, header, "t1", BODY, NOW, window_s=10) is None
+
+
+@pytest.mark.parametrize("header", [None, ""])
+def test_no_header_is_a_missing_signature(header) -> None:
+    assert verify(KEY, header, "t1", BODY, NOW) == signing.MISSING
+
+
+GOOD_MAC = signing.mac(KEY, int(NOW), "t1", BODY)
+
+
+@pytest.mark.parametrize("header", [
+    "garbage", "t=1700000000", f"v1={GOOD_MAC}", f"t=,v1={GOOD_MAC}",
+    f"t=soon,v1={GOOD_MAC}", f"t=-1,v1={GOOD_MAC}", f"t=1.5,v1={GOOD_MAC}",
+    f"t=١٢٣,v1={GOOD_MAC}", f"t={'9' * 5000},v1={GOOD_MAC}",
+    f"t=1700000000,t=1700000000,v1={GOOD_MAC}", "t=1700000000,v1=abc",
+    "t=1700000000,v1=" + "g" * 64, f"t=1700000000,v1={GOOD_MAC},", f"t=1700000000;v1={GOOD_MAC}",
+])
+def test_a_header_not_of_the_form_t_v1_is_malformed(header: str) -> None:
+    assert verify(KEY, header, "t1", BODY, NOW) == signing.MALFORMED
+
+
+def test_spaces_an_uppercase_mac_and_unknown_entries_are_accepted() -> None:
+    header = f" t=1700000000 , v0=whatever , v1={GOOD_MAC.upper()} "
+    assert verify(KEY, header, "t1", BODY, NOW) is None
+
+
+def test_one_matching_v1_among_several_is_enough_while_keys_rotate() -> None:
+    old = signing.mac(b"old key", int(NOW), "t1", BODY)
+    assert verify(KEY, f"t={int(NOW)},v1={old},v1={GOOD_MAC}", "t1", BODY, NOW) is None
+    assert verify(KEY, f"t={int(NOW)},v1={old}", "t1", BODY, NOW) == signing.BAD_SIGNATURE
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_header_gives_a_reason_and_never_an_exception(header: str) -> None:
+    assert verify(KEY, header, "t1", BODY, NOW) in (
+        signing.MISSING, signing.MALFORMED, signing.BAD_SIGNATURE)
+
+
+# -- the key ---------------------------------------------------------------------------------
+@pytest.fixture
+def no_key_env(monkeypatch):
+    monkeypatch.delenv(signing.ENV_KEY, raising=False)
+    monkeypatch.delenv(signing.ENV_KEY_FILE, raising=False)
+    return monkeypatch
+
+
+def test_an_explicit_key_comes_first(no_key_env) -> None:
+    no_key_env.setenv(signing.ENV_KEY, "from env")
+    assert signing_key(b"given") == b"given"
+    assert signing_key("given as text") == b"given as text"
+
+
+def test_the_key_comes_from_the_environment(no_key_env) -> None:
+    no_key_env.setenv(signing.ENV_KEY, "s3cret")
+    assert signing_key() == b"s3cret"
+
+
+def test_the_key_comes_from_the_file_the_environment_names_stripped(no_key_env,
+                                                                   tmp_path) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(b"  s3cret\n")
+    no_key_env.setenv(signing.ENV_KEY_FILE, str(path))
+    assert signing_key() == b"s3cret"
+    no_key_env.setenv(signing.ENV_KEY, "env first")
+    assert signing_key() == b"env first"
+
+
+def test_without_a_key_anywhere_there_is_none(no_key_env) -> None:
+    assert signing_key() is None
+    no_key_env.setenv(signing.ENV_KEY, "")      # empty counts as unset
+    assert signing_key() is None
+
+
+def test_an_empty_or_missing_key_file_is_an_error_not_an_unsigned_start(no_key_env,
+                                                                       tmp_path) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(b"\n")
+    no_key_env.setenv(signing.ENV_KEY_FILE, str(path))
+    with pytest.raises(ValueError, match="empty"):
+        signing_key()
+    no_key_env.setenv(signing.ENV_KEY_FILE, str(tmp_path / "nosuch"))
+    with pytest.raises(ValueError, match=f"{signing.ENV_KEY_FILE} names .*nosuch"):
+        signing_key()
+
+
+def test_an_explicit_empty_key_is_an_error(no_key_env) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        signing_key(b"")
