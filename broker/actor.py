@@ -376,8 +376,13 @@ class BrokerActor:
             if sock is None:
                 continue
             try:
+                data = encode(msg)      # first: a message that cannot be encoded must not
+            except Exception:           # leave half a multipart message on the socket
+                log.exception("cannot encode a message for %s: dropped", peer.hex())
+                continue
+            try:
                 sock.send(peer, _NOBLOCK | _SNDMORE)
-                sock.send(encode(msg), _NOBLOCK)
+                sock.send(data, _NOBLOCK)
             except self._zmq.ZMQError as exc:
                 if exc.errno != self._zmq.EHOSTUNREACH:
                     raise

@@ -62,7 +62,8 @@ def functions(table: Any, path: str = "config") -> Functions:
             continue
         where = f"{path}: [functions.{name}]"
         if not FUNCTION_NAME.fullmatch(name):
-            raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : -")
+            raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : - "
+                              "(not starting with a dot)")
         _no_unknown(entry, _FUNCTION_KEYS, where)
         if "url" not in entry:
             raise ConfigError(f"{where}: url is missing")

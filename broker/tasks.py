@@ -61,6 +61,8 @@ TASK_OVERHEAD_BYTES = 512
 MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
 INT64 = (-(1 << 63), (1 << 63) - 1)
 UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+#: a function name is a URL path segment under base_url: no leading dot (no "..")
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
 OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "priority",
            "timeout", "uniqueId")
 
@@ -138,9 +140,6 @@ class Outcome(NamedTuple):
     retry_after_ms: int = 0     # a 429 / 503 with Retry-After: wait at least this long
 
 
-FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-
-
 class Tasks:
     def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
                  rand: Callable[[], float] = random.random,
@@ -153,6 +152,8 @@ class Tasks:
         self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
         self.by_key: dict[tuple[int, int], Task] = {}
         self.running: dict[str, int] = {}           # function -> tasks running
+        self.specs: dict[str, FunctionSpec] = {}    # function -> its spec, while tasks use it
+        self.uses: dict[str, int] = {}              # function -> tasks held
         self.waiting = SortedList()     # (due, seq) of queued tasks not due yet
         self.calls = SortedList()       # (deadline, seq) of running tasks
         self.keeping = SortedList()     # (expires, seq) of finished tasks
@@ -179,6 +180,8 @@ class Tasks:
         seq = next(self._seq)
         priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
         task = Task(uid, function, params, priority, seq, now)
+        self.specs[function] = spec
+        self.uses[function] = self.uses.get(function, 0) + 1
         task.attempts = parsed.get("attempts", 1)
         task.backoff = parsed.get("backoff", Backoff())
         task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
@@ -191,11 +194,11 @@ class Tasks:
         return task
 
     def function(self, name: str) -> FunctionSpec | None:
-        """The function `name`: configured by name, or under the base URL."""
+        """The function `name`: configured by name, or under the base URL (made when
+        asked for: nothing is kept for names no task uses)."""
         spec = self.functions.get(name)
         if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
-            spec = self.functions[name] = self.base._replace(
-                name=name, url=f"{self.base.url.rstrip('/')}/{name}")
+            spec = self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}")
         return spec
 
     def _queue(self, task: Task, due: float, now: float) -> None:
@@ -259,15 +262,16 @@ class Tasks:
         """The next task a dispatcher may call: the best due one, by (priority, seq),
         among functions below their concurrency."""
         best = None
-        for name, ready in self.ready.items():
-            if ready and self.running.get(name, 0) < self.functions[name].concurrency:
+        for name, ready in self.ready.items():      # (functions with due tasks only)
+            if self.running.get(name, 0) < self.specs[name].concurrency:
                 if best is None or ready[0] < best:
                     best = ready[0]
         if best is None:
             return None
         task = self.by_key.pop(best)
-        self.ready[task.function].remove(best)
+        self._unready(task)
         task.status = RUNNING
+        task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
         task.started = now
         task.holder = holder
@@ -315,9 +319,17 @@ class Tasks:
                          Outcome("unknown", error="the dispatcher went away during the call"),
                          now)
 
+    def _unready(self, task: Task) -> None:
+        ready = self.ready[task.function]
+        ready.remove(task.key)
+        if not ready:
+            del self.ready[task.function]       # take() looks only at functions with work
+
     def _end_call(self, task: Task) -> None:
         self.calls.remove((task.deadline, task.seq))
         self.running[task.function] -= 1
+        if not self.running[task.function]:
+            del self.running[task.function]
         task.holder = None
 
     def _set_result(self, task: Task, result: bytes | None) -> None:
@@ -339,7 +351,7 @@ class Tasks:
             return TaskError(409, "not_cancellable", f"task {uid!r} is {task.status}")
         if task.key in self.by_key:
             del self.by_key[task.key]
-            self.ready[task.function].remove(task.key)
+            self._unready(task)
         else:
             self.waiting.remove((task.due, task.seq))
         self._finish(task, CANCELLED, now)
@@ -364,6 +376,9 @@ class Tasks:
             _, seq = self.keeping.pop(0)
             task = self.by_seq.pop(seq)
             del self.tasks[task.uid]
+            self.uses[task.function] -= 1
+            if not self.uses[task.function]:
+                del self.uses[task.function], self.specs[task.function]
             self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
 
 
@@ -522,8 +537,9 @@ class TaskCommands:
         s.slots = min(s.slots + 1, MAX_SLOTS)       # the call is over for the dispatcher
         if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
                 and (result is None or type(result) is bytes)):
-            outcome = Outcome(kind, status_code, result,
-                              None if error is None else str(error)[:1000], retry_after_ms)
+            if error is not None:       # text that can travel on to any front
+                error = str(error)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
+            outcome = Outcome(kind, status_code, result, error, retry_after_ms)
             self.tasks.outcome(uid, attempt, outcome, now, holder=s)
         self._feed_dispatchers(now)
 
@@ -534,10 +550,11 @@ class TaskCommands:
         self._feed_dispatchers(now)
 
     def _feed_dispatchers(self, now: float) -> None:
-        """Hand due tasks to dispatchers with free slots, one each in turn."""
+        """Hand due tasks to dispatchers with free slots, one each in turn; one that got
+        a call goes to the back, so calls spread over dispatchers."""
         while True:
             handed = False
-            for d in self.dispatchers:
+            for d in list(self.dispatchers):
                 if d.slots <= 0:
                     continue
                 task = self.tasks.take(d, now)
@@ -545,7 +562,9 @@ class TaskCommands:
                     return
                 d.slots -= 1
                 handed = True
-                url = self.tasks.function(task.function).url
+                del self.dispatchers[d]
+                self.dispatchers[d] = None
+                url = self.tasks.specs[task.function].url
                 self._reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
                             task.timeout_ms)
             if not handed:

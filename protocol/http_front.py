@@ -39,6 +39,7 @@ import datetime
 import hmac
 import json
 import logging
+import math
 import secrets
 import socket
 from typing import Any, NamedTuple
@@ -47,7 +48,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .mailbox import LinkOwner, open_link
-from .schema import Op, R, SessionState, Welcome
+from .schema import Op, R, SessionState, Welcome, encodable
 
 log = logging.getLogger("zstalk.http")
 
@@ -69,6 +70,7 @@ CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
+    415: "unsupported_media_type",
     500: "internal",
     503: "unavailable",
 }
@@ -105,9 +107,16 @@ def loads_strict(data: bytes) -> Any:
     """JSON as RFC 8259 has it (no NaN or Infinity, which could not be re-encoded as JSON).
     Raises ValueError, for nesting too deep as well."""
     try:
-        return json.loads(data, parse_constant=_no_constant)
+        return json.loads(data, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):           # 1e400: a float cannot hold it, and Infinity is no JSON
+        raise ValueError(f"{text} is too large a number")
+    return value
 
 
 def parse_enqueue(body: bytes) -> Enqueue | list[Enqueue | Problem] | Problem:
@@ -138,6 +147,8 @@ def parse_task(doc: Any) -> Enqueue | Problem:
     if options is not None and not isinstance(options, dict):
         return refuse(400, f"options must be an object, not {_json_type(options)}")
     params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
+    if not encodable((function, options)):
+        return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")
     return Enqueue(function, params, options)
 
 
@@ -232,6 +243,30 @@ def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
     return None
 
 
+def check_json(request: web.Request) -> Problem | None:
+    """A body must say it is JSON: a browser sends no other type cross-site without
+    asking first (CORS), so no web page can enqueue through a user's local zstalk."""
+    if request.content_type != "application/json":
+        return Problem(415, "unsupported_media_type",
+                       "send the body as Content-Type: application/json")
+    return None
+
+
+def check_host(request: web.Request, master_key: bytes | None) -> Problem | None:
+    """Without a master key the API is for this machine only: a Host header naming
+    anything but loopback is refused (a DNS-rebinding page would name its own host)."""
+    if master_key is not None:
+        return None
+    try:
+        host = (request.url.host or "").lower()
+    except ValueError:
+        host = ""
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return None
+    return refuse(403, "without a master key this API answers only Host: localhost or a "
+                       "loopback address")
+
+
 # -- aiohttp's own errors as JSON ----------------------------------------------------------
 _HTTP_MESSAGES = {
     404: lambda request, exc: f"no such resource: {request.path}",
@@ -281,12 +316,18 @@ class HttpFront(LinkOwner):
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body, middlewares=[json_errors])
+        app = web.Application(client_max_size=self.max_body,
+                              middlewares=[json_errors, self.loopback_only])
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         return app
+
+    @web.middleware
+    async def loopback_only(self, request: web.Request, handler) -> web.StreamResponse:
+        denied = check_host(request, self.master_key)
+        return problem_response(denied) if denied else await handler(request)
 
     async def start(self, sockets: list[socket.socket]) -> None:
         """Reach the broker and serve on listening sockets bound by the caller."""
@@ -310,7 +351,7 @@ class HttpFront(LinkOwner):
 
     # -- handlers: parse, one op, format -------------------------------------------------
     async def enqueue(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.master_key) or check_json(request)
         if denied:
             return problem_response(denied)
         task = parse_enqueue(await request.read())

@@ -242,6 +242,17 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb((SCHEMA_VERSION, _KINDS[type(msg)], *msg), use_bin_type=True)
 
 
+def encodable(value: Any) -> bool:
+    """Whether `value` can travel in a message (ints within 64 bits, valid Unicode text):
+    fronts check what clients gave them before it becomes an op, so one bad value cannot
+    take a whole batch down with it."""
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
+        return False
+    return True
+
+
 def decode(data: bytes) -> Message:
     try:
         version, kind, *fields = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)

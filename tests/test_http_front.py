@@ -81,7 +81,10 @@ def run(scenario, answer=None, link: FakeLink | None = None, **front_options):
 
 
 async def fetch(client, method: str, path: str, **kwargs) -> tuple[int, dict]:
-    """One request: its status and JSON body (every answer must be JSON)."""
+    """One request: its status and JSON body (every answer must be JSON).  A raw body
+    is sent as JSON unless the test says otherwise."""
+    if "data" in kwargs:
+        kwargs["headers"] = {"Content-Type": "application/json", **kwargs.get("headers", {})}
     async with client.request(method, path, **kwargs) as response:
         assert response.content_type == "application/json"
         return response.status, await response.json()
@@ -435,3 +438,35 @@ def test_any_body_either_parses_or_is_refused_with_400(body) -> None:
         else:
             json.loads(one.params)
 
+
+
+# -- what a browser page or a bad value must not do -----------------------------------------
+@pytest.mark.parametrize("body, says", [
+    (b'{"function": "f", "options": {"priority": 123456789012345678901234567890}}',
+     "fit in 64 bits"),
+    (b'{"function": "\\ud800"}', "valid Unicode"),
+    (b'{"function": "f", "params": {"x": 1e400}}', "too large a number"),
+])
+def test_a_value_no_message_can_carry_is_refused_and_nothing_is_sent(body, says) -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, data=body)
+    assert status == 400 and says in reply["message"] and ops == []
+
+
+def test_a_body_not_sent_as_json_is_refused_so_no_web_page_can_post_one() -> None:
+    status, reply, ops = request("POST", "/v1/tasks", enqueued, data=b'{"function": "f"}',
+                                 headers={"Content-Type": "text/plain"})
+    assert (status, reply["error"], ops) == (415, "unsupported_media_type", [])
+
+
+def test_without_a_master_key_only_loopback_host_names_are_answered() -> None:
+    status, reply, ops = request("GET", "/v1/tasks/t1", info_of,
+                                 headers={"Host": "attacker.example:8080"})
+    assert (status, ops) == (403, []) and "loopback" in reply["message"]
+    for host in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
+        assert request("GET", "/v1/tasks/t1", info_of, headers={"Host": host})[0] == 200
+
+
+def test_with_a_master_key_any_host_name_is_answered() -> None:
+    status, _, _ = request("GET", "/v1/tasks/t1", info_of, front_options={"master_key": "k"},
+                           headers={"Host": "queue.example.com"})
+    assert status == 200

@@ -107,6 +107,32 @@ def test_the_first_read_of_a_loop_turn_is_answered_at_once_and_later_ones_at_its
     assert after == [(1, R.INSERTED, 1), (1, R.INSERTED, 2)]
 
 
+def test_a_message_that_cannot_be_encoded_is_dropped_and_the_next_one_arrives_whole():
+    import zmq
+
+    from zstalk.broker.actor import BrokerActor
+    from zstalk.broker.core import Config
+    from zstalk.protocol.schema import R, Replies, decode
+
+    ctx = zmq.Context()
+    actor = BrokerActor(f"inproc://encode-{os.getpid()}", Config(), ctx=ctx)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, b"front-01")
+    dealer.connect(actor.endpoint)
+    try:
+        dealer.send(b"hello")                   # (the ROUTER learns the peer)
+        assert actor.sock.recv_multipart() == [b"front-01", b"hello"]
+        actor._send([(b"front-01", Replies([(1, R.T_TASK, {"error": "\ud800"})])),
+                     (b"front-01", Replies([(1, R.T_ERROR, 404, "not_found", "fine")]))])
+        assert dealer.poll(5000)
+        assert decode(dealer.recv()) == Replies([[1, R.T_ERROR, 404, "not_found", "fine"]])
+        assert not dealer.poll(100), "nothing else, no stray peer frame"
+    finally:
+        dealer.close(0)
+        actor.sock.close(0)
+        ctx.term()
+
+
 def test_a_socket_read_scheduled_before_the_broker_closes_is_dropped():
     from zstalk.broker.actor import BrokerActor
     from zstalk.broker.core import Config

@@ -334,10 +334,12 @@ def test_a_dispatcher_that_goes_away_gives_its_call_to_the_next_one():
     b.enqueue("t1", {"backoff": 0})
     assert [i[2] for i in b.send(D1, (Op.T_SUBSCRIBE, 1, 1))[D1]] == ["t1"]
     assert b.send(D1, (Op.CLOSE, 1)) == {}, "no dispatcher left to take the retry"
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    assert info["status"] == QUEUED and "went away" in info["error"]
     out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
     assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000)]}
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
-    assert info["attempt"] == 2 and "went away" in info["error"]
+    assert info["attempt"] == 2 and "error" not in info, "the last attempt's error is gone"
 
 
 def test_a_beanstalk_client_cannot_send_task_ops_nor_a_task_front_beanstalk_ones():
@@ -402,3 +404,31 @@ def test_the_broker_answers_a_listing_and_refuses_a_bad_one():
     assert reply[1] == R.T_LIST and [i["uniqueId"] for i in reply[2]] == ["t1"] and reply[3] is None
     [reply] = b.send(HTTP, (Op.T_LIST, 1, None, "sleeping", 10, 0))[HTTP]
     assert reply[1:3] == (R.T_ERROR, 400)
+
+
+def test_names_under_the_base_url_cost_nothing_once_no_task_uses_them():
+    store = Tasks({}, base=FunctionSpec("", "http://fn/"), rand=lambda: 0.5)
+    assert store.enqueue("a", b"{}", {"delay": -1}, T0, uid="x").status == 400
+    assert store.specs == {} and store.uses == {}, "a refused enqueue keeps nothing"
+    task = store.enqueue("a", b"{}", {"keepResult": 0}, T0, uid="t1")
+    assert store.take("d", T0) is task and store.specs["a"].url == "http://fn/a"
+    store.outcome("t1", 1, Outcome("success", 200), T0)
+    store.expire(T0)
+    assert store.specs == {} and store.uses == {} and store.ready == {} and store.running == {}
+
+
+def test_a_function_name_cannot_climb_out_of_the_base_url():
+    store = Tasks({}, base=FunctionSpec("", "http://fn/api"))
+    for name in ("..", ".hidden", "a/b", ""):
+        assert store.enqueue(name, b"{}", None, T0, uid="t1").status == 404
+
+
+def test_calls_spread_over_dispatchers_one_each_in_turn():
+    b = BrokerClock(concurrency=100)
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 10))
+    b.send(D2, (Op.T_SUBSCRIBE, 1, 10))
+    got = []
+    for n in range(6):
+        b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b"{}", None, f"t{n}")]), b.now)
+        got += [p for p, m in b.broker.flush() if p in (D1, D2) and isinstance(m, Replies)]
+    assert got == [D1, D2] * 3

@@ -153,6 +153,9 @@ class Dispatcher(LinkOwner):
         except Exception as exc:    # a bug here or in aiohttp: the request may have left
             log.exception("call %s (attempt %d) to %s failed unexpectedly", uid, attempt, url)
             outcome = Outcome(UNKNOWN, error=f"the dispatcher failed during the call: {exc!r}")
+        if outcome.error is not None:   # (a reason phrase may hold undecodable bytes)
+            outcome = outcome._replace(error=outcome.error.encode(
+                "utf-8", "backslashreplace").decode("utf-8"))
         report = (Op.T_OUTCOME, CONN, uid, attempt, *outcome)
         if self.ready:
             self.link.submit(report)
