@@ -16,7 +16,9 @@ A task's life (the statuses of LeanCloud's Cloud Queue):
     success, failed, cancelled --keepResult--> forgotten (the uniqueId is free again)
 
 A "fatal" outcome (the call ran but its result cannot be kept: over the size limit)
-fails the task at once, since calling again would run the function again.
+fails the task at once, since calling again would run the function again.  A "declined"
+one (a stopping dispatcher did not make the call) puts the task back as it was, due at
+once, without using an attempt.
 
 `attempts` counts *retries* (the Cloud Queue's 最大重试次数): with the default 1 a failing
 task is called twice.  An outcome is "unknown" when the request may have reached the
@@ -133,7 +135,7 @@ class Task:
 
 class Outcome(NamedTuple):
     """What a dispatcher reports for one call."""
-    kind: str                   # "success" | "failure" | "unknown" | "fatal"
+    kind: str                   # "success" | "failure" | "unknown" | "fatal" | "declined"
     status_code: int | None = None
     result: bytes | None = None
     error: str | None = None
@@ -291,6 +293,10 @@ class Tasks:
         if holder is not None and task.holder is not holder:
             return False
         self._end_call(task)
+        if result.kind == "declined":
+            task.attempt -= 1
+            self._queue(task, now, now)
+            return True
         task.status_code = result.status_code
         if result.kind == "success":
             task.error = None
@@ -460,12 +466,12 @@ _CHECKS: dict[str, Callable[[Any, FunctionSpec], Any]] = {
 # -- the broker side: sessions of HTTP fronts and dispatchers, and their ops ---------------
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
-OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal"})
+OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
 
 
 class TaskSession:
     """One session of an HTTP front (kind "http") or of a dispatcher ("dispatcher")."""
-    __slots__ = ("front", "conn", "slots")
+    __slots__ = ("front", "conn", "slots", "draining")
     family = 2          # ops it may send: the T_* ones (core.Broker._batch)
     is_counter = False
     is_pool = False
@@ -476,6 +482,7 @@ class TaskSession:
         self.front = front
         self.conn = conn
         self.slots = 0  # a dispatcher: calls it may be handed now
+        self.draining = False   # it subscribed with 0 slots: outcomes free none
 
 
 class TaskCommands:
@@ -527,6 +534,7 @@ class TaskCommands:
     def t_subscribe(self, s, op, now):
         if type(op[2]) is int and s.is_task:
             s.slots = max(0, min(op[2], MAX_SLOTS))
+            s.draining = s.slots == 0       # stopping: finish the calls it has, take none
             self.dispatchers[s] = None
             self._feed_dispatchers(now)
 
@@ -534,7 +542,8 @@ class TaskCommands:
         _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
         if s not in self.dispatchers or kind not in OUTCOME_KINDS:
             return None
-        s.slots = min(s.slots + 1, MAX_SLOTS)       # the call is over for the dispatcher
+        if not s.draining:
+            s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
                 and (result is None or type(result) is bytes)):
             if error is not None:       # text that can travel on to any front

@@ -412,7 +412,27 @@ def test_calls_run_concurrently_up_to_the_slots(slots: int, low_s: float, high_s
     assert low_s <= asyncio.run(main()) < high_s
 
 
-def test_closing_cancels_calls_in_flight_and_says_goodbye() -> None:
+def test_closing_lets_running_calls_finish_declines_new_ones_and_says_goodbye() -> None:
+    async def main() -> None:
+        async with function_host() as host:
+            link = FakeLink()
+            d = Dispatcher("tcp://broker.invalid:1", link=link)
+            d.on_welcome(welcome())
+            push(d, host.url + "/nap", "t1", 2000)
+            await asyncio.sleep(0.1)
+            closing = asyncio.ensure_future(d.close())
+            await asyncio.sleep(0.05)
+            push(d, host.url + "/echo", "t2")           # pushed before the broker heard
+            await closing
+            assert link.ops[2] == (Op.T_SUBSCRIBE, 1, 0), "take no more calls"
+            reports = {op[2]: op[4] for op in link.ops if op[0] == Op.T_OUTCOME}
+            assert reports == {"t1": "success", "t2": "declined"}
+            assert link.ops[-1] == (Op.CLOSE, 1) and link.closed
+            assert not d.calls and d.http.closed
+    asyncio.run(main())
+
+
+def test_closing_cancels_what_is_still_running_after_the_grace_period() -> None:
     async def main() -> None:
         async with function_host() as host:
             link = FakeLink()
@@ -421,12 +441,10 @@ def test_closing_cancels_calls_in_flight_and_says_goodbye() -> None:
             push(d, host.url + "/slow")
             await asyncio.sleep(0.1)
             started = time.monotonic()
-            await d.close()
-            assert time.monotonic() - started < 0.5
-            assert link.ops[2:] == [(Op.CLOSE, 1)] and link.closed
+            await d.close(grace_s=0.2)
+            assert 0.2 <= time.monotonic() - started < 1.0
+            assert [op[0] for op in link.ops[2:]] == [Op.T_SUBSCRIBE, Op.CLOSE]
             assert not d.calls and d.http.closed
-            push(d, host.url + "/echo", "t2")           # pushed before the broker heard
-            assert not d.calls
     asyncio.run(main())
 
 

@@ -432,3 +432,23 @@ def test_calls_spread_over_dispatchers_one_each_in_turn():
         b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b"{}", None, f"t{n}")]), b.now)
         got += [p for p, m in b.broker.flush() if p in (D1, D2) and isinstance(m, Replies)]
     assert got == [D1, D2] * 3
+
+
+def test_a_declined_call_puts_the_task_back_without_using_an_attempt(c):
+    task = c.enqueue(options={"attempts": 0})
+    c.report(c.take(), "declined")
+    assert c.status(task.uid) == QUEUED and task.attempt == 0
+    assert c.take() is task and task.attempt == 1
+
+
+def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
+    b = BrokerClock(concurrency=10)
+    b.enqueue("t1")
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 5))
+    b.enqueue("t2")
+    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 0)) == {}
+    b.enqueue("t3")
+    out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
+    assert out == {}, "its outcome frees no slot"
+    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 5))
+    assert [i[2] for i in out[D2]] == ["t3"]

@@ -52,7 +52,10 @@ log = logging.getLogger("zstalk.dispatcher")
 
 CONN = 1
 GOODBYE_LINGER_MS = 200
-SUCCESS, FAILURE, UNKNOWN, FATAL = "success", "failure", "unknown", "fatal"
+SUCCESS, FAILURE, UNKNOWN, FATAL, DECLINED = ("success", "failure", "unknown", "fatal",
+                                              "declined")
+#: how long close() lets running calls finish before cancelling them
+CLOSE_GRACE_S = 10.0
 #: a longer Retry-After is taken as this: it is the function's wish, not a reason to park
 #: a task for years (and the value must fit the wire's 64-bit ints)
 RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
@@ -95,10 +98,17 @@ class Dispatcher(LinkOwner):
                      signing.ENV_KEY, signing.ENV_KEY_FILE)
         self.link.start()
 
-    async def close(self) -> None:
-        """Stop: make no new calls and cancel the running ones (closing our session makes
-        the broker count them unknown: they may have reached their functions)."""
+    async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop: take no new calls (subscribe with 0 slots, which the broker keeps at 0),
+        let the running ones finish and report for up to `grace_s`, then cancel what is
+        left (closing our session makes the broker count those unknown: they may have
+        reached their functions).  A call pushed meanwhile is declined, not made."""
         self.closing = True
+        if self.ready:
+            self.link.submit((Op.T_SUBSCRIBE, CONN, 0))
+            self.link.flush_now()
+        if self.calls:
+            await asyncio.wait(set(self.calls), timeout=grace_s)
         for task in self.calls:
             task.cancel()
         await asyncio.gather(*self.calls, return_exceptions=True)
@@ -112,7 +122,12 @@ class Dispatcher(LinkOwner):
     # -- LinkOwner ---------------------------------------------------------------------
     def on_replies(self, items: list) -> None:
         for item in items:
-            if item[1] == R.T_CALL and not self.closing:
+            if item[1] != R.T_CALL:
+                continue
+            if self.closing:        # pushed before our 0 slots reached the broker
+                self.link.submit((Op.T_OUTCOME, CONN, item[2], item[3],
+                                  *Outcome(DECLINED, error="the dispatcher is stopping")))
+            else:
                 self._start_call(*item[2:7])
 
     def on_welcome(self, w: Welcome) -> None:
