@@ -128,6 +128,11 @@ def test_the_cloud_task_example_runs_as_written(tmp_path):
                                                    text=True, timeout=30).stdout)
         assert info["status"] == "success" and info["result"] == {"closed": 1234}
         assert info["statusCode"] == 200 and info["attempt"] == 1
+        (tmp_path / "enqueue.py").write_text(block("# enqueue.py"))
+        out = subprocess.run([sys.executable, "enqueue.py"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "success {'closed': 42}"
     finally:
         server.stop()
         host.stop()
