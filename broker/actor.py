@@ -56,7 +56,8 @@ class BindError(Exception):
 
 class BrokerActor:
     def __init__(self, bind: str | None, config: Config, ctx=None, binlog=None,
-                 also_bind: tuple[str, ...] = ()) -> None:
+                 also_bind: tuple[str, ...] = (), config_path: str | None = None) -> None:
+        self.config_path = config_path      # the --config file SIGHUP reads again
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
@@ -147,6 +148,25 @@ class BrokerActor:
         loop.add_signal_handler(signal.SIGTERM, self.stop)
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGUSR1, self.drain)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+
+    def reload(self) -> None:
+        """SIGHUP: read the config file again; a file with an error changes nothing."""
+        if self.config_path is None:
+            log.warning("SIGHUP: no --config file to read again")
+            return
+        from .config_file import ConfigError, load
+        try:
+            fns = load(self.config_path)
+        except ConfigError as exc:
+            log.warning("SIGHUP: kept the config in use: %s", exc)
+            return
+        self.core.configure_functions(fns, time.monotonic())
+        log.warning("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
+                    ", and any under base_url" if fns.base else "")
+        self._again = True
+        if not self._busy:
+            self._turn()
 
     def drain(self) -> None:
         log.info("SIGUSR1: drain mode on, put now answers DRAINING")

@@ -139,7 +139,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         stat_interval=stat_interval,
                         worker_bind=worker_endpoint(worker_bind),
                         binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
-                        binlog_size=binlog_size, functions=functions,
+                        binlog_size=binlog_size, functions=functions, config_path=config_path,
                         http_listeners=http_listeners, master_key=master_key)
     sys.exit(run_server([listener], opts, counter_listeners))
 
@@ -192,7 +192,8 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     try:
-        actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind))
+        actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind),
+                            config_path=config_path)
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)

@@ -15,7 +15,8 @@ server with exit 111 and the endpoint's name.  One line on stderr then says what
 where.
 
 SIGTERM / SIGINT stop accepting, let the binlog reach the disk (replies held for it go
-out), close the client connections and exit 0; SIGUSR1 turns on drain mode.  There is
+out), close the client connections and exit 0; SIGUSR1 turns on drain mode; SIGHUP reads
+the --config file again.  There is
 no supervisor: like beanstalkd, the server is one process (`--fronts N` for more).
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
                     stat_interval_s=opts.stat_interval,
                     functions=fns.named if fns else (), base_function=fns.base if fns else None)
     try:
-        actor = BrokerActor(None, config, binlog=opts.binlog())
+        actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path)
     except Exception as exc:
         from .binlog import BinlogError
         if not isinstance(exc, BinlogError):
@@ -68,6 +69,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, actor.stop)
     loop.add_signal_handler(signal.SIGUSR1, actor.drain)
+    loop.add_signal_handler(signal.SIGHUP, actor.reload)
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
     if counter_listeners:

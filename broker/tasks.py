@@ -154,7 +154,9 @@ class Tasks:
         self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
         self.by_key: dict[tuple[int, int], Task] = {}
         self.running: dict[str, int] = {}           # function -> tasks running
-        self.specs: dict[str, FunctionSpec] = {}    # function -> its spec, while tasks use it
+        # function -> its spec while tasks use it; None: gone from the config (its tasks
+        # wait, not called, until it comes back or they are cancelled)
+        self.specs: dict[str, FunctionSpec | None] = {}
         self.uses: dict[str, int] = {}              # function -> tasks held
         self.waiting = SortedList()     # (due, seq) of queued tasks not due yet
         self.calls = SortedList()       # (deadline, seq) of running tasks
@@ -202,6 +204,12 @@ class Tasks:
         if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
             spec = self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}")
         return spec
+
+    def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None) -> None:
+        """A new config (SIGHUP): every function tasks use takes its new spec, or None."""
+        self.functions, self.base = dict(functions), base
+        for name in self.specs:
+            self.specs[name] = self.function(name)
 
     def _queue(self, task: Task, due: float, now: float) -> None:
         task.status = QUEUED
@@ -265,7 +273,8 @@ class Tasks:
         among functions below their concurrency."""
         best = None
         for name, ready in self.ready.items():      # (functions with due tasks only)
-            if self.running.get(name, 0) < self.specs[name].concurrency:
+            spec = self.specs[name]
+            if spec is not None and self.running.get(name, 0) < spec.concurrency:
                 if best is None or ready[0] < best:
                     best = ready[0]
         if best is None:
@@ -550,6 +559,11 @@ class TaskCommands:
                 error = str(error)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
             outcome = Outcome(kind, status_code, result, error, retry_after_ms)
             self.tasks.outcome(uid, attempt, outcome, now, holder=s)
+        self._feed_dispatchers(now)
+
+    def configure_functions(self, functions, now: float) -> None:
+        """A config read again (config_file.Functions): calls go where it says now."""
+        self.tasks.configure({f.name: f for f in functions.named}, functions.base)
         self._feed_dispatchers(now)
 
     def _close_task_session(self, s, now: float) -> None:

@@ -452,3 +452,12 @@ def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
     assert out == {}, "its outcome frees no slot"
     out = b.send(D2, (Op.T_SUBSCRIBE, 1, 5))
     assert [i[2] for i in out[D2]] == ["t3"]
+
+
+def test_a_function_gone_from_the_config_keeps_its_tasks_until_it_returns(c):
+    task = c.enqueue()
+    spec = c.store.functions["f"]
+    c.store.configure({}, None)
+    assert c.take() is None and c.status(task.uid) == QUEUED
+    c.store.configure({"f": spec._replace(url="http://moved/f")}, None)
+    assert c.take() is task and c.store.specs["f"].url == "http://moved/f"

@@ -267,3 +267,27 @@ def test_operators_list_tasks_page_by_page_with_the_master_key(serve, host):
     assert api.request("GET", "/v1/tasks?status=sleeping")[0] == 400
     api.key = None
     assert api.request("GET", "/v1/tasks")[0] == 401
+
+
+def test_sighup_reads_the_config_again_and_a_bad_one_changes_nothing(serve, host, tmp_path):
+    import signal
+    only_f = f'[functions.f]\nurl = "http://{LOOPBACK}:{host.port}/fn/f"\n'
+    api = serve(config=only_f)
+    config = tmp_path / "zstalk.toml"
+    assert api.request("POST", "/v1/tasks", {"function": "g"})[0] == 404
+    _, later = api.request("POST", "/v1/tasks", {"function": "f", "options": {"delay": 500}})
+    config.write_text("")                               # f is gone: its task must wait
+    api.server.process.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert api.request("GET", f"/v1/tasks/{later['uniqueId']}")[1]["status"] == "queued"
+    config.write_text(only_f + f'[functions.g]\nurl = "http://{LOOPBACK}:{host.port}/fn/g"\n')
+    api.server.process.send_signal(signal.SIGHUP)
+    assert api.wait_status(later["uniqueId"], "success")["status"] == "success"
+    config.write_text("[functions.g]\nurl = 7\n")       # an error: the config in use stays
+    api.server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + WAIT_S
+    while "kept the config in use" not in api.server.output():
+        assert time.monotonic() < deadline, api.server.output()
+        time.sleep(0.05)
+    code, body = api.request("POST", "/v1/tasks", {"function": "g"})
+    assert code == 201 and api.wait_status(body["uniqueId"], "success")
