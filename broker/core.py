@@ -38,7 +38,8 @@ from .counters import CounterCommands, Counters, CounterSession
 from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
 from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
-from .tasks import FunctionSpec, TaskCommands, Tasks, TaskSession
+from .task_commands import TaskCommands, TaskSession
+from .tasks import FunctionSpec, Tasks
 from .walformat import S_DELAYED, S_READY
 
 log = logging.getLogger("zstalk.broker")

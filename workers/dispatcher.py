@@ -20,7 +20,7 @@ broker may call it again (broker/tasks.py says what it does with each kind):
     timeout; connection lost mid-call       unknown  the function may have run
 
 The broker counts a dispatcher's *free* slots: T_SUBSCRIBE sets the count and each
-T_OUTCOME adds one (broker/tasks.py, `t_subscribe` / `t_outcome`).  So calls keep running
+T_OUTCOME adds one (broker/task_commands.py, `t_subscribe` / `t_outcome`).  So calls keep running
 while the broker is away, their reports wait in `resend`, and the next Welcome subscribes
 with the slots that neither a running call nor a report about to be resent will free,
 then resends them (the broker ignores a report on a call it no longer waits for).  For

@@ -1,0 +1,134 @@
+"""The broker's side of cloud tasks: the sessions of HTTP fronts and dispatchers, and the
+handlers of their ops (mixed into the Broker like commands.py's).
+
+An HTTP front sends T_ENQUEUE / T_INFO / T_CANCEL / T_LIST on one session and gets
+T_TASK, T_LIST or T_ERROR back; a dispatcher's session has `slots`, the calls it can
+take now: T_SUBSCRIBE sets them (0: it is stopping, and outcomes free none), each pushed
+T_CALL takes one and each T_OUTCOME gives it back.  The task store (tasks.py) decides
+everything else; whatever frees a function's slot or makes a task due feeds the
+dispatchers, one call each in turn.
+"""
+from __future__ import annotations
+
+from ..protocol.schema import R
+from .tasks import (MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcome, TaskError)
+
+#: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
+MAX_SLOTS = 1 << 16
+OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
+
+
+class TaskSession:
+    """One session of an HTTP front (kind "http") or of a dispatcher ("dispatcher")."""
+    __slots__ = ("front", "conn", "slots", "draining")
+    family = 2          # ops it may send: the T_* ones (core.Broker._batch)
+    is_counter = False
+    is_pool = False
+    is_task = True
+    behind = None       # task ops never wait behind one another
+
+    def __init__(self, front, conn: int) -> None:
+        self.front = front
+        self.conn = conn
+        self.slots = 0  # a dispatcher: calls it may be handed now
+        self.draining = False   # it subscribed with 0 slots: outcomes free none
+
+
+class TaskCommands:
+    """Handlers of the task ops, mixed into the Broker (see commands.py for the shape).
+    Each answers T_TASK or T_ERROR, except the dispatchers' silent T_SUBSCRIBE and
+    T_OUTCOME; whatever frees a function's slot or makes a task due feeds the dispatchers."""
+
+    def t_enqueue(self, s, op, now):
+        _, conn, function, params, options, uid = op
+        if type(function) is not str or type(params) is not bytes or type(uid) is not str:
+            return (conn, R.T_ERROR, 400, "bad_request", "malformed enqueue")
+        if self.draining:
+            return (conn, R.T_ERROR, 503, "draining", "the server is draining: no new tasks")
+        limit = self.config.max_jobs_bytes
+        if limit and self.jobs_bytes + self.tasks.bytes + TASK_OVERHEAD_BYTES + len(params) > limit:
+            return (conn, R.T_ERROR, 503, "out_of_memory",
+                    f"the memory for jobs and tasks (--max-jobs-bytes {limit}) is used up")
+        task = self.tasks.enqueue(function, params, options, now, uid=uid)
+        if isinstance(task, TaskError):
+            return (conn, R.T_ERROR, *task)
+        info = self.tasks.info(task.uid, now)     # as enqueued, before a dispatcher takes it
+        self._feed_dispatchers(now)
+        return (conn, R.T_TASK, info)
+
+    def t_info(self, s, op, now):
+        info = self.tasks.info(op[2], now) if type(op[2]) is str else None
+        if info is None:
+            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+        return (s.conn, R.T_TASK, info)
+
+    def t_cancel(self, s, op, now):
+        task = self.tasks.cancel(op[2], now) if type(op[2]) is str else None
+        if task is None:
+            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+        if isinstance(task, TaskError):
+            return (s.conn, R.T_ERROR, *task)
+        return (s.conn, R.T_TASK, self.tasks.info(task.uid, now))
+
+    def t_list(self, s, op, now):
+        _, conn, function, status, limit, after = op
+        if not (function is None or type(function) is str) or not (
+                status is None or status in STATUSES) or type(limit) is not int or not (
+                1 <= limit <= MAX_PAGE) or type(after) is not int:
+            return (conn, R.T_ERROR, 400, "bad_request",
+                    f"status is one of {', '.join(sorted(STATUSES))}, limit 1 to {MAX_PAGE}")
+        infos, cursor = self.tasks.page(function, status, limit, after, now)
+        return (conn, R.T_LIST, infos, cursor)
+
+    def t_subscribe(self, s, op, now):
+        if type(op[2]) is int and s.is_task:
+            s.slots = max(0, min(op[2], MAX_SLOTS))
+            s.draining = s.slots == 0       # stopping: finish the calls it has, take none
+            self.dispatchers[s] = None
+            self._feed_dispatchers(now)
+
+    def t_outcome(self, s, op, now):
+        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
+        if s not in self.dispatchers or kind not in OUTCOME_KINDS:
+            return None
+        if not s.draining:
+            s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
+        if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
+                and (result is None or type(result) is bytes)):
+            if error is not None:       # text that can travel on to any front
+                error = str(error)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
+            outcome = Outcome(kind, status_code, result, error, retry_after_ms)
+            self.tasks.outcome(uid, attempt, outcome, now, holder=s)
+        self._feed_dispatchers(now)
+
+    def configure_functions(self, functions, now: float) -> None:
+        """A config read again (config_file.Functions): calls go where it says now."""
+        self.tasks.configure({f.name: f for f in functions.named}, functions.base)
+        self._feed_dispatchers(now)
+
+    def _close_task_session(self, s, now: float) -> None:
+        self.dispatchers.pop(s, None)
+        self.tasks.lost(s, now)
+        del s.front.sessions[s.conn]
+        self._feed_dispatchers(now)
+
+    def _feed_dispatchers(self, now: float) -> None:
+        """Hand due tasks to dispatchers with free slots, one each in turn; one that got
+        a call goes to the back, so calls spread over dispatchers."""
+        while True:
+            handed = False
+            for d in list(self.dispatchers):
+                if d.slots <= 0:
+                    continue
+                task = self.tasks.take(d, now)
+                if task is None:
+                    return
+                d.slots -= 1
+                handed = True
+                del self.dispatchers[d]
+                self.dispatchers[d] = None
+                url = self.tasks.specs[task.function].url
+                self._reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
+                            task.timeout_ms)
+            if not handed:
+                return
