@@ -14,8 +14,9 @@ are collected.  The first read of a loop turn hands them to the broker as one Ba
 `read_done`; the broker handles it and delivers the replies back through `deliver()`
 before `read_done` returns, so an idle client's command and its reply take one
 event-loop turn.  Reads after it in the same turn (many connections ready at once) go as
-one Batch at the end of the turn, so the broker's per-turn work is shared.  Ops submitted at other times (a
-connection opening, commands parsed after a reply unblocked them) leave at the end of
+one Batch at the end of the turn, so the broker's per-turn work is shared.  Ops
+submitted at other times (a connection opening, commands parsed after a reply unblocked
+them) leave at the end of
 the loop turn (`call_soon`), or right after the delivery that caused them.
 
 The broker shares the front's loop, so there is no silence to watch: no heartbeats,

@@ -57,7 +57,7 @@ class Op(enum.IntEnum):
     OPEN = 1            # (conn)                      a client connected
     CLOSE = 2           # (conn)                      a client went away (or sent quit)
     COUNT = 3           # (conn, cmd, consumes_id)    a command the front rejected but beanstalkd counts
-    HALF_CLOSE = 4      # (conn)                      client shut its write side: a reserve that waits times out
+    HALF_CLOSE = 4      # (conn)                      client shut its write side (a waiting reserve times out)
     PUT = 10            # (conn, pri, delay_s, ttr_s, body)
     USE = 11            # (conn, tube)
     RESERVE = 12        # (conn, timeout_s)           timeout_s < 0: no timeout (plain `reserve`)
@@ -167,8 +167,9 @@ class R(enum.IntEnum):
 # answered T_TASK or T_ERROR; the unique id of a task enqueued without one is made by the
 # front (the broker core has no randomness).  A dispatcher (kind "dispatcher") OPENs and
 # T_SUBSCRIBEs with its free slots: the broker pushes `R.T_CALL` while it has some, and
-# every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal") frees one; T_SUBSCRIBE
-# again sets the count (after a reconnect: the slots no running call will free).  broker/tasks.py says what the outcomes do.
+# every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal" | "declined") frees
+# one; T_SUBSCRIBE again sets the count (after a reconnect: the slots no running call will
+# free; 0: stopping, outcomes free none).  broker/tasks.py says what the outcomes do.
 #: worker-protocol versions this code speaks (bump the max on an incompatible change)
 WORKER_VERSIONS = (1, 1)
 
