@@ -16,8 +16,8 @@ before `read_done` returns, so an idle client's command and its reply take one
 event-loop turn.  Reads after it in the same turn (many connections ready at once) go as
 one Batch at the end of the turn, so the broker's per-turn work is shared.  Ops
 submitted at other times (a connection opening, commands parsed after a reply unblocked
-them) leave at the end of
-the loop turn (`call_soon`), or right after the delivery that caused them.
+them) leave at the end of the loop turn (`call_soon`), or right after the delivery that
+caused them.
 
 The broker shares the front's loop, so there is no silence to watch: no heartbeats,
 and the link is never LOST.  It can still be fenced (the broker dropped this front for
