@@ -11,6 +11,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
+    GET    /v1/openapi.json      this API's OpenAPI document (protocol/openapi.py)   -> 200
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with the HTTP status, code
@@ -24,7 +25,8 @@ Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the st
 named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405, body over
 `max_body` 413), which a middleware turns into JSON.  With a master key, POST and DELETE
 need `Authorization: Bearer <key>` (missing 401, wrong 403); reading a task needs none,
-as in LeanCloud's Cloud Queue, where a client may query by uniqueId.
+as in LeanCloud's Cloud Queue, where a client may query by uniqueId; nor does the
+OpenAPI document.
 
 Losing the broker (`on_lost`) or being fenced fails every request in flight with 503:
 the link throws away what it had sent, so no reply will come for them.  Requests made
@@ -312,6 +314,7 @@ class HttpFront(LinkOwner):
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.opened = False
         self.runner: web.AppRunner | None = None
+        self.openapi_body = b""     # (built with the app)
         self.link = link if link is not None else open_link(broker, "http", self)
 
     # -- serving -------------------------------------------------------------------------
@@ -322,6 +325,9 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
+        from .openapi import PATH, document     # (here: it imports this module's limits)
+        self.openapi_body = json.dumps(document()).encode()
+        app.router.add_get(PATH, self.openapi)
         return app
 
     @web.middleware
@@ -411,6 +417,10 @@ class HttpFront(LinkOwner):
         if denied:
             return problem_response(denied)
         return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """The API's OpenAPI document: no key, as it changes nothing and tells no secret."""
+        return web.Response(body=self.openapi_body, content_type="application/json")
 
     async def call(self, op: tuple) -> tuple:
         """Send one op on the session and wait for its reply (replies come in op order)."""
