@@ -363,8 +363,8 @@ class BrokerActor:
         if wal is None:
             self._send(messages)
             return
-        wal.maintain(self.core.queue.jobs)
-        wal.write(self.core.queue.jobs, self.core.next_id)
+        wal.maintain(self.core.queue.jobs, self.core.tasks.tasks)
+        wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks)
         wal.after_write(now)
         if wal.opts.fsync_ms != 0:
             self._send(messages)
@@ -378,7 +378,7 @@ class BrokerActor:
         """Stopping: everything written reaches the disk before we exit."""
         if self.wal is None:
             return
-        self.wal.write(self.core.queue.jobs, self.core.next_id)
+        self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks)
         if self.wal.syncer is not None:
             self.wal.syncer.stop()      # no fsync of ours may run beside the last one
             self.wal.syncer = None
@@ -436,6 +436,6 @@ def open_binlog(opts, config: Config):
         recovered = wal.open(config.max_job_size)
     except OSError as exc:      # disk full or unreadable at start: not a bind problem
         raise BinlogError(f"{opts.path}: {exc}") from exc
-    log.info("binlog %s: %d jobs recovered in %.2f s", opts.path, len(recovered.jobs),
-             time.monotonic() - started)
+    log.info("binlog %s: %d jobs and %d tasks recovered in %.2f s", opts.path,
+             len(recovered.jobs), len(recovered.tasks), time.monotonic() - started)
     return wal, recovered

@@ -24,6 +24,13 @@ thousand per turn; updates never pin a segment, so a job released with a delay a
 and again costs nothing once its segment is compacted.  A segment is unlinked only
 after an fsync covers the copies that replaced it.
 
+Cloud tasks (tasks.py) are logged the same way: a TASK record (the whole task) pins its
+segment like a job's JOB record, TASK_STATE records (start, retry, failure, cancel) pin
+nothing, TASK_GONE ends it, and compaction copies live tasks forward.  A task's space is
+reserved in steps: its record and its TASK_GONE at enqueue, two states (the start and the
+call's end) when a dispatcher takes it; a success whose result needs a whole record
+reserves that when it comes (see `log_task_end`).
+
 Ids: each segment header carries the broker's next id when it became the one being
 written, and the segment being written is never removed, so recovery continues after
 the largest id ever issued even when every record of it was compacted away.
@@ -44,6 +51,7 @@ from . import walformat as wf
 from .beanstalkd_binlog import is_beanstalkd_dir
 from .fsync import Syncer, preallocate
 from .jobs import BURIED, COUNTERS, DELAYED, Job
+from .tasks import ERROR_CHARS, Task
 
 log = logging.getLogger("zstalk.binlog")
 SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
@@ -52,6 +60,10 @@ _SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
 _MIGRATE_SCAN_PER_TURN = 4096
 _NO_COUNTS = (0,) * len(COUNTERS)
 _FRAME = wf.FRAME.size
+# a TASK_STATE without its uid and error: the longest status, an attempt, four times, a
+# status code, as msgpack encodes them at most (see _task_state_reservation)
+_TASK_STATE_FIXED = len(wf.encode_task_state("", ["cancelled", 1 << 62, 1e18, 1e18, 1e18, 1e18,
+                                                  1 << 62, ""]))
 
 
 def _round_segment(size: int) -> int:
@@ -74,7 +86,8 @@ def segment_name(seq: int) -> str:
 
 
 class Segment:
-    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor")
+    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "uids",
+                 "task_cursor")
 
     def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
         self.seq = seq
@@ -82,9 +95,11 @@ class Segment:
         self.fd = fd
         self.size = size            # bytes allocated on disk
         self.pos = pos              # where the next frame goes
-        self.live = 0               # live jobs whose latest full record is here
+        self.live = 0               # live jobs and tasks whose latest full record is here
         self.ids: list[int] = []    # ids of the full records written here, in order
         self.cursor = 0             # compaction's progress through `ids`
+        self.uids: list[str] = []   # the same for tasks
+        self.task_cursor = 0
 
     @property
     def free(self) -> int:
@@ -182,6 +197,7 @@ class Binlog:
         names = sorted((int(m.group(1)), n) for n in os.listdir(path)
                        if (m := _SEGMENT_RE.fullmatch(n)))
         jobs: dict = {}
+        tasks: dict = {}
         tubes: dict = {}
         warnings: list[str] = []
         next_id = state_id = 0
@@ -208,7 +224,8 @@ class Binlog:
             spans, end, why = wf.scan(data)
             try:
                 for start, stop in spans:
-                    top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes)
+                    top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
+                                           tasks, seg.uids)
                     next_id = max(next_id, top + 1)
             except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
                 raise BinlogError(f"{full}: {exc}") from None
@@ -218,11 +235,21 @@ class Binlog:
             log.warning("binlog: %s", w)
         for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
             self.by_seq[seq].live = live
+        for seq, live in collections.Counter(t[1] for t in tasks.values()).items():
+            self.by_seq[seq].live += live
         self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
         self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
         biggest = max((wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values()), default=0)
+        for fields, _ in tasks.values():
+            size = len(wf.encode_task(fields))
+            self.live_bytes += size
+            biggest = max(biggest, size)
+            # its TASK_GONE, and the end of a call the restart cut short (tasks.py)
+            self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
+            if fields[wf.T_STATUS] == "running":
+                self.promised += self._task_state_reservation(fields[wf.T_UID])
         self.seg_size = max(self.seg_size, wf.HEADER_SIZE + _FRAME + biggest)
-        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings)
+        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks)
 
     @staticmethod
     def _last_with_data(path: str, names) -> int:
@@ -390,6 +417,80 @@ class Binlog:
         self.pending_reserve += self._reservation(size)
         return True
 
+    # -- task records (called by tasks.Tasks) ----------------------------------------------
+    def task_fields(self, task: Task) -> list:
+        """A TASK record's list (wall-clock times), without the result."""
+        wall = self.wall_offset
+        b = task.backoff
+        return [task.uid, task.function, task.params, task.priority, task.seq, task.attempts,
+                [b.kind, b.delay_ms, b.max_delay_ms, b.jitter], task.timeout_ms, task.delivery,
+                task.keep_result_ms, task.created + wall, *self._task_state(task)]
+
+    def _task_state(self, task: Task) -> list:
+        wall = self.wall_offset
+        return [task.status, task.attempt,
+                None if task.started is None else task.started + wall,
+                None if task.finished is None else task.finished + wall,
+                task.due + wall, task.expires + wall, task.status_code, task.error]
+
+    def _task_state_reservation(self, uid: str) -> int:
+        """Room for any TASK_STATE of this task (its error text is cut to ERROR_CHARS)."""
+        return self._reservation(_TASK_STATE_FIXED + len(uid.encode()) + 4 * ERROR_CHARS)
+
+    def reserve_task(self, task: Task) -> bool:
+        """Room for a new task's TASK record and its TASK_GONE."""
+        size = len(wf.encode_task([*self.task_fields(task), None]))
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
+            return False
+        gone = len(wf.encode_task_gone(task.uid))
+        return self.reserve(self._reservation(size) + self._reservation(gone))
+
+    def reserve_call(self, task: Task) -> bool:
+        """Room for the TASK_STATEs of a call: its start and its end."""
+        return self.reserve(2 * self._task_state_reservation(task.uid))
+
+    def reserve_task_state(self, task: Task) -> bool:
+        return self.reserve(self._task_state_reservation(task.uid))
+
+    def log_task(self, task: Task) -> None:
+        """The whole task (enqueue; its space was reserved by reserve_task)."""
+        record = wf.encode_task([*self.task_fields(task), task.result])
+        self.live_bytes += len(record) - task.logged
+        task.logged = len(record)
+        self.pending.append((record, task))
+        self.pending_reserve += self._reservation(len(record))
+
+    def log_task_state(self, task: Task) -> None:
+        """A start, retry, failure or cancel (reserved by reserve_call / reserve_task_state)."""
+        self.pending.append((wf.encode_task_state(task.uid, self._task_state(task)), None))
+        self.pending_reserve += self._task_state_reservation(task.uid)
+
+    def log_task_end(self, task: Task) -> bool:
+        """The end of a call, reserved as a TASK_STATE by reserve_call.  A result needs the
+        whole record: False if there is no room for it (then nothing is logged, and the
+        reserved state is still there for the caller to log without the result)."""
+        if task.result is None:
+            self.log_task_state(task)
+            return True
+        size = len(wf.encode_task([*self.task_fields(task), task.result]))
+        if not self._fits(size) or not self.reserve(self._reservation(size)):
+            return False
+        self.log_task(task)
+        # the TASK_STATE reserved for this end was not needed
+        self.promised -= self._task_state_reservation(task.uid)
+        self.room += self._task_state_reservation(task.uid)
+        return True
+
+    def log_task_gone(self, task: Task) -> None:
+        """keepResult passed (its space was reserved with the task)."""
+        self.live_bytes -= task.logged
+        if task.seg:
+            self._segment(task.seg).live -= 1
+            task.seg = 0
+        record = wf.encode_task_gone(task.uid)
+        self.pending.append((record, None))
+        self.pending_reserve += self._reservation(len(record))
+
     def mark_next_id(self, next_id: int) -> None:
         """Record `next_id` as the high-water mark in the segment being written."""
         seg = self.segments[-1]
@@ -406,8 +507,9 @@ class Binlog:
         self.synced = self.write_seq
 
     # -- writing (called by the actor, once per turn) -----------------------------------
-    def write(self, jobs: dict, next_id: int) -> bool:
-        """Write the pending records, one frame per segment; True if anything was written."""
+    def write(self, jobs: dict, next_id: int, tasks: dict | None = None) -> bool:
+        """Write the pending records, one frame per segment; True if anything was written.
+        `jobs` and `tasks` are the live ones: a full record of one gone since is not placed."""
         if not self.pending:
             return False
         chunk: list[bytes] = []
@@ -419,8 +521,12 @@ class Binlog:
                 self._roll(next_id)
             chunk.append(record)
             size += len(record)
-            if job is not None and jobs.get(job.id) is job:
-                self._place(job)
+            if job is not None:
+                if type(job) is Job:
+                    if jobs.get(job.id) is job:
+                        self._place(job).ids.append(job.id)
+                elif tasks is not None and tasks.get(job.uid) is job:
+                    self._place(job).uids.append(job.uid)
         self._write_frame(chunk, size)
         self.records_written += len(self.pending)
         self.promised -= self.pending_reserve
@@ -432,13 +538,14 @@ class Binlog:
             self.dirty = {}
         return True
 
-    def _place(self, job: Job) -> None:
+    def _place(self, owner: Job | Task) -> Segment:
+        """`owner`'s latest full record went to the segment being written (returned)."""
         cur = self.segments[-1]
-        if job.seg:
-            self._segment(job.seg).live -= 1
-        job.seg = cur.seq
+        if owner.seg:
+            self._segment(owner.seg).live -= 1
+        owner.seg = cur.seq
         cur.live += 1
-        cur.ids.append(job.id)
+        return cur
 
     def _write_frame(self, chunk: list[bytes], size: int) -> None:
         if not chunk:
@@ -496,7 +603,7 @@ class Binlog:
     def disk_bytes(self) -> int:
         return sum(s.size for s in self.segments) + sum(s.size for s in self.spares)
 
-    def maintain(self, jobs: dict) -> None:
+    def maintain(self, jobs: dict, tasks: dict | None = None) -> None:
         """Unlink dead segments oldest first; copy live jobs forward when the log is 2x live."""
         self._unlink_doomed()
         while len(self.segments) > 1:
@@ -508,6 +615,8 @@ class Binlog:
             if self.disk_bytes() <= 2 * self.live_bytes + 2 * self.seg_size:
                 break
             self._migrate(oldest, jobs)
+            if tasks:
+                self._migrate_tasks(oldest, tasks)
             break
         self._unlink_doomed()
 
@@ -523,6 +632,19 @@ class Binlog:
                 self.pending_reserve += self._reservation(size)
                 self.records_migrated += 1
             seg.cursor += 1
+
+    def _migrate_tasks(self, seg: Segment, tasks: dict) -> None:
+        stop = min(len(seg.uids), seg.task_cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.task_cursor < stop:
+            task = tasks.get(seg.uids[seg.task_cursor])
+            if task is not None and task.seg == seg.seq:
+                record = wf.encode_task([*self.task_fields(task), task.result])
+                if not self._fits(len(record)) or not self.reserve(self._reservation(len(record))):
+                    return                  # disk full: try again next turn
+                self.pending.append((record, task))
+                self.pending_reserve += self._reservation(len(record))
+                self.records_migrated += 1
+            seg.task_cursor += 1
 
     def _unlink_doomed(self) -> None:
         busy = self.syncer is not None and self.syncer.busy

@@ -113,8 +113,10 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         if wal is not None:
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
+            self.tasks.wal = wal
         if recovered is not None:
             self._restore(recovered.jobs.values(), recovered.next_id, now)
+            self.tasks.restore(recovered.tasks, now)
 
     def _restore(self, lives, next_id: int, now: float) -> None:
         """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).

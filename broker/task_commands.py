@@ -11,7 +11,7 @@ dispatchers, one call each in turn.
 from __future__ import annotations
 
 from ..protocol.schema import R
-from .tasks import (MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcome, TaskError)
+from .tasks import (ERROR_CHARS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcome, TaskError)
 
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
@@ -96,7 +96,7 @@ class TaskCommands:
         if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
                 and (result is None or type(result) is bytes)):
             if error is not None:       # text that can travel on to any front
-                error = str(error)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
+                error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
             outcome = Outcome(kind, status_code, result, error, retry_after_ms)
             self.tasks.outcome(uid, attempt, outcome, now, holder=s)
         self._feed_dispatchers(now)

@@ -34,6 +34,11 @@ CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
 
 Errors are data: `TaskError(status, code, message)`, the HTTP status and JSON error the
 front answers with; nothing is changed when an error is returned.
+
+Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
+its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
+is not handed out then).  `restore` rebuilds the tasks a binlog replayed; a call that was
+running when the broker stopped has an unknown outcome, decided by its deliveryMode.
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ import re
 from typing import Any, Callable, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
+
+from .walformat import T_SEQ, encode_task
 
 
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
@@ -60,6 +67,7 @@ MAX_PAGE = 1000             # tasks one listing request may return
 #: its id, its places in the index and the timer lists)
 TASK_OVERHEAD_BYTES = 512
 MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
+ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
 #: a function name is a URL path segment under base_url: no leading dot (no "..")
@@ -100,7 +108,7 @@ class Task:
     __slots__ = ("uid", "function", "params", "priority", "seq", "status", "attempt",
                  "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
                  "created", "started", "finished", "due", "deadline", "expires",
-                 "status_code", "result", "error", "holder")
+                 "status_code", "result", "error", "holder", "seg", "logged")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -126,6 +134,8 @@ class Task:
         self.result: bytes | None = None    # the function's response body
         self.error: str | None = None
         self.holder = None              # the dispatcher session running it
+        self.seg = 0                    # binlog: the segment of its latest full record
+        self.logged = 0                 # binlog: that record's size
 
     @property
     def key(self) -> tuple[int, int]:
@@ -163,6 +173,7 @@ class Tasks:
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self._seq = itertools.count(1)
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
+        self.wal = None                 # the binlog (binlog.Binlog), set by the core
 
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
@@ -180,21 +191,29 @@ class Tasks:
             return TaskError(400, "bad_request", "a uniqueId is needed")
         if uid in self.tasks:
             return TaskError(409, "duplicate", f"a task with uniqueId {uid!r} exists")
-        seq = next(self._seq)
         priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
-        task = Task(uid, function, params, priority, seq, now)
-        self.specs[function] = spec
-        self.uses[function] = self.uses.get(function, 0) + 1
+        task = Task(uid, function, params, priority, 0, now)
         task.attempts = parsed.get("attempts", 1)
         task.backoff = parsed.get("backoff", Backoff())
         task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
         task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
         task.keep_result_ms = parsed.get("keepResult", 300000)
-        self.tasks[uid] = task
-        self.by_seq[seq] = task
-        self.bytes += TASK_OVERHEAD_BYTES + len(params)
-        self._queue(task, now + parsed.get("delay", 0) / 1000, now)
+        task.due = now + parsed.get("delay", 0) / 1000
+        if self.wal is not None and not self.wal.reserve_task(task):
+            return _NO_SPACE
+        task.seq = next(self._seq)
+        self._add(task, spec)
+        self._queue(task, task.due, now)
+        if self.wal is not None:
+            self.wal.log_task(task)
         return task
+
+    def _add(self, task: Task, spec: FunctionSpec | None) -> None:
+        self.specs[task.function] = spec
+        self.uses[task.function] = self.uses.get(task.function, 0) + 1
+        self.tasks[task.uid] = task
+        self.by_seq[task.seq] = task
+        self.bytes += TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
 
     def function(self, name: str) -> FunctionSpec | None:
         """The function `name`: configured by name, or under the base URL (made when
@@ -278,7 +297,10 @@ class Tasks:
                     best = ready[0]
         if best is None:
             return None
-        task = self.by_key.pop(best)
+        task = self.by_key[best]
+        if self.wal is not None and not self.wal.reserve_call(task):
+            return None                 # the binlog's disk is full: it waits, queued
+        del self.by_key[best]
         self._unready(task)
         task.status = RUNNING
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
@@ -288,6 +310,8 @@ class Tasks:
         task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
         self.calls.add((task.deadline, task.seq))
         self.running[task.function] = self.running.get(task.function, 0) + 1
+        if self.wal is not None:
+            self.wal.log_task_state(task)
         return task
 
     def outcome(self, uid: str, attempt: int, result: Outcome, now: float,
@@ -301,28 +325,35 @@ class Tasks:
         if holder is not None and task.holder is not holder:
             return False
         self._end_call(task)
+        self._apply(task, result, now)
+        if self.wal is not None and not self.wal.log_task_end(task):
+            self._set_result(task, None)
+            task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
+            self.wal.log_task_state(task)
+        return True
+
+    def _apply(self, task: Task, result: Outcome, now: float) -> None:
         if result.kind == "declined":
             task.attempt -= 1
             self._queue(task, now, now)
-            return True
+            return
         task.status_code = result.status_code
         if result.kind == "success":
             task.error = None
             self._set_result(task, result.result)
             self._finish(task, SUCCESS, now)
-            return True
-        task.error = result.error or "the call failed"
+            return
+        task.error = (result.error or "the call failed")[:ERROR_CHARS]
         if result.kind == "fatal":
             self._finish(task, FAILED, now)
         elif result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
-            task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"
+            task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"[:ERROR_CHARS]
             self._finish(task, FAILED, now)
         elif task.attempt <= task.attempts:
             wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand), result.retry_after_ms)
             self._queue(task, now + wait_ms / 1000, now)
         else:
             self._finish(task, FAILED, now)
-        return True
 
     def lost(self, holder, now: float) -> None:
         """A dispatcher went away: its calls' outcomes are unknown."""
@@ -363,12 +394,16 @@ class Tasks:
             return TaskError(404, "not_found", f"no task {uid!r}")
         if task.status != QUEUED:
             return TaskError(409, "not_cancellable", f"task {uid!r} is {task.status}")
+        if self.wal is not None and not self.wal.reserve_task_state(task):
+            return _NO_SPACE
         if task.key in self.by_key:
             del self.by_key[task.key]
             self._unready(task)
         else:
             self.waiting.remove((task.due, task.seq))
         self._finish(task, CANCELLED, now)
+        if self.wal is not None:
+            self.wal.log_task_state(task)
         return task
 
     # -- timers --------------------------------------------------------------------------
@@ -394,6 +429,44 @@ class Tasks:
             if not self.uses[task.function]:
                 del self.uses[task.function], self.specs[task.function]
             self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+            if self.wal is not None:
+                self.wal.log_task_gone(task)
+
+    # -- restart -------------------------------------------------------------------------
+    def restore(self, replayed, now: float) -> None:
+        """The tasks a binlog replayed (walformat.Replayed.tasks: uid -> (TASK list, seq)),
+        wall-clock times back to our clock.  A call running when the broker stopped ends
+        with an unknown outcome: retried or failed by its deliveryMode."""
+        wall = self.wall_offset
+        cut = []
+        for fields, seg in sorted(replayed.values(), key=lambda t: t[0][T_SEQ]):
+            (uid, function, params, priority, seq, attempts, backoff, timeout_ms, delivery,
+             keep_ms, created, status, attempt, started, finished, due, expires, code,
+             error, result) = fields
+            task = Task(uid, function, params, priority, seq, created - wall)
+            task.attempts, task.backoff, task.timeout_ms = attempts, Backoff(*backoff), timeout_ms
+            task.delivery, task.keep_result_ms, task.attempt = delivery, keep_ms, attempt
+            task.started = None if started is None else started - wall
+            task.finished = None if finished is None else finished - wall
+            task.status_code, task.error, task.result = code, error, result
+            task.seg, task.logged = seg, len(encode_task(fields))
+            self._add(task, self.function(function))
+            if status == QUEUED:
+                self._queue(task, due - wall, now)
+            elif status == RUNNING:
+                task.status = RUNNING
+                task.deadline = now
+                self.calls.add((now, seq))
+                self.running[function] = self.running.get(function, 0) + 1
+                cut.append(task)
+            else:
+                task.status, task.expires = status, expires - wall
+                self.keeping.add((task.expires, seq))
+        if replayed:
+            self._seq = itertools.count(max(t.seq for t in self.by_seq.values()) + 1)
+        for task in cut:
+            self.outcome(task.uid, task.attempt, Outcome(
+                "unknown", error="the broker stopped during the call"), now)
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -412,6 +485,9 @@ def parse_options(options: Any, spec: FunctionSpec) -> dict | TaskError:
             return checked
         out[name] = checked
     return out
+
+
+_NO_SPACE = TaskError(503, "out_of_space", "the binlog's disk is full")
 
 
 def _bad(message: str) -> TaskError:

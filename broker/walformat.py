@@ -23,6 +23,16 @@ Records (little-endian, fixed layout):
 the bury sequence number when BURIED (so bury order survives compaction), 0 when READY.
 A reserved job is logged as READY: reservations are never durable (beanstalkd logs no
 reserve, and its prot_replay re-queues a Reserved record as ready).
+
+Format 2 adds cloud tasks (tasks.py), whose priorities are signed 64-bit and whose state is
+richer than a job's, as msgpack lists after a `<BI` kind and length:
+  * TASK       the whole task (enqueue, a success with its result, compaction's copy):
+               TASK_FIELDS, then the result.  Replaces everything known about the uid.
+  * TASK_STATE the mutable fields (start, retry, failure, cancel): uid, then TASK_STATE_FIELDS.
+  * TASK_GONE  the task was forgotten (keepResult passed): uid.
+Times in them are wall-clock seconds (floats; None where they do not apply).  A format-1
+segment has no task records and is read as it always was; segments written now are
+format 2.
 """
 from __future__ import annotations
 
@@ -30,14 +40,18 @@ import struct
 import zlib
 from typing import NamedTuple
 
+import msgpack
+
 MAGIC = b"ZSTALKWL"
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)          # formats this zstalk replays
 HEADER = struct.Struct("<8sIQQQ")
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")
 MAX_FRAME = 1 << 31
 
 JOB, UPDATE, DELETE = 1, 2, 3
+TASK, TASK_STATE, TASK_GONE = 4, 5, 6
 #: state codes on disk
 S_READY, S_DELAYED, S_BURIED = 1, 2, 3
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
@@ -46,6 +60,15 @@ _DELETE = struct.Struct("<BQ")
 DELETE_SIZE = _DELETE.size
 UPDATE_SIZE = _UPDATE.size
 JOB_FIXED_SIZE = _JOB.size
+_TASK = struct.Struct("<BI")                # kind, msgpack length
+#: a TASK record's list, then its result (bytes or None); the fields from `status` on are
+#: TASK_STATE's (after its uid), so a TASK_STATE replaces TASK[T_STATUS:T_RESULT]
+TASK_FIELDS = ("uid", "function", "params", "priority", "seq", "attempts", "backoff",
+               "timeout_ms", "delivery", "keep_result_ms", "created",
+               "status", "attempt", "started", "finished", "due", "expires", "status_code",
+               "error")
+T_UID, T_SEQ, T_STATUS = 0, 4, 11
+T_RESULT = len(TASK_FIELDS)
 
 
 class Image(NamedTuple):
@@ -74,6 +97,7 @@ class Replayed(NamedTuple):
     next_id: int
     state_id: int
     warnings: list
+    tasks: dict = {}      # uid -> (TASK list with its result, seq) of each live task
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -108,6 +132,22 @@ def encode_delete(job_id: int) -> bytes:
     return _DELETE.pack(DELETE, job_id)
 
 
+def encode_task(fields: list) -> bytes:
+    """A TASK record: TASK_FIELDS' values and the result, in that order."""
+    payload = msgpack.packb(fields, use_bin_type=True)
+    return _TASK.pack(TASK, len(payload)) + payload
+
+
+def encode_task_state(uid: str, state: list) -> bytes:
+    payload = msgpack.packb([uid, *state], use_bin_type=True)
+    return _TASK.pack(TASK_STATE, len(payload)) + payload
+
+
+def encode_task_gone(uid: str) -> bytes:
+    payload = msgpack.packb([uid], use_bin_type=True)
+    return _TASK.pack(TASK_GONE, len(payload)) + payload
+
+
 def encode_frame(payload: bytes) -> bytes:
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
@@ -126,8 +166,9 @@ def decode_header(data: bytes) -> Header:
         raise BadSegment("not a zstalk binlog segment")
     if crc != zlib.crc32(data[:HEADER.size]):
         raise BadSegment("header checksum mismatch")
-    if fmt != FORMAT:
-        raise BadSegment(f"binlog format {fmt}, this zstalk reads {FORMAT}")
+    if fmt not in READS:
+        raise BadSegment(f"binlog format {fmt}, this zstalk reads formats "
+                         f"{', '.join(map(str, READS))}")
     return Header(state_id, next_id, seq)
 
 
@@ -166,9 +207,10 @@ def image(live: tuple) -> Image:
 
 
 def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
-                  tubes: dict) -> int:
+                  tubes: dict, tasks: dict | None = None, task_uids: list | None = None) -> int:
     """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
-    above); returns the largest job id seen in a JOB record."""
+    above) and `tasks` (uid -> (TASK list, seq)); returns the largest job id seen in a JOB
+    record.  The uids of TASK records go to `task_uids` as job ids go to `job_ids`."""
     top = 0
     unpack_job, unpack_update, unpack_delete = _JOB.unpack_from, _UPDATE.unpack_from, _DELETE.unpack_from
     append = job_ids.append
@@ -200,6 +242,31 @@ def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids
         elif kind == DELETE:
             jobs.pop(unpack_delete(data, pos)[1], None)
             pos += DELETE_SIZE
+        elif TASK <= kind <= TASK_GONE and tasks is not None:
+            pos = _apply_task(data, pos, kind, seq, tasks, task_uids)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top
+
+
+def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: list) -> int:
+    _, length = _TASK.unpack_from(data, pos)
+    pos += _TASK.size
+    if pos + length > len(data):
+        raise BadSegment(f"task record at {pos} runs past its frame")
+    fields = msgpack.unpackb(data[pos:pos + length], raw=False)
+    pos += length
+    uid = fields[0]
+    if kind == TASK:
+        if len(fields) != T_RESULT + 1:
+            raise BadSegment(f"task record with {len(fields)} fields")
+        tasks[uid] = (fields, seq)
+        uids.append(uid)
+    elif kind == TASK_STATE:
+        old = tasks.get(uid)
+        if old is not None:
+            full = old[0]
+            tasks[uid] = ([*full[:T_STATUS], *fields[1:], full[T_RESULT]], old[1])
+    else:
+        tasks.pop(uid, None)
+    return pos

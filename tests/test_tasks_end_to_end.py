@@ -24,6 +24,7 @@ class FunctionHost:
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes, dict]] = []
         self.failures_left: dict[str, int] = {}
+        self.hanging = False        # functions named hang* answer only once this is False
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -33,6 +34,10 @@ class FunctionHost:
         name = request.match_info["name"]
         body = await request.read()
         self.calls.append((name, body, dict(request.headers)))
+        for _ in range(1200):       # (a minute at most)
+            if not (self.hanging and name.startswith("hang")):
+                break
+            await asyncio.sleep(0.05)
         if self.failures_left.get(name, 0) > 0:
             self.failures_left[name] -= 1
             return web.json_response({"error": "not yet"}, status=500)
@@ -213,21 +218,34 @@ def test_a_config_file_with_an_error_stops_serve_and_names_the_key(tmp_path):
     assert str(path) in out.stderr and "timeout" in out.stderr
 
 
-def test_the_api_and_the_dispatcher_work_in_their_own_processes(tmp_path, host):
+def start_split(tmp_path, host) -> tuple[list, "Api", list[str]]:
+    """A broker, an HTTP front and one dispatcher in their own processes: the processes
+    (stop them in reverse), the API, and the command that starts another dispatcher."""
     path = tmp_path / "zstalk.toml"
     path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
     broker_port, http_port = free_port(), free_port()
     endpoint = f"tcp://{LOOPBACK}:{broker_port}"
+    dispatcher = [find_zstalk(), "dispatcher", "--broker", endpoint]
     procs = [ServerProcess([find_zstalk(), "broker", "--bind", endpoint, "--config", str(path)],
                            (LOOPBACK, broker_port), name="tasks-broker").start()]
     try:
         procs.append(ServerProcess([find_zstalk(), "front", "http", "--broker", endpoint,
                                     "--listen", f"{LOOPBACK}:{http_port}"],
                                    (LOOPBACK, http_port), name="tasks-front").start())
-        procs.append(ServerProcess([find_zstalk(), "dispatcher", "--broker", endpoint],
-                                   (LOOPBACK, broker_port), name="tasks-dispatcher").start())
+        procs.append(ServerProcess(dispatcher, (LOOPBACK, broker_port),
+                                   name="tasks-dispatcher").start())
         api = Api(f"http://{LOOPBACK}:{http_port}", procs[1])
         api.wait_listening()
+    except BaseException:
+        for proc in reversed(procs):
+            proc.stop()
+        raise
+    return procs, api, dispatcher
+
+
+def test_the_api_and_the_dispatcher_work_in_their_own_processes(tmp_path, host):
+    procs, api, _ = start_split(tmp_path, host)
+    try:
         code, body = api.request("POST", "/v1/tasks", {"function": "remote", "params": [1, 2]})
         assert code == 201
         info = api.wait_status(body["uniqueId"], "success", "failed")
@@ -291,3 +309,76 @@ def test_sighup_reads_the_config_again_and_a_bad_one_changes_nothing(serve, host
         time.sleep(0.05)
     code, body = api.request("POST", "/v1/tasks", {"function": "g"})
     assert code == 201 and api.wait_status(body["uniqueId"], "success")
+
+
+def wait_calls(host: FunctionHost, name: str, count: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while sum(1 for n, _, _ in host.calls if n == name) < count:
+        assert time.monotonic() < deadline, f"{name} called {host.calls}"
+        time.sleep(0.02)
+
+
+def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):
+    """-f 0: every acknowledged enqueue and every call start is on disk before it shows."""
+    path = tmp_path / "zstalk.toml"
+    path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
+    port, http_port = free_port(), free_port()
+    server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
+                            "--counter-port", "0", "--worker-bind", "none", "--config", str(path),
+                            "--http-port", str(http_port), "--binlog", str(tmp_path / "wal"),
+                            "-f", "0"], (LOOPBACK, port), name="zstalk-tasks-wal").start()
+    api = Api(f"http://{LOOPBACK}:{http_port}", server)
+    try:
+        api.wait_listening()
+        _, done = api.request("POST", "/v1/tasks", {"function": "closeOrder", "params": {"id": 7}})
+        done = api.wait_status(done["uniqueId"], "success")
+        api.request("POST", "/v1/tasks", {"function": "later", "options": {
+            "delay": 600000, "priority": -5, "uniqueId": "later-1"}})
+        later = api.request("GET", "/v1/tasks/later-1")[1]
+        host.hanging = True
+        api.request("POST", "/v1/tasks", {"function": "hangA", "options": {
+            "uniqueId": "least", "backoff": 100}})
+        api.request("POST", "/v1/tasks", {"function": "hangB", "options": {
+            "uniqueId": "most", "deliveryMode": "atMostOnce"}})
+        wait_calls(host, "hangA", 1)
+        wait_calls(host, "hangB", 1)
+        server.kill()
+        host.hanging = False
+        server.start()
+        api.wait_listening()
+        code, info = api.request("GET", f"/v1/tasks/{done['uniqueId']}")
+        assert code == 200 and info == done
+        assert api.request("GET", "/v1/tasks/later-1") == (200, later)
+        least = api.wait_status("least", "success", "failed")
+        assert (least["status"], least["attempt"]) == ("success", 2)
+        most = api.wait_status("most", "success", "failed")
+        assert most["status"] == "failed" and "atMostOnce" in most["error"]
+        assert "the broker stopped during the call" in most["error"]
+        assert [n for n, _, _ in host.calls].count("hangB") == 1
+        assert api.request("POST", "/v1/tasks", {"function": "x", "options": {
+            "uniqueId": "later-1"}})[0] == 409
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode, status, calls", [("atLeastOnce", "success", 2),
+                                                 ("atMostOnce", "failed", 1)])
+def test_a_dispatcher_killed_mid_call_is_handled_by_the_delivery_mode(tmp_path, host, mode,
+                                                                       status, calls):
+    procs, api, dispatcher = start_split(tmp_path, host)
+    try:
+        host.hanging = True
+        api.request("POST", "/v1/tasks", {"function": "hangC", "options": {
+            "uniqueId": "t", "deliveryMode": mode, "backoff": 100}})
+        wait_calls(host, "hangC", 1)
+        procs[2].kill()
+        host.hanging = False
+        procs.append(ServerProcess(dispatcher, procs[0].address, name="dispatcher-2").start())
+        info = api.wait_status("t", "success", "failed")
+        assert info["status"] == status and info["attempt"] == calls
+        if mode == "atMostOnce":
+            assert "outcome unknown" in info["error"] and "dispatcher" in info["error"]
+        assert [n for n, _, _ in host.calls].count("hangC") == calls
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

@@ -1,0 +1,274 @@
+"""Cloud tasks in the binlog, under the pure broker core: real files in a temporary
+directory, a fake clock, and "restarts" that open the same directory in a new Broker
+(as test_binlog.py does for jobs).  Every turn writes what the actor would write."""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import pytest
+
+from zstalk.broker import walformat as wf
+from zstalk.broker.binlog import Binlog, Options, segment_name
+from zstalk.broker.core import Broker, Config
+from zstalk.broker.tasks import FAILED, QUEUED, SUCCESS, FunctionSpec
+from zstalk.protocol.schema import Batch, Hello, Op, R, Replies
+
+WALL_OFFSET = 1_700_000_000.0
+HTTP, D1 = b"http", b"disp-1"
+
+
+class Node:
+    """A broker with one HTTP front and one dispatcher, over a binlog directory."""
+
+    def __init__(self, path, now: float = 1000.0, segment_size: int = 1 << 20,
+                 functions=(FunctionSpec("f", "http://fn/f", concurrency=8),)) -> None:
+        self.now, self.path, self.functions = now, str(path), functions
+        self.calls: list[tuple] = []    # handed to the dispatcher, not yet looked at
+        self.wal = Binlog(Options(self.path, segment_size, None))
+        self.replayed = self.wal.open(65535)
+        self.broker = Broker(Config(functions=functions), now, wall_offset=WALL_OFFSET,
+                             wal=self.wal, recovered=self.replayed)
+        for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2)):
+            self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), now)
+            self.send(peer, (Op.OPEN, 1))
+
+    def send(self, peer: bytes, *ops) -> dict[bytes, list]:
+        self.broker.handle(peer, Batch(list(ops)), self.now)
+        return self.turn()
+
+    def turn(self) -> dict[bytes, list]:
+        out: dict[bytes, list] = {}
+        for p, msg in self.broker.flush():
+            if isinstance(msg, Replies):
+                out.setdefault(p, []).extend(msg.items)
+        self.calls += [tuple(c[2:]) for c in out.get(D1, []) if c[1] == R.T_CALL]
+        tasks = self.broker.tasks.tasks
+        self.wal.maintain(self.broker.queue.jobs, tasks)
+        self.wal.write(self.broker.queue.jobs, self.broker.next_id, tasks)
+        return out
+
+    def advance(self, seconds: float) -> dict[bytes, list]:
+        self.now += seconds
+        for peer in (HTTP, D1):
+            self.broker.fronts[peer].last_seen = self.now
+        self.broker.expire(self.now)
+        return self.turn()
+
+    def restart(self, later_s: float = 0.0) -> "Node":
+        self.wal.close()
+        return Node(self.path, self.now + later_s, self.wal.opts.segment_size, self.functions)
+
+    def enqueue(self, uid: str, options=None, params: bytes = b'{"n":1}', function="f"):
+        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, function, params, options, uid))[HTTP]
+        return reply
+
+    def info(self, uid: str) -> dict | None:
+        [(_, code, *rest)] = self.send(HTTP, (Op.T_INFO, 1, uid))[HTTP]
+        return rest[0] if code == R.T_TASK else None
+
+    def subscribe(self, slots: int) -> list:
+        """Give the dispatcher `slots`; the calls handed to it since the last look:
+        (uid, attempt, url, params, timeout_ms)."""
+        self.send(D1, (Op.T_SUBSCRIBE, 1, slots))
+        calls, self.calls = self.calls, []
+        return calls
+
+    def report(self, uid: str, attempt: int, kind: str, code=None, result=None, error=None):
+        return self.send(D1, (Op.T_OUTCOME, 1, uid, attempt, kind, code, result, error, 0))
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path)
+
+
+def test_a_queued_task_comes_back_after_a_restart_with_everything_it_was_given(node):
+    options = {"attempts": 3, "backoff": {"type": "exponential", "delay": 500, "jitter": True},
+               "delay": 60000, "deliveryMode": "atMostOnce", "keepResult": 1000,
+               "priority": -(1 << 63), "timeout": 2000}
+    node.enqueue("t1", options, params=b'{"big": "' + b"x" * 5000 + b'"}')
+    before = node.info("t1")
+    again = node.restart(later_s=10)
+    assert again.info("t1") == {**before, "waitNum": 0}
+    task = again.broker.tasks.tasks["t1"]
+    assert (task.priority, task.attempts, task.backoff.kind, task.backoff.jitter, task.delivery,
+            task.keep_result_ms, task.timeout_ms) == (-(1 << 63), 3, "exponential", True,
+                                                      "atMostOnce", 1000, 2000)
+    assert task.params == b'{"big": "' + b"x" * 5000 + b'"}'
+    assert again.subscribe(1) == []                 # its delay still runs: 50 s to go
+    again.advance(49)
+    assert again.subscribe(1) == []
+    again.advance(1.5)
+    assert [c[0] for c in again.subscribe(1)] == ["t1"]
+
+
+def test_a_delay_counts_wall_clock_time_across_the_restart(node):
+    node.enqueue("t1", {"delay": 60000})
+    again = node.restart(later_s=61)
+    assert [c[0] for c in again.subscribe(1)] == ["t1"]
+
+
+def test_a_recorded_result_survives_a_restart(node):
+    node.enqueue("t1")
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "success", 200, b'{"answer": 42}')
+    again = node.restart(later_s=5)
+    info = again.info("t1")
+    assert (info["status"], info["statusCode"], info["result"], info["attempt"]) == (
+        SUCCESS, 200, b'{"answer": 42}', 1)
+    assert info["finishedAt"] == pytest.approx(1000 + WALL_OFFSET)
+    assert again.enqueue("t1")[1:3] == (R.T_ERROR, 409)     # the id stays taken
+
+
+def test_a_call_cut_short_by_a_restart_is_retried_at_least_once(node):
+    node.enqueue("t1")
+    [(_, attempt, *_)] = node.subscribe(1)
+    assert attempt == 1
+    again = node.restart()
+    info = again.info("t1")
+    assert info["status"] == QUEUED and info["attempt"] == 1
+    assert "the broker stopped during the call" in info["error"]
+    assert info["retryAt"] == pytest.approx(again.now + 60 + WALL_OFFSET)    # the backoff
+    again.advance(60)
+    assert [c[:2] for c in again.subscribe(1)] == [("t1", 2)]
+
+
+def test_a_call_cut_short_by_a_restart_fails_at_most_once(node):
+    node.enqueue("t1", {"deliveryMode": "atMostOnce"})
+    node.subscribe(1)
+    info = node.restart().info("t1")
+    assert info["status"] == FAILED and "atMostOnce" in info["error"]
+
+
+def test_the_outcome_of_the_cut_call_is_logged_so_a_second_restart_agrees(node):
+    node.enqueue("t1", {"attempts": 0})
+    node.subscribe(1)
+    first = node.restart()
+    assert first.info("t1")["status"] == FAILED
+    assert first.restart(later_s=1).info("t1")["status"] == FAILED
+
+
+def test_a_retry_waiting_for_its_backoff_keeps_its_error_and_retry_time(node):
+    node.enqueue("t1", {"backoff": 30000})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "failure", 500, None, "HTTP 500")
+    before = node.info("t1")
+    again = node.restart(later_s=10)
+    assert again.info("t1") == before
+    assert again.subscribe(1) == []
+    again.advance(20)
+    assert [c[:2] for c in again.subscribe(1)] == [("t1", 2)]
+
+
+def test_a_cancel_survives_a_restart(node):
+    node.enqueue("t1")
+    [(_, code, info)] = node.send(HTTP, (Op.T_CANCEL, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and info["status"] == "cancelled"
+    again = node.restart()
+    assert again.info("t1")["status"] == "cancelled"
+    assert again.subscribe(1) == []
+
+
+def test_a_forgotten_task_stays_forgotten_and_its_id_is_free_again(node):
+    node.enqueue("t1", {"keepResult": 1000})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "success", 200, b"1")
+    node.advance(2)
+    assert node.info("t1") is None
+    again = node.restart()
+    assert again.info("t1") is None and again.broker.tasks.tasks == {}
+    assert again.enqueue("t1")[1] == R.T_TASK
+
+
+def test_a_finished_task_whose_keep_result_passed_while_down_is_forgotten_at_start(node):
+    node.enqueue("t1", {"keepResult": 1000})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "success", 200, b"1")
+    again = node.restart(later_s=5)
+    again.advance(0)
+    assert again.info("t1") is None
+
+
+def test_tasks_keep_their_queue_order_and_new_ones_go_after_them(node):
+    for i in range(5):
+        node.enqueue(f"t{i}", {"priority": 7})
+    again = node.restart()
+    again.enqueue("new", {"priority": 7})
+    again.enqueue("first", {"priority": 6})
+    calls = again.subscribe(8)
+    assert [c[0] for c in calls] == ["first", "t0", "t1", "t2", "t3", "t4", "new"]
+    [(_, _, infos, _)] = again.send(HTTP, (Op.T_LIST, 1, None, None, 100, 0))[HTTP]
+    assert [i["uniqueId"] for i in infos] == ["t0", "t1", "t2", "t3", "t4", "new", "first"]
+
+
+def test_a_task_of_a_function_gone_from_the_config_waits_after_a_restart(node, tmp_path):
+    node.enqueue("t1")
+    node.wal.close()
+    again = Node(tmp_path, node.now, functions=(FunctionSpec("other", "http://fn/other"),))
+    assert again.info("t1")["status"] == QUEUED and again.subscribe(1) == []
+
+
+def test_compaction_carries_live_tasks_forward_and_drops_dead_segments(tmp_path):
+    node = Node(tmp_path, segment_size=64 * 1024)
+    node.enqueue("keep", {"delay": 3_600_000}, params=b'"' + b"k" * 1000 + b'"')
+    for i in range(400):            # short-lived tasks that fill many segments
+        node.enqueue(f"t{i}", {"keepResult": 0}, params=b'"' + b"p" * 1000 + b'"')
+        for uid, attempt, *_ in node.subscribe(1):
+            node.report(uid, attempt, "success", 200, b'"' + b"r" * 500 + b'"')
+        node.advance(0.001)
+    for _ in range(50):             # compaction works a bounded amount per turn
+        node.advance(0.001)
+    segments = [n for n in os.listdir(tmp_path) if n.endswith(".wal")]
+    assert node.wal.records_migrated >= 1
+    assert len(segments) <= 4, segments
+    again = node.restart()
+    assert list(again.broker.tasks.tasks) == ["keep"]
+    assert again.broker.tasks.tasks["keep"].params == b'"' + b"k" * 1000 + b'"'
+
+
+def test_jobs_and_tasks_share_the_binlog_and_both_come_back(tmp_path):
+    node = Node(tmp_path)
+    node.broker.handle(b"bean", Hello(9, "beanstalk", 1, 0, []), node.now)
+    node.send(b"bean", (Op.OPEN, 1))
+    [(_, code, job_id)] = node.send(b"bean", (Op.PUT, 1, 0, 0, 60, b"job body"))[b"bean"]
+    assert code == R.INSERTED
+    node.enqueue("t1")
+    again = node.restart()
+    assert again.broker.queue.jobs[job_id].body == b"job body"
+    assert again.info("t1")["status"] == QUEUED
+
+
+def test_a_format_1_segment_from_an_older_zstalk_is_still_read(tmp_path):
+    """Segments written before tasks existed: format 1, job records only."""
+    header = wf.HEADER.pack(wf.MAGIC, 1, 77, 5, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    record = wf.encode_new_job(4, b"default", 10, 0, 60, WALL_OFFSET + 900, 0.0, b"old job")
+    frame = wf.encode_frame(record)
+    with open(tmp_path / segment_name(1), "wb") as f:
+        f.write(header + frame + b"\0" * 64)
+    node = Node(tmp_path)
+    assert node.broker.queue.jobs[4].body == b"old job"
+    node.enqueue("t1")
+    again = node.restart()
+    assert again.broker.queue.jobs[4].body == b"old job" and again.info("t1") is not None
+
+
+def test_a_segment_of_an_unknown_newer_format_is_refused_by_name(tmp_path):
+    header = wf.HEADER.pack(wf.MAGIC, 9, 77, 5, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    with open(tmp_path / segment_name(1), "wb") as f:
+        f.write(header + wf.encode_frame(wf.encode_task_gone("x")))
+    with pytest.raises(Exception, match="format 9, this zstalk reads formats 1, 2"):
+        Node(tmp_path)
+
+
+def test_a_full_disk_refuses_an_enqueue_with_503_and_keeps_the_task_queue_consistent(node):
+    node.enqueue("t1")
+    node.wal.reserve = lambda amount: False       # as when no segment can be allocated
+    node.wal.room = 0
+    reply = node.enqueue("t2")
+    assert reply[1:4] == (R.T_ERROR, 503, "out_of_space")
+    assert node.subscribe(1) == []                # no room to log a start: t1 waits
+    assert node.info("t1")["status"] == QUEUED and node.info("t2") is None
