@@ -7,6 +7,8 @@
     zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
     zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
+    zstalk front http --broker EP --listen ADDR      the HTTP cloud-task API
+    zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
 
 Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
@@ -21,7 +23,7 @@ import click
 
 from ..protocol.listen import bind_listen, describe_listen, parse_listen
 from . import VERSION
-from .options import ServeOptions, run_server, setup_logging, worker_endpoint
+from .options import MASTER_KEY_ENV, ServeOptions, run_server, setup_logging, worker_endpoint
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -61,6 +63,18 @@ def bind_or_exit(spec: str, port: int):
         sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
 
 
+def front_sockets(fds: tuple[int, ...], listens: tuple[str, ...], default_port: int,
+                  default: list[str] = ()) -> list:
+    """A front's listening sockets: inherited (--fd, from the supervisor) and
+    bound here (--listen, else `default`)."""
+    import socket
+    sockets = [socket.socket(fileno=fd) for fd in fds]
+    sockets += [bind_or_exit(spec, default_port) for spec in listens or ([] if fds else default)]
+    if not sockets:
+        raise click.UsageError("give --listen or --fd")
+    return sockets
+
+
 def counter_host(addr: str) -> str:
     """The -l host without a port, for the counter front (a unix -l keeps it on loopback)."""
     kind, host, _ = parse_listen(addr, 0)
@@ -85,7 +99,8 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("-p", "--port", default=11300, show_default=True)
 @click.option("--fronts", default=0, show_default=True, type=click.IntRange(min=0),
               help="0: the fronts run in the broker's process; N: N beanstalk front "
-                   "processes share the port (supervised, as is the broker then).")
+                   "processes share the port (supervised, as are the broker, the counter "
+                   "front, the HTTP task API and a dispatcher then).")
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
 @click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
@@ -108,7 +123,7 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--http-port", default=None, type=click.IntRange(min=0),
               help="Port of the HTTP task API (default 8080 when --config names functions; "
                    "0: none).")
-@click.option("--master-key", default=None, envvar="ZSTALK_MASTER_KEY",
+@click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key the HTTP API requires to enqueue and cancel; without one it "
                    "listens on loopback only.")
 @binlog_options
@@ -128,9 +143,6 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     if http_port is None and functions is not None:
         http_port = HTTP_PORT
     if http_port:
-        if fronts:
-            click.echo("zstalk: the HTTP task API runs with --fronts 0 only (for now)", err=True)
-            sys.exit(2)
         http_host = counter_host(addr) if master_key else "127.0.0.1"
         http_listeners.append(bind_or_exit(http_host, http_port))
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
@@ -248,12 +260,8 @@ def front():
               help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
 def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
     """Serve the beanstalkd text protocol to TCP / unix-socket clients."""
-    import socket
     exit_with_parent()
-    sockets = [socket.socket(fileno=fd) for fd in fds]
-    sockets += [bind_or_exit(spec, 11300) for spec in listens]
-    if not sockets:
-        raise click.UsageError("give --listen or --fd")
+    sockets = front_sockets(fds, listens, 11300)
     from ..protocol.front_main import run_beanstalk_front
     run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s)
 
@@ -269,12 +277,8 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
               help="How long requests wait for an unreachable broker (Acquire never waits).")
 def counter(broker_ep, listens, fds, max_connections, hold_s):
     """Serve yrmcds' counter protocol; the counters live in the broker."""
-    import socket
     exit_with_parent()
-    sockets = [socket.socket(fileno=fd) for fd in fds]
-    sockets += [bind_or_exit(spec, COUNTER_PORT) for spec in listens]
-    if not sockets:
-        raise click.UsageError("give --listen or --fd")
+    sockets = front_sockets(fds, listens, COUNTER_PORT)
     from ..protocol.front_main import run_counter_front
     run_counter_front(broker_ep, sockets, max_connections, hold_s)
 
@@ -282,14 +286,16 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
 @front.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
 @click.option("--listen", "listens", multiple=True,
-              help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default).")
-@click.option("--master-key", default=None, envvar="ZSTALK_MASTER_KEY",
+              help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
+                   "127.0.0.1 without --listen or --fd).")
+@click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
+@click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key required to enqueue and cancel; without one, loopback only.")
-def http(broker_ep, listens, master_key):
+def http(broker_ep, listens, fds, master_key):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
     exit_with_parent()
-    sockets = [bind_or_exit(spec, HTTP_PORT) for spec in listens or ["127.0.0.1"]]
+    sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from ..protocol.front_main import run_http_front

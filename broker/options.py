@@ -2,7 +2,8 @@
 
 One process (broker/serve.py) builds the broker from these fields directly; the
 supervisor (`--fronts N`, broker/supervisor.py) passes the same fields on to its
-`zstalk broker` child as arguments (`broker_args`).  Nothing heavy is imported here.
+`zstalk broker` child as arguments (`broker_args`), and the master key to its HTTP front
+child in the environment (MASTER_KEY_ENV).  Nothing heavy is imported here.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+
+MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
 
 
 @dataclass
@@ -36,6 +39,8 @@ class ServeOptions:
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""
         args = ["--stat-interval", str(self.stat_interval)]
+        if self.config_path:
+            args += ["--config", os.path.abspath(self.config_path)]
         if self.worker_bind:
             args += ["--also-bind", self.worker_bind]
         if self.binlog_dir:

@@ -1,19 +1,22 @@
-"""`zstalk serve` / `zstalkd`: one broker and N beanstalk fronts on one machine, supervised,
-plus one counter front when `zstalk serve` is given a counter listener (`zstalkd`, the
-beanstalkd drop-in, never runs one).
+"""`zstalk serve --fronts N` / `zstalkd`: one broker and N beanstalk fronts on one machine,
+supervised, plus one counter front when `zstalk serve` is given a counter listener
+(`zstalkd`, the beanstalkd drop-in, never runs one), and with `--config` the cloud-task
+HTTP API (one `zstalk front http`) and one `zstalk dispatcher`.
 
 The supervisor binds the client sockets first (so the ports are taken within
 milliseconds of start, and a busy port fails at once with beanstalkd's message and exit
 code), then starts the broker and the fronts as child processes running `zstalk broker`,
-`zstalk front beanstalk --fd N` and `zstalk front counter --fd N`.  The broker listens
-on an ipc:// endpoint in a private temporary directory, so no internal port is fixed and
-two servers run side by side.
+`zstalk front beanstalk --fd N`, `zstalk front counter --fd N` and `zstalk front http
+--fd N`.  The broker listens on an ipc:// endpoint in a private temporary directory, so
+no internal port is fixed and two servers run side by side.  Only the HTTP front is
+given the master key, in its environment (not its argv, which `ps` shows).
 
 Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
 SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
-SIGUSR1 is passed to the broker (drain mode).  A child that dies is started again.
-Children get PR_SET_PDEATHSIG, so they never outlive the supervisor, even after
-kill -9 of it.  This module imports nothing heavy, to keep start-up fast.
+SIGUSR1 (drain mode) and SIGHUP (read --config again) are passed to the broker.  A child
+that dies is started again.  Children get PR_SET_PDEATHSIG, so they never outlive the
+supervisor, even after kill -9 of it.  This module imports nothing heavy, to keep
+start-up fast.
 """
 from __future__ import annotations
 
@@ -28,14 +31,16 @@ import sys
 import tempfile
 import time
 
-from .options import ServeOptions, announcement
+from .options import MASTER_KEY_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
 RESTART_DELAY_S = 0.5
 #: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
 #: directory, endpoint in use): the supervisor stops and exits with the same code
 FATAL_EXITS = {10, 111}
-_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD}
+#: signals the broker child is given in turn: drain mode, read --config again
+_PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -63,34 +68,49 @@ class Supervisor:
 
     def _command(self, name: str) -> list[str]:
         base = [sys.executable, "-m", "zstalk.broker.cli"] + ["-V"] * self.opts.verbose
-        if name == "broker":
-            return base + ["broker", "--bind", self.endpoint,
-                           "--max-job-size", str(self.opts.max_job_size),
-                           "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
-                           *(["--drain"] if self.draining else []),
-                           *(["--recovering"] if self.broker_restarts else []),
-                           *self.opts.broker_args()]
-        if name == "counter":
-            cmd = base + ["front", "counter", "--broker", self.endpoint,
-                          "--max-connections", str(self.opts.counter_max_connections)]
-        else:
-            cmd = base + ["front", "beanstalk", "--broker", self.endpoint,
-                          "--max-job-size", str(self.opts.max_job_size),
-                          "--max-connections", str(self.opts.max_connections)]
+        cmd = base + self._arguments(name)
         for sock in self._listeners_of(name):
             cmd += ["--fd", str(sock.fileno())]
         return cmd
 
-    def _listeners_of(self, name: str) -> list[socket.socket]:
+    def _arguments(self, name: str) -> list[str]:
+        """The `zstalk` subcommand and options of a child (a front-N is a beanstalk front)."""
         if name == "broker":
-            return []
-        return self.counter_listeners if name == "counter" else self.listeners
+            return ["broker", "--bind", self.endpoint,
+                    "--max-job-size", str(self.opts.max_job_size),
+                    "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
+                    *(["--drain"] if self.draining else []),
+                    *(["--recovering"] if self.broker_restarts else []),
+                    *self.opts.broker_args()]
+        if name == "counter":
+            return ["front", "counter", "--broker", self.endpoint,
+                    "--max-connections", str(self.opts.counter_max_connections)]
+        if name == "http":
+            return ["front", "http", "--broker", self.endpoint]
+        if name == "dispatcher":
+            return ["dispatcher", "--broker", self.endpoint]
+        return ["front", "beanstalk", "--broker", self.endpoint,
+                "--max-job-size", str(self.opts.max_job_size),
+                "--max-connections", str(self.opts.max_connections)]
+
+    def _listeners_of(self, name: str) -> list[socket.socket]:
+        if name.startswith("front-"):
+            return self.listeners
+        return {"counter": self.counter_listeners,
+                "http": self.opts.http_listeners}.get(name, [])
+
+    def _environment(self, name: str) -> dict[str, str]:
+        """The supervisor's environment; the master key for the HTTP front only."""
+        env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
+        env.pop(MASTER_KEY_ENV, None)
+        if name == "http" and self.opts.master_key:
+            env[MASTER_KEY_ENV] = self.opts.master_key
+        return env
 
     def _start(self, name: str, extra: list[str] = (), fds: list[int] = ()) -> None:
-        env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
         fds = [s.fileno() for s in self._listeners_of(name)] + list(fds)
         self.children[name] = subprocess.Popen(
-            self._command(name) + list(extra), pass_fds=fds, env=env,
+            self._command(name) + list(extra), pass_fds=fds, env=self._environment(name),
             preexec_fn=_child_setup, stdin=subprocess.DEVNULL)
 
     def _start_broker_and_wait(self) -> int | None:
@@ -126,8 +146,13 @@ class Supervisor:
                 self._start(f"front-{i}")
             if self.counter_listeners:
                 self._start("counter")
+            if self.opts.http_listeners:
+                self._start("http")
+            if self.opts.functions is not None:     # (a SIGHUP may name functions later)
+                self._start("dispatcher")
             if self.opts.announce:
-                print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind),
+                print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind,
+                                   self.opts.http_listeners, self.opts.master_key),
                       file=sys.stderr, flush=True)
             return self._loop()
         finally:
@@ -142,11 +167,11 @@ class Supervisor:
                 if broker.poll() in FATAL_EXITS:
                     return broker.returncode
                 self._restart_dead()
-            elif info.si_signo == signal.SIGUSR1:
-                self.draining = True
+            elif info.si_signo in _PASSED_ON:
+                self.draining |= info.si_signo == signal.SIGUSR1
                 broker = self.children.get("broker")
                 if broker is not None:
-                    broker.send_signal(signal.SIGUSR1)
+                    broker.send_signal(info.si_signo)
             else:
                 return 0
 
