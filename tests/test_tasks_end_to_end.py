@@ -3,28 +3,43 @@ the test (aiohttp on loopback), and plain HTTP requests from the test."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import os
 import threading
 import time
 import urllib.error
 import urllib.request
+from typing import NamedTuple
 
 import pytest
 from aiohttp import web
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
+from zstalk.workers import signing
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 WAIT_S = 10.0
 
 
+class Call(NamedTuple):
+    name: str
+    body: bytes
+    headers: dict
+    at: float           # time.monotonic() when it arrived
+
+
 class FunctionHost:
-    """An aiohttp app on its own loop in a thread: the functions tasks call."""
+    """An aiohttp app on its own loop in a thread: the functions tasks call.
+
+    A call waits while its function's name or its task id is in `held` (a minute at
+    most), then answers the next of `script[name]` (a dict: web.Response's arguments,
+    and `sleep`, seconds to wait first), else 200 with its name and params as JSON."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, bytes, dict]] = []
-        self.failures_left: dict[str, int] = {}
-        self.hanging = False        # functions named hang* answer only once this is False
+        self.calls: list[Call] = []
+        self.held: set[str] = set()
+        self.script: dict[str, list[dict]] = {}
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -33,15 +48,19 @@ class FunctionHost:
     async def handle(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         body = await request.read()
-        self.calls.append((name, body, dict(request.headers)))
-        for _ in range(1200):       # (a minute at most)
-            if not (self.hanging and name.startswith("hang")):
+        self.calls.append(Call(name, body, dict(request.headers), time.monotonic()))
+        for _ in range(1200):
+            if not self.held & {name, request.headers["X-Zstalk-Task-Id"]}:
                 break
             await asyncio.sleep(0.05)
-        if self.failures_left.get(name, 0) > 0:
-            self.failures_left[name] -= 1
-            return web.json_response({"error": "not yet"}, status=500)
+        if self.script.get(name):
+            answer = dict(self.script[name].pop(0))
+            await asyncio.sleep(answer.pop("sleep", 0))
+            return web.Response(**answer)
         return web.json_response({"function": name, "params": json.loads(body)})
+
+    def called(self, name: str) -> list[Call]:
+        return [call for call in self.calls if call.name == name]
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -73,14 +92,14 @@ def host():
 def serve(tmp_path, host):
     started = []
 
-    def start(*extra: str, config: str | None = None) -> "Api":
+    def start(*extra: str, config: str | None = None, env: dict | None = None) -> "Api":
         path = tmp_path / "zstalk.toml"
         path.write_text(config or f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
         port, http_port = free_port(), free_port()
         server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                                 "--counter-port", "0", "--worker-bind", "none",
                                 "--config", str(path), "--http-port", str(http_port), *extra],
-                               (LOOPBACK, port), name="zstalk-tasks").start()
+                               (LOOPBACK, port), name="zstalk-tasks", env=env).start()
         started.append(server)
         api = Api(f"http://{LOOPBACK}:{http_port}", server)
         api.wait_listening()
@@ -108,6 +127,10 @@ class Api:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
+
+    def enqueue(self, function: str, params=None, **options) -> tuple[int, dict]:
+        return self.request("POST", "/v1/tasks", {"function": function, "params": params,
+                                                  "options": options})
 
     def wait_listening(self) -> None:
         deadline = time.monotonic() + WAIT_S
@@ -139,21 +162,21 @@ def test_an_enqueued_task_calls_its_function_and_keeps_the_result(serve, host):
     assert info["status"] == "success" and info["statusCode"] == 200
     assert info["result"] == {"function": "closeOrder", "params": {"id": 1234}}
     assert info["attempt"] == 1 and info["finishedAt"].endswith("Z")
-    [(name, params, headers)] = host.calls
+    [(name, params, headers, _)] = host.calls
     assert (name, json.loads(params)) == ("closeOrder", {"id": 1234})
     assert headers["X-Zstalk-Task-Id"] == body["uniqueId"] and headers["X-Zstalk-Attempt"] == "1"
 
 
 def test_a_failing_call_is_retried_after_its_backoff(serve, host):
     api = serve()
-    host.failures_left["flaky"] = 1
+    host.script["flaky"] = [{"status": 500}]
     started = time.monotonic()
     code, body = api.request("POST", "/v1/tasks", {
         "function": "flaky", "params": None, "options": {"attempts": 2, "backoff": 300}})
     info = api.wait_status(body["uniqueId"], "success", "failed")
     assert info["status"] == "success" and info["attempt"] == 2
     assert time.monotonic() - started >= 0.3
-    assert [name for name, _, _ in host.calls] == ["flaky", "flaky"]
+    assert [call.name for call in host.calls] == ["flaky", "flaky"]
 
 
 def test_a_delayed_task_can_be_cancelled_before_it_runs(serve, host):
@@ -270,7 +293,7 @@ def test_an_array_of_tasks_is_enqueued_in_one_request_and_each_is_called(serve, 
     assert [r["status"] for r in results] == [201] * 50 + [400]
     for r in results[:50]:
         assert api.wait_status(r["uniqueId"], "success")["statusCode"] == 200
-    assert sorted(json.loads(params) for _, params, _ in host.calls) == list(range(50))
+    assert sorted(json.loads(call.body) for call in host.calls) == list(range(50))
 
 
 def test_operators_list_tasks_page_by_page_with_the_master_key(serve, host):
@@ -313,7 +336,7 @@ def test_sighup_reads_the_config_again_and_a_bad_one_changes_nothing(serve, host
 
 def wait_calls(host: FunctionHost, name: str, count: int) -> None:
     deadline = time.monotonic() + WAIT_S
-    while sum(1 for n, _, _ in host.calls if n == name) < count:
+    while len(host.called(name)) < count:
         assert time.monotonic() < deadline, f"{name} called {host.calls}"
         time.sleep(0.02)
 
@@ -335,7 +358,7 @@ def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_p
         api.request("POST", "/v1/tasks", {"function": "later", "options": {
             "delay": 600000, "priority": -5, "uniqueId": "later-1"}})
         later = api.request("GET", "/v1/tasks/later-1")[1]
-        host.hanging = True
+        host.held |= {"hangA", "hangB"}
         api.request("POST", "/v1/tasks", {"function": "hangA", "options": {
             "uniqueId": "least", "backoff": 100}})
         api.request("POST", "/v1/tasks", {"function": "hangB", "options": {
@@ -343,7 +366,7 @@ def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_p
         wait_calls(host, "hangA", 1)
         wait_calls(host, "hangB", 1)
         server.kill()
-        host.hanging = False
+        host.held.clear()
         server.start()
         api.wait_listening()
         code, info = api.request("GET", f"/v1/tasks/{done['uniqueId']}")
@@ -354,7 +377,7 @@ def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_p
         most = api.wait_status("most", "success", "failed")
         assert most["status"] == "failed" and "atMostOnce" in most["error"]
         assert "the broker stopped during the call" in most["error"]
-        assert [n for n, _, _ in host.calls].count("hangB") == 1
+        assert len(host.called("hangB")) == 1
         assert api.request("POST", "/v1/tasks", {"function": "x", "options": {
             "uniqueId": "later-1"}})[0] == 409
     finally:
@@ -367,18 +390,169 @@ def test_a_dispatcher_killed_mid_call_is_handled_by_the_delivery_mode(tmp_path, 
                                                                        status, calls):
     procs, api, dispatcher = start_split(tmp_path, host)
     try:
-        host.hanging = True
+        host.held.add("hangC")
         api.request("POST", "/v1/tasks", {"function": "hangC", "options": {
             "uniqueId": "t", "deliveryMode": mode, "backoff": 100}})
         wait_calls(host, "hangC", 1)
         procs[2].kill()
-        host.hanging = False
+        host.held.clear()
         procs.append(ServerProcess(dispatcher, procs[0].address, name="dispatcher-2").start())
         info = api.wait_status("t", "success", "failed")
         assert info["status"] == status and info["attempt"] == calls
         if mode == "atMostOnce":
             assert "outcome unknown" in info["error"] and "dispatcher" in info["error"]
-        assert [n for n, _, _ in host.calls].count("hangC") == calls
+        assert len(host.called("hangC")) == calls
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def one_at_a_time(host: FunctionHost) -> str:
+    """A config with one function, `one`, whose concurrency is 1."""
+    return f'[functions.one]\nurl = "http://{LOOPBACK}:{host.port}/fn/one"\nconcurrency = 1\n'
+
+
+def wall(rfc3339: str) -> float:
+    return datetime.datetime.fromisoformat(rfc3339).timestamp()
+
+
+def wait_gone(api: Api, uid: str) -> float:
+    """When (wall clock) the task's info was first found gone."""
+    deadline = time.monotonic() + WAIT_S
+    while api.request("GET", f"/v1/tasks/{uid}")[0] != 404:
+        assert time.monotonic() < deadline, f"task {uid} is never forgotten"
+        time.sleep(0.02)
+    return time.time()
+
+
+def test_a_unique_id_is_taken_while_queued_running_or_kept_and_free_once_the_task_is_forgotten(
+        serve, host):
+    """keepResult is 1 s, so that the check just after the task finishes comes within it
+    even on a loaded machine."""
+    api = serve(config=one_at_a_time(host))
+    host.held |= {"first", "dup"}
+    api.enqueue("one", uniqueId="first")
+    wait_calls(host, "one", 1)
+    assert api.enqueue("one", 1, uniqueId="dup", keepResult=1000)[0] == 201
+
+    def enqueue_again() -> int:
+        return api.enqueue("one", 2, uniqueId="dup")[0]
+
+    assert api.request("GET", "/v1/tasks/dup")[1]["status"] == "queued"
+    assert enqueue_again() == 409
+    host.held.discard("first")
+    api.wait_status("dup", "running")
+    assert enqueue_again() == 409
+    host.held.discard("dup")
+    finished = api.wait_status("dup", "success")
+    assert enqueue_again() == 409
+    assert wait_gone(api, "dup") >= wall(finished["finishedAt"]) + 1.0 - 0.01
+    assert enqueue_again() == 201
+    assert api.wait_status("dup", "success")["result"]["params"] == 2
+    assert [json.loads(call.body) for call in host.called("one")] == [None, 1, 2]
+
+
+def test_a_function_with_concurrency_one_is_called_by_priority_then_in_enqueue_order(
+        serve, host):
+    api = serve(config=one_at_a_time(host))
+    host.held.add("first")
+    api.enqueue("one", uniqueId="first")
+    wait_calls(host, "one", 1)
+    enqueued = [api.enqueue("one", 0, priority=5), api.enqueue("one", 1, priority=1),
+                api.enqueue("one", 2),                  # default: the enqueue time in ms
+                api.enqueue("one", 3, priority=3), api.enqueue("one", 4, priority=1),
+                api.enqueue("one", 5, priority=-2)]
+    assert [body["waitNum"] for _, body in enqueued] == [0, 0, 2, 1, 1, 0]
+    for _, body in enqueued:        # (a task is handed out, if it can be, before enqueue answers)
+        assert api.request("GET", f"/v1/tasks/{body['uniqueId']}")[1]["status"] == "queued"
+    host.held.clear()
+    for _, body in enqueued:
+        api.wait_status(body["uniqueId"], "success")
+    assert [json.loads(call.body) for call in host.calls] == [None, 5, 1, 4, 3, 0, 2]
+
+
+def test_a_call_answered_after_its_timeout_is_made_again_at_least_once_or_fails_at_most_once(
+        serve, host):
+    api = serve()
+    for name in ("slowLeast", "slowMost"):
+        host.script[name] = [{"sleep": 1.5, "text": "too late"}]     # then answers at once
+    api.enqueue("slowLeast", uniqueId="least", timeout=300, backoff=100)
+    api.enqueue("slowMost", uniqueId="most", timeout=300, deliveryMode="atMostOnce")
+    least = api.wait_status("least", "success", "failed")
+    assert (least["status"], least["attempt"]) == ("success", 2)
+    assert least["result"]["function"] == "slowLeast"
+    assert len(host.called("slowLeast")) == 2
+    most = api.wait_status("most", "success", "failed")
+    assert most["status"] == "failed" and "statusCode" not in most
+    assert "outcome unknown" in most["error"] and "300 ms" in most["error"]
+    assert len(host.called("slowMost")) == 1
+
+
+def test_a_delayed_task_is_called_once_its_delay_has_passed_and_not_before(serve, host):
+    api = serve()
+    sent = time.monotonic()
+    assert api.enqueue("later", uniqueId="later", delay=1000)[0] == 201
+    api.wait_status("later", "success")
+    [call] = host.called("later")
+    assert call.at - sent >= 1.0
+
+
+def test_attempts_count_the_retries_and_a_failed_task_keeps_its_last_error(serve, host):
+    api = serve()
+    host.script["once"] = [{"status": 500, "reason": "failure 1"}]
+    host.script["thrice"] = [{"status": 500, "reason": f"failure {n}"} for n in (1, 2, 3)]
+    api.enqueue("once", uniqueId="once", attempts=0, backoff=0)
+    api.enqueue("thrice", uniqueId="thrice", attempts=2, backoff=50)
+    once = api.wait_status("once", "success", "failed")
+    assert (once["status"], once["attempt"], once["attempts"]) == ("failed", 1, 0)
+    assert len(host.called("once")) == 1
+    thrice = api.wait_status("thrice", "success", "failed")
+    assert (thrice["status"], thrice["attempt"], thrice["statusCode"], thrice["error"]) == (
+        "failed", 3, 500, "HTTP 500 failure 3")
+    assert [call.headers["X-Zstalk-Attempt"] for call in host.called("thrice")] == ["1", "2", "3"]
+
+
+def test_exponential_backoff_doubles_each_wait_and_retry_after_waits_at_least_as_asked(
+        serve, host):
+    api = serve()
+    host.script["doubling"] = [{"status": 500}, {"status": 500}]
+    host.script["busy"] = [{"status": 429, "headers": {"Retry-After": "1"}}]
+    api.enqueue("doubling", uniqueId="doubling", attempts=2,
+                backoff={"type": "exponential", "delay": 300, "maxDelay": 60000})
+    api.enqueue("busy", uniqueId="busy", backoff=0)
+    wait_calls(host, "busy", 1)
+    waiting = api.wait_status("busy", "queued")
+    assert wall(waiting["retryAt"]) - wall(waiting["startedAt"]) >= 1.0 - 0.002
+    busy = api.wait_status("busy", "success", "failed")
+    assert (busy["status"], busy["attempt"]) == ("success", 2)
+    first, second = (call.at for call in host.called("busy"))
+    assert second - first >= 1.0
+    doubling = api.wait_status("doubling", "success", "failed")
+    assert (doubling["status"], doubling["attempt"]) == ("success", 3)
+    first, second, third = (call.at for call in host.called("doubling"))
+    assert second - first >= 0.3 and third - second >= 0.6
+
+
+def test_calls_are_signed_with_the_serve_process_key_over_their_task_id_and_body(serve, host):
+    key = "shared by zstalk serve and the function host"
+    env = {k: v for k, v in os.environ.items() if k != signing.ENV_KEY_FILE}
+    api = serve(env={**env, signing.ENV_KEY: key})
+    api.enqueue("signed", {"id": 1}, uniqueId="signed-1")
+    api.wait_status("signed-1", "success")
+    [call] = host.called("signed")
+    header, now = call.headers[signing.HEADER], time.time()
+    assert signing.verify(key.encode(), header, "signed-1", call.body, now) is None
+    assert signing.verify(key.encode(), header, "signed-1", b'{"id":2}', now) == \
+        signing.BAD_SIGNATURE
+    assert signing.verify(key.encode(), header, "signed-2", call.body, now) == \
+        signing.BAD_SIGNATURE
+
+
+def test_a_json_result_reads_back_as_json_and_any_other_body_as_its_text(serve, host):
+    api = serve()
+    host.script["json"] = [{"text": '[1, "two", null]', "content_type": "application/json"}]
+    host.script["text"] = [{"text": "closed order 7"}]
+    for name in ("json", "text"):
+        api.enqueue(name, uniqueId=name)
+    assert api.wait_status("json", "success")["result"] == [1, "two", None]
+    assert api.wait_status("text", "success")["result"] == "closed order 7"
