@@ -191,6 +191,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     """Run the broker actor: all tube, job, session and task state."""
     from .actor import BrokerActor
     from .binlog import BinlogError, Options
+    from .config_file import core_fields
     from .core import Config
 
     exit_with_parent()
@@ -199,7 +200,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
                     max_jobs_bytes=max_jobs_bytes, version=VERSION,
                     binlog_max_size=binlog_size,
                     stat_interval_s=stat_interval, recovering=recovering,
-                    functions=fns.named if fns else (), base_function=fns.base if fns else None)
+                    **core_fields(fns))
     wal = None
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)

@@ -11,6 +11,10 @@
     concurrency = 4
     timeout = "30s"
 
+    [api]                                # what a request without the master key may do
+    public_enqueue = false               # true: enqueue, without options
+    private_results = false              # true: reading a task needs the key too
+
 Durations are strings with a unit (`"500ms"`, `"10s"`, `"2m"`, `"1h"`).  Everything is
 checked when the file is read; a `ConfigError` names the file and the key, and nothing
 is half applied.  tomllib is Python's own (3.11+).
@@ -21,7 +25,7 @@ import re
 import tomllib
 from typing import Any, NamedTuple
 
-from .tasks import FUNCTION_NAME, FunctionSpec
+from .tasks import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -36,6 +40,7 @@ class ConfigError(Exception):
 class Functions(NamedTuple):
     named: tuple[FunctionSpec, ...] = ()
     base: FunctionSpec | None = None     # the template for names under base_url
+    api: ApiPolicy = ApiPolicy()
 
 
 def load(path: str) -> Functions:
@@ -46,7 +51,20 @@ def load(path: str) -> Functions:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return functions(doc.get("functions", {}), path)
+    unknown = sorted(set(doc) - {"functions", "api"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: [api], [functions])")
+    return functions(doc.get("functions", {}), path)._replace(api=api(doc.get("api", {}), path))
+
+
+def api(table: Any, path: str = "config") -> ApiPolicy:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [api] must be a table")
+    _no_unknown(table, set(ApiPolicy._fields), f"{path}: [api]")
+    for key, value in table.items():
+        if type(value) is not bool:
+            raise ConfigError(f"{path}: [api] {key} must be true or false")
+    return ApiPolicy(**table)
 
 
 def functions(table: Any, path: str = "config") -> Functions:
@@ -70,6 +88,13 @@ def functions(table: Any, path: str = "config") -> Functions:
         named.append(_spec(name, {**defaults, **entry}, where))
     base = template if "base_url" in defaults else None
     return Functions(tuple(named), base)
+
+
+def core_fields(fns: Functions | None) -> dict:
+    """The broker core Config's fields for a config file read (none: no cloud tasks)."""
+    if fns is None:
+        return {}
+    return {"functions": fns.named, "base_function": fns.base, "api": fns.api}
 
 
 def _no_unknown(entry: dict, known: set, where: str) -> None:

@@ -39,7 +39,7 @@ from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
 from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
 from .task_commands import TaskCommands, TaskSession
-from .tasks import FunctionSpec, Tasks
+from .tasks import ApiPolicy, FunctionSpec, Tasks
 from .walformat import S_DELAYED, S_READY
 
 log = logging.getLogger("zstalk.broker")
@@ -65,6 +65,7 @@ class Config(NamedTuple):
     recovering: bool = False          # started again after a crash: refuse Acquire for a grace period
     functions: tuple = ()             # cloud tasks: the FunctionSpecs of the config file
     base_function: FunctionSpec | None = None     # any other name, under the base URL
+    api: ApiPolicy = ApiPolicy()      # what a request without the master key may do
 
 
 class Front:
@@ -96,6 +97,7 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         self.tasks = Tasks({f.name: f for f in config.functions}, wall_offset,
                            base=config.base_function)
         self.dispatchers: dict = {}       # dispatcher sessions, in the order they came
+        self.api = config.api
         self.fronts: dict[bytes, Front] = {}
         self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.out: dict[bytes, list] = {}

@@ -16,6 +16,7 @@ from .tasks import (ERROR_CHARS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcom
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
+NEEDS_KEY = (401, "unauthorized", "this needs Authorization: Bearer <master key>")
 
 
 class TaskSession:
@@ -40,9 +41,15 @@ class TaskCommands:
     T_OUTCOME; whatever frees a function's slot or makes a task due feeds the dispatchers."""
 
     def t_enqueue(self, s, op, now):
-        _, conn, function, params, options, uid = op
+        _, conn, function, params, options, uid, keyed = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
             return (conn, R.T_ERROR, 400, "bad_request", "malformed enqueue")
+        if keyed is not True:
+            if not self.api.public_enqueue:
+                return (conn, R.T_ERROR, *NEEDS_KEY)
+            if options:
+                return (conn, R.T_ERROR, 401, "unauthorized",
+                        "an enqueue without the master key may set no option")
         if self.draining:
             return (conn, R.T_ERROR, 503, "draining", "the server is draining: no new tasks")
         limit = self.config.max_jobs_bytes
@@ -57,6 +64,8 @@ class TaskCommands:
         return (conn, R.T_TASK, info)
 
     def t_info(self, s, op, now):
+        if op[3] is not True and self.api.private_results:
+            return (s.conn, R.T_ERROR, *NEEDS_KEY)
         info = self.tasks.info(op[2], now) if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
@@ -104,6 +113,7 @@ class TaskCommands:
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.Functions): calls go where it says now."""
         self.tasks.configure({f.name: f for f in functions.named}, functions.base)
+        self.api = functions.api
         self._feed_dispatchers(now)
 
     def _close_task_session(self, s, now: float) -> None:

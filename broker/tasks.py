@@ -91,6 +91,12 @@ class FunctionSpec(NamedTuple):
     max_timeout_ms: int = MAX_TIMEOUT_MS
 
 
+class ApiPolicy(NamedTuple):
+    """What a request without the master key may do (the config's [api] table)."""
+    public_enqueue: bool = False    # enqueue, without options (the Cloud Queue's client enqueue)
+    private_results: bool = False   # False: a task's id is enough to read it
+
+
 class Backoff(NamedTuple):
     kind: str = "fixed"         # "fixed" | "exponential"
     delay_ms: int = 60000

@@ -23,10 +23,13 @@ dispatcher later POSTs to the function.
 
 Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the status
 named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405, body over
-`max_body` 413), which a middleware turns into JSON.  With a master key, POST and DELETE
-need `Authorization: Bearer <key>` (missing 401, wrong 403); reading a task needs none,
-as in LeanCloud's Cloud Queue, where a client may query by uniqueId; nor does the
-OpenAPI document.
+`max_body` 413), which a middleware turns into JSON.  With a master key, cancel and
+listing need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
+a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
+policy decides: by default enqueue needs it and reading a task by its id does not, as in
+LeanCloud's Cloud Queue, where a client may query by uniqueId (`public_enqueue`,
+`private_results` change that).  A wrong key is refused everywhere.  The OpenAPI
+document needs no key.
 
 Losing the broker (`on_lost`) or being fenced fails every request in flight with 503:
 the link throws away what it had sent, so no reply will come for them.  Requests made
@@ -206,10 +209,11 @@ def problem_response(problem: Problem) -> web.Response:
                              status=problem.status, headers=headers)
 
 
-def enqueue_op(task: Enqueue) -> tuple:
+def enqueue_op(task: Enqueue, keyed: bool) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
     name one."""
-    return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16))
+    return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
+            keyed)
 
 
 def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
@@ -243,6 +247,15 @@ def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
     if not hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), master_key):
         return refuse(403, "wrong master key")
     return None
+
+
+def keyed(request: web.Request, master_key: bytes | None) -> bool | Problem:
+    """True: the request has the master key (or none is configured); False: it has none
+    (the broker's [api] policy decides); a wrong key is refused (403)."""
+    problem = check_key(request, master_key)
+    if problem is None:
+        return True
+    return False if problem.status == 401 else problem
 
 
 def check_json(request: web.Request) -> Problem | None:
@@ -357,25 +370,26 @@ class HttpFront(LinkOwner):
 
     # -- handlers: parse, one op, format -------------------------------------------------
     async def enqueue(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key) or check_json(request)
+        key = keyed(request, self.master_key)
+        denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
         task = parse_enqueue(await request.read())
         if isinstance(task, Problem):
             return problem_response(task)
         if isinstance(task, list):
-            return web.json_response(await self.enqueue_many(task))
-        reply = await self.call(enqueue_op(task))
+            return web.json_response(await self.enqueue_many(task, key))
+        reply = await self.call(enqueue_op(task, key))
         response = reply_response(reply, 201, ENQUEUED_FIELDS)
         if response.status == 201:
             response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
         return response
 
-    async def enqueue_many(self, tasks: list[Enqueue | Problem]) -> list[dict]:
+    async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool) -> list[dict]:
         """Every well-formed task's op leaves in this loop turn (one Batch: one broker
         round trip); each item's result is `{"status": HTTP status, ...its body}`."""
         loop = asyncio.get_running_loop()
-        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task), loop)
+        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task, key), loop)
                  for task in tasks]
         results = []
         for call in calls:
@@ -410,7 +424,11 @@ class HttpFront(LinkOwner):
                                   "next": None if reply[3] is None else str(reply[3])})
 
     async def info(self, request: web.Request) -> web.Response:
-        return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"])))
+        key = keyed(request, self.master_key)
+        if isinstance(key, Problem):
+            return problem_response(key)
+        return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"],
+                                               key)))
 
     async def cancel(self, request: web.Request) -> web.Response:
         denied = check_key(request, self.master_key)
@@ -429,8 +447,15 @@ class HttpFront(LinkOwner):
     def send(self, op: tuple, loop) -> asyncio.Future:
         """Send one op now; the future gets its reply."""
         future = loop.create_future()
-        self.link.submit(op)            # first: if it raises, no future waits for nothing
+        # waiting first: a submit that fills a batch sends it and reads the socket, and a
+        # reply to this very op may be among what it reads
         self.waiting.append(future)
+        try:
+            self.link.submit(op)
+        except BaseException:
+            if future in self.waiting:
+                self.waiting.remove(future)
+            raise
         return future
 
     def _fail_waiting(self, message: str) -> None:

@@ -240,7 +240,8 @@ def _links(*operation_ids: str) -> dict:
 #: the refusals every operation can answer, and when
 _ERRORS = {
     "400": "A malformed request: the body, a parameter or an option.",
-    "401": "No `Authorization: Bearer <master key>` (with a master key configured).",
+    "401": "No `Authorization: Bearer <master key>` (with a master key configured), where "
+           "the config's [api] policy needs it.",
     "403": "A wrong master key; or, with no master key configured, a Host header that does "
            "not name loopback.",
     "403 keyless": "With no master key configured, a Host header that does not name loopback.",
@@ -283,8 +284,10 @@ def enqueue() -> dict:
         "description": f"One task answers 201. An array of up to {MAX_BATCH} is enqueued in one "
                        "broker round trip and answers 200 with each item's result in order; an "
                        "item with an error enqueues nothing for that item only. A body that is "
-                       "not JSON, or too many items, is a 400 and enqueues nothing.",
-        "security": _key(),
+                       "not JSON, or too many items, is a 400 and enqueues nothing. Needs the "
+                       "master key unless the config says `[api] public_enqueue = true`; "
+                       "then an enqueue without it may set no option.",
+        "security": [*_key(), {}],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": _responses({
             "201": _json(_ref("Enqueued"), "Enqueued.", location,
@@ -322,11 +325,12 @@ def get_task() -> dict:
     return {
         "operationId": "getTask",
         "summary": "A task's status and result",
-        "description": "Needs no key: a random uniqueId is the capability.",
-        "security": [],
+        "description": "Needs no key: a random uniqueId is the capability (unless the config "
+                       "says `[api] private_results = true`). A wrong key is refused.",
+        "security": [{}, *_key()],
         "parameters": [_unique_id()],
         "responses": _responses({"200": _json(_ref("TaskInfo"), "The task.")},
-                                "403 keyless", "404", "503"),
+                                "401", "403", "404", "503"),
     }
 
 

@@ -92,8 +92,10 @@ class Op(enum.IntEnum):
     C_STATS = 44        # (conn)
     C_DUMP = 45         # (conn)
     # cloud tasks (kind "http" fronts and "dispatcher" pools; see "Cloud tasks" below)
-    T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id)
-    T_INFO = 51         # (conn, unique_id)
+    T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id, keyed)
+    T_INFO = 51         # (conn, unique_id, keyed)
+    # keyed: the request carried the master key (or none is configured); the broker's
+    # [api] policy decides what a request without it may do (public_enqueue, private_results)
     T_CANCEL = 52       # (conn, unique_id)
     T_SUBSCRIBE = 53    # (conn, slots)              the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)

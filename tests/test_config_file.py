@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.config_file import ConfigError, duration_ms, load
-from zstalk.broker.tasks import FunctionSpec
+from zstalk.broker.tasks import ApiPolicy, FunctionSpec
 
 
 def write(tmp_path, text: str) -> str:
@@ -35,6 +35,12 @@ def test_a_base_url_makes_a_template_for_every_other_name(tmp_path):
     assert (got.base.concurrency, got.base.timeout_ms) == (1, 15000)
 
 
+def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_path):
+    assert load(write(tmp_path, "[functions]\n")).api == ApiPolicy(False, False)
+    got = load(write(tmp_path, "[api]\npublic_enqueue = true\nprivate_results = true\n"))
+    assert got.api == ApiPolicy(public_enqueue=True, private_results=True)
+
+
 @pytest.mark.parametrize("text, message", [
     ('[functions.f]\nurl = "ftp://x"', "url must be an http:// or https:// URL"),
     ('[functions.f]\nconcurrency = 2', "url is missing"),
@@ -43,6 +49,9 @@ def test_a_base_url_makes_a_template_for_every_other_name(tmp_path):
     ('[functions]\nconcurrency = 0', "concurrency must be an integer from 1"),
     ('[functions.f]\nurl = "http://x"\ntimeout = "20m"', "at most max_timeout"),
     ('[functions.f]\nurl = "http://x"\n[functions', "not valid TOML"),
+    ('[api]\npublic_enqueue = "yes"', "[api] public_enqueue must be true or false"),
+    ('[api]\npublic = true', "unknown key 'public'"),
+    ('[function.f]\nurl = "http://x"', "unknown table [function]"),
 ])
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, text)

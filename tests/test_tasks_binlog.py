@@ -61,11 +61,11 @@ class Node:
         return Node(self.path, self.now + later_s, self.wal.opts.segment_size, self.functions)
 
     def enqueue(self, uid: str, options=None, params: bytes = b'{"n":1}', function="f"):
-        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, function, params, options, uid))[HTTP]
+        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, function, params, options, uid, True))[HTTP]
         return reply
 
     def info(self, uid: str) -> dict | None:
-        [(_, code, *rest)] = self.send(HTTP, (Op.T_INFO, 1, uid))[HTTP]
+        [(_, code, *rest)] = self.send(HTTP, (Op.T_INFO, 1, uid, True))[HTTP]
         return rest[0] if code == R.T_TASK else None
 
     def subscribe(self, slots: int) -> list:

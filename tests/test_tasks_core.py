@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from zstalk.broker.config_file import Functions
 from zstalk.broker.tasks import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING, SUCCESS,
-                                 TASK_OVERHEAD_BYTES, Backoff, FunctionSpec, Outcome, Task,
-                                 TaskError, Tasks)
+                                 TASK_OVERHEAD_BYTES, ApiPolicy, Backoff, FunctionSpec, Outcome,
+                                 Task, TaskError, Tasks)
 
 T0 = 1000.0
 WALL = 1_700_000_000.0 - T0       # wall clock = now + WALL
@@ -262,10 +263,10 @@ HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
 
 
 class BrokerClock:
-    def __init__(self, max_jobs_bytes: int = 0, **spec) -> None:
+    def __init__(self, max_jobs_bytes: int = 0, api: ApiPolicy = ApiPolicy(), **spec) -> None:
         self.now = T0
         self.broker = Broker(Config(functions=(FunctionSpec("f", "http://fn/f", **spec),),
-                                    max_jobs_bytes=max_jobs_bytes), self.now)
+                                    max_jobs_bytes=max_jobs_bytes, api=api), self.now)
         for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
                                      (D2, "dispatcher", 3), (BEANSTALK, "beanstalk", 4)):
             self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)
@@ -279,20 +280,24 @@ class BrokerClock:
                 out.setdefault(p, []).extend(msg.items)
         return out
 
-    def enqueue(self, uid: str, options=None) -> tuple:
-        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, "f", b'{"n":1}', options, uid))[HTTP]
+    def enqueue(self, uid: str, options=None, keyed: bool = True) -> tuple:
+        [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, "f", b'{"n":1}', options, uid, keyed))[HTTP]
+        return reply
+
+    def info(self, uid: str, keyed: bool = True) -> tuple:
+        [reply] = self.send(HTTP, (Op.T_INFO, 1, uid, keyed))[HTTP]
         return reply
 
 
 def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     b = BrokerClock()
     assert b.send(D1, (Op.T_SUBSCRIBE, 1, 4)) == {}
-    b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1")]), b.now)
+    b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1", True)]), b.now)
     out = {p: m.items for p, m in b.broker.flush() if isinstance(m, Replies)}
     assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == QUEUED
     assert out[D1] == [(1, R.T_CALL, "t1", 1, "http://fn/f", b'{"n":1}', 15000)]
     b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"ok"', None, 0))
-    [(_, code, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    [(_, code, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert code == R.T_TASK and info["status"] == SUCCESS and info["result"] == b'"ok"'
 
 
@@ -301,9 +306,9 @@ def test_enqueue_errors_come_back_as_http_errors():
     assert b.enqueue("t1")[1] == R.T_TASK
     assert b.enqueue("t1")[1:3] == (R.T_ERROR, 409)
     assert b.enqueue("t2", {"delay": "soon"})[1:3] == (R.T_ERROR, 400)
-    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "nosuch", b"{}", None, "t3"))[HTTP]
+    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "nosuch", b"{}", None, "t3", True))[HTTP]
     assert reply[1:3] == (R.T_ERROR, 404)
-    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "f", "not bytes", None, "t4"))[HTTP]
+    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "f", "not bytes", None, "t4", True))[HTTP]
     assert reply[1:3] == (R.T_ERROR, 400)
 
 
@@ -325,7 +330,7 @@ def test_a_dispatcher_may_only_report_its_own_calls():
     b.send(D1, (Op.T_SUBSCRIBE, 1, 1))
     b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
     b.send(D2, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"forged", None, 0))
-    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["status"] == RUNNING
 
 
@@ -334,17 +339,17 @@ def test_a_dispatcher_that_goes_away_gives_its_call_to_the_next_one():
     b.enqueue("t1", {"backoff": 0})
     assert [i[2] for i in b.send(D1, (Op.T_SUBSCRIBE, 1, 1))[D1]] == ["t1"]
     assert b.send(D1, (Op.CLOSE, 1)) == {}, "no dispatcher left to take the retry"
-    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["status"] == QUEUED and "went away" in info["error"]
     out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
     assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000)]}
-    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1"))[HTTP]
+    [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["attempt"] == 2 and "error" not in info, "the last attempt's error is gone"
 
 
 def test_a_beanstalk_client_cannot_send_task_ops_nor_a_task_front_beanstalk_ones():
     b = BrokerClock()
-    [reply] = b.send(BEANSTALK, (Op.T_INFO, 1, "t1"))[BEANSTALK]
+    [reply] = b.send(BEANSTALK, (Op.T_INFO, 1, "t1", True))[BEANSTALK]
     assert reply == (1, R.INTERNAL_ERROR)
     [reply] = b.send(HTTP, (Op.PEEK_READY, 1))[HTTP]
     assert reply == (1, R.INTERNAL_ERROR)
@@ -429,7 +434,7 @@ def test_calls_spread_over_dispatchers_one_each_in_turn():
     b.send(D2, (Op.T_SUBSCRIBE, 1, 10))
     got = []
     for n in range(6):
-        b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b"{}", None, f"t{n}")]), b.now)
+        b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b"{}", None, f"t{n}", True)]), b.now)
         got += [p for p, m in b.broker.flush() if p in (D1, D2) and isinstance(m, Replies)]
     assert got == [D1, D2] * 3
 
@@ -461,3 +466,34 @@ def test_a_function_gone_from_the_config_keeps_its_tasks_until_it_returns(c):
     assert c.take() is None and c.status(task.uid) == QUEUED
     c.store.configure({"f": spec._replace(url="http://moved/f")}, None)
     assert c.take() is task and c.store.specs["f"].url == "http://moved/f"
+
+
+# -- the [api] policy: what a request without the master key may do ------------------------
+def test_by_default_an_enqueue_without_the_master_key_is_refused_and_reading_is_not():
+    b = BrokerClock()
+    assert b.enqueue("t1", keyed=False)[1:4] == (R.T_ERROR, 401, "unauthorized")
+    assert b.enqueue("t1")[1] == R.T_TASK
+    assert b.info("t1", keyed=False)[1] == R.T_TASK
+
+
+def test_public_enqueue_takes_tasks_without_the_key_but_no_options_with_them():
+    b = BrokerClock(api=ApiPolicy(public_enqueue=True))
+    assert b.enqueue("t1", keyed=False)[1] == R.T_TASK
+    refused = b.enqueue("t2", {"delay": 1000}, keyed=False)
+    assert refused[1:3] == (R.T_ERROR, 401) and "no option" in refused[4]
+    assert b.info("t2")[1:3] == (R.T_ERROR, 404)        # nothing was enqueued
+    assert b.enqueue("t3", {"delay": 1000})[1] == R.T_TASK
+
+
+def test_private_results_make_reading_a_task_need_the_key():
+    b = BrokerClock(api=ApiPolicy(private_results=True))
+    b.enqueue("t1")
+    assert b.info("t1", keyed=False)[1:4] == (R.T_ERROR, 401, "unauthorized")
+    assert b.info("t1")[1] == R.T_TASK
+
+
+def test_a_new_config_changes_the_policy_at_once():
+    b = BrokerClock()
+    b.broker.configure_functions(Functions((FunctionSpec("f", "http://fn/f"),),
+                                           api=ApiPolicy(public_enqueue=True)), b.now)
+    assert b.enqueue("t1", keyed=False)[1] == R.T_TASK

@@ -221,6 +221,25 @@ def test_with_a_master_key_enqueue_needs_it_and_reading_a_task_does_not(serve, h
     assert api.request("GET", f"/v1/tasks/{body['uniqueId']}")[0] == 200
 
 
+def test_the_api_policy_opens_enqueue_without_options_and_closes_reading_results(serve,
+                                                                                 host):
+    api = serve("--master-key", "s3cret", config=(
+        f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n'
+        "[api]\npublic_enqueue = true\nprivate_results = true\n"))
+    code, body = api.request("POST", "/v1/tasks", {"function": "f", "params": {"n": 1}})
+    assert code == 201
+    code, refused = api.request("POST", "/v1/tasks", {"function": "f", "options": {"delay": 5}})
+    assert code == 401 and "no option" in refused["message"]
+    code, batch = api.request("POST", "/v1/tasks", [{"function": "f"},
+                                                    {"function": "f", "options": {"attempts": 3}}])
+    assert code == 200 and [item["status"] for item in batch] == [201, 401]
+    assert api.request("GET", f"/v1/tasks/{body['uniqueId']}")[0] == 401
+    api.key = "wrong"
+    assert api.request("GET", f"/v1/tasks/{body['uniqueId']}")[0] == 403
+    api.key = "s3cret"
+    assert api.wait_status(body["uniqueId"], "success")["result"]["params"] == {"n": 1}
+
+
 def test_serve_says_where_the_http_api_listens_and_that_it_is_loopback_only(serve):
     api = serve()
     deadline = time.monotonic() + WAIT_S
