@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import time
+import urllib.parse
 
 import pytest
 from aiohttp import web
@@ -65,7 +66,8 @@ class FunctionHost:
             web.post("/error-with-retry-after", self.error_with_retry_after),
             web.post("/slow", self.slow), web.post("/nap", self.nap),
             web.post("/hang-up", self.hang_up), web.post("/redirect", self.redirect),
-            web.post("/bytes/{n}", self.sized), web.post("/chunked/{n}", self.chunked)])
+            web.post("/bytes/{n}", self.sized), web.post("/chunked/{n}", self.chunked),
+            web.post("/typed", self.typed)])
 
     @web.middleware
     async def _count(self, request: web.Request, handler):
@@ -103,6 +105,11 @@ class FunctionHost:
 
     async def redirect(self, request: web.Request) -> web.Response:
         return web.Response(status=302, headers={"Location": "/echo"})
+
+    async def typed(self, request: web.Request) -> web.Response:
+        """Answers the request's body back as the Content-Type `?type=` names."""
+        return web.Response(body=await request.read(),
+                            headers={"Content-Type": request.query["type"]})
 
     async def sized(self, request: web.Request) -> web.Response:
         return web.Response(body=b"x" * int(request.match_info["n"]))
@@ -234,7 +241,7 @@ def test_reports_made_while_the_broker_is_away_are_resent_after_the_next_welcome
             assert not link.outcomes()
             d.on_welcome(welcome(restored=True))
             assert link.ops[-2:] == [(Op.T_SUBSCRIBE, 1, 7),
-                                     (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"xxxxx", None, 0)]
+                                     (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"xxxxx"', None, 0)]
     asyncio.run(main())
 
 
@@ -301,8 +308,29 @@ def test_without_a_signing_key_calls_carry_no_signature(no_key_env) -> None:
 
 
 # -- answers -----------------------------------------------------------------------------
-def test_a_2xx_is_a_success_whose_result_is_the_body() -> None:
-    assert call("/bytes/5") == Outcome("success", 200, b"xxxxx", None, 0)
+def test_a_2xx_is_a_success_whose_result_is_the_body_as_json() -> None:
+    assert call("/bytes/5") == Outcome("success", 200, b'"xxxxx"', None, 0)   # (as text)
+
+
+@pytest.mark.parametrize("content_type, body, result", [
+    ("application/json", b'{"n": [1, 2]}', b'{"n": [1, 2]}'),
+    ("application/problem+json; charset=utf-8", b"42", b"42"),
+    ("text/plain", b"42", b'"42"'),
+    ("text/plain", b"null", b'"null"'),
+    ("text/plain; charset=latin-1", "café".encode("latin-1"), '"café"'.encode()),
+    ("text/html; charset=no-such-charset", b"<p>hi</p>", b'"<p>hi</p>"'),
+    ("application/json", b"{not json", b'"{not json"'),
+    ("application/json", b"NaN", b'"NaN"'),
+    ("application/octet-stream", b"\xff\xfe", '"\ufffd\ufffd"'.encode()),
+    ("application/json", b"", None),
+])
+def test_a_result_is_kept_as_json_by_its_content_type(content_type, body, result) -> None:
+    async def main() -> Outcome:
+        async with function_host() as host, dispatcher() as (d, link):
+            url = f"{host.url}/typed?type={urllib.parse.quote(content_type)}"
+            d.on_replies([(1, R.T_CALL, "t1", 1, url, body, 1000)])
+            return await link.outcome("t1")
+    assert asyncio.run(main()) == Outcome("success", 200, result, None, 0)
 
 
 def test_a_500_is_a_failure_naming_the_status() -> None:
@@ -347,7 +375,7 @@ def test_a_result_over_the_limit_is_fatal_naming_the_limit(path: str) -> None:
 
 @pytest.mark.parametrize("path", ["/bytes/10", "/chunked/10"])
 def test_a_result_of_exactly_the_limit_is_a_success(path: str) -> None:
-    assert call(path, max_result_bytes=10) == Outcome("success", 200, b"x" * 10, None, 0)
+    assert call(path, max_result_bytes=10) == Outcome("success", 200, b'"xxxxxxxxxx"', None, 0)
 
 
 @pytest.mark.parametrize("path", ["/bytes/11", "/chunked/11"])

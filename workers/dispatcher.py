@@ -12,7 +12,7 @@ connections.
 An outcome says whether the function may have run, because that decides whether the
 broker may call it again (broker/tasks.py says what it does with each kind):
 
-    2xx, body within max_result_bytes       success  the body is the result
+    2xx, body within max_result_bytes       success  the body is the result (below)
     2xx with a bigger body                  fatal    it ran: the task fails, no retry
     any other status                        failure  redirects are not followed; a 429
                                                      or 503 may say when to retry
@@ -27,6 +27,11 @@ then resends them (the broker ignores a report on a call it no longer waits for)
 the same reason a dispatcher cannot drain gracefully: every report would free a slot and
 bring a new call, so close() cancels what runs (the broker counts it unknown).
 
+A result is kept as JSON, decided by the response's Content-Type: a JSON body
+(application/json or any +json type) is its value as sent; any other body is text, decoded
+by its charset (UTF-8 unless it names another) and kept as a JSON string; an empty body
+is no result.  A body claiming to be JSON that does not parse is kept as text.
+
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
 X-Zstalk-Signature over the task id and the body, stamped when the call is sent
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import time
 from datetime import timezone
@@ -218,9 +224,31 @@ class Dispatcher(LinkOwner):
         if resp.content_length is None or resp.content_length <= limit:
             body = await _read_up_to(resp.content, limit + 1)
             if len(body) <= limit:
-                return Outcome(SUCCESS, resp.status, body)
+                return Outcome(SUCCESS, resp.status, result_json(body, resp.content_type,
+                                                                 resp.charset))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit (max_result_bytes)")
+
+
+def result_json(body: bytes, content_type: str, charset: str | None) -> bytes | None:
+    """A 2xx body as the JSON the task keeps (see the module's docstring)."""
+    if not body:
+        return None
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            json.loads(body, parse_constant=_not_json)
+            return body
+        except (ValueError, RecursionError):
+            pass
+    try:
+        text = body.decode(charset or "utf-8", "replace")
+    except LookupError:             # a charset Python does not know
+        text = body.decode("utf-8", "replace")
+    return json.dumps(text, ensure_ascii=False).encode()
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
