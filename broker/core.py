@@ -66,6 +66,8 @@ class Config(NamedTuple):
     functions: tuple = ()             # cloud tasks: the FunctionSpecs of the config file
     base_function: FunctionSpec | None = None     # any other name, under the base URL
     api: ApiPolicy = ApiPolicy()      # what a request without the master key may do
+    max_body_bytes: int = 1 << 20     # HTTP fronts: a request body (Settings)
+    max_result_bytes: int = 1 << 20   # dispatchers: a function's result (Settings)
 
 
 class Front:
@@ -194,8 +196,12 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
             restored = True
         if restored:
             self._reconcile(front, hello.sessions, now)
-        settings = Settings(max_job_size=self.config.max_job_size)
+        settings = self.settings()
         self.control.append((peer, Welcome(self.broker_id, self.state_id, settings, restored)))
+
+    def settings(self) -> Settings:
+        c = self.config
+        return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes)
 
     def _reconcile(self, front: Front, states, now: float) -> None:
         """Make the front's sessions what it says they are (after either side lost the other).

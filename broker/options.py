@@ -31,7 +31,7 @@ class ServeOptions:
     binlog_size: int = 10485760
     broker_bind: str | None = None      # supervised: where the broker child listens
     announce: bool = True               # say on stderr what listens where (zstalkd: no)
-    functions: object = None            # cloud tasks: config_file.Functions, if configured
+    functions: object = None            # cloud tasks: config_file.TaskConfig, if configured
     config_path: str | None = None      # its file, read again on SIGHUP
     http_listeners: list = field(default_factory=list)   # the HTTP front's bound sockets
     master_key: str | None = None       # required by the HTTP front to enqueue and cancel

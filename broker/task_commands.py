@@ -111,9 +111,15 @@ class TaskCommands:
         self._feed_dispatchers(now)
 
     def configure_functions(self, functions, now: float) -> None:
-        """A config read again (config_file.Functions): calls go where it says now."""
+        """A config read again (config_file.TaskConfig): calls go where it says now."""
         self.tasks.configure({f.name: f for f in functions.named}, functions.base)
         self.api = functions.api
+        self.config = self.config._replace(max_body_bytes=functions.max_body_bytes,
+                                           max_result_bytes=functions.max_result_bytes)
+        settings = self.settings()
+        for peer, front in self.fronts.items():
+            if front.kind in ("http", "dispatcher"):
+                self.control.append((peer, settings))
         self._feed_dispatchers(now)
 
     def _close_task_session(self, s, now: float) -> None:

@@ -22,8 +22,10 @@ options.uniqueId).  `params` is re-encoded as compact JSON: that is the body the
 dispatcher later POSTs to the function.
 
 Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the status
-named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405, body over
-`max_body` 413), which a middleware turns into JSON.  With a master key, cancel and
+named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405), which a
+middleware turns into JSON.  A body over the broker's `max_body_bytes` (Settings: the
+config's [api] max_body, taken again on SIGHUP) is 413, read no further than one byte
+past it.  With a master key, cancel and
 listing need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
 a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
 policy decides: by default enqueue needs it and reading a task by its id does not, as in
@@ -282,12 +284,28 @@ def check_host(request: web.Request, master_key: bytes | None) -> Problem | None
                        "loopback address")
 
 
+async def read_body(request: web.Request, limit: int) -> bytes | Problem:
+    """The request's body, or 413 once it is known to be over `limit` bytes (a
+    Content-Length over it is not read at all)."""
+    too_large = refuse(413, f"the body is over {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        return too_large
+    chunks, size = [], 0
+    while True:
+        chunk = await request.content.read(min(1 << 16, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return too_large
+
+
 # -- aiohttp's own errors as JSON ----------------------------------------------------------
 _HTTP_MESSAGES = {
     404: lambda request, exc: f"no such resource: {request.path}",
     405: lambda request, exc: (f"{request.method} is not allowed here; allowed: "
                                f"{', '.join(sorted(exc.allowed_methods))}"),
-    413: lambda request, exc: f"the body is over {request.client_max_size} bytes",
 }
 
 
@@ -320,10 +338,8 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # -- the front -----------------------------------------------------------------------------
 class HttpFront(LinkOwner):
-    def __init__(self, broker: str, master_key: str | None = None, max_body: int = 1 << 20,
-                 link=None) -> None:
+    def __init__(self, broker: str, master_key: str | None = None, link=None) -> None:
         self.master_key = master_key.encode() if master_key else None
-        self.max_body = max_body
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.opened = False
         self.runner: web.AppRunner | None = None
@@ -332,8 +348,7 @@ class HttpFront(LinkOwner):
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body,
-                              middlewares=[json_errors, self.loopback_only])
+        app = web.Application(middlewares=[json_errors, self.loopback_only])
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
@@ -374,7 +389,10 @@ class HttpFront(LinkOwner):
         denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
-        task = parse_enqueue(await request.read())
+        body = await read_body(request, self.link.settings.max_body_bytes)
+        if isinstance(body, Problem):
+            return problem_response(body)
+        task = parse_enqueue(body)
         if isinstance(task, Problem):
             return problem_response(task)
         if isinstance(task, list):

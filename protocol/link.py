@@ -194,6 +194,8 @@ class BrokerLink:
                 self._lose("broker restarted (new incarnation)")
         elif isinstance(msg, Welcome):
             self._welcome(msg)
+        elif isinstance(msg, Settings):
+            self.settings = msg         # the broker read its config again
         elif isinstance(msg, Fenced) and msg.broker_id != self.broker_id:
             if self.state is READY:
                 self._lose("broker restarted (it does not know this front)")

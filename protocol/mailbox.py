@@ -158,6 +158,8 @@ class LocalLink:
             self.flush_now()        # commands the replies unblocked go in the same turn
         elif isinstance(msg, Welcome):
             self._welcome(msg)
+        elif isinstance(msg, Settings):
+            self.settings = msg         # the broker read its config again
         elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
             self.batch, self.held = [], []
             self.state = CONNECTING

@@ -247,7 +247,7 @@ _ERRORS = {
     "403 keyless": "With no master key configured, a Host header that does not name loopback.",
     "404": "No such task, or no such function.",
     "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
-    "413": "A body over the front's limit (1 MiB unless configured).",
+    "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
     "503": "The broker cannot take it now: draining, out of job memory (--max-jobs-bytes), "
            "or out of reach.",

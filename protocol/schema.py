@@ -177,8 +177,11 @@ WORKER_VERSIONS = (1, 1)
 
 
 class Settings(NamedTuple):
-    """Limits the broker owns and fronts enforce (sent in Welcome)."""
+    """Limits the broker owns and fronts enforce: sent in Welcome, and on their own to HTTP
+    fronts and dispatchers when the broker reads its config again (SIGHUP)."""
     max_job_size: int = 65535
+    max_body_bytes: int = 1 << 20       # an HTTP request body (the config's [api] max_body)
+    max_result_bytes: int = 1 << 20     # a function's result ([functions] max_result)
 
 
 class SessionState(NamedTuple):
@@ -235,10 +238,11 @@ HEARTBEAT_S = 0.5
 #: a peer silent this long is dead (heartbeats every HEARTBEAT_S; the issue asks for < 3 s)
 PEER_TIMEOUT_S = 2.0
 
-_KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Batch: 3, Replies: 4, Heartbeat: 5, Fenced: 6}
+_KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Batch: 3, Replies: 4, Heartbeat: 5, Fenced: 6,
+                           Settings: 7}
 _CLASSES: dict[int, type] = {v: k for k, v in _KINDS.items()}
 
-Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced
+Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings
 
 
 def encode(msg: Message) -> bytes:

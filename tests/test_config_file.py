@@ -35,6 +35,14 @@ def test_a_base_url_makes_a_template_for_every_other_name(tmp_path):
     assert (got.base.concurrency, got.base.timeout_ms) == (1, 15000)
 
 
+@pytest.mark.parametrize("text, size", [("300", 300), ('"300"', 300), ('"300B"', 300),
+                                        ('"512KiB"', 512 << 10), ('" 4 MiB "', 4 << 20)])
+def test_sizes_are_bytes_or_strings_with_a_binary_unit(tmp_path, text, size):
+    got = load(write(tmp_path, f"[functions]\nmax_result = {text}\n[api]\nmax_body = {text}\n"))
+    assert got.max_result_bytes == got.max_body_bytes == size
+    assert load(write(tmp_path, "")).max_body_bytes == 1 << 20     # the defaults: 1 MiB
+
+
 def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_path):
     assert load(write(tmp_path, "[functions]\n")).api == ApiPolicy(False, False)
     got = load(write(tmp_path, "[api]\npublic_enqueue = true\nprivate_results = true\n"))
@@ -52,6 +60,10 @@ def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_pat
     ('[api]\npublic_enqueue = "yes"', "[api] public_enqueue must be true or false"),
     ('[api]\npublic = true', "unknown key 'public'"),
     ('[function.f]\nurl = "http://x"', "unknown table [function]"),
+    ('[api]\nmax_body = "1TB"', "[api] max_body: a size is bytes or a string with a unit"),
+    ('[api]\nmax_body = 0', "from 1 byte to 64MiB"),
+    ('[functions]\nmax_result = "65MiB"', "[functions] max_result: a size is"),
+    ('[functions.f]\nurl = "http://x"\nmax_result = 5', "unknown key 'max_result'"),
 ])
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -29,9 +29,10 @@ NAP_S = 0.3             # the napping function: a call that takes a while, then 
 class FakeLink:
     """Records ops; the broker side of a test reads them."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings = Settings()) -> None:
         self.ops: list[tuple] = []
         self.started = self.closed = False
+        self.settings = settings
 
     def start(self) -> None:
         self.started = True
@@ -142,9 +143,9 @@ async def function_host():
 
 
 @contextlib.asynccontextmanager
-async def dispatcher(cls=Dispatcher, **options):
+async def dispatcher(cls=Dispatcher, max_result_bytes: int = 1 << 20, **options):
     """A dispatcher with a fake link, welcomed by a fresh broker session."""
-    link = FakeLink()
+    link = FakeLink(Settings(max_result_bytes=max_result_bytes))
     d = cls("tcp://broker.invalid:1", link=link, **options)
     d.start()
     d.on_welcome(welcome())

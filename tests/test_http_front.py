@@ -25,8 +25,9 @@ class FakeLink:
     """Records ops; answers each op that has a reply with `answer(op)` on the next loop
     turn (None: never answered, as when the broker is away)."""
 
-    def __init__(self, answer=None) -> None:
+    def __init__(self, answer=None, settings: Settings = Settings()) -> None:
         self.answer = answer
+        self.settings = settings
         self.front: HttpFront | None = None
         self.ops: list[tuple] = []
         self.closed = False
@@ -292,7 +293,8 @@ def test_a_body_over_the_limit_is_refused_with_413_and_one_at_the_limit_is_taken
         at = await fetch(client, "POST", "/v1/tasks", data=body(100))
         return over, at, link.requests
 
-    (status, reply), (at_status, _), ops = run(scenario, enqueued, max_body=100)
+    link = FakeLink(enqueued, Settings(max_body_bytes=100))
+    (status, reply), (at_status, _), ops = run(scenario, link=link)
     assert (status, reply["error"]) == (413, "too_large")
     assert "100 bytes" in reply["message"]
     assert at_status == 201 and len(ops) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from zstalk.protocol.link import BrokerLink, LinkOwner
-from zstalk.protocol.schema import Op, R
+from zstalk.protocol.schema import Op, R, Settings, Welcome, decode, encode
 
 
 class Recorder(LinkOwner):
@@ -72,3 +72,20 @@ def test_a_connection_that_comes_and_goes_at_the_bound_is_forgotten(tmp_path):
         assert [op[:2] for _, op in link.held] == [(Op.PEEK, c) for c in (1, 2, 3)]
 
     run_with_link(tmp_path, body, max_held=3)
+
+
+def test_settings_from_the_broker_replace_the_ones_its_welcome_gave(tmp_path):
+    """A broker that read its config again sends Settings on their own (broker/core.py)."""
+    async def body(link, owner):
+        link._handle(Welcome(7, 9, Settings(max_body_bytes=100), False))
+        assert link.settings.max_body_bytes == 100
+        link._handle(Settings(max_body_bytes=200, max_result_bytes=300))
+        assert (link.settings.max_body_bytes, link.settings.max_result_bytes) == (200, 300)
+        assert link.state == "ready" and owner.replies == []
+    run_with_link(tmp_path, body)
+
+
+def test_settings_travel_as_a_message_of_their_own():
+    sent = Settings(65535, 200, 300)
+    assert decode(encode(sent)) == sent
+    assert decode(encode(Welcome(7, 9, sent, True))).settings == sent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zstalk.broker.config_file import Functions
+from zstalk.broker.config_file import TaskConfig
 from zstalk.broker.tasks import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING, SUCCESS,
                                  TASK_OVERHEAD_BYTES, ApiPolicy, Backoff, FunctionSpec, Outcome,
                                  Task, TaskError, Tasks)
@@ -257,7 +257,8 @@ def test_the_next_deadline_is_the_soonest_of_delays_calls_and_expiries(c):
 
 # -- through the broker: an HTTP front and dispatchers as the broker sees them -----------------
 from zstalk.broker.core import Broker, Config                          # noqa: E402
-from zstalk.protocol.schema import Batch, Hello, Op, R, Replies        # noqa: E402
+from zstalk.protocol.schema import (Batch, Hello, Op, R, Replies, Settings,  # noqa: E402
+                                   Welcome)
 
 HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
 
@@ -494,6 +495,18 @@ def test_private_results_make_reading_a_task_need_the_key():
 
 def test_a_new_config_changes_the_policy_at_once():
     b = BrokerClock()
-    b.broker.configure_functions(Functions((FunctionSpec("f", "http://fn/f"),),
+    b.broker.configure_functions(TaskConfig((FunctionSpec("f", "http://fn/f"),),
                                            api=ApiPolicy(public_enqueue=True)), b.now)
     assert b.enqueue("t1", keyed=False)[1] == R.T_TASK
+
+
+def test_a_new_config_sends_its_limits_to_http_fronts_and_dispatchers_only():
+    b = BrokerClock()
+    b.broker.configure_functions(TaskConfig((FunctionSpec("f", "http://fn/f"),),
+                                            max_result_bytes=10, max_body_bytes=20), b.now)
+    sent = {peer: msg for peer, msg in b.broker.flush() if isinstance(msg, Settings)}
+    assert sent == {HTTP: Settings(65535, 20, 10), D1: Settings(65535, 20, 10),
+                    D2: Settings(65535, 20, 10)}
+    b.broker.handle(b"late", Hello(9, "http", 1, 0, []), b.now)     # and in every Welcome
+    [welcome] = [msg for _, msg in b.broker.flush() if isinstance(msg, Welcome)]
+    assert welcome.settings == Settings(65535, 20, 10)

@@ -353,6 +353,28 @@ def test_sighup_reads_the_config_again_and_a_bad_one_changes_nothing(serve, host
     assert code == 201 and api.wait_status(body["uniqueId"], "success")
 
 
+def test_body_and_result_limits_come_from_the_config_and_change_on_sighup(serve, host,
+                                                                          tmp_path):
+    import signal
+    base = f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n'
+    api = serve(config=base + 'max_result = "8B"\n[api]\nmax_body = "200B"\n')
+    big = {"function": "f", "params": "x" * 300}
+    code, refused = api.request("POST", "/v1/tasks", big)
+    assert code == 413 and "over 200 bytes" in refused["message"]
+    _, small = api.request("POST", "/v1/tasks", {"function": "f"})
+    failed = api.wait_status(small["uniqueId"], "success", "failed")
+    assert failed["status"] == "failed" and "over the 8-byte limit" in failed["error"]
+    (tmp_path / "zstalk.toml").write_text(base)         # back to the defaults: 1 MiB each
+    api.server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + WAIT_S
+    while (code := api.request("POST", "/v1/tasks", big)[0]) == 413:
+        assert time.monotonic() < deadline, "the new max_body never reached the front"
+        time.sleep(0.05)
+    _, again = api.request("POST", "/v1/tasks", {"function": "f"})
+    assert code == 201 and api.wait_status(again["uniqueId"], "success", "failed")["status"] == (
+        "success")
+
+
 def wait_calls(host: FunctionHost, name: str, count: int) -> None:
     deadline = time.monotonic() + WAIT_S
     while len(host.called(name)) < count:

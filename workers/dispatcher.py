@@ -12,7 +12,7 @@ connections.
 An outcome says whether the function may have run, because that decides whether the
 broker may call it again (broker/tasks.py says what it does with each kind):
 
-    2xx, body within max_result_bytes       success  the body is the result (below)
+    2xx, body within max_result             success  the body is the result (below)
     2xx with a bigger body                  fatal    it ran: the task fails, no retry
     any other status                        failure  redirects are not followed; a 429
                                                      or 503 may say when to retry
@@ -79,15 +79,14 @@ class Outcome(NamedTuple):
 
 
 class Dispatcher(LinkOwner):
-    def __init__(self, broker: str, slots: int = 64, max_result_bytes: int = 1 << 20,
-                 link=None, signing_key: bytes | None = None) -> None:
+    def __init__(self, broker: str, slots: int = 64, link=None,
+                 signing_key: bytes | None = None) -> None:
         """Made on the running loop (the link belongs to it); `link` replaces the real one
         in tests.  `signing_key` None: the one this process's environment names, if any."""
         if slots < 1:
             raise ValueError(f"slots must be at least 1, not {slots}")
         self.broker = broker
         self.slots = slots
-        self.max_result_bytes = max_result_bytes
         self.signing_key = signing.signing_key(signing_key)
         self.calls: set[asyncio.Task] = set()
         self.resend: list[tuple] = []   # reports made while the broker was away
@@ -220,14 +219,14 @@ class Dispatcher(LinkOwner):
     async def _success(self, resp: aiohttp.ClientResponse) -> Outcome:
         """The body is the result, unless it is over the limit: then it is read no further
         than one byte past it (a Content-Length over it is not read at all)."""
-        limit = self.max_result_bytes
+        limit = self.link.settings.max_result_bytes     # the broker's (its config's)
         if resp.content_length is None or resp.content_length <= limit:
             body = await _read_up_to(resp.content, limit + 1)
             if len(body) <= limit:
                 return Outcome(SUCCESS, resp.status, result_json(body, resp.content_type,
                                                                  resp.charset))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
-                       f"over the {limit}-byte limit (max_result_bytes)")
+                       f"over the {limit}-byte limit ([functions] max_result)")
 
 
 def result_json(body: bytes, content_type: str, charset: str | None) -> bytes | None:
