@@ -220,7 +220,9 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
                 self.counter_store.restore(s.holds, st.holds, self.wall(now))
                 continue
             if front.kind in _TASK_KINDS:
-                front.sessions.get(conn) or self._open(front, conn)
+                s = front.sessions.get(conn) or self._open(front, conn)
+                if front.kind == "dispatcher" and st.holds:
+                    self.claim_calls(s, st.holds, now)
                 continue
             s = front.sessions.get(conn)
             if s is None:

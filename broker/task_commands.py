@@ -3,7 +3,7 @@ handlers of their ops (mixed into the Broker like commands.py's).
 
 An HTTP front sends T_ENQUEUE / T_INFO / T_CANCEL / T_LIST on one session and gets
 T_TASK, T_LIST or T_ERROR back; a dispatcher's session has `slots`, the calls it can
-take now: T_SUBSCRIBE sets them (0: it is stopping, and outcomes free none), each pushed
+take now: T_SUBSCRIBE sets them (or says it is stopping: outcomes free none), each pushed
 T_CALL takes one and each T_OUTCOME gives it back.  The task store (tasks.py) decides
 everything else; whatever frees a function's slot or makes a task due feeds the
 dispatchers, one call each in turn.
@@ -32,13 +32,14 @@ class TaskSession:
         self.front = front
         self.conn = conn
         self.slots = 0  # a dispatcher: calls it may be handed now
-        self.draining = False   # it subscribed with 0 slots: outcomes free none
+        self.draining = False   # it subscribed as stopping: outcomes free none
 
 
 class TaskCommands:
     """Handlers of the task ops, mixed into the Broker (see commands.py for the shape).
-    Each answers T_TASK or T_ERROR, except the dispatchers' silent T_SUBSCRIBE and
-    T_OUTCOME; whatever frees a function's slot or makes a task due feeds the dispatchers."""
+    Each answers T_TASK or T_ERROR, except the dispatchers' silent T_SUBSCRIBE and their
+    T_OUTCOME (T_NOTED); whatever frees a function's slot or makes a task due feeds the
+    dispatchers."""
 
     def t_enqueue(self, s, op, now):
         _, conn, function, params, options, uid, keyed = op
@@ -90,16 +91,19 @@ class TaskCommands:
         return (conn, R.T_LIST, infos, cursor)
 
     def t_subscribe(self, s, op, now):
-        if type(op[2]) is int and s.is_task:
-            s.slots = max(0, min(op[2], MAX_SLOTS))
-            s.draining = s.slots == 0       # stopping: finish the calls it has, take none
+        _, _, slots, stopping = op
+        if type(slots) is int and s.is_task:
+            # stopping: it finishes the calls it has and takes none; a dispatcher busy on
+            # every slot after a reconnect subscribes with 0 and is not stopping
+            s.draining = stopping is True
+            s.slots = 0 if s.draining else max(0, min(slots, MAX_SLOTS))
             self.dispatchers[s] = None
             self._feed_dispatchers(now)
 
     def t_outcome(self, s, op, now):
         _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
         if s not in self.dispatchers or kind not in OUTCOME_KINDS:
-            return None
+            return (conn, R.T_NOTED)
         if not s.draining:
             s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
@@ -109,6 +113,15 @@ class TaskCommands:
             outcome = Outcome(kind, status_code, result, error, retry_after_ms)
             self.tasks.outcome(uid, attempt, outcome, now, holder=s)
         self._feed_dispatchers(now)
+        return (conn, R.T_NOTED)
+
+    def claim_calls(self, s, claims, now: float) -> None:
+        """A dispatcher re-registered after our restart lists the calls it is making or
+        has reports on ([unique_id, attempt]): they are its own again (tasks.claim)."""
+        for claim in claims:
+            if (isinstance(claim, (list, tuple)) and len(claim) == 2
+                    and type(claim[0]) is str and type(claim[1]) is int):
+                self.tasks.claim(claim[0], claim[1], s, now)
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now."""

@@ -37,8 +37,10 @@ front answers with; nothing is changed when an error is returned.
 
 Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
 its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
-is not handed out then).  `restore` rebuilds the tasks a binlog replayed; a call that was
-running when the broker stopped has an unknown outcome, decided by its deliveryMode.
+is not handed out then).  `restore` rebuilds the tasks a binlog replayed.  A call that
+was running when the broker stopped may still be running: its dispatcher, re-registering
+within CLAIM_S, claims it (`claim`) and reports as usual; an unclaimed one has an unknown
+outcome then, decided by its deliveryMode.
 """
 from __future__ import annotations
 
@@ -59,6 +61,11 @@ AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 
 #: how long past its timeout a running task waits for its dispatcher's report
 CALL_GRACE_S = 5.0
+#: after a restart, how long a call that was running waits for its dispatcher to claim it
+#: (dispatchers notice a restarted broker within a heartbeat timeout, 2 s, and re-register)
+CLAIM_S = 5.0
+#: the holder of a call the broker was running when it stopped, until it is claimed
+RESTARTED = "restarted"
 MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
 MAX_ATTEMPTS = 1000
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see Tasks.page)
@@ -328,7 +335,7 @@ class Tasks:
         task = self.tasks.get(uid)
         if task is None or task.status != RUNNING or task.attempt != attempt:
             return False
-        if holder is not None and task.holder is not holder:
+        if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
         self._end_call(task)
         self._apply(task, result, now)
@@ -425,8 +432,10 @@ class Tasks:
             self.by_key[task.key] = task
         while self.calls and self.calls[0][0] <= now:
             task = self.by_seq[self.calls[0][1]]
-            self.outcome(task.uid, task.attempt, Outcome(
-                "unknown", error=f"no report within the timeout ({task.timeout_ms} ms)"), now)
+            why = (f"no report within the timeout ({task.timeout_ms} ms)"
+                   if task.holder != RESTARTED else "the broker stopped during the call, "
+                   f"and no dispatcher claimed it within {CLAIM_S:g} s of the restart")
+            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why), now)
         while self.keeping and self.keeping[0][0] <= now:
             _, seq = self.keeping.pop(0)
             task = self.by_seq.pop(seq)
@@ -441,10 +450,9 @@ class Tasks:
     # -- restart -------------------------------------------------------------------------
     def restore(self, replayed, now: float) -> None:
         """The tasks a binlog replayed (walformat.Replayed.tasks: uid -> (TASK list, seq)),
-        wall-clock times back to our clock.  A call running when the broker stopped ends
-        with an unknown outcome: retried or failed by its deliveryMode."""
+        wall-clock times back to our clock.  A call running when the broker stopped waits
+        CLAIM_S for its dispatcher to claim it, then ends with an unknown outcome."""
         wall = self.wall_offset
-        cut = []
         for fields, seg in sorted(replayed.values(), key=lambda t: t[0][T_SEQ]):
             (uid, function, params, priority, seq, attempts, backoff, timeout_ms, delivery,
              keep_ms, created, status, attempt, started, finished, due, expires, code,
@@ -459,20 +467,30 @@ class Tasks:
             self._add(task, self.function(function))
             if status == QUEUED:
                 self._queue(task, due - wall, now)
-            elif status == RUNNING:
-                task.status = RUNNING
-                task.deadline = now
-                self.calls.add((now, seq))
+            elif status == RUNNING:         # its dispatcher may claim it (see `claim`)
+                task.status, task.holder = RUNNING, RESTARTED
+                task.deadline = now + CLAIM_S
+                self.calls.add((task.deadline, seq))
                 self.running[function] = self.running.get(function, 0) + 1
-                cut.append(task)
             else:
                 task.status, task.expires = status, expires - wall
                 self.keeping.add((task.expires, seq))
         if replayed:
             self._seq = itertools.count(max(t.seq for t in self.by_seq.values()) + 1)
-        for task in cut:
-            self.outcome(task.uid, task.attempt, Outcome(
-                "unknown", error="the broker stopped during the call"), now)
+
+    def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
+        """A re-registered dispatcher says it is making call `attempt` of task `uid`, or
+        has its report: the call is its own again, with the deadline it had (its timeout
+        from when it started, wall clock).  False if we restarted without that call."""
+        task = self.tasks.get(uid)
+        if task is None or task.status != RUNNING or task.attempt != attempt or (
+                task.holder != RESTARTED):
+            return False
+        self.calls.remove((task.deadline, task.seq))
+        task.holder = holder
+        task.deadline = max(now, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
+        self.calls.add((task.deadline, task.seq))
+        return True
 
 
 # -- options ---------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class Op(enum.IntEnum):
     # keyed: the request carried the master key (or none is configured); the broker's
     # [api] policy decides what a request without it may do (public_enqueue, private_results)
     T_CANCEL = 52       # (conn, unique_id)
-    T_SUBSCRIBE = 53    # (conn, slots)              the calls a dispatcher can take now
+    T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
     T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
 
@@ -108,8 +108,7 @@ SESSION_OPS_MAX = 1024
 SESSION_BYTES_MAX = 4 * 1024 * 1024
 
 #: ops that produce no reply
-SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE,
-                        Op.T_OUTCOME})
+SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE})
 
 
 class R(enum.IntEnum):
@@ -147,6 +146,7 @@ class R(enum.IntEnum):
     T_ERROR = 41        # (status, code, message)  the HTTP status and JSON error to answer
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
+    T_NOTED = 44        # ()  a T_OUTCOME was taken (the dispatcher may forget its report)
 
 
 # ---------------------------------------------------------------------------------
@@ -171,7 +171,11 @@ class R(enum.IntEnum):
 # T_SUBSCRIBEs with its free slots: the broker pushes `R.T_CALL` while it has some, and
 # every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal" | "declined") frees
 # one; T_SUBSCRIBE again sets the count (after a reconnect: the slots no running call will
-# free; 0: stopping, outcomes free none).  broker/tasks.py says what the outcomes do.
+# free; `stopping`: 0, and outcomes free none).  broker/tasks.py says what the outcomes do.
+# Each T_OUTCOME is answered T_NOTED: a dispatcher keeps a report until then and sends it
+# again after losing the broker (a report on a call the broker no longer waits for is
+# ignored).  Its SessionState lists, in `holds`, the calls ([unique_id, attempt]) it is
+# making or has reports on, so a broker restarted with its binlog gives them back to it.
 #: worker-protocol versions this code speaks (bump the max on an incompatible change)
 WORKER_VERSIONS = (1, 1)
 

@@ -194,7 +194,7 @@ def test_welcome_opens_the_session_and_subscribes_with_the_slots() -> None:
         d.start()
         d.on_welcome(welcome())
         assert link.started
-        assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8)]
+        assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8, False)]
         assert d.session_states() == [SessionState(1, "", [], [])]
         await d.close()
     asyncio.run(main())
@@ -205,7 +205,8 @@ def test_a_restored_session_is_subscribed_again_without_opening_it_again() -> No
         async with dispatcher(slots=8) as (d, link):
             d.on_lost()
             d.on_welcome(welcome(restored=True))
-            assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8), (Op.T_SUBSCRIBE, 1, 8)]
+            assert link.ops == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8, False),
+                                (Op.T_SUBSCRIBE, 1, 8, False)]
     asyncio.run(main())
 
 
@@ -215,7 +216,7 @@ def test_a_fenced_dispatcher_opens_a_new_session_on_the_next_welcome() -> None:
             d.on_fenced()
             assert d.session_states() == []
             d.on_welcome(welcome(restored=True))
-            assert link.ops[2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8)]
+            assert link.ops[2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 8, False)]
     asyncio.run(main())
 
 
@@ -225,10 +226,10 @@ def test_a_welcome_while_calls_run_subscribes_only_the_slots_they_leave_free() -
             push(d, host.url + "/nap")
             d.on_lost()
             d.on_welcome(welcome(restored=True))
-            assert link.ops[-1] == (Op.T_SUBSCRIBE, 1, 7)
+            assert link.ops[-1] == (Op.T_SUBSCRIBE, 1, 7, False)
             d.on_fenced()
             d.on_welcome(welcome())
-            assert link.ops[-2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 7)]
+            assert link.ops[-2:] == [(Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 7, False)]
             assert (await link.outcome("t1")).kind == "success"
     asyncio.run(main())
 
@@ -241,8 +242,40 @@ def test_reports_made_while_the_broker_is_away_are_resent_after_the_next_welcome
             await until(lambda: not d.calls)
             assert not link.outcomes()
             d.on_welcome(welcome(restored=True))
-            assert link.ops[-2:] == [(Op.T_SUBSCRIBE, 1, 7),
+            assert link.ops[-2:] == [(Op.T_SUBSCRIBE, 1, 7, False),
                                      (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"xxxxx"', None, 0)]
+    asyncio.run(main())
+
+
+def test_a_report_the_broker_has_not_noted_is_sent_again_after_the_next_welcome() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher(slots=8) as (d, link):
+            push(d, host.url + "/bytes/5", uid="t1")
+            await link.outcome("t1")
+            push(d, host.url + "/bytes/5", uid="t2")
+            await link.outcome("t2")
+            d.on_replies([(1, R.T_NOTED)])      # t1's report arrived, t2's was lost
+            d.on_lost()
+            assert d.session_states()[0].holds == [["t2", 1]]
+            d.on_welcome(welcome(restored=True))
+            reports = [op[2] for op in link.ops if op[0] == Op.T_OUTCOME]
+            assert reports == ["t1", "t2", "t2"]
+            assert link.ops[-2][:4] == (Op.T_SUBSCRIBE, 1, 7, False)
+            d.on_replies([(1, R.T_NOTED)])
+            assert not d.unacked and d.session_states()[0].holds == []
+    asyncio.run(main())
+
+
+def test_the_session_lists_the_calls_it_makes_and_those_it_has_reports_on() -> None:
+    """A broker restarted with its binlog gives these back to us (broker/tasks.py claim)."""
+    async def main() -> None:
+        async with function_host() as host, dispatcher(slots=8) as (d, link):
+            push(d, host.url + "/nap", uid="napping")
+            push(d, host.url + "/bytes/5", uid="done")
+            await link.outcome("done")
+            [state] = d.session_states()
+            assert sorted(state.holds) == [["done", 1], ["napping", 1]]
+            await link.outcome("napping")
     asyncio.run(main())
 
 
@@ -453,7 +486,7 @@ def test_closing_lets_running_calls_finish_declines_new_ones_and_says_goodbye() 
             await asyncio.sleep(0.05)
             push(d, host.url + "/echo", "t2")           # pushed before the broker heard
             await closing
-            assert link.ops[2] == (Op.T_SUBSCRIBE, 1, 0), "take no more calls"
+            assert link.ops[2] == (Op.T_SUBSCRIBE, 1, 0, True), "take no more calls"
             reports = {op[2]: op[4] for op in link.ops if op[0] == Op.T_OUTCOME}
             assert reports == {"t1": "success", "t2": "declined"}
             assert link.ops[-1] == (Op.CLOSE, 1) and link.closed

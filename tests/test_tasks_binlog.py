@@ -12,8 +12,9 @@ import pytest
 from zstalk.broker import walformat as wf
 from zstalk.broker.binlog import Binlog, Options, segment_name
 from zstalk.broker.core import Broker, Config
-from zstalk.broker.tasks import FAILED, QUEUED, SUCCESS, FunctionSpec
-from zstalk.protocol.schema import Batch, Hello, Op, R, Replies
+from zstalk.broker.tasks import (CALL_GRACE_S, CLAIM_S, FAILED, QUEUED, RUNNING, SUCCESS,
+                                 FunctionSpec)
+from zstalk.protocol.schema import Batch, Hello, Op, R, Replies, SessionState
 
 WALL_OFFSET = 1_700_000_000.0
 HTTP, D1 = b"http", b"disp-1"
@@ -23,16 +24,25 @@ class Node:
     """A broker with one HTTP front and one dispatcher, over a binlog directory."""
 
     def __init__(self, path, now: float = 1000.0, segment_size: int = 1 << 20,
-                 functions=(FunctionSpec("f", "http://fn/f", concurrency=8),)) -> None:
+                 functions=(FunctionSpec("f", "http://fn/f", concurrency=8),),
+                 claims=None) -> None:
+        """`claims`: the dispatcher re-registers its session with these calls (as after a
+        restart of ours it would), instead of coming as a new dispatcher."""
         self.now, self.path, self.functions = now, str(path), functions
         self.calls: list[tuple] = []    # handed to the dispatcher, not yet looked at
         self.wal = Binlog(Options(self.path, segment_size, None))
         self.replayed = self.wal.open(65535)
         self.broker = Broker(Config(functions=functions), now, wall_offset=WALL_OFFSET,
                              wal=self.wal, recovered=self.replayed)
-        for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2)):
-            self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), now)
-            self.send(peer, (Op.OPEN, 1))
+        self.broker.handle(HTTP, Hello(1, "http", 1, 0, []), now)
+        self.send(HTTP, (Op.OPEN, 1))
+        if claims is None:
+            self.broker.handle(D1, Hello(2, "dispatcher", 1, 0, []), now)
+            self.send(D1, (Op.OPEN, 1))
+        else:
+            self.broker.handle(D1, Hello(2, "dispatcher", 1, self.broker.state_id,
+                                         [SessionState(1, "", [], [], claims)]), now)
+            self.turn()
 
     def send(self, peer: bytes, *ops) -> dict[bytes, list]:
         self.broker.handle(peer, Batch(list(ops)), self.now)
@@ -56,9 +66,10 @@ class Node:
         self.broker.expire(self.now)
         return self.turn()
 
-    def restart(self, later_s: float = 0.0) -> "Node":
+    def restart(self, later_s: float = 0.0, claims=None) -> "Node":
         self.wal.close()
-        return Node(self.path, self.now + later_s, self.wal.opts.segment_size, self.functions)
+        return Node(self.path, self.now + later_s, self.wal.opts.segment_size, self.functions,
+                    claims)
 
     def enqueue(self, uid: str, options=None, params: bytes = b'{"n":1}', function="f"):
         [reply] = self.send(HTTP, (Op.T_ENQUEUE, 1, function, params, options, uid, True))[HTTP]
@@ -71,7 +82,7 @@ class Node:
     def subscribe(self, slots: int) -> list:
         """Give the dispatcher `slots`; the calls handed to it since the last look:
         (uid, attempt, url, params, timeout_ms)."""
-        self.send(D1, (Op.T_SUBSCRIBE, 1, slots))
+        self.send(D1, (Op.T_SUBSCRIBE, 1, slots, False))
         calls, self.calls = self.calls, []
         return calls
 
@@ -122,11 +133,15 @@ def test_a_recorded_result_survives_a_restart(node):
     assert again.enqueue("t1")[1:3] == (R.T_ERROR, 409)     # the id stays taken
 
 
-def test_a_call_cut_short_by_a_restart_is_retried_at_least_once(node):
+def test_a_call_nobody_claims_after_a_restart_is_retried_at_least_once(node):
     node.enqueue("t1")
     [(_, attempt, *_)] = node.subscribe(1)
     assert attempt == 1
     again = node.restart()
+    assert again.info("t1")["status"] == RUNNING        # its dispatcher may claim it
+    again.advance(CLAIM_S - 0.1)
+    assert again.info("t1")["status"] == RUNNING
+    again.advance(0.1)
     info = again.info("t1")
     assert info["status"] == QUEUED and info["attempt"] == 1
     assert "the broker stopped during the call" in info["error"]
@@ -135,17 +150,44 @@ def test_a_call_cut_short_by_a_restart_is_retried_at_least_once(node):
     assert [c[:2] for c in again.subscribe(1)] == [("t1", 2)]
 
 
-def test_a_call_cut_short_by_a_restart_fails_at_most_once(node):
+def test_a_call_nobody_claims_after_a_restart_fails_at_most_once(node):
     node.enqueue("t1", {"deliveryMode": "atMostOnce"})
     node.subscribe(1)
-    info = node.restart().info("t1")
+    again = node.restart()
+    again.advance(CLAIM_S)
+    info = again.info("t1")
     assert info["status"] == FAILED and "atMostOnce" in info["error"]
+
+
+def test_a_call_claimed_by_its_dispatcher_after_a_restart_is_reported_once(node):
+    node.enqueue("t1", {"timeout": 60000})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    again = node.restart(claims=[[uid, attempt], ["nosuch", 1], ["t1", 7], "junk"])
+    again.advance(CLAIM_S + 30)                 # claimed: it waits for its own timeout
+    assert again.info("t1")["status"] == RUNNING
+    again.subscribe(0)                          # (a dispatcher re-subscribes on Welcome)
+    again.report(uid, attempt, "success", 200, b"1")
+    info = again.info("t1")
+    assert (info["status"], info["attempt"], info["result"]) == (SUCCESS, 1, b"1")
+    assert again.subscribe(1) == []             # never called again
+
+
+def test_a_claimed_call_still_times_out_from_when_it_started(node):
+    node.enqueue("t1", {"timeout": 60000})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.advance(50)
+    again = node.restart(claims=[[uid, attempt]])
+    again.advance(10 + CALL_GRACE_S - 0.1)
+    assert again.info("t1")["status"] == RUNNING
+    again.advance(0.1)
+    assert "no report within the timeout" in again.info("t1")["error"]
 
 
 def test_the_outcome_of_the_cut_call_is_logged_so_a_second_restart_agrees(node):
     node.enqueue("t1", {"attempts": 0})
     node.subscribe(1)
     first = node.restart()
+    first.advance(CLAIM_S)
     assert first.info("t1")["status"] == FAILED
     assert first.restart(later_s=1).info("t1")["status"] == FAILED
 

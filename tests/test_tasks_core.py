@@ -292,7 +292,7 @@ class BrokerClock:
 
 def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     b = BrokerClock()
-    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 4)) == {}
+    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 4, False)) == {}
     b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1", True)]), b.now)
     out = {p: m.items for p, m in b.broker.flush() if isinstance(m, Replies)}
     assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == QUEUED
@@ -317,19 +317,20 @@ def test_a_function_s_concurrency_holds_across_dispatchers_and_calls_go_round():
     b = BrokerClock(concurrency=2)
     for uid in ("t1", "t2", "t3"):
         b.enqueue(uid)
-    out = b.send(D1, (Op.T_SUBSCRIBE, 1, 8))
-    out.update(b.send(D2, (Op.T_SUBSCRIBE, 1, 8)))
+    out = b.send(D1, (Op.T_SUBSCRIBE, 1, 8, False))
+    out.update(b.send(D2, (Op.T_SUBSCRIBE, 1, 8, False)))
     calls = [item[2] for items in out.values() for item in items if item[1] == R.T_CALL]
     assert calls == ["t1", "t2"]
     out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
-    assert [i[2] for items in out.values() for i in items] == ["t3"]
+    assert (1, R.T_NOTED) in out[D1]            # the report arrived: it may be forgotten
+    assert [i[2] for items in out.values() for i in items if i[1] == R.T_CALL] == ["t3"]
 
 
 def test_a_dispatcher_may_only_report_its_own_calls():
     b = BrokerClock()
     b.enqueue("t1")
-    b.send(D1, (Op.T_SUBSCRIBE, 1, 1))
-    b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
+    b.send(D2, (Op.T_SUBSCRIBE, 1, 1, False))
     b.send(D2, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"forged", None, 0))
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["status"] == RUNNING
@@ -338,11 +339,11 @@ def test_a_dispatcher_may_only_report_its_own_calls():
 def test_a_dispatcher_that_goes_away_gives_its_call_to_the_next_one():
     b = BrokerClock()
     b.enqueue("t1", {"backoff": 0})
-    assert [i[2] for i in b.send(D1, (Op.T_SUBSCRIBE, 1, 1))[D1]] == ["t1"]
+    assert [i[2] for i in b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))[D1]] == ["t1"]
     assert b.send(D1, (Op.CLOSE, 1)) == {}, "no dispatcher left to take the retry"
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["status"] == QUEUED and "went away" in info["error"]
-    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1))
+    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1, False))
     assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000)]}
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["attempt"] == 2 and "error" not in info, "the last attempt's error is gone"
@@ -431,8 +432,8 @@ def test_a_function_name_cannot_climb_out_of_the_base_url():
 
 def test_calls_spread_over_dispatchers_one_each_in_turn():
     b = BrokerClock(concurrency=100)
-    b.send(D1, (Op.T_SUBSCRIBE, 1, 10))
-    b.send(D2, (Op.T_SUBSCRIBE, 1, 10))
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 10, False))
+    b.send(D2, (Op.T_SUBSCRIBE, 1, 10, False))
     got = []
     for n in range(6):
         b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b"{}", None, f"t{n}", True)]), b.now)
@@ -447,16 +448,35 @@ def test_a_declined_call_puts_the_task_back_without_using_an_attempt(c):
     assert c.take() is task and task.attempt == 1
 
 
+def test_a_dispatcher_busy_on_every_slot_after_a_reconnect_is_not_stopping():
+    b = BrokerClock(concurrency=10)
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
+    b.enqueue("t1")
+    b.enqueue("t2")
+    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 0, False)) == {}     # all its slots are busy
+    out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
+    assert [i[2] for i in out[D1] if i[1] == R.T_CALL] == ["t2"]
+
+
+def test_every_report_is_noted_even_one_the_broker_ignores():
+    b = BrokerClock()
+    assert b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0)) == {
+        D1: [(1, R.T_NOTED)]}                   # not subscribed, no such task
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
+    assert b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "no-such-kind", 200, b"", None, 0)) == {
+        D1: [(1, R.T_NOTED)]}
+
+
 def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
     b = BrokerClock(concurrency=10)
     b.enqueue("t1")
-    b.send(D1, (Op.T_SUBSCRIBE, 1, 5))
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 5, False))
     b.enqueue("t2")
-    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 0)) == {}
+    assert b.send(D1, (Op.T_SUBSCRIBE, 1, 0, True)) == {}
     b.enqueue("t3")
     out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
-    assert out == {}, "its outcome frees no slot"
-    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 5))
+    assert out == {D1: [(1, R.T_NOTED)]}, "its outcome frees no slot"
+    out = b.send(D2, (Op.T_SUBSCRIBE, 1, 5, False))
     assert [i[2] for i in out[D2]] == ["t3"]
 
 

@@ -260,16 +260,17 @@ def test_a_config_file_with_an_error_stops_serve_and_names_the_key(tmp_path):
     assert str(path) in out.stderr and "timeout" in out.stderr
 
 
-def start_split(tmp_path, host) -> tuple[list, "Api", list[str]]:
-    """A broker, an HTTP front and one dispatcher in their own processes: the processes
-    (stop them in reverse), the API, and the command that starts another dispatcher."""
+def start_split(tmp_path, host, broker_args=()) -> tuple[list, "Api", list[str]]:
+    """A broker (with `broker_args`), an HTTP front and one dispatcher in their own
+    processes: the processes (stop them in reverse), the API, and the command that starts
+    another dispatcher."""
     path = tmp_path / "zstalk.toml"
     path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
     broker_port, http_port = free_port(), free_port()
     endpoint = f"tcp://{LOOPBACK}:{broker_port}"
     dispatcher = [find_zstalk(), "dispatcher", "--broker", endpoint]
-    procs = [ServerProcess([find_zstalk(), "broker", "--bind", endpoint, "--config", str(path)],
-                           (LOOPBACK, broker_port), name="tasks-broker").start()]
+    procs = [ServerProcess([find_zstalk(), "broker", "--bind", endpoint, "--config", str(path),
+                            *broker_args], (LOOPBACK, broker_port), name="tasks-broker").start()]
     try:
         procs.append(ServerProcess([find_zstalk(), "front", "http", "--broker", endpoint,
                                     "--listen", f"{LOOPBACK}:{http_port}"],
@@ -597,3 +598,28 @@ def test_a_json_result_reads_back_as_json_and_any_other_body_as_its_text(serve, 
         api.enqueue(name, uniqueId=name)
     assert api.wait_status("json", "success")["result"] == [1, "two", None]
     assert api.wait_status("text", "success")["result"] == "closed order 7"
+
+
+def test_a_call_running_while_the_broker_restarts_is_reported_once_by_its_dispatcher(
+        tmp_path, host):
+    """A rolling update of the broker: its dispatcher, in its own process, keeps the call,
+    claims it from the restarted broker and reports it; nothing is called twice, and
+    atMostOnce does not fail a call that succeeded."""
+    from zstalk.broker.tasks import CLAIM_S
+    procs, api, _ = start_split(tmp_path, host, ["--binlog", str(tmp_path / "wal"), "-f", "0"])
+    try:
+        host.held.add("longCall")
+        code, _ = api.request("POST", "/v1/tasks", {"function": "longCall", "options": {
+            "uniqueId": "t", "deliveryMode": "atMostOnce", "timeout": 60000}})
+        assert code == 201
+        wait_calls(host, "longCall", 1)
+        procs[0].kill()
+        procs[0].start()                # the same endpoint and binlog
+        time.sleep(CLAIM_S + 1)         # past the wait for a claim: its claim kept it
+        host.held.clear()
+        info = api.wait_status("t", "success", "failed")
+        assert (info["status"], info["attempt"]) == ("success", 1), info
+        assert len(host.called("longCall")) == 1
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

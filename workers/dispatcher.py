@@ -20,12 +20,16 @@ broker may call it again (broker/tasks.py says what it does with each kind):
     timeout; connection lost mid-call       unknown  the function may have run
 
 The broker counts a dispatcher's *free* slots: T_SUBSCRIBE sets the count and each
-T_OUTCOME adds one (broker/task_commands.py, `t_subscribe` / `t_outcome`).  So calls keep running
-while the broker is away, their reports wait in `resend`, and the next Welcome subscribes
-with the slots that neither a running call nor a report about to be resent will free,
-then resends them (the broker ignores a report on a call it no longer waits for).  For
-the same reason a dispatcher cannot drain gracefully: every report would free a slot and
-bring a new call, so close() cancels what runs (the broker counts it unknown).
+T_OUTCOME adds one (broker/task_commands.py, `t_subscribe` / `t_outcome`).  So calls keep
+running while the broker is away, their reports wait in `resend`, and the next Welcome
+subscribes with the slots that neither a running call nor a report about to be resent
+will free, then resends them (the broker ignores a report on a call it no longer waits
+for).  A report sent is kept in `unacked` until the broker's T_NOTED says it arrived;
+losing the broker moves the unacked ones to `resend`, so a report is never lost with a
+dropped connection.  Our SessionState lists the calls we make or have reports on: a
+broker restarted with its binlog gives them back to us instead of calling them again.
+Stopping, close() subscribes as stopping so outcomes bring no new calls, and lets
+running calls finish for a grace period.
 
 A result is kept as JSON, decided by the response's Content-Type: a JSON body
 (application/json or any +json type) is its value as sent; any other body is text, decoded
@@ -41,6 +45,7 @@ verifies signatures refuses them (401: a failure, retried by the task's policy).
 from __future__ import annotations
 
 import asyncio
+import collections
 import email.utils
 import json
 import logging
@@ -88,8 +93,9 @@ class Dispatcher(LinkOwner):
         self.broker = broker
         self.slots = slots
         self.signing_key = signing.signing_key(signing_key)
-        self.calls: set[asyncio.Task] = set()
-        self.resend: list[tuple] = []   # reports made while the broker was away
+        self.calls: dict[asyncio.Task, tuple[str, int]] = {}    # running: (uid, attempt)
+        self.unacked: collections.deque[tuple] = collections.deque()  # sent, not yet NOTED
+        self.resend: list[tuple] = []   # reports to send after the next Welcome
         self.opened = False             # the broker has our session, as far as we know
         self.ready = False              # the link has had Welcome and not lost it since
         self.closing = False
@@ -104,13 +110,13 @@ class Dispatcher(LinkOwner):
         self.link.start()
 
     async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
-        """Stop: take no new calls (subscribe with 0 slots, which the broker keeps at 0),
+        """Stop: take no new calls (subscribe as stopping: the broker keeps our slots at 0),
         let the running ones finish and report for up to `grace_s`, then cancel what is
         left (closing our session makes the broker count those unknown: they may have
         reached their functions).  A call pushed meanwhile is declined, not made."""
         self.closing = True
         if self.ready:
-            self.link.submit((Op.T_SUBSCRIBE, CONN, 0))
+            self.link.submit((Op.T_SUBSCRIBE, CONN, 0, True))
             self.link.flush_now()
         if self.calls:
             await asyncio.wait(set(self.calls), timeout=grace_s)
@@ -127,11 +133,12 @@ class Dispatcher(LinkOwner):
     # -- LinkOwner ---------------------------------------------------------------------
     def on_replies(self, items: list) -> None:
         for item in items:
-            if item[1] != R.T_CALL:
-                continue
-            if self.closing:        # pushed before our 0 slots reached the broker
-                self.link.submit((Op.T_OUTCOME, CONN, item[2], item[3],
-                                  *Outcome(DECLINED, error="the dispatcher is stopping")))
+            if item[1] != R.T_CALL:         # T_NOTED (or an error) for our oldest report
+                if self.unacked:
+                    self.unacked.popleft()
+            elif self.closing:      # pushed before our stopping reached the broker
+                self._report((Op.T_OUTCOME, CONN, item[2], item[3],
+                              *Outcome(DECLINED, error="the dispatcher is stopping")))
             else:
                 self._start_call(*item[2:7])
 
@@ -141,30 +148,42 @@ class Dispatcher(LinkOwner):
         self.opened = self.ready = True
         resend, self.resend = self.resend, []
         free = 0 if self.closing else max(0, self.slots - len(self.calls) - len(resend))
-        self.link.submit((Op.T_SUBSCRIBE, CONN, free))
+        self.link.submit((Op.T_SUBSCRIBE, CONN, free, self.closing))
         for op in resend:
-            self.link.submit(op)
+            self._report(op)
         log.info("dispatcher subscribed: %d slots free of %d", free, self.slots)
 
     def on_lost(self) -> None:
-        """Calls keep running; their reports wait in `resend` for the next Welcome."""
+        """Calls keep running; their reports, and those not yet NOTED, wait in `resend`
+        for the next Welcome."""
         self.ready = False
+        self.resend[:0] = self.unacked
+        self.unacked.clear()
 
     def on_fenced(self) -> None:
         """The broker closed our session (its calls count as unknown there): the next
         Welcome opens a new one, where reports on the old calls still free their slots."""
-        self.ready = self.opened = False
+        self.on_lost()
+        self.opened = False
 
     def session_states(self) -> list[SessionState]:
-        return [SessionState(CONN, "", [], [])] if self.opened else []
+        """Our session, with the calls we make or have reports on: [uid, attempt]."""
+        if not self.opened:
+            return []
+        claims = [[uid, attempt] for uid, attempt in self.calls.values()]
+        claims += [[op[2], op[3]] for op in (*self.unacked, *self.resend)]
+        return [SessionState(CONN, "", [], [], claims)]
 
     # -- calls -------------------------------------------------------------------------
     def _start_call(self, uid: str, attempt: int, url: str, params: bytes,
                     timeout_ms: int) -> None:
         task = asyncio.get_running_loop().create_task(
             self._run_call(uid, attempt, url, params, timeout_ms))
-        self.calls.add(task)
-        task.add_done_callback(self.calls.discard)
+        self.calls[task] = (uid, attempt)
+        task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self.calls.pop(task, None)
 
     async def _run_call(self, uid: str, attempt: int, url: str, params: bytes,
                         timeout_ms: int) -> None:
@@ -176,8 +195,12 @@ class Dispatcher(LinkOwner):
         if outcome.error is not None:   # (a reason phrase may hold undecodable bytes)
             outcome = outcome._replace(error=outcome.error.encode(
                 "utf-8", "backslashreplace").decode("utf-8"))
-        report = (Op.T_OUTCOME, CONN, uid, attempt, *outcome)
+        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome))
+
+    def _report(self, report: tuple) -> None:
+        """Send a report now, kept until the broker notes it; or after the next Welcome."""
         if self.ready:
+            self.unacked.append(report)
             self.link.submit(report)
         else:
             self.resend.append(report)
