@@ -16,7 +16,7 @@ from .tasks import (ERROR_CHARS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcom
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
-NEEDS_KEY = (401, "unauthorized", "this needs Authorization: Bearer <master key>")
+NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
 
 
 class TaskSession:
@@ -44,18 +44,18 @@ class TaskCommands:
     def t_enqueue(self, s, op, now):
         _, conn, function, params, options, uid, keyed = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
-            return (conn, R.T_ERROR, 400, "bad_request", "malformed enqueue")
+            return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
         if keyed is not True:
             if not self.api.public_enqueue:
                 return (conn, R.T_ERROR, *NEEDS_KEY)
             if options:
-                return (conn, R.T_ERROR, 401, "unauthorized",
+                return (conn, R.T_ERROR, "unauthorized",
                         "an enqueue without the master key may set no option")
         if self.draining:
-            return (conn, R.T_ERROR, 503, "draining", "the server is draining: no new tasks")
+            return (conn, R.T_ERROR, "draining", "the server is draining: no new tasks")
         limit = self.config.max_jobs_bytes
         if limit and self.jobs_bytes + self.tasks.bytes + TASK_OVERHEAD_BYTES + len(params) > limit:
-            return (conn, R.T_ERROR, 503, "out_of_memory",
+            return (conn, R.T_ERROR, "out_of_memory",
                     f"the memory for jobs and tasks (--max-jobs-bytes {limit}) is used up")
         task = self.tasks.enqueue(function, params, options, now, uid=uid)
         if isinstance(task, TaskError):
@@ -69,13 +69,13 @@ class TaskCommands:
             return (s.conn, R.T_ERROR, *NEEDS_KEY)
         info = self.tasks.info(op[2], now) if type(op[2]) is str else None
         if info is None:
-            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         return (s.conn, R.T_TASK, info)
 
     def t_cancel(self, s, op, now):
         task = self.tasks.cancel(op[2], now) if type(op[2]) is str else None
         if task is None:
-            return (s.conn, R.T_ERROR, 404, "not_found", f"no task {op[2]!r}")
+            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
         return (s.conn, R.T_TASK, self.tasks.info(task.uid, now))
@@ -85,7 +85,7 @@ class TaskCommands:
         if not (function is None or type(function) is str) or not (
                 status is None or status in STATUSES) or type(limit) is not int or not (
                 1 <= limit <= MAX_PAGE) or type(after) is not int:
-            return (conn, R.T_ERROR, 400, "bad_request",
+            return (conn, R.T_ERROR, "bad_request",
                     f"status is one of {', '.join(sorted(STATUSES))}, limit 1 to {MAX_PAGE}")
         infos, cursor = self.tasks.page(function, status, limit, after, now)
         return (conn, R.T_LIST, infos, cursor)

@@ -32,8 +32,9 @@ their function's `concurrency`, which holds across every dispatcher because only
 broker hands tasks out.  A running task also has a deadline (its timeout plus
 CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
 
-Errors are data: `TaskError(status, code, message)`, the HTTP status and JSON error the
-front answers with; nothing is changed when an error is returned.
+Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
+nothing is changed when an error is returned.  The HTTP front maps each code to its
+status in one table (protocol/http_front.py, STATUS).
 
 Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
 its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
@@ -84,8 +85,7 @@ OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "priori
 
 
 class TaskError(NamedTuple):
-    status: int         # the HTTP status
-    code: str           # a stable machine-readable name
+    code: str           # a stable machine-readable name (http_front.STATUS gives its status)
     message: str
 
 
@@ -195,15 +195,15 @@ class Tasks:
         random id the caller made (the core has no randomness of its own for ids)."""
         spec = self.function(function)
         if spec is None:
-            return TaskError(404, "unknown_function", f"no function named {function!r}")
+            return TaskError("unknown_function", f"no function named {function!r}")
         parsed = parse_options(options, spec)
         if isinstance(parsed, TaskError):
             return parsed
         uid = parsed.get("uniqueId", uid)
         if uid is None:
-            return TaskError(400, "bad_request", "a uniqueId is needed")
+            return TaskError("bad_request", "a uniqueId is needed")
         if uid in self.tasks:
-            return TaskError(409, "duplicate", f"a task with uniqueId {uid!r} exists")
+            return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
         priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
         task = Task(uid, function, params, priority, 0, now)
         task.attempts = parsed.get("attempts", 1)
@@ -404,9 +404,9 @@ class Tasks:
     def cancel(self, uid: str, now: float) -> Task | TaskError:
         task = self.tasks.get(uid)
         if task is None:
-            return TaskError(404, "not_found", f"no task {uid!r}")
+            return TaskError("not_found", f"no task {uid!r}")
         if task.status != QUEUED:
-            return TaskError(409, "not_cancellable", f"task {uid!r} is {task.status}")
+            return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
         if self.wal is not None and not self.wal.reserve_task_state(task):
             return _NO_SPACE
         if task.key in self.by_key:
@@ -511,11 +511,11 @@ def parse_options(options: Any, spec: FunctionSpec) -> dict | TaskError:
     return out
 
 
-_NO_SPACE = TaskError(503, "out_of_space", "the binlog's disk is full")
+_NO_SPACE = TaskError("out_of_space", "the binlog's disk is full")
 
 
 def _bad(message: str) -> TaskError:
-    return TaskError(400, "bad_request", message)
+    return TaskError("bad_request", message)
 
 
 def _int(name: str, value: Any, low: int, high: int) -> int | TaskError:

@@ -14,8 +14,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/openapi.py)   -> 200
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
-it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with the HTTP status, code
-and message to send, which pass through untouched.  The front checks only the shape of
+it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
+message, which STATUS maps to the HTTP status to send.  The front checks only the shape of
 a request body (a JSON object with known keys of the right types) and makes the random
 uniqueId the broker core cannot (`secrets.token_hex(16)`; the broker prefers
 options.uniqueId).  `params` is re-encoded as compact JSON: that is the body the
@@ -68,19 +68,27 @@ _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CAN
 _T_LIST = int(Op.T_LIST)
 PAGE_LIMIT = 100            # tasks in a listing page unless `limit` says otherwise
 
-#: the error code of each status the front answers on its own (the broker's T_ERROR
-#: replies carry their own code)
-CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "too_large",
-    415: "unsupported_media_type",
-    500: "internal",
-    503: "unavailable",
+#: every error code, the front's own and the broker's (its T_ERROR replies), with the
+#: HTTP status it is answered with: the one table of the API's refusals
+STATUS = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "unknown_function": 404,
+    "method_not_allowed": 405,
+    "duplicate": 409,
+    "not_cancellable": 409,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "internal": 500,
+    "unavailable": 503,
+    "draining": 503,
+    "out_of_memory": 503,
+    "out_of_space": 503,
 }
+#: the code of each status the front answers on its own
+CODES = {status: code for code, status in reversed(STATUS.items())}
 ENQUEUE_KEYS = ("function", "params", "options")
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
@@ -231,7 +239,10 @@ def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.R
 def reply_problem(reply: tuple) -> Problem:
     """A broker reply that is not a TaskInfo, as the refusal to answer with."""
     if reply[1] == R.T_ERROR:
-        return Problem(*reply[2:5])
+        code, message = reply[2:4]
+        if code not in STATUS:
+            log.warning("a broker error code with no status: %r", code)
+        return Problem(STATUS.get(code, 500), code, message)
     if reply[1] == R.INTERNAL_ERROR:    # held by the link past its hold time
         return refuse(503, "the broker did not answer in time")
     log.warning("unexpected broker reply %r", reply[1:2])
@@ -478,7 +489,7 @@ class HttpFront(LinkOwner):
 
     def _fail_waiting(self, message: str) -> None:
         waiting, self.waiting = self.waiting, collections.deque()
-        unavailable = (CONN, R.T_ERROR, 503, CODES[503], message)
+        unavailable = (CONN, R.T_ERROR, "unavailable", message)
         for future in waiting:
             if not future.done():
                 future.set_result(unavailable)

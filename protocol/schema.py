@@ -143,7 +143,7 @@ class R(enum.IntEnum):
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
     T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
-    T_ERROR = 41        # (status, code, message)  the HTTP status and JSON error to answer
+    T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/tasks.py) and a sentence
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
     T_NOTED = 44        # ()  a T_OUTCOME was taken (the dispatcher may forget its report)

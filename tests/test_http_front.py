@@ -117,15 +117,15 @@ def info_of(op: tuple, **fields) -> tuple:
     return (1, R.T_TASK, task_info(op[2], **fields))
 
 
-def error(status: int, code: str, message: str):
-    return lambda op: (1, R.T_ERROR, status, code, message)
+def error(code: str, message: str):
+    return lambda op: (1, R.T_ERROR, code, message)
 
 
 # -- enqueue --------------------------------------------------------------------------------
 def test_an_array_enqueues_each_good_task_in_one_batch_and_answers_each_in_order() -> None:
     def answer(op: tuple) -> tuple:
         if op[2] == "dup":
-            return (1, R.T_ERROR, 409, "duplicate", "a task with uniqueId 'd' exists")
+            return (1, R.T_ERROR, "duplicate", "a task with uniqueId 'd' exists")
         return enqueued(op)
     body = [{"function": "a", "options": {"uniqueId": "u1"}}, {"function": 7},
             {"function": "dup"}, {"function": "b", "params": [1]}]
@@ -187,9 +187,12 @@ def test_each_task_gets_a_fresh_random_id() -> None:
     (409, "duplicate", "a task with uniqueId 'x' exists"),
     (404, "unknown_function", "no function named 'nope'"),
     (400, "bad_request", "unknown option 'colour'; options are ..."),
+    (503, "out_of_space", "the binlog's disk is full"),
+    (500, "a_code_from_a_newer_broker", "?"),
 ])
-def test_the_brokers_refusal_of_an_enqueue_passes_through(status, code, message) -> None:
-    got, reply, ops = request("POST", "/v1/tasks", error(status, code, message),
+def test_the_brokers_refusal_of_an_enqueue_is_answered_with_its_code_s_status(
+        status, code, message) -> None:
+    got, reply, ops = request("POST", "/v1/tasks", error(code, message),
                               json={"function": "hello", "options": {"colour": 1}})
     assert len(ops) == 1
     assert (got, reply) == (status, {"error": code, "message": message})
@@ -233,7 +236,7 @@ def test_a_result_is_shown_as_json_when_it_is_json_and_as_text_otherwise(result,
 
 def test_getting_an_unknown_task_answers_the_brokers_404() -> None:
     status, reply, _ = request("GET", "/v1/tasks/nope",
-                               error(404, "not_found", "no task 'nope'"))
+                               error("not_found", "no task 'nope'"))
     assert (status, reply) == (404, {"error": "not_found", "message": "no task 'nope'"})
 
 
@@ -248,7 +251,7 @@ def test_deleting_a_task_cancels_it_and_answers_its_info() -> None:
 
 def test_deleting_a_running_task_answers_the_brokers_409() -> None:
     status, reply, _ = request("DELETE", "/v1/tasks/t",
-                               error(409, "not_cancellable", "task 't' is running"))
+                               error("not_cancellable", "task 't' is running"))
     assert (status, reply["error"]) == (409, "not_cancellable")
 
 

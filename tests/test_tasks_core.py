@@ -75,27 +75,27 @@ def test_a_task_is_queued_with_the_cloud_queue_defaults(c):
 ])
 def test_a_bad_option_is_a_400_and_enqueues_nothing(c, options, message):
     error = c.enqueue(options=options)
-    assert isinstance(error, TaskError) and error.status == 400 and message in error.message
+    assert isinstance(error, TaskError) and error.code == "bad_request" and message in error.message
     assert c.store.tasks == {} and c.take() is None
 
 
 def test_an_unknown_function_is_a_404(c):
     error = c.enqueue("nosuch")
-    assert isinstance(error, TaskError) and error.status == 404 and "nosuch" in error.message
+    assert isinstance(error, TaskError) and error.code == "unknown_function" and "nosuch" in error.message
 
 
 def test_a_function_timeout_caps_what_a_task_may_ask_for():
     c = Clock(f={"timeout_ms": 1000, "max_timeout_ms": 2000})
     assert c.enqueue().timeout_ms == 1000
     assert c.enqueue(options={"timeout": 2000}).timeout_ms == 2000
-    assert c.enqueue(options={"timeout": 2001}).status == 400
+    assert c.enqueue(options={"timeout": 2001}).code == "bad_request"
 
 
 def test_a_unique_id_is_taken_until_its_finished_task_is_forgotten(c):
     first = c.enqueue(options={"uniqueId": "order-1", "keepResult": 1000})
-    assert c.enqueue(options={"uniqueId": "order-1"}).status == 409
+    assert c.enqueue(options={"uniqueId": "order-1"}).code == "duplicate"
     assert c.report(c.take(), "success", status_code=200, result=b'{"ok":true}')
-    assert c.enqueue(options={"uniqueId": "order-1"}).status == 409, "still kept"
+    assert c.enqueue(options={"uniqueId": "order-1"}).code == "duplicate", "still kept"
     c.advance(1.0)
     assert c.store.info("order-1", c.now) is None
     again = c.enqueue(options={"uniqueId": "order-1"})
@@ -226,12 +226,12 @@ def test_cancel_takes_a_queued_or_retrying_task_and_refuses_a_running_one(c):
     c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=5)
     assert c.take() is queued          # (first come) -- now running
     assert c.store.cancel(delayed.uid, c.now) is delayed and c.status(delayed.uid) == CANCELLED
-    assert c.store.cancel(queued.uid, c.now).status == 409
+    assert c.store.cancel(queued.uid, c.now).code == "not_cancellable"
     assert c.store.cancel(running.uid, c.now) is running
     assert c.take() is None
     c.advance(10)
     assert c.take() is None, "a cancelled delayed task never comes due"
-    assert c.store.cancel("nosuch", c.now).status == 404
+    assert c.store.cancel("nosuch", c.now).code == "not_found"
 
 
 def test_params_and_results_are_counted_until_the_task_is_forgotten(c):
@@ -302,15 +302,15 @@ def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     assert code == R.T_TASK and info["status"] == SUCCESS and info["result"] == b'"ok"'
 
 
-def test_enqueue_errors_come_back_as_http_errors():
+def test_enqueue_errors_come_back_as_error_codes():
     b = BrokerClock()
     assert b.enqueue("t1")[1] == R.T_TASK
-    assert b.enqueue("t1")[1:3] == (R.T_ERROR, 409)
-    assert b.enqueue("t2", {"delay": "soon"})[1:3] == (R.T_ERROR, 400)
+    assert b.enqueue("t1")[1:3] == (R.T_ERROR, "duplicate")
+    assert b.enqueue("t2", {"delay": "soon"})[1:3] == (R.T_ERROR, "bad_request")
     [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "nosuch", b"{}", None, "t3", True))[HTTP]
-    assert reply[1:3] == (R.T_ERROR, 404)
+    assert reply[1:3] == (R.T_ERROR, "unknown_function")
     [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "f", "not bytes", None, "t4", True))[HTTP]
-    assert reply[1:3] == (R.T_ERROR, 400)
+    assert reply[1:3] == (R.T_ERROR, "bad_request")
 
 
 def test_a_function_s_concurrency_holds_across_dispatchers_and_calls_go_round():
@@ -368,12 +368,12 @@ def test_tasks_and_jobs_share_the_memory_limit_and_draining_refuses_new_tasks():
     assert b.enqueue("t1")[1] == R.T_TASK
     [reply] = b.send(BEANSTALK, (Op.PUT, 1, 0, 0, 60, b"x" * 200))[BEANSTALK]
     assert reply[1] == R.INSERTED
-    assert b.enqueue("t2")[1:4] == (R.T_ERROR, 503, "out_of_memory")
+    assert b.enqueue("t2")[1:3] == (R.T_ERROR, "out_of_memory")
     [reply] = b.send(BEANSTALK, (Op.PUT, 1, 0, 0, 60, b"x" * 300))[BEANSTALK]
     assert reply[1] == R.OUT_OF_MEMORY
     b.broker.draining = True
     b.send(BEANSTALK, (Op.DELETE, 1, 1))
-    assert b.enqueue("t3")[1:4] == (R.T_ERROR, 503, "draining")
+    assert b.enqueue("t3")[1:3] == (R.T_ERROR, "draining")
 
 
 def test_a_listing_pages_through_tasks_in_enqueue_order_with_filters():
@@ -410,12 +410,12 @@ def test_the_broker_answers_a_listing_and_refuses_a_bad_one():
     [reply] = b.send(HTTP, (Op.T_LIST, 1, None, None, 10, 0))[HTTP]
     assert reply[1] == R.T_LIST and [i["uniqueId"] for i in reply[2]] == ["t1"] and reply[3] is None
     [reply] = b.send(HTTP, (Op.T_LIST, 1, None, "sleeping", 10, 0))[HTTP]
-    assert reply[1:3] == (R.T_ERROR, 400)
+    assert reply[1:3] == (R.T_ERROR, "bad_request")
 
 
 def test_names_under_the_base_url_cost_nothing_once_no_task_uses_them():
     store = Tasks({}, base=FunctionSpec("", "http://fn/"), rand=lambda: 0.5)
-    assert store.enqueue("a", b"{}", {"delay": -1}, T0, uid="x").status == 400
+    assert store.enqueue("a", b"{}", {"delay": -1}, T0, uid="x").code == "bad_request"
     assert store.specs == {} and store.uses == {}, "a refused enqueue keeps nothing"
     task = store.enqueue("a", b"{}", {"keepResult": 0}, T0, uid="t1")
     assert store.take("d", T0) is task and store.specs["a"].url == "http://fn/a"
@@ -427,7 +427,7 @@ def test_names_under_the_base_url_cost_nothing_once_no_task_uses_them():
 def test_a_function_name_cannot_climb_out_of_the_base_url():
     store = Tasks({}, base=FunctionSpec("", "http://fn/api"))
     for name in ("..", ".hidden", "a/b", ""):
-        assert store.enqueue(name, b"{}", None, T0, uid="t1").status == 404
+        assert store.enqueue(name, b"{}", None, T0, uid="t1").code == "unknown_function"
 
 
 def test_calls_spread_over_dispatchers_one_each_in_turn():
@@ -492,7 +492,7 @@ def test_a_function_gone_from_the_config_keeps_its_tasks_until_it_returns(c):
 # -- the [api] policy: what a request without the master key may do ------------------------
 def test_by_default_an_enqueue_without_the_master_key_is_refused_and_reading_is_not():
     b = BrokerClock()
-    assert b.enqueue("t1", keyed=False)[1:4] == (R.T_ERROR, 401, "unauthorized")
+    assert b.enqueue("t1", keyed=False)[1:3] == (R.T_ERROR, "unauthorized")
     assert b.enqueue("t1")[1] == R.T_TASK
     assert b.info("t1", keyed=False)[1] == R.T_TASK
 
@@ -501,15 +501,15 @@ def test_public_enqueue_takes_tasks_without_the_key_but_no_options_with_them():
     b = BrokerClock(api=ApiPolicy(public_enqueue=True))
     assert b.enqueue("t1", keyed=False)[1] == R.T_TASK
     refused = b.enqueue("t2", {"delay": 1000}, keyed=False)
-    assert refused[1:3] == (R.T_ERROR, 401) and "no option" in refused[4]
-    assert b.info("t2")[1:3] == (R.T_ERROR, 404)        # nothing was enqueued
+    assert refused[1:3] == (R.T_ERROR, "unauthorized") and "no option" in refused[3]
+    assert b.info("t2")[1:3] == (R.T_ERROR, "not_found")  # nothing was enqueued
     assert b.enqueue("t3", {"delay": 1000})[1] == R.T_TASK
 
 
 def test_private_results_make_reading_a_task_need_the_key():
     b = BrokerClock(api=ApiPolicy(private_results=True))
     b.enqueue("t1")
-    assert b.info("t1", keyed=False)[1:4] == (R.T_ERROR, 401, "unauthorized")
+    assert b.info("t1", keyed=False)[1:3] == (R.T_ERROR, "unauthorized")
     assert b.info("t1")[1] == R.T_TASK
 
 
