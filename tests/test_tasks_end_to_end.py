@@ -36,7 +36,8 @@ class FunctionHost:
     most), then answers the next of `script[name]` (a dict: web.Response's arguments,
     and `sleep`, seconds to wait first), else 200 with its name and params as JSON."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context=None) -> None:
+        self.ssl_context = ssl_context      # serve https:// with it
         self.calls: list[Call] = []
         self.held: set[str] = set()
         self.script: dict[str, list[dict]] = {}
@@ -68,7 +69,8 @@ class FunctionHost:
         app.router.add_post("/fn/{name}", self.handle)
         runner = web.AppRunner(app)
         self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port).start())
+        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port,
+                                                 ssl_context=self.ssl_context).start())
         self.ready.set()
         self.loop.run_forever()
 
@@ -623,3 +625,28 @@ def test_a_call_running_while_the_broker_restarts_is_reported_once_by_its_dispat
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def test_an_https_function_is_called_only_with_a_certificate_the_dispatcher_trusts(
+        serve, tmp_path):
+    """Certificates are verified against the system's store; SSL_CERT_FILE names another
+    (here a test CA that signed the function host's certificate for 127.0.0.1)."""
+    import ssl
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(LOOPBACK).configure_cert(context)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with FunctionHost(context) as tls_host:
+        config = f'[functions]\nbase_url = "https://{LOOPBACK}:{tls_host.port}/fn"\n'
+        untrusting = serve(config=config)
+        _, body = untrusting.request("POST", "/v1/tasks", {"function": "f", "options": {
+            "attempts": 0}})
+        info = untrusting.wait_status(body["uniqueId"], "success", "failed")
+        assert info["status"] == "failed" and "certificate" in info["error"].lower()
+        assert tls_host.calls == []                 # the request never left
+        trusting = serve(config=config, env={**os.environ, "SSL_CERT_FILE": str(ca_file)})
+        _, body = trusting.request("POST", "/v1/tasks", {"function": "f", "params": [1]})
+        info = trusting.wait_status(body["uniqueId"], "success", "failed")
+        assert info["status"] == "success" and info["result"]["params"] == [1]
