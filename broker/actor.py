@@ -149,6 +149,9 @@ class BrokerActor:
         loop.add_signal_handler(signal.SIGINT, self.stop)
         loop.add_signal_handler(signal.SIGUSR1, self.drain)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        # a supervisor's child starts with these blocked, so one passed on before now
+        # waited instead of killing us (broker/supervisor.py); it is handled now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1, signal.SIGHUP])
 
     def reload(self) -> None:
         """SIGHUP: read the config file again; a file with an error changes nothing."""

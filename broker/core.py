@@ -201,7 +201,8 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
 
     def settings(self) -> Settings:
         c = self.config
-        return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes)
+        return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
+                        self.api.public_enqueue, self.api.private_results)
 
     def _reconcile(self, front: Front, states, now: float) -> None:
         """Make the front's sessions what it says they are (after either side lost the other).

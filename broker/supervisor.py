@@ -34,6 +34,8 @@ import time
 from .options import MASTER_KEY_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
+#: a dispatcher lets running calls finish for 10 s (workers/dispatcher.py CLOSE_GRACE_S)
+DISPATCHER_GRACE_S = 12.0
 RESTART_DELAY_S = 0.5
 #: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
 #: directory, endpoint in use): the supervisor stops and exits with the same code
@@ -45,8 +47,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _child_setup() -> None:
-    """Runs in each child between fork and exec: default signal mask, die with parent."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    """Runs in each child between fork and exec: only the signals we pass on blocked (the
+    broker unblocks them once it handles them: one sent while it starts waits for that,
+    instead of killing it), and die with the parent."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, _PASSED_ON)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -183,14 +187,27 @@ class Supervisor:
                 time.sleep(RESTART_DELAY_S)
                 if name == "broker":
                     self.broker_restarts += 1
-                self._start(name)
+                    self._start_broker_and_wait()   # its fronts wait for its replay
+                else:
+                    self._start(name)
 
     def _stop(self) -> None:
-        for proc in self.children.values():
+        """The fronts and the dispatcher first (the dispatcher lets running calls finish
+        and report for its grace period), the broker last, once nothing more can reach it
+        (with a binlog, it writes what they said)."""
+        others = [p for name, p in self.children.items() if name != "broker"]
+        self._terminate(others, DISPATCHER_GRACE_S if "dispatcher" in self.children
+                        else STOP_GRACE_S)
+        self._terminate([p for name, p in self.children.items() if name == "broker"],
+                        STOP_GRACE_S)
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in self.children.values():
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -11,7 +11,7 @@ dispatchers, one call each in turn.
 from __future__ import annotations
 
 from ..protocol.schema import R
-from .tasks import (ERROR_CHARS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcome, TaskError)
+from .tasks import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, Outcome, TaskError)
 
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
@@ -102,18 +102,21 @@ class TaskCommands:
 
     def t_outcome(self, s, op, now):
         _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
+        noted = (conn, R.T_NOTED, uid, attempt)
         if s not in self.dispatchers or kind not in OUTCOME_KINDS:
-            return (conn, R.T_NOTED)
+            return noted
         if not s.draining:
             s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
-                and (result is None or type(result) is bytes)):
+                and (result is None or type(result) is bytes)
+                and (status_code is None or type(status_code) is int and 100 <= status_code <= 599)):
             if error is not None:       # text that can travel on to any front
                 error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
-            outcome = Outcome(kind, status_code, result, error, retry_after_ms)
+            wait_ms = min(max(retry_after_ms, 0), MAX_DURATION_MS)
+            outcome = Outcome(kind, status_code, result, error, wait_ms)
             self.tasks.outcome(uid, attempt, outcome, now, holder=s)
         self._feed_dispatchers(now)
-        return (conn, R.T_NOTED)
+        return noted
 
     def claim_calls(self, s, claims, now: float) -> None:
         """A dispatcher re-registered after our restart lists the calls it is making or

@@ -45,7 +45,6 @@ outcome then, decided by its deliveryMode.
 """
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from typing import Any, Callable, NamedTuple
@@ -184,7 +183,7 @@ class Tasks:
         self.calls = SortedList()       # (deadline, seq) of running tasks
         self.keeping = SortedList()     # (expires, seq) of finished tasks
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
-        self._seq = itertools.count(1)
+        self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
         self.wal = None                 # the binlog (binlog.Binlog), set by the core
 
@@ -205,7 +204,7 @@ class Tasks:
         if uid in self.tasks:
             return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
         priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
-        task = Task(uid, function, params, priority, 0, now)
+        task = Task(uid, function, params, priority, self.next_seq, now)
         task.attempts = parsed.get("attempts", 1)
         task.backoff = parsed.get("backoff", Backoff())
         task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
@@ -213,8 +212,8 @@ class Tasks:
         task.keep_result_ms = parsed.get("keepResult", 300000)
         task.due = now + parsed.get("delay", 0) / 1000
         if self.wal is not None and not self.wal.reserve_task(task):
-            return _NO_SPACE
-        task.seq = next(self._seq)
+            return _NO_SPACE            # (the record it sized is the one log_task writes)
+        self.next_seq += 1
         self._add(task, spec)
         self._queue(task, task.due, now)
         if self.wal is not None:
@@ -476,7 +475,7 @@ class Tasks:
                 task.status, task.expires = status, expires - wall
                 self.keeping.add((task.expires, seq))
         if replayed:
-            self._seq = itertools.count(max(t.seq for t in self.by_seq.values()) + 1)
+            self.next_seq = max(t.seq for t in self.by_seq.values()) + 1
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
         """A re-registered dispatcher says it is making call `attempt` of task `uid`, or
@@ -488,7 +487,9 @@ class Tasks:
             return False
         self.calls.remove((task.deadline, task.seq))
         task.holder = holder
-        task.deadline = max(now, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
+        # (a call that ended while we were down has its report on the way: it gets the
+        # time a report takes to come back, as an unclaimed call gets to be claimed)
+        task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
         self.calls.add((task.deadline, task.seq))
         return True
 

@@ -254,7 +254,12 @@ def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: l
     pos += _TASK.size
     if pos + length > len(data):
         raise BadSegment(f"task record at {pos} runs past its frame")
-    fields = msgpack.unpackb(data[pos:pos + length], raw=False)
+    try:
+        fields = msgpack.unpackb(data[pos:pos + length], raw=False)
+    except Exception as exc:    # msgpack raises several unrelated types
+        raise BadSegment(f"task record at {pos}: {exc}") from None
+    if not isinstance(fields, list) or not fields:
+        raise BadSegment(f"task record at {pos} is not a list")
     pos += length
     uid = fields[0]
     if kind == TASK:

@@ -397,6 +397,8 @@ class HttpFront(LinkOwner):
     # -- handlers: parse, one op, format -------------------------------------------------
     async def enqueue(self, request: web.Request) -> web.Response:
         key = keyed(request, self.master_key)
+        if key is False and not self.link.settings.public_enqueue:
+            key = refuse(401, "this needs Authorization: Bearer <master key>")
         denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
@@ -454,6 +456,8 @@ class HttpFront(LinkOwner):
 
     async def info(self, request: web.Request) -> web.Response:
         key = keyed(request, self.master_key)
+        if key is False and self.link.settings.private_results:
+            key = refuse(401, "this needs Authorization: Bearer <master key>")
         if isinstance(key, Problem):
             return problem_response(key)
         return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"],

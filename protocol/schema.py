@@ -146,7 +146,7 @@ class R(enum.IntEnum):
     T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/tasks.py) and a sentence
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
-    T_NOTED = 44        # ()  a T_OUTCOME was taken (the dispatcher may forget its report)
+    T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
 
 
 # ---------------------------------------------------------------------------------
@@ -186,6 +186,8 @@ class Settings(NamedTuple):
     max_job_size: int = 65535
     max_body_bytes: int = 1 << 20       # an HTTP request body (the config's [api] max_body)
     max_result_bytes: int = 1 << 20     # a function's result ([functions] max_result)
+    public_enqueue: bool = False        # the [api] policy (the broker decides; the front
+    private_results: bool = False       # uses it to refuse early, before reading a body)
 
 
 class SessionState(NamedTuple):

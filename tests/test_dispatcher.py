@@ -254,15 +254,33 @@ def test_a_report_the_broker_has_not_noted_is_sent_again_after_the_next_welcome(
             await link.outcome("t1")
             push(d, host.url + "/bytes/5", uid="t2")
             await link.outcome("t2")
-            d.on_replies([(1, R.T_NOTED)])      # t1's report arrived, t2's was lost
+            d.on_replies([(1, R.T_NOTED, "t1", 1)])     # t1's report arrived, t2's was lost
             d.on_lost()
             assert d.session_states()[0].holds == [["t2", 1]]
             d.on_welcome(welcome(restored=True))
             reports = [op[2] for op in link.ops if op[0] == Op.T_OUTCOME]
             assert reports == ["t1", "t2", "t2"]
             assert link.ops[-2][:4] == (Op.T_SUBSCRIBE, 1, 7, False)
-            d.on_replies([(1, R.T_NOTED)])
+            d.on_replies([(1, R.T_NOTED, "t2", 1)])
             assert not d.unacked and d.session_states()[0].holds == []
+    asyncio.run(main())
+
+
+def test_a_welcome_right_after_a_call_reports_counts_that_call_once() -> None:
+    """The broker comes back between a call's report and the end of its asyncio task."""
+    class WelcomedAtOnce(Dispatcher):
+        def _report(self, report: tuple) -> None:
+            super()._report(report)
+            if not self.ready:
+                self.on_welcome(welcome(restored=True))
+
+    async def main() -> None:
+        async with function_host() as host, dispatcher(WelcomedAtOnce, slots=4) as (d, link):
+            d.on_lost()
+            push(d, host.url + "/bytes/5")
+            await link.outcome("t1")
+            subscribed = [op for op in link.ops if op[0] == Op.T_SUBSCRIBE]
+            assert subscribed[-1] == (Op.T_SUBSCRIBE, 1, 3, False)    # 4 - the resent one
     asyncio.run(main())
 
 
@@ -409,12 +427,18 @@ def test_a_result_over_the_limit_is_fatal_naming_the_limit(path: str) -> None:
 
 @pytest.mark.parametrize("path", ["/bytes/10", "/chunked/10"])
 def test_a_result_of_exactly_the_limit_is_a_success(path: str) -> None:
-    assert call(path, max_result_bytes=10) == Outcome("success", 200, b'"xxxxxxxxxx"', None, 0)
+    # (kept as the JSON string "xxxxxxxxxx": 12 bytes)
+    assert call(path, max_result_bytes=12) == Outcome("success", 200, b'"xxxxxxxxxx"', None, 0)
 
 
 @pytest.mark.parametrize("path", ["/bytes/11", "/chunked/11"])
 def test_a_result_one_byte_over_the_limit_is_fatal(path: str) -> None:
     assert call(path, max_result_bytes=10).kind == "fatal"
+
+
+@pytest.mark.parametrize("path", ["/bytes/11", "/chunked/11"])
+def test_a_result_within_the_limit_that_outgrows_it_as_a_json_string_is_fatal(path) -> None:
+    assert call(path, max_result_bytes=12).kind == "fatal"     # 13 bytes once kept
 
 
 # -- no answer ---------------------------------------------------------------------------

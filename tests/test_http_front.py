@@ -338,12 +338,28 @@ def test_with_a_master_key_a_wrong_key_is_refused_by_the_front(authorization, me
 
 
 @pytest.mark.parametrize("authorization", [None, "Basic dXNlcjpwYXNz", "Bearer"])
-def test_with_a_master_key_an_enqueue_without_it_is_left_to_the_broker_s_policy(
+def test_with_a_master_key_an_enqueue_without_it_is_refused_before_its_body_is_read(
         authorization) -> None:
     headers = {"Authorization": authorization} if authorization else {}
-    got, _, ops = request("POST", "/v1/tasks", enqueued, {"master_key": KEY},
-                          json={"function": "hello"}, headers=headers)
-    assert got == 201 and [op[-1] for op in ops] == [False]    # not keyed: the broker decides
+    got, reply, ops = request("POST", "/v1/tasks", enqueued, {"master_key": KEY},
+                              json={"function": "hello"}, headers=headers)
+    assert (got, reply["error"], ops) == (401, "unauthorized", [])
+
+
+def test_with_public_enqueue_an_enqueue_without_the_key_goes_to_the_broker_unkeyed() -> None:
+    async def scenario(client, link, front):
+        return await fetch(client, "POST", "/v1/tasks", json=[{"function": "hello"}])
+    link = FakeLink(enqueued, Settings(public_enqueue=True))
+    status, reply = run(scenario, link=link, master_key=KEY)
+    assert status == 200 and [op[-1] for op in link.requests] == [False]   # the broker decides
+
+
+def test_with_private_results_reading_a_task_without_the_key_is_refused() -> None:
+    async def scenario(client, link, front):
+        return await fetch(client, "GET", "/v1/tasks/t1")
+    link = FakeLink(info_of, Settings(private_results=True))
+    status, reply = run(scenario, link=link, master_key=KEY)
+    assert (status, reply["error"], link.requests) == (401, "unauthorized", [])
 
 
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer"])

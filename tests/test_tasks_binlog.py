@@ -314,3 +314,27 @@ def test_a_full_disk_refuses_an_enqueue_with_503_and_keeps_the_task_queue_consis
     assert reply[1:3] == (R.T_ERROR, "out_of_space")
     assert node.subscribe(1) == []                # no room to log a start: t1 waits
     assert node.info("t1")["status"] == QUEUED and node.info("t2") is None
+
+
+def test_the_space_promised_is_exactly_what_the_tasks_still_need(node):
+    """Each task keeps room for its TASK_GONE (and, running, for its call's end); nothing
+    more, nothing less, however many were enqueued (seqs of every encoded length)."""
+    for i in range(300):
+        node.enqueue(f"t{i}", {"delay": 3_600_000})
+    node.enqueue("run")
+    calls = node.subscribe(1)
+    wal = node.wal
+    gone = sum(wal._reservation(len(wf.encode_task_gone(uid))) for uid in node.broker.tasks.tasks)
+    end = wal._task_state_reservation(calls[0][0])
+    assert wal.promised == gone + end
+
+
+def test_a_claimed_call_that_ended_while_the_broker_was_down_gets_time_to_report(node):
+    node.enqueue("t1", {"timeout": 10_000, "deliveryMode": "atMostOnce"})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    again = node.restart(later_s=17, claims=[[uid, attempt]])   # past its deadline
+    again.advance(0.001)
+    assert again.info("t1")["status"] == RUNNING     # its report is on the way
+    again.subscribe(0)
+    again.report(uid, attempt, "success", 200, b"1")
+    assert again.info("t1")["status"] == SUCCESS

@@ -322,7 +322,7 @@ def test_a_function_s_concurrency_holds_across_dispatchers_and_calls_go_round():
     calls = [item[2] for items in out.values() for item in items if item[1] == R.T_CALL]
     assert calls == ["t1", "t2"]
     out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
-    assert (1, R.T_NOTED) in out[D1]            # the report arrived: it may be forgotten
+    assert (1, R.T_NOTED, "t1", 1) in out[D1]   # the report arrived: it may be forgotten
     assert [i[2] for items in out.values() for i in items if i[1] == R.T_CALL] == ["t3"]
 
 
@@ -461,10 +461,25 @@ def test_a_dispatcher_busy_on_every_slot_after_a_reconnect_is_not_stopping():
 def test_every_report_is_noted_even_one_the_broker_ignores():
     b = BrokerClock()
     assert b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0)) == {
-        D1: [(1, R.T_NOTED)]}                   # not subscribed, no such task
+        D1: [(1, R.T_NOTED, "t1", 1)]}          # not subscribed, no such task
     b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
     assert b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "no-such-kind", 200, b"", None, 0)) == {
-        D1: [(1, R.T_NOTED)]}
+        D1: [(1, R.T_NOTED, "t1", 1)]}
+
+
+@pytest.mark.parametrize("status_code, retry_after_ms", [(1 << 70, 0), ("200", 0), (99, 0),
+                                                         (500, 1 << 62), (500, -5)])
+def test_a_malformed_report_leaves_no_task_stuck(status_code, retry_after_ms):
+    b = BrokerClock()
+    b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
+    b.enqueue("t1", {"attempts": 1, "backoff": 0})
+    b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "failure", status_code, None, "x", retry_after_ms))
+    store = b.broker.tasks
+    task = store.tasks["t1"]
+    timers = {seq for _, seq in [*store.calls, *store.waiting]} | set(store.by_key.values())
+    assert task.seq in timers or task in timers, "a task no timer or queue will move"
+    if task.status == QUEUED and task.due > b.now:      # a Retry-After: at most a year
+        assert task.due - b.now <= 365 * 24 * 3600
 
 
 def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
@@ -475,7 +490,7 @@ def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
     assert b.send(D1, (Op.T_SUBSCRIBE, 1, 0, True)) == {}
     b.enqueue("t3")
     out = b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b"", None, 0))
-    assert out == {D1: [(1, R.T_NOTED)]}, "its outcome frees no slot"
+    assert out == {D1: [(1, R.T_NOTED, "t1", 1)]}, "its outcome frees no slot"
     out = b.send(D2, (Op.T_SUBSCRIBE, 1, 5, False))
     assert [i[2] for i in out[D2]] == ["t3"]
 

@@ -119,3 +119,34 @@ def test_a_busy_http_port_fails_at_once_with_exit_111_naming_address_and_port(tm
     assert out.returncode == 111, out.stderr
     assert f"{LOOPBACK}:{http_port}" in out.stderr and "Address already in use" in out.stderr
     assert time.monotonic() - started < 5.0
+
+
+def test_stopping_lets_a_running_call_finish_and_report_before_the_broker_stops(
+        supervised, host, tmp_path):
+    """The supervisor stops the dispatcher (which lets running calls finish) before the
+    broker, so the report lands and is logged: nothing is left to guess after a restart."""
+    wal = str(tmp_path / "wal")
+    api = supervised("--binlog", wal, "-f", "0")
+    host.script["slow"] = [{"sleep": 1.5, "text": "done"}]
+    code, body = api.request("POST", "/v1/tasks", {"function": "slow", "options": {
+        "deliveryMode": "atMostOnce"}})
+    assert code == 201
+    wait_until(lambda: host.called("slow"), "the call")
+    api.server.process.send_signal(signal.SIGTERM)
+    assert api.server.process.wait(20) == 0
+    again = supervised("--binlog", wal, "-f", "0")
+    code, info = again.request("GET", f"/v1/tasks/{body['uniqueId']}")
+    assert (code, info["status"], info["result"]) == (200, "success", "done")
+
+
+def test_a_sighup_while_the_broker_child_restarts_does_not_kill_it(supervised, host):
+    api = supervised()
+    supervisor = api.server.pid
+    broker = child(supervisor, "broker")
+    os.kill(broker, signal.SIGKILL)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:      # SIGHUPs all through the restart
+        os.kill(supervisor, signal.SIGHUP)
+        time.sleep(0.01)
+    assert enqueue_and_finish(api, "after", [1])["status"] == "success"
+    assert api.server.output().count("broker exited") == 1, api.server.output()

@@ -94,7 +94,7 @@ class Dispatcher(LinkOwner):
         self.slots = slots
         self.signing_key = signing.signing_key(signing_key)
         self.calls: dict[asyncio.Task, tuple[str, int]] = {}    # running: (uid, attempt)
-        self.unacked: collections.deque[tuple] = collections.deque()  # sent, not yet NOTED
+        self.unacked: dict[tuple[str, int], tuple] = {}     # (uid, attempt) -> sent report
         self.resend: list[tuple] = []   # reports to send after the next Welcome
         self.opened = False             # the broker has our session, as far as we know
         self.ready = False              # the link has had Welcome and not lost it since
@@ -133,9 +133,10 @@ class Dispatcher(LinkOwner):
     # -- LinkOwner ---------------------------------------------------------------------
     def on_replies(self, items: list) -> None:
         for item in items:
-            if item[1] != R.T_CALL:         # T_NOTED (or an error) for our oldest report
-                if self.unacked:
-                    self.unacked.popleft()
+            if item[1] == R.T_NOTED:        # that report arrived
+                self.unacked.pop((item[2], item[3]), None)
+            elif item[1] != R.T_CALL:       # an error: the report stays, sent again later
+                continue
             elif self.closing:      # pushed before our stopping reached the broker
                 self._report((Op.T_OUTCOME, CONN, item[2], item[3],
                               *Outcome(DECLINED, error="the dispatcher is stopping")))
@@ -157,7 +158,7 @@ class Dispatcher(LinkOwner):
         """Calls keep running; their reports, and those not yet NOTED, wait in `resend`
         for the next Welcome."""
         self.ready = False
-        self.resend[:0] = self.unacked
+        self.resend[:0] = self.unacked.values()
         self.unacked.clear()
 
     def on_fenced(self) -> None:
@@ -171,7 +172,7 @@ class Dispatcher(LinkOwner):
         if not self.opened:
             return []
         claims = [[uid, attempt] for uid, attempt in self.calls.values()]
-        claims += [[op[2], op[3]] for op in (*self.unacked, *self.resend)]
+        claims += [[op[2], op[3]] for op in (*self.unacked.values(), *self.resend)]
         return [SessionState(CONN, "", [], [], claims)]
 
     # -- calls -------------------------------------------------------------------------
@@ -195,12 +196,15 @@ class Dispatcher(LinkOwner):
         if outcome.error is not None:   # (a reason phrase may hold undecodable bytes)
             outcome = outcome._replace(error=outcome.error.encode(
                 "utf-8", "backslashreplace").decode("utf-8"))
+        # no longer a running call: a Welcome between now and the done callback must
+        # count it once, as a report to resend
+        self.calls.pop(asyncio.current_task(), None)
         self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome))
 
     def _report(self, report: tuple) -> None:
         """Send a report now, kept until the broker notes it; or after the next Welcome."""
         if self.ready:
-            self.unacked.append(report)
+            self.unacked[report[2], report[3]] = report
             self.link.submit(report)
         else:
             self.resend.append(report)
@@ -240,14 +244,16 @@ class Dispatcher(LinkOwner):
         return self.http
 
     async def _success(self, resp: aiohttp.ClientResponse) -> Outcome:
-        """The body is the result, unless it is over the limit: then it is read no further
-        than one byte past it (a Content-Length over it is not read at all)."""
+        """The body is the result, unless it is over the limit, as sent or as kept (text
+        kept as a JSON string can grow): then it is read no further than one byte past
+        it (a Content-Length over it is not read at all)."""
         limit = self.link.settings.max_result_bytes     # the broker's (its config's)
         if resp.content_length is None or resp.content_length <= limit:
             body = await _read_up_to(resp.content, limit + 1)
             if len(body) <= limit:
-                return Outcome(SUCCESS, resp.status, result_json(body, resp.content_type,
-                                                                 resp.charset))
+                result = result_json(body, resp.content_type, resp.charset)
+                if result is None or len(result) <= limit:
+                    return Outcome(SUCCESS, resp.status, result)
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit ([functions] max_result)")
 
@@ -258,7 +264,7 @@ def result_json(body: bytes, content_type: str, charset: str | None) -> bytes | 
         return None
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
-            json.loads(body, parse_constant=_not_json)
+            json.loads(body, parse_constant=_not_json, parse_float=_finite)
             return body
         except (ValueError, RecursionError):
             pass
@@ -271,6 +277,13 @@ def result_json(body: bytes, content_type: str, charset: str | None) -> bytes | 
 
 def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):     # 1e400: no float holds it
+        raise ValueError(f"{text} is too large a number")
+    return value
 
 
 def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
