@@ -45,6 +45,8 @@ from .stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
+#: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
+WALL_CHECK_S = 1.0
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
 # enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
 _EVENTS, _RCVMORE, _POLLIN, _NOBLOCK, _SNDMORE = 15, 13, 1, 1, 2
@@ -268,6 +270,8 @@ class BrokerActor:
                         core.handle(peer, msg, now)
                 if now >= self._timer_at:
                     self._keep_local_alive(now)
+                    if core.schedules.by_name:
+                        core.observe_wall(time.time(), now)
                     core.expire(now)
                     expired = True
                 self._commit(core.flush(), now)
@@ -289,6 +293,8 @@ class BrokerActor:
     def _arm(self, now: float, expired: bool) -> None:
         """Make sure a timer fires at the core's (or the binlog's) next deadline."""
         wake = self.core.next_deadline()
+        if self.core.schedules.by_name:     # look at the wall clock now and then (steps)
+            wake = min(wake, now + WALL_CHECK_S)
         sync = self.wal.sync_due() if self.wal is not None else None
         if sync is not None and (wake is None or sync < wake):
             wake = sync
@@ -366,8 +372,9 @@ class BrokerActor:
         if wal is None:
             self._send(messages)
             return
-        wal.maintain(self.core.queue.jobs, self.core.tasks.tasks)
-        wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks)
+        core = self.core
+        wal.maintain(core.queue.jobs, core.tasks.tasks, core.schedules.by_name)
+        wal.write(core.queue.jobs, core.next_id, core.tasks.tasks, core.schedules.by_name)
         wal.after_write(now)
         if wal.opts.fsync_ms != 0:
             self._send(messages)
@@ -381,7 +388,8 @@ class BrokerActor:
         """Stopping: everything written reaches the disk before we exit."""
         if self.wal is None:
             return
-        self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks)
+        self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks,
+                       self.core.schedules.by_name)
         if self.wal.syncer is not None:
             self.wal.syncer.stop()      # no fsync of ours may run beside the last one
             self.wal.syncer = None

@@ -29,7 +29,9 @@ segment like a job's JOB record, TASK_STATE records (start, retry, failure, canc
 nothing, TASK_GONE ends it, and compaction copies live tasks forward.  A task's space is
 reserved in steps: its record and its TASK_GONE at enqueue, two states (the start and the
 call's end) when a dispatcher takes it; a success whose result needs a whole record
-reserves that when it comes (see `log_task_end`).
+reserves that when it comes (see `log_task_end`).  Cron schedules (schedules.py) are
+logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
+segment the same way; each record is reserved when it is made, the GONE with the first.
 
 Ids: each segment header carries the broker's next id when it became the one being
 written, and the segment being written is never removed, so recovery continues after
@@ -51,6 +53,7 @@ from . import walformat as wf
 from .beanstalkd_binlog import is_beanstalkd_dir
 from .fsync import Syncer, preallocate
 from .jobs import BURIED, COUNTERS, DELAYED, Job
+from .schedules import Schedule
 from .tasks import ERROR_CHARS, Task
 
 log = logging.getLogger("zstalk.binlog")
@@ -87,7 +90,7 @@ def segment_name(seq: int) -> str:
 
 class Segment:
     __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "uids",
-                 "task_cursor")
+                 "task_cursor", "names", "name_cursor")
 
     def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
         self.seq = seq
@@ -100,6 +103,8 @@ class Segment:
         self.cursor = 0             # compaction's progress through `ids`
         self.uids: list[str] = []   # the same for tasks
         self.task_cursor = 0
+        self.names: list[str] = []  # and for schedules
+        self.name_cursor = 0
 
     @property
     def free(self) -> int:
@@ -198,6 +203,7 @@ class Binlog:
                        if (m := _SEGMENT_RE.fullmatch(n)))
         jobs: dict = {}
         tasks: dict = {}
+        schedules: dict = {}
         tubes: dict = {}
         warnings: list[str] = []
         next_id = state_id = 0
@@ -225,7 +231,7 @@ class Binlog:
             try:
                 for start, stop in spans:
                     top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
-                                           tasks, seg.uids)
+                                           tasks, seg.uids, schedules, seg.names)
                     next_id = max(next_id, top + 1)
             except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
                 raise BinlogError(f"{full}: {exc}") from None
@@ -235,7 +241,8 @@ class Binlog:
             log.warning("binlog: %s", w)
         for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
             self.by_seq[seq].live = live
-        for seq, live in collections.Counter(t[1] for t in tasks.values()).items():
+        for seq, live in collections.Counter(
+                t[1] for t in [*tasks.values(), *schedules.values()]).items():
             self.by_seq[seq].live += live
         self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
         self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
@@ -248,8 +255,13 @@ class Binlog:
             self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
             if fields[wf.T_STATUS] == "running":
                 self.promised += self._task_state_reservation(fields[wf.T_UID])
+        for fields, _ in schedules.values():
+            size = len(wf.encode_schedule(fields))
+            self.live_bytes += size
+            biggest = max(biggest, size)
+            self.promised += self._reservation(len(wf.encode_schedule_gone(fields[0])))
         self.seg_size = max(self.seg_size, wf.HEADER_SIZE + _FRAME + biggest)
-        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks)
+        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules)
 
     @staticmethod
     def _last_with_data(path: str, names) -> int:
@@ -491,6 +503,45 @@ class Binlog:
         self.pending.append((record, None))
         self.pending_reserve += self._reservation(len(record))
 
+    # -- schedule records (called by schedules.Schedules) -----------------------------------
+    def schedule_fields(self, s: Schedule) -> list:
+        return [s.name, s.expr, s.zone.key, s.function, s.params, s.options, s.paused,
+                s.next_fire, s.last_fire, s.last_error, s.created]
+
+    @staticmethod
+    def _schedule_max(s: Schedule) -> int:
+        """The largest record the schedule can have: what changes (times, the last error,
+        cut to ERROR_CHARS) at its largest, so a reservation made before a change covers
+        the record written after it."""
+        fixed = wf.encode_schedule([s.name, s.expr, s.zone.key, s.function, s.params,
+                                    s.options, False, 1.0, 1.0, None, s.created])
+        return len(fixed) + 4 * ERROR_CHARS + 5
+
+    def reserve_schedule(self, s: Schedule, first: bool = False) -> bool:
+        """Room for the schedule's next record (and, `first`, its SCHEDULE_GONE)."""
+        size = self._schedule_max(s)
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
+            return False
+        gone = self._reservation(len(wf.encode_schedule_gone(s.name))) if first else 0
+        return self.reserve(self._reservation(size) + gone)
+
+    def log_schedule(self, s: Schedule) -> None:
+        """The whole schedule, as it is now (reserved by reserve_schedule)."""
+        record = wf.encode_schedule(self.schedule_fields(s))
+        self.live_bytes += len(record) - s.logged
+        s.logged = len(record)
+        self.pending.append((record, s))
+        self.pending_reserve += self._reservation(self._schedule_max(s))
+
+    def log_schedule_gone(self, s: Schedule) -> None:
+        self.live_bytes -= s.logged
+        if s.seg:
+            self._segment(s.seg).live -= 1
+            s.seg = 0
+        record = wf.encode_schedule_gone(s.name)
+        self.pending.append((record, None))
+        self.pending_reserve += self._reservation(len(record))
+
     def mark_next_id(self, next_id: int) -> None:
         """Record `next_id` as the high-water mark in the segment being written."""
         seg = self.segments[-1]
@@ -507,7 +558,8 @@ class Binlog:
         self.synced = self.write_seq
 
     # -- writing (called by the actor, once per turn) -----------------------------------
-    def write(self, jobs: dict, next_id: int, tasks: dict | None = None) -> bool:
+    def write(self, jobs: dict, next_id: int, tasks: dict | None = None,
+              schedules: dict | None = None) -> bool:
         """Write the pending records, one frame per segment; True if anything was written.
         `jobs` and `tasks` are the live ones: a full record of one gone since is not placed."""
         if not self.pending:
@@ -525,8 +577,11 @@ class Binlog:
                 if type(job) is Job:
                     if jobs.get(job.id) is job:
                         self._place(job).ids.append(job.id)
-                elif tasks is not None and tasks.get(job.uid) is job:
-                    self._place(job).uids.append(job.uid)
+                elif type(job) is Task:
+                    if tasks is not None and tasks.get(job.uid) is job:
+                        self._place(job).uids.append(job.uid)
+                elif schedules is not None and schedules.get(job.name) is job:
+                    self._place(job).names.append(job.name)
         self._write_frame(chunk, size)
         self.records_written += len(self.pending)
         self.promised -= self.pending_reserve
@@ -603,7 +658,8 @@ class Binlog:
     def disk_bytes(self) -> int:
         return sum(s.size for s in self.segments) + sum(s.size for s in self.spares)
 
-    def maintain(self, jobs: dict, tasks: dict | None = None) -> None:
+    def maintain(self, jobs: dict, tasks: dict | None = None,
+                 schedules: dict | None = None) -> None:
         """Unlink dead segments oldest first; copy live jobs forward when the log is 2x live."""
         self._unlink_doomed()
         while len(self.segments) > 1:
@@ -617,6 +673,8 @@ class Binlog:
             self._migrate(oldest, jobs)
             if tasks:
                 self._migrate_tasks(oldest, tasks)
+            if schedules:
+                self._migrate_schedules(oldest, schedules)
             break
         self._unlink_doomed()
 
@@ -645,6 +703,17 @@ class Binlog:
                 self.pending_reserve += self._reservation(len(record))
                 self.records_migrated += 1
             seg.task_cursor += 1
+
+    def _migrate_schedules(self, seg: Segment, schedules: dict) -> None:
+        stop = min(len(seg.names), seg.name_cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.name_cursor < stop:
+            s = schedules.get(seg.names[seg.name_cursor])
+            if s is not None and s.seg == seg.seq:
+                if not self.reserve_schedule(s):
+                    return                  # disk full: try again next turn
+                self.log_schedule(s)
+                self.records_migrated += 1
+            seg.name_cursor += 1
 
     def _unlink_doomed(self) -> None:
         busy = self.syncer is not None and self.syncer.busy

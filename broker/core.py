@@ -39,6 +39,8 @@ from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
 from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
 from .task_commands import TaskCommands, TaskSession
+from .schedule_commands import ScheduleCommands
+from .schedules import Schedules
 from .tasks import ApiPolicy, FunctionSpec, Tasks
 from .walformat import S_DELAYED, S_READY
 
@@ -82,7 +84,7 @@ class Front:
         self.last_seen = now
 
 
-class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
+class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Commands):
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
                  wall_offset: float = 0.0, wal=None, recovered=None) -> None:
@@ -98,6 +100,7 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
         self.tasks = Tasks({f.name: f for f in config.functions}, wall_offset,
                            base=config.base_function)
+        self.schedules = Schedules(self.tasks, wall_offset)
         self.dispatchers: dict = {}       # dispatcher sessions, in the order they came
         self.api = config.api
         self.fronts: dict[bytes, Front] = {}
@@ -117,10 +120,12 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         if wal is not None:
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
-            self.tasks.wal = wal
+            self.tasks.wal = self.schedules.wal = wal
         if recovered is not None:
             self._restore(recovered.jobs.values(), recovered.next_id, now)
             self.tasks.restore(recovered.tasks, now)
+            # a time missed while we were down fires once, now
+            self._fire_schedules(self.schedules.restore(recovered.schedules, now), now)
 
     def _restore(self, lives, next_id: int, now: float) -> None:
         """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).
@@ -378,6 +383,10 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
             t = self.tasks.next_deadline()
             if t is not None and t < d:
                 d = t
+        if self.schedules.timers:
+            t = self.schedules.next_deadline()
+            if t < d:
+                d = t
         for f in self.fronts.values():
             silent_at = f.last_seen + PEER_TIMEOUT_S
             if silent_at < d:
@@ -389,6 +398,8 @@ class Broker(TaskCommands, PoolCommands, CounterCommands, Commands):
         if self.tasks.tasks:
             self.tasks.expire(now)
             self._feed_dispatchers(now)
+        if self.schedules.timers:
+            self._fire_schedules(self.schedules.due(now), now)
         if self.resumed:
             self._resume(now)
         self.counter_store.expire(self.wall(now))

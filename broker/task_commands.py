@@ -51,18 +51,26 @@ class TaskCommands:
             if options:
                 return (conn, R.T_ERROR, "unauthorized",
                         "an enqueue without the master key may set no option")
-        if self.draining:
-            return (conn, R.T_ERROR, "draining", "the server is draining: no new tasks")
-        limit = self.config.max_jobs_bytes
-        if limit and self.jobs_bytes + self.tasks.bytes + TASK_OVERHEAD_BYTES + len(params) > limit:
-            return (conn, R.T_ERROR, "out_of_memory",
-                    f"the memory for jobs and tasks (--max-jobs-bytes {limit}) is used up")
+        refused = self._admit(len(params))
+        if refused is not None:
+            return (conn, R.T_ERROR, *refused)
         task = self.tasks.enqueue(function, params, options, now, uid=uid)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
         info = self.tasks.info(task.uid, now)     # as enqueued, before a dispatcher takes it
         self._feed_dispatchers(now)
         return (conn, R.T_TASK, info)
+
+    def _admit(self, params_len: int) -> TaskError | None:
+        """Why no new task may come in now, if so (draining, memory)."""
+        if self.draining:
+            return TaskError("draining", "the server is draining: no new tasks")
+        limit = self.config.max_jobs_bytes
+        used = self.jobs_bytes + self.tasks.bytes + self.schedules.bytes
+        if limit and used + TASK_OVERHEAD_BYTES + params_len > limit:
+            return TaskError("out_of_memory", "the memory for jobs and tasks "
+                                              f"(--max-jobs-bytes {limit}) is used up")
+        return None
 
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:

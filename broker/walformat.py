@@ -30,6 +30,8 @@ richer than a job's, as msgpack lists after a `<BI` kind and length:
                TASK_FIELDS, then the result.  Replaces everything known about the uid.
   * TASK_STATE the mutable fields (start, retry, failure, cancel): uid, then TASK_STATE_FIELDS.
   * TASK_GONE  the task was forgotten (keepResult passed): uid.
+  * SCHEDULE   a whole cron schedule (made, paused or resumed, fired): SCHEDULE_FIELDS.
+  * SCHEDULE_GONE  the schedule was deleted: its name.
 Times in them are wall-clock seconds (floats; None where they do not apply).  A format-1
 segment has no task records and is read as it always was; segments written now are
 format 2.
@@ -52,6 +54,7 @@ MAX_FRAME = 1 << 31
 
 JOB, UPDATE, DELETE = 1, 2, 3
 TASK, TASK_STATE, TASK_GONE = 4, 5, 6
+SCHEDULE, SCHEDULE_GONE = 7, 8
 #: state codes on disk
 S_READY, S_DELAYED, S_BURIED = 1, 2, 3
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
@@ -69,6 +72,8 @@ TASK_FIELDS = ("uid", "function", "params", "priority", "seq", "attempts", "back
                "error")
 T_UID, T_SEQ, T_STATUS = 0, 4, 11
 T_RESULT = len(TASK_FIELDS)
+SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
+                   "next_fire", "last_fire", "last_error", "created")
 
 
 class Image(NamedTuple):
@@ -98,6 +103,7 @@ class Replayed(NamedTuple):
     state_id: int
     warnings: list
     tasks: dict = {}      # uid -> (TASK list with its result, seq) of each live task
+    schedules: dict = {}  # name -> (SCHEDULE list, seq) of each live schedule
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -146,6 +152,16 @@ def encode_task_state(uid: str, state: list) -> bytes:
 def encode_task_gone(uid: str) -> bytes:
     payload = msgpack.packb([uid], use_bin_type=True)
     return _TASK.pack(TASK_GONE, len(payload)) + payload
+
+
+def encode_schedule(fields: list) -> bytes:
+    payload = msgpack.packb(fields, use_bin_type=True)
+    return _TASK.pack(SCHEDULE, len(payload)) + payload
+
+
+def encode_schedule_gone(name: str) -> bytes:
+    payload = msgpack.packb([name], use_bin_type=True)
+    return _TASK.pack(SCHEDULE_GONE, len(payload)) + payload
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -207,10 +223,13 @@ def image(live: tuple) -> Image:
 
 
 def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
-                  tubes: dict, tasks: dict | None = None, task_uids: list | None = None) -> int:
+                  tubes: dict, tasks: dict | None = None, task_uids: list | None = None,
+                  schedules: dict | None = None, names: list | None = None) -> int:
     """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
-    above) and `tasks` (uid -> (TASK list, seq)); returns the largest job id seen in a JOB
-    record.  The uids of TASK records go to `task_uids` as job ids go to `job_ids`."""
+    above), `tasks` (uid -> (TASK list, seq)) and `schedules` (name -> (SCHEDULE list,
+    seq)); returns the largest job id seen in a JOB record.  The uids of TASK records go
+    to `task_uids` and the names of SCHEDULE records to `names`, as job ids go to
+    `job_ids`."""
     top = 0
     unpack_job, unpack_update, unpack_delete = _JOB.unpack_from, _UPDATE.unpack_from, _DELETE.unpack_from
     append = job_ids.append
@@ -244,23 +263,43 @@ def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids
             pos += DELETE_SIZE
         elif TASK <= kind <= TASK_GONE and tasks is not None:
             pos = _apply_task(data, pos, kind, seq, tasks, task_uids)
+        elif SCHEDULE <= kind <= SCHEDULE_GONE and schedules is not None:
+            pos = _apply_schedule(data, pos, kind, seq, schedules, names)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top
 
 
-def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: list) -> int:
+def _unpack_list(data: bytes, pos: int) -> tuple[list, int]:
+    """A msgpack record's list, and where the next record starts."""
     _, length = _TASK.unpack_from(data, pos)
     pos += _TASK.size
     if pos + length > len(data):
-        raise BadSegment(f"task record at {pos} runs past its frame")
+        raise BadSegment(f"record at {pos} runs past its frame")
     try:
         fields = msgpack.unpackb(data[pos:pos + length], raw=False)
     except Exception as exc:    # msgpack raises several unrelated types
-        raise BadSegment(f"task record at {pos}: {exc}") from None
+        raise BadSegment(f"record at {pos}: {exc}") from None
     if not isinstance(fields, list) or not fields:
-        raise BadSegment(f"task record at {pos} is not a list")
-    pos += length
+        raise BadSegment(f"record at {pos} is not a list")
+    return fields, pos + length
+
+
+def _apply_schedule(data: bytes, pos: int, kind: int, seq: int, schedules: dict,
+                    names: list) -> int:
+    fields, pos = _unpack_list(data, pos)
+    if kind == SCHEDULE:
+        if len(fields) != len(SCHEDULE_FIELDS):
+            raise BadSegment(f"schedule record with {len(fields)} fields")
+        schedules[fields[0]] = (fields, seq)
+        names.append(fields[0])
+    else:
+        schedules.pop(fields[0], None)
+    return pos
+
+
+def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: list) -> int:
+    fields, pos = _unpack_list(data, pos)
     uid = fields[0]
     if kind == TASK:
         if len(fields) != T_RESULT + 1:

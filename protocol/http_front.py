@@ -12,6 +12,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/openapi.py)   -> 200
+    /v1/schedules[/{name}]       cron schedules: protocol/http_schedules.py
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
@@ -54,6 +55,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from .http_schedules import SCHEDULE_TIMES, parse_page, parse_pause, parse_schedule
 from .mailbox import LinkOwner, open_link
 from .schema import Op, R, SessionState, Welcome, encodable
 
@@ -66,6 +68,7 @@ SHUTDOWN_GRACE_S = 5.0
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
 _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
 _T_LIST = int(Op.T_LIST)
+_T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
 PAGE_LIMIT = 100            # tasks in a listing page unless `limit` says otherwise
 
 #: every error code, the front's own and the broker's (its T_ERROR replies), with the
@@ -236,6 +239,22 @@ def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.R
     return problem_response(reply_problem(reply))
 
 
+def schedule_json(info: dict) -> dict:
+    """A broker schedule info as the API shows it."""
+    out = dict(info)
+    for name in SCHEDULE_TIMES:
+        if out.get(name) is not None:
+            out[name] = rfc3339(out[name])
+    out["params"] = result_json(out["params"])
+    return out
+
+
+def schedule_response(reply: tuple, status: int = 200) -> web.Response:
+    if reply[1] == R.T_SCHEDULE:
+        return web.json_response(schedule_json(reply[2]), status=status)
+    return problem_response(reply_problem(reply))
+
+
 def reply_problem(reply: tuple) -> Problem:
     """A broker reply that is not a TaskInfo, as the refusal to answer with."""
     if reply[1] == R.T_ERROR:
@@ -364,6 +383,11 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
+        app.router.add_post("/v1/schedules", self.schedule)
+        app.router.add_get("/v1/schedules", self.schedules)
+        app.router.add_get("/v1/schedules/{name}", self.schedule_info)
+        app.router.add_patch("/v1/schedules/{name}", self.pause_schedule)
+        app.router.add_delete("/v1/schedules/{name}", self.unschedule)
         from .openapi import PATH, document     # (here: it imports this module's limits)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
@@ -468,6 +492,66 @@ class HttpFront(LinkOwner):
         if denied:
             return problem_response(denied)
         return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
+
+    # -- schedules (protocol/http_schedules.py): the master key for all -------------------
+    async def schedule(self, request: web.Request) -> web.Response:
+        doc = await self._json_body(request)
+        if isinstance(doc, Problem):
+            return problem_response(doc)
+        op = parse_schedule(doc, CONN)
+        if isinstance(op, str):
+            return problem_response(refuse(400, op))
+        response = schedule_response(await self.call(op), 201)
+        if response.status == 201:
+            response.headers["Location"] = f"/v1/schedules/{quote(op[2], safe='')}"
+        return response
+
+    async def schedules(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        op = denied or parse_page(request.query, CONN)
+        if isinstance(op, (Problem, str)):
+            return problem_response(op if isinstance(op, Problem) else refuse(400, op))
+        reply = await self.call(op)
+        if reply[1] != R.T_SCHEDULES:
+            return problem_response(reply_problem(reply))
+        return web.json_response({"schedules": [schedule_json(i) for i in reply[2]],
+                                  "next": reply[3]})
+
+    async def schedule_info(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        name = request.match_info["name"]
+        return schedule_response(await self.call((_T_SCHEDULE_INFO, CONN, name)))
+
+    async def pause_schedule(self, request: web.Request) -> web.Response:
+        doc = await self._json_body(request)
+        if isinstance(doc, Problem):
+            return problem_response(doc)
+        op = parse_pause(doc, CONN, request.match_info["name"])
+        if isinstance(op, str):
+            return problem_response(refuse(400, op))
+        return schedule_response(await self.call(op))
+
+    async def unschedule(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        name = request.match_info["name"]
+        return schedule_response(await self.call((_T_UNSCHEDULE, CONN, name)))
+
+    async def _json_body(self, request: web.Request) -> Any:
+        """A keyed JSON request's body, decoded; or the refusal."""
+        denied = check_key(request, self.master_key) or check_json(request)
+        if denied:
+            return denied
+        body = await read_body(request, self.link.settings.max_body_bytes)
+        if isinstance(body, Problem):
+            return body
+        try:
+            return loads_strict(body)
+        except ValueError as exc:
+            return refuse(400, f"the body is not valid JSON: {exc}")
 
     async def openapi(self, request: web.Request) -> web.Response:
         """The API's OpenAPI document: no key, as it changes nothing and tells no secret."""

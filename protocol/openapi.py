@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..broker import VERSION
 from ..broker.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_PAGE,
                             MAX_TIMEOUT_MS, STATUSES, UNIQUE_ID)
+from ..broker.schedules import NAME as SCHEDULE_NAME
 from .http_front import MAX_BATCH, PAGE_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
@@ -219,6 +220,107 @@ def error() -> dict:
     }
 
 
+# -- schedules (broker/schedules.py) ---------------------------------------------------------
+def schedule_request() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "cron", "function"],
+        "properties": {
+            "name": {"type": "string", "pattern": _pattern(SCHEDULE_NAME)},
+            "cron": {"type": "string", "description": "6 fields, seconds first: second minute "
+                     "hour day-of-month month day-of-week, with `* , - /`, `?` in exactly one "
+                     "of the day fields, JAN-DEC and SUN-SAT, day-of-week numbers 1 = SUN to "
+                     "7 = SAT (Quartz)."},
+            "timezone": {"type": "string", "default": "UTC",
+                         "description": "An IANA time zone name, such as Europe/Berlin."},
+            "function": {"type": "string", "pattern": _pattern(FUNCTION_NAME)},
+            "params": {"description": "The JSON body of every call (default null)."},
+            "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}],
+                        "description": "The tasks' options, as for an enqueue, but for "
+                                       "uniqueId (each fire makes its own)."},
+        },
+        "examples": [{"name": "close-orders", "cron": "0 */5 * * * ?", "function": "closeOrder",
+                      "timezone": "Asia/Shanghai", "params": {"all": True}}],
+    }
+
+
+def schedule() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "cron", "timezone", "function", "params", "options", "paused",
+                     "createdAt"],
+        "properties": {
+            "name": {"type": "string"}, "cron": {"type": "string"},
+            "timezone": {"type": "string"}, "function": {"type": "string"},
+            "params": {}, "options": {"type": "object"},
+            "paused": {"type": "boolean"},
+            "createdAt": _time("When it was made"),
+            "nextFireAt": _time("When it fires next (absent: paused, or never again)"),
+            "lastFireAt": _time("When it last fired"),
+            "lastError": {"type": "string",
+                          "description": "Why its last fire enqueued nothing, if so."},
+        },
+    }
+
+
+def schedule_page() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schedules", "next"],
+        "properties": {
+            "schedules": {"type": "array", "maxItems": MAX_PAGE, "items": _ref("Schedule")},
+            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
+                     "description": "The `after` of the next page (a name); null: no more."},
+        },
+    }
+
+
+def _schedule_name() -> dict:
+    return {"name": "name", "in": "path", "required": True, "example": "close-orders",
+            "schema": {"type": "string"}}
+
+
+def _schedule_op(operation_id: str, summary: str, ok: dict, *errors: str, **extra) -> dict:
+    return {"operationId": operation_id, "summary": summary, "security": _key(), **extra,
+            "responses": _responses(ok, "401", "403", *errors, "503")}
+
+
+def schedule_paths() -> dict:
+    one = _json(_ref("Schedule"), "The schedule.")
+    body = lambda ref: {"required": True,       # noqa: E731
+                        "content": {"application/json": {"schema": _ref(ref)}}}
+    limit = {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}}
+    after = {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "A cursor: the previous page's `next`."}
+    pause = {"type": "object", "additionalProperties": False, "required": ["paused"],
+             "properties": {"paused": {"type": "boolean"}}}
+    return {
+        "/v1/schedules": {
+            "post": _schedule_op("createSchedule", "Make a cron schedule that enqueues a task "
+                                 "at each fire time", {"201": _json(_ref("Schedule"), "Made.")},
+                                 "400", "404", "409", "413", "415",
+                                 requestBody=body("ScheduleRequest")),
+            "get": _schedule_op("listSchedules", "A page of schedules by name",
+                                {"200": _json(_ref("SchedulePage"), "A page.")}, "400",
+                                parameters=[after, limit]),
+        },
+        "/v1/schedules/{name}": {
+            "get": _schedule_op("getSchedule", "A schedule, with its next fire time",
+                                {"200": one}, "404", parameters=[_schedule_name()]),
+            "patch": _schedule_op("pauseSchedule", "Pause or resume a schedule", {"200": one},
+                                  "400", "404", "413", "415", parameters=[_schedule_name()],
+                                  requestBody={"required": True, "content": {
+                                      "application/json": {"schema": pause}}}),
+            "delete": _schedule_op("deleteSchedule", "Delete a schedule", {"200": one}, "404",
+                                   parameters=[_schedule_name()]),
+        },
+    }
+
+
 # -- operations ------------------------------------------------------------------------------
 def _json(schema: dict, description: str, headers: dict | None = None,
           links: dict | None = None) -> dict:
@@ -371,12 +473,15 @@ def document() -> dict:
         "paths": {
             "/v1/tasks": {"post": enqueue(), "get": listing()},
             "/v1/tasks/{uniqueId}": {"get": get_task(), "delete": cancel()},
+            **schedule_paths(),
             PATH: {"get": openapi()},
         },
         "components": {
             "schemas": {"TaskRequest": task_request(), "TaskOptions": task_options(),
                         "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
-                        "BatchItem": batch_item(), "TaskPage": page(), "Error": error()},
+                        "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
+                        "ScheduleRequest": schedule_request(), "Schedule": schedule(),
+                        "SchedulePage": schedule_page()},
             "securitySchemes": {"masterKey": {
                 "type": "http", "scheme": "bearer",
                 "description": "The master key (--master-key or ZSTALK_MASTER_KEY). With none "

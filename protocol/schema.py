@@ -100,6 +100,12 @@ class Op(enum.IntEnum):
     T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
     T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
+    # cron schedules (broker/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
+    T_SCHEDULE = 56     # (conn, name, cron, timezone, function, params: bytes, options)
+    T_SCHEDULES = 57    # (conn, after: a name, limit)
+    T_SCHEDULE_INFO = 58    # (conn, name)
+    T_UNSCHEDULE = 59   # (conn, name)
+    T_SCHEDULE_PAUSE = 60   # (conn, name, paused: bool)
 
 
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
@@ -147,6 +153,8 @@ class R(enum.IntEnum):
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
     T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
+    T_SCHEDULE = 45     # (info)  a schedule's info dict (times: wall-clock seconds)
+    T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
 
 
 # ---------------------------------------------------------------------------------

@@ -3,12 +3,14 @@ README itself, written to files and run against a real server on the ports the R
 names (11300 for beanstalk, tcp://127.0.0.1:11400 for workers)."""
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+import zoneinfo
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,24 @@ def test_the_cloud_task_example_runs_as_written(tmp_path):
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "success {'closed': 42}"
+        check_the_schedule_example()
     finally:
         server.stop()
         host.stop()
+
+
+def check_the_schedule_example() -> None:
+    """The README's schedule requests, against the server of the cloud-task example."""
+    out = subprocess.run(["bash", "-c", fenced("sh", "v1/schedules")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    sweep, report, paused, listing, deleted = json_documents(out.stdout)
+    fire = datetime.datetime.fromisoformat(sweep["nextFireAt"].replace("Z", "+00:00"))
+    assert (fire.minute % 5, fire.second, fire.microsecond) == (0, 0, 0)
+    berlin = datetime.datetime.fromisoformat(report["nextFireAt"].replace("Z", "+00:00"))
+    berlin = berlin.astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
+    assert berlin.strftime("%a") in ("Wed", "Fri") and (berlin.minute, berlin.second) == (30, 0)
+    assert 10 <= berlin.hour <= 13 and report["options"] == {"attempts": 3}
+    assert paused["paused"] is True and "nextFireAt" not in paused
+    assert [s["name"] for s in listing["schedules"]] == ["report", "sweep"]
+    assert deleted["name"] == "report"

@@ -54,9 +54,9 @@ class Node:
             if isinstance(msg, Replies):
                 out.setdefault(p, []).extend(msg.items)
         self.calls += [tuple(c[2:]) for c in out.get(D1, []) if c[1] == R.T_CALL]
-        tasks = self.broker.tasks.tasks
-        self.wal.maintain(self.broker.queue.jobs, tasks)
-        self.wal.write(self.broker.queue.jobs, self.broker.next_id, tasks)
+        tasks, schedules = self.broker.tasks.tasks, self.broker.schedules.by_name
+        self.wal.maintain(self.broker.queue.jobs, tasks, schedules)
+        self.wal.write(self.broker.queue.jobs, self.broker.next_id, tasks, schedules)
         return out
 
     def advance(self, seconds: float) -> dict[bytes, list]:

@@ -385,16 +385,21 @@ def wait_calls(host: FunctionHost, name: str, count: int) -> None:
         time.sleep(0.02)
 
 
-def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):
-    """-f 0: every acknowledged enqueue and every call start is on disk before it shows."""
+def serve_with_binlog(tmp_path, host) -> tuple[ServerProcess, Api]:
+    """`zstalk serve --config --binlog DIR -f 0` on fixed ports, so `.kill()` and `.start()`
+    make a crash and a restart: every acknowledged change is on disk before it shows."""
     path = tmp_path / "zstalk.toml"
     path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
     port, http_port = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config", str(path),
                             "--http-port", str(http_port), "--binlog", str(tmp_path / "wal"),
-                            "-f", "0"], (LOOPBACK, port), name="zstalk-tasks-wal").start()
-    api = Api(f"http://{LOOPBACK}:{http_port}", server)
+                            "-f", "0"], (LOOPBACK, port), name="zstalk-wal").start()
+    return server, Api(f"http://{LOOPBACK}:{http_port}", server)
+
+
+def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):
+    server, api = serve_with_binlog(tmp_path, host)
     try:
         api.wait_listening()
         _, done = api.request("POST", "/v1/tasks", {"function": "closeOrder", "params": {"id": 7}})
