@@ -11,7 +11,9 @@ Peers reach the core two ways, and the core cannot tell them apart (each is a ro
 
 A turn (`_turn`): handle what came in, fire due timers (`expire`), write the turn's binlog
 records, then send or deliver each peer the one Replies message the core gathered for it.
-The next deadline is armed with `call_at` (asyncio's clock is time.monotonic()), remote
+The next deadline is armed with `call_later`, its delay taken from the clock when it is
+armed (not from the turn's start: a long turn would make every next timer late by its
+length, as 1,000 schedules firing each second showed: 16 ms), remote
 fronts get a Heartbeat every HEARTBEAT_S, and in-process fronts are never declared dead
 for silence: they share our loop, so a long GC pause or a slow disk write stalls them
 exactly as long as it stalls us.
@@ -308,7 +310,8 @@ class BrokerActor:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = wake
-        self._timer = self.loop.call_later(max(0.0, wake - now), self._on_timer)
+        # (the delay from now, not from the turn's start: call_later counts from its call)
+        self._timer = self.loop.call_later(max(0.0, wake - time.monotonic()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None      # _timer_at stays: it is due, so this turn fires the timers
