@@ -22,13 +22,11 @@ Errors are data: TaskError(code, message), as the task store's (tasks.py).
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any, NamedTuple
 
 from sortedcontainers import SortedList
 
-from . import cron
 from .tasks import ERROR_CHARS, TaskError, Tasks, parse_options
 
 #: a schedule's name: the characters of a task's uniqueId, up to 64
@@ -67,6 +65,7 @@ class Fire(NamedTuple):
 
 def fire_id(name: str, at: float) -> str:
     """The uniqueId of the task a fire enqueues: the same fire, the same id."""
+    import hashlib          # (here and cron below: a broker without schedules starts faster)
     return hashlib.sha256(f"{name}\0{round(at * 1000)}".encode()).hexdigest()[:32]
 
 
@@ -87,6 +86,7 @@ class Schedules:
             return _bad("name must be 1 to 64 characters of A-Z a-z 0-9 _ . : -")
         if not isinstance(expr, str):
             return _bad("cron must be a string of 6 fields, seconds first")
+        from . import cron
         parsed = cron.parse(expr)
         if isinstance(parsed, cron.CronError):
             return _bad(f"cron: {parsed.message}")
@@ -150,6 +150,7 @@ class Schedules:
 
     def _arm(self, s: Schedule, after: float) -> None:
         """Set the next fire time: the first one after `after` (wall clock)."""
+        from . import cron
         s.next_fire = None if s.paused else cron.next_fire(s.cron, s.zone, after)
         if s.next_fire is not None:
             self.timers.add((s.next_fire, s.name))
@@ -226,6 +227,7 @@ class Schedules:
         """The schedules a binlog replayed (name -> (SCHEDULE list, seq)); returns the
         fires missed while the broker was down: at most one per schedule, at the first
         time it missed, for the core to fire now (`fired` then moves it past now)."""
+        from . import cron
         missed = []
         wall = now + self.wall_offset
         for fields, seg in replayed.values():
