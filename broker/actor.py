@@ -40,6 +40,7 @@ import os
 import signal
 import time
 
+from ..protocol import curve
 from ..protocol.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import HEARTBEAT_S, SchemaError, decode, encode
 from .core import Broker, Config
@@ -60,8 +61,15 @@ class BindError(Exception):
 
 class BrokerActor:
     def __init__(self, bind: str | None, config: Config, ctx=None, binlog=None,
-                 also_bind: tuple[str, ...] = (), config_path: str | None = None) -> None:
+                 also_bind: tuple[str, ...] = (), config_path: str | None = None,
+                 keys=curve.FROM_ENV) -> None:
         self.config_path = config_path      # the --config file SIGHUP reads again
+        # CURVE (protocol/curve.py): our keys and the admitted clients' directory, by
+        # default from the environment; the ZAP handler starts with the socket
+        self.keys = curve.server_keys() if keys is curve.FROM_ENV else keys
+        self.admitted: curve.Admitted | None = None
+        self.auth = None
+        self._mismatch_logged = -math.inf
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
@@ -103,12 +111,22 @@ class BrokerActor:
         if self.sock is None:
             self.ctx = self.ctx or zmq.Context.instance()
             self.sock = self.ctx.socket(zmq.ROUTER)
-            for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, 1),
+            # with CURVE no handover: a peer with a valid key of its own must not take
+            # over another's connection (its identity) and receive what is sent to it
+            handover = 0 if self.keys is not None else 1
+            for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, handover),
                                (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
                 self.sock.setsockopt(opt, value)
+            if self.keys is not None:
+                self.admitted = curve.Admitted(self.keys.clients)
+                self.auth = curve.start_authenticator(self.ctx, self.admitted)
+                curve.secure_server(self.sock, self.keys)
+                log.info("CURVE on: %d client keys admitted from %s", len(self.admitted.keys),
+                         self.keys.clients)
             if self.loop is not None:
                 self._watch_socket()
         for endpoint in endpoints:    # e.g. TCP for worker pools beside ipc://
+            curve.check_local(endpoint, self.keys, "broker")
             try:
                 self.sock.bind(endpoint)
             except zmq.ZMQError as exc:
@@ -158,7 +176,11 @@ class BrokerActor:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1, signal.SIGHUP])
 
     def reload(self) -> None:
-        """SIGHUP: read the config file again; a file with an error changes nothing."""
+        """SIGHUP: read the admitted keys and the config file again; a config file with an
+        error changes nothing."""
+        if self.admitted is not None:
+            log.warning("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
+                        self.admitted.directory)
         if self.config_path is None:
             log.warning("SIGHUP: no --config file to read again")
             return
@@ -242,6 +264,9 @@ class BrokerActor:
                 self.loop.remove_reader(self.sock.FD)
             self.sock.close(linger=0)
             self.sock = None
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
         for address in self.local_names:
             unregister_mailbox(address)
         for endpoint in self.endpoints:
@@ -356,7 +381,12 @@ class BrokerActor:
         while taken < _MAX_MESSAGES_PER_TURN and sock.getsockopt(_EVENTS) & _POLLIN:
             taken += 1
             peer = sock.recv(_NOBLOCK)
-            data = sock.recv(_NOBLOCK) if sock.getsockopt(_RCVMORE) else b""
+            if self.keys is not None:
+                data = self._keyed_frame(peer)
+                if data is None:
+                    continue
+            else:
+                data = sock.recv(_NOBLOCK) if sock.getsockopt(_RCVMORE) else b""
             while sock.getsockopt(_RCVMORE):      # not one of ours: drop extra frames
                 sock.recv(_NOBLOCK)
                 data = b""
@@ -367,6 +397,25 @@ class BrokerActor:
                 continue
             handle(peer, msg, time.monotonic())
         return taken
+
+    def _keyed_frame(self, peer: bytes) -> bytes | None:
+        """With CURVE, the message's data, if its identity belongs to the key it came with
+        (curve.identity); else None: dropped, and said at most every few seconds."""
+        sock = self.sock
+        if not sock.getsockopt(_RCVMORE):
+            return b""
+        frame = sock.recv(_NOBLOCK, copy=False)
+        if sock.getsockopt(_RCVMORE):           # not one of ours: drop extra frames
+            while sock.getsockopt(_RCVMORE):
+                sock.recv(_NOBLOCK)
+            return b""
+        if curve.matches(peer, frame.get("User-Id")):
+            return frame.bytes
+        now = time.monotonic()
+        if now - self._mismatch_logged >= curve.REFUSAL_LOG_S:
+            self._mismatch_logged = now
+            log.warning("dropped a message from %s: its identity is not its key's", peer.hex())
+        return None
 
     # -- replies -------------------------------------------------------------------------
     def _commit(self, messages: list, now: float) -> None:

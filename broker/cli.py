@@ -83,7 +83,32 @@ def counter_host(addr: str) -> str:
     return f"[{host}]" if host and ":" in host else host or ""
 
 
-@click.group()
+class _Main(click.Group):
+    """Keys that cannot be used, or a non-local endpoint without them, end any command
+    with the reason and exit status 2 (protocol/curve.py)."""
+
+    def invoke(self, ctx: click.Context):
+        from ..protocol.curve import CurveError
+        try:
+            return super().invoke(ctx)
+        except CurveError as exc:
+            click.echo(f"zstalk: {exc}", err=True)
+            sys.exit(2)
+
+
+def insecure_option(f):
+    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys (children inherit
+    it through the environment, as they do the keys)."""
+    def allow(ctx, param, value):
+        if value:
+            os.environ["ZSTALK_INSECURE"] = "1"
+        return value
+    return click.option("--insecure", is_flag=True, expose_value=False, callback=allow,
+                        is_eager=True, help="Allow a ZeroMQ endpoint beyond this host without "
+                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen).")(f)
+
+
+@click.group(cls=_Main)
 @click.option("-V", "--verbose", count=True, help="More logging (repeat for more).")
 @click.version_option(VERSION, prog_name="zstalk")
 @click.pass_context
@@ -128,6 +153,7 @@ def main(ctx: click.Context, verbose: int) -> None:
                    "listens on loopback only.")
 @binlog_options
 @click.pass_obj
+@insecure_option
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
           config_path, http_port, master_key, binlog_dir, fsync_ms, no_fsync, binlog_size):
@@ -186,9 +212,11 @@ def load_config_or_exit(path: str | None):
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
 @binlog_options
+@insecure_option
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
            also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run the broker actor: all tube, job, session and task state."""
+    from ..protocol.curve import CurveError
     from .actor import BrokerActor
     from .binlog import BinlogError, Options
     from .config_file import core_fields
@@ -210,6 +238,8 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)
+    except CurveError:
+        raise                     # (said by _Main: exit 2)
     except Exception as exc:      # BindError: address in use, bad endpoint
         click.echo(f"zstalk broker: cannot bind {exc}", err=True)
         sys.exit(111)
@@ -259,6 +289,7 @@ def front():
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
+@insecure_option
 def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
     """Serve the beanstalkd text protocol to TCP / unix-socket clients."""
     exit_with_parent()
@@ -276,6 +307,7 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
               help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long requests wait for an unreachable broker (Acquire never waits).")
+@insecure_option
 def counter(broker_ep, listens, fds, max_connections, hold_s):
     """Serve yrmcds' counter protocol; the counters live in the broker."""
     exit_with_parent()
@@ -292,6 +324,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key required to enqueue and cancel; without one, loopback only.")
+@insecure_option
 def http(broker_ep, listens, fds, master_key):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
@@ -307,6 +340,7 @@ def http(broker_ep, listens, fds, master_key):
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
+@insecure_option
 def dispatcher(broker_ep, slots):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
     exit_with_parent()
@@ -324,6 +358,7 @@ def dispatcher(broker_ep, slots):
               help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
+@insecure_option
 def worker(spec, concurrency, processes, broker_ep, prefetch):
     """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""
     from ..workers.errors import WorkerVersionError
@@ -346,6 +381,18 @@ def worker(spec, concurrency, processes, broker_ep, prefetch):
         sys.exit(VERSION_EXIT)
 
 
+
+@main.command()
+@click.argument("directory")
+@click.argument("name")
+def keygen(directory, name):
+    """Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret (0600)."""
+    from ..protocol.curve import keygen as write_keys
+    public, secret = write_keys(directory, name)
+    click.echo(f"public key {public} (give it to the broker's ZSTALK_CURVE_CLIENTS directory, "
+               f"or to clients as ZSTALK_CURVE_SERVER)\nsecret key {secret} (ZSTALK_CURVE_KEY of "
+               f"this process only)")
+
+
 if __name__ == "__main__":
     main()
-

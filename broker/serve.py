@@ -114,6 +114,7 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
 def _bind_workers(actor, opts: ServeOptions) -> int | None:
     if no_endpoint(opts.worker_bind):
         return None
+    from ..protocol.curve import CurveError
     from .actor import BindError
     try:
         actor.bind(opts.worker_bind)
@@ -121,4 +122,7 @@ def _bind_workers(actor, opts: ServeOptions) -> int | None:
         print(f"zstalk: cannot bind {exc} (the worker endpoint: --worker-bind moves it, "
               f"'none' turns it off)", file=sys.stderr)
         return BIND_EXIT
+    except CurveError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return 2
     return None

@@ -38,8 +38,9 @@ STOP_GRACE_S = 3.0
 DISPATCHER_GRACE_S = 12.0
 RESTART_DELAY_S = 0.5
 #: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
-#: directory, endpoint in use): the supervisor stops and exits with the same code
-FATAL_EXITS = {10, 111}
+#: directory, endpoint in use, keys missing for a non-local endpoint): the supervisor stops
+#: and exits with the same code
+FATAL_EXITS = {2, 10, 111}
 #: signals the broker child is given in turn: drain mode, read --config again
 _PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}

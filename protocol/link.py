@@ -24,6 +24,7 @@ import time
 
 import zmq
 
+from . import curve
 from .mailbox import CONNECTING, READY, LinkOwner  # shared by both links
 from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat,
                      Hello, Op, Replies, R, SchemaError, SessionState, Settings, Welcome,
@@ -47,7 +48,11 @@ _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 class BrokerLink:
     def __init__(self, endpoint: str, kind: str, owner: LinkOwner,
                  hold_s: float = 5.0, max_held: int = 100_000,
-                 ctx: zmq.Context | None = None) -> None:
+                 ctx: zmq.Context | None = None, keys=curve.FROM_ENV) -> None:
+        """`keys`: CURVE keys (protocol/curve.py), by default from the environment; a
+        non-local endpoint without them is refused (curve.CurveError)."""
+        self.keys = curve.client_keys() if keys is curve.FROM_ENV else keys
+        curve.check_local(endpoint, self.keys, kind)
         self.endpoint = endpoint
         self.kind = kind
         self.owner = owner
@@ -85,7 +90,9 @@ class BrokerLink:
     def _connect(self) -> None:
         self._drop_socket()
         s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.IDENTITY, self.front_id.to_bytes(8, "big"))
+        s.setsockopt(zmq.IDENTITY, curve.identity(self.front_id, self.keys))
+        if self.keys is not None:
+            curve.secure_client(s, self.keys)
         for opt, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0),
                            (zmq.RECONNECT_IVL, 100), (zmq.RECONNECT_IVL_MAX, 1000)):
             s.setsockopt(opt, value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import re
 import socket
 import subprocess
@@ -156,3 +157,29 @@ def check_the_schedule_example() -> None:
     assert paused["paused"] is True and "nextFireAt" not in paused
     assert [s["name"] for s in listing["schedules"]] == ["report", "sweep"]
     assert deleted["name"] == "report"
+
+
+def test_the_curve_example_runs_as_written(tmp_path):
+    if not all(_free(p) for p in (11500, 11301)):
+        pytest.skip("the README's ports 11500 / 11301 are taken on this machine")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
+    env["PATH"] = f"{Path(find_zstalk()).parent}:{env['PATH']}"
+    shell = subprocess.Popen(["bash", "-c", fenced("sh", "zstalk keygen") + "\nwait"],
+                             cwd=tmp_path, env=env, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while _free(11301):
+            assert shell.poll() is None and time.monotonic() < deadline, shell.stdout.read()
+            time.sleep(0.05)
+        with RawClient((LOOPBACK, 11301)) as client:
+            for _ in range(200):        # (the front says Hello once the broker answers)
+                client.send(b"put 0 0 60 6\r\nsealed\r\n")
+                reply = client.read_reply()
+                if reply.startswith(b"INSERTED"):
+                    break
+                time.sleep(0.05)
+            assert reply.startswith(b"INSERTED"), reply
+    finally:
+        os.killpg(shell.pid, signal.SIGTERM)
+        shell.wait(10)

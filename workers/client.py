@@ -17,6 +17,8 @@ from typing import Any, Iterable
 
 import zmq
 
+from ..protocol import curve
+from ..protocol.curve import FROM_ENV
 from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies, SchemaError,
                                Settings, Welcome, decode, encode)
 from . import codecs
@@ -33,7 +35,11 @@ class Client:
     """Not thread-safe: one Client per thread (they are cheap: one socket each)."""
 
     def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
-                 timeout_s: float = 5.0, ctx: zmq.Context | None = None) -> None:
+                 timeout_s: float = 5.0, ctx: zmq.Context | None = None, keys=FROM_ENV) -> None:
+        """`keys`: CURVE keys for a broker beyond this host (protocol/curve.py ClientKeys;
+        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
+        self.keys = curve.client_keys() if keys is FROM_ENV else keys
+        curve.check_local(broker, self.keys, "client")
         self.broker = broker
         self.codec = codec
         self.timeout_s = timeout_s
@@ -173,7 +179,9 @@ class Client:
             return
         s = self.ctx.socket(zmq.DEALER)
         front_id = random.getrandbits(64) or 1
-        s.setsockopt(zmq.IDENTITY, front_id.to_bytes(8, "big"))
+        s.setsockopt(zmq.IDENTITY, curve.identity(front_id, self.keys))
+        if self.keys is not None:
+            curve.secure_client(s, self.keys)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(self.broker)
         self.sock, self.opened, self.using = s, False, "default"

@@ -96,7 +96,8 @@ class Pool(LinkOwner):
         self.tasks = AsyncRunner(self.worker.concurrency, decider, self._finished)
         self.routes = {tube: (h, self.tasks if inspect.iscoroutinefunction(h) else self.threads)
                        for tube, h in handlers.items()}
-        self.link = BrokerLink(self.endpoint, "pool", self, hold_s=HOLD_FOREVER_S, ctx=self.ctx)
+        self.link = BrokerLink(self.endpoint, "pool", self, hold_s=HOLD_FOREVER_S, ctx=self.ctx,
+                               keys=self.worker.keys)
         self.link.start()
 
     def _decider(self) -> Callable[[Job, BaseException | None], Outcome]:

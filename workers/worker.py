@@ -25,6 +25,7 @@ import zmq
 from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
+from ..protocol.curve import FROM_ENV
 from .job import Backoff
 from .pool import Pool
 
@@ -37,7 +38,9 @@ class Worker:
     def __init__(self, broker: str = DEFAULT_BROKER, concurrency: int = 1,
                  prefetch: int | None = None, codec: Codec = codecs.raw, max_attempts: int = 5,
                  backoff: Backoff = Backoff(), grace_s: float = 30.0, auto_touch: bool = False,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None, keys=FROM_ENV) -> None:
+        """`keys`: CURVE keys for a broker beyond this host (protocol/curve.py ClientKeys;
+        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.broker = broker
@@ -48,6 +51,7 @@ class Worker:
         self.backoff = backoff
         self.grace_s = grace_s
         self.auto_touch = auto_touch
+        self.keys = keys
         self.logger = logger or logging.getLogger("zstalk.workers")
         self.handlers: dict[str, Callable[..., Any]] = {}
         self.last_counts: dict[str, int] = {}
@@ -143,7 +147,7 @@ def _child(worker: Worker) -> None:
 def _spawned(spec: str, settings: dict[str, Any]) -> None:
     worker = load_worker(spec)
     worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
-    worker.prefetch = settings["prefetch"]
+    worker.prefetch, worker.keys = settings["prefetch"], settings["keys"]
     _child(worker)
 
 
@@ -155,7 +159,8 @@ def supervise(worker: Worker, processes: int, spec: str | None = None) -> int:
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     if spec:
         settings = {"broker": worker.broker, "concurrency": worker.concurrency,
-                    "prefetch": worker._prefetch}
+                    "prefetch": worker._prefetch,
+                    "keys": None if worker.keys is FROM_ENV else worker.keys}
         start = lambda: _start(mp, _spawned, (spec, settings))     # noqa: E731
     else:
         start = lambda: _start(mp, _child, (worker,))              # noqa: E731

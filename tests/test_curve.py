@@ -1,0 +1,198 @@
+"""CurveZMQ between actors: keys made by `zstalk keygen`, a broker that admits only listed
+public keys, identities bound to keys, key rotation on SIGHUP, and the safe defaults for
+endpoints beyond this host.  Real processes on loopback; a raw ZeroMQ peer plays the
+intruder."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+
+import pytest
+import zmq
+
+from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check
+from zstalk.protocol import curve
+from zstalk.protocol.schema import Hello, Welcome, decode, encode
+from zstalk.workers import Client
+
+pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """Key pairs for the broker and three clients; `admitted` lists a and b."""
+    made = {name: curve.keygen(str(tmp_path / "keys"), name)
+            for name in ("broker", "a", "b", "stranger")}
+    admitted = tmp_path / "admitted"
+    admitted.mkdir()
+    for name in ("a", "b"):
+        shutil.copy(made[name][0], admitted)
+    return tmp_path, made, admitted
+
+
+def server_env(keys) -> dict:
+    _, made, admitted = keys
+    return {**os.environ, curve.ENV_KEY: made["broker"][1], curve.ENV_CLIENTS: str(admitted)}
+
+
+def client_env(keys, name: str) -> dict:
+    _, made, _ = keys
+    return {**os.environ, curve.ENV_KEY: made[name][1], curve.ENV_SERVER: made["broker"][0]}
+
+
+def client_keys(keys, name: str) -> curve.ClientKeys:
+    return curve.client_keys(client_env(keys, name))
+
+
+@pytest.fixture
+def broker(keys):
+    port = free_port()
+    proc = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}"],
+                         (LOOPBACK, port), env=server_env(keys), name="curve-broker").start()
+    proc.endpoint = f"tcp://{LOOPBACK}:{port}"
+    yield proc
+    proc.stop()
+
+
+def hello(endpoint: str, keys: curve.ClientKeys | None, ident: bytes | None = None,
+          wait_s: float = 1.5):
+    """Say Hello as a raw front: the broker's answer, or None if none came."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    front_id = int.from_bytes(os.urandom(8), "big") or 1
+    sock.setsockopt(zmq.IDENTITY, ident or curve.identity(front_id, keys))
+    if keys is not None:
+        curve.secure_client(sock, keys)
+    sock.connect(endpoint)
+    try:
+        sock.send(encode(Hello(front_id, "client", os.getpid(), 0, [])))
+        if sock.poll(int(wait_s * 1000)):
+            return decode(sock.recv())
+        return None
+    finally:
+        sock.close()
+
+
+# -- keys ------------------------------------------------------------------------------------
+def test_keygen_writes_a_public_key_and_a_secret_only_its_owner_can_read(tmp_path):
+    public, secret = curve.keygen(str(tmp_path / "k"), "front")
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(public).st_mode) == 0o644
+    with pytest.raises(curve.CurveError, match="never overwritten"):
+        curve.keygen(str(tmp_path / "k"), "front")
+
+
+def test_the_keygen_command_says_where_each_key_goes(tmp_path):
+    out = subprocess.run([find_zstalk(), "keygen", str(tmp_path), "w1"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and "ZSTALK_CURVE_CLIENTS" in out.stdout
+    assert (tmp_path / "w1.key").exists() and (tmp_path / "w1.key_secret").exists()
+
+
+# -- the broker admits listed keys only -------------------------------------------------------
+def test_a_client_with_an_admitted_key_is_welcomed(broker, keys):
+    assert isinstance(hello(broker.endpoint, client_keys(keys, "a")), Welcome)
+
+
+@pytest.mark.parametrize("who", ["no keys", "unknown key"])
+def test_a_peer_without_an_admitted_key_gets_nothing_and_others_are_served(broker, keys, who):
+    intruder = None if who == "no keys" else client_keys(keys, "stranger")
+    assert hello(broker.endpoint, intruder) is None
+    assert isinstance(hello(broker.endpoint, client_keys(keys, "b")), Welcome)
+    assert broker.running
+
+
+def test_a_valid_key_cannot_speak_as_another_keys_identity(broker, keys):
+    a, b = client_keys(keys, "a"), client_keys(keys, "b")
+    stolen = (42).to_bytes(8, "big") + curve.fingerprint(a.public)
+    assert hello(broker.endpoint, b, ident=stolen) is None      # b's key, a's identity
+    assert isinstance(hello(broker.endpoint, a, ident=stolen), Welcome)
+    deadline = time.monotonic() + WAIT_S
+    while "its identity is not its key's" not in broker.output():
+        assert time.monotonic() < deadline, broker.output()
+        time.sleep(0.05)
+
+
+def test_a_key_removed_from_the_directory_is_refused_after_sighup(broker, keys):
+    _, _, admitted = keys
+    assert isinstance(hello(broker.endpoint, client_keys(keys, "a")), Welcome)
+    os.unlink(admitted / "a.key")
+    broker.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + WAIT_S
+    while "1 client keys admitted" not in broker.output():
+        assert time.monotonic() < deadline, broker.output()
+        time.sleep(0.05)
+    assert hello(broker.endpoint, client_keys(keys, "a")) is None
+    assert isinstance(hello(broker.endpoint, client_keys(keys, "b")), Welcome)
+
+
+def test_a_front_and_a_producer_with_keys_work_end_to_end(broker, keys):
+    port = free_port()
+    front = ServerProcess([find_zstalk(), "front", "beanstalk", "--broker", broker.endpoint,
+                           "--listen", f"{LOOPBACK}:{port}"], (LOOPBACK, port),
+                          env=client_env(keys, "a"), probe=b"list-tubes\r\n",
+                          name="curve-front").start()
+    try:
+        producer = Client(broker.endpoint, keys=client_keys(keys, "b"))
+        job_id = producer.put(b"sealed")
+        producer.close()
+        with RawClient((LOOPBACK, port)) as client:
+            client.send(b"reserve-with-timeout 5\r\n")
+            assert client.read_reply() == f"RESERVED {job_id} 6\r\nsealed\r\n".encode()
+    finally:
+        front.stop()
+
+
+def test_a_producer_without_keys_is_not_welcomed(broker):
+    producer = Client(broker.endpoint, keys=None, timeout_s=1.0)
+    with pytest.raises(Exception):
+        producer.put(b"x")
+    producer.close()
+
+
+# -- safe defaults ---------------------------------------------------------------------------
+def test_a_broker_beyond_loopback_without_keys_refuses_to_start_and_says_why(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
+    out = subprocess.run([find_zstalk(), "broker", "--bind", f"tcp://0.0.0.0:{free_port()}"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 2
+    assert "beyond this host" in out.stderr and "ZSTALK_CURVE_KEY" in out.stderr
+    assert "--insecure" in out.stderr
+
+
+def test_insecure_lets_it_start_and_warns(tmp_path):
+    port = free_port()
+    proc = ServerProcess([find_zstalk(), "broker", "--insecure", "--bind", f"tcp://0.0.0.0:{port}"],
+                         (LOOPBACK, port), name="insecure-broker").start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while "without CURVE keys" not in proc.output():
+            assert time.monotonic() < deadline, proc.output()
+            time.sleep(0.05)
+    finally:
+        proc.stop()
+
+
+def test_a_front_refuses_a_broker_beyond_this_host_without_keys():
+    """(It never connects: the refusal comes first.)"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
+    out = subprocess.run([find_zstalk(), "front", "beanstalk", "--broker", "tcp://192.0.2.1:1",
+                          "--listen", f"{LOOPBACK}:{free_port()}"], capture_output=True,
+                         text=True, timeout=30, env=env)
+    assert out.returncode == 2 and "ZSTALK_CURVE_SERVER" in out.stderr
+
+
+@pytest.mark.parametrize("endpoint, local", [
+    ("ipc:///tmp/x", True), ("inproc://x", True), ("tcp://127.0.0.1:1", True),
+    ("tcp://127.9.9.9:1", True), ("tcp://localhost:1", True), ("tcp://[::1]:1", True),
+    ("tcp://0.0.0.0:1", False), ("tcp://*:1", False), ("tcp://10.0.0.1:1", False),
+    ("tcp://broker.example:1", False), ("tcp://eth0:1", False),
+])
+def test_only_loopback_and_local_transports_count_as_this_host(endpoint, local):
+    assert curve.is_local(endpoint) is local
