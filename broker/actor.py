@@ -42,12 +42,14 @@ import time
 
 from ..protocol import curve
 from ..protocol.mailbox import register_mailbox, unregister_mailbox
-from ..protocol.schema import HEARTBEAT_S, SchemaError, decode, encode
+from ..protocol.schema import HEARTBEAT_S, SCHEMA_VERSION, SchemaError, decode_peer, encode
 from .core import Broker, Config
 from .stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
+#: a peer's undecodable messages are logged at most this often
+SAY_AGAIN_S = 30.0
 #: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
 WALL_CHECK_S = 1.0
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
@@ -70,6 +72,8 @@ class BrokerActor:
         self.admitted: curve.Admitted | None = None
         self.auth = None
         self._mismatch_logged = -math.inf
+        self.old_peers: dict[bytes, int] = {}    # peer -> the older schema version it speaks
+        self._said: dict[bytes, float] = {}     # peer -> when a problem with it was logged
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
@@ -391,12 +395,30 @@ class BrokerActor:
                 sock.recv(_NOBLOCK)
                 data = b""
             try:
-                msg = decode(data)
+                version, msg = decode_peer(data)
             except SchemaError as exc:
-                log.warning("ignoring message from %s: %s", peer.hex(), exc)
+                self._say_once(peer, f"ignoring messages from {peer.hex()}: {exc}")
                 continue
+            if version != SCHEMA_VERSION:
+                if peer not in self.old_peers:
+                    log.warning("peer %s speaks schema version %d (this broker %d): it is "
+                                "answered in its version; update it", peer.hex(), version,
+                                SCHEMA_VERSION)
+                self.old_peers[peer] = version
+            elif self.old_peers:
+                self.old_peers.pop(peer, None)
             handle(peer, msg, time.monotonic())
         return taken
+
+    def _say_once(self, peer: bytes, text: str) -> None:
+        """Log `text` about `peer` at most every SAY_AGAIN_S (a peer sending junk must not
+        fill the log)."""
+        now = time.monotonic()
+        if now - self._said.get(peer, -math.inf) >= SAY_AGAIN_S:
+            if len(self._said) > 1024:
+                self._said.clear()
+            self._said[peer] = now
+            log.warning("%s", text)
 
     def _keyed_frame(self, peer: bytes) -> bytes | None:
         """With CURVE, the message's data, if its identity belongs to the key it came with
@@ -458,10 +480,12 @@ class BrokerActor:
                 continue
             if sock is None:
                 continue
-            try:
-                data = encode(msg)      # first: a message that cannot be encoded must not
+            try:                        # first: a message that cannot be encoded must not
+                data = encode(msg, self.old_peers.get(peer, SCHEMA_VERSION))
             except Exception:           # leave half a multipart message on the socket
                 log.exception("cannot encode a message for %s: dropped", peer.hex())
+                continue
+            if data is None:            # (a message its version does not have)
                 continue
             try:
                 sock.send(peer, _NOBLOCK | _SNDMORE)

@@ -75,6 +75,7 @@ class BrokerLink:
         self._ticker: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         self._waiting_said = -WAITING_LOG_S
+        self._schema_said = -WAITING_LOG_S
 
     # -- socket ------------------------------------------------------------------------
     def start(self) -> None:
@@ -124,7 +125,11 @@ class BrokerLink:
             try:
                 msg = decode(data)
             except SchemaError as exc:
-                log.warning("ignoring broker message: %s", exc)
+                now = time.monotonic()
+                if now - self._schema_said >= WAITING_LOG_S:    # (heartbeats: twice a second)
+                    self._schema_said = now
+                    log.warning("%s: ignoring messages from the broker at %s: %s", self.kind,
+                                self.endpoint, exc)
                 continue
             self._handle(msg)
             sock = self.sock

@@ -44,7 +44,13 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: a broker accepts peers this much older (a rolling update: the broker first, then the
+#: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
+#: version back.  Version 1 (before cloud-task durability) had no `keyed` in T_ENQUEUE /
+#: T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR
+#: replies carrying the HTTP status, a one-field Settings and no Settings message.
+OLDEST_PEER_VERSION = 1
 
 
 class SchemaError(Exception):
@@ -259,8 +265,13 @@ _CLASSES: dict[int, type] = {v: k for k, v in _KINDS.items()}
 Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings
 
 
-def encode(msg: Message) -> bytes:
-    return msgpack.packb((SCHEMA_VERSION, _KINDS[type(msg)], *msg), use_bin_type=True)
+def encode(msg: Message, version: int = SCHEMA_VERSION) -> bytes | None:
+    """The message as `version` has it (None: that version has no such message)."""
+    if version != SCHEMA_VERSION:
+        msg = _downgrade(msg)
+        if msg is None:
+            return None
+    return msgpack.packb((version, _KINDS[type(msg)], *msg), use_bin_type=True)
 
 
 def encodable(value: Any) -> bool:
@@ -275,12 +286,29 @@ def encodable(value: Any) -> bool:
 
 
 def decode(data: bytes) -> Message:
+    """A message of this version (what fronts and clients take from their broker)."""
+    version, msg = _decode(data, SCHEMA_VERSION)
+    return msg
+
+
+def decode_peer(data: bytes) -> tuple[int, Message]:
+    """A message from a peer of this version or one OLDEST_PEER_VERSION allows (the
+    broker's side), upgraded to this version; and the version it came in."""
+    version, msg = _decode(data, OLDEST_PEER_VERSION)
+    return version, (msg if version == SCHEMA_VERSION else _upgrade(msg))
+
+
+def _decode(data: bytes, oldest: int) -> tuple[int, Message]:
     try:
         version, kind, *fields = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise SchemaError(f"undecodable message: {exc}") from None
-    if version != SCHEMA_VERSION:
-        raise SchemaError(f"schema version {version!r}, expected {SCHEMA_VERSION}")
+    if type(version) is not int or version > SCHEMA_VERSION:
+        raise SchemaError(f"schema version {version!r} is too new for this zstalk (it speaks "
+                          f"{SCHEMA_VERSION}): update it (a broker first, then the rest)")
+    if version < oldest:
+        raise SchemaError(f"schema version {version} is too old for this zstalk (it speaks "
+                          f"{SCHEMA_VERSION}, and takes {oldest} and later): update the peer")
     cls = _CLASSES.get(kind)
     if cls is None:
         raise SchemaError(f"unknown message kind {kind!r}")
@@ -288,7 +316,7 @@ def decode(data: bytes) -> Message:
         msg = cls(*fields)
     except TypeError as exc:
         raise SchemaError(f"bad {cls.__name__}: {exc}") from None
-    return _nest(msg)
+    return version, _nest(msg)
 
 
 def _nest(msg: Any) -> Any:
@@ -298,3 +326,50 @@ def _nest(msg: Any) -> Any:
     if isinstance(msg, Welcome):
         return msg._replace(settings=Settings(*msg.settings))
     return msg
+
+
+# -- version 1 peers ------------------------------------------------------------------------
+#: the HTTP status of each T_ERROR code (version 1 replies carried it; the HTTP front's
+#: STATUS table is the one it answers with)
+V1_ERROR_STATUS = {"bad_request": 400, "unauthorized": 401, "not_found": 404,
+                   "unknown_function": 404, "duplicate": 409, "not_cancellable": 409,
+                   "draining": 503, "out_of_memory": 503, "out_of_space": 503,
+                   "unavailable": 503}
+
+
+def _upgrade(msg: Message) -> Message:
+    """A version-1 message as this version has it."""
+    if isinstance(msg, Batch):
+        return Batch([_upgrade_op(op) for op in msg.ops])
+    return msg
+
+
+def _upgrade_op(op):
+    if not isinstance(op, (list, tuple)) or not op:
+        return op
+    code, n = op[0], len(op)
+    if (code == Op.T_ENQUEUE and n == 6) or (code == Op.T_INFO and n == 3):
+        return (*op, True)              # a version-1 front checked the key itself
+    if code == Op.T_SUBSCRIBE and n == 3:
+        return (*op, op[2] == 0)        # 0 slots meant stopping
+    return op
+
+
+def _downgrade(msg: Message) -> Message | None:
+    """A message as a version-1 peer takes it (None: it has none such)."""
+    if isinstance(msg, Settings):
+        return None
+    if isinstance(msg, Welcome):
+        return msg._replace(settings=msg.settings[:1])
+    if isinstance(msg, Replies):
+        items = [_downgrade_reply(item) for item in msg.items]
+        return Replies([item for item in items if item is not None])
+    return msg
+
+
+def _downgrade_reply(item: tuple) -> tuple | None:
+    if item[1] == R.T_NOTED:
+        return None                     # its T_OUTCOME was silent
+    if item[1] == R.T_ERROR:
+        return (item[0], item[1], V1_ERROR_STATUS.get(item[2], 500), *item[2:])
+    return item

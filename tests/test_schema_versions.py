@@ -1,0 +1,117 @@
+"""Schema version skew: a broker takes peers one schema version older (a rolling update
+updates the broker first), answers them in their version, and says clearly when a peer
+is too old or too new, without filling its log.  Units on the schema module, then a real
+broker process and raw ZeroMQ peers speaking other versions."""
+from __future__ import annotations
+
+import os
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
+from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Batch, Op, R, Replies,
+                                    SchemaError, Settings, Welcome, decode, decode_peer, encode)
+
+V1 = 1
+HELLO, BATCH = 1, 3
+
+
+def packed(version: int, kind: int, *fields) -> bytes:
+    return msgpack.packb((version, kind, *fields), use_bin_type=True)
+
+
+# -- the schema module -----------------------------------------------------------------------
+def test_this_version_is_one_newer_than_the_oldest_peer_it_takes():
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (2, 1)
+
+
+def test_a_version_1_batch_gets_the_fields_version_2_added():
+    ops = [(Op.T_ENQUEUE, 1, "f", b"{}", None, "u"), (Op.T_INFO, 1, "u"),
+           (Op.T_SUBSCRIBE, 1, 0), (Op.T_SUBSCRIBE, 1, 8), (Op.PUT, 1, 0, 0, 60, b"x")]
+    version, msg = decode_peer(packed(V1, BATCH, ops))
+    assert version == V1
+    assert [tuple(op) for op in msg.ops] == [
+        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True), (Op.T_INFO, 1, "u", True),
+        (Op.T_SUBSCRIBE, 1, 0, True), (Op.T_SUBSCRIBE, 1, 8, False), (Op.PUT, 1, 0, 0, 60, b"x")]
+
+
+def test_a_version_1_peer_is_answered_in_version_1():
+    welcome = msgpack.unpackb(encode(Welcome(7, 9, Settings(), True), V1))
+    assert welcome == [V1, 2, 7, 9, [65535], True]              # a one-field Settings
+    assert encode(Settings(), V1) is None                       # it has no Settings message
+    replies = msgpack.unpackb(encode(Replies([(1, R.T_NOTED, "u", 1),
+                                              (1, R.T_ERROR, "duplicate", "taken"),
+                                              (1, R.INSERTED, 5)]), V1))
+    assert replies == [V1, 4, [[1, R.T_ERROR, 409, "duplicate", "taken"], [1, R.INSERTED, 5]]]
+
+
+@pytest.mark.parametrize("version, words", [(SCHEMA_VERSION + 1, "too new"), (0, "too old"),
+                                            ("2", "too new")])
+def test_a_peer_too_old_or_too_new_is_refused_by_name(version, words):
+    with pytest.raises(SchemaError, match=words):
+        decode_peer(packed(version, BATCH, []))
+
+
+def test_fronts_and_clients_take_only_their_own_version_from_a_broker():
+    with pytest.raises(SchemaError, match="too old"):
+        decode(packed(V1, BATCH, []))
+
+
+# -- a real broker ---------------------------------------------------------------------------
+needs_zstalk = pytest.mark.skipif(self_check(), reason="needs zstalk")
+
+
+@pytest.fixture
+def broker():
+    port = free_port()
+    proc = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}"],
+                         (LOOPBACK, port), name="versions-broker").start()
+    proc.endpoint = f"tcp://{LOOPBACK}:{port}"
+    yield proc
+    proc.stop()
+
+
+def peer(endpoint: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, os.urandom(8))
+    sock.connect(endpoint)
+    return sock
+
+
+def answer(sock: zmq.Socket, wait_s: float = 3.0):
+    return msgpack.unpackb(sock.recv()) if sock.poll(int(wait_s * 1000)) else None
+
+
+@needs_zstalk
+def test_a_version_1_producer_puts_a_job_through_a_version_2_broker(broker):
+    sock = peer(broker.endpoint)
+    try:
+        sock.send(packed(V1, HELLO, 1, "client", os.getpid(), 0, []))
+        welcome = answer(sock)
+        assert welcome[:2] == [V1, 2] and welcome[4] == [65535]
+        sock.send(packed(V1, BATCH, [[Op.OPEN, 1], [Op.PUT, 1, 0, 0, 60, b"old"]]))
+        replies = answer(sock)
+        assert replies[:2] == [V1, 4] and replies[2][0][1] == R.INSERTED
+    finally:
+        sock.close()
+    assert "speaks schema version 1" in broker.output()
+
+
+@needs_zstalk
+def test_a_peer_too_new_gets_nothing_and_is_named_in_the_log_once(broker):
+    sock = peer(broker.endpoint)
+    try:
+        for _ in range(20):
+            sock.send(packed(SCHEMA_VERSION + 1, HELLO, 1, "client", os.getpid(), 0, []))
+        assert answer(sock, 1.0) is None
+    finally:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while "too new" not in broker.output():
+        assert time.monotonic() < deadline, broker.output()
+        time.sleep(0.05)
+    assert broker.output().count("too new") == 1 and broker.running
