@@ -170,6 +170,7 @@ class Admitted:
         self.keys: frozenset[bytes] = frozenset()
         self.refused = 0                # since the last log line
         self.logged_at = float("-inf")
+        self.address = "?"              # the peer of the handshake being checked
         self.reload()
 
     def reload(self) -> int:
@@ -184,9 +185,9 @@ class Admitted:
         self.refused += 1
         now = time.monotonic()
         if now - self.logged_at >= REFUSAL_LOG_S:
-            log.warning("refused a CURVE handshake from key %s (not in %s; %d refused since "
-                        "the last such line)", fingerprint(key).hex(), self.directory,
-                        self.refused)
+            log.warning("refused a CURVE handshake from %s with key %s (not in %s; %d refused "
+                        "since the last such line)", self.address, fingerprint(key).hex(),
+                        self.directory, self.refused)
             self.refused, self.logged_at = 0, now
         return False
 
@@ -194,7 +195,14 @@ class Admitted:
 def start_authenticator(ctx, admitted: Admitted):
     """pyzmq's ZAP handler on its own thread, asking `admitted` (stop() it when done)."""
     from zmq.auth.thread import ThreadAuthenticator
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("zstalk.zap"))
+
+    class Authenticator(ThreadAuthenticator):
+        async def handle_zap_message(self, msg: list[bytes]) -> None:
+            if len(msg) > 3:            # (requests are handled one at a time, in order)
+                admitted.address = msg[3].decode("utf-8", "replace") or "?"
+            await super().handle_zap_message(msg)
+
+    auth = Authenticator(ctx, log=logging.getLogger("zstalk.zap"))
     auth.start()
     auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=admitted)
     return auth

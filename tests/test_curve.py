@@ -106,6 +106,9 @@ def test_a_peer_without_an_admitted_key_gets_nothing_and_others_are_served(broke
     assert hello(broker.endpoint, intruder) is None
     assert isinstance(hello(broker.endpoint, client_keys(keys, "b")), Welcome)
     assert broker.running
+    if intruder is not None:            # the refusal names the address and the key
+        line = [ln for ln in broker.output().splitlines() if "refused a CURVE" in ln]
+        assert f"from {LOOPBACK} with key {curve.fingerprint(intruder.public).hex()}" in line[0]
 
 
 def test_a_valid_key_cannot_speak_as_another_keys_identity(broker, keys):
