@@ -199,3 +199,12 @@ def test_a_front_refuses_a_broker_beyond_this_host_without_keys():
 ])
 def test_only_loopback_and_local_transports_count_as_this_host(endpoint, local):
     assert curve.is_local(endpoint) is local
+
+
+def test_a_worker_refuses_a_broker_beyond_this_host_without_keys(tmp_path):
+    (tmp_path / "idle.py").write_text("from zstalk.workers import Worker\nworker = Worker()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
+    out = subprocess.run([find_zstalk(), "worker", "idle:worker", "--processes", "2",
+                          "--broker", "tcp://192.0.2.1:1"], capture_output=True, text=True,
+                         timeout=30, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "worker: tcp://192.0.2.1:1 is beyond this host" in out.stderr

@@ -25,6 +25,7 @@ import zmq
 from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
+from ..protocol import curve
 from ..protocol.curve import FROM_ENV
 from .job import Backoff
 from .pool import Pool
@@ -84,7 +85,12 @@ class Worker:
     # -- running -----------------------------------------------------------------------
     def run(self, processes: int = 1, spec: str | None = None) -> None:
         """Work until SIGTERM / SIGINT, then shut down gracefully.  `spec`: this
-        Worker's MODULE:ATTR, to spawn the processes instead of forking them."""
+        Worker's MODULE:ATTR, to spawn the processes instead of forking them.  A broker
+        beyond this host without CURVE keys is refused here, before any process starts
+        (protocol/curve.py)."""
+        if isinstance(self.broker, str):
+            keys = curve.client_keys() if self.keys is FROM_ENV else self.keys
+            curve.check_local(self.broker, keys, "worker")
         if processes > 1:
             code = supervise(self, processes, spec)
             if code:
