@@ -8,6 +8,7 @@
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
     zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
     zstalk front http --broker EP --listen ADDR      the HTTP cloud-task API
+                 [--tls-cert FILE --tls-key FILE] [--max-connections N] ...
     zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
 
@@ -21,7 +22,7 @@ import sys
 
 import click
 
-from ..protocol.listen import bind_listen, describe_listen, parse_listen
+from ..protocol.listen import HttpLimits, bind_listen, describe_listen, parse_listen
 from . import VERSION
 from .options import MASTER_KEY_ENV, ServeOptions, run_server, setup_logging, worker_endpoint
 
@@ -46,6 +47,54 @@ def binlog_options(f):
         f = opt(f)
     return f
 
+
+def http_options(prefix: str):
+    """--tls-cert/--tls-key and the HTTP front's limits, shared by `serve` (the limits
+    named --http-..., as its other fronts' are named by front) and `front http`."""
+    limits = HttpLimits()
+    seconds = click.FloatRange(min=0, min_open=True)
+
+    def decorate(f):
+        for opt in reversed([
+            click.option("--tls-cert", metavar="FILE", default=None,
+                         help="Serve the HTTP API over TLS: this certificate chain (PEM, "
+                              "the server's certificate first), with --tls-key."),
+            click.option("--tls-key", metavar="FILE", default=None,
+                         help="The certificate's private key (PEM, unencrypted)."),
+            click.option(f"--{prefix}header-timeout", "header_timeout", type=seconds,
+                         default=limits.header_timeout_s, show_default=True,
+                         help="Seconds a request's headers may take, from connecting or "
+                              "the previous response (an idle connection closes then too)."),
+            click.option(f"--{prefix}body-timeout", "body_timeout", type=seconds,
+                         default=limits.body_timeout_s, show_default=True,
+                         help="Seconds a request's body may take; past it 408."),
+            click.option(f"--{prefix}max-connections", "http_max_connections",
+                         type=click.IntRange(min=0), default=limits.max_connections,
+                         show_default=True,
+                         help="HTTP connections; beyond it accepted, then closed (0: no limit)."),
+        ]):
+            f = opt(f)
+        return f
+    return decorate
+
+
+def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: float,
+                  body_timeout: float, max_connections: int):
+    """The HTTP front's (HttpLimits, ssl.SSLContext or None) from http_options; TLS needs
+    both files (a usage error names the missing one), and a file that cannot be used
+    ends the command with exit 2, naming it."""
+    if bool(tls_cert) != bool(tls_key):
+        missing = "--tls-key" if tls_cert else "--tls-cert"
+        raise click.UsageError(f"{missing} is missing: give --tls-cert and --tls-key together")
+    tls = None
+    if tls_cert:
+        from ..protocol.listen import TlsError, tls_context
+        try:
+            tls = tls_context(tls_cert, tls_key)
+        except TlsError as exc:
+            click.echo(f"zstalk: {exc}", err=True)
+            sys.exit(2)
+    return HttpLimits(header_timeout, body_timeout, max_connections), tls
 
 
 def exit_with_parent() -> None:
@@ -151,14 +200,18 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key the HTTP API requires to enqueue and cancel; without one it "
                    "listens on loopback only.")
+@http_options("http-")
 @binlog_options
 @click.pass_obj
 @insecure_option
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
-          config_path, http_port, master_key, binlog_dir, fsync_ms, no_fsync, binlog_size):
+          config_path, http_port, master_key, tls_cert, tls_key, header_timeout, body_timeout,
+          http_max_connections, binlog_dir, fsync_ms, no_fsync, binlog_size):
     """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
     --config, the HTTP task API (port 8080) and a dispatcher."""
+    http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
+                                   http_max_connections)   # (TLS: the files are checked)
     functions = load_config_or_exit(config_path)
     listener = bind_or_exit(addr, port)
     counter_listeners = []
@@ -178,7 +231,9 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         worker_bind=worker_endpoint(worker_bind),
                         binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
                         binlog_size=binlog_size, functions=functions, config_path=config_path,
-                        http_listeners=http_listeners, master_key=master_key)
+                        http_listeners=http_listeners, master_key=master_key,
+                        http_limits=http_limits,
+                        tls_files=(tls_cert, tls_key) if tls_cert else None)
     sys.exit(run_server([listener], opts, counter_listeners))
 
 
@@ -324,16 +379,20 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key required to enqueue and cancel; without one, loopback only.")
+@http_options("")
 @insecure_option
-def http(broker_ep, listens, fds, master_key):
+def http(broker_ep, listens, fds, master_key, tls_cert, tls_key, header_timeout, body_timeout,
+         http_max_connections):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
     exit_with_parent()
+    limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
+                                http_max_connections)
     sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from ..protocol.front_main import run_http_front
-    run_http_front(broker_ep, sockets, master_key)
+    run_http_front(broker_ep, sockets, master_key, limits, tls)
 
 
 @main.command()

@@ -2,8 +2,9 @@
 
 One process (broker/serve.py) builds the broker from these fields directly; the
 supervisor (`--fronts N`, broker/supervisor.py) passes the same fields on to its
-`zstalk broker` child as arguments (`broker_args`), and the master key to its HTTP front
-child in the environment (MASTER_KEY_ENV).  Nothing heavy is imported here.
+`zstalk broker` child as arguments (`broker_args`), and to its HTTP front child its
+limits and TLS files as arguments (`http_args`) and the master key in the environment
+(MASTER_KEY_ENV).  Nothing heavy is imported here.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+
+from ..protocol.listen import HttpLimits
 
 MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
 
@@ -35,6 +38,8 @@ class ServeOptions:
     config_path: str | None = None      # its file, read again on SIGHUP
     http_listeners: list = field(default_factory=list)   # the HTTP front's bound sockets
     master_key: str | None = None       # required by the HTTP front to enqueue and cancel
+    http_limits: HttpLimits = HttpLimits()
+    tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
 
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""
@@ -48,6 +53,25 @@ class ServeOptions:
                      str(self.fsync_ms), "--binlog-size", str(self.binlog_size),
                      *(["--no-fsync"] if self.no_fsync else [])]
         return args
+
+    def http_args(self) -> list[str]:
+        """The HTTP front's limits and TLS files as `zstalk front http` arguments (the
+        supervisor's child; the files by name, not their contents)."""
+        limits = self.http_limits
+        args = ["--header-timeout", str(limits.header_timeout_s),
+                "--body-timeout", str(limits.body_timeout_s),
+                "--max-connections", str(limits.max_connections)]
+        if self.tls_files:
+            cert, key = map(os.path.abspath, self.tls_files)
+            args += ["--tls-cert", cert, "--tls-key", key]
+        return args
+
+    def http_tls(self):
+        """The HTTP front's ssl.SSLContext, or None (the CLI has checked the files)."""
+        if not self.tls_files:
+            return None
+        from ..protocol.listen import tls_context
+        return tls_context(*self.tls_files)
 
     def binlog(self):
         """The binlog's Options, or None (imports the binlog only when there is one)."""
@@ -81,13 +105,14 @@ def where(sock) -> str:
 
 
 def announcement(listeners, counter_listeners, worker_endpoint: str | None,
-                 http_listeners=(), master_key: str | None = None) -> str:
+                 http_listeners=(), master_key: str | None = None, tls: bool = False) -> str:
     """The one line `zstalk serve` prints once everything listens."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
     if http_listeners:
-        parts.append("http on " + ", ".join(where(s) for s in http_listeners)
+        parts.append(("https on " if tls else "http on ")
+                     + ", ".join(where(s) for s in http_listeners)
                      + ("" if master_key else " (no --master-key: loopback only)"))
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
     return "zstalk: " + "; ".join(parts)

@@ -81,7 +81,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     if code is None:
         if opts.announce:
             print(announcement(listeners, counter_listeners, actor.endpoint,
-                               opts.http_listeners, opts.master_key),
+                               opts.http_listeners, opts.master_key, bool(opts.tls_files)),
                   file=sys.stderr, flush=True)
         await actor.wait_stopped()
     for running in fronts:
@@ -100,7 +100,8 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
     started = []
     if opts.http_listeners:
         from ..protocol.http_front import HttpFront
-        front = HttpFront(address, master_key=opts.master_key)
+        front = HttpFront(address, master_key=opts.master_key, limits=opts.http_limits,
+                          tls=opts.http_tls())
         await front.start(opts.http_listeners)
         started.append(front)
     if opts.functions is not None:

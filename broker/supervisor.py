@@ -9,7 +9,8 @@ code), then starts the broker and the fronts as child processes running `zstalk 
 `zstalk front beanstalk --fd N`, `zstalk front counter --fd N` and `zstalk front http
 --fd N`.  The broker listens on an ipc:// endpoint in a private temporary directory, so
 no internal port is fixed and two servers run side by side.  Only the HTTP front is
-given the master key, in its environment (not its argv, which `ps` shows).
+given the master key, in its environment (not its argv, which `ps` shows); its TLS
+certificate and key go on its command line by file name.
 
 Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
 SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
@@ -91,7 +92,7 @@ class Supervisor:
             return ["front", "counter", "--broker", self.endpoint,
                     "--max-connections", str(self.opts.counter_max_connections)]
         if name == "http":
-            return ["front", "http", "--broker", self.endpoint]
+            return ["front", "http", "--broker", self.endpoint, *self.opts.http_args()]
         if name == "dispatcher":
             return ["dispatcher", "--broker", self.endpoint]
         return ["front", "beanstalk", "--broker", self.endpoint,
@@ -157,7 +158,8 @@ class Supervisor:
                 self._start("dispatcher")
             if self.opts.announce:
                 print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind,
-                                   self.opts.http_listeners, self.opts.master_key),
+                                   self.opts.http_listeners, self.opts.master_key,
+                                   bool(self.opts.tls_files)),
                       file=sys.stderr, flush=True)
             return self._loop()
         finally:

@@ -85,11 +85,13 @@ async def _until_stopped(actor, start) -> None:
     await actor.close()
 
 
-def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None) -> None:
+def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None,
+                   limits, tls=None) -> None:
+    """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext."""
     from .http_front import HttpFront
 
     async def main() -> None:
-        front = HttpFront(broker, master_key=master_key)
+        front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls)
         await _until_stopped(front, lambda: front.start(sockets))
     run(main())
 

@@ -26,7 +26,9 @@ Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the st
 named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405), which a
 middleware turns into JSON.  A body over the broker's `max_body_bytes` (Settings: the
 config's [api] max_body, taken again on SIGHUP) is 413, read no further than one byte
-past it.  With a master key, cancel and
+past it; one that has not all come within the body timeout is 408, and the
+connection closed (protocol/http_site.py has that and the other limits: TLS, the header
+timeout, the connection limit).  With a master key, cancel and
 listing need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
 a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
 policy decides: by default enqueue needs it and reading a task by its id does not, as in
@@ -56,6 +58,8 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .http_schedules import SCHEDULE_TIMES, parse_page, parse_pause, parse_schedule
+from .http_site import GuardedSite, close_after_408
+from .listen import HttpLimits
 from .mailbox import LinkOwner, open_link
 from .schema import Op, R, SessionState, Welcome, encodable
 
@@ -80,6 +84,7 @@ STATUS = {
     "not_found": 404,
     "unknown_function": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "duplicate": 409,
     "not_cancellable": 409,
     "too_large": 413,
@@ -314,21 +319,24 @@ def check_host(request: web.Request, master_key: bytes | None) -> Problem | None
                        "loopback address")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | Problem:
-    """The request's body, or 413 once it is known to be over `limit` bytes (a
-    Content-Length over it is not read at all)."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | Problem:
+    """The request's body; 413 once it is known to be over `limit` bytes (a
+    Content-Length over it is not read at all), 408 if it is not all there within
+    `timeout_s`."""
     too_large = refuse(413, f"the body is over {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         return too_large
     chunks, size = [], 0
-    while True:
-        chunk = await request.content.read(min(1 << 16, limit + 1 - size))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            return too_large
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.read(min(1 << 16, limit + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return too_large
+    except TimeoutError:
+        return refuse(408, f"the body did not arrive within {timeout_s:g} s")
+    return b"".join(chunks)
 
 
 # -- aiohttp's own errors as JSON ----------------------------------------------------------
@@ -368,8 +376,11 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # -- the front -----------------------------------------------------------------------------
 class HttpFront(LinkOwner):
-    def __init__(self, broker: str, master_key: str | None = None, link=None) -> None:
+    def __init__(self, broker: str, master_key: str | None = None, link=None,
+                 limits: HttpLimits = HttpLimits(), tls=None) -> None:
         self.master_key = master_key.encode() if master_key else None
+        self.limits = limits
+        self.tls = tls              # an ssl.SSLContext: serve HTTPS
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.opened = False
         self.runner: web.AppRunner | None = None
@@ -378,7 +389,7 @@ class HttpFront(LinkOwner):
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors, self.loopback_only])
+        app = web.Application(middlewares=[close_after_408, json_errors, self.loopback_only])
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
@@ -401,10 +412,11 @@ class HttpFront(LinkOwner):
     async def start(self, sockets: list[socket.socket]) -> None:
         """Reach the broker and serve on listening sockets bound by the caller."""
         self.link.start()
-        self.runner = web.AppRunner(self.app(), shutdown_timeout=SHUTDOWN_GRACE_S)
+        self.runner = web.AppRunner(self.app(), shutdown_timeout=SHUTDOWN_GRACE_S,
+                                    keepalive_timeout=self.limits.header_timeout_s)
         await self.runner.setup()
         for sock in sockets:
-            await web.SockSite(self.runner, sock).start()
+            await GuardedSite(self.runner, sock, self.limits, self.tls).start()
 
     async def close(self) -> None:
         """Stop taking requests, give those in flight the grace period, end the session."""
@@ -426,7 +438,8 @@ class HttpFront(LinkOwner):
         denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
-        body = await read_body(request, self.link.settings.max_body_bytes)
+        body = await read_body(request, self.link.settings.max_body_bytes,
+                               self.limits.body_timeout_s)
         if isinstance(body, Problem):
             return problem_response(body)
         task = parse_enqueue(body)
@@ -545,7 +558,8 @@ class HttpFront(LinkOwner):
         denied = check_key(request, self.master_key) or check_json(request)
         if denied:
             return denied
-        body = await read_body(request, self.link.settings.max_body_bytes)
+        body = await read_body(request, self.link.settings.max_body_bytes,
+                               self.limits.body_timeout_s)
         if isinstance(body, Problem):
             return body
         try:

@@ -1,4 +1,4 @@
-"""Listening sockets for fronts: TCP, unix paths, and systemd socket activation.
+"""Listening sockets for fronts: TCP, unix paths, systemd socket activation, and TLS.
 
 The supervisor binds the client-facing socket itself and hands the descriptor to every
 front process it starts, so `--fronts N` share one accept queue, a second server on the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from typing import NamedTuple
 
 SD_LISTEN_FDS_START = 3
 BACKLOG = 1024
@@ -94,3 +95,44 @@ def is_loopback(sock: socket.socket) -> bool:
     if sock.family == socket.AF_UNIX:
         return True
     return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
+
+
+class HttpLimits(NamedTuple):
+    """What the HTTP front allows a client (protocol/http_site.py enforces it)."""
+    header_timeout_s: float = 10.0  # a request's headers, from connect or the last response
+    body_timeout_s: float = 30.0    # its body, from the end of its headers
+    max_connections: int = 1000     # 0: no limit
+
+
+class TlsError(Exception):
+    """A --tls-cert / --tls-key that cannot be used; the message names the file."""
+
+
+def tls_context(cert: str, key: str):
+    """A server ssl.SSLContext (TLS 1.2 and later) with the chain in `cert` (PEM, the
+    server's certificate first) and its private key in `key` (PEM, unencrypted: a front
+    started by a supervisor has nobody to ask for a passphrase).  Raises TlsError."""
+    import ssl
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise TlsError(f"{flag} {path}: {exc.strerror}") from None
+    try:        # a file with no certificate in it is the cert's fault, not the key's
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
+    except ssl.SSLError:
+        raise TlsError(f"--tls-cert {cert}: no PEM certificate in it") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+
+    def no_passphrase():
+        raise TlsError(f"--tls-key {key} is encrypted; give it unencrypted")
+    try:
+        context.load_cert_chain(cert, key, password=no_passphrase)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise TlsError(f"--tls-key {key} is not the key of the certificate in "
+                           f"{cert}") from None
+        raise TlsError(f"--tls-key {key}: no PEM private key in it") from None
+    return context

@@ -302,7 +302,7 @@ def schedule_paths() -> dict:
         "/v1/schedules": {
             "post": _schedule_op("createSchedule", "Make a cron schedule that enqueues a task "
                                  "at each fire time", {"201": _json(_ref("Schedule"), "Made.")},
-                                 "400", "404", "409", "413", "415",
+                                 "400", "404", "408", "409", "413", "415",
                                  requestBody=body("ScheduleRequest")),
             "get": _schedule_op("listSchedules", "A page of schedules by name",
                                 {"200": _json(_ref("SchedulePage"), "A page.")}, "400",
@@ -312,7 +312,8 @@ def schedule_paths() -> dict:
             "get": _schedule_op("getSchedule", "A schedule, with its next fire time",
                                 {"200": one}, "404", parameters=[_schedule_name()]),
             "patch": _schedule_op("pauseSchedule", "Pause or resume a schedule", {"200": one},
-                                  "400", "404", "413", "415", parameters=[_schedule_name()],
+                                  "400", "404", "408", "413", "415",
+                                  parameters=[_schedule_name()],
                                   requestBody={"required": True, "content": {
                                       "application/json": {"schema": pause}}}),
             "delete": _schedule_op("deleteSchedule", "Delete a schedule", {"200": one}, "404",
@@ -348,6 +349,8 @@ _ERRORS = {
            "not name loopback.",
     "403 keyless": "With no master key configured, a Host header that does not name loopback.",
     "404": "No such task, or no such function.",
+    "408": "The body did not all arrive within the server's body timeout "
+           "(--http-body-timeout, 30 s by default); the connection is closed.",
     "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
     "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
@@ -396,7 +399,7 @@ def enqueue() -> dict:
                          _links("getTask", "cancelTask")),
             "200": _json({"type": "array", "maxItems": MAX_BATCH, "items": _ref("BatchItem")},
                          "The array form: each item's result."),
-        }, "400", "401", "403", "404", "409", "413", "415", "503"),
+        }, "400", "401", "403", "404", "408", "409", "413", "415", "503"),
     }
 
 

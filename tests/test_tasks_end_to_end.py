@@ -94,7 +94,9 @@ def host():
 def serve(tmp_path, host):
     started = []
 
-    def start(*extra: str, config: str | None = None, env: dict | None = None) -> "Api":
+    def start(*extra: str, config: str | None = None, env: dict | None = None,
+              client_tls=None) -> "Api":
+        """`client_tls`: an ssl.SSLContext to reach an HTTP front serving TLS with."""
         path = tmp_path / "zstalk.toml"
         path.write_text(config or f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
         port, http_port = free_port(), free_port()
@@ -103,7 +105,8 @@ def serve(tmp_path, host):
                                 "--config", str(path), "--http-port", str(http_port), *extra],
                                (LOOPBACK, port), name="zstalk-tasks", env=env).start()
         started.append(server)
-        api = Api(f"http://{LOOPBACK}:{http_port}", server)
+        scheme = "https" if client_tls else "http"
+        api = Api(f"{scheme}://{LOOPBACK}:{http_port}", server, client_tls)
         api.wait_listening()
         return api
 
@@ -113,9 +116,10 @@ def serve(tmp_path, host):
 
 
 class Api:
-    def __init__(self, base: str, server: ServerProcess) -> None:
+    def __init__(self, base: str, server: ServerProcess, tls=None) -> None:
         self.base = base
         self.server = server
+        self.tls = tls          # the ssl.SSLContext of an https:// base
         self.key: str | None = None
 
     def request(self, method: str, path: str, body=None, raw: bytes | None = None):
@@ -125,7 +129,7 @@ class Api:
         if self.key:
             req.add_header("Authorization", f"Bearer {self.key}")
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=10, context=self.tls) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
