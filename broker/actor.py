@@ -121,6 +121,10 @@ class BrokerActor:
             for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, handover),
                                (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
                 self.sock.setsockopt(opt, value)
+            networks = curve.accepted_networks()
+            if networks:
+                curve.accept_only(self.sock, networks)
+                log.info("TCP connections taken from %s only", ", ".join(networks))
             if self.keys is not None:
                 self.admitted = curve.Admitted(self.keys.clients)
                 self.auth = curve.start_authenticator(self.ctx, self.admitted)

@@ -38,8 +38,11 @@ Ratio = on / off (above 1 is slower for the round trips, faster for the rates).
 Part 2, refused handshakes (--parts flood).  Per repetition one CURVE broker, front and
 1 worker process stay up for all its segments.  First the flood alone for --idle-seconds
 (3): the broker's CPU per refused handshake.  Then each good load runs once per condition:
-the flood off ("quiet"), aimed at the broker ("flood"), or aimed at a decoy ("decoy",
-unless --no-decoy); the conditions' order is rotated each repetition.
+the flood off ("quiet"), aimed at the broker ("flood"), aimed at the broker from a host it
+does not accept ("filtered": the broker runs with ZSTALK_CURVE_ACCEPT=127.0.0.1/32 and the
+flooder connects from 127.0.0.3, so its connections are closed at accept, before any
+handshake; the good clients are on 127.0.0.1), or aimed at a decoy ("decoy", unless
+--no-decoy); the conditions' order is rotated each repetition.
 * Good loads (both CURVE clients): "front", the pipelined put above through the front,
   --flood-put-count (300,000) puts (--put-conns 8 as in part 1); "native", put ->
   handled -> deleted through the Client and the worker process, --flood-jobs (150,000)
@@ -103,6 +106,10 @@ LOADS = {   # part 2's good loads
     "one": "put one at a time through a remote front, 1 conn (puts/s)"}
 CURVE_VARS = (curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_INSECURE)
 GOOD_CLIENTS = ("front", "worker", "producer")
+OUTSIDE = "127.0.0.3"        # the "filtered" flood's source address (not accepted)
+#: a flood attempt's outcomes that count as refused: by the ZAP handler, or closed at
+#: accept (the flooder sees a handshake that failed with no detail, the peer gone)
+REFUSALS = ("HANDSHAKE_FAILED_AUTH", "HANDSHAKE_FAILED_NO_DETAIL", "DISCONNECTED")
 ATTEMPT_TIMEOUT_S = 2.0     # a flood attempt without an outcome by then: "timeout"
 MAX_IN_FLIGHT = 500
 BACKLOG = 100               # missed flood slots beyond this are dropped, not made up
@@ -185,14 +192,19 @@ class CurveSide(ZstalkSide):
     """bench_workers' zstalk side (broker, W worker processes, the producer) with CURVE on
     or off, and a beanstalk front process reaching the broker over TCP."""
 
-    def __init__(self, args, keys: Keys, on: bool):
+    def __init__(self, args, keys: Keys, on: bool, accept: str | None = None):
         super().__init__(args)
-        self.keys, self.on, self.front = keys, on, None
+        self.keys, self.on, self.front, self.accept = keys, on, None, accept
 
     def env(self, role: str) -> dict | None:
         if not self.on:
             return None
-        return self.keys.server_env() if role == "broker" else self.keys.client_env(role)
+        if role != "broker":
+            return self.keys.client_env(role)
+        env = self.keys.server_env()
+        if self.accept:
+            env[curve.ENV_ACCEPT] = self.accept
+        return env
 
     def start_server(self) -> None:
         self.endpoint = f"tcp://{HOST}:{free_port()}"
@@ -299,14 +311,15 @@ def front_run(side: CurveSide, args) -> dict:
 # --------------------------------------------------------------------------- part 2
 
 def flood_part(args, keys: Keys) -> dict:
-    conds = ["quiet", "flood"] + ([] if args.no_decoy else ["decoy"])
+    conds = ["quiet", "flood", "filtered"] + ([] if args.no_decoy else ["decoy"])
     out: dict = {"logs": [], "idle": []}
     for rep in range(args.repeats):
-        side, decoy = CurveSide(args, keys, True), None
+        side, decoy = CurveSide(args, keys, True, accept=f"{HOST}/32"), None
         try:
             side.start(1)
             side.start_front()
-            targets = {"flood": side.endpoint, "decoy": f"tcp://{HOST}:{free_port()}"}
+            targets = {"flood": side.endpoint, "decoy": f"tcp://{HOST}:{free_port()}",
+                       "filtered": f"tcp://{OUTSIDE}:0;{side.endpoint[len('tcp://'):]}"}
             if not args.no_decoy:
                 decoy = Proc("decoy", env_argv(keys.server_env(),
                                                own_argv("decoy", targets["decoy"])))
@@ -484,7 +497,8 @@ def flood_main(endpoint: str, server_key: str, key: str, rate: str, seconds: str
     ctx, poller = zmq.Context(), zmq.Poller()
     ctx.max_sockets = 4 * MAX_IN_FLIGHT     # each attempt: its DEALER and two monitor PAIRs
     events = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED
-              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+              | zmq.EVENT_DISCONNECTED)     # (closed at accept: a host not accepted)
     names = {int(e): e.name for e in zmq.Event}
     in_flight: dict = {}
     outcomes, refused_at = collections.Counter(), []
@@ -495,7 +509,7 @@ def flood_main(endpoint: str, server_key: str, key: str, rate: str, seconds: str
         sock, _ = in_flight.pop(mon)
         poller.unregister(mon)
         outcomes[outcome] += 1
-        if outcome == "HANDSHAKE_FAILED_AUTH":
+        if outcome in REFUSALS:
             refused_at.append(now)
         sock.disable_monitor()
         mon.close(0)
@@ -579,9 +593,11 @@ def flood_table(res: dict, args) -> list[tuple]:
     """(load, quiet, flood, flood/quiet, decoy/quiet, result) rows of part 2."""
     out = []
     for load, label in LOADS.items():
-        q, f, d = (best(res.get(load, {}).get(c, [])) for c in ("quiet", "flood", "decoy"))
+        q, f, d, x = (best(res.get(load, {}).get(c, []))
+                      for c in ("quiet", "flood", "decoy", "filtered"))
         ratio = f / q if q and f else None
         out.append((label.format(conns=args.put_conns), q, f, ratio, d / q if q and d else None,
+                    x / q if q and x else None,
                     "MISS (no data)" if ratio is None else
                     "PASS" if ratio >= args.target else "MISS"))
     return out
@@ -592,7 +608,7 @@ def flood_details(res: dict) -> list[list[str]]:
     rows = []
     cases = [("none", "flood", res.get("idle", []))] + [
         (load, cond, res.get(load, {}).get(cond, []))
-        for load in LOADS for cond in ("quiet", "flood", "decoy")]
+        for load in LOADS for cond in ("quiet", "flood", "filtered", "decoy")]
     for load, cond, runs in cases:
         runs = [r for r in runs if r.get("rate") is not None]
         if not runs:
@@ -602,7 +618,8 @@ def flood_details(res: dict) -> list[list[str]]:
         for r in runs:
             seen.update(r.get("outcomes", {}))
         rows.append([load, cond, cell(med("bad_rate") if cond != "quiet" else None, "{:,.0f}"),
-                     f"{seen['HANDSHAKE_FAILED_AUTH']:,} / {sum(r.get('attempts', 0) for r in runs):,}",
+                     f"{sum(seen[o] for o in REFUSALS):,} / "
+                     f"{sum(r.get('attempts', 0) for r in runs):,}",
                      str(seen["HANDSHAKE_SUCCEEDED"]),
                      f"{med('broker'):.2f} ({med('broker_main'):.2f} / "
                      f"{med('broker_zmq_io'):.2f} / {med('broker_other'):.2f})",
@@ -614,7 +631,7 @@ def round_trips(per: dict) -> str:
     return "round trips of the one-at-a-time puts, lowest p50 / p99 (ms): " + ", ".join(
         f"{cond} {cell(best(per.get(cond, []), 'p50', True), '{:.3f}')} / "
         f"{cell(best(per.get(cond, []), 'p99', True), '{:.3f}')}"
-        for cond in ("quiet", "flood", "decoy") if per.get(cond))
+        for cond in ("quiet", "flood", "filtered", "decoy") if per.get(cond))
 
 
 def handshake_cost(res: dict) -> str:
@@ -651,10 +668,11 @@ def report(results: dict, args, meta: dict) -> str:
         fl = results["flood"]
         parts.append(markdown(
             ["good load, CURVE on", "quiet", f"{args.flood_rate:,.0f} bad handshakes/s",
-             "flood/quiet", "flood at a decoy/quiet", "target", "result"],
+             "flood/quiet", "flood at a decoy/quiet", "flood from a host not accepted/quiet",
+             "target", "result"],
             [[m, cell(q, "{:,.0f}"), cell(f, "{:,.0f}"), cell(r, "{:.2f}x"),
-              cell(d, "{:.2f}x"), f">= {args.target}x", s]
-             for m, q, f, r, d, s in flood_table(fl, args)], "lrrrrll"))
+              cell(d, "{:.2f}x"), cell(x, "{:.2f}x"), f">= {args.target}x", s]
+             for m, q, f, r, d, x, s in flood_table(fl, args)], "lrrrrrll"))
         parts.append(markdown(
             ["good load", "flood", "bad handshakes/s", "refused / attempts", "admitted",
              "broker CPU (main / zmq I/O / ZAP+other)", "front CPU", "flooder CPU",

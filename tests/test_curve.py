@@ -208,3 +208,26 @@ def test_a_worker_refuses_a_broker_beyond_this_host_without_keys(tmp_path):
                           "--broker", "tcp://192.0.2.1:1"], capture_output=True, text=True,
                          timeout=30, env=env, cwd=tmp_path)
     assert out.returncode == 2 and "worker: tcp://192.0.2.1:1 is beyond this host" in out.stderr
+
+
+def test_a_host_outside_the_accepted_networks_is_closed_before_any_handshake(keys):
+    port = free_port()
+    env = {**server_env(keys), curve.ENV_ACCEPT: f"{LOOPBACK}/32"}
+    proc = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}"],
+                         (LOOPBACK, port), env=env, name="filtered-broker").start()
+    try:
+        endpoint = f"tcp://{LOOPBACK}:{port}"
+        outside = f"tcp://127.0.0.3:0;{LOOPBACK}:{port}"        # from 127.0.0.3
+        assert hello(outside, client_keys(keys, "a")) is None       # even with a good key
+        assert hello(outside, client_keys(keys, "stranger")) is None
+        assert isinstance(hello(endpoint, client_keys(keys, "a")), Welcome)
+        assert "refused a CURVE handshake" not in proc.output()     # never got that far
+    finally:
+        proc.stop()
+
+
+def test_a_bad_accepted_network_is_refused_by_name():
+    with pytest.raises(curve.CurveError, match="'10.0.0.300' is not an IP address"):
+        curve.accepted_networks({curve.ENV_ACCEPT: "127.0.0.1, 10.0.0.300"})
+    assert curve.accepted_networks({curve.ENV_ACCEPT: "127.0.0.1,10.1.2.3/8"}) == (
+        "127.0.0.1/32", "10.0.0.0/8")
