@@ -231,3 +231,16 @@ def test_a_bad_accepted_network_is_refused_by_name():
         curve.accepted_networks({curve.ENV_ACCEPT: "127.0.0.1, 10.0.0.300"})
     assert curve.accepted_networks({curve.ENV_ACCEPT: "127.0.0.1,10.1.2.3/8"}) == (
         "127.0.0.1/32", "10.0.0.0/8")
+
+
+def test_a_native_worker_pool_with_keys_drains_its_tube(broker, keys):
+    from zstalk.workers import Worker
+    producer = Client(broker.endpoint, keys=client_keys(keys, "b"))
+    for n in range(20):
+        producer.put(b"%d" % n, tube="sealed")
+    producer.close()
+    seen = []
+    worker = Worker(keys=client_keys(keys, "a"))
+    worker.handler("sealed")(lambda job: seen.append(job.body))
+    counts = worker.run_until_idle(broker.endpoint, timeout_s=20)
+    assert counts.get("deleted") == 20 and sorted(seen) == sorted(b"%d" % n for n in range(20))
