@@ -17,12 +17,13 @@ before any of them are loaded.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 import click
 
-from ..protocol.listen import HttpLimits, bind_listen, describe_listen, parse_listen
+from ..protocol.listen import HealthOptions, HttpLimits, bind_listen, describe_listen, parse_listen
 from . import VERSION
 from .options import MASTER_KEY_ENV, ServeOptions, run_server, setup_logging, worker_endpoint
 
@@ -46,6 +47,28 @@ def binlog_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def health_options(f):
+    """--health-port/--health-listen/--health-stall-s, given to the command as one
+    `health` argument (a listen.HealthOptions; the probes are protocol/health.py)."""
+    @functools.wraps(f)
+    def command(*args, health_port, health_listen, health_stall_s, **kwargs):
+        return f(*args, health=HealthOptions(health_port, health_listen, health_stall_s),
+                 **kwargs)
+
+    for opt in reversed([
+        click.option("--health-port", default=0, show_default=True,
+                     type=click.IntRange(0, 65535),
+                     help="Serve GET /healthz and /readyz (plain HTTP) on this port; 0: none."),
+        click.option("--health-listen", default="0.0.0.0", show_default=True,
+                     help="Address of the health port."),
+        click.option("--health-stall-s", default=60.0, show_default=True,
+                     type=click.FloatRange(min=0, min_open=True),
+                     help="/healthz fails once the event loop has not turned for this long."),
+    ]):
+        command = opt(command)
+    return command
 
 
 def http_options(prefix: str):
@@ -202,16 +225,20 @@ def main(ctx: click.Context, verbose: int) -> None:
                    "listens on loopback only.")
 @http_options("http-")
 @binlog_options
+@health_options
 @click.pass_obj
 @insecure_option
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
           config_path, http_port, master_key, tls_cert, tls_key, header_timeout, body_timeout,
-          http_max_connections, binlog_dir, fsync_ms, no_fsync, binlog_size):
+          http_max_connections, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
     """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
     --config, the HTTP task API (port 8080) and a dispatcher."""
     http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                    http_max_connections)   # (TLS: the files are checked)
+    if health.port and fronts:
+        raise click.UsageError("--health-port needs --fronts 0 (probe `zstalk broker` and "
+                               "`zstalk front` processes each instead)")
     functions = load_config_or_exit(config_path)
     listener = bind_or_exit(addr, port)
     counter_listeners = []
@@ -233,7 +260,8 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         binlog_size=binlog_size, functions=functions, config_path=config_path,
                         http_listeners=http_listeners, master_key=master_key,
                         http_limits=http_limits,
-                        tls_files=(tls_cert, tls_key) if tls_cert else None)
+                        tls_files=(tls_cert, tls_key) if tls_cert else None,
+                        health=health)
     sys.exit(run_server([listener], opts, counter_listeners))
 
 
@@ -267,9 +295,10 @@ def load_config_or_exit(path: str | None):
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
 @binlog_options
+@health_options
 @insecure_option
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
-           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size):
+           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
     """Run the broker actor: all tube, job, session and task state."""
     from ..protocol.curve import CurveError
     from .actor import BrokerActor
@@ -302,7 +331,25 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     if ready_fd is not None:
         os.write(ready_fd, b"1")
         os.close(ready_fd)
-    actor.run()
+    from ..protocol.loop import run
+    run(serve_with_probes(actor, health))
+
+
+async def serve_with_probes(actor, health: HealthOptions) -> None:
+    """The broker actor until stopped; its probes listen only now that the binlog is
+    replayed and the endpoint bound, so a broker still replaying answers no probe."""
+    from ..protocol.health import HealthBindError, start_health
+    try:
+        probes = await start_health(health)
+    except HealthBindError as exc:
+        actor.close()
+        click.echo(f"zstalk broker: {exc}", err=True)
+        sys.exit(111)
+    try:
+        await actor.serve()
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 @main.command("import-binlog")
@@ -344,13 +391,14 @@ def front():
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
+@health_options
 @insecure_option
-def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
+def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, health):
     """Serve the beanstalkd text protocol to TCP / unix-socket clients."""
     exit_with_parent()
     sockets = front_sockets(fds, listens, 11300)
     from ..protocol.front_main import run_beanstalk_front
-    run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s)
+    run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s, health)
 
 
 @front.command()
@@ -362,13 +410,14 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s):
               help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long requests wait for an unreachable broker (Acquire never waits).")
+@health_options
 @insecure_option
-def counter(broker_ep, listens, fds, max_connections, hold_s):
+def counter(broker_ep, listens, fds, max_connections, hold_s, health):
     """Serve yrmcds' counter protocol; the counters live in the broker."""
     exit_with_parent()
     sockets = front_sockets(fds, listens, COUNTER_PORT)
     from ..protocol.front_main import run_counter_front
-    run_counter_front(broker_ep, sockets, max_connections, hold_s)
+    run_counter_front(broker_ep, sockets, max_connections, hold_s, health)
 
 
 @front.command()
@@ -380,9 +429,10 @@ def counter(broker_ep, listens, fds, max_connections, hold_s):
 @click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
               help="Bearer key required to enqueue and cancel; without one, loopback only.")
 @http_options("")
+@health_options
 @insecure_option
 def http(broker_ep, listens, fds, master_key, tls_cert, tls_key, header_timeout, body_timeout,
-         http_max_connections):
+         http_max_connections, health):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
     exit_with_parent()
@@ -392,19 +442,20 @@ def http(broker_ep, listens, fds, master_key, tls_cert, tls_key, header_timeout,
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from ..protocol.front_main import run_http_front
-    run_http_front(broker_ep, sockets, master_key, limits, tls)
+    run_http_front(broker_ep, sockets, master_key, limits, tls, health)
 
 
 @main.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
+@health_options
 @insecure_option
-def dispatcher(broker_ep, slots):
+def dispatcher(broker_ep, slots, health):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
     exit_with_parent()
     from ..protocol.front_main import run_dispatcher
-    run_dispatcher(broker_ep, slots)
+    run_dispatcher(broker_ep, slots, health)
 
 
 @main.command()

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ..protocol.listen import HttpLimits
+from ..protocol.listen import HealthOptions, HttpLimits
 
 MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
 
@@ -40,6 +40,7 @@ class ServeOptions:
     master_key: str | None = None       # required by the HTTP front to enqueue and cancel
     http_limits: HttpLimits = HttpLimits()
     tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
+    health: HealthOptions = HealthOptions()     # --health-port ... (one process only)
 
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""

@@ -78,12 +78,17 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
                                         counter_listeners))
     tasks = await _start_tasks(address, opts)
     code = _bind_workers(actor, opts)
+    probes = None
+    if code is None:
+        probes, code = await _start_probes(opts)
     if code is None:
         if opts.announce:
             print(announcement(listeners, counter_listeners, actor.endpoint,
                                opts.http_listeners, opts.master_key, bool(opts.tls_files)),
                   file=sys.stderr, flush=True)
         await actor.wait_stopped()
+    if probes is not None:
+        probes.close()
     for running in fronts:
         for server in running.servers:
             server.close()          # no new clients while the binlog reaches the disk
@@ -110,6 +115,17 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
         dispatcher.start()
         started.append(dispatcher)
     return started
+
+
+async def _start_probes(opts: ServeOptions):
+    """--health-port, once the binlog is replayed and every endpoint bound: (probes, None),
+    or (None, BIND_EXIT) when its port cannot be bound."""
+    from ..protocol.health import HealthBindError, start_health
+    try:
+        return await start_health(opts.health), None
+    except HealthBindError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return None, BIND_EXIT
 
 
 def _bind_workers(actor, opts: ServeOptions) -> int | None:

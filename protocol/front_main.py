@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import sys
 from typing import Callable
 
 from .front_base import LinkedFront
+from .health import HealthBindError, HealthOptions, link_ready, start_health
 from .loop import run
 
 
@@ -42,14 +44,27 @@ async def start_front(make_front: Callable[[], LinkedFront],
     return RunningFront(front, servers)
 
 
-async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.socket]) -> None:
+async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.socket],
+                 health: HealthOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     running = await start_front(make_front, sockets)
+    probes = await _probes(health, link_ready(running.front.link))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if probes is not None:
+        probes.close()
     running.close()
+
+
+async def _probes(health: HealthOptions | None, ready):
+    """The process's probes (protocol/health.py); a port it cannot bind ends it (exit 111)."""
+    try:
+        return await start_health(health, ready)
+    except HealthBindError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        raise SystemExit(111) from None
 
 
 def beanstalk_front(broker: str, max_connections: int, max_job_size: int,
@@ -65,38 +80,43 @@ def counter_front(broker: str, max_connections: int, hold_s: float = 5.0):
 
 
 def run_beanstalk_front(broker: str, sockets: list[socket.socket], max_connections: int,
-                        max_job_size: int, hold_s: float) -> None:
-    run(_serve(beanstalk_front(broker, max_connections, max_job_size, hold_s), sockets))
+                        max_job_size: int, hold_s: float,
+                        health: HealthOptions | None = None) -> None:
+    run(_serve(beanstalk_front(broker, max_connections, max_job_size, hold_s), sockets,
+               health))
 
 
 def run_counter_front(broker: str, sockets: list[socket.socket], max_connections: int,
-                      hold_s: float) -> None:
-    run(_serve(counter_front(broker, max_connections, hold_s), sockets))
+                      hold_s: float, health: HealthOptions | None = None) -> None:
+    run(_serve(counter_front(broker, max_connections, hold_s), sockets, health))
 
 
-async def _until_stopped(actor, start) -> None:
+async def _until_stopped(actor, start, health: HealthOptions | None = None) -> None:
     """Start an actor with an async close() (HTTP front, dispatcher); close it on SIGTERM."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await start()
+    probes = await _probes(health, link_ready(actor.link))
     await stop.wait()
+    if probes is not None:
+        probes.close()
     await actor.close()
 
 
 def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None,
-                   limits, tls=None) -> None:
+                   limits, tls=None, health: HealthOptions | None = None) -> None:
     """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext."""
     from .http_front import HttpFront
 
     async def main() -> None:
         front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls)
-        await _until_stopped(front, lambda: front.start(sockets))
+        await _until_stopped(front, lambda: front.start(sockets), health)
     run(main())
 
 
-def run_dispatcher(broker: str, slots: int) -> None:
+def run_dispatcher(broker: str, slots: int, health: HealthOptions | None = None) -> None:
     from ..workers.dispatcher import Dispatcher
 
     async def main() -> None:
@@ -104,5 +124,5 @@ def run_dispatcher(broker: str, slots: int) -> None:
 
         async def start() -> None:
             dispatcher.start()
-        await _until_stopped(dispatcher, start)
+        await _until_stopped(dispatcher, start, health)
     run(main())

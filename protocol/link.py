@@ -74,6 +74,7 @@ class BrokerLink:
         self.hello_at = 0.0
         self._ticker: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
+        self.down_since: float | None = time.monotonic()   # not READY since (health.py)
         self._waiting_said = -WAITING_LOG_S
         self._schema_said = -WAITING_LOG_S
 
@@ -102,6 +103,8 @@ class BrokerLink:
         self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
         self.state = CONNECTING
         self.hello_at = time.monotonic()
+        if self.down_since is None:
+            self.down_since = self.hello_at
         self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
                          self.owner.session_states()))
 
@@ -224,6 +227,7 @@ class BrokerLink:
         self.settings = w.settings
         self.state_id = w.state_id
         self.state = READY
+        self.down_since = None
         # what the owner sends on Welcome (re-OPEN, SUBSCRIBE, ...) goes before the ops
         # held while the broker was away: they may need the session it sets up
         self.owner.on_welcome(w)

@@ -104,6 +104,13 @@ class HttpLimits(NamedTuple):
     max_connections: int = 1000     # 0: no limit
 
 
+class HealthOptions(NamedTuple):
+    """--health-port, --health-listen, --health-stall-s (protocol/health.py; port 0: none)."""
+    port: int = 0
+    host: str = "0.0.0.0"
+    stall_s: float = 60.0
+
+
 class TlsError(Exception):
     """A --tls-cert / --tls-key that cannot be used; the message names the file."""
 

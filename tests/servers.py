@@ -43,6 +43,20 @@ _POLL_INTERVAL_S = 0.01
 _REPLIES_WITH_BODY = {b"RESERVED": 2, b"FOUND": 2, b"OK": 1}
 
 
+def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
+    """Whether `predicate` came true within `timeout` s; an OSError (a server not yet
+    listening) counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(step)
+    return False
+
+
 def free_port() -> int:
     """A loopback TCP port that is free right now.
 

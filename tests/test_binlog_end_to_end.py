@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import LOOPBACK, RawClient, children_of, free_port, self_check
+from servers import LOOPBACK, RawClient, children_of, free_port, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own binlog")
 
@@ -31,18 +31,6 @@ def ask(address, line: bytes, timeout: float = 10.0) -> bytes:
     with RawClient(address, timeout) as c:
         c.send(line)
         return c.read_reply()
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def job_map(address, upto: int) -> dict[int, tuple]:
