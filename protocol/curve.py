@@ -124,14 +124,23 @@ def _public(path: str) -> bytes:
         raise CurveError(f"{path}: not a key file ({exc})") from None
 
 
+def _both(env, other: str, whose: str, what: str) -> tuple[str, str] | None:
+    """ZSTALK_CURVE_KEY and `other` from the environment: both, or neither (None)."""
+    key, value = env.get(ENV_KEY), env.get(other)
+    if not key and not value:
+        return None
+    if not (key and value):
+        raise CurveError(f"CURVE needs both {ENV_KEY} ({whose} .key_secret) and {other} "
+                         f"({what})")
+    return key, value
+
+
 def server_keys(env=os.environ) -> ServerKeys | None:
     """The broker's keys from the environment (None: no CURVE)."""
-    key, clients = env.get(ENV_KEY), env.get(ENV_CLIENTS)
-    if not key and not clients:
+    found = _both(env, ENV_CLIENTS, "the broker's", "a directory of admitted public keys")
+    if found is None:
         return None
-    if not (key and clients):
-        raise CurveError(f"CURVE needs both {ENV_KEY} (the broker's .key_secret) and "
-                         f"{ENV_CLIENTS} (a directory of admitted public keys)")
+    key, clients = found
     if not os.path.isdir(clients):
         raise CurveError(f"{ENV_CLIENTS}={clients} is not a directory")
     return ServerKeys(*_pair(key), clients)
@@ -139,13 +148,13 @@ def server_keys(env=os.environ) -> ServerKeys | None:
 
 def client_keys(env=os.environ) -> ClientKeys | None:
     """A client's keys from the environment (None: no CURVE)."""
-    key, server = env.get(ENV_KEY), env.get(ENV_SERVER)
-    if not key and not server:
-        return None
-    if not (key and server):
-        raise CurveError(f"CURVE needs both {ENV_KEY} (this process's .key_secret) and "
-                         f"{ENV_SERVER} (the broker's public .key)")
-    return ClientKeys(*_pair(key), _public(server))
+    found = _both(env, ENV_SERVER, "this process's", "the broker's public .key")
+    return None if found is None else ClientKeys(*_pair(found[0]), _public(found[1]))
+
+
+def given_or_env(keys) -> ClientKeys | None:
+    """A client's `keys` argument: the keys given (None: none), or FROM_ENV's."""
+    return client_keys() if keys is FROM_ENV else keys
 
 
 def accepted_networks(env=os.environ) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ class BrokerLink:
                  ctx: zmq.Context | None = None, keys=curve.FROM_ENV) -> None:
         """`keys`: CURVE keys (protocol/curve.py), by default from the environment; a
         non-local endpoint without them is refused (curve.CurveError)."""
-        self.keys = curve.client_keys() if keys is curve.FROM_ENV else keys
+        self.keys = curve.given_or_env(keys)
         curve.check_local(endpoint, self.keys, kind)
         self.endpoint = endpoint
         self.kind = kind

@@ -106,7 +106,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -115,6 +114,8 @@ import urllib.error
 import urllib.request
 from datetime import datetime
 from pathlib import Path
+
+from bench_beanstalk import free_port, proc_cpu_s, proc_tree  # (run as a script)
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -138,37 +139,6 @@ SERVE = "zstalk serve (1 process)"
 
 
 # --------------------------------------------------------------------------- processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def proc_tree(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return seen
-
-
-def proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
 
 def machine_busy_s() -> float:
     """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
@@ -345,9 +315,9 @@ def client(limit: int):
                                  timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
 
 
-async def post_many(session, url: str, bodies: list[bytes], inflight: int,
-                    ok_status: int, errors: list) -> int:
-    """POST every body, `inflight` at a time; the count of `ok_status` answers."""
+async def post_all(session, url: str, bodies: list[bytes], inflight: int, count) -> int:
+    """POST every body, `inflight` at a time; the sum of `await count(response)` (the
+    answers that count as done)."""
     it = iter(bodies)
     ok = 0
 
@@ -355,36 +325,38 @@ async def post_many(session, url: str, bodies: list[bytes], inflight: int,
         nonlocal ok
         for body in it:
             async with session.post(url, data=body, headers=JSON_HEADERS) as r:
-                text = await r.read()
-            if r.status == ok_status:
-                ok += 1
-            elif len(errors) < 5:
-                errors.append(f"{r.status} {text[:200]!r}")
+                ok += await count(r)
     await asyncio.gather(*(lane() for _ in range(inflight)))
     return ok
+
+
+async def post_many(session, url: str, bodies: list[bytes], inflight: int,
+                    ok_status: int, errors: list) -> int:
+    """POST every body, `inflight` at a time; the count of `ok_status` answers."""
+    async def count(r) -> int:
+        text = await r.read()
+        if r.status == ok_status:
+            return 1
+        if len(errors) < 5:
+            errors.append(f"{r.status} {text[:200]!r}")
+        return 0
+    return await post_all(session, url, bodies, inflight, count)
 
 
 async def post_batches(session, url: str, bodies: list[bytes], inflight: int,
                        errors: list) -> int:
     """POST task arrays; the count of items answered 201."""
-    it = iter(bodies)
-    ok = 0
-
-    async def lane():
-        nonlocal ok
-        for body in it:
-            async with session.post(url, data=body, headers=JSON_HEADERS) as r:
-                items = await r.json() if r.status == 200 else None
-            if items is None:
-                if len(errors) < 5:
-                    errors.append(f"an array answered {r.status}")
-                continue
-            ok += sum(1 for item in items if item.get("status") == 201)
-            bad = [item for item in items if item.get("status") != 201]
-            if bad and len(errors) < 5:
-                errors.append(f"{len(bad)} items refused, e.g. {bad[0]}")
-    await asyncio.gather(*(lane() for _ in range(inflight)))
-    return ok
+    async def count(r) -> int:
+        items = await r.json() if r.status == 200 else None
+        if items is None:
+            if len(errors) < 5:
+                errors.append(f"an array answered {r.status}")
+            return 0
+        bad = [item for item in items if item.get("status") != 201]
+        if bad and len(errors) < 5:
+            errors.append(f"{len(bad)} items refused, e.g. {bad[0]}")
+        return len(items) - len(bad)
+    return await post_all(session, url, bodies, inflight, count)
 
 
 async def open_tasks(session, api: str, name: str) -> bool:

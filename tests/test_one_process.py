@@ -210,31 +210,28 @@ def test_zstalk_serve_is_one_process_by_default():
         assert children_of(server.pid) == []
 
 
-def test_a_worker_endpoint_given_as_host_and_port_is_a_tcp_endpoint():
-    port, worker_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [ZSTALK, "serve", "-l", LOOPBACK, "-p", str(port), "--counter-port", "0",
-         "--worker-bind", f"{LOOPBACK}:{worker_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def first_line(*args: str) -> str:
+    """What `zstalk serve ARGS` says first (its announcement); it then stops cleanly."""
+    proc = subprocess.Popen([ZSTALK, "serve", "-l", LOOPBACK, *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stderr.readline()
+        return proc.stderr.readline()
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_a_worker_endpoint_given_as_host_and_port_is_a_tcp_endpoint():
+    port, worker_port = free_port(), free_port()
+    line = first_line("-p", str(port), "--counter-port", "0",
+                      "--worker-bind", f"{LOOPBACK}:{worker_port}")
     assert f"workers on tcp://{LOOPBACK}:{worker_port}" in line
 
 
 def test_zstalk_serve_says_on_start_what_listens_where():
     port, counter_port, worker_port = free_port(), free_port(), free_port()
-    proc = subprocess.Popen(
-        [ZSTALK, "serve", "-l", LOOPBACK, "-p", str(port), "--counter-port", str(counter_port),
-         "--worker-bind", f"tcp://{LOOPBACK}:{worker_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+    line = first_line("-p", str(port), "--counter-port", str(counter_port),
+                      "--worker-bind", f"tcp://{LOOPBACK}:{worker_port}")
     assert f"beanstalk on {LOOPBACK}:{port}" in line
     assert f"counters on {LOOPBACK}:{counter_port}" in line
     assert f"workers on tcp://{LOOPBACK}:{worker_port}" in line

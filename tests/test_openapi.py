@@ -23,6 +23,7 @@ from hypothesis.errors import Flaky
 from schemathesis import GenerationMode
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
+from test_tasks_end_to_end import FunctionHost as TaskFunctionHost
 from zstalk.broker.tasks import (INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_TIMEOUT_MS, OPTIONS,
                                  STATUSES, FunctionSpec, TaskError, parse_options)
 from zstalk.protocol.http_front import HttpFront
@@ -133,15 +134,9 @@ def test_the_front_serves_the_document_without_a_key_but_only_to_loopback_withou
 
 
 # -- a real server, driven from the document it serves ---------------------------------------
-class FunctionHost:
-    """The functions the tasks call, on their own loop in a thread; the answer depends on
+class FunctionHost(TaskFunctionHost):
+    """The functions the tasks call (test_tasks_end_to_end's host); the answer depends on
     the name, so tasks end every way: JSON result, text result, failure."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     async def handle(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -151,25 +146,6 @@ class FunctionHost:
         if kind == 1:
             return web.Response(text=f"plain text from {name}")
         return web.Response(status=500, text="boom")
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/fn/{name}", self.handle)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> "FunctionHost":
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 def _request(base: str, method: str, path: str, body=None, key: str | None = KEY):

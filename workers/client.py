@@ -38,7 +38,7 @@ class Client:
                  timeout_s: float = 5.0, ctx: zmq.Context | None = None, keys=FROM_ENV) -> None:
         """`keys`: CURVE keys for a broker beyond this host (protocol/curve.py ClientKeys;
         by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
-        self.keys = curve.client_keys() if keys is FROM_ENV else keys
+        self.keys = curve.given_or_env(keys)
         curve.check_local(broker, self.keys, "client")
         self.broker = broker
         self.codec = codec

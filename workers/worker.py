@@ -89,8 +89,7 @@ class Worker:
         beyond this host without CURVE keys is refused here, before any process starts
         (protocol/curve.py)."""
         if isinstance(self.broker, str):
-            keys = curve.client_keys() if self.keys is FROM_ENV else self.keys
-            curve.check_local(self.broker, keys, "worker")
+            curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
         if processes > 1:
             code = supervise(self, processes, spec)
             if code:
