@@ -25,7 +25,8 @@ import click
 
 from ..protocol.listen import HealthOptions, HttpLimits, bind_listen, describe_listen, parse_listen
 from . import VERSION
-from .options import MASTER_KEY_ENV, ServeOptions, run_server, setup_logging, worker_endpoint
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, run_server,
+                      setup_logging, worker_endpoint)
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -118,6 +119,38 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
             click.echo(f"zstalk: {exc}", err=True)
             sys.exit(2)
     return HttpLimits(header_timeout, body_timeout, max_connections), tls
+
+
+def master_key_options(help_key: str):
+    """--master-key (ZSTALK_MASTER_KEY) and --master-key-file (ZSTALK_MASTER_KEY_FILE),
+    shared by `serve` and `front http`; `master_key_from` reads them."""
+    def decorate(f):
+        f = click.option("--master-key-file", metavar="FILE", default=None,
+                         envvar=MASTER_KEY_FILE_ENV,
+                         help="Read the master key from this file (less one trailing "
+                              "newline), e.g. a mounted Secret.")(f)
+        return click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
+                            help=help_key)(f)
+    return decorate
+
+
+def master_key_from(value: str | None, path: str | None) -> str | None:
+    """The master key given, or read from its file; both is a usage error, and a file
+    that is empty, unreadable or not UTF-8 ends the command with exit 2, naming it."""
+    from ..protocol.secret import SecretError, read_secret_file
+    if value and path:
+        raise click.UsageError(f"give --master-key ({MASTER_KEY_ENV}) or --master-key-file "
+                               f"({MASTER_KEY_FILE_ENV}), not both")
+    if not path:
+        return value or None
+    name = "--master-key-file"
+    try:
+        return read_secret_file(path, name).decode("utf-8")
+    except UnicodeDecodeError:
+        click.echo(f"zstalk: {name} names {path}, which is not UTF-8 text", err=True)
+    except SecretError as exc:
+        click.echo(f"zstalk: {exc}", err=True)
+    sys.exit(2)
 
 
 def exit_with_parent() -> None:
@@ -220,9 +253,8 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--http-port", default=None, type=click.IntRange(min=0),
               help="Port of the HTTP task API (default 8080 when --config names functions; "
                    "0: none).")
-@click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
-              help="Bearer key the HTTP API requires to enqueue and cancel; without one it "
-                   "listens on loopback only.")
+@master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
+                    "it listens on loopback only.")
 @http_options("http-")
 @binlog_options
 @health_options
@@ -230,12 +262,14 @@ def main(ctx: click.Context, verbose: int) -> None:
 @insecure_option
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
-          config_path, http_port, master_key, tls_cert, tls_key, header_timeout, body_timeout,
-          http_max_connections, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
+          config_path, http_port, master_key, master_key_file, tls_cert, tls_key,
+          header_timeout, body_timeout, http_max_connections, binlog_dir, fsync_ms, no_fsync,
+          binlog_size, health):
     """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
     --config, the HTTP task API (port 8080) and a dispatcher."""
     http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                    http_max_connections)   # (TLS: the files are checked)
+    master_key = master_key_from(master_key, master_key_file)
     if health.port and fronts:
         raise click.UsageError("--health-port needs --fronts 0 (probe `zstalk broker` and "
                                "`zstalk front` processes each instead)")
@@ -259,6 +293,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
                         binlog_size=binlog_size, functions=functions, config_path=config_path,
                         http_listeners=http_listeners, master_key=master_key,
+                        master_key_file=master_key_file,
                         http_limits=http_limits,
                         tls_files=(tls_cert, tls_key) if tls_cert else None,
                         health=health)
@@ -426,16 +461,16 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
               help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
-@click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
-              help="Bearer key required to enqueue and cancel; without one, loopback only.")
+@master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
 @http_options("")
 @health_options
 @insecure_option
-def http(broker_ep, listens, fds, master_key, tls_cert, tls_key, header_timeout, body_timeout,
-         http_max_connections, health):
+def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
+         header_timeout, body_timeout, http_max_connections, health):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
     exit_with_parent()
+    master_key = master_key_from(master_key, master_key_file)
     limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                 http_max_connections)
     sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])

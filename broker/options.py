@@ -4,7 +4,7 @@ One process (broker/serve.py) builds the broker from these fields directly; the
 supervisor (`--fronts N`, broker/supervisor.py) passes the same fields on to its
 `zstalk broker` child as arguments (`broker_args`), and to its HTTP front child its
 limits and TLS files as arguments (`http_args`) and the master key in the environment
-(MASTER_KEY_ENV).  Nothing heavy is imported here.
+(MASTER_KEY_ENV, or the name of its file as MASTER_KEY_FILE_ENV).  Nothing heavy is imported here.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..protocol.listen import HealthOptions, HttpLimits
 
 MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
+MASTER_KEY_FILE_ENV = "ZSTALK_MASTER_KEY_FILE"   # --master-key-file (a mounted Secret)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ServeOptions:
     config_path: str | None = None      # its file, read again on SIGHUP
     http_listeners: list = field(default_factory=list)   # the HTTP front's bound sockets
     master_key: str | None = None       # required by the HTTP front to enqueue and cancel
+    master_key_file: str | None = None  # where master_key was read from, if from a file
     http_limits: HttpLimits = HttpLimits()
     tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
     health: HealthOptions = HealthOptions()     # --health-port ... (one process only)

@@ -9,8 +9,9 @@ code), then starts the broker and the fronts as child processes running `zstalk 
 `zstalk front beanstalk --fd N`, `zstalk front counter --fd N` and `zstalk front http
 --fd N`.  The broker listens on an ipc:// endpoint in a private temporary directory, so
 no internal port is fixed and two servers run side by side.  Only the HTTP front is
-given the master key, in its environment (not its argv, which `ps` shows); its TLS
-certificate and key go on its command line by file name.
+given the master key, in its environment (not its argv, which `ps` shows), or the name
+of the file it came from (--master-key-file); its TLS certificate and key go on its
+command line by file name.
 
 Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
 SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from .options import MASTER_KEY_ENV, ServeOptions, announcement
+from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
 #: a dispatcher lets running calls finish for 10 s (workers/dispatcher.py CLOSE_GRACE_S)
@@ -106,10 +107,14 @@ class Supervisor:
                 "http": self.opts.http_listeners}.get(name, [])
 
     def _environment(self, name: str) -> dict[str, str]:
-        """The supervisor's environment; the master key for the HTTP front only."""
+        """The supervisor's environment; the master key (or its file's name) for the
+        HTTP front only."""
         env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
         env.pop(MASTER_KEY_ENV, None)
-        if name == "http" and self.opts.master_key:
+        env.pop(MASTER_KEY_FILE_ENV, None)
+        if name == "http" and self.opts.master_key_file:
+            env[MASTER_KEY_FILE_ENV] = os.path.abspath(self.opts.master_key_file)
+        elif name == "http" and self.opts.master_key:
             env[MASTER_KEY_ENV] = self.opts.master_key
         return env
 

@@ -26,6 +26,8 @@ import hmac
 import os
 from typing import NamedTuple
 
+from ..protocol.secret import read_secret_file
+
 HEADER = "X-Zstalk-Signature"
 ENV_KEY = "ZSTALK_SIGNING_KEY"
 ENV_KEY_FILE = "ZSTALK_SIGNING_KEY_FILE"
@@ -98,7 +100,8 @@ def parse(header: str) -> Signature | None:
 
 def signing_key(value: str | bytes | None = None) -> bytes | None:
     """The secret: `value` if given, else $ZSTALK_SIGNING_KEY, else the contents of the file
-    $ZSTALK_SIGNING_KEY_FILE names (stripped), else None (calls go unsigned).
+    $ZSTALK_SIGNING_KEY_FILE names (less one trailing newline,
+    protocol/secret.py), else None (calls go unsigned).
 
     An empty variable counts as unset; an explicit empty value, or a key file that is
     empty or cannot be read, is an error: running unsigned by mistake is worse."""
@@ -110,17 +113,8 @@ def signing_key(value: str | bytes | None = None) -> bytes | None:
         return from_env.encode()
     path = os.environ.get(ENV_KEY_FILE)
     if path:
-        return _nonempty(_read_key_file(path), f"{ENV_KEY_FILE} ({path})")
+        return read_secret_file(path, ENV_KEY_FILE)
     return None
-
-
-def _read_key_file(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"{ENV_KEY_FILE} names {path}, which cannot be read: "
-                         f"{exc.strerror or exc}") from exc
 
 
 def _nonempty(key: bytes, what: str) -> bytes:
