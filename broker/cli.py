@@ -503,9 +503,11 @@ def dispatcher(broker_ep, slots, health):
               help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
+@health_options
 @insecure_option
-def worker(spec, concurrency, processes, broker_ep, prefetch):
+def worker(spec, concurrency, processes, broker_ep, prefetch, health):
     """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""
+    from ..protocol.health import HealthBindError
     from ..workers.errors import WorkerVersionError
     from ..workers.worker import VERSION_EXIT, load_worker
 
@@ -520,10 +522,13 @@ def worker(spec, concurrency, processes, broker_ep, prefetch):
     if broker_ep is not None:
         w.broker = broker_ep
     try:
-        w.run(processes=processes, spec=spec)
+        w.run(processes=processes, spec=spec, health=health)
     except WorkerVersionError as exc:
         click.echo(f"zstalk worker: {exc}", err=True)
         sys.exit(VERSION_EXIT)
+    except HealthBindError as exc:
+        click.echo(f"zstalk worker: {exc}", err=True)
+        sys.exit(111)
 
 
 

@@ -12,16 +12,18 @@ process is dead when that is older than `stall_s` (generous: binlog writes run o
 loop and a slow disk must not restart the broker).  A loop stalled for good cannot answer
 at all, so the probe's own timeout catches that; the 503 covers a loop that comes back
 from a long stall with the probe's request waiting.  Readiness is a function the process
-gives (`link_ready` for a front or the dispatcher; a broker opens the port only once
-ready): None when ready, else the reason.
+gives (`link_ready` for a front, the dispatcher or a worker pool; a broker opens the port
+only once ready): None when ready, else the reason.  A worker pool with several processes
+adds its children's state (workers/probes.py).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Callable
 
-from .listen import HealthOptions
+from .listen import HealthOptions, bind_tcp
 
 MAX_LINE = 1024          # bytes of a request line
 MAX_HEAD = 8192          # bytes of the request line and headers together
@@ -103,10 +105,12 @@ def link_state(state: str, down_since: float | None, now: float, hold_s: float) 
     return f"no broker for {down:.0f} s" if down >= hold_s else None
 
 
-def link_ready(link) -> Callable[[], str | None]:
-    """The readiness function of an actor with a BrokerLink (protocol/link.py)."""
+def link_ready(link, hold_s: float | None = None) -> Callable[[], str | None]:
+    """The readiness function of an actor with a BrokerLink (protocol/link.py); `hold_s`
+    instead of the link's own hold time (a worker pool's link holds acks forever)."""
+    hold_s = link.hold_s if hold_s is None else hold_s
     return lambda: link_state(link.state, getattr(link, "down_since", None),
-                              time.monotonic(), link.hold_s)
+                              time.monotonic(), hold_s)
 
 
 def answer(method: str, path: str, live: str | None, ready: str | None) -> bytes:
@@ -124,27 +128,39 @@ class HealthBindError(Exception):
 
 
 class HealthServer:
-    """The probes on the running loop: `await start(host, port)`, `close()`."""
+    """The probes on the running loop: `await start(host, port)`, `close()`.  `alive`:
+    liveness beyond this loop's (a worker pool's processes), None or why not."""
 
     def __init__(self, ready: Callable[[], str | None] = lambda: None,
-                 stall_s: float = STALL_S) -> None:
+                 stall_s: float = STALL_S,
+                 alive: Callable[[], str | None] = lambda: None) -> None:
         self.ready = ready
         self.stall_s = stall_s
+        self.alive = alive
         self.last_beat = time.monotonic()
+        self.sock = None
         self.server: asyncio.AbstractServer | None = None
         self._beat_handle: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._beat()
-        self.server = await loop.create_server(lambda: _ProbeProtocol(self), host, port)
+        self.sock = bind_tcp(host, port)
+        self.server = await loop.create_server(lambda: _ProbeProtocol(self), sock=self.sock)
 
     def _beat(self) -> None:
         self.last_beat = time.monotonic()
         self._beat_handle = asyncio.get_running_loop().call_later(BEAT_S, self._beat)
 
     def live(self) -> str | None:
-        return health_state(self.last_beat, time.monotonic(), self.stall_s)
+        return health_state(self.last_beat, time.monotonic(), self.stall_s) or self.alive()
+
+    def release_in_child(self) -> None:
+        """In a process forked from this one: close our copy of the listening socket, so
+        the port is free once its owner exits, touching nothing of the loop (its epoll
+        instance is the parent's too)."""
+        if self.sock is not None:
+            os.close(self.sock.detach())
 
     def close(self) -> None:
         if self._beat_handle is not None:
@@ -190,12 +206,13 @@ class _ProbeProtocol(asyncio.Protocol):
 
 
 async def start_health(opts: HealthOptions | None,
-                       ready: Callable[[], str | None] = lambda: None) -> HealthServer | None:
+                       ready: Callable[[], str | None] = lambda: None,
+                       alive: Callable[[], str | None] = lambda: None) -> HealthServer | None:
     """The probes on the running loop, if a port was given; None otherwise.
     Raises HealthBindError."""
     if opts is None or not opts.port:
         return None
-    health = HealthServer(ready, opts.stall_s)
+    health = HealthServer(ready, opts.stall_s, alive)
     try:
         await health.start(opts.host, opts.port)
     except OSError as exc:

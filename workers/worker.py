@@ -5,8 +5,10 @@ SIGINT; `run(processes=N)` starts N such processes and supervises them: it forwa
 SIGTERM/SIGINT, restarts one that dies unexpectedly (after a second), and returns once
 they have all exited.  Children are forked, or with `spec="MODULE:ATTR"` spawned
 (fresh interpreters that import the Worker by that name and take this one's broker,
-concurrency and prefetch), which is what the CLI does.  `run_until_idle()` is for tests: one pool in the caller's thread,
-no signals, until the tubes have nothing ready or reserved.
+concurrency and prefetch), which is what the CLI does.  `run(health=PORT)` answers
+Kubernetes probes on PORT (workers/probes.py says what they mean with N processes).
+`run_until_idle()` is for tests: one pool in the caller's thread, no signals, until the
+tubes have nothing ready or reserved.
 """
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
 from ..protocol import curve
 from ..protocol.curve import FROM_ENV
+from ..protocol.health import link_ready, start_health
+from ..protocol.listen import HealthOptions
 from .job import Backoff
 from .pool import Pool
+from .probes import READY_HOLD_S, SlotReporter, Slots, parent_checks
 
 DEFAULT_BROKER = "tcp://127.0.0.1:11400"
 VERSION_EXIT = 3          # a pool process that can never work: not restarted
@@ -83,29 +88,45 @@ class Worker:
         return register
 
     # -- running -----------------------------------------------------------------------
-    def run(self, processes: int = 1, spec: str | None = None) -> None:
+    def run(self, processes: int = 1, spec: str | None = None,
+            health: HealthOptions | int | None = None) -> None:
         """Work until SIGTERM / SIGINT, then shut down gracefully.  `spec`: this
-        Worker's MODULE:ATTR, to spawn the processes instead of forking them.  A broker
+        Worker's MODULE:ATTR, to spawn the processes instead of forking them.  `health`:
+        a port (or HealthOptions) for GET /healthz and /readyz; a port that cannot be
+        bound raises protocol.health.HealthBindError before any work starts.  A broker
         beyond this host without CURVE keys is refused here, before any process starts
         (protocol/curve.py)."""
         if isinstance(self.broker, str):
             curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
+        if isinstance(health, int):
+            health = HealthOptions(health)
         if processes > 1:
-            code = supervise(self, processes, spec)
+            code = supervise(self, processes, spec, health)
             if code:
                 sys.exit(code)
             return
-        asyncio.run(self._serve())
+        asyncio.run(self._serve(health))
 
-    async def _serve(self) -> None:
+    async def _serve(self, health: HealthOptions | None = None,
+                     slot: tuple[Any, int] | None = None) -> None:
+        """One pool until stopped; its probes on `health`, or its state reported to the
+        parent in `slot` (shared values, index)."""
         pool = Pool(self, self.broker)
         pool.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, pool.request_stop)
+        probes = reporter = None
         try:
+            probes = await start_health(health, link_ready(pool.link, READY_HOLD_S))
+            if slot is not None:
+                reporter = SlotReporter(slot, pool.link)
+                reporter.start()
             await pool.done
         finally:
+            for closing in (probes, reporter):
+                if closing is not None:
+                    closing.close()
             pool.close()
             self.last_counts = dict(pool.counts)
 
@@ -139,44 +160,77 @@ class Worker:
 
 
 # -- processes ---------------------------------------------------------------------------
-def _child(worker: Worker) -> None:
+def _child(worker: Worker, slot: tuple[Any, int] | None = None, probes=None) -> None:
+    """A pool process; `probes`: the parent's HealthServer, whose socket a forked child
+    holds a copy of."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)    # not the supervisor's handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if probes is not None:
+        probes.release_in_child()
     try:
-        worker.run()
+        asyncio.run(worker._serve(slot=slot))
     except WorkerVersionError as exc:
         worker.logger.error("%s", exc)
         sys.exit(VERSION_EXIT)
 
 
-def _spawned(spec: str, settings: dict[str, Any]) -> None:
+def _spawned(spec: str, settings: dict[str, Any], slot: tuple[Any, int] | None) -> None:
     worker = load_worker(spec)
     worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
     worker.prefetch, worker.keys = settings["prefetch"], settings["keys"]
-    _child(worker)
+    _child(worker, slot)
 
 
-def supervise(worker: Worker, processes: int, spec: str | None = None) -> int:
-    """Start `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code."""
+def supervise(worker: Worker, processes: int, spec: str | None = None,
+              health: HealthOptions | None = None) -> int:
+    """Start `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code.
+    With `health`, answer the pool's probes meanwhile (workers/probes.py)."""
     mp = multiprocessing.get_context("spawn" if spec else "fork")
+    slots = Slots(processes, mp) if health and health.port else None
+    loop, probes, pause = _parent_probes(health, slots)
     stopping: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _: stopping.append(signum))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
-    if spec:
-        settings = {"broker": worker.broker, "concurrency": worker.concurrency,
-                    "prefetch": worker._prefetch,
-                    "keys": None if worker.keys is FROM_ENV else worker.keys}
-        start = lambda: _start(mp, _spawned, (spec, settings))     # noqa: E731
-    else:
-        start = lambda: _start(mp, _child, (worker,))              # noqa: E731
-    children = [start() for _ in range(processes)]
+
+    def start(i: int) -> Any:
+        slot = None
+        if slots is not None:
+            slots.starting(i, time.monotonic())
+            slot = (slots.values, i)
+        if spec:
+            settings = {"broker": worker.broker, "concurrency": worker.concurrency,
+                        "prefetch": worker._prefetch,
+                        "keys": None if worker.keys is FROM_ENV else worker.keys}
+            return _start(mp, _spawned, (spec, settings, slot))
+        return _start(mp, _child, (worker, slot, probes))
+
+    children = [start(i) for i in range(processes)]
     code = 0
     try:
-        code = _watch(start, worker, children, stopping)
+        code = _watch(start, worker, children, stopping, pause)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if probes is not None:
+            probes.close()
+            loop.close()
     return code
+
+
+def _parent_probes(health: HealthOptions | None, slots: Slots | None):
+    """(loop, HealthServer, pause) for the supervisor: the probes on a loop that runs
+    while the watch loop pauses; without a port (None, None, time.sleep).  Raises
+    HealthBindError before any process starts."""
+    if slots is None:
+        return None, None, time.sleep
+    loop = asyncio.new_event_loop()
+    ready, alive = parent_checks(slots, health.stall_s)
+    try:
+        probes = loop.run_until_complete(start_health(health, ready, alive))
+    except BaseException:
+        loop.close()
+        raise
+    return loop, probes, lambda s: loop.run_until_complete(asyncio.sleep(s))
 
 
 def _start(mp: Any, target: Callable[..., None], args: tuple) -> Any:
@@ -185,8 +239,8 @@ def _start(mp: Any, target: Callable[..., None], args: tuple) -> Any:
     return p
 
 
-def _watch(start: Callable[[], Any], worker: Worker, children: list,
-           stopping: list[int]) -> int:
+def _watch(start: Callable[[int], Any], worker: Worker, children: list,
+           stopping: list[int], pause: Callable[[float], None] = time.sleep) -> int:
     forwarded, code = False, 0
     while True:
         if stopping and not forwarded:
@@ -204,11 +258,11 @@ def _watch(start: Callable[[], Any], worker: Worker, children: list,
             elif c.exitcode not in (0, None) and not stopping:
                 worker.logger.warning("pool process %d exited with %s: restarting", c.pid,
                                       c.exitcode)
-                time.sleep(1.0)
-                children[i], alive = start(), True
+                pause(1.0)
+                children[i], alive = start(i), True
         if not alive:
             return code
-        time.sleep(0.05)
+        pause(0.05)
 
 
 def load_worker(spec: str) -> Worker:
