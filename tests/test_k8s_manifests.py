@@ -25,14 +25,15 @@ import pytest
 import yaml
 
 from zstalk.broker.cli import main as zstalk_cli
-from zstalk.broker.options import MASTER_KEY_ENV
+from zstalk.broker.options import MASTER_KEY_FILE_ENV
 from zstalk.protocol import curve
+from zstalk.workers import signing
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = sorted(p.name for p in (ROOT / "k8s" / "overlays").iterdir() if p.is_dir())
 KUBERNETES_VERSION = "1.32.0"      # an API level every supported cluster serves
 ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCEPT,
-              curve.ENV_INSECURE, MASTER_KEY_ENV}
+              curve.ENV_INSECURE, MASTER_KEY_FILE_ENV, signing.ENV_KEY_FILE}
 
 
 def missing(tool: str) -> None:
@@ -131,6 +132,28 @@ def test_every_container_runs_zstalk_with_options_it_accepts(overlay):
         assert env <= ZSTALK_ENV, (name, env - ZSTALK_ENV)
         seen.add(command.name)
     assert {"broker", "beanstalk", "counter", "http", "dispatcher", "worker"} <= seen
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(overlay):
+    mounted = set()
+    for obj in objects(overlay):
+        pod = obj.get("spec", {}).get("template", {}).get("spec")
+        if not pod:
+            continue
+        secrets = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+        assert all(s["defaultMode"] == 0o400 for s in secrets.values()), obj["metadata"]["name"]
+        for container in pod["containers"]:
+            mounts = {m["mountPath"]: secrets[m["name"]]["secretName"]
+                      for m in container.get("volumeMounts", []) if m["name"] in secrets}
+            for env in container.get("env", []):
+                assert "valueFrom" not in env, (obj["metadata"]["name"], env)
+                if env["name"].endswith(("_FILE", "_KEY", "_SERVER")):   # a secret's path
+                    folder = env["value"].rsplit("/", 1)[0]
+                    assert folder in mounts, (obj["metadata"]["name"], env)
+                    mounted.add(mounts[folder])
+    assert {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker",
+            "zstalk-curve-front", "zstalk-curve-dispatcher", "zstalk-curve-worker"} <= mounted
 
 
 def test_production_fsyncs_before_every_reply_and_single_node_keeps_the_default():
