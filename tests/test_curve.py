@@ -10,17 +10,20 @@ import signal
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
-from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check
+from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check,
+                     wait_for)
 from zstalk.protocol import curve
 from zstalk.protocol.schema import Hello, Welcome, decode, encode
 from zstalk.workers import Client
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 WAIT_S = 10.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -244,3 +247,22 @@ def test_a_native_worker_pool_with_keys_drains_its_tube(broker, keys):
     worker.handler("sealed")(lambda job: seen.append(job.body))
     counts = worker.run_until_idle(broker.endpoint, timeout_s=20)
     assert counts.get("deleted") == 20 and sorted(seen) == sorted(b"%d" % n for n in range(20))
+
+
+def test_every_process_of_a_worker_pool_takes_its_keys_from_the_environment(broker, keys, tmp_path):
+    """`zstalk worker --processes 2` spawns its pools: each must read ZSTALK_CURVE_* as the
+    parent does (they once went without keys and were never welcomed)."""
+    producer = Client(broker.endpoint, keys=client_keys(keys, "b"))
+    log = tmp_path / "log"
+    pool = subprocess.Popen([find_zstalk(), "worker", "tests.workers_app:shared", "--processes", "2",
+                             "--broker", broker.endpoint],
+                            cwd=ROOT, env={**client_env(keys, "a"), "ZSTALK_TEST_LOG": str(log)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for n in range(10):
+            producer.put(b"{}", tube="shared")
+        assert wait_for(lambda: log.exists() and log.read_text().count("end ") == 10, WAIT_S)
+    finally:
+        producer.close()
+        pool.terminate()
+        pool.wait(10)

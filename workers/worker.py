@@ -177,7 +177,9 @@ def _child(worker: Worker, slot: tuple[Any, int] | None = None, probes=None) -> 
 def _spawned(spec: str, settings: dict[str, Any], slot: tuple[Any, int] | None) -> None:
     worker = load_worker(spec)
     worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
-    worker.prefetch, worker.keys = settings["prefetch"], settings["keys"]
+    worker.prefetch = settings["prefetch"]
+    if "keys" in settings:          # else the module's own (from the environment by default)
+        worker.keys = settings["keys"]
     _child(worker, slot)
 
 
@@ -199,8 +201,9 @@ def supervise(worker: Worker, processes: int, spec: str | None = None,
             slot = (slots.values, i)
         if spec:
             settings = {"broker": worker.broker, "concurrency": worker.concurrency,
-                        "prefetch": worker._prefetch,
-                        "keys": None if worker.keys is FROM_ENV else worker.keys}
+                        "prefetch": worker._prefetch}
+            if worker.keys is not FROM_ENV:     # (FROM_ENV is not the same object there)
+                settings["keys"] = worker.keys
             return _start(mp, _spawned, (spec, settings, slot))
         return _start(mp, _child, (worker, slot, probes))
 
