@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -175,3 +176,25 @@ def test_only_fronts_dispatchers_and_workers_may_reach_the_broker(overlay):
                        for k, v in allowed.items())}
     assert clients == {"zstalk-front-beanstalk", "zstalk-front-counter", "zstalk-front-http",
                        "zstalk-dispatcher", "zstalk-worker"}
+
+
+def test_the_readme_overlay_points_every_pod_at_the_pushed_images(tmp_path):
+    """README, "Deploy on Kubernetes", step 3: its overlay, beside the shipped ones, renders
+    with the pushed zstalk image everywhere and the user's worker image for the pool."""
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S)
+                 if "# k8s/overlays/mine/kustomization.yaml" in b)
+    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
+    (tmp_path / "k8s" / "overlays" / "mine").mkdir()
+    (tmp_path / "k8s" / "overlays" / "mine" / "kustomization.yaml").write_text(block)
+    result = subprocess.run([executable("kubectl"), "kustomize", str(tmp_path / "k8s" / "overlays" / "mine")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    images = {}
+    for obj in yaml.safe_load_all(result.stdout):
+        pod = (obj or {}).get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            images[obj["metadata"]["name"]] = {c["image"] for c in pod["containers"]}
+    assert images.pop("zstalk-worker") == {"registry.example.com/my-workers:1.0"}
+    assert set().union(*images.values()) == {"registry.example.com/zstalk:0.1.0"}
+    assert len(images) == 5          # broker, three fronts, dispatcher
