@@ -18,6 +18,13 @@ fronts get a Heartbeat every HEARTBEAT_S, and in-process fronts are never declar
 for silence: they share our loop, so a long GC pause or a slow disk write stalls them
 exactly as long as it stalls us.
 
+Stopping (SIGTERM): with fronts or pools in other processes, the broker first tells them
+(`Stopping`, schema.py) and keeps serving what they already sent until each has answered
+`Holding` (or STOP_WAIT_S has passed); then it writes its binlog to disk, sends the last
+replies and a final Stopping, and closes, giving those STOP_LINGER_MS to leave.  A front
+holds what its clients send meanwhile for the next broker, so a rolling restart fails no
+command.  A second SIGTERM stops at once.
+
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
 dropping it; the core then treats that front as dead.  With a binlog (binlog.py) each turn
 writes the records the core appended before any reply of that turn leaves, so a crash
@@ -42,7 +49,8 @@ import time
 
 from ..protocol import curve
 from ..protocol.mailbox import register_mailbox, unregister_mailbox
-from ..protocol.schema import HEARTBEAT_S, SCHEMA_VERSION, SchemaError, decode_peer, encode
+from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
+                               decode_peer, encode)
 from .core import Broker, Config
 from .stats import process_sysinfo
 
@@ -52,6 +60,12 @@ _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
 SAY_AGAIN_S = 30.0
 #: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
 WALL_CHECK_S = 1.0
+#: a stopping broker waits this long at most for its remote fronts' Holding ...
+STOP_WAIT_S = 2.0
+#: ... and gives its last replies this long to leave
+STOP_LINGER_MS = 1000
+#: the peers on a BrokerLink (protocol/link.py), which take Stopping (producers do not)
+_HOLDING_KINDS = frozenset({"beanstalk", "counter", "http", "dispatcher", "pool"})
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
 # enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
 _EVENTS, _RCVMORE, _POLLIN, _NOBLOCK, _SNDMORE = 15, 13, 1, 1, 2
@@ -97,6 +111,8 @@ class BrokerActor:
         self._read_scheduled = False
         self._stopped: asyncio.Future | None = None
         self._stop_requested = False
+        self._told: list[bytes] = []            # peers told Stopping
+        self._awaiting: set[bytes] | None = None    # ... that have not answered Holding
         self.closed = False
         if bind is not None or also_bind:
             self.bind(*((bind,) if bind is not None else ()), *also_bind)
@@ -210,11 +226,37 @@ class BrokerActor:
         self.core.draining = True
 
     def stop(self) -> None:
-        """End serve(); callable from any thread (in-process use: zstalk.workers.testing)."""
+        """End serve(), once the remote fronts hold (module comment); callable from any
+        thread (in-process use: zstalk.workers.testing)."""
         self._stop_requested = True
         if self._stopped is not None:
             with contextlib.suppress(RuntimeError):     # the loop already closed
-                self.loop.call_soon_threadsafe(self._finish)
+                self.loop.call_soon_threadsafe(self._begin_stop)
+
+    def _begin_stop(self) -> None:
+        if self._awaiting is not None or self.closed:
+            self._finish()                              # a second SIGTERM: now
+            return
+        version = self.old_peers.get
+        self._told = [peer for peer, front in self.core.fronts.items()
+                      if peer not in self.local and front.kind in _HOLDING_KINDS
+                      and version(peer, SCHEMA_VERSION) >= 3]
+        if not self._told:
+            self._finish()
+            return
+        log.warning("stopping: telling %d fronts and pools to hold their commands",
+                    len(self._told))
+        self._awaiting = set(self._told)
+        self._send([(peer, Stopping(self.core.broker_id, False)) for peer in self._told])
+        self._check_socket()
+        self.loop.call_later(STOP_WAIT_S, self._finish)
+
+    def _on_holding(self, peer: bytes) -> None:
+        """A front sends nothing after Holding: all it sent is handled (this turn)."""
+        if self._awaiting is not None and peer in self._awaiting:
+            self._awaiting.discard(peer)
+            if not self._awaiting:
+                self.loop.call_soon(self._finish)       # after this turn's replies
 
     def _finish(self) -> None:
         if self._stopped is not None and not self._stopped.done():
@@ -235,6 +277,12 @@ class BrokerActor:
         self._turn()
         log.info("broker %016x listening on %s", self.core.broker_id,
                  ", ".join(self.endpoints + self.local_names) or "nothing")
+
+    def let_last_replies_leave(self) -> None:
+        """At process exit, after close(): a process that just exits drops what its
+        ZeroMQ context still queues; this waits up to STOP_LINGER_MS for it to leave."""
+        if self._told and self.ctx is not None:
+            self.ctx.destroy(linger=0)     # (the closed socket keeps its own linger)
 
     async def wait_stopped(self) -> None:
         await self._stopped
@@ -263,6 +311,8 @@ class BrokerActor:
                 handle.cancel()
         self._timer = self._heartbeat = None
         self._shutdown_binlog()
+        if self._told:              # after the last replies: go to the next broker
+            self._send([(peer, Stopping(self.core.broker_id, True)) for peer in self._told])
         if self.loop is not None and self.wal is not None and self.wal.notify_fd is not None:
             self.loop.remove_reader(self.wal.notify_fd)
         if self.wal is not None:
@@ -270,7 +320,7 @@ class BrokerActor:
         if self.sock is not None:
             if self.loop is not None:
                 self.loop.remove_reader(self.sock.FD)
-            self.sock.close(linger=0)
+            self.sock.close(linger=STOP_LINGER_MS if self._told else 0)
             self.sock = None
         if self.auth is not None:
             self.auth.stop()
@@ -402,6 +452,9 @@ class BrokerActor:
                 version, msg = decode_peer(data)
             except SchemaError as exc:
                 self._say_once(peer, f"ignoring messages from {peer.hex()}: {exc}")
+                continue
+            if type(msg) is Holding:
+                self._on_holding(peer)
                 continue
             if version != SCHEMA_VERSION:
                 if peer not in self.old_peers:

@@ -143,7 +143,7 @@ def master_key_from(value: str | None, path: str | None) -> str | None:
                                f"({MASTER_KEY_FILE_ENV}), not both")
     if not path:
         return value or None
-    name = "--master-key-file"
+    name = f"--master-key-file ({MASTER_KEY_FILE_ENV})"
     try:
         return read_secret_file(path, name).decode("utf-8")
     except UnicodeDecodeError:
@@ -368,6 +368,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         os.close(ready_fd)
     from ..protocol.loop import run
     run(serve_with_probes(actor, health))
+    actor.let_last_replies_leave()
 
 
 async def serve_with_probes(actor, health: HealthOptions) -> None:

@@ -58,7 +58,9 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
             raise
         print(f"zstalk: {exc}", file=sys.stderr)
         return BINLOG_EXIT
-    return run(_main(actor, listeners, list(counter_listeners), opts))
+    code = run(_main(actor, listeners, list(counter_listeners), opts))
+    actor.let_last_replies_leave()
+    return code
 
 
 async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:

@@ -145,6 +145,12 @@ class BeanstalkConn(LinkedConn):
             if last != name:
                 self.watch[i] = last
 
+    def undone_ops(self) -> list[tuple]:
+        """A broker that stopped gracefully answered every op it ran, so what is left is a
+        reserve still waiting and what waits behind it: none ran, so all go to the next
+        broker, in order (their slots stay, for its replies)."""
+        return [slot[0] for slot in self.unanswered]
+
     def settle_unanswered(self) -> None:
         """The broker is gone: every command it had is answered INTERNAL_ERROR, never replayed."""
         while self.unanswered:

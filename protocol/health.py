@@ -19,6 +19,7 @@ adds its children's state (workers/probes.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from typing import Callable
@@ -98,9 +99,12 @@ def health_state(last_beat: float, now: float, stall_s: float) -> str | None:
 
 def link_state(state: str, down_since: float | None, now: float, hold_s: float) -> str | None:
     """A remote front's or dispatcher's readiness from its link: None while READY or while
-    it has waited for a broker for less than its hold time (commands are held that long)."""
+    it has waited for a broker for less than its hold time (commands are held that long);
+    never before its first Welcome (`down_since` -inf)."""
     if state == "ready" or down_since is None:
         return None
+    if down_since == -math.inf:
+        return "no broker yet"
     down = now - down_since
     return f"no broker for {down:.0f} s" if down >= hold_s else None
 

@@ -7,7 +7,13 @@ requires of an FD that only signals edges.
 
 Life cycle: CONNECTING (Hello sent, waiting for Welcome) -> READY -> LOST when nothing
 has come from the broker for PEER_TIMEOUT_S, or a heartbeat names another broker
-incarnation.  On LOST the socket is thrown away with everything still queued in it, so
+incarnation.  A broker stopping on SIGTERM says so first (`Stopping`): READY -> HOLDING,
+where ops are held as while LOST but the replies to those already sent still come; the
+link answers `Holding` (nothing follows it), and the broker's final Stopping, after its
+last reply, makes it LOST: what is still unanswered then never ran (a waiting reserve and
+what waits behind it), so the owner may hand it back to be sent to the next broker first
+(`on_stopped`).  So a rolling restart of the broker holds commands for the next one and
+fails none.  On LOST the socket is thrown away with everything still queued in it, so
 nothing is replayed to a new broker; the owner answers INTERNAL_ERROR for every op
 already sent (`on_lost`).  Ops submitted while not READY are held (bounded count,
 `hold_s` timeout) and sent after Welcome, or answered INTERNAL_ERROR when the time
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import time
@@ -27,12 +34,13 @@ import zmq
 from . import curve
 from .mailbox import CONNECTING, READY, LinkOwner  # shared by both links
 from .schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat,
-                     Hello, Op, Replies, R, SchemaError, SessionState, Settings, Welcome,
-                     decode, encode)
+                     Hello, Holding, Op, Replies, R, SchemaError, SessionState, Settings,
+                     Stopping, Welcome, decode, encode)
 
 log = logging.getLogger("zstalk.front")
 
 LOST = "lost"
+HOLDING = "holding"     # the broker is stopping: replies still come, nothing more is sent
 #: a batch leaves early when it reaches this many ops, so that under a pipelined flood
 #: the broker works on one part while the front parses the next (instead of taking turns)
 MAX_BATCH_OPS = 512
@@ -74,7 +82,9 @@ class BrokerLink:
         self.hello_at = 0.0
         self._ticker: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
-        self.down_since: float | None = time.monotonic()   # not READY since (health.py)
+        # not READY since (health.py); -inf: never welcomed, so not ready (a front with a
+        # wrong key or address must not pass a rollout on the strength of its hold time)
+        self.down_since: float | None = -math.inf
         self._waiting_said = -WAITING_LOG_S
         self._schema_said = -WAITING_LOG_S
 
@@ -205,14 +215,16 @@ class BrokerLink:
         if isinstance(msg, Replies):
             self.owner.on_replies(msg.items)
         elif isinstance(msg, Heartbeat):
-            if self.state is READY and msg.sender_id != self.broker_id:
+            if self.state in (READY, HOLDING) and msg.sender_id != self.broker_id:
                 self._lose("broker restarted (new incarnation)")
         elif isinstance(msg, Welcome):
             self._welcome(msg)
         elif isinstance(msg, Settings):
             self.settings = msg         # the broker read its config again
+        elif isinstance(msg, Stopping) and msg.broker_id == self.broker_id:
+            self._stopping(msg.final)
         elif isinstance(msg, Fenced) and msg.broker_id != self.broker_id:
-            if self.state is READY:
+            if self.state in (READY, HOLDING):
                 self._lose("broker restarted (it does not know this front)")
         elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
             log.warning("fenced by the broker: closing client connections, starting over")
@@ -239,18 +251,42 @@ class BrokerLink:
         for _, op in held:
             self.submit(op)
 
-    def _lose(self, why: str) -> None:
+    def _stopping(self, final: bool) -> None:
+        if final:
+            if self.state in (READY, HOLDING):
+                self._lose("the broker stopped", stopped=True)
+        elif self.state is READY:
+            self._flush()                   # what this turn gathered still goes to it
+            self.state = HOLDING
+            self.down_since = time.monotonic()
+            self._send(Holding(self.front_id))
+            log.warning("%s: the broker is stopping: holding commands for the next one",
+                        self.kind)
+
+    def _lose(self, why: str, stopped: bool = False) -> None:
+        """`stopped`: after the broker's final Stopping, which came after its last reply,
+        so the owner may send what is unanswered to the next broker (on_stopped): those
+        ops go first, ahead of what was held meanwhile."""
         log.warning("lost the broker: %s", why)
         self.state = LOST
         self.batch = []
-        self.owner.on_lost()
+        on_stopped = getattr(self.owner, "on_stopped", None)    # (optional: mailbox.py)
+        if stopped and on_stopped is not None:
+            now = time.monotonic()
+            # what the owner still awaits includes what it submitted while HOLDING, which is
+            # here already (the same op objects): only what was sent goes ahead of it
+            held = {id(op) for _, op in self.held}
+            self.held[:0] = [(now, op) for op in on_stopped() if id(op) not in held]
+        else:
+            self.owner.on_lost()
         self._connect()
 
     # -- timers ------------------------------------------------------------------------
     def _tick(self) -> None:
         now = time.monotonic()
-        if self.state is READY:
-            self._send(Heartbeat(self.front_id))
+        if self.state is READY or self.state is HOLDING:
+            if self.state is READY:
+                self._send(Heartbeat(self.front_id))
             if now - self.last_heard > PEER_TIMEOUT_S:
                 self._lose(f"silent for {now - self.last_heard:.1f} s")
         elif now - self.hello_at > PEER_TIMEOUT_S:

@@ -46,6 +46,13 @@ class LinkOwner:
     def on_fenced(self) -> None: ...
     def session_states(self) -> list[SessionState]: ...
 
+    def on_stopped(self) -> list[tuple]:
+        """The broker stopped gracefully (schema.Stopping): as on_lost, except that every
+        op it left unanswered was never run; return those the owner wants sent to the next
+        broker (in order), settling the rest as on_lost does.  By default: none."""
+        self.on_lost()
+        return []
+
 
 class Mailbox(Protocol):
     """What a broker actor offers the fronts in its process (broker/actor.py)."""

@@ -44,10 +44,11 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 1 (before cloud-task durability) had no `keyed` in T_ENQUEUE /
+#: version back.  Version 2 had no Stopping and Holding (a stopping broker just went
+#: quiet).  Version 1 (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
 #: T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR
 #: replies carrying the HTTP status, a one-field Settings and no Settings message.
 OLDEST_PEER_VERSION = 1
@@ -254,21 +255,38 @@ class Fenced(NamedTuple):
     broker_id: int
 
 
+class Stopping(NamedTuple):
+    """Broker -> front, when the broker stops on SIGTERM (a rolling update).  First, with
+    `final` False: send no more ops, hold new commands for the next broker, and answer
+    Holding; the replies to what was sent still come.  Then, with `final` True, after the
+    last of them: this broker is gone, say Hello to the next one.  So a graceful restart
+    fails no command: none is left unanswered, and none is sent to a broker that would
+    drop it."""
+    broker_id: int
+    final: bool
+
+
+class Holding(NamedTuple):
+    """Front -> broker, the answer to Stopping(final=False): this incarnation sends no op
+    after it until a Welcome, so every op it sent is already in the broker's hands."""
+    front_id: int
+
+
 HEARTBEAT_S = 0.5
 #: a peer silent this long is dead (heartbeats every HEARTBEAT_S; the issue asks for < 3 s)
 PEER_TIMEOUT_S = 2.0
 
 _KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Batch: 3, Replies: 4, Heartbeat: 5, Fenced: 6,
-                           Settings: 7}
+                           Settings: 7, Stopping: 8, Holding: 9}
 _CLASSES: dict[int, type] = {v: k for k, v in _KINDS.items()}
 
-Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings
+Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings | Stopping | Holding
 
 
 def encode(msg: Message, version: int = SCHEMA_VERSION) -> bytes | None:
     """The message as `version` has it (None: that version has no such message)."""
     if version != SCHEMA_VERSION:
-        msg = _downgrade(msg)
+        msg = _downgrade(msg, version)
         if msg is None:
             return None
     return msgpack.packb((version, _KINDS[type(msg)], *msg), use_bin_type=True)
@@ -295,7 +313,7 @@ def decode_peer(data: bytes) -> tuple[int, Message]:
     """A message from a peer of this version or one OLDEST_PEER_VERSION allows (the
     broker's side), upgraded to this version; and the version it came in."""
     version, msg = _decode(data, OLDEST_PEER_VERSION)
-    return version, (msg if version == SCHEMA_VERSION else _upgrade(msg))
+    return version, (_upgrade(msg) if version == 1 else msg)
 
 
 def _decode(data: bytes, oldest: int) -> tuple[int, Message]:
@@ -328,7 +346,7 @@ def _nest(msg: Any) -> Any:
     return msg
 
 
-# -- version 1 peers ------------------------------------------------------------------------
+# -- older peers ------------------------------------------------------------------------
 #: the HTTP status of each T_ERROR code (version 1 replies carried it; the HTTP front's
 #: STATUS table is the one it answers with)
 V1_ERROR_STATUS = {"bad_request": 400, "unauthorized": 401, "not_found": 404,
@@ -355,8 +373,12 @@ def _upgrade_op(op):
     return op
 
 
-def _downgrade(msg: Message) -> Message | None:
-    """A message as a version-1 peer takes it (None: it has none such)."""
+def _downgrade(msg: Message, version: int) -> Message | None:
+    """A message as a peer of an older `version` takes it (None: it has none such)."""
+    if isinstance(msg, (Stopping, Holding)):
+        return None                     # version 2 and 1
+    if version >= 2:
+        return msg
     if isinstance(msg, Settings):
         return None
     if isinstance(msg, Welcome):

@@ -1,6 +1,7 @@
 """--health-port: the probe parser and decisions (pure), and real processes' answers."""
 from __future__ import annotations
 
+import math
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ def test_a_link_is_ready_while_connected_or_waiting_less_than_its_hold_time():
     assert link_state("ready", None, now=50.0, hold_s=5.0) is None
     assert link_state("connecting", 48.0, now=50.0, hold_s=5.0) is None
     assert link_state("lost", 40.0, now=50.0, hold_s=5.0) == "no broker for 10 s"
+    assert link_state("connecting", -math.inf, now=50.0, hold_s=5.0) == "no broker yet"
 
 
 def test_liveness_ignores_readiness_and_readiness_includes_liveness():

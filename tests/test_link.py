@@ -4,12 +4,16 @@ from __future__ import annotations
 import asyncio
 
 from zstalk.protocol.link import BrokerLink, LinkOwner
-from zstalk.protocol.schema import Op, R, Settings, Welcome, decode, encode
+from zstalk.protocol.schema import Op, R, Settings, Stopping, Welcome, decode, encode
 
 
 class Recorder(LinkOwner):
     def __init__(self) -> None:
         self.replies: list[tuple] = []
+        self.awaited: list[tuple] = []      # ops sent or held, not yet answered
+
+    def on_stopped(self) -> list[tuple]:
+        return list(self.awaited)
 
     def on_replies(self, items: list) -> None:
         self.replies.extend(items)
@@ -89,3 +93,23 @@ def test_settings_travel_as_a_message_of_their_own():
     sent = Settings(65535, 200, 300)
     assert decode(encode(sent)) == sent
     assert decode(encode(Welcome(7, 9, sent, True))).settings == sent
+
+
+def test_a_stopping_broker_leaves_the_link_holding_and_its_undone_ops_go_first_once(tmp_path):
+    """Stopping: ops submitted meanwhile are held; after the final one, what had been sent
+    and left unanswered goes ahead of them, and an op held meanwhile is not sent twice."""
+    async def body(link, owner):
+        link._handle(Welcome(7, 9, Settings(), True))
+        waiting = (int(Op.RESERVE), 1, -1)
+        link.submit(waiting)
+        link.flush_now()
+        owner.awaited.append(waiting)
+        link._handle(Stopping(7, False))
+        later = (int(Op.LIST_TUBE_USED), 1)
+        link.submit(later)
+        owner.awaited.append(later)
+        assert link.state == "holding" and [op for _, op in link.held] == [later]
+        link._handle(Stopping(7, True))
+        assert link.state != "ready" and [op for _, op in link.held] == [waiting, later]
+        assert owner.replies == []
+    run_with_link(tmp_path, body)

@@ -93,7 +93,8 @@ def test_an_empty_master_key_file_stops_the_start_with_exit_2_naming_it(tmp_path
     path = key_file(tmp_path, "\n")
     out = front_http("--master-key-file", str(path))
     assert out.returncode == 2
-    assert out.stderr.strip() == f"zstalk: --master-key-file names {path}, which is empty"
+    assert out.stderr.strip() == \
+        f"zstalk: --master-key-file (ZSTALK_MASTER_KEY_FILE) names {path}, which is empty"
     out = subprocess.run([find_zstalk(), "serve", "-p", "0", "--master-key-file",
                           str(tmp_path / "nosuch")], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and f"{tmp_path}/nosuch, which cannot be read" in out.stderr

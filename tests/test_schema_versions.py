@@ -1,4 +1,4 @@
-"""Schema version skew: a broker takes peers one schema version older (a rolling update
+"""Schema version skew: a broker takes peers older schema versions (a rolling update
 updates the broker first), answers them in their version, and says clearly when a peer
 is too old or too new, without filling its log.  Units on the schema module, then a real
 broker process and raw ZeroMQ peers speaking other versions."""
@@ -13,9 +13,10 @@ import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Batch, Op, R, Replies,
-                                    SchemaError, Settings, Welcome, decode, decode_peer, encode)
+                                    SchemaError, Settings, Stopping, Welcome, decode, decode_peer,
+                                    encode)
 
-V1 = 1
+V1, V2 = 1, 2
 HELLO, BATCH = 1, 3
 
 
@@ -24,8 +25,17 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 
 # -- the schema module -----------------------------------------------------------------------
-def test_this_version_is_one_newer_than_the_oldest_peer_it_takes():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (2, 1)
+def test_this_version_takes_peers_back_to_version_1():
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (3, 1)
+
+
+def test_a_version_2_peer_gets_everything_but_the_stopping_handshake():
+    welcome = Welcome(7, 9, Settings(), True)
+    assert msgpack.unpackb(encode(welcome, V2)) == [V2, *msgpack.unpackb(encode(welcome))[1:]]
+    assert encode(Stopping(7, False), V2) is None and encode(Stopping(7, True), V1) is None
+    ops = [(Op.T_SUBSCRIBE, 1, 0, True), (Op.PUT, 1, 0, 0, 60, b"x")]
+    version, msg = decode_peer(packed(V2, BATCH, ops))
+    assert version == V2 and [tuple(op) for op in msg.ops] == ops
 
 
 def test_a_version_1_batch_gets_the_fields_version_2_added():

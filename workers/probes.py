@@ -38,12 +38,12 @@ class Slots:
     def __init__(self, processes: int, mp: Any) -> None:
         self.values = mp.RawArray("d", 2 * processes)
         now = time.monotonic()
-        for i in range(processes):
-            self.values[2 * i], self.values[2 * i + 1] = now, now
+        for i in range(processes):      # never connected yet: not ready (health.link_state)
+            self.values[2 * i], self.values[2 * i + 1] = now, -math.inf
 
     def starting(self, i: int, now: float) -> None:
         """Process i is (re)started: it turns from now on, and is down since it was last
-        up (or since now)."""
+        up (or, never connected, still not ready)."""
         self.values[2 * i] = now
         if math.isnan(self.values[2 * i + 1]):
             self.values[2 * i + 1] = now

@@ -1,0 +1,75 @@
+"""A broker stopped with SIGTERM and started again from its binlog (a rolling update) fails
+no command: it tells its fronts first (Stopping), they hold what their clients send for
+the next broker, and what it left unanswered (a waiting reserve) goes to the next one.
+Real processes on loopback: `zstalk broker` and `zstalk front beanstalk`, raw clients."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import zmq
+
+from servers import RawClient, self_check
+from test_binlog_end_to_end import Pipeline, check_durable
+from zstalk.protocol.schema import Hello, Stopping, Welcome, decode, encode
+
+pytestmark = pytest.mark.skipif(self_check(), reason="stops zstalk's own broker")
+
+
+@pytest.fixture
+def cluster(zstalk_cluster, tmp_path):
+    return zstalk_cluster(fronts=1, broker_args=["-b", str(tmp_path / "wal"), "-f", "0"],
+                          front_args=["--hold-s", "15"])
+
+
+def restart(cluster) -> None:
+    assert cluster.broker.stop() == 0, cluster.broker.output()
+    cluster.broker.start()
+
+
+def test_a_rolling_restart_of_the_broker_fails_no_command_of_a_busy_client(cluster):
+    p = Pipeline(cluster.front_addresses[0])
+    p.run(lambda: restart(cluster), after_s=1.0, keep_going_s=3.0)
+    assert p.errors == [], p.errors[:5]
+    check_durable(cluster.front_addresses[0], p)
+    assert "holding commands for the next one" in cluster.fronts[0].output()
+
+
+def test_a_reserve_waiting_across_a_rolling_restart_gets_the_job_put_after_it(cluster):
+    address = cluster.front_addresses[0]
+    waiting = RawClient(address, 15)
+    waiting.send(b"watch later\r\nreserve\r\n")
+    assert waiting.read_reply() == b"WATCHING 2\r\n"
+    waiting.expect_silence(0.3)
+    restart(cluster)
+    with RawClient(address, 15) as producer:
+        producer.send(b"use later\r\nput 0 0 60 5\r\nafter\r\n")
+        assert producer.read_replies(2) == [b"USING later\r\n", b"INSERTED 1\r\n"]
+    assert waiting.read_reply() == b"RESERVED 1 5\r\nafter\r\n"
+    waiting.close()
+
+
+def test_a_front_that_never_answers_delays_the_stop_by_2_s_at_most(cluster):
+    """A front on schema version 3 that says Hello and then nothing: the broker waits
+    STOP_WAIT_S (2 s) for its Holding, then stops anyway."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(cluster.broker_address)
+    try:
+        sock.send(encode(Hello(12345, "beanstalk", os.getpid(), 0, [])))
+        assert sock.poll(5000) and isinstance(decode(sock.recv()), Welcome)
+        started = time.monotonic()
+        cluster.broker.process.send_signal(signal.SIGTERM)
+        told = []
+        while sock.poll(5000):
+            msg = decode(sock.recv())
+            if isinstance(msg, Stopping):
+                told.append(msg.final)
+            if told[-1:] == [True]:
+                break
+        assert cluster.broker.process.wait(10) == 0
+        assert told == [False, True] and time.monotonic() - started < 4.0
+    finally:
+        sock.close()
