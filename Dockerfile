@@ -3,7 +3,7 @@
 #
 #   docker build --build-arg REVISION=$(git rev-parse HEAD) -t zstalk:0.1.0 .
 #   docker run --rm -p 11300:11300 --read-only --tmpfs /tmp zstalk:0.1.0    # zstalk serve
-#   docker run --rm -v zstalk-data:/data zstalk:0.1.0 serve --binlog /data  # jobs kept
+#   docker run --rm -p 11300:11300 -v zstalk-data:/data zstalk:0.1.0 serve --binlog /data
 #
 # Without a registry, scripts/build-image builds the same image from Debian packages and
 # PyPI wheels (mmdebstrap + buildah). It reads the last stage's Debian packages (its

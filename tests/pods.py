@@ -12,7 +12,8 @@ taking from the manifest, not from the test:
                         (defaultMode; with fsGroup, owned root:fsGroup and group-readable,
                         as the kubelet does), a volumeClaimTemplate as a host directory
                         owned by fsGroup that outlives the container, an emptyDir as tmpfs
-  securityContext       --user runAsUser:runAsGroup, --group-add fsGroup, --read-only,
+  securityContext       --user runAsUser:runAsGroup, --group-add fsGroup, --read-only (and
+                        no writable tmpfs but the manifest's emptyDirs),
                         --security-opt no-new-privileges, --cap-drop for capabilities.drop
   terminationGrace...   --stop-timeout (podman stop: SIGTERM, then SIGKILL after it)
   Service names         --add-host NAME:ADDRESS for the short and cluster-local names the
@@ -114,8 +115,8 @@ def _security(pod_ctx: dict, ctx: dict) -> list[str]:
         argv += ["--user", f"{user}:{group}" if group is not None else str(user)]
     if pod_ctx.get("fsGroup") is not None:
         argv += ["--group-add", str(pod_ctx["fsGroup"])]
-    if ctx.get("readOnlyRootFilesystem"):
-        argv.append("--read-only")
+    if ctx.get("readOnlyRootFilesystem"):     # and no tmpfs of podman's own on /run, /var/tmp
+        argv += ["--read-only", "--read-only-tmpfs=false"]
     if ctx.get("allowPrivilegeEscalation") is False:
         argv += ["--security-opt", "no-new-privileges"]
     for cap in ctx.get("capabilities", {}).get("drop", ()):

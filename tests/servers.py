@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence, Union
+from typing import Callable, Iterable, NamedTuple, NoReturn, Sequence, Union
 
 from zstalk.protocol.yrmcds import (ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE,
                                     RELEASE_FIXED, REQUEST_MAGIC, STAT_LENGTHS, U16, Opcode)
@@ -93,6 +93,15 @@ def _bindable(port: int) -> bool:
 def reference_required() -> bool:
     """On CI a missing reference server fails the test instead of skipping it."""
     return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """What a test needs (a tool, root, a reference server) is missing: skip with the
+    reason, or fail under CI=true, where nothing may be skipped for that."""
+    import pytest
+    if reference_required():
+        pytest.fail(f"{reason} (CI=true: this test must not be skipped)")
+    pytest.skip(reason)
 
 
 def self_check() -> bool:

@@ -257,11 +257,11 @@ def test_every_process_of_a_worker_pool_takes_its_keys_from_the_environment(brok
     pool = subprocess.Popen([find_zstalk(), "worker", "tests.workers_app:shared", "--processes", "2",
                              "--broker", broker.endpoint],
                             cwd=ROOT, env={**client_env(keys, "a"), "ZSTALK_TEST_LOG": str(log)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for n in range(10):
             producer.put(b"{}", tube="shared")
-        assert wait_for(lambda: log.exists() and log.read_text().count("end ") == 10, WAIT_S)
+        assert wait_for(lambda: log.exists() and log.read_text().count("end ") == 10, 3 * WAIT_S)
     finally:
         producer.close()
         pool.terminate()

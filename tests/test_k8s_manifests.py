@@ -178,23 +178,29 @@ def test_only_fronts_dispatchers_and_workers_may_reach_the_broker(overlay):
                        "zstalk-dispatcher", "zstalk-worker"}
 
 
-def test_the_readme_overlay_points_every_pod_at_the_pushed_images(tmp_path):
+def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functions(tmp_path):
     """README, "Deploy on Kubernetes", step 3: its overlay, beside the shipped ones, renders
-    with the pushed zstalk image everywhere and the user's worker image for the pool."""
+    with the pushed zstalk image everywhere, the user's worker image for the pool, and the
+    user's zstalk.toml as the one config."""
     readme = (ROOT / "README.md").read_text()
     block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S)
                  if "# k8s/overlays/mine/kustomization.yaml" in b)
     shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
     (tmp_path / "k8s" / "overlays" / "mine").mkdir()
     (tmp_path / "k8s" / "overlays" / "mine" / "kustomization.yaml").write_text(block)
+    functions = '[functions]\nbase_url = "http://my-functions:3000"\n'
+    (tmp_path / "k8s" / "overlays" / "mine" / "zstalk.toml").write_text(functions)
     result = subprocess.run([executable("kubectl"), "kustomize", str(tmp_path / "k8s" / "overlays" / "mine")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    images = {}
+    images, configs = {}, []
     for obj in yaml.safe_load_all(result.stdout):
+        if (obj or {}).get("kind") == "ConfigMap":
+            configs.append(obj["data"])
         pod = (obj or {}).get("spec", {}).get("template", {}).get("spec")
         if pod:
             images[obj["metadata"]["name"]] = {c["image"] for c in pod["containers"]}
     assert images.pop("zstalk-worker") == {"registry.example.com/my-workers:1.0"}
     assert set().union(*images.values()) == {"registry.example.com/zstalk:0.1.0"}
     assert len(images) == 5          # broker, three fronts, dispatcher
+    assert configs == [{"zstalk.toml": functions}]
