@@ -20,7 +20,7 @@ exactly as long as it stalls us.
 
 Stopping (SIGTERM): with fronts or pools in other processes, the broker first tells them
 (`Stopping`, schema.py) and keeps serving what they already sent until each has answered
-`Holding` (or STOP_WAIT_S has passed); then it writes its binlog to disk, sends the last
+`Holding`, or has gone, or STOP_WAIT_S has passed; then it writes its binlog to disk, sends the last
 replies and a final Stopping, and closes, giving those STOP_LINGER_MS to leave.  A front
 holds what its clients send meanwhile for the next broker, so a rolling restart fails no
 command.  A second SIGTERM stops at once.
@@ -60,8 +60,9 @@ _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
 SAY_AGAIN_S = 30.0
 #: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
 WALL_CHECK_S = 1.0
-#: a stopping broker waits this long at most for its remote fronts' Holding ...
-STOP_WAIT_S = 2.0
+#: a stopping broker waits this long at most for its remote fronts' Holding (one that
+#: goes away meanwhile, as when a supervisor stops them all at once, is not waited for) ...
+STOP_WAIT_S = 5.0
 #: ... and gives its last replies this long to leave
 STOP_LINGER_MS = 1000
 #: the peers on a BrokerLink (protocol/link.py), which take Stopping (producers do not)
@@ -250,13 +251,19 @@ class BrokerActor:
         self._send([(peer, Stopping(self.core.broker_id, False)) for peer in self._told])
         self._check_socket()
         self.loop.call_later(STOP_WAIT_S, self._finish)
+        self._wait_for(set())
 
     def _on_holding(self, peer: bytes) -> None:
         """A front sends nothing after Holding: all it sent is handled (this turn)."""
         if self._awaiting is not None and peer in self._awaiting:
-            self._awaiting.discard(peer)
-            if not self._awaiting:
-                self.loop.call_soon(self._finish)       # after this turn's replies
+            self._wait_for({peer})
+
+    def _wait_for(self, answered: set[bytes]) -> None:
+        """Stop once every front told has answered or gone (a send to it failed)."""
+        self._awaiting -= answered
+        self._awaiting.intersection_update(self.core.fronts)
+        if not self._awaiting:
+            self.loop.call_soon(self._finish)           # after this turn's replies
 
     def _finish(self) -> None:
         if self._stopped is not None and not self._stopped.done():
@@ -405,6 +412,8 @@ class BrokerActor:
         """Heartbeat the peers across ZeroMQ (in-process ones share our loop: no need)."""
         local = self.local
         self._send([m for m in self.core.heartbeats() if m[0] not in local])
+        if self._awaiting:          # stopping: a front that has gone will not answer
+            self._wait_for(set())
         self._heartbeat = self.loop.call_later(HEARTBEAT_S, self._beat)
         self._check_socket()
 
