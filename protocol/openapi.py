@@ -487,7 +487,8 @@ def document() -> dict:
                         "SchedulePage": schedule_page()},
             "securitySchemes": {"masterKey": {
                 "type": "http", "scheme": "bearer",
-                "description": "The master key (--master-key or ZSTALK_MASTER_KEY). With none "
+                "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "
+                               "file --master-key-file or ZSTALK_MASTER_KEY_FILE names). With none "
                                "configured no key is asked for, and only loopback Host names "
                                "are answered."}},
         },

@@ -153,8 +153,12 @@ def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(o
                     folder = env["value"].rsplit("/", 1)[0]
                     assert folder in mounts, (obj["metadata"]["name"], env)
                     mounted.add(mounts[folder])
+                elif env["name"].endswith("_CLIENTS"):      # a directory of public keys
+                    assert env["value"] in mounts, (obj["metadata"]["name"], env)
+                    mounted.add(mounts[env["value"]])
     assert {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker",
-            "zstalk-curve-front", "zstalk-curve-dispatcher", "zstalk-curve-worker"} <= mounted
+            "zstalk-curve-clients", "zstalk-curve-front", "zstalk-curve-dispatcher",
+            "zstalk-curve-worker"} <= mounted
 
 
 def test_production_fsyncs_before_every_reply_and_single_node_keeps_the_default():

@@ -207,10 +207,17 @@ def supervise(worker: Worker, processes: int, spec: str | None = None,
             return _start(mp, _spawned, (spec, settings, slot))
         return _start(mp, _child, (worker, slot, probes))
 
-    children = [start(i) for i in range(processes)]
+    children: list = []
     code = 0
     try:
+        for i in range(processes):
+            children.append(start(i))
         code = _watch(start, worker, children, stopping, pause)
+    except BaseException:
+        for child in children:          # (a start that failed: no orphan keeps running)
+            if child.is_alive():
+                child.terminate()
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
