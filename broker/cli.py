@@ -464,10 +464,12 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
 @http_options("")
+@click.option("--hold-s", default=5.0, show_default=True,
+              help="How long requests wait for an unreachable broker before a 503.")
 @health_options
 @insecure_option
 def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
-         header_timeout, body_timeout, http_max_connections, health):
+         header_timeout, body_timeout, http_max_connections, hold_s, health):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
     from ..protocol.listen import is_loopback
     exit_with_parent()
@@ -478,7 +480,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from ..protocol.front_main import run_http_front
-    run_http_front(broker_ep, sockets, master_key, limits, tls, health)
+    run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
 
 
 @main.command()

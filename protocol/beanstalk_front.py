@@ -147,8 +147,8 @@ class BeanstalkConn(LinkedConn):
 
     def undone_ops(self) -> list[tuple]:
         """A broker that stopped gracefully answered every op it ran, so what is left is a
-        reserve still waiting and what waits behind it: none ran, so all go to the next
-        broker, in order (their slots stay, for its replies)."""
+        reserve still waiting and what waits behind it, and what was held since: none ran,
+        so all go to the next broker, in order (their slots stay, for its replies)."""
         return [slot[0] for slot in self.unanswered]
 
     def settle_unanswered(self) -> None:
@@ -188,6 +188,15 @@ class BeanstalkFront(LinkedFront):
                  max_job_size: int = 65535) -> None:
         super().__init__(broker, max_connections, hold_s)
         self.max_job_size = max_job_size
+
+    def on_stopped(self) -> list[tuple]:
+        """After a graceful stop: every connection's unanswered ops, in order (link.py
+        sends again those it had sent, and keeps those it holds)."""
+        ops: list[tuple] = []
+        for c in list(self.conns.values()):
+            c.stale = True
+            ops.extend(c.undone_ops())
+        return ops
 
     def on_welcome(self, w: Welcome) -> None:
         self.max_job_size = w.settings.max_job_size

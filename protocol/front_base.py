@@ -79,12 +79,6 @@ class LinkedConn(asyncio.Protocol):
             self.read_paused = False
             self.transport.resume_reading()
 
-    def undone_ops(self) -> list[tuple]:
-        """The broker stopped gracefully: the ops to send again to the next one (by
-        default none: what is unanswered is settled as when the broker is lost)."""
-        self.settle_unanswered()
-        return []
-
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
@@ -138,14 +132,6 @@ class LinkedFront(LinkOwner):
             c.stale = True
             c.settle_unanswered()
             c.pump()
-
-    def on_stopped(self) -> list[tuple]:
-        ops: list[tuple] = []
-        for c in list(self.conns.values()):
-            c.stale = True
-            ops.extend(c.undone_ops())
-            c.pump()
-        return ops
 
     def on_fenced(self) -> None:
         for c in list(self.conns.values()):

@@ -106,12 +106,14 @@ async def _until_stopped(actor, start, health: HealthOptions | None = None) -> N
 
 
 def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None,
-                   limits, tls=None, health: HealthOptions | None = None) -> None:
-    """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext."""
+                   limits, tls=None, health: HealthOptions | None = None,
+                   hold_s: float = 5.0) -> None:
+    """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext,
+    requests held up to `hold_s` while no broker answers."""
     from .http_front import HttpFront
 
     async def main() -> None:
-        front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls)
+        front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls, hold_s=hold_s)
         await _until_stopped(front, lambda: front.start(sockets), health)
     run(main())
 

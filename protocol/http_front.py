@@ -377,15 +377,16 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 # -- the front -----------------------------------------------------------------------------
 class HttpFront(LinkOwner):
     def __init__(self, broker: str, master_key: str | None = None, link=None,
-                 limits: HttpLimits = HttpLimits(), tls=None) -> None:
+                 limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0) -> None:
         self.master_key = master_key.encode() if master_key else None
         self.limits = limits
         self.tls = tls              # an ssl.SSLContext: serve HTTPS
-        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        # (reply future, op) of each op sent or held, in order: replies come in that order
+        self.waiting: collections.deque[tuple[asyncio.Future, tuple]] = collections.deque()
         self.opened = False
         self.runner: web.AppRunner | None = None
         self.openapi_body = b""     # (built with the app)
-        self.link = link if link is not None else open_link(broker, "http", self)
+        self.link = link if link is not None else open_link(broker, "http", self, hold_s=hold_s)
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -580,19 +581,20 @@ class HttpFront(LinkOwner):
         future = loop.create_future()
         # waiting first: a submit that fills a batch sends it and reads the socket, and a
         # reply to this very op may be among what it reads
-        self.waiting.append(future)
+        entry = (future, op)
+        self.waiting.append(entry)
         try:
             self.link.submit(op)
         except BaseException:
-            if future in self.waiting:
-                self.waiting.remove(future)
+            if entry in self.waiting:
+                self.waiting.remove(entry)
             raise
         return future
 
     def _fail_waiting(self, message: str) -> None:
         waiting, self.waiting = self.waiting, collections.deque()
         unavailable = (CONN, R.T_ERROR, "unavailable", message)
-        for future in waiting:
+        for future, _ in waiting:
             if not future.done():
                 future.set_result(unavailable)
 
@@ -602,7 +604,7 @@ class HttpFront(LinkOwner):
             if item[0] != CONN or not self.waiting:
                 log.warning("HTTP front: a broker reply nobody waits for: %r", item[:2])
                 continue
-            future = self.waiting.popleft()
+            future, _ = self.waiting.popleft()
             if not future.done():       # the request was cancelled: its reply is dropped
                 future.set_result(item)
 
@@ -612,6 +614,11 @@ class HttpFront(LinkOwner):
 
     def on_lost(self) -> None:
         self._fail_waiting("lost the broker; the request may or may not have taken effect")
+
+    def on_stopped(self) -> list[tuple]:
+        """After a graceful stop no request is lost: those it left unanswered never ran, so
+        they go to the next broker (link.py), and their requests wait on."""
+        return [op for _, op in self.waiting]
 
     def on_fenced(self) -> None:
         self.opened = False                 # the broker dropped our session

@@ -265,8 +265,11 @@ class BrokerLink:
 
     def _lose(self, why: str, stopped: bool = False) -> None:
         """`stopped`: after the broker's final Stopping, which came after its last reply,
-        so the owner may send what is unanswered to the next broker (on_stopped): those
-        ops go first, ahead of what was held meanwhile."""
+        so an owner with `on_stopped` sends what is unanswered to the next broker: those
+        ops go first, ahead of what was held meanwhile.  Otherwise the owner takes all it
+        awaits as lost (on_lost: it fails or re-sends it itself), so ops held while
+        HOLDING are dropped here, but for the silent ones (OPEN, CLOSE, ...), which it
+        does not await."""
         log.warning("lost the broker: %s", why)
         self.state = LOST
         self.batch = []
@@ -278,6 +281,7 @@ class BrokerLink:
             held = {id(op) for _, op in self.held}
             self.held[:0] = [(now, op) for op in on_stopped() if id(op) not in held]
         else:
+            self.held = [(at, op) for at, op in self.held if op[0] in SILENT_OPS]
             self.owner.on_lost()
         self._connect()
 

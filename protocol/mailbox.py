@@ -45,13 +45,9 @@ class LinkOwner:
     def on_lost(self) -> None: ...
     def on_fenced(self) -> None: ...
     def session_states(self) -> list[SessionState]: ...
-
-    def on_stopped(self) -> list[tuple]:
-        """The broker stopped gracefully (schema.Stopping): as on_lost, except that every
-        op it left unanswered was never run; return those the owner wants sent to the next
-        broker (in order), settling the rest as on_lost does.  By default: none."""
-        self.on_lost()
-        return []
+    # optional: on_stopped() -> list[tuple], after a graceful stop (schema.Stopping): as
+    # on_lost, except that every op the broker left unanswered never ran; it returns the
+    # ones already sent, in order, for the next broker (the beanstalk front's resend them)
 
 
 class Mailbox(Protocol):

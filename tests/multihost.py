@@ -184,14 +184,14 @@ class Cluster:
         return self.request("GET", url, None, headers)
 
     def request(self, method: str, url: str, body: dict | None = None,
-                headers: dict | None = None) -> tuple[int, bytes]:
+                headers: dict | None = None, timeout: float = 5) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
         if data is not None:
             req.add_header("Content-Type", "application/json")
         with self.hosts["client"].inside():
             try:
-                with urllib.request.urlopen(req, timeout=5) as reply:
+                with urllib.request.urlopen(req, timeout=timeout) as reply:
                     return reply.status, reply.read()
             except urllib.error.HTTPError as exc:
                 return exc.code, exc.read()

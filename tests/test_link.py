@@ -22,13 +22,13 @@ class Recorder(LinkOwner):
         return []
 
 
-def run_with_link(tmp_path, body, **kw):
+def run_with_link(tmp_path, body, owner=None, **kw):
     async def main():
-        owner = Recorder()
-        link = BrokerLink(f"ipc://{tmp_path}/nobody-listens", "beanstalk", owner, **kw)
+        owner_ = owner or Recorder()
+        link = BrokerLink(f"ipc://{tmp_path}/nobody-listens", "beanstalk", owner_, **kw)
         link.start()
         try:
-            await body(link, owner)
+            await body(link, owner_)
         finally:
             link.close()
     asyncio.run(main())
@@ -113,3 +113,24 @@ def test_a_stopping_broker_leaves_the_link_holding_and_its_undone_ops_go_first_o
         assert link.state != "ready" and [op for _, op in link.held] == [waiting, later]
         assert owner.replies == []
     run_with_link(tmp_path, body)
+
+
+class Forgetful(Recorder):
+    """An owner with no on_stopped (a pool, a dispatcher): it takes what it awaits as lost
+    and fails or re-sends it itself."""
+    on_stopped = None
+    lost = 0
+
+    def on_lost(self) -> None:
+        self.lost += 1
+
+
+def test_an_owner_that_takes_everything_as_lost_gets_no_held_op_sent_behind_its_back(tmp_path):
+    async def body(link, owner):
+        link._handle(Welcome(7, 9, Settings(), True))
+        link._handle(Stopping(7, False))
+        link.submit((int(Op.LIST_TUBE_USED), 1))     # awaited: the owner's on_lost answers it
+        link.submit((int(Op.OPEN), 2))               # silent: nobody awaits it
+        link._handle(Stopping(7, True))
+        assert owner.lost == 1 and [op for _, op in link.held] == [(int(Op.OPEN), 2)]
+    run_with_link(tmp_path, body, owner=Forgetful())

@@ -157,23 +157,30 @@ def test_cutting_front_a_returns_its_reserved_jobs_within_3_s_and_front_b_carrie
 def test_a_rolling_restart_of_the_broker_keeps_connections_reservations_and_acknowledged_jobs(cluster):
     """As a StatefulSet update does it: SIGTERM (podman stop), then a new broker on the
     same volume.  The fronts hold what their clients send meanwhile (Stopping), so no
-    command fails, not even the ones sent while no broker runs."""
+    command fails, not even a reserve or an HTTP enqueue sent while no broker runs."""
     producer = cluster.beanstalk("front-b", use="durable", watch="durable")
     reader = cluster.beanstalk("front-a", use="durable", watch="durable")
     try:
         acknowledged = [producer.put(b"job %d" % n) for n in range(50)]
         held = producer.reserve(timeout=5)
         assert cluster.stop("broker") == 0, cluster.logs("broker")
-        first: list = []
+        first, enqueued = [], []                 # sent while no broker runs:
         waiting = threading.Thread(target=lambda: first.append(reader.reserve(timeout=20)))
-        waiting.start()                          # sent while no broker runs
+        posting = threading.Thread(target=lambda: enqueued.append(cluster.request(
+            "POST", f"http://{cluster.hosts['http'].address}:8080/v1/tasks",
+            {"function": "greet", "params": {"during": "restart"}},
+            {"Authorization": f"Bearer {cluster.master_key}"}, timeout=CLIENT_TIMEOUT_S)))
+        waiting.start()
+        posting.start()
         cluster.start("broker")
         producer.delete(held)                    # the reservation survived, on the same connection
         waiting.join(CLIENT_TIMEOUT_S)
+        posting.join(CLIENT_TIMEOUT_S)
+        assert enqueued[0][0] == 201, enqueued
         reader.delete(first[0])
         bodies = [first[0].body, *drain(reader, timeout=1)]
         assert sorted(bodies) == sorted(f"job {n}" for n in range(50) if acknowledged[n] != held.id)
-        for front in ("front-a", "front-b"):
+        for front in ("front-a", "front-b", "http"):
             assert "holding commands for the next one" in cluster.logs(front)
     finally:
         producer.close()
