@@ -532,11 +532,7 @@ class HttpFront(LinkOwner):
                                   "next": reply[3]})
 
     async def schedule_info(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key)
-        if denied:
-            return problem_response(denied)
-        name = request.match_info["name"]
-        return schedule_response(await self.call((_T_SCHEDULE_INFO, CONN, name)))
+        return await self._named_schedule(request, _T_SCHEDULE_INFO)
 
     async def pause_schedule(self, request: web.Request) -> web.Response:
         doc = await self._json_body(request)
@@ -548,11 +544,14 @@ class HttpFront(LinkOwner):
         return schedule_response(await self.call(op))
 
     async def unschedule(self, request: web.Request) -> web.Response:
+        return await self._named_schedule(request, _T_UNSCHEDULE)
+
+    async def _named_schedule(self, request: web.Request, opcode: int) -> web.Response:
+        """GET or DELETE /v1/schedules/{name}: keyed, the name the only argument."""
         denied = check_key(request, self.master_key)
         if denied:
             return problem_response(denied)
-        name = request.match_info["name"]
-        return schedule_response(await self.call((_T_UNSCHEDULE, CONN, name)))
+        return schedule_response(await self.call((opcode, CONN, request.match_info["name"])))
 
     async def _json_body(self, request: web.Request) -> Any:
         """A keyed JSON request's body, decoded; or the refusal."""

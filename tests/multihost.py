@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import re
 import secrets
 import subprocess
 import threading
@@ -28,13 +27,12 @@ import yaml
 
 from netns import Lan
 from pods import PodData, config_maps, workloads
-from servers import wait_for
+from servers import readme_block, wait_for
 from test_k8s_manifests import rendered
 from zstalk.protocol import curve
 from zstalk.workers import signing
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
 OVERLAY = "production"
 PLACEMENT = {                          # host → the workload its pod runs
     "broker": "zstalk-broker",
@@ -57,12 +55,6 @@ worker = Worker(concurrency=4)
 def send(job):
     pass
 '''
-
-
-def readme_block(language: str, marker: str) -> str:
-    found = [b for b in re.findall(rf"```{language}\n(.*?)```", README, re.S) if marker in b]
-    assert len(found) == 1, f"one README {language} block holds {marker!r}"
-    return found[0]
 
 
 class FunctionHost(http.server.ThreadingHTTPServer):

@@ -14,7 +14,7 @@ Code reaches a host in two ways:
     Libraries that create their sockets on other threads (ZeroMQ's I/O threads) must run
     in a process instead.
 
-`host.cut()` sets the host's eth0 down (a pulled cable: packets are dropped, nobody is told);
+`with Lan() as lan:` removes it all at the end.  `host.cut()` sets the host's eth0 down (a pulled cable: packets are dropped, nobody is told);
 `host.mend()` sets it up again.  `Lan.close()` deletes every namespace; processes still
 inside one keep running in it, so callers stop theirs first.
 
@@ -129,6 +129,12 @@ class Lan:
         self.hosts[name] = host
         host._plug()
         return host
+
+    def __enter__(self) -> "Lan":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def close(self) -> None:
         for ns in [h.ns for h in self.hosts.values()] + [self.ns]:

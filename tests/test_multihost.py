@@ -44,8 +44,8 @@ def cluster(tmp_path_factory):
     if why:
         unavailable(why)
     require_image()
-    image, lan = zstalk_image(), Lan()
-    try:
+    image = zstalk_image()
+    with Lan() as lan:
         made = Cluster(tmp_path_factory.mktemp("multihost"), image, podman_args(), lan)
         try:
             made.serve_functions()
@@ -58,8 +58,6 @@ def cluster(tmp_path_factory):
             yield made
         finally:
             made.close()
-    finally:
-        lan.close()
 
 
 def test_every_pod_runs_as_its_manifest_says_and_reports_ready(cluster):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import os
 import signal
-import re
 import socket
 import subprocess
 import sys
@@ -16,19 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, self_check
+from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, readme_block, self_check
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
-
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
-
-
-def block(marker: str) -> str:
-    found = [b for b in BLOCKS if marker in b]
-    assert len(found) == 1, f"one README python block holds {marker!r}"
-    return found[0]
-
 
 def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(cwd))
@@ -37,8 +26,8 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
 
 
 def test_the_local_broker_example_passes_with_the_emails_worker(tmp_path):
-    (tmp_path / "emails.py").write_text(block("# emails.py"))
-    (tmp_path / "test_emails.py").write_text(block("LocalBroker"))
+    (tmp_path / "emails.py").write_text(readme_block("python", "# emails.py"))
+    (tmp_path / "test_emails.py").write_text(readme_block("python", "LocalBroker"))
     out = run_python("import emails, test_emails\n"
                      "test_emails.test_send_delivers()\n"
                      "print(emails.outbox)\n", tmp_path)
@@ -58,13 +47,13 @@ def _free(port: int) -> bool:
 def test_the_producers_and_the_worker_command_work_on_the_readme_ports(tmp_path):
     if not (_free(11300) and _free(11400)):
         pytest.skip("the README's ports 11300 / 11400 are taken on this machine")
-    (tmp_path / "emails.py").write_text(block("# emails.py"))
+    (tmp_path / "emails.py").write_text(readme_block("python", "# emails.py"))
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "--counter-port", "0",
                             "--worker-bind", "tcp://127.0.0.1:11400"], (LOOPBACK, 11300),
                            name="readme-serve").start()
     worker = None
     try:
-        out = run_python(block("import greenstalk"), tmp_path)
+        out = run_python(readme_block("python", "import greenstalk"), tmp_path)
         assert out.returncode == 0, out.stderr
         worker = subprocess.Popen([find_zstalk(), "worker", "emails:worker"], cwd=tmp_path,
                                   env=dict(os.environ, PYTHONPATH=str(tmp_path)),
@@ -86,12 +75,6 @@ def test_the_producers_and_the_worker_command_work_on_the_readme_ports(tmp_path)
         server.stop()
 
 
-def fenced(language: str, marker: str) -> str:
-    found = [b for b in re.findall(rf"```{language}\n(.*?)```", README, re.S) if marker in b]
-    assert len(found) == 1, f"one README {language} block holds {marker!r}"
-    return found[0]
-
-
 def json_documents(text: str) -> list:
     import json
     decoder, docs, i = json.JSONDecoder(), [], 0
@@ -108,8 +91,8 @@ def test_the_cloud_task_example_runs_as_written(tmp_path):
     ports = (11300, 11215, 11400, 8080, 3000)
     if not all(_free(p) for p in ports):
         pytest.skip(f"the README's ports {ports} are not all free on this machine")
-    (tmp_path / "zstalk.toml").write_text(fenced("toml", "[functions]"))
-    (tmp_path / "functions.py").write_text(block("# functions.py"))
+    (tmp_path / "zstalk.toml").write_text(readme_block("toml", "[functions]"))
+    (tmp_path / "functions.py").write_text(readme_block("python", "# functions.py"))
     host = ServerProcess([sys.executable, "functions.py"], (LOOPBACK, 3000), cwd=str(tmp_path),
                          name="readme-functions").start()
     server = ServerProcess([find_zstalk(), "serve", "--config", "zstalk.toml"], (LOOPBACK, 11300),
@@ -119,19 +102,19 @@ def test_the_cloud_task_example_runs_as_written(tmp_path):
         while _free(8080) or "http on" not in server.output():
             assert time.monotonic() < deadline, server.output()
             time.sleep(0.05)
-        out = subprocess.run(["bash", "-c", fenced("sh", "/v1/tasks")], capture_output=True,
+        out = subprocess.run(["bash", "-c", readme_block("sh", "/v1/tasks")], capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         enqueued, info = json_documents(out.stdout)
         assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0}
-        get = fenced("sh", "/v1/tasks").strip().splitlines()[-1]
+        get = readme_block("sh", "/v1/tasks").strip().splitlines()[-1]
         while info["status"] in ("queued", "running") and time.monotonic() < deadline + 10:
             time.sleep(0.2)         # (a slow machine: the README's sleep was not enough)
             [info] = json_documents(subprocess.run(["bash", "-c", get], capture_output=True,
                                                    text=True, timeout=30).stdout)
         assert info["status"] == "success" and info["result"] == {"closed": 1234}
         assert info["statusCode"] == 200 and info["attempt"] == 1
-        (tmp_path / "enqueue.py").write_text(block("# enqueue.py"))
+        (tmp_path / "enqueue.py").write_text(readme_block("python", "# enqueue.py"))
         out = subprocess.run([sys.executable, "enqueue.py"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
@@ -144,7 +127,7 @@ def test_the_cloud_task_example_runs_as_written(tmp_path):
 
 def check_the_schedule_example() -> None:
     """The README's schedule requests, against the server of the cloud-task example."""
-    out = subprocess.run(["bash", "-c", fenced("sh", "v1/schedules")], capture_output=True,
+    out = subprocess.run(["bash", "-c", readme_block("sh", "v1/schedules")], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     sweep, report, paused, listing, deleted = json_documents(out.stdout)
@@ -164,7 +147,7 @@ def test_the_curve_example_runs_as_written(tmp_path):
         pytest.skip("the README's ports 11500 / 11301 are taken on this machine")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
     env["PATH"] = f"{Path(find_zstalk()).parent}:{env['PATH']}"
-    shell = subprocess.Popen(["bash", "-c", fenced("sh", "zstalk keygen") + "\nwait"],
+    shell = subprocess.Popen(["bash", "-c", readme_block("sh", "zstalk keygen") + "\nwait"],
                              cwd=tmp_path, env=env, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
