@@ -525,9 +525,11 @@ class BrokerActor:
             self._send(self.held.popleft()[1])
 
     def _shutdown_binlog(self) -> None:
-        """Stopping: everything written reaches the disk before we exit."""
+        """Stopping: everything written reaches the disk before we exit, and which jobs
+        clients hold (walformat S_RESERVED), so the next broker keeps them for them."""
         if self.wal is None:
             return
+        self.core.log_holdings()
         self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks,
                        self.core.schedules.by_name)
         if self.wal.syncer is not None:

@@ -408,6 +408,17 @@ class Binlog:
         self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts), None))
         self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
 
+    def log_reserved(self, job: Job) -> bool:
+        """A graceful stop: `job` is held by a client (walformat's S_RESERVED); False
+        when the disk has no room for the record (the job then comes back ready)."""
+        if not self.reserve_update():
+            return False
+        i = self.image(job)
+        self.pending.append((wf.encode_update(i.id, wf.S_RESERVED, i.pri, i.delay_s, 0.0,
+                                              i.counts), None))
+        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
+        return True
+
     def log_delete(self, job: Job) -> None:
         """The job is gone (its space was reserved when it was put)."""
         self.live_bytes -= wf.job_record_size(job.tube.name, len(job.body))

@@ -35,14 +35,14 @@ from . import stats
 from .checks import NATIVE_KINDS, check
 from .commands import Commands
 from .counters import CounterCommands, Counters, CounterSession
-from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, Job, Session
+from .jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, RESERVED, Job, Session
 from .pools import POOL_OPS, PoolCommands, PoolSession
 from .queue import Queue
 from .task_commands import TaskCommands, TaskSession
 from .schedule_commands import ScheduleCommands
 from .schedules import Schedules
 from .tasks import ApiPolicy, FunctionSpec, Tasks
-from .walformat import S_DELAYED, S_READY
+from .walformat import S_DELAYED, S_READY, S_RESERVED
 
 log = logging.getLogger("zstalk.broker")
 #: which protocol an op belongs to: 0 beanstalk (and the connection ops every front
@@ -53,6 +53,10 @@ _TASK_KINDS = frozenset({"http", "dispatcher"})
 #: fronts of a broker that went away notice within PEER_TIMEOUT_S (at once if they get
 #: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
+#: a job its holder had when the broker stopped gracefully (walformat S_RESERVED) is kept
+#: from other clients this long after the restart, for the holder's front to re-register
+#: it: fronts say Hello again within PEER_TIMEOUT_S of the broker's return
+RECLAIM_S = 5.0
 DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
 _PUT, _CLOSE, _HALF_CLOSE = int(Op.PUT), int(Op.CLOSE), int(Op.HALF_CLOSE)
@@ -121,6 +125,8 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
             self.tasks.wal = self.schedules.wal = wal
+        self.reclaimable: set[int] = set()     # ids of jobs kept for their holders ...
+        self.reclaim_until = now + RECLAIM_S   # ... until then (after that: plain delayed)
         if recovered is not None:
             self._restore(recovered.jobs.values(), recovered.next_id, now)
             self.tasks.restore(recovered.tasks, now)
@@ -141,6 +147,9 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             state = rec[7]
             if state == S_DELAYED and rec[6] - off > now:
                 job.state, job.deadline = DELAYED, rec[6] - off
+            elif state == S_RESERVED:       # held when we stopped: kept for its holder
+                job.state, job.deadline = DELAYED, now + RECLAIM_S
+                self.reclaimable.add(job.id)
             elif state != S_READY and state != S_DELAYED:
                 job.state, job.deadline = BURIED, rec[6]
             # (a delayed job already due is ready now, before a front re-registering a
@@ -247,9 +256,24 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
                 self.queue.make_ready(job, now)
             for job_id in held - s.reserved.keys():
                 job = self.queue.jobs.get(job_id)
-                if job is not None and job.state == READY:
+                if job is not None and (job.state == READY or self._reclaimable(job, now)):
                     self.queue.take(job)
                     self.queue.reserve(s, job, now)
+
+    def log_holdings(self) -> None:
+        """A graceful stop: log which jobs clients hold (walformat S_RESERVED), so the
+        next broker keeps them for their holders; with no room they come back ready, as
+        after a crash."""
+        for job in self.queue.jobs.values():
+            if job.state == RESERVED and not self.wal.log_reserved(job):
+                return
+
+    def _reclaimable(self, job, now: float) -> bool:
+        """A job kept since our restart for the session that held it (S_RESERVED)."""
+        if job.id not in self.reclaimable or now >= self.reclaim_until:
+            return False
+        self.reclaimable.discard(job.id)
+        return job.state == DELAYED
 
     def _restore_tubes(self, s: Session, st) -> None:
         """Give a re-registered session the used tube and watch list its front remembers."""

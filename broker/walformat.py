@@ -22,7 +22,11 @@ Records (little-endian, fixed layout):
 `key` is the job's place in its state: the absolute wall-clock due time when DELAYED,
 the bury sequence number when BURIED (so bury order survives compaction), 0 when READY.
 A reserved job is logged as READY: reservations are never durable (beanstalkd logs no
-reserve, and its prot_replay re-queues a Reserved record as ready).
+reserve, and its prot_replay re-queues a Reserved record as ready).  Format 3 adds one
+exception: a broker stopping gracefully logs an UPDATE with state S_RESERVED for each job
+a client holds, and replay keeps such a job from other clients for a few seconds, so its
+holder's front can take it back when it re-registers (a rolling restart); a crash logs
+none, as before.
 
 Format 2 adds cloud tasks (tasks.py), whose priorities are signed 64-bit and whose state is
 richer than a job's, as msgpack lists after a `<BI` kind and length:
@@ -45,8 +49,8 @@ from typing import NamedTuple
 import msgpack
 
 MAGIC = b"ZSTALKWL"
-FORMAT = 2
-READS = (1, 2)          # formats this zstalk replays
+FORMAT = 3
+READS = (1, 2, 3)       # formats this zstalk replays
 HEADER = struct.Struct("<8sIQQQ")
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")
@@ -56,7 +60,7 @@ JOB, UPDATE, DELETE = 1, 2, 3
 TASK, TASK_STATE, TASK_GONE = 4, 5, 6
 SCHEDULE, SCHEDULE_GONE = 7, 8
 #: state codes on disk
-S_READY, S_DELAYED, S_BURIED = 1, 2, 3
+S_READY, S_DELAYED, S_BURIED, S_RESERVED = 1, 2, 3, 4
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
 _UPDATE = struct.Struct("<BQBIId5I")
 _DELETE = struct.Struct("<BQ")

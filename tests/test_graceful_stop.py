@@ -84,3 +84,32 @@ def test_a_broker_stopped_together_with_its_fronts_does_not_wait_for_them(cluste
     cluster.broker.process.send_signal(signal.SIGTERM)
     assert cluster.broker.process.wait(15) == 0
     assert time.monotonic() - started < 3.0     # (STOP_WAIT_S is 5 s)
+
+
+def test_a_job_held_across_a_rolling_restart_waits_for_its_holder_not_the_first_reserve(
+        zstalk_cluster, tmp_path):
+    """The holder's front re-registers after another front whose client waits on the same
+    tube (it was stopped meanwhile): the job is kept for the holder (walformat S_RESERVED,
+    RECLAIM_S), so the holder can delete it and the other client gets nothing."""
+    cluster = zstalk_cluster(fronts=2, broker_args=["-b", str(tmp_path / "wal")],
+                             front_args=["--hold-s", "15"])
+    first, second = cluster.front_addresses
+    holder, waiter = RawClient(second, 15), RawClient(first, 15)
+    try:
+        holder.send(b"use kept\r\nput 0 0 60 4\r\nmine\r\nwatch kept\r\nreserve\r\n")
+        assert holder.read_replies(4) == [b"USING kept\r\n", b"INSERTED 1\r\n", b"WATCHING 2\r\n",
+                                         b"RESERVED 1 4\r\nmine\r\n"]
+        assert cluster.broker.stop() == 0, cluster.broker.output()
+        os.kill(cluster.fronts[1].pid, signal.SIGSTOP)     # the holder's front comes back last
+        try:
+            waiter.send(b"watch kept\r\nreserve-with-timeout 8\r\n")   # held: no broker
+            cluster.broker.start()
+            time.sleep(1.0)                                # the waiter's front is back first
+        finally:
+            os.kill(cluster.fronts[1].pid, signal.SIGCONT)
+        holder.send(b"delete 1\r\n")
+        assert holder.read_reply() == b"DELETED\r\n"
+        assert waiter.read_replies(2) == [b"WATCHING 2\r\n", b"TIMED_OUT\r\n"]
+    finally:
+        holder.close()
+        waiter.close()
