@@ -145,15 +145,17 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             t = tubes.get(name) or tubes.setdefault(name, q.tube(name))
             job = Job(rec[1], t, rec[2], rec[3], rec[4], body, rec[5] - off)
             state = rec[7]
-            if state == S_DELAYED and rec[6] - off > now:
-                job.state, job.deadline = DELAYED, rec[6] - off
-            elif state == S_RESERVED:       # held when we stopped: kept for its holder
-                job.state, job.deadline = DELAYED, now + RECLAIM_S
-                self.reclaimable.add(job.id)
-            elif state != S_READY and state != S_DELAYED:
-                job.state, job.deadline = BURIED, rec[6]
-            # (a delayed job already due is ready now, before a front re-registering a
-            # session that reserved it since can ask for it: see _reconcile)
+            if state != S_READY:            # (most are: one compare for them)
+                if state == S_DELAYED:
+                    # (one already due is ready now, before a front re-registering a
+                    # session that reserved it since can ask for it: see _reconcile)
+                    if rec[6] - off > now:
+                        job.state, job.deadline = DELAYED, rec[6] - off
+                elif state == S_RESERVED:   # held when we stopped: kept for its holder
+                    job.state, job.deadline = DELAYED, now + RECLAIM_S
+                    self.reclaimable.add(job.id)
+                else:
+                    job.state, job.deadline = BURIED, rec[6]
             job.seg = seq
             if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
                 job.set_counts(rec[8:13])
