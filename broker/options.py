@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..protocol.listen import HealthOptions, HttpLimits
 
@@ -19,8 +19,7 @@ MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out
 MASTER_KEY_FILE_ENV = "ZSTALK_MASTER_KEY_FILE"   # --master-key-file (a mounted Secret)
 
 
-@dataclass
-class ServeOptions:
+class ServeOptions(NamedTuple):
     fronts: int = 0                     # 0: fronts in the broker's process; N: N front processes
     max_job_size: int = 65535
     max_jobs_bytes: int = 0
@@ -37,7 +36,7 @@ class ServeOptions:
     announce: bool = True               # say on stderr what listens where (zstalkd: no)
     functions: object = None            # cloud tasks: config_file.TaskConfig, if configured
     config_path: str | None = None      # its file, read again on SIGHUP
-    http_listeners: list = field(default_factory=list)   # the HTTP front's bound sockets
+    http_listeners: tuple = ()          # the HTTP front's bound sockets
     master_key: str | None = None       # required by the HTTP front to enqueue and cancel
     master_key_file: str | None = None  # where master_key was read from, if from a file
     http_limits: HttpLimits = HttpLimits()

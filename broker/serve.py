@@ -42,14 +42,16 @@ _FIRST_TURNS = 3
 def serve_here(listeners: list[socket.socket], opts: ServeOptions,
                counter_listeners: list[socket.socket] = ()) -> int:
     from .actor import BrokerActor
-    from .config_file import core_fields
     from .core import Config
 
     fns = opts.functions
+    tasks = {}
+    if fns is not None:     # (the config file's reader loads only with a config file)
+        from .config_file import core_fields
+        tasks = core_fields(fns)
     config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
                     version=VERSION, binlog_max_size=opts.binlog_size,
-                    stat_interval_s=opts.stat_interval,
-                    **core_fields(fns))
+                    stat_interval_s=opts.stat_interval, **tasks)
     try:
         actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path)
     except Exception as exc:

@@ -46,7 +46,9 @@ import struct
 import zlib
 from typing import NamedTuple
 
-import msgpack
+#: msgpack loads with the first task or schedule record (`_codec`): a beanstalk-only
+#: server never needs it
+msgpack = None
 
 MAGIC = b"ZSTALKWL"
 FORMAT = 3
@@ -144,28 +146,35 @@ def encode_delete(job_id: int) -> bytes:
 
 def encode_task(fields: list) -> bytes:
     """A TASK record: TASK_FIELDS' values and the result, in that order."""
-    payload = msgpack.packb(fields, use_bin_type=True)
-    return _TASK.pack(TASK, len(payload)) + payload
+    return _packed(TASK, fields)
 
 
 def encode_task_state(uid: str, state: list) -> bytes:
-    payload = msgpack.packb([uid, *state], use_bin_type=True)
-    return _TASK.pack(TASK_STATE, len(payload)) + payload
+    return _packed(TASK_STATE, [uid, *state])
 
 
 def encode_task_gone(uid: str) -> bytes:
-    payload = msgpack.packb([uid], use_bin_type=True)
-    return _TASK.pack(TASK_GONE, len(payload)) + payload
+    return _packed(TASK_GONE, [uid])
 
 
 def encode_schedule(fields: list) -> bytes:
-    payload = msgpack.packb(fields, use_bin_type=True)
-    return _TASK.pack(SCHEDULE, len(payload)) + payload
+    return _packed(SCHEDULE, fields)
 
 
 def encode_schedule_gone(name: str) -> bytes:
-    payload = msgpack.packb([name], use_bin_type=True)
-    return _TASK.pack(SCHEDULE_GONE, len(payload)) + payload
+    return _packed(SCHEDULE_GONE, [name])
+
+
+def _packed(kind: int, fields: list) -> bytes:
+    payload = (msgpack or _codec()).packb(fields, use_bin_type=True)
+    return _TASK.pack(kind, len(payload)) + payload
+
+
+def _codec():
+    global msgpack
+    import msgpack as loaded
+    msgpack = loaded
+    return loaded
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -281,7 +290,7 @@ def _unpack_list(data: bytes, pos: int) -> tuple[list, int]:
     if pos + length > len(data):
         raise BadSegment(f"record at {pos} runs past its frame")
     try:
-        fields = msgpack.unpackb(data[pos:pos + length], raw=False)
+        fields = (msgpack or _codec()).unpackb(data[pos:pos + length], raw=False)
     except Exception as exc:    # msgpack raises several unrelated types
         raise BadSegment(f"record at {pos}: {exc}") from None
     if not isinstance(fields, list) or not fields:

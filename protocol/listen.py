@@ -40,6 +40,8 @@ def describe_listen(spec: str, default_port: int) -> str:
 
 
 def bind_tcp(host: str | None, port: int) -> socket.socket:
+    if host is not None and host.isascii():
+        host = host.encode()    # (a str host costs an import of the idna codec at start-up)
     infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
                                socket.AI_PASSIVE)
     family, kind, proto, _, addr = infos[0]

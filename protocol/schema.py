@@ -42,7 +42,9 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
-import msgpack
+#: msgpack loads on the first encode or decode (`_codec`): a server whose fronts all share
+#: its process, the default, never encodes a message and starts without it
+msgpack = None
 
 SCHEMA_VERSION = 3
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
@@ -289,7 +291,7 @@ def encode(msg: Message, version: int = SCHEMA_VERSION) -> bytes | None:
         msg = _downgrade(msg, version)
         if msg is None:
             return None
-    return msgpack.packb((version, _KINDS[type(msg)], *msg), use_bin_type=True)
+    return (msgpack or _codec()).packb((version, _KINDS[type(msg)], *msg), use_bin_type=True)
 
 
 def encodable(value: Any) -> bool:
@@ -297,10 +299,17 @@ def encodable(value: Any) -> bool:
     fronts check what clients gave them before it becomes an op, so one bad value cannot
     take a whole batch down with it."""
     try:
-        msgpack.packb(value, use_bin_type=True)
+        (msgpack or _codec()).packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError, UnicodeEncodeError):
         return False
     return True
+
+
+def _codec():
+    global msgpack
+    import msgpack as loaded
+    msgpack = loaded
+    return loaded
 
 
 def decode(data: bytes) -> Message:
@@ -318,7 +327,8 @@ def decode_peer(data: bytes) -> tuple[int, Message]:
 
 def _decode(data: bytes, oldest: int) -> tuple[int, Message]:
     try:
-        version, kind, *fields = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+        version, kind, *fields = (msgpack or _codec()).unpackb(data, raw=False, use_list=True,
+                                                               strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise SchemaError(f"undecodable message: {exc}") from None
     if type(version) is not int or version > SCHEMA_VERSION:
