@@ -5,7 +5,7 @@ Peers reach the core two ways, and the core cannot tell them apart (each is a ro
   FD is watched with `add_reader`.  That FD only signals edges, so after every send and
   every turn `ZMQ_EVENTS` is checked again and a read is scheduled if anything waits.
 * **through the in-process mailbox** (fronts placed beside the broker, `local:` links in
-  protocol/mailbox.py): a front hands its batch to `post()`, the core handles it and the
+  protocol/transport/mailbox.py): a front hands its batch to `post()`, the core handles it and the
   replies are delivered back to the front's link in the same call: no socket, no
   encoding, no extra loop turn.
 
@@ -47,12 +47,12 @@ import os
 import signal
 import time
 
-from ..protocol import curve
-from ..protocol.mailbox import register_mailbox, unregister_mailbox
+from ..protocol.transport import curve
+from ..protocol.transport.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
                                decode_peer, encode)
-from .core import Broker, Config
-from .stats import process_sysinfo
+from .core.broker import Broker, Config
+from .core.beanstalk.stats import process_sysinfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
@@ -65,7 +65,7 @@ WALL_CHECK_S = 1.0
 STOP_WAIT_S = 5.0
 #: ... and gives its last replies this long to leave
 STOP_LINGER_MS = 1000
-#: the peers on a BrokerLink (protocol/link.py), which take Stopping (producers do not)
+#: the peers on a BrokerLink (protocol/transport/link.py), which take Stopping (producers do not)
 _HOLDING_KINDS = frozenset({"beanstalk", "counter", "http", "dispatcher", "pool"})
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
 # enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
@@ -81,7 +81,7 @@ class BrokerActor:
                  also_bind: tuple[str, ...] = (), config_path: str | None = None,
                  keys=curve.FROM_ENV) -> None:
         self.config_path = config_path      # the --config file SIGHUP reads again
-        # CURVE (protocol/curve.py): our keys and the admitted clients' directory, by
+        # CURVE (protocol/transport/curve.py): our keys and the admitted clients' directory, by
         # default from the environment; the ZAP handler starts with the socket
         self.keys = curve.server_keys() if keys is curve.FROM_ENV else keys
         self.admitted: curve.Admitted | None = None
@@ -161,7 +161,7 @@ class BrokerActor:
             self.endpoint = self.endpoint or bound
 
     def expose(self, name: str) -> str:
-        """Let fronts in this process reach us at `local:NAME` (protocol/mailbox.py)."""
+        """Let fronts in this process reach us at `local:NAME` (protocol/transport/mailbox.py)."""
         address = register_mailbox(name, self)
         self.local_names.append(address)
         return address
@@ -197,7 +197,7 @@ class BrokerActor:
         loop.add_signal_handler(signal.SIGUSR1, self.drain)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         # a supervisor's child starts with these blocked, so one passed on before now
-        # waited instead of killing us (broker/supervisor.py); it is handled now
+        # waited instead of killing us (broker/run/supervisor.py); it is handled now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1, signal.SIGHUP])
 
     def reload(self) -> None:
@@ -305,7 +305,7 @@ class BrokerActor:
 
     def run(self, signals: bool = True) -> None:
         """Run on a loop of our own until stopped; `signals=False` in a thread."""
-        from ..protocol.loop import run
+        from ..protocol.transport.loop import run
         run(self.serve(signals))
 
     def close(self) -> None:
@@ -584,7 +584,7 @@ def open_binlog(opts, config: Config):
     """Open and replay the binlog directory: (Binlog, Replayed) or (None, None)."""
     if opts is None:
         return None, None
-    from .binlog import Binlog, BinlogError
+    from .wal.binlog import Binlog, BinlogError
     started = time.monotonic()
     wal = Binlog(opts)
     try:

@@ -28,7 +28,7 @@ import re
 import tomllib
 from typing import Any, NamedTuple
 
-from .tasks import FUNCTION_NAME, ApiPolicy, FunctionSpec
+from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}

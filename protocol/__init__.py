@@ -1,1 +1,2 @@
-"""zstalk protocols: sans-IO parsers, the actor message schema and the protocol fronts."""
+"""zstalk protocols: the actor message schema (schema.py), sans-IO codecs, the protocol
+fronts, and the transport between actors."""

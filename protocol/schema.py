@@ -109,7 +109,7 @@ class Op(enum.IntEnum):
     T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
     T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
-    # cron schedules (broker/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
+    # cron schedules (broker/core/tasks/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
     T_SCHEDULE = 56     # (conn, name, cron, timezone, function, params: bytes, options)
     T_SCHEDULES = 57    # (conn, after: a name, limit)
     T_SCHEDULE_INFO = 58    # (conn, name)
@@ -158,7 +158,7 @@ class R(enum.IntEnum):
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
     T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
-    T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/tasks.py) and a sentence
+    T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/core/tasks/store.py) and a sentence
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
     T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
@@ -188,7 +188,7 @@ class R(enum.IntEnum):
 # T_SUBSCRIBEs with its free slots: the broker pushes `R.T_CALL` while it has some, and
 # every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal" | "declined") frees
 # one; T_SUBSCRIBE again sets the count (after a reconnect: the slots no running call will
-# free; `stopping`: 0, and outcomes free none).  broker/tasks.py says what the outcomes do.
+# free; `stopping`: 0, and outcomes free none).  broker/core/tasks/store.py says what the outcomes do.
 # Each T_OUTCOME is answered T_NOTED: a dispatcher keeps a report until then and sends it
 # again after losing the broker (a report on a call the broker no longer waits for is
 # ignored).  Its SessionState lists, in `holds`, the calls ([unique_id, attempt]) it is

@@ -13,7 +13,7 @@ Everything runs on 127.0.0.1.  Keys are made with `zstalk keygen` in a temp dire
 broker's, and one each for the front, the worker pools and the producer, whose public keys
 are copied into the directory the broker admits (ZSTALK_CURVE_CLIENTS); a "stranger" key is
 made the same way and never admitted.  "CURVE on" starts every process with the
-environment of protocol/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
+environment of protocol/transport/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
 front and the workers: ZSTALK_CURVE_KEY + ZSTALK_CURVE_SERVER, through env(1); the producer
 in this process: `Client(keys=...)`); "CURVE off" runs the same commands with those
 variables unset.
@@ -61,7 +61,7 @@ handshake; the good clients are on 127.0.0.1), or aimed at a decoy ("decoy", unl
   its refusals within the load's window / the window.  The broker's own count is the sum
   of its rate-limited refusal log lines (lines past the last one are not in it).
 * The decoy is the broker's handshake work alone in another process: a ROUTER with the
-  broker's keys and the same ZAP handler (protocol/curve.py), receiving nothing.  A flood
+  broker's keys and the same ZAP handler (protocol/transport/curve.py), receiving nothing.  A flood
   at it costs the machine what a flood at the broker does (the flooder and the
   handshakes), so "decoy" against "flood" separates the broker's own slow-down from this
   2-core machine's CPU being shared with the test rig.
@@ -96,7 +96,7 @@ from bench_beanstalk import (DEFAULT_ZSTALK, HOST, REPO, Client, best, free_port
                              proc_cpu_s, request_latency, run_load)
 from bench_workers import (NOTES, POLL_S, READY_TIMEOUT_S, Proc, ZstalkSide, _exit_on_signal,
                            kill_all_live, one_run)
-from zstalk.protocol import curve
+from zstalk.protocol.transport import curve
 from zstalk.workers import Client as ZClient
 
 MODES = ("off", "on")

@@ -31,7 +31,7 @@ the --window (10 s; 3 s --quick) whole seconds W0 .. W1-1 starting at the second
 the next one, so every schedule exists for a full second before it counts.
 
 Which fire a task is: the broker gives a fire's task the uniqueId
-`zstalk.broker.schedules.fire_id(name, fire time)`; this script computes that id for
+`zstalk.broker.core.tasks.schedules.fire_id(name, fire time)`; this script computes that id for
 every schedule and every whole second from before the first schedule to the census, so
 each task is matched to its schedule and its exact fire time (a task matching none is an
 error).  Each (schedule, second) of the window must have exactly one task: none is a
@@ -98,7 +98,7 @@ from datetime import datetime
 from bench_tasks import (DEFAULT_ZSTALK, HOST, JSON_HEADERS, REPO, ZSTALK_START_LINE, Proc,
                          client, free_port, http_status, log, machine_busy_s, run_async,
                          wait_until)
-from zstalk.broker.schedules import fire_id
+from zstalk.broker.core.tasks.schedules import fire_id
 
 CRON = "* * * * * ?"
 FUNCTION = "tick"

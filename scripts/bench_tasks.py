@@ -256,7 +256,7 @@ def http_status(url: str) -> int | None:
 def function_host_main(port: int) -> None:
     """The trivial function host (`--function-host PORT`, run as a child of this script)."""
     from aiohttp import web
-    from zstalk.protocol.loop import loop_factory
+    from zstalk.protocol.transport.loop import loop_factory
 
     calls: collections.Counter = collections.Counter()
     ids: dict[str, set] = collections.defaultdict(set)
@@ -394,7 +394,7 @@ async def census(session, api: str, name: str) -> tuple[collections.Counter, str
 
 
 def run_async(coro):
-    from zstalk.protocol.loop import run
+    from zstalk.protocol.transport.loop import run
     return run(coro)
 
 

@@ -24,7 +24,7 @@ as bytes (greenstalk with encoding=None, zstalk with the raw codec).
   bench_beanstalk's pipelined put loop instead (at most --window = 100 outstanding, a
   continuous stream zstalk's synchronous Client has no equivalent of).  A greenstalk
   producer would wait for each put's reply: slower than either.
-* zstalk: the broker actor alone, `python -m zstalk.broker.cli broker --bind
+* zstalk: the broker actor alone, `python -m zstalk.broker.run broker --bind
   tcp://127.0.0.1:PORT`; native workers and the producer speak ZeroMQ to it, no TCP
   front.  Each worker process runs `zstalk.workers.Worker(broker=EP,
   concurrency=--concurrency, prefetch=--prefetch)` with the handler on tube "bench",
@@ -312,7 +312,7 @@ class ZstalkSide(Side):
     def start_server(self) -> None:
         from zstalk.workers import Client as ZClient
         self.endpoint = f"tcp://{HOST}:{free_port()}"
-        self.server = Proc("zstalk broker", [sys.executable, "-m", "zstalk.broker.cli",
+        self.server = Proc("zstalk broker", [sys.executable, "-m", "zstalk.broker.run",
                                              "broker", "--bind", self.endpoint])
         self.client = ZClient(self.endpoint, timeout_s=10.0)
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -11,7 +11,7 @@
 # line, and RESERVED/FOUND/OK lines announce a body of <bytes> plus CRLF.
 #
 # CounterClient speaks yrmcds' binary counter protocol: requests are packed with
-# the structs of zstalk.protocol.yrmcds (a 12-byte header, then the body), and
+# the structs of zstalk.protocol.codecs.yrmcds (a 12-byte header, then the body), and
 # replies are cut at 12 bytes + the header's body length.
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, NoReturn, Sequence, Union
 
-from zstalk.protocol.yrmcds import (ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE,
-                                    RELEASE_FIXED, REQUEST_MAGIC, STAT_LENGTHS, U16, Opcode)
+from zstalk.protocol.codecs.yrmcds import (ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE,
+                                           RELEASE_FIXED, REQUEST_MAGIC, STAT_LENGTHS, U16,
+                                           Opcode)
 
 # A TCP address is (host, port); a UNIX socket address is its path.
 Address = Union[tuple[str, int], str]

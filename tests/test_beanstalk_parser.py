@@ -1,4 +1,4 @@
-"""Tests for zstalk.protocol.beanstalk, the sans-IO beanstalkd command parser.
+"""Tests for zstalk.protocol.codecs.beanstalk, the sans-IO beanstalkd command parser.
 
 Every parsing edge case of beanstalkd's prot.c (which_cmd, read_u32/read_u64, tube names,
 the 224-byte line buffer, job bodies) and every parsing behaviour of beanstalkd's
@@ -23,9 +23,8 @@ import weakref
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from zstalk.protocol.beanstalk import (
-    COMMANDS, NEED_DATA, Command, Parser, Reject, which_cmd, which_cmd_by_prefix,
-)
+from zstalk.protocol.codecs.beanstalk import (COMMANDS, NEED_DATA, Command, Parser, Reject,
+                                              which_cmd, which_cmd_by_prefix)
 
 BAD = Reject(b"BAD_FORMAT\r\n")
 UNKNOWN = Reject(b"UNKNOWN_COMMAND\r\n")

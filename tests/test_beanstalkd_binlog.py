@@ -23,10 +23,9 @@ import greenstalk
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from zstalk.broker.beanstalkd_binlog import (
-    BeanstalkdBinlog, BinlogFormatError, End, Record, Replay, is_beanstalkd_dir, parse_records,
-    read_beanstalkd_binlog,
-)
+from zstalk.broker.wal.beanstalkd import (BeanstalkdBinlog, BinlogFormatError, End, Record,
+                                          Replay, is_beanstalkd_dir, parse_records,
+                                          read_beanstalkd_binlog)
 
 INVALID, READY, RESERVED, BURIED, DELAYED, COPY = range(6)
 NS = 1_000_000_000

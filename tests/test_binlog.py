@@ -12,9 +12,9 @@ import random
 import pytest
 
 from test_broker_core import FRONT, Harness, codes
-from zstalk.broker import walformat as wf
-from zstalk.broker.binlog import Binlog, BinlogError, Options, segment_name
-from zstalk.broker.core import Broker, Config
+from zstalk.broker.wal import format as wf
+from zstalk.broker.wal.binlog import Binlog, BinlogError, Options, segment_name
+from zstalk.broker.core.broker import Broker, Config
 from zstalk.protocol.schema import Op, R
 
 WALL_OFFSET = 1_700_000_000.0
@@ -366,7 +366,7 @@ def test_segment_sizes_round_up_to_whole_blocks_as_beanstalkd_does(tmp_path):
 def test_an_fsync_error_is_reported_to_the_loop_not_swallowed(tmp_path):
     import select
 
-    from zstalk.broker.fsync import Syncer
+    from zstalk.broker.wal.fsync import Syncer
 
     syncer = Syncer()
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)

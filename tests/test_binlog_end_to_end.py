@@ -284,8 +284,8 @@ def test_state_after_a_crash_matches_beanstalkd_b(beanstalkd_factory, zstalk_fac
 def test_a_client_that_connects_during_replay_is_answered_once_it_is_done(tmp_path):
     """Fronts start only after the broker has replayed its binlog, so a client waits in the
     listen backlog (as with beanstalkd) instead of having its command held and failed."""
-    from zstalk.broker import walformat as wf
-    from zstalk.broker.binlog import Binlog, Options
+    from zstalk.broker.wal import format as wf
+    from zstalk.broker.wal.binlog import Binlog, Options
 
     jobs = 200_000
     wal = Binlog(Options(str(tmp_path / "wal"), 10 << 20, None))

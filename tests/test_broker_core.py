@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from zstalk.broker.core import Broker, Config
-from zstalk.protocol.schema import (PEER_TIMEOUT_S, SESSION_OPS_MAX, Batch, Fenced,
-                                    Heartbeat, Hello, Op, R, Replies, SessionState, Welcome)
+from zstalk.broker.core.broker import Broker, Config
+from zstalk.protocol.schema import (PEER_TIMEOUT_S, SESSION_OPS_MAX, Batch, Fenced, Heartbeat,
+                                    Hello, Op, R, Replies, SessionState, Welcome)
 
 FRONT = b"front-a"
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from zstalk.broker.core import Broker, Config
-from zstalk.broker.counters import NOT_ACQUIRED, NOT_FOUND, RESOURCE_NOT_AVAILABLE
-from zstalk.protocol.schema import PEER_TIMEOUT_S, Batch, Heartbeat, Hello, Op, R, Replies, SessionState
+from zstalk.broker.core.broker import Broker, Config
+from zstalk.broker.core.counters import NOT_ACQUIRED, NOT_FOUND, RESOURCE_NOT_AVAILABLE
+from zstalk.protocol.schema import (PEER_TIMEOUT_S, Batch, Heartbeat, Hello, Op, R, Replies,
+                                    SessionState)
 
 FRONT = b"counter-front"
 U32 = 0xFFFFFFFF

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.config_file import ConfigError, duration_ms, load
-from zstalk.broker.tasks import ApiPolicy, FunctionSpec
+from zstalk.broker.core.tasks.store import ApiPolicy, FunctionSpec
 
 
 def write(tmp_path, text: str) -> str:

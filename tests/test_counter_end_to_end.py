@@ -1,6 +1,6 @@
 """The yrmcds counter protocol end to end: real `zstalk broker` + `zstalk front counter`
 processes (and `zstalk serve --counter-port`), driven by a raw-socket client whose
-requests are packed with zstalk.protocol.yrmcds' structs (servers.CounterClient).
+requests are packed with zstalk.protocol.codecs.yrmcds' structs (servers.CounterClient).
 
 The first group follows yrmcds' own live test (test/counter.cpp: noop, one_client,
 multi_clients, over_releasing, multi_names, dump);
@@ -23,10 +23,9 @@ from servers import (
     LOOPBACK, CounterClient, acquire_request, counter_request, find_zstalk, free_port,
     get_request, release_request, self_check,
 )
-from zstalk.protocol.yrmcds import (
-    HEADER, Opcode, Status, acquire_response, dump_end, dump_record, error_response,
-    get_response, noop_response,
-)
+from zstalk.protocol.codecs.yrmcds import (HEADER, Opcode, Status, acquire_response, dump_end,
+                                           dump_record, error_response, get_response,
+                                           noop_response)
 
 pytestmark = pytest.mark.skipif(self_check(), reason="the counter front has no beanstalkd stand-in")
 

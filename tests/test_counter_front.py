@@ -1,5 +1,5 @@
 """The counter front in-process: a fake link and a fake transport stand in for the broker
-and the client, so each rule of protocol/counter_front.py is checked exactly (reply
+and the client, so each rule of protocol/fronts/counter.py is checked exactly (reply
 order, the holdings tally, settling requests in flight when the broker is lost, failing
 closed, closing)."""
 from __future__ import annotations
@@ -9,13 +9,12 @@ import asyncio
 import pytest
 
 from servers import acquire_request, counter_request, get_request, release_request
-from zstalk.protocol.counter_front import CounterFront
-from zstalk.protocol.link import CONNECTING, READY
+from zstalk.protocol.fronts.counter import CounterFront
+from zstalk.protocol.transport.link import CONNECTING, READY
 from zstalk.protocol.schema import Op, R, SessionState
-from zstalk.protocol.yrmcds import (
-    HEADER, Opcode, Status, acquire_response, dump_response, error_response, get_response,
-    noop_response, release_response, stats_response,
-)
+from zstalk.protocol.codecs.yrmcds import (HEADER, Opcode, Status, acquire_response,
+                                           dump_response, error_response, get_response,
+                                           noop_response, release_response, stats_response)
 
 
 class FakeLink:

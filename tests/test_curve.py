@@ -17,7 +17,7 @@ import zmq
 
 from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check,
                      wait_for)
-from zstalk.protocol import curve
+from zstalk.protocol.transport import curve
 from zstalk.protocol.schema import Hello, Welcome, decode, encode
 from zstalk.workers import Client
 

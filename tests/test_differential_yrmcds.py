@@ -48,10 +48,10 @@ from yrmcds_servers import (
     stats, start_zstalk_counter_cluster, yrmcds_process, zstalk_counter_front_missing,
     zstalk_serve_process,
 )
-from zstalk.protocol.yrmcds import (
-    ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE, RESPONSE_MAGIC, STAT_LENGTHS, Opcode, Status,
-    acquire_response, error_response, get_response, noop_response, release_response,
-)
+from zstalk.protocol.codecs.yrmcds import (ACQUIRE_FIXED, DUMP_FIXED, HEADER, HEADER_SIZE,
+                                           RESPONSE_MAGIC, STAT_LENGTHS, Opcode, Status,
+                                           acquire_response, error_response, get_response,
+                                           noop_response, release_response)
 
 SILENCE_S = 0.1
 BARRIER_TIMEOUT_S = 10.0

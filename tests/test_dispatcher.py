@@ -18,8 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from zstalk.protocol.schema import Op, R, SessionState, Settings, Welcome
 from zstalk.workers import signing
-from zstalk.workers.dispatcher import (RETRY_AFTER_MAX_MS, Dispatcher, Outcome,
-                                       retry_after_ms)
+from zstalk.workers.dispatcher import RETRY_AFTER_MAX_MS, Dispatcher, Outcome, retry_after_ms
 
 PARAMS = b'{"a":1}'
 SLOW_S = 5.0            # the slow function: far past any timeout used here
@@ -285,7 +284,7 @@ def test_a_welcome_right_after_a_call_reports_counts_that_call_once() -> None:
 
 
 def test_the_session_lists_the_calls_it_makes_and_those_it_has_reports_on() -> None:
-    """A broker restarted with its binlog gives these back to us (broker/tasks.py claim)."""
+    """A broker restarted with its binlog gives these back to us (broker/core/tasks/store.py claim)."""
     async def main() -> None:
         async with function_host() as host, dispatcher(slots=8) as (d, link):
             push(d, host.url + "/nap", uid="napping")

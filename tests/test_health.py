@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers import free_port, self_check, wait_for
-from zstalk.protocol.health import (BadRequest, HealthRequest, TooLong, answer, health_state,
-                                    link_state)
+from zstalk.protocol.transport.health import (BadRequest, HealthRequest, TooLong, answer,
+                                              health_state, link_state)
 
 BIN = Path(__file__).resolve().parents[1] / ".venv" / "bin"
 ZSTALK = str(BIN / "zstalk") if (BIN / "zstalk").exists() else "zstalk"

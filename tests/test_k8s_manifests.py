@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from servers import readme_block, unavailable
-from zstalk.broker.cli import main as zstalk_cli
-from zstalk.broker.options import MASTER_KEY_FILE_ENV
-from zstalk.protocol import curve
+from zstalk.broker.run.cli import main as zstalk_cli
+from zstalk.broker.run.options import MASTER_KEY_FILE_ENV
+from zstalk.protocol.transport import curve
 from zstalk.workers import signing
 
 ROOT = Path(__file__).resolve().parent.parent

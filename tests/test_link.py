@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from zstalk.protocol.link import BrokerLink, LinkOwner
+from zstalk.protocol.transport.link import BrokerLink, LinkOwner
 from zstalk.protocol.schema import Op, R, Settings, Stopping, Welcome, decode, encode
 
 
@@ -79,7 +79,7 @@ def test_a_connection_that_comes_and_goes_at_the_bound_is_forgotten(tmp_path):
 
 
 def test_settings_from_the_broker_replace_the_ones_its_welcome_gave(tmp_path):
-    """A broker that read its config again sends Settings on their own (broker/core.py)."""
+    """A broker that read its config again sends Settings on their own (broker/core/broker.py)."""
     async def body(link, owner):
         link._handle(Welcome(7, 9, Settings(max_body_bytes=100), False))
         assert link.settings.max_body_bytes == 100

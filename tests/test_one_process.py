@@ -51,8 +51,8 @@ class Owner:
 
 def _with_local_broker(body):
     from zstalk.broker.actor import BrokerActor
-    from zstalk.broker.core import Config
-    from zstalk.protocol.mailbox import open_link
+    from zstalk.broker.core.broker import Config
+    from zstalk.protocol.transport.mailbox import open_link
 
     async def main():
         actor = BrokerActor(None, Config())
@@ -111,7 +111,7 @@ def test_a_message_that_cannot_be_encoded_is_dropped_and_the_next_one_arrives_wh
     import zmq
 
     from zstalk.broker.actor import BrokerActor
-    from zstalk.broker.core import Config
+    from zstalk.broker.core.broker import Config
     from zstalk.protocol.schema import R, Replies, decode
 
     ctx = zmq.Context()
@@ -135,7 +135,7 @@ def test_a_message_that_cannot_be_encoded_is_dropped_and_the_next_one_arrives_wh
 
 def test_a_socket_read_scheduled_before_the_broker_closes_is_dropped():
     from zstalk.broker.actor import BrokerActor
-    from zstalk.broker.core import Config
+    from zstalk.broker.core.broker import Config
 
     async def main():
         errors = []
@@ -184,7 +184,7 @@ def test_a_local_front_is_never_declared_dead_however_long_the_loop_stalls():
 
 
 def test_a_local_address_nobody_registered_is_an_error_that_names_it():
-    from zstalk.protocol.mailbox import open_link
+    from zstalk.protocol.transport.mailbox import open_link
 
     async def main():
         with pytest.raises(ValueError, match="local:nobody"):

@@ -1,4 +1,4 @@
-"""The OpenAPI document (protocol/openapi.py) is kept true three ways: it is valid OpenAPI
+"""The OpenAPI document (protocol/fronts/openapi.py) is kept true three ways: it is valid OpenAPI
 3.1 and names exactly the routes the front serves; its option schemas accept exactly what
 broker/tasks.parse_options accepts (a property test); and schemathesis drives a real
 `zstalk serve --master-key` from the document that server serves, with no 5xx and every
@@ -24,10 +24,11 @@ from schemathesis import GenerationMode
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from test_tasks_end_to_end import FunctionHost as TaskFunctionHost
-from zstalk.broker.tasks import (INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_TIMEOUT_MS, OPTIONS,
-                                 STATUSES, FunctionSpec, TaskError, parse_options)
-from zstalk.protocol.http_front import HttpFront
-from zstalk.protocol.openapi import PATH, document
+from zstalk.broker.core.tasks.store import (INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
+                                            MAX_TIMEOUT_MS, OPTIONS, STATUSES, FunctionSpec,
+                                            TaskError, parse_options)
+from zstalk.protocol.fronts.http import HttpFront
+from zstalk.protocol.fronts.openapi import PATH, document
 
 KEY = "openapi-test-key"
 WAIT_S = 10.0

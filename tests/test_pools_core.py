@@ -1,4 +1,4 @@
-"""Worker pools in the pure broker core, driven with a fake clock (broker/pools.py)."""
+"""Worker pools in the pure broker core, driven with a fake clock (broker/core/beanstalk/pools.py)."""
 from __future__ import annotations
 
 import pytest

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zstalk.broker.jobs import Job, ReadySet, Tube, ready_key
+from zstalk.broker.core.beanstalk.jobs import Job, ReadySet, Tube, ready_key
 
 # (add?, pri, id): few priorities and ids, so removes hit and priorities share buckets
 steps = st.lists(st.tuples(st.booleans(), st.sampled_from([0, 1, 1024, 2**32 - 1]),

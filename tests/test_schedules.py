@@ -8,8 +8,8 @@ import os
 import pytest
 
 from test_tasks_binlog import HTTP, WALL_OFFSET, Node
-from zstalk.broker.schedules import fire_id
-from zstalk.broker.tasks import FunctionSpec
+from zstalk.broker.core.tasks.schedules import fire_id
+from zstalk.broker.core.tasks.store import FunctionSpec
 from zstalk.protocol.schema import Op, R
 
 EVERY_5_MIN = "0 */5 * * * ?"

@@ -13,8 +13,8 @@ import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Batch, Op, R, Replies,
-                                    SchemaError, Settings, Stopping, Welcome, decode, decode_peer,
-                                    encode)
+                                    SchemaError, Settings, Stopping, Welcome, decode,
+                                    decode_peer, encode)
 
 V1, V2 = 1, 2
 HELLO, BATCH = 1, 3

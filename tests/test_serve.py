@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from servers import RawClient, children_of, free_port, self_check
-from zstalk.broker.dropin import Usage, parse_args
+from zstalk.broker.run.dropin import Usage, parse_args
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own programs")
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 #: loaded on demand only: by an HTTP port, a worker endpoint, a config file, schedules,
 #: and the first message encoded for another process or the first task record
-ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.cron",
+ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.tasks.cron",
              "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
@@ -69,7 +69,7 @@ def on_demand_loaded(imports: list[tuple[int, str]]) -> list[str]:
 def test_zstalkd_answers_its_first_command_having_loaded_nothing_it_does_not_serve():
     imports = imports_before_first_reply([str(BIN / "zstalkd"), "-l", LOOPBACK,
                                           "-p", str(free_port())])
-    assert {"zstalk.broker.core", "uvloop"} <= {m for _, m in imports}   # the log is whole
+    assert {"zstalk.broker.core.broker", "uvloop"} <= {m for _, m in imports}   # the log is whole
     assert on_demand_loaded(imports) == []
 
 

@@ -9,11 +9,11 @@ import zlib
 
 import pytest
 
-from zstalk.broker import walformat as wf
-from zstalk.broker.binlog import Binlog, Options, segment_name
-from zstalk.broker.core import Broker, Config
-from zstalk.broker.tasks import (CALL_GRACE_S, CLAIM_S, FAILED, QUEUED, RUNNING, SUCCESS,
-                                 FunctionSpec)
+from zstalk.broker.wal import format as wf
+from zstalk.broker.wal.binlog import Binlog, Options, segment_name
+from zstalk.broker.core.broker import Broker, Config
+from zstalk.broker.core.tasks.store import (CALL_GRACE_S, CLAIM_S, FAILED, QUEUED, RUNNING,
+                                            SUCCESS, FunctionSpec)
 from zstalk.protocol.schema import Batch, Hello, Op, R, Replies, SessionState
 
 WALL_OFFSET = 1_700_000_000.0

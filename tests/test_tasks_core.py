@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.config_file import TaskConfig
-from zstalk.broker.tasks import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING, SUCCESS,
-                                 TASK_OVERHEAD_BYTES, ApiPolicy, Backoff, FunctionSpec, Outcome,
-                                 Task, TaskError, Tasks)
+from zstalk.broker.core.tasks.store import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING,
+                                            SUCCESS, TASK_OVERHEAD_BYTES, ApiPolicy, Backoff,
+                                            FunctionSpec, Outcome, Task, TaskError, Tasks)
 
 T0 = 1000.0
 WALL = 1_700_000_000.0 - T0       # wall clock = now + WALL
@@ -256,9 +256,8 @@ def test_the_next_deadline_is_the_soonest_of_delays_calls_and_expiries(c):
 
 
 # -- through the broker: an HTTP front and dispatchers as the broker sees them -----------------
-from zstalk.broker.core import Broker, Config                          # noqa: E402
-from zstalk.protocol.schema import (Batch, Hello, Op, R, Replies, Settings,  # noqa: E402
-                                   Welcome)
+from zstalk.broker.core.broker import Broker, Config                          # noqa: E402
+from zstalk.protocol.schema import Batch, Hello, Op, R, Replies, Settings, Welcome
 
 HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
 
@@ -393,7 +392,7 @@ def test_a_listing_pages_through_tasks_in_enqueue_order_with_filters():
 
 
 def test_a_listing_looks_at_a_bounded_number_of_tasks_per_request(monkeypatch):
-    import zstalk.broker.tasks as tasks_module
+    import zstalk.broker.core.tasks.store as tasks_module
     monkeypatch.setattr(tasks_module, "PAGE_SCAN", 5)
     c = Clock()
     for _ in range(12):

@@ -616,7 +616,7 @@ def test_a_call_running_while_the_broker_restarts_is_reported_once_by_its_dispat
     """A rolling update of the broker: its dispatcher, in its own process, keeps the call,
     claims it from the restarted broker and reports it; nothing is called twice, and
     atMostOnce does not fail a call that succeeded."""
-    from zstalk.broker.tasks import CLAIM_S
+    from zstalk.broker.core.tasks.store import CLAIM_S
     procs, api, _ = start_split(tmp_path, host, ["--binlog", str(tmp_path / "wal"), "-f", "0"])
     try:
         host.held.add("longCall")

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_broker(endpoint: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "zstalk.broker.cli", "broker", "--bind", endpoint],
+    proc = subprocess.Popen([sys.executable, "-m", "zstalk.broker.run", "broker", "--bind", endpoint],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with Client(endpoint, timeout_s=10.0) as probe:
         probe.stats()               # answers once the broker is bound and running
@@ -75,7 +75,7 @@ def processes():
 
 def start_worker(processes: list, spec: str, broker: str, log: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, ZSTALK_TEST_LOG=str(log))
-    p = subprocess.Popen([sys.executable, "-m", "zstalk.broker.cli", "-V", "worker",
+    p = subprocess.Popen([sys.executable, "-m", "zstalk.broker.run", "-V", "worker",
                           f"tests.workers_app:{spec}", "--broker", broker, *args],
                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     processes.append(p)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from zstalk.workers import (Backoff, Bury, Client, Job, Retry, Worker, ZstalkError, codecs)
+from zstalk.workers import Backoff, Bury, Client, Job, Retry, Worker, ZstalkError, codecs
 from zstalk.workers.job import BURY, DELETE, RELEASE, Outcome, decide
 from zstalk.workers.runners import ThreadRunner
 from zstalk.workers.testing import LocalBroker

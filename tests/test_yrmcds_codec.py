@@ -1,4 +1,4 @@
-"""Tests for zstalk.protocol.yrmcds, the sans-IO yrmcds counter codec.
+"""Tests for zstalk.protocol.codecs.yrmcds, the sans-IO yrmcds counter codec.
 
 Every frame type and every parse error of yrmcds (docs/counter.md, counter.cpp's
 request::parse, and the cases of its test/counter_request.cpp) is run three ways:
@@ -25,11 +25,12 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from zstalk.protocol.yrmcds import (
-    ERROR_BODIES, MAX_REQUEST_LENGTH, NEED_DATA, STATS_NAMES, Opcode, Parser, Reject, Request,
-    Status, TooLarge, acquire_response, dump_end, dump_record, dump_response, error_response,
-    get_response, noop_response, release_response, response, stats_response,
-)
+from zstalk.protocol.codecs.yrmcds import (ERROR_BODIES, MAX_REQUEST_LENGTH, NEED_DATA,
+                                           STATS_NAMES, Opcode, Parser, Reject, Request,
+                                           Status, TooLarge, acquire_response, dump_end,
+                                           dump_record, dump_response, error_response,
+                                           get_response, noop_response, release_response,
+                                           response, stats_response)
 
 OPQ = 0x4F505131            # b"OPQ1", the opaque used when probing the real server
 FOLLOW_OPQ = 0x464F4C4C     # b"FOLL"

@@ -1,5 +1,5 @@
 """Example workers that tests/test_workers_end_to_end.py runs as real processes with
-`python -m zstalk.broker.cli worker tests.workers_app:NAME --broker EP`.
+`python -m zstalk.broker.run worker tests.workers_app:NAME --broker EP`.
 
 Bodies are JSON orders ({"sleep": s, "fail": true, ...}) so one handler serves every
 test.  Each handler appends "event id attempt pid monotonic" lines to the file named by

@@ -35,10 +35,9 @@ from servers import (
     LOOPBACK, READY_TIMEOUT_S, Address, RawClient, ServerProcess, find_zstalk, free_port,
     start_on_a_free_port,
 )
-from zstalk.protocol.yrmcds import (
-    ACQUIRE_FIXED, HEADER, HEADER_SIZE, RELEASE_FIXED, REQUEST_MAGIC, RESPONSE_MAGIC, U16, U32,
-    Opcode, Status, noop_response,
-)
+from zstalk.protocol.codecs.yrmcds import (ACQUIRE_FIXED, HEADER, HEADER_SIZE, RELEASE_FIXED,
+                                           REQUEST_MAGIC, RESPONSE_MAGIC, U16, U32, Opcode,
+                                           Status, noop_response)
 
 #: the opaque requests carry unless told otherwise: b"OPQ1", as in the captured yrmcds replies
 OPAQUE = 0x4F505131

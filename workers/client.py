@@ -17,8 +17,8 @@ from typing import Any, Iterable
 
 import zmq
 
-from ..protocol import curve
-from ..protocol.curve import FROM_ENV
+from ..protocol.transport import curve
+from ..protocol.transport.curve import FROM_ENV
 from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies, SchemaError,
                                Settings, Welcome, decode, encode)
 from . import codecs
@@ -36,7 +36,7 @@ class Client:
 
     def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
                  timeout_s: float = 5.0, ctx: zmq.Context | None = None, keys=FROM_ENV) -> None:
-        """`keys`: CURVE keys for a broker beyond this host (protocol/curve.py ClientKeys;
+        """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
         by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
         self.keys = curve.given_or_env(keys)
         curve.check_local(broker, self.keys, "client")

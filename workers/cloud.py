@@ -1,6 +1,6 @@
 """The Python SDK for cloud tasks: clients of the HTTP task API, and a function host.
 
-A client enqueues calls, reads their outcome and cancels them (protocol/http_front.py
+A client enqueues calls, reads their outcome and cancels them (protocol/fronts/http.py
 has the API; options are named as there, or in snake_case: unique_id=, keep_result=):
 
     from zstalk.workers.cloud import TaskClient

@@ -1,7 +1,7 @@
 """A dispatcher: makes the broker's cloud-task calls over HTTP and reports each outcome.
 
 The dispatcher is a front of kind "dispatcher" with one session (conn 1) over a link,
-which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/mailbox.py:
+which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/transport/mailbox.py:
 a BrokerLink over ZeroMQ or a LocalLink beside the broker).  After Welcome it OPENs and
 T_SUBSCRIBEs with its slots; the broker pushes `R.T_CALL`s while it has free slots, each
 becomes an asyncio task that POSTs the task's params to its function's URL, and the
@@ -10,7 +10,7 @@ goes through one aiohttp ClientSession, whose keep-alive pool holds at most `slo
 connections.
 
 An outcome says whether the function may have run, because that decides whether the
-broker may call it again (broker/tasks.py says what it does with each kind):
+broker may call it again (broker/core/tasks/store.py says what it does with each kind):
 
     2xx, body within max_result             success  the body is the result (below)
     2xx with a bigger body                  fatal    it ran: the task fails, no retry
@@ -20,7 +20,7 @@ broker may call it again (broker/tasks.py says what it does with each kind):
     timeout; connection lost mid-call       unknown  the function may have run
 
 The broker counts a dispatcher's *free* slots: T_SUBSCRIBE sets the count and each
-T_OUTCOME adds one (broker/task_commands.py, `t_subscribe` / `t_outcome`).  So calls keep
+T_OUTCOME adds one (broker/core/tasks/commands.py, `t_subscribe` / `t_outcome`).  So calls keep
 running while the broker is away, their reports wait in `resend`, and the next Welcome
 subscribes with the slots that neither a running call nor a report about to be resent
 will free, then resends them (the broker ignores a report on a call it no longer waits
@@ -55,7 +55,7 @@ from typing import NamedTuple
 
 import aiohttp
 
-from ..protocol.mailbox import LinkOwner, open_link
+from ..protocol.transport.mailbox import LinkOwner, open_link
 from ..protocol.schema import Op, R, SessionState, Welcome
 from . import signing
 

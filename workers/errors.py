@@ -54,7 +54,7 @@ def tube_name(name: object) -> str:
     """A tube name as beanstalkd accepts it (1-200 of A-Za-z0-9 -+/;.$_(), no leading
     '-'), or ValueError before anything is sent: a batch whose USE the broker refuses
     would put its jobs in the tube used before."""
-    from ..protocol.beanstalk import is_valid_tube
+    from ..protocol.codecs.beanstalk import is_valid_tube
     if not isinstance(name, str) or not name.isascii() or not is_valid_tube(name.encode()):
         raise ValueError(f"not a valid tube name: {name!r} (1-200 characters of "
                          "A-Za-z0-9 -+/;.$_(), not starting with '-')")

@@ -26,7 +26,7 @@ import hmac
 import os
 from typing import NamedTuple
 
-from ..protocol.secret import read_secret_file
+from ..protocol.transport.secret import read_secret_file
 
 HEADER = "X-Zstalk-Signature"
 ENV_KEY = "ZSTALK_SIGNING_KEY"
@@ -101,7 +101,7 @@ def parse(header: str) -> Signature | None:
 def signing_key(value: str | bytes | None = None) -> bytes | None:
     """The secret: `value` if given, else $ZSTALK_SIGNING_KEY, else the contents of the file
     $ZSTALK_SIGNING_KEY_FILE names (less one trailing newline,
-    protocol/secret.py), else None (calls go unsigned).
+    protocol/transport/secret.py), else None (calls go unsigned).
 
     An empty variable counts as unset; an explicit empty value, or a key file that is
     empty or cannot be read, is an error: running unsigned by mistake is worse."""

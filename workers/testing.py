@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from ..broker.actor import BrokerActor
-from ..broker.core import Config
+from ..broker.core.broker import Config
 from .client import Client
 from .codecs import Codec
 from .worker import Worker

@@ -27,10 +27,10 @@ import zmq
 from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
-from ..protocol import curve
-from ..protocol.curve import FROM_ENV
-from ..protocol.health import link_ready, start_health
-from ..protocol.listen import HealthOptions
+from ..protocol.transport import curve
+from ..protocol.transport.curve import FROM_ENV
+from ..protocol.transport.health import link_ready, start_health
+from ..protocol.transport.listen import HealthOptions
 from .job import Backoff
 from .pool import Pool
 from .probes import READY_HOLD_S, SlotReporter, Slots, parent_checks
@@ -45,7 +45,7 @@ class Worker:
                  prefetch: int | None = None, codec: Codec = codecs.raw, max_attempts: int = 5,
                  backoff: Backoff = Backoff(), grace_s: float = 30.0, auto_touch: bool = False,
                  logger: logging.Logger | None = None, keys=FROM_ENV) -> None:
-        """`keys`: CURVE keys for a broker beyond this host (protocol/curve.py ClientKeys;
+        """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
         by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -95,7 +95,7 @@ class Worker:
         a port (or HealthOptions) for GET /healthz and /readyz; a port that cannot be
         bound raises protocol.health.HealthBindError before any work starts.  A broker
         beyond this host without CURVE keys is refused here, before any process starts
-        (protocol/curve.py)."""
+        (protocol/transport/curve.py)."""
         if isinstance(self.broker, str):
             curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
         if isinstance(health, int):

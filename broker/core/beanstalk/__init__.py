@@ -1,0 +1,1 @@
+"""Beanstalk tubes, jobs and commands, and the native worker pools that share the queue."""

@@ -1,0 +1,226 @@
+"""Distributed counters (the yrmcds counter extension), held by the broker.
+
+A counter is a name with a consumption; a session (one client connection of a counter
+front) acquires and releases units of it and keeps its own tally, so it can only
+release what it acquired and everything it holds goes back when it closes or its front
+dies (yrmcds src/counter/sockets.cpp: on_acquire, on_release, release_all).  The capacity
+is not stored: every Acquire names its maximum (docs/counter.md, "Acquire").
+
+Time: yrmcds keeps zero counters until the next stat-interval boundary, aligned to the
+Unix epoch (object.hpp `deletable`, `nearest_boundary`), and reports in Dump the peak
+consumption within the current interval (object.hpp `max_consumption`), so this module
+works in wall-clock seconds.  The broker passes `wall` (its monotonic `now` plus a fixed
+offset taken at start), which keeps this code pure and its timers testable with a fake
+clock.
+
+One deliberate difference from yrmcds: its u32 arithmetic lets Acquire 0xFFFFFFFF of
+0xFFFFFFFF succeed on a counter at 1 and wrap it to 0; here the sum is checked exactly,
+so that Acquire is refused with 0x21.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+from ...protocol.schema import R
+
+NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
+U32_MAX = 0xFFFFFFFF
+DEFAULT_STAT_INTERVAL_S = 86400
+OBJECT_OVERHEAD_BYTES = 64      # per object beside its name (yrmcds gc.cpp, amd64)
+COMMANDS = ("noop", "get", "acquire", "release", "stats", "dump")
+
+
+class Counter:
+    __slots__ = ("name", "consumption", "peak", "last_updated")
+
+    def __init__(self, name: bytes, consumption: int, wall: float) -> None:
+        self.name = name
+        self.consumption = consumption
+        self.peak = consumption
+        self.last_updated = wall
+
+
+class CounterSession:
+    """One connection of a counter front: what it holds, by counter name."""
+    __slots__ = ("front", "conn", "holds")
+    family = 1          # ops it may send: the counter ones (core.Broker._batch)
+    is_counter = True
+    is_pool = False
+    behind = None       # counter ops never wait behind one another (see core.Broker._hold)
+
+    def __init__(self, front, conn: int) -> None:
+        self.front = front
+        self.conn = conn
+        self.holds: dict[bytes, int] = {}
+
+
+class Counters:
+    def __init__(self, wall: float, stat_interval_s: int = DEFAULT_STAT_INTERVAL_S,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.interval = stat_interval_s
+        self.timer = timer          # only to report how long GC took (stats)
+        self.table: dict[bytes, Counter] = {}
+        self.total_objects = 0
+        self.gc_count = 0
+        self.last_gc_elapsed_us = 0
+        self.total_gc_elapsed_us = 0
+        self.curr_connections = 0
+        self.total_connections = 0
+        self.commands = dict.fromkeys(COMMANDS, 0)
+        self.gc(wall)               # yrmcds collects once at start-up
+
+    # -- interval ----------------------------------------------------------------------
+    def boundary(self, wall: float) -> float:
+        return math.floor(wall / self.interval) * self.interval
+
+    def next_gc(self) -> float:
+        return self.gc_done_for + self.interval
+
+    def _stale(self, c: Counter, wall: float) -> bool:
+        return c.last_updated < self.boundary(wall)
+
+    # -- commands ----------------------------------------------------------------------
+    def get(self, name: bytes):
+        c = self.table.get(name)
+        return (R.C_ERROR, NOT_FOUND) if c is None else (R.C_OK, c.consumption)
+
+    def acquire(self, holds: dict, name: bytes, resources: int, maximum: int, wall: float):
+        c = self.table.get(name)
+        if c is None:
+            c = self.table[name] = Counter(name, resources, wall)
+            self.total_objects += 1
+        else:
+            total = c.consumption + resources
+            if total > maximum:                  # exact: no u32 wrap-around
+                return (R.C_ERROR, RESOURCE_NOT_AVAILABLE)
+            c.peak = total if self._stale(c, wall) else max(c.peak, total)
+            c.consumption = total
+            c.last_updated = wall
+        holds[name] = holds.get(name, 0) + resources
+        return (R.C_OK, resources)
+
+    def release(self, holds: dict, name: bytes, resources: int, wall: float):
+        """Only what this session holds: not found, then not acquired, then too many (yrmcds'
+        cmd_release and on_release)."""
+        c = self.table.get(name)
+        if c is None:
+            return (R.C_ERROR, NOT_FOUND)
+        held = holds.get(name, 0)
+        if not held or resources > held:
+            return (R.C_ERROR, NOT_ACQUIRED)
+        self._take_back(c, resources, wall)
+        if held == resources:
+            del holds[name]
+        else:
+            holds[name] = held - resources
+        return (R.C_OK, None)
+
+    def release_all(self, holds: dict, wall: float) -> None:
+        """A session went away: everything it held goes back (yrmcds' release_all)."""
+        for name, held in holds.items():
+            c = self.table.get(name)
+            if c is not None:
+                self._take_back(c, held, wall)
+        holds.clear()
+
+    def restore(self, holds: dict, listed, wall: float) -> None:
+        """Make a session hold exactly what its front says it holds (re-registration)."""
+        self.release_all(holds, wall)
+        for name, count in listed:
+            c = self.table.get(name)
+            if c is None:
+                c = self.table[name] = Counter(name, 0, wall)
+                self.total_objects += 1
+            c.consumption += count
+            c.peak = max(c.peak, c.consumption)
+            c.last_updated = wall
+            holds[name] = holds.get(name, 0) + count
+
+    def _take_back(self, c: Counter, resources: int, wall: float) -> None:
+        if self._stale(c, wall):
+            c.peak = c.consumption      # the peak of a new interval starts where we are
+        c.consumption -= resources
+        c.last_updated = wall
+
+    def dump(self, wall: float) -> list[tuple[bytes, int, int]]:
+        return [(c.name, c.consumption, c.consumption if self._stale(c, wall) else c.peak)
+                for c in self.table.values()]
+
+    def stats(self) -> list[tuple[str, int]]:
+        """yrmcds' 15 items in its order (counter.cpp); objects and used_memory are live here."""
+        pairs = [
+            ("objects", len(self.table)),
+            ("total_objects", self.total_objects),
+            ("used_memory", sum(OBJECT_OVERHEAD_BYTES + len(n) for n in self.table)),
+            ("conflicts", 0),           # no hash buckets to collide in
+            ("gc_count", self.gc_count),
+            ("last_gc_elapsed", self.last_gc_elapsed_us),
+            ("total_gc_elapsed", self.total_gc_elapsed_us),
+            ("curr_connections", self.curr_connections),
+            ("total_connections", self.total_connections),
+        ]
+        return pairs + [("command:" + k, self.commands[k]) for k in COMMANDS]
+
+    # -- garbage collection (yrmcds gc.cpp, object.hpp deletable) ----------------------
+    def gc(self, wall: float) -> None:
+        """Forget counters at zero that were last touched before the current boundary."""
+        started = self.timer()
+        edge = self.boundary(wall)
+        for name in [n for n, c in self.table.items() if not c.consumption and c.last_updated < edge]:
+            del self.table[name]
+        self.gc_done_for = edge
+        self.gc_count += 1
+        self.last_gc_elapsed_us = int((self.timer() - started) * 1e6)
+        self.total_gc_elapsed_us += self.last_gc_elapsed_us
+
+    def expire(self, wall: float) -> None:
+        if wall >= self.next_gc():
+            self.gc(wall)
+
+
+class CounterCommands:
+    """Broker handlers for the counter ops (mixed into the Broker like Commands)."""
+
+    def _counted(self, name: str) -> None:
+        self.counter_store.commands[name] += 1
+
+    def c_noop(self, s, op, now):
+        self._counted("noop")
+        return (s.conn, R.C_OK, None)
+
+    def c_get(self, s, op, now):
+        self._counted("get")
+        if not _is_name(op[2]):
+            return (s.conn, R.C_ERROR, INVALID)
+        return (s.conn, *self.counter_store.get(op[2]))
+
+    def c_acquire(self, s, op, now):
+        self._counted("acquire")
+        _, conn, name, resources, maximum = op
+        if not (_is_name(name) and 0 < resources <= maximum <= U32_MAX):
+            return (conn, R.C_ERROR, INVALID)        # what yrmcds' request::parse refuses
+        if now < self.refuse_acquire_until:
+            return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
+        return (conn, *self.counter_store.acquire(s.holds, name, resources, maximum, self.wall(now)))
+
+    def c_release(self, s, op, now):
+        self._counted("release")
+        _, conn, name, resources = op
+        if not (_is_name(name) and 0 <= resources <= U32_MAX):
+            return (conn, R.C_ERROR, INVALID)
+        return (conn, *self.counter_store.release(s.holds, name, resources, self.wall(now)))
+
+    def c_stats(self, s, op, now):
+        self._counted("stats")      # yrmcds counts the request being answered
+        return (s.conn, R.STATS, self.counter_store.stats())
+
+    def c_dump(self, s, op, now):
+        self._counted("dump")
+        return (s.conn, R.C_DUMP, self.counter_store.dump(self.wall(now)))
+
+
+def _is_name(name) -> bool:
+    """Ops may come from any actor, not only our parser: check what yrmcds' parser checks."""
+    return isinstance(name, bytes) and 0 < len(name) <= 0xFFFF

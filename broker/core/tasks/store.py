@@ -1,0 +1,572 @@
+"""Cloud tasks: function calls queued in the broker and made over HTTP by dispatchers.
+
+Pure, like the rest of the core: every method that depends on time takes `now`
+(monotonic seconds); wall-clock values (createdAt, the default priority) are
+`now + wall_offset`.  The HTTP front turns requests into calls of this store and its
+answers into JSON; dispatchers are handed tasks with `take` and report each call with
+`outcome`.  Nothing here knows HTTP or sockets.
+
+A task's life (the statuses of LeanCloud's Cloud Queue):
+
+    enqueue --> queued --take--> running --2xx--> success
+                  ^  |              |---- failed call, retries left ----> queued (retryAt)
+     cancelled <--'  |              |---- failed call, none left -------> failed
+                     |              '---- outcome unknown, atMostOnce ---> failed
+                     '-- delay / backoff: queued but not due yet
+    success, failed, cancelled --keepResult--> forgotten (the uniqueId is free again)
+
+A "fatal" outcome (the call ran but its result cannot be kept: over the size limit)
+fails the task at once, since calling again would run the function again.  A "declined"
+one (a stopping dispatcher did not make the call) puts the task back as it was, due at
+once, without using an attempt.
+
+`attempts` counts *retries* (the Cloud Queue's 最大重试次数): with the default 1 a failing
+task is called twice.  An outcome is "unknown" when the request may have reached the
+function (a timeout after sending, a connection lost mid-call, a dispatcher that
+vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task saying so.
+
+Queues: per function, due tasks in `(priority, seq)` order (seq is the enqueue order, so
+equal priorities run first come, first served); `waitNum` is a task's rank there.
+Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks count against
+their function's `concurrency`, which holds across every dispatcher because only the
+broker hands tasks out.  A running task also has a deadline (its timeout plus
+CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
+
+Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
+nothing is changed when an error is returned.  The HTTP front maps each code to its
+status in one table (protocol/fronts/http.py, STATUS).
+
+Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
+its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
+is not handed out then).  `restore` rebuilds the tasks a binlog replayed.  A call that
+was running when the broker stopped may still be running: its dispatcher, re-registering
+within CLAIM_S, claims it (`claim`) and reports as usual; an unclaimed one has an unknown
+outcome then, decided by its deliveryMode.
+"""
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, Callable, NamedTuple
+
+from sortedcontainers import SortedDict, SortedList
+
+from ...wal.format import T_SEQ, encode_task
+
+
+QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
+FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
+STATUSES = frozenset({QUEUED, RUNNING}) | FINISHED
+AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
+
+#: how long past its timeout a running task waits for its dispatcher's report
+CALL_GRACE_S = 5.0
+#: after a restart, how long a call that was running waits for its dispatcher to claim it
+#: (dispatchers notice a restarted broker within a heartbeat timeout, 2 s, and re-register)
+CLAIM_S = 5.0
+#: the holder of a call the broker was running when it stopped, until it is claimed
+RESTARTED = "restarted"
+MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
+MAX_ATTEMPTS = 1000
+PAGE_SCAN = 10_000          # tasks one listing request may look at (see Tasks.page)
+MAX_PAGE = 1000             # tasks one listing request may return
+#: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
+#: its id, its places in the index and the timer lists)
+TASK_OVERHEAD_BYTES = 512
+MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
+ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+#: a function name is a URL path segment under base_url: no leading dot (no "..")
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
+OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "priority",
+           "timeout", "uniqueId")
+
+
+class TaskError(NamedTuple):
+    code: str           # a stable machine-readable name (http_front.STATUS gives its status)
+    message: str
+
+
+class FunctionSpec(NamedTuple):
+    """A function tasks may call (from the config file)."""
+    name: str
+    url: str
+    concurrency: int = 1
+    timeout_ms: int = 15000
+    max_timeout_ms: int = MAX_TIMEOUT_MS
+
+
+class ApiPolicy(NamedTuple):
+    """What a request without the master key may do (the config's [api] table)."""
+    public_enqueue: bool = False    # enqueue, without options (the Cloud Queue's client enqueue)
+    private_results: bool = False   # False: a task's id is enough to read it
+
+
+class Backoff(NamedTuple):
+    kind: str = "fixed"         # "fixed" | "exponential"
+    delay_ms: int = 60000
+    max_delay_ms: int = MAX_DURATION_MS
+    jitter: bool = False
+
+    def wait_ms(self, retry: int, rand: Callable[[], float]) -> int:
+        """Before retry number `retry` (1 for the first)."""
+        wait = self.delay_ms if self.kind == "fixed" else self.delay_ms * 2 ** (retry - 1)
+        wait = min(wait, self.max_delay_ms)
+        return int(wait * rand()) if self.jitter else int(wait)    # "full jitter"
+
+
+class Task:
+    __slots__ = ("uid", "function", "params", "priority", "seq", "status", "attempt",
+                 "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
+                 "created", "started", "finished", "due", "deadline", "expires",
+                 "status_code", "result", "error", "holder", "seg", "logged")
+
+    def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
+                 now: float) -> None:
+        self.uid = uid
+        self.function = function
+        self.params = params            # the JSON body to POST, as received
+        self.priority = priority
+        self.seq = seq
+        self.status = QUEUED
+        self.attempt = 0                # calls made so far
+        self.attempts = 1               # retries allowed after the first call
+        self.backoff = Backoff()
+        self.timeout_ms = 15000
+        self.delivery = AT_LEAST_ONCE
+        self.keep_result_ms = 300000
+        self.created = now
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.due = now                  # queued: when it may run (delay, backoff)
+        self.deadline = 0.0             # running: when its dispatcher is given up on
+        self.expires = 0.0              # finished: when it is forgotten
+        self.status_code: int | None = None
+        self.result: bytes | None = None    # the function's response body
+        self.error: str | None = None
+        self.holder = None              # the dispatcher session running it
+        self.seg = 0                    # binlog: the segment of its latest full record
+        self.logged = 0                 # binlog: that record's size
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.priority, self.seq)
+
+
+class Outcome(NamedTuple):
+    """What a dispatcher reports for one call."""
+    kind: str                   # "success" | "failure" | "unknown" | "fatal" | "declined"
+    status_code: int | None = None
+    result: bytes | None = None
+    error: str | None = None
+    retry_after_ms: int = 0     # a 429 / 503 with Retry-After: wait at least this long
+
+
+class Tasks:
+    def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
+                 rand: Callable[[], float] = random.random,
+                 base: FunctionSpec | None = None) -> None:
+        self.functions = dict(functions)
+        self.base = base        # any other name F is called at base.url/F (config base_url)
+        self.wall_offset = wall_offset
+        self.rand = rand
+        self.tasks: dict[str, Task] = {}
+        self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
+        self.by_key: dict[tuple[int, int], Task] = {}
+        self.running: dict[str, int] = {}           # function -> tasks running
+        # function -> its spec while tasks use it; None: gone from the config (its tasks
+        # wait, not called, until it comes back or they are cancelled)
+        self.specs: dict[str, FunctionSpec | None] = {}
+        self.uses: dict[str, int] = {}              # function -> tasks held
+        self.waiting = SortedList()     # (due, seq) of queued tasks not due yet
+        self.calls = SortedList()       # (deadline, seq) of running tasks
+        self.keeping = SortedList()     # (expires, seq) of finished tasks
+        self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
+        self.next_seq = 1               # the enqueue order of the next task
+        self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
+        self.wal = None                 # the binlog (binlog.Binlog), set by the core
+
+    # -- enqueue -------------------------------------------------------------------------
+    def enqueue(self, function: str, params: bytes, options: Any, now: float,
+                uid: str | None = None) -> Task | TaskError:
+        """A new task, or the error that refused it (then nothing changed).  `uid` is a
+        random id the caller made (the core has no randomness of its own for ids)."""
+        spec = self.function(function)
+        if spec is None:
+            return TaskError("unknown_function", f"no function named {function!r}")
+        parsed = parse_options(options, spec)
+        if isinstance(parsed, TaskError):
+            return parsed
+        uid = parsed.get("uniqueId", uid)
+        if uid is None:
+            return TaskError("bad_request", "a uniqueId is needed")
+        if uid in self.tasks:
+            return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
+        priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
+        task = Task(uid, function, params, priority, self.next_seq, now)
+        task.attempts = parsed.get("attempts", 1)
+        task.backoff = parsed.get("backoff", Backoff())
+        task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
+        task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
+        task.keep_result_ms = parsed.get("keepResult", 300000)
+        task.due = now + parsed.get("delay", 0) / 1000
+        if self.wal is not None and not self.wal.reserve_task(task):
+            return _NO_SPACE            # (the record it sized is the one log_task writes)
+        self.next_seq += 1
+        self._add(task, spec)
+        self._queue(task, task.due, now)
+        if self.wal is not None:
+            self.wal.log_task(task)
+        return task
+
+    def _add(self, task: Task, spec: FunctionSpec | None) -> None:
+        self.specs[task.function] = spec
+        self.uses[task.function] = self.uses.get(task.function, 0) + 1
+        self.tasks[task.uid] = task
+        self.by_seq[task.seq] = task
+        self.bytes += TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+
+    def function(self, name: str) -> FunctionSpec | None:
+        """The function `name`: configured by name, or under the base URL (made when
+        asked for: nothing is kept for names no task uses)."""
+        spec = self.functions.get(name)
+        if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
+            spec = self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}")
+        return spec
+
+    def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None) -> None:
+        """A new config (SIGHUP): every function tasks use takes its new spec, or None."""
+        self.functions, self.base = dict(functions), base
+        for name in self.specs:
+            self.specs[name] = self.function(name)
+
+    def _queue(self, task: Task, due: float, now: float) -> None:
+        task.status = QUEUED
+        task.due = due
+        if due > now:
+            self.waiting.add((due, task.seq))
+        else:
+            self.ready.setdefault(task.function, SortedList()).add(task.key)
+            self.by_key[task.key] = task
+
+    # -- looking -------------------------------------------------------------------------
+    def wait_num(self, task: Task) -> int:
+        """Tasks of its function that run before it (if it were due now)."""
+        ready = self.ready.get(task.function)
+        return ready.bisect_left(task.key) if ready else 0
+
+    def info(self, uid: str, now: float) -> dict | None:
+        """The TaskInfo of the API: what applies to the task's state, nothing else."""
+        task = self.tasks.get(uid)
+        if task is None:
+            return None
+        wall = self.wall_offset
+        out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
+                               "status": task.status, "createdAt": task.created + wall,
+                               "attempt": task.attempt, "attempts": task.attempts}
+        if task.started is not None:
+            out["startedAt"] = task.started + wall
+        if task.finished is not None:
+            out["finishedAt"] = task.finished + wall
+        if task.status_code is not None:
+            out["statusCode"] = task.status_code
+        if task.result is not None:
+            out["result"] = task.result
+        if task.error is not None:
+            out["error"] = task.error
+        if task.status == QUEUED:
+            out["waitNum"] = self.wait_num(task)
+            if task.attempt and task.due > now:
+                out["retryAt"] = task.due + wall
+        return out
+
+    def page(self, function: str | None, status: str | None, limit: int, after: int,
+             now: float) -> tuple[list[dict], int | None]:
+        """Tasks enqueued after cursor `after` (a seq), oldest first, that match; and the
+        cursor to go on from (None: nothing further).  At most PAGE_SCAN tasks are looked
+        at per call, matching or not, so a listing never holds up the broker."""
+        infos, last = [], None
+        for scanned, seq in enumerate(self.by_seq.irange(minimum=after, inclusive=(False, True))):
+            if len(infos) >= limit or scanned >= PAGE_SCAN:
+                return infos, last
+            task = self.by_seq[seq]
+            last = seq
+            if (function is None or task.function == function) and (
+                    status is None or task.status == status):
+                infos.append(self.info(task.uid, now))
+        return infos, None
+
+    # -- dispatch ------------------------------------------------------------------------
+    def take(self, holder, now: float) -> Task | None:
+        """The next task a dispatcher may call: the best due one, by (priority, seq),
+        among functions below their concurrency."""
+        best = None
+        for name, ready in self.ready.items():      # (functions with due tasks only)
+            spec = self.specs[name]
+            if spec is not None and self.running.get(name, 0) < spec.concurrency:
+                if best is None or ready[0] < best:
+                    best = ready[0]
+        if best is None:
+            return None
+        task = self.by_key[best]
+        if self.wal is not None and not self.wal.reserve_call(task):
+            return None                 # the binlog's disk is full: it waits, queued
+        del self.by_key[best]
+        self._unready(task)
+        task.status = RUNNING
+        task.status_code = task.error = None        # (the last attempt's: they no longer apply)
+        task.attempt += 1
+        task.started = now
+        task.holder = holder
+        task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
+        self.calls.add((task.deadline, task.seq))
+        self.running[task.function] = self.running.get(task.function, 0) + 1
+        if self.wal is not None:
+            self.wal.log_task_state(task)
+        return task
+
+    def outcome(self, uid: str, attempt: int, result: Outcome, now: float,
+                holder=None) -> bool:
+        """A dispatcher's report of call `attempt`; False if that call is no longer the
+        task's current one (a late report after a timeout gave up on it), or `holder` is
+        given and is not the dispatcher the call was handed to."""
+        task = self.tasks.get(uid)
+        if task is None or task.status != RUNNING or task.attempt != attempt:
+            return False
+        if holder is not None and task.holder is not holder and task.holder != RESTARTED:
+            return False
+        self._end_call(task)
+        self._apply(task, result, now)
+        if self.wal is not None and not self.wal.log_task_end(task):
+            self._set_result(task, None)
+            task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
+            self.wal.log_task_state(task)
+        return True
+
+    def _apply(self, task: Task, result: Outcome, now: float) -> None:
+        if result.kind == "declined":
+            task.attempt -= 1
+            self._queue(task, now, now)
+            return
+        task.status_code = result.status_code
+        if result.kind == "success":
+            task.error = None
+            self._set_result(task, result.result)
+            self._finish(task, SUCCESS, now)
+            return
+        task.error = (result.error or "the call failed")[:ERROR_CHARS]
+        if result.kind == "fatal":
+            self._finish(task, FAILED, now)
+        elif result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
+            task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"[:ERROR_CHARS]
+            self._finish(task, FAILED, now)
+        elif task.attempt <= task.attempts:
+            wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand), result.retry_after_ms)
+            self._queue(task, now + wait_ms / 1000, now)
+        else:
+            self._finish(task, FAILED, now)
+
+    def lost(self, holder, now: float) -> None:
+        """A dispatcher went away: its calls' outcomes are unknown."""
+        for task in [self.by_seq[seq] for _, seq in self.calls]:
+            if task.holder is not holder:
+                continue
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error="the dispatcher went away during the call"),
+                         now)
+
+    def _unready(self, task: Task) -> None:
+        ready = self.ready[task.function]
+        ready.remove(task.key)
+        if not ready:
+            del self.ready[task.function]       # take() looks only at functions with work
+
+    def _end_call(self, task: Task) -> None:
+        self.calls.remove((task.deadline, task.seq))
+        self.running[task.function] -= 1
+        if not self.running[task.function]:
+            del self.running[task.function]
+        task.holder = None
+
+    def _set_result(self, task: Task, result: bytes | None) -> None:
+        self.bytes += len(result or b"") - len(task.result or b"")
+        task.result = result
+
+    def _finish(self, task: Task, status: str, now: float) -> None:
+        task.status = status
+        task.finished = now
+        task.expires = now + task.keep_result_ms / 1000
+        self.keeping.add((task.expires, task.seq))
+
+    # -- cancel --------------------------------------------------------------------------
+    def cancel(self, uid: str, now: float) -> Task | TaskError:
+        task = self.tasks.get(uid)
+        if task is None:
+            return TaskError("not_found", f"no task {uid!r}")
+        if task.status != QUEUED:
+            return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
+        if self.wal is not None and not self.wal.reserve_task_state(task):
+            return _NO_SPACE
+        if task.key in self.by_key:
+            del self.by_key[task.key]
+            self._unready(task)
+        else:
+            self.waiting.remove((task.due, task.seq))
+        self._finish(task, CANCELLED, now)
+        if self.wal is not None:
+            self.wal.log_task_state(task)
+        return task
+
+    # -- timers --------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping) if s]
+        return min(heads) if heads else None
+
+    def expire(self, now: float) -> None:
+        while self.waiting and self.waiting[0][0] <= now:
+            due, seq = self.waiting.pop(0)
+            task = self.by_seq[seq]
+            self.ready.setdefault(task.function, SortedList()).add(task.key)
+            self.by_key[task.key] = task
+        while self.calls and self.calls[0][0] <= now:
+            task = self.by_seq[self.calls[0][1]]
+            why = (f"no report within the timeout ({task.timeout_ms} ms)"
+                   if task.holder != RESTARTED else "the broker stopped during the call, "
+                   f"and no dispatcher claimed it within {CLAIM_S:g} s of the restart")
+            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why), now)
+        while self.keeping and self.keeping[0][0] <= now:
+            _, seq = self.keeping.pop(0)
+            task = self.by_seq.pop(seq)
+            del self.tasks[task.uid]
+            self.uses[task.function] -= 1
+            if not self.uses[task.function]:
+                del self.uses[task.function], self.specs[task.function]
+            self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+            if self.wal is not None:
+                self.wal.log_task_gone(task)
+
+    # -- restart -------------------------------------------------------------------------
+    def restore(self, replayed, now: float) -> None:
+        """The tasks a binlog replayed (walformat.Replayed.tasks: uid -> (TASK list, seq)),
+        wall-clock times back to our clock.  A call running when the broker stopped waits
+        CLAIM_S for its dispatcher to claim it, then ends with an unknown outcome."""
+        wall = self.wall_offset
+        for fields, seg in sorted(replayed.values(), key=lambda t: t[0][T_SEQ]):
+            (uid, function, params, priority, seq, attempts, backoff, timeout_ms, delivery,
+             keep_ms, created, status, attempt, started, finished, due, expires, code,
+             error, result) = fields
+            task = Task(uid, function, params, priority, seq, created - wall)
+            task.attempts, task.backoff, task.timeout_ms = attempts, Backoff(*backoff), timeout_ms
+            task.delivery, task.keep_result_ms, task.attempt = delivery, keep_ms, attempt
+            task.started = None if started is None else started - wall
+            task.finished = None if finished is None else finished - wall
+            task.status_code, task.error, task.result = code, error, result
+            task.seg, task.logged = seg, len(encode_task(fields))
+            self._add(task, self.function(function))
+            if status == QUEUED:
+                self._queue(task, due - wall, now)
+            elif status == RUNNING:         # its dispatcher may claim it (see `claim`)
+                task.status, task.holder = RUNNING, RESTARTED
+                task.deadline = now + CLAIM_S
+                self.calls.add((task.deadline, seq))
+                self.running[function] = self.running.get(function, 0) + 1
+            else:
+                task.status, task.expires = status, expires - wall
+                self.keeping.add((task.expires, seq))
+        if replayed:
+            self.next_seq = max(t.seq for t in self.by_seq.values()) + 1
+
+    def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
+        """A re-registered dispatcher says it is making call `attempt` of task `uid`, or
+        has its report: the call is its own again, with the deadline it had (its timeout
+        from when it started, wall clock).  False if we restarted without that call."""
+        task = self.tasks.get(uid)
+        if task is None or task.status != RUNNING or task.attempt != attempt or (
+                task.holder != RESTARTED):
+            return False
+        self.calls.remove((task.deadline, task.seq))
+        task.holder = holder
+        # (a call that ended while we were down has its report on the way: it gets the
+        # time a report takes to come back, as an unclaimed call gets to be claimed)
+        task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
+        self.calls.add((task.deadline, task.seq))
+        return True
+
+
+# -- options ---------------------------------------------------------------------------------
+def parse_options(options: Any, spec: FunctionSpec) -> dict | TaskError:
+    """The enqueue options, checked; names and units as in the API (durations in ms)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        return _bad("options must be an object")
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in OPTIONS:
+            return _bad(f"unknown option {name!r}; options are {', '.join(OPTIONS)}")
+        checked = _CHECKS[name](value, spec)
+        if isinstance(checked, TaskError):
+            return checked
+        out[name] = checked
+    return out
+
+
+_NO_SPACE = TaskError("out_of_space", "the binlog's disk is full")
+
+
+def _bad(message: str) -> TaskError:
+    return TaskError("bad_request", message)
+
+
+def _int(name: str, value: Any, low: int, high: int) -> int | TaskError:
+    if type(value) is not int:          # (a bool is an int to Python, not to JSON)
+        return _bad(f"{name} must be an integer")
+    if not low <= value <= high:
+        return _bad(f"{name} must be between {low} and {high}")
+    return value
+
+
+def _backoff(value: Any, spec: FunctionSpec) -> Backoff | TaskError:
+    if not isinstance(value, dict):
+        ms = _int("backoff", value, 0, MAX_DURATION_MS)
+        return ms if isinstance(ms, TaskError) else Backoff("fixed", ms)
+    unknown = set(value) - {"type", "delay", "maxDelay", "jitter"}
+    if unknown:
+        return _bad(f"unknown backoff field {sorted(unknown)[0]!r}")
+    kind = value.get("type", "fixed")
+    if kind not in ("fixed", "exponential"):
+        return _bad("backoff type must be 'fixed' or 'exponential'")
+    delay = _int("backoff delay", value.get("delay", 60000), 0, MAX_DURATION_MS)
+    cap = _int("backoff maxDelay", value.get("maxDelay", MAX_DURATION_MS), 0, MAX_DURATION_MS)
+    jitter = value.get("jitter", False)
+    if type(jitter) is not bool:
+        return _bad("backoff jitter must be true or false")
+    for checked in (delay, cap):
+        if isinstance(checked, TaskError):
+            return checked
+    return Backoff(kind, delay, cap, jitter)
+
+
+def _delivery(value: Any, spec: FunctionSpec) -> str | TaskError:
+    if value not in (AT_LEAST_ONCE, AT_MOST_ONCE):
+        return _bad(f"deliveryMode must be {AT_LEAST_ONCE!r} or {AT_MOST_ONCE!r}")
+    return value
+
+
+def _unique_id(value: Any, spec: FunctionSpec) -> str | TaskError:
+    if not isinstance(value, str) or not UNIQUE_ID.fullmatch(value):
+        return _bad("uniqueId must be 1 to 32 characters of A-Z a-z 0-9 _ . : -")
+    return value
+
+
+_CHECKS: dict[str, Callable[[Any, FunctionSpec], Any]] = {
+    "attempts": lambda v, spec: _int("attempts", v, 0, MAX_ATTEMPTS),
+    "backoff": _backoff,
+    "delay": lambda v, spec: _int("delay", v, 0, MAX_DURATION_MS),
+    "deliveryMode": _delivery,
+    "keepResult": lambda v, spec: _int("keepResult", v, 0, MAX_DURATION_MS),
+    "priority": lambda v, spec: _int("priority", v, *INT64),
+    "timeout": lambda v, spec: _int("timeout", v, 1, spec.max_timeout_ms),
+    "uniqueId": _unique_id,
+}

@@ -1,0 +1,552 @@
+"""The `zstalk` command: one click group, each subcommand builds one actor and runs it.
+
+    zstalk serve [-l ADDR] [-p PORT] [--fronts N]    broker + fronts, supervised
+                 [--counter-port PORT] [--counter-listen ADDR] [--counter-max-connections N]
+    zstalk serve [--worker-bind tcp://HOST:PORT]     ... and the endpoint native workers use
+    zstalk broker --bind tcp://HOST:PORT             the broker actor alone
+    zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
+    zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
+    zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
+    zstalk front http --broker EP --listen ADDR      the HTTP cloud-task API
+                 [--tls-cert FILE --tls-key FILE] [--max-connections N] ...
+    zstalk dispatcher --broker EP                    makes the cloud tasks' calls
+    zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
+
+Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
+before any of them are loaded.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen,
+                                          describe_listen, parse_listen)
+from .. import VERSION
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, run_server,
+                      setup_logging, worker_endpoint)
+
+MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
+COUNTER_PORT = 11215            # yrmcds' default counter.port
+HTTP_PORT = 8080                # the HTTP task API's default port
+WORKER_ENDPOINT = "tcp://127.0.0.1:11400"   # where `zstalk worker` looks by default
+BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
+
+
+def binlog_options(f):
+    """--binlog/--fsync-ms/--no-fsync/--binlog-size, shared by `serve` and `broker`."""
+    for opt in reversed([
+        click.option("-b", "--binlog", "binlog_dir", default=None, metavar="DIR",
+                     help="Write-ahead log directory: jobs survive restarts and crashes."),
+        click.option("-f", "--fsync-ms", default=50, show_default=True, type=click.IntRange(min=0),
+                     help="fsync the binlog at most every N ms; 0: reply only once on disk."),
+        click.option("-F", "--no-fsync", is_flag=True, help="Never fsync the binlog."),
+        click.option("-s", "--binlog-size", default=10485760, show_default=True,
+                     type=click.IntRange(min=1), help="Binlog segment size in bytes."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def health_options(f):
+    """--health-port/--health-listen/--health-stall-s, given to the command as one
+    `health` argument (a listen.HealthOptions; the probes are protocol/transport/health.py)."""
+    @functools.wraps(f)
+    def command(*args, health_port, health_listen, health_stall_s, **kwargs):
+        return f(*args, health=HealthOptions(health_port, health_listen, health_stall_s),
+                 **kwargs)
+
+    for opt in reversed([
+        click.option("--health-port", default=0, show_default=True,
+                     type=click.IntRange(0, 65535),
+                     help="Serve GET /healthz and /readyz (plain HTTP) on this port; 0: none."),
+        click.option("--health-listen", default="0.0.0.0", show_default=True,
+                     help="Address of the health port."),
+        click.option("--health-stall-s", default=60.0, show_default=True,
+                     type=click.FloatRange(min=0, min_open=True),
+                     help="/healthz fails once the event loop has not turned for this long."),
+    ]):
+        command = opt(command)
+    return command
+
+
+def http_options(prefix: str):
+    """--tls-cert/--tls-key and the HTTP front's limits, shared by `serve` (the limits
+    named --http-..., as its other fronts' are named by front) and `front http`."""
+    limits = HttpLimits()
+    seconds = click.FloatRange(min=0, min_open=True)
+
+    def decorate(f):
+        for opt in reversed([
+            click.option("--tls-cert", metavar="FILE", default=None,
+                         help="Serve the HTTP API over TLS: this certificate chain (PEM, "
+                              "the server's certificate first), with --tls-key."),
+            click.option("--tls-key", metavar="FILE", default=None,
+                         help="The certificate's private key (PEM, unencrypted)."),
+            click.option(f"--{prefix}header-timeout", "header_timeout", type=seconds,
+                         default=limits.header_timeout_s, show_default=True,
+                         help="Seconds a request's headers may take, from connecting or "
+                              "the previous response (an idle connection closes then too)."),
+            click.option(f"--{prefix}body-timeout", "body_timeout", type=seconds,
+                         default=limits.body_timeout_s, show_default=True,
+                         help="Seconds a request's body may take; past it 408."),
+            click.option(f"--{prefix}max-connections", "http_max_connections",
+                         type=click.IntRange(min=0), default=limits.max_connections,
+                         show_default=True,
+                         help="HTTP connections; beyond it accepted, then closed (0: no limit)."),
+        ]):
+            f = opt(f)
+        return f
+    return decorate
+
+
+def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: float,
+                  body_timeout: float, max_connections: int):
+    """The HTTP front's (HttpLimits, ssl.SSLContext or None) from http_options; TLS needs
+    both files (a usage error names the missing one), and a file that cannot be used
+    ends the command with exit 2, naming it."""
+    if bool(tls_cert) != bool(tls_key):
+        missing = "--tls-key" if tls_cert else "--tls-cert"
+        raise click.UsageError(f"{missing} is missing: give --tls-cert and --tls-key together")
+    tls = None
+    if tls_cert:
+        from ...protocol.transport.listen import TlsError, tls_context
+        try:
+            tls = tls_context(tls_cert, tls_key)
+        except TlsError as exc:
+            click.echo(f"zstalk: {exc}", err=True)
+            sys.exit(2)
+    return HttpLimits(header_timeout, body_timeout, max_connections), tls
+
+
+def master_key_options(help_key: str):
+    """--master-key (ZSTALK_MASTER_KEY) and --master-key-file (ZSTALK_MASTER_KEY_FILE),
+    shared by `serve` and `front http`; `master_key_from` reads them."""
+    def decorate(f):
+        f = click.option("--master-key-file", metavar="FILE", default=None,
+                         envvar=MASTER_KEY_FILE_ENV,
+                         help="Read the master key from this file (less one trailing "
+                              "newline), e.g. a mounted Secret.")(f)
+        return click.option("--master-key", default=None, envvar=MASTER_KEY_ENV,
+                            help=help_key)(f)
+    return decorate
+
+
+def master_key_from(value: str | None, path: str | None) -> str | None:
+    """The master key given, or read from its file; both is a usage error, and a file
+    that is empty, unreadable or not UTF-8 ends the command with exit 2, naming it."""
+    from ...protocol.transport.secret import SecretError, read_secret_file
+    if value and path:
+        raise click.UsageError(f"give --master-key ({MASTER_KEY_ENV}) or --master-key-file "
+                               f"({MASTER_KEY_FILE_ENV}), not both")
+    if not path:
+        return value or None
+    name = f"--master-key-file ({MASTER_KEY_FILE_ENV})"
+    try:
+        return read_secret_file(path, name).decode("utf-8")
+    except UnicodeDecodeError:
+        click.echo(f"zstalk: {name} names {path}, which is not UTF-8 text", err=True)
+    except SecretError as exc:
+        click.echo(f"zstalk: {exc}", err=True)
+    sys.exit(2)
+
+
+def exit_with_parent() -> None:
+    """A supervised child whose supervisor is already gone exits (the prctl races start-up)."""
+    parent = os.environ.get("ZSTALK_SUPERVISOR_PID")
+    if parent and os.getppid() != int(parent):
+        sys.exit(0)
+
+
+def bind_or_exit(spec: str, port: int):
+    try:
+        return bind_listen(spec, port)
+    except OSError as exc:
+        click.echo(f"zstalk: bind {describe_listen(spec, port)}: {exc.strerror}", err=True)
+        sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
+
+
+def front_sockets(fds: tuple[int, ...], listens: tuple[str, ...], default_port: int,
+                  default: list[str] = ()) -> list:
+    """A front's listening sockets: inherited (--fd, from the supervisor) and
+    bound here (--listen, else `default`)."""
+    import socket
+    sockets = [socket.socket(fileno=fd) for fd in fds]
+    sockets += [bind_or_exit(spec, default_port) for spec in listens or ([] if fds else default)]
+    if not sockets:
+        raise click.UsageError("give --listen or --fd")
+    return sockets
+
+
+def counter_host(addr: str) -> str:
+    """The -l host without a port, for the counter front (a unix -l keeps it on loopback)."""
+    kind, host, _ = parse_listen(addr, 0)
+    if kind == "unix":
+        return "127.0.0.1"
+    return f"[{host}]" if host and ":" in host else host or ""
+
+
+class _Main(click.Group):
+    """Keys that cannot be used, or a non-local endpoint without them, end any command
+    with the reason and exit status 2 (protocol/transport/curve.py)."""
+
+    def invoke(self, ctx: click.Context):
+        from ...protocol.transport.curve import CurveError
+        try:
+            return super().invoke(ctx)
+        except CurveError as exc:
+            click.echo(f"zstalk: {exc}", err=True)
+            sys.exit(2)
+
+
+def insecure_option(f):
+    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys (children inherit
+    it through the environment, as they do the keys)."""
+    def allow(ctx, param, value):
+        if value:
+            os.environ["ZSTALK_INSECURE"] = "1"
+        return value
+    return click.option("--insecure", is_flag=True, expose_value=False, callback=allow,
+                        is_eager=True, help="Allow a ZeroMQ endpoint beyond this host without "
+                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen).")(f)
+
+
+@click.group(cls=_Main)
+@click.option("-V", "--verbose", count=True, help="More logging (repeat for more).")
+@click.version_option(VERSION, prog_name="zstalk")
+@click.pass_context
+def main(ctx: click.Context, verbose: int) -> None:
+    """zstalk: a beanstalkd-compatible job broker on a ZeroMQ actor cluster."""
+    ctx.obj = verbose
+    setup_logging(verbose)
+
+
+@main.command()
+@click.option("-l", "--listen", "addr", default="0.0.0.0", show_default=True,
+              help="Address to listen on, or unix:/path.")
+@click.option("-p", "--port", default=11300, show_default=True)
+@click.option("--fronts", default=0, show_default=True, type=click.IntRange(min=0),
+              help="0: the fronts run in the broker's process; N: N beanstalk front "
+                   "processes share the port (supervised, as are the broker, the counter "
+                   "front, the HTTP task API and a dispatcher then).")
+@click.option("-z", "--max-job-size", default=65535, show_default=True)
+@click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
+@click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
+@click.option("--counter-port", default=COUNTER_PORT, show_default=True,
+              help="Port of the yrmcds counter front; 0: no counter front.")
+@click.option("--counter-listen", default=None,
+              help="Address of the counter front (HOST, HOST:PORT or unix:/path). "
+                   "Default: the -l address, or 127.0.0.1 when -l is a unix socket.")
+@click.option("--counter-max-connections", default=0,
+              help="Counter connections; beyond it accepted, then closed (0: no limit).")
+@click.option("--stat-interval", default=86400, show_default=True,
+              help="Counters: seconds between epoch-aligned collections of zero counters.")
+@click.option("--worker-bind", default=WORKER_ENDPOINT, show_default=True,
+              envvar="ZSTALK_WORKER_BIND",
+              help="ZeroMQ endpoint (tcp://HOST:PORT, HOST:PORT or ipc://PATH) where native "
+                   "workers and producers (zstalk.workers) reach the broker; 'none': no such "
+                   "endpoint.")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="TOML config file: the functions cloud tasks call ([functions]).")
+@click.option("--http-port", default=None, type=click.IntRange(min=0),
+              help="Port of the HTTP task API (default 8080 when --config names functions; "
+                   "0: none).")
+@master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
+                    "it listens on loopback only.")
+@http_options("http-")
+@binlog_options
+@health_options
+@click.pass_obj
+@insecure_option
+def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
+          counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
+          config_path, http_port, master_key, master_key_file, tls_cert, tls_key,
+          header_timeout, body_timeout, http_max_connections, binlog_dir, fsync_ms, no_fsync,
+          binlog_size, health):
+    """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
+    --config, the HTTP task API (port 8080) and a dispatcher."""
+    http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
+                                   http_max_connections)   # (TLS: the files are checked)
+    master_key = master_key_from(master_key, master_key_file)
+    if health.port and fronts:
+        raise click.UsageError("--health-port needs --fronts 0 (probe `zstalk broker` and "
+                               "`zstalk front` processes each instead)")
+    functions = load_config_or_exit(config_path)
+    listener = bind_or_exit(addr, port)
+    counter_listeners = []
+    if counter_port:
+        where = counter_listen or counter_host(addr)
+        counter_listeners.append(bind_or_exit(where, counter_port))
+    http_listeners = []
+    if http_port is None and functions is not None:
+        http_port = HTTP_PORT
+    if http_port:
+        http_host = counter_host(addr) if master_key else "127.0.0.1"
+        http_listeners.append(bind_or_exit(http_host, http_port))
+    opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
+                        max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
+                        counter_max_connections=counter_max_connections, verbose=verbose,
+                        stat_interval=stat_interval,
+                        worker_bind=worker_endpoint(worker_bind),
+                        binlog_dir=binlog_dir, fsync_ms=fsync_ms, no_fsync=no_fsync,
+                        binlog_size=binlog_size, functions=functions, config_path=config_path,
+                        http_listeners=http_listeners, master_key=master_key,
+                        master_key_file=master_key_file,
+                        http_limits=http_limits,
+                        tls_files=(tls_cert, tls_key) if tls_cert else None,
+                        health=health)
+    sys.exit(run_server([listener], opts, counter_listeners))
+
+
+def load_config_or_exit(path: str | None):
+    if path is None:
+        return None
+    from ..config_file import ConfigError, load
+    try:
+        return load(path)
+    except ConfigError as exc:
+        click.echo(f"zstalk: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.option("--bind", default="tcp://127.0.0.1:11400", show_default=True,
+              help="ZeroMQ endpoint for fronts (tcp://HOST:PORT or ipc://PATH).")
+@click.option("-z", "--max-job-size", default=65535, show_default=True)
+@click.option("--max-jobs-bytes", default=0, help="0: no limit.")
+@click.option("--drain", is_flag=True, help="Start in drain mode (as after SIGUSR1).")
+@click.option("--stat-interval", default=86400, show_default=True,
+              type=click.IntRange(min=10), help="Counters: zero counters are collected at "
+              "these epoch-aligned boundaries; Dump's maximum is the peak within one.")
+@click.option("--recovering", is_flag=True,
+              help="Started again after a crash: Acquire answers 0x21 until fronts had "
+                   "time to re-register their holdings.")
+@click.option("--ready-fd", type=int, default=None,
+              help="Write a byte to this fd once the binlog is replayed and the socket bound.")
+@click.option("--also-bind", multiple=True, metavar="ENDPOINT",
+              help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="TOML config file: the functions cloud tasks call ([functions]).")
+@binlog_options
+@health_options
+@insecure_option
+def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
+           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
+    """Run the broker actor: all tube, job, session and task state."""
+    from ...protocol.transport.curve import CurveError
+    from ..actor import BrokerActor
+    from ..wal.binlog import BinlogError, Options
+    from ..config_file import core_fields
+    from ..core.broker import Config
+
+    exit_with_parent()
+    fns = load_config_or_exit(config_path)
+    config = Config(max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
+                    max_jobs_bytes=max_jobs_bytes, version=VERSION,
+                    binlog_max_size=binlog_size,
+                    stat_interval_s=stat_interval, recovering=recovering,
+                    **core_fields(fns))
+    wal = None
+    if binlog_dir:
+        wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
+    try:
+        actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind),
+                            config_path=config_path)
+    except BinlogError as exc:
+        click.echo(f"zstalk broker: {exc}", err=True)
+        sys.exit(BINLOG_EXIT)
+    except CurveError:
+        raise                     # (said by _Main: exit 2)
+    except Exception as exc:      # BindError: address in use, bad endpoint
+        click.echo(f"zstalk broker: cannot bind {exc}", err=True)
+        sys.exit(111)
+    actor.core.draining = drain
+    if ready_fd is not None:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
+    from ...protocol.transport.loop import run
+    run(serve_with_probes(actor, health))
+    actor.let_last_replies_leave()
+
+
+async def serve_with_probes(actor, health: HealthOptions) -> None:
+    """The broker actor until stopped; its probes listen only now that the binlog is
+    replayed and the endpoint bound, so a broker still replaying answers no probe."""
+    from ...protocol.transport.health import HealthBindError, start_health
+    try:
+        probes = await start_health(health)
+    except HealthBindError as exc:
+        actor.close()
+        click.echo(f"zstalk broker: {exc}", err=True)
+        sys.exit(111)
+    try:
+        await actor.serve()
+    finally:
+        if probes is not None:
+            probes.close()
+
+
+@main.command("import-binlog")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--into", default=None, type=click.Path(file_okay=False),
+              help="Write the zstalk binlog here and leave DIRECTORY untouched "
+                   "(default: in place, beanstalkd's files move to DIRECTORY/beanstalkd-imported).")
+@click.option("-s", "--binlog-size", default=10485760, show_default=True,
+              type=click.IntRange(min=1), help="Segment size of the new binlog.")
+def import_binlog(directory, into, binlog_size):
+    """Import a beanstalkd binlog directory (`beanstalkd -b DIR`, 1.12/1.13) into zstalk's."""
+    from ..wal.beanstalkd import BinlogFormatError
+    from ..wal.binlog import BinlogError
+    from ..wal.importer import import_beanstalkd
+
+    try:
+        done = import_beanstalkd(directory, into, segment_size=binlog_size)
+    except (BinlogError, BinlogFormatError) as exc:
+        click.echo(f"zstalk import-binlog: {exc}", err=True)
+        sys.exit(BINLOG_EXIT)
+    for warning in done.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    states = ", ".join(f"{n} {state}" for state, n in sorted(done.by_state.items())) or "none"
+    click.echo(f"imported {done.jobs} jobs ({states}) from {len(done.files)} beanstalkd "
+               f"file(s) into {done.into}; the next id is {done.next_id}")
+    click.echo(f"start with: zstalk serve --binlog {done.into}  (or zstalkd -b {done.into})")
+
+
+@main.group()
+def front():
+    """Run a protocol front."""
+
+
+@front.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--listen", "listens", multiple=True, help="HOST:PORT or unix:/path (repeatable).")
+@click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
+@click.option("--max-connections", default=0, help="0: no limit.")
+@click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
+@click.option("--hold-s", default=5.0, show_default=True,
+              help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
+@health_options
+@insecure_option
+def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, health):
+    """Serve the beanstalkd text protocol to TCP / unix-socket clients."""
+    exit_with_parent()
+    sockets = front_sockets(fds, listens, 11300)
+    from .fronts import run_beanstalk_front
+    run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s, health)
+
+
+@front.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--listen", "listens", multiple=True,
+              help="HOST, HOST:PORT or unix:/path (repeatable; port 11215 by default).")
+@click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
+@click.option("--max-connections", default=0,
+              help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
+@click.option("--hold-s", default=5.0, show_default=True,
+              help="How long requests wait for an unreachable broker (Acquire never waits).")
+@health_options
+@insecure_option
+def counter(broker_ep, listens, fds, max_connections, hold_s, health):
+    """Serve yrmcds' counter protocol; the counters live in the broker."""
+    exit_with_parent()
+    sockets = front_sockets(fds, listens, COUNTER_PORT)
+    from .fronts import run_counter_front
+    run_counter_front(broker_ep, sockets, max_connections, hold_s, health)
+
+
+@front.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--listen", "listens", multiple=True,
+              help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
+                   "127.0.0.1 without --listen or --fd).")
+@click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
+@master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
+@http_options("")
+@click.option("--hold-s", default=5.0, show_default=True,
+              help="How long requests wait for an unreachable broker before a 503.")
+@health_options
+@insecure_option
+def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
+         header_timeout, body_timeout, http_max_connections, hold_s, health):
+    """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
+    from ...protocol.transport.listen import is_loopback
+    exit_with_parent()
+    master_key = master_key_from(master_key, master_key_file)
+    limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
+                                http_max_connections)
+    sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])
+    if not master_key and not all(is_loopback(s) for s in sockets):
+        raise click.UsageError("without --master-key the HTTP API listens on loopback only")
+    from .fronts import run_http_front
+    run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
+
+
+@main.command()
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Calls made at once by this process.")
+@health_options
+@insecure_option
+def dispatcher(broker_ep, slots, health):
+    """Make the broker's cloud-task calls over HTTP until SIGTERM."""
+    exit_with_parent()
+    from .fronts import run_dispatcher
+    run_dispatcher(broker_ep, slots, health)
+
+
+@main.command()
+@click.argument("spec", metavar="MODULE:WORKER")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Handlers running at once per process (default: the Worker's).")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pool processes, each with its own connection (supervised).")
+@click.option("--broker", "broker_ep", default=None,
+              help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
+@click.option("--prefetch", type=click.IntRange(min=0), default=None,
+              help="Jobs held beyond those running (default: the Worker's).")
+@health_options
+@insecure_option
+def worker(spec, concurrency, processes, broker_ep, prefetch, health):
+    """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""
+    from ...protocol.transport.health import HealthBindError
+    from ...workers.errors import WorkerVersionError
+    from ...workers.worker import VERSION_EXIT, load_worker
+
+    try:
+        w = load_worker(spec)       # the cwd is importable, as with celery and rq
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise click.UsageError(f"cannot load {spec}: {exc}")
+    if concurrency is not None:
+        w.concurrency = concurrency
+    if prefetch is not None:
+        w.prefetch = prefetch
+    if broker_ep is not None:
+        w.broker = broker_ep
+    try:
+        w.run(processes=processes, spec=spec, health=health)
+    except WorkerVersionError as exc:
+        click.echo(f"zstalk worker: {exc}", err=True)
+        sys.exit(VERSION_EXIT)
+    except HealthBindError as exc:
+        click.echo(f"zstalk worker: {exc}", err=True)
+        sys.exit(111)
+
+
+
+@main.command()
+@click.argument("directory")
+@click.argument("name")
+def keygen(directory, name):
+    """Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret (0600)."""
+    from ...protocol.transport.curve import keygen as write_keys
+    public, secret = write_keys(directory, name)
+    click.echo(f"public key {public} (give it to the broker's ZSTALK_CURVE_CLIENTS directory, "
+               f"or to clients as ZSTALK_CURVE_SERVER)\nsecret key {secret} (ZSTALK_CURVE_KEY of "
+               f"this process only)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""`zstalkd`: `zstalk serve` under beanstalkd's command line, for anything that launches beanstalkd.
+
+Flags are parsed the way beanstalkd's optparse does (util.c): each argument is a group
+of one-letter flags (`-VV`, `-Vu user`), a flag that takes a value uses the rest of its
+argument or the next one (`-p11300`, `-p 11300`), an unknown flag or a stray argument
+prints the usage and exits 5, `-h` prints it and exits 0, `-v` prints the version.
+The binlog flags mean what they mean to beanstalkd: -b DIR the write-ahead log,
+-f MS fsync at most every MS ms (default 50), -F never fsync, -s BYTES segment size.
+
+Start-up order keeps the port promise: bind (or take systemd's LISTEN_FDS socket),
+drop privileges (-u), then start the actors; nothing heavy is imported before the bind.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """\
+Use: {prog} [OPTIONS]
+
+Options:
+ -l ADDR  listen on address (default is 0.0.0.0), or unix:/path
+ -p PORT  listen on port (default is 11300)
+ -u USER  become user and group
+ -b DIR   write-ahead log directory
+ -f MS    fsync at most once every MS milliseconds (default is 50ms);
+          use -f0 for "always fsync"
+ -F       never fsync
+ -s BYTES set the size of each write-ahead log file (default is 10485760);
+          will be rounded up to a multiple of 4096 bytes
+ -z BYTES set the maximum job size in bytes (default is 65535);
+          max allowed is 1073741824 bytes
+ -v       show version information
+ -V       increase verbosity
+ -h       show this help
+"""
+WITH_VALUE = set("lpuzbfs")
+MAX_JOB_SIZE_CAP = 1073741824
+
+
+class Usage(Exception):
+    def __init__(self, message: str | None, code: int = 5) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def parse_args(argv: list[str]) -> dict:
+    opts = {"addr": "0.0.0.0", "port": 11300, "user": None, "max_job_size": 65535,
+            "verbose": 0, "version": False, "binlog": None, "fsync_ms": 50,
+            "no_fsync": False, "binlog_size": 10485760}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-") or arg == "-":
+            raise Usage(f"unknown argument: {arg}")
+        j = 1
+        while j < len(arg):
+            flag = arg[j]
+            if flag in WITH_VALUE:
+                value = arg[j + 1:]
+                if not value:
+                    i += 1
+                    if i >= len(argv):
+                        raise Usage(f"flag requires an argument: -{flag}")
+                    value = argv[i]
+                _apply(opts, flag, value)
+                break
+            _apply(opts, flag, None)
+            j += 1
+        i += 1
+    return opts
+
+
+def _apply(opts: dict, flag: str, value: str | None) -> None:
+    if flag == "h":
+        raise Usage(None, 0)
+    if flag == "v":
+        opts["version"] = True
+    elif flag == "V":
+        opts["verbose"] += 1
+    elif flag == "l":
+        opts["addr"] = value
+    elif flag == "u":
+        opts["user"] = value
+    elif flag == "b":
+        opts["binlog"] = value
+    elif flag == "F":
+        opts["no_fsync"] = True
+    elif flag in "pzfs":
+        try:
+            n = int(value)
+        except ValueError:
+            raise Usage(f"invalid value for -{flag}: {value}") from None
+        if flag == "p":
+            opts["port"] = n
+        elif flag == "z":
+            opts["max_job_size"] = min(n, MAX_JOB_SIZE_CAP)
+        elif flag == "f":
+            opts["fsync_ms"] = max(0, n)
+        else:
+            opts["binlog_size"] = max(1, n)
+    else:
+        raise Usage(f"unknown flag: -{flag}")
+
+
+def become_user(name: str) -> None:
+    import pwd
+    pw = pwd.getpwnam(name)
+    os.setgroups([])
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "zstalkd"
+    try:
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+    except Usage as u:
+        if u.message:
+            print(f"{prog}: {u.message}", file=sys.stderr)
+        print(USAGE.format(prog=prog), file=sys.stderr if u.code else sys.stdout, end="")
+        return u.code
+    from .. import VERSION
+    if opts["version"]:
+        print(f"{prog} {VERSION}")
+        return 0
+    from ...protocol.transport.listen import bind_listen, describe_listen, systemd_sockets
+    listeners = systemd_sockets()
+    if not listeners:
+        try:
+            listeners = [bind_listen(opts["addr"], opts["port"])]
+        except OSError as exc:
+            where = describe_listen(opts["addr"], opts["port"])
+            print(f"{prog}: bind {where}: {exc.strerror}", file=sys.stderr)
+            return 111
+    from .options import ServeOptions, run_server, setup_logging
+    from . import serve as _imported_before_giving_up_root  # noqa: F401
+    if opts["user"]:
+        become_user(opts["user"])
+    setup_logging(opts["verbose"])
+    return run_server(listeners, ServeOptions(
+        max_job_size=opts["max_job_size"], verbose=opts["verbose"], binlog_dir=opts["binlog"],
+        fsync_ms=opts["fsync_ms"], no_fsync=opts["no_fsync"], binlog_size=opts["binlog_size"],
+        announce=False))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Runs fronts on an asyncio loop: listeners, the front and its broker link.
+
+`start_front` puts one front on the running loop, whatever its placement (the broker
+address decides: `local:NAME` beside the broker, tcp:// or ipc:// across ZeroMQ), so a
+front process (`zstalk front …`) and the one-process server (broker/run/serve.py) start
+fronts the same way.  `run_*_front` are the front processes: they run until SIGTERM /
+SIGINT, then stop accepting, close the client connections and the link; nothing is left
+in flight that the broker would not clean up itself (it closes the sessions of a front
+that says nothing more).
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from typing import Callable
+
+from ...protocol.fronts.base import LinkedFront
+from ...protocol.transport.health import HealthBindError, HealthOptions, link_ready, start_health
+from ...protocol.transport.loop import run
+
+
+class RunningFront:
+    """A started front and its listening servers."""
+
+    def __init__(self, front: LinkedFront, servers: list) -> None:
+        self.front = front
+        self.servers = servers
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.front.close()
+
+
+async def start_front(make_front: Callable[[], LinkedFront],
+                      sockets: list[socket.socket]) -> RunningFront:
+    """Make the front (its link needs the running loop), connect it, start listening."""
+    loop = asyncio.get_running_loop()
+    front = make_front()
+    front.link.start()
+    servers = [await loop.create_server(front.protocol_factory, sock=s) for s in sockets]
+    return RunningFront(front, servers)
+
+
+async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.socket],
+                 health: HealthOptions | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    running = await start_front(make_front, sockets)
+    probes = await _probes(health, link_ready(running.front.link))
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if probes is not None:
+        probes.close()
+    running.close()
+
+
+async def _probes(health: HealthOptions | None, ready):
+    """The process's probes (protocol/transport/health.py); a port it cannot bind ends it (exit 111)."""
+    try:
+        return await start_health(health, ready)
+    except HealthBindError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        raise SystemExit(111) from None
+
+
+def beanstalk_front(broker: str, max_connections: int, max_job_size: int,
+                    hold_s: float = 5.0):
+    from ...protocol.fronts.beanstalk import BeanstalkFront
+    return lambda: BeanstalkFront(broker, max_connections=max_connections, hold_s=hold_s,
+                                  max_job_size=max_job_size)
+
+
+def counter_front(broker: str, max_connections: int, hold_s: float = 5.0):
+    from ...protocol.fronts.counter import CounterFront
+    return lambda: CounterFront(broker, max_connections=max_connections, hold_s=hold_s)
+
+
+def run_beanstalk_front(broker: str, sockets: list[socket.socket], max_connections: int,
+                        max_job_size: int, hold_s: float,
+                        health: HealthOptions | None = None) -> None:
+    run(_serve(beanstalk_front(broker, max_connections, max_job_size, hold_s), sockets,
+               health))
+
+
+def run_counter_front(broker: str, sockets: list[socket.socket], max_connections: int,
+                      hold_s: float, health: HealthOptions | None = None) -> None:
+    run(_serve(counter_front(broker, max_connections, hold_s), sockets, health))
+
+
+async def _until_stopped(actor, start, health: HealthOptions | None = None) -> None:
+    """Start an actor with an async close() (HTTP front, dispatcher); close it on SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await start()
+    probes = await _probes(health, link_ready(actor.link))
+    await stop.wait()
+    if probes is not None:
+        probes.close()
+    await actor.close()
+
+
+def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | None,
+                   limits, tls=None, health: HealthOptions | None = None,
+                   hold_s: float = 5.0) -> None:
+    """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext,
+    requests held up to `hold_s` while no broker answers."""
+    from ...protocol.fronts.http import HttpFront
+
+    async def main() -> None:
+        front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls, hold_s=hold_s)
+        await _until_stopped(front, lambda: front.start(sockets), health)
+    run(main())
+
+
+def run_dispatcher(broker: str, slots: int, health: HealthOptions | None = None) -> None:
+    from ...workers.dispatcher import Dispatcher
+
+    async def main() -> None:
+        dispatcher = Dispatcher(broker, slots=slots)
+
+        async def start() -> None:
+            dispatcher.start()
+        await _until_stopped(dispatcher, start, health)
+    run(main())

@@ -1,0 +1,136 @@
+"""What `zstalk serve` and `zstalkd` were asked for, whichever way they place the actors.
+
+One process (broker/run/serve.py) builds the broker from these fields directly; the
+supervisor (`--fronts N`, broker/run/supervisor.py) passes the same fields on to its
+`zstalk broker` child as arguments (`broker_args`), and to its HTTP front child its
+limits and TLS files as arguments (`http_args`) and the master key in the environment
+(MASTER_KEY_ENV, or the name of its file as MASTER_KEY_FILE_ENV).  Nothing heavy is imported here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NamedTuple
+
+from ...protocol.transport.listen import HealthOptions, HttpLimits
+
+MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
+MASTER_KEY_FILE_ENV = "ZSTALK_MASTER_KEY_FILE"   # --master-key-file (a mounted Secret)
+
+
+class ServeOptions(NamedTuple):
+    fronts: int = 0                     # 0: fronts in the broker's process; N: N front processes
+    max_job_size: int = 65535
+    max_jobs_bytes: int = 0
+    max_connections: int = 0
+    counter_max_connections: int = 0
+    verbose: int = 0
+    stat_interval: int = 86400
+    worker_bind: str | None = None      # the ZeroMQ endpoint for native workers, if any
+    binlog_dir: str | None = None
+    fsync_ms: int = 50
+    no_fsync: bool = False
+    binlog_size: int = 10485760
+    broker_bind: str | None = None      # supervised: where the broker child listens
+    announce: bool = True               # say on stderr what listens where (zstalkd: no)
+    functions: object = None            # cloud tasks: config_file.TaskConfig, if configured
+    config_path: str | None = None      # its file, read again on SIGHUP
+    http_listeners: tuple = ()          # the HTTP front's bound sockets
+    master_key: str | None = None       # required by the HTTP front to enqueue and cancel
+    master_key_file: str | None = None  # where master_key was read from, if from a file
+    http_limits: HttpLimits = HttpLimits()
+    tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
+    health: HealthOptions = HealthOptions()     # --health-port ... (one process only)
+
+    def broker_args(self) -> list[str]:
+        """These options as `zstalk broker` arguments (the supervisor's child)."""
+        args = ["--stat-interval", str(self.stat_interval)]
+        if self.config_path:
+            args += ["--config", os.path.abspath(self.config_path)]
+        if self.worker_bind:
+            args += ["--also-bind", self.worker_bind]
+        if self.binlog_dir:
+            args += ["--binlog", os.path.abspath(self.binlog_dir), "--fsync-ms",
+                     str(self.fsync_ms), "--binlog-size", str(self.binlog_size),
+                     *(["--no-fsync"] if self.no_fsync else [])]
+        return args
+
+    def http_args(self) -> list[str]:
+        """The HTTP front's limits and TLS files as `zstalk front http` arguments (the
+        supervisor's child; the files by name, not their contents)."""
+        limits = self.http_limits
+        args = ["--header-timeout", str(limits.header_timeout_s),
+                "--body-timeout", str(limits.body_timeout_s),
+                "--max-connections", str(limits.max_connections)]
+        if self.tls_files:
+            cert, key = map(os.path.abspath, self.tls_files)
+            args += ["--tls-cert", cert, "--tls-key", key]
+        return args
+
+    def http_tls(self):
+        """The HTTP front's ssl.SSLContext, or None (the CLI has checked the files)."""
+        if not self.tls_files:
+            return None
+        from ...protocol.transport.listen import tls_context
+        return tls_context(*self.tls_files)
+
+    def binlog(self):
+        """The binlog's Options, or None (imports the binlog only when there is one)."""
+        if not self.binlog_dir:
+            return None
+        from ..wal.binlog import Options
+        return Options(self.binlog_dir, self.binlog_size, None if self.no_fsync else self.fsync_ms)
+
+
+def no_endpoint(spec: str | None) -> bool:
+    """`--worker-bind none` (or empty) turns the worker endpoint off."""
+    return spec is None or spec.strip().lower() in ("", "none")
+
+
+def worker_endpoint(spec: str | None) -> str | None:
+    """The ZeroMQ endpoint `--worker-bind` names: None for 'none', and HOST:PORT taken as
+    tcp://HOST:PORT, the way every other address flag is written."""
+    if no_endpoint(spec):
+        return None
+    spec = spec.strip()
+    return spec if "://" in spec else f"tcp://{spec}"
+
+
+def where(sock) -> str:
+    """A listening socket's address as a user would type it (HOST:PORT or unix:/path)."""
+    addr = sock.getsockname()
+    if isinstance(addr, str):
+        return f"unix:{addr}"
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def announcement(listeners, counter_listeners, worker_endpoint: str | None,
+                 http_listeners=(), master_key: str | None = None, tls: bool = False) -> str:
+    """The one line `zstalk serve` prints once everything listens."""
+    parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
+    if counter_listeners:
+        parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
+    if http_listeners:
+        parts.append(("https on " if tls else "http on ")
+                     + ", ".join(where(s) for s in http_listeners)
+                     + ("" if master_key else " (no --master-key: loopback only)"))
+    parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
+    return "zstalk: " + "; ".join(parts)
+
+
+def run_server(listeners, opts: ServeOptions, counter_listeners=()) -> int:
+    """`zstalk serve` / `zstalkd` once their ports are bound: one process, or a supervisor
+    with front processes (`--fronts N`)."""
+    if opts.fronts == 0:
+        from .serve import serve_here
+        return serve_here(listeners, opts, counter_listeners)
+    from .supervisor import serve
+    return serve(listeners, opts, counter_listeners)
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")

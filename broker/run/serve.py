@@ -1,0 +1,149 @@
+"""`zstalk serve` and `zstalkd` in one process: the broker and its fronts on one event loop.
+
+The fronts are the same classes a front process runs; they are given the broker's
+`local:` address, so their links hand batches to the broker actor through the in-process
+mailbox (protocol/transport/mailbox.py) instead of ZeroMQ, and a client's command is answered in
+the event-loop turn that read it.
+
+Start-up is ordered for the first reply.  The CLI has already bound the client ports
+(a busy port fails at once, exit 111, as beanstalkd).  Then the broker is built (with a
+binlog, its replay finishes first, while clients wait in the listen backlog, as with
+beanstalkd), the beanstalk front starts accepting, and only after its first loop turns
+(a client already waiting has its first command answered) do the counter front start and
+ZeroMQ load to bind the endpoint for native workers; a failure there still stops the
+server with exit 111 and the endpoint's name.  One line on stderr then says what listens
+where.
+
+SIGTERM / SIGINT stop accepting, let the binlog reach the disk (replies held for it go
+out), close the client connections and exit 0; SIGUSR1 turns on drain mode; SIGHUP reads
+the --config file again.  There is
+no supervisor: like beanstalkd, the server is one process (`--fronts N` for more).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+from .fronts import beanstalk_front, counter_front, start_front
+from ...protocol.transport.loop import run
+from .. import VERSION
+from .options import ServeOptions, announcement, no_endpoint
+
+BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
+BIND_EXIT = 111         # and for an address it cannot bind
+#: loop turns given to the beanstalk front before the counter front and ZeroMQ load: one to
+#: accept a waiting client, one for connection_made, one to read and answer its command
+_FIRST_TURNS = 3
+
+
+def serve_here(listeners: list[socket.socket], opts: ServeOptions,
+               counter_listeners: list[socket.socket] = ()) -> int:
+    from ..actor import BrokerActor
+    from ..core.broker import Config
+
+    fns = opts.functions
+    tasks = {}
+    if fns is not None:     # (the config file's reader loads only with a config file)
+        from ..config_file import core_fields
+        tasks = core_fields(fns)
+    config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
+                    version=VERSION, binlog_max_size=opts.binlog_size,
+                    stat_interval_s=opts.stat_interval, **tasks)
+    try:
+        actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path)
+    except Exception as exc:
+        from ..wal.binlog import BinlogError
+        if not isinstance(exc, BinlogError):
+            raise
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return BINLOG_EXIT
+    code = run(_main(actor, listeners, list(counter_listeners), opts))
+    actor.let_last_replies_leave()
+    return code
+
+
+async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
+    loop = asyncio.get_running_loop()
+    actor.start()
+    address = actor.expose(f"serve-{os.getpid()}")
+    fronts = [await start_front(beanstalk_front(address, opts.max_connections,
+                                                opts.max_job_size), listeners)]
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, actor.stop)
+    loop.add_signal_handler(signal.SIGUSR1, actor.drain)
+    loop.add_signal_handler(signal.SIGHUP, actor.reload)
+    for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
+        await asyncio.sleep(0)
+    if counter_listeners:
+        fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
+                                        counter_listeners))
+    tasks = await _start_tasks(address, opts)
+    code = _bind_workers(actor, opts)
+    probes = None
+    if code is None:
+        probes, code = await _start_probes(opts)
+    if code is None:
+        if opts.announce:
+            print(announcement(listeners, counter_listeners, actor.endpoint,
+                               opts.http_listeners, opts.master_key, bool(opts.tls_files)),
+                  file=sys.stderr, flush=True)
+        await actor.wait_stopped()
+    if probes is not None:
+        probes.close()
+    for running in fronts:
+        for server in running.servers:
+            server.close()          # no new clients while the binlog reaches the disk
+    for actor_ in tasks:
+        await actor_.close()
+    actor.close()
+    for running in fronts:
+        running.front.close()
+    return code or 0
+
+
+async def _start_tasks(address: str, opts: ServeOptions) -> list:
+    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then)."""
+    started = []
+    if opts.http_listeners:
+        from ...protocol.fronts.http import HttpFront
+        front = HttpFront(address, master_key=opts.master_key, limits=opts.http_limits,
+                          tls=opts.http_tls())
+        await front.start(opts.http_listeners)
+        started.append(front)
+    if opts.functions is not None:
+        from ...workers.dispatcher import Dispatcher
+        dispatcher = Dispatcher(address)
+        dispatcher.start()
+        started.append(dispatcher)
+    return started
+
+
+async def _start_probes(opts: ServeOptions):
+    """--health-port, once the binlog is replayed and every endpoint bound: (probes, None),
+    or (None, BIND_EXIT) when its port cannot be bound."""
+    from ...protocol.transport.health import HealthBindError, start_health
+    try:
+        return await start_health(opts.health), None
+    except HealthBindError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return None, BIND_EXIT
+
+
+def _bind_workers(actor, opts: ServeOptions) -> int | None:
+    if no_endpoint(opts.worker_bind):
+        return None
+    from ...protocol.transport.curve import CurveError
+    from ..actor import BindError
+    try:
+        actor.bind(opts.worker_bind)
+    except BindError as exc:
+        print(f"zstalk: cannot bind {exc} (the worker endpoint: --worker-bind moves it, "
+              f"'none' turns it off)", file=sys.stderr)
+        return BIND_EXIT
+    except CurveError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return 2
+    return None

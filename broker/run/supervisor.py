@@ -1,0 +1,228 @@
+"""`zstalk serve --fronts N` / `zstalkd`: one broker and N beanstalk fronts on one machine,
+supervised, plus one counter front when `zstalk serve` is given a counter listener
+(`zstalkd`, the beanstalkd drop-in, never runs one), and with `--config` the cloud-task
+HTTP API (one `zstalk front http`) and one `zstalk dispatcher`.
+
+The supervisor binds the client sockets first (so the ports are taken within
+milliseconds of start, and a busy port fails at once with beanstalkd's message and exit
+code), then starts the broker and the fronts as child processes running `zstalk broker`,
+`zstalk front beanstalk --fd N`, `zstalk front counter --fd N` and `zstalk front http
+--fd N`.  The broker listens on an ipc:// endpoint in a private temporary directory, so
+no internal port is fixed and two servers run side by side.  Only the HTTP front is
+given the master key, in its environment (not its argv, which `ps` shows), or the name
+of the file it came from (--master-key-file); its TLS certificate and key go on its
+command line by file name.
+
+Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
+SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
+SIGUSR1 (drain mode) and SIGHUP (read --config again) are passed to the broker.  A child
+that dies is started again.  Children get PR_SET_PDEATHSIG, so they never outlive the
+supervisor, even after kill -9 of it.  This module imports nothing heavy, to keep
+start-up fast.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
+
+STOP_GRACE_S = 3.0
+#: a dispatcher lets running calls finish for 10 s (workers/dispatcher.py CLOSE_GRACE_S)
+DISPATCHER_GRACE_S = 12.0
+RESTART_DELAY_S = 0.5
+#: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
+#: directory, endpoint in use, keys missing for a non-local endpoint): the supervisor stops
+#: and exits with the same code
+FATAL_EXITS = {2, 10, 111}
+#: signals the broker child is given in turn: drain mode, read --config again
+_PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:
+    """Runs in each child between fork and exec: only the signals we pass on blocked (the
+    broker unblocks them once it handles them: one sent while it starts waits for that,
+    instead of killing it), and die with the parent."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, _PASSED_ON)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, listeners: list[socket.socket], opts: ServeOptions,
+                 counter_listeners: list[socket.socket] = ()) -> None:
+        self.listeners = listeners
+        self.counter_listeners = list(counter_listeners)
+        self.opts = opts
+        self.tmpdir = tempfile.mkdtemp(prefix="zstalk-")
+        self.endpoint = opts.broker_bind or f"ipc://{self.tmpdir}/broker"
+        self.children: dict[str, subprocess.Popen] = {}
+        self.draining = False       # survives a broker restart (passed as --drain)
+        self.broker_restarts = 0    # a restarted broker starts --recovering
+
+    def _command(self, name: str) -> list[str]:
+        base = [sys.executable, "-m", "zstalk.broker.run"] + ["-V"] * self.opts.verbose
+        cmd = base + self._arguments(name)
+        for sock in self._listeners_of(name):
+            cmd += ["--fd", str(sock.fileno())]
+        return cmd
+
+    def _arguments(self, name: str) -> list[str]:
+        """The `zstalk` subcommand and options of a child (a front-N is a beanstalk front)."""
+        if name == "broker":
+            return ["broker", "--bind", self.endpoint,
+                    "--max-job-size", str(self.opts.max_job_size),
+                    "--max-jobs-bytes", str(self.opts.max_jobs_bytes),
+                    *(["--drain"] if self.draining else []),
+                    *(["--recovering"] if self.broker_restarts else []),
+                    *self.opts.broker_args()]
+        if name == "counter":
+            return ["front", "counter", "--broker", self.endpoint,
+                    "--max-connections", str(self.opts.counter_max_connections)]
+        if name == "http":
+            return ["front", "http", "--broker", self.endpoint, *self.opts.http_args()]
+        if name == "dispatcher":
+            return ["dispatcher", "--broker", self.endpoint]
+        return ["front", "beanstalk", "--broker", self.endpoint,
+                "--max-job-size", str(self.opts.max_job_size),
+                "--max-connections", str(self.opts.max_connections)]
+
+    def _listeners_of(self, name: str) -> list[socket.socket]:
+        if name.startswith("front-"):
+            return self.listeners
+        return {"counter": self.counter_listeners,
+                "http": self.opts.http_listeners}.get(name, [])
+
+    def _environment(self, name: str) -> dict[str, str]:
+        """The supervisor's environment; the master key (or its file's name) for the
+        HTTP front only."""
+        env = dict(os.environ, ZSTALK_SUPERVISOR_PID=str(os.getpid()))
+        env.pop(MASTER_KEY_ENV, None)
+        env.pop(MASTER_KEY_FILE_ENV, None)
+        if name == "http" and self.opts.master_key_file:
+            env[MASTER_KEY_FILE_ENV] = os.path.abspath(self.opts.master_key_file)
+        elif name == "http" and self.opts.master_key:
+            env[MASTER_KEY_ENV] = self.opts.master_key
+        return env
+
+    def _start(self, name: str, extra: list[str] = (), fds: list[int] = ()) -> None:
+        fds = [s.fileno() for s in self._listeners_of(name)] + list(fds)
+        self.children[name] = subprocess.Popen(
+            self._command(name) + list(extra), pass_fds=fds, env=self._environment(name),
+            preexec_fn=_child_setup, stdin=subprocess.DEVNULL)
+
+    def _start_broker_and_wait(self) -> int | None:
+        """Start the broker and wait until it has replayed its binlog and bound its socket.
+
+        Fronts start only then, so clients that connect meanwhile wait in the listen
+        backlog, as with a beanstalkd replaying its binlog, instead of having their
+        commands held and failed.  Returns an exit code if we must stop instead."""
+        ready_r, ready_w = os.pipe()
+        try:
+            self._start("broker", ["--ready-fd", str(ready_w)], [ready_w])
+            os.close(ready_w)
+            while True:
+                if select.select([ready_r], [], [], 0.05)[0]:
+                    if os.read(ready_r, 1):
+                        return None
+                broker = self.children["broker"]
+                if broker.poll() is not None:
+                    code = broker.wait()
+                    return code if code in FATAL_EXITS else None
+                if signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0) is not None:
+                    return 0
+        finally:
+            os.close(ready_r)
+
+    def run(self) -> int:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            stop = self._start_broker_and_wait()
+            if stop is not None:
+                return stop
+            for i in range(self.opts.fronts):
+                self._start(f"front-{i}")
+            if self.counter_listeners:
+                self._start("counter")
+            if self.opts.http_listeners:
+                self._start("http")
+            if self.opts.functions is not None:     # (a SIGHUP may name functions later)
+                self._start("dispatcher")
+            if self.opts.announce:
+                print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind,
+                                   self.opts.http_listeners, self.opts.master_key,
+                                   bool(self.opts.tls_files)),
+                      file=sys.stderr, flush=True)
+            return self._loop()
+        finally:
+            self._stop()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _loop(self) -> int:
+        while True:
+            info = signal.sigtimedwait(_SIGNALS, 1.0)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                broker = self.children["broker"]
+                if broker.poll() in FATAL_EXITS:
+                    return broker.returncode
+                self._restart_dead()
+            elif info.si_signo in _PASSED_ON:
+                self.draining |= info.si_signo == signal.SIGUSR1
+                broker = self.children.get("broker")
+                if broker is not None:
+                    broker.send_signal(info.si_signo)
+            else:
+                return 0
+
+    def _restart_dead(self) -> None:
+        for name, proc in list(self.children.items()):
+            if proc.poll() is not None:
+                print(f"zstalk: {name} exited with {proc.returncode}; starting it again",
+                      file=sys.stderr)
+                time.sleep(RESTART_DELAY_S)
+                if name == "broker":
+                    self.broker_restarts += 1
+                    self._start_broker_and_wait()   # its fronts wait for its replay
+                else:
+                    self._start(name)
+
+    def _stop(self) -> None:
+        """The fronts and the dispatcher first (the dispatcher lets running calls finish
+        and report for its grace period), the broker last, once nothing more can reach it
+        (with a binlog, it writes what they said)."""
+        others = [p for name, p in self.children.items() if name != "broker"]
+        self._terminate(others, DISPATCHER_GRACE_S if "dispatcher" in self.children
+                        else STOP_GRACE_S)
+        self._terminate([p for name, p in self.children.items() if name == "broker"],
+                        STOP_GRACE_S)
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def serve(listeners: list[socket.socket], opts: ServeOptions,
+          counter_listeners: list[socket.socket] = ()) -> int:
+    return Supervisor(listeners, opts, counter_listeners).run()

@@ -1,0 +1,2 @@
+"""Durability: the binlog, its on-disk format, fsync, and beanstalkd's binlog read and
+imported."""

@@ -1,0 +1,747 @@
+"""The broker's write-ahead log: a directory of preallocated segments (walformat.py).
+
+How it is used: the broker core calls `reserve_*` before a change it will log (a refusal
+is beanstalkd's disk-full answer), then `log_put` / `log_update` / `log_delete`, which
+only append bytes to a pending list.  At the end of each event-loop turn the actor calls
+`write()` (one frame per segment touched, written before any reply of that turn leaves),
+then `after_write(now)` to start an fsync on the sync thread when the policy says so,
+and `maintain()` for compaction.  Under `fsync_ms == 0` the actor holds every reply
+until `synced` covers the write that preceded it: one fsync covers a whole batch (group
+commit), and no other session can see a job before its record is on disk.
+
+Space (disk full must never cost an acknowledged change): segments are preallocated
+with posix_fallocate, so writes into them cannot fail for space.  Every record reserves
+twice its size plus a frame header before it is accepted - the second half pays for the
+tail a record can leave unused when it does not fit in a segment - and a put reserves
+its future delete as well, so deletes always find room.  When the reserve runs short a
+new segment is allocated; if that fails, put answers OUT_OF_MEMORY until space returns.
+
+Compaction (beanstalkd #599/#570/#622): a segment lives while a live job's latest full
+record is in it.  Segments are removed oldest first (a newer one may hold the delete
+of a job in an older one).  While the directory exceeds twice the live records plus two
+segments, live jobs of the oldest segment are copied forward as full records, a few
+thousand per turn; updates never pin a segment, so a job released with a delay again
+and again costs nothing once its segment is compacted.  A segment is unlinked only
+after an fsync covers the copies that replaced it.
+
+Cloud tasks (tasks.py) are logged the same way: a TASK record (the whole task) pins its
+segment like a job's JOB record, TASK_STATE records (start, retry, failure, cancel) pin
+nothing, TASK_GONE ends it, and compaction copies live tasks forward.  A task's space is
+reserved in steps: its record and its TASK_GONE at enqueue, two states (the start and the
+call's end) when a dispatcher takes it; a success whose result needs a whole record
+reserves that when it comes (see `log_task_end`).  Cron schedules (schedules.py) are
+logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
+segment the same way; each record is reserved when it is made, the GONE with the first.
+
+Ids: each segment header carries the broker's next id when it became the one being
+written, and the segment being written is never removed, so recovery continues after
+the largest id ever issued even when every record of it was compacted away.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import logging
+import os
+import random
+import re
+import struct
+from typing import NamedTuple
+
+from . import format as wf
+from .beanstalkd import is_beanstalkd_dir
+from .fsync import Syncer, preallocate
+from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
+from ..core.tasks.schedules import Schedule
+from ..core.tasks.store import ERROR_CHARS, Task
+
+log = logging.getLogger("zstalk.binlog")
+SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
+LOCK_NAME = "zstalk.lock"
+_SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
+_MIGRATE_SCAN_PER_TURN = 4096
+_NO_COUNTS = (0,) * len(COUNTERS)
+_FRAME = wf.FRAME.size
+# a TASK_STATE without its uid and error: the longest status, an attempt, four times, a
+# status code, as msgpack encodes them at most (see _task_state_reservation)
+_TASK_STATE_FIXED = len(wf.encode_task_state("", ["cancelled", 1 << 62, 1e18, 1e18, 1e18, 1e18,
+                                                  1 << 62, ""]))
+
+
+def _round_segment(size: int) -> int:
+    """-s as beanstalkd takes it: up to whole 4 KiB blocks, never below one."""
+    return max(4096, -(-size // 4096) * 4096)
+
+
+class BinlogError(Exception):
+    """The directory cannot be used (locked, beanstalkd's, damaged header): exit 10."""
+
+
+class Options(NamedTuple):
+    path: str
+    segment_size: int = SEGMENT_SIZE
+    fsync_ms: int | None = 50           # None: never fsync (-F)
+
+
+def segment_name(seq: int) -> str:
+    return f"zstalk.{seq:08d}.wal"
+
+
+class Segment:
+    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "uids",
+                 "task_cursor", "names", "name_cursor")
+
+    def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
+        self.seq = seq
+        self.path = path
+        self.fd = fd
+        self.size = size            # bytes allocated on disk
+        self.pos = pos              # where the next frame goes
+        self.live = 0               # live jobs and tasks whose latest full record is here
+        self.ids: list[int] = []    # ids of the full records written here, in order
+        self.cursor = 0             # compaction's progress through `ids`
+        self.uids: list[str] = []   # the same for tasks
+        self.task_cursor = 0
+        self.names: list[str] = []  # and for schedules
+        self.name_cursor = 0
+
+    @property
+    def free(self) -> int:
+        return self.size - self.pos
+
+
+class Binlog:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        # grows past -s only when a record would not fit in one segment (a big -z)
+        self.seg_size = _round_segment(opts.segment_size)
+        self.segments: list[Segment] = []   # oldest first; [-1] is the one being written
+        self.by_seq: dict[int, Segment] = {}
+        self.spares: list[Segment] = []     # preallocated, not yet written
+        self.pending: list = []             # (record bytes, job or None) not yet written
+        self.pending_reserve = 0            # reservation the pending records consume
+        self.promised = 0                   # reserved, not yet written
+        self.live_bytes = 0
+        # room = capacity - promised, kept up to date so reserving is one comparison; it
+        # only shrinks between recomputations (writes and rolls never raise it)
+        self.room = 0
+        self._tube_bytes: dict[str, bytes] = {}
+        self.records_written = 0
+        self.records_migrated = 0
+        self.wall_offset = 0.0
+        self.write_seq = 0                  # counts write() calls that wrote something
+        self.synced = 0                     # the last write_seq known to be on disk
+        self.last_sync = float("-inf")
+        self.doomed: list[tuple[int, Segment]] = []   # (write_seq, segment) to unlink
+        self.dir_dirty = False
+        # segments written (or created) since the last fsync request, wherever they are
+        # now (being written, full, or doomed): the next fsync must cover every one
+        self.dirty: dict[int, Segment] = {}
+        self.state_id = 0
+        self.last_seq = 0                   # the highest segment number ever seen here
+        self.syncer = Syncer() if opts.fsync_ms is not None else None
+        self._lock_fd = -1
+        self._dir_fd = -1
+
+    # -- opening -------------------------------------------------------------------
+    def open(self, max_job_size: int, beside_beanstalkd: bool = False) -> wf.Replayed:
+        """Lock the directory, replay it, and start a fresh segment for writing.
+
+        A directory with beanstalkd's binlog.N files is refused (never start empty
+        beside them), except by the importer (`beside_beanstalkd`)."""
+        path = self.opts.path
+        os.makedirs(path, exist_ok=True)
+        if is_beanstalkd_dir(path) and not beside_beanstalkd:
+            raise BinlogError(
+                f"{path} holds a beanstalkd binlog (binlog.N files), not a zstalk one; "
+                f"import it first with: zstalk import-binlog {path}")
+        self._lock(path)
+        try:
+            return self._open_locked(path, max_job_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_locked(self, path: str, max_job_size: int) -> wf.Replayed:
+        self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        replayed = self._replay(path, max_job_size)
+        self.state_id = replayed.state_id or random.getrandbits(63) or 1
+        first = self._allocate(replayed.next_id)
+        self.segments.append(first)
+        self.by_seq[first.seq] = first
+        self._restore_reserve()
+        # what we replayed may be page cache never synced (kill -9 mid-sync): make it, and
+        # the new segment's next id, durable before anything is unlinked or replied to
+        self.sync_all()
+        return replayed
+
+    def _restore_reserve(self) -> None:
+        """Back the deletes promised to the replayed jobs with allocated space."""
+        try:
+            while self._capacity() < self.promised:
+                self.spares.append(self._allocate(0))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("binlog: disk full at start: deletes of recovered jobs may fail")
+
+    def _lock(self, path: str) -> None:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BinlogError(f"{path} is locked by another zstalk broker (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _replay(self, path: str, max_job_size: int) -> wf.Replayed:
+        names = sorted((int(m.group(1)), n) for n in os.listdir(path)
+                       if (m := _SEGMENT_RE.fullmatch(n)))
+        jobs: dict = {}
+        tasks: dict = {}
+        schedules: dict = {}
+        tubes: dict = {}
+        warnings: list[str] = []
+        next_id = state_id = 0
+        last_with_data = self._last_with_data(path, names)
+        self.last_seq = names[-1][0] if names else 0
+        for seq, name in names:
+            full = os.path.join(path, name)
+            with open(full, "rb") as f:
+                data = f.read()
+            try:
+                header = wf.decode_header(data)
+            except wf.BadSegment as exc:
+                if seq > last_with_data:      # a spare whose header never reached the disk
+                    warnings.append(f"{name}: {exc}; an empty segment, removed")
+                    os.unlink(full)
+                    continue
+                raise BinlogError(f"{full}: {exc}") from None
+            state_id = header.state_id
+            next_id = max(next_id, header.next_id)
+            if seq > last_with_data:          # a spare never written: nothing to keep
+                os.unlink(full)
+                continue
+            seg = self._adopt(seq, full, len(data))
+            spans, end, why = wf.scan(data)
+            try:
+                for start, stop in spans:
+                    top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
+                                           tasks, seg.uids, schedules, seg.names)
+                    next_id = max(next_id, top + 1)
+            except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
+                raise BinlogError(f"{full}: {exc}") from None
+            if why:
+                self._torn(seg, end, why, seq == last_with_data, warnings)
+        for w in warnings:
+            log.warning("binlog: %s", w)
+        for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
+            self.by_seq[seq].live = live
+        for seq, live in collections.Counter(
+                t[1] for t in [*tasks.values(), *schedules.values()]).items():
+            self.by_seq[seq].live += live
+        self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
+        self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
+        biggest = max((wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values()), default=0)
+        for fields, _ in tasks.values():
+            size = len(wf.encode_task(fields))
+            self.live_bytes += size
+            biggest = max(biggest, size)
+            # its TASK_GONE, and the end of a call the restart cut short (tasks.py)
+            self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
+            if fields[wf.T_STATUS] == "running":
+                self.promised += self._task_state_reservation(fields[wf.T_UID])
+        for fields, _ in schedules.values():
+            size = len(wf.encode_schedule(fields))
+            self.live_bytes += size
+            biggest = max(biggest, size)
+            self.promised += self._reservation(len(wf.encode_schedule_gone(fields[0])))
+        self.seg_size = max(self.seg_size, wf.HEADER_SIZE + _FRAME + biggest)
+        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules)
+
+    @staticmethod
+    def _last_with_data(path: str, names) -> int:
+        """The newest segment that has at least one frame (spares after it are empty)."""
+        for seq, name in reversed(names):
+            with open(os.path.join(path, name), "rb") as f:
+                f.seek(wf.HEADER_SIZE)
+                if f.read(4) not in (b"", b"\0\0\0\0"):
+                    return seq
+        return 0
+
+    def _adopt(self, seq: int, full: str, size: int) -> Segment:
+        """An existing segment: kept for its live jobs, never written again."""
+        seg = Segment(seq, full, os.open(full, os.O_RDWR), size, size)
+        self.segments.append(seg)
+        self.by_seq[seq] = seg
+        return seg
+
+    def _torn(self, seg: Segment, end: int, why: str, is_tail: bool, warnings: list) -> None:
+        name = os.path.basename(seg.path)
+        if is_tail:
+            warnings.append(f"{name}: {why}: torn tail truncated at {end}")
+            os.ftruncate(seg.fd, end)
+            os.fsync(seg.fd)
+            seg.size = seg.pos = end
+        else:
+            warnings.append(f"{name}: {why}: the rest of this segment is skipped; "
+                            "you may be missing data")
+
+    def close(self) -> None:
+        if self.syncer is not None:
+            self.syncer.stop()
+        for seg in self.segments + self.spares + [seg for _, seg in self.doomed]:
+            os.close(seg.fd)
+        self.segments, self.spares, self.doomed, self.dirty = [], [], [], {}
+        for fd in (self._dir_fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._dir_fd = self._lock_fd = -1
+
+    # -- space ---------------------------------------------------------------------
+    def _allocate(self, next_id: int) -> Segment:
+        """A new preallocated segment; raises OSError (ENOSPC) when the disk is full."""
+        self.last_seq += 1
+        seq = self.last_seq
+        full = os.path.join(self.opts.path, segment_name(seq))
+        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            preallocate(fd, self.seg_size)
+            os.pwrite(fd, wf.encode_header(wf.Header(self.state_id, next_id, seq)), 0)
+        except OSError:
+            os.close(fd)
+            os.unlink(full)
+            raise
+        self.dir_dirty = True
+        seg = Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
+        self.dirty[seq] = seg           # its header must reach the disk too
+        return seg
+
+    @staticmethod
+    def _reservation(record_size: int) -> int:
+        return 2 * (record_size + _FRAME)
+
+    def _capacity(self) -> int:
+        """Bytes still writable: the rest of the segment being written, and the spares."""
+        return self.segments[-1].free + sum(s.free for s in self.spares)
+
+    def reserve(self, amount: int) -> bool:
+        """Promise `amount` bytes of log space, allocating a segment if needed."""
+        if self.room >= amount:               # the common case, no arithmetic over segments
+            self.room -= amount
+            self.promised += amount
+            return True
+        while self._capacity() - self.promised < amount:
+            try:
+                self.spares.append(self._allocate(0))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                return False
+        self.promised += amount
+        self.room = self._capacity() - self.promised
+        return True
+
+    def _tube_size(self, tube: str) -> int:
+        encoded = self._tube_bytes.get(tube)
+        if encoded is None:
+            encoded = self._tube_bytes[tube] = tube.encode()
+        return len(encoded)
+
+    def reserve_put(self, tube: str, body_len: int) -> bool:
+        size = wf.JOB_FIXED_SIZE + self._tube_size(tube) + body_len
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
+            return False
+        return self.reserve(self._reservation(size) + self._reservation(wf.DELETE_SIZE))
+
+    def _fits(self, record_size: int) -> bool:
+        """Make every segment to come big enough for this record (spares grow too)."""
+        need = wf.HEADER_SIZE + _FRAME + record_size
+        if need <= self.seg_size:
+            return True
+        try:
+            for seg in self.spares:
+                preallocate(seg.fd, need)
+                seg.size = need
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            return False
+        self.seg_size = need
+        self.room = self._capacity() - self.promised
+        return True
+
+    def reserve_update(self) -> bool:
+        return self.reserve(self._reservation(wf.UPDATE_SIZE))
+
+    # -- records (called by the core) -------------------------------------------------
+    def image(self, job: Job) -> wf.Image:
+        state, key = wf.S_READY, 0.0
+        if job.state == DELAYED:
+            state, key = wf.S_DELAYED, job.deadline + self.wall_offset
+        elif job.state == BURIED:
+            state, key = wf.S_BURIED, job.deadline
+        return wf.Image(job.id, job.tube.name, job.pri, job.delay_s, job.ttr_s,
+                        job.created + self.wall_offset, state, key,
+                        tuple(job.counts[:len(COUNTERS)]) if job.counts else _NO_COUNTS,
+                        job.body)
+
+    def log_put(self, job: Job) -> None:
+        """A new job (its space was reserved by reserve_put)."""
+        tube = job.tube.name
+        self._tube_size(tube)
+        record = wf.encode_new_job(job.id, self._tube_bytes[tube], job.pri, job.delay_s,
+                                   job.ttr_s, job.created + self.wall_offset,
+                                   job.deadline + self.wall_offset if job.state == DELAYED else 0.0,
+                                   job.body)
+        self.live_bytes += len(record)
+        self.pending.append((record, job))
+        self.pending_reserve += 2 * (len(record) + _FRAME)
+
+    def log_update(self, job: Job) -> None:
+        """bury / kick / release with a delay (space reserved by reserve_update)."""
+        i = self.image(job)
+        self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts), None))
+        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
+
+    def log_reserved(self, job: Job) -> bool:
+        """A graceful stop: `job` is held by a client (walformat's S_RESERVED); False
+        when the disk has no room for the record (the job then comes back ready)."""
+        if not self.reserve_update():
+            return False
+        i = self.image(job)
+        self.pending.append((wf.encode_update(i.id, wf.S_RESERVED, i.pri, i.delay_s, 0.0,
+                                              i.counts), None))
+        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
+        return True
+
+    def log_delete(self, job: Job) -> None:
+        """The job is gone (its space was reserved when it was put)."""
+        self.live_bytes -= wf.job_record_size(job.tube.name, len(job.body))
+        if job.seg:
+            self._segment(job.seg).live -= 1
+            job.seg = 0
+        self.pending.append((wf.encode_delete(job.id), None))
+        self.pending_reserve += self._reservation(wf.DELETE_SIZE)
+
+    def _segment(self, seq: int) -> Segment:
+        return self.by_seq[seq]
+
+    def log_image(self, image: wf.Image) -> bool:
+        """A job from elsewhere (import-binlog) as a full record; False without space."""
+        size = wf.job_record_size(image.tube, len(image.body))
+        if not self._fits(size) or not self.reserve(self._reservation(size)):
+            return False
+        self.pending.append((wf.encode_job(image), None))
+        self.pending_reserve += self._reservation(size)
+        return True
+
+    # -- task records (called by tasks.Tasks) ----------------------------------------------
+    def task_fields(self, task: Task) -> list:
+        """A TASK record's list (wall-clock times), without the result."""
+        wall = self.wall_offset
+        b = task.backoff
+        return [task.uid, task.function, task.params, task.priority, task.seq, task.attempts,
+                [b.kind, b.delay_ms, b.max_delay_ms, b.jitter], task.timeout_ms, task.delivery,
+                task.keep_result_ms, task.created + wall, *self._task_state(task)]
+
+    def _task_state(self, task: Task) -> list:
+        wall = self.wall_offset
+        return [task.status, task.attempt,
+                None if task.started is None else task.started + wall,
+                None if task.finished is None else task.finished + wall,
+                task.due + wall, task.expires + wall, task.status_code, task.error]
+
+    def _task_state_reservation(self, uid: str) -> int:
+        """Room for any TASK_STATE of this task (its error text is cut to ERROR_CHARS)."""
+        return self._reservation(_TASK_STATE_FIXED + len(uid.encode()) + 4 * ERROR_CHARS)
+
+    def reserve_task(self, task: Task) -> bool:
+        """Room for a new task's TASK record and its TASK_GONE."""
+        size = len(wf.encode_task([*self.task_fields(task), None]))
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
+            return False
+        gone = len(wf.encode_task_gone(task.uid))
+        return self.reserve(self._reservation(size) + self._reservation(gone))
+
+    def reserve_call(self, task: Task) -> bool:
+        """Room for the TASK_STATEs of a call: its start and its end."""
+        return self.reserve(2 * self._task_state_reservation(task.uid))
+
+    def reserve_task_state(self, task: Task) -> bool:
+        return self.reserve(self._task_state_reservation(task.uid))
+
+    def log_task(self, task: Task) -> None:
+        """The whole task (enqueue; its space was reserved by reserve_task)."""
+        record = wf.encode_task([*self.task_fields(task), task.result])
+        self.live_bytes += len(record) - task.logged
+        task.logged = len(record)
+        self.pending.append((record, task))
+        self.pending_reserve += self._reservation(len(record))
+
+    def log_task_state(self, task: Task) -> None:
+        """A start, retry, failure or cancel (reserved by reserve_call / reserve_task_state)."""
+        self.pending.append((wf.encode_task_state(task.uid, self._task_state(task)), None))
+        self.pending_reserve += self._task_state_reservation(task.uid)
+
+    def log_task_end(self, task: Task) -> bool:
+        """The end of a call, reserved as a TASK_STATE by reserve_call.  A result needs the
+        whole record: False if there is no room for it (then nothing is logged, and the
+        reserved state is still there for the caller to log without the result)."""
+        if task.result is None:
+            self.log_task_state(task)
+            return True
+        size = len(wf.encode_task([*self.task_fields(task), task.result]))
+        if not self._fits(size) or not self.reserve(self._reservation(size)):
+            return False
+        self.log_task(task)
+        # the TASK_STATE reserved for this end was not needed
+        self.promised -= self._task_state_reservation(task.uid)
+        self.room += self._task_state_reservation(task.uid)
+        return True
+
+    def log_task_gone(self, task: Task) -> None:
+        """keepResult passed (its space was reserved with the task)."""
+        self.live_bytes -= task.logged
+        if task.seg:
+            self._segment(task.seg).live -= 1
+            task.seg = 0
+        record = wf.encode_task_gone(task.uid)
+        self.pending.append((record, None))
+        self.pending_reserve += self._reservation(len(record))
+
+    # -- schedule records (called by schedules.Schedules) -----------------------------------
+    def schedule_fields(self, s: Schedule) -> list:
+        return [s.name, s.expr, s.zone.key, s.function, s.params, s.options, s.paused,
+                s.next_fire, s.last_fire, s.last_error, s.created]
+
+    @staticmethod
+    def _schedule_max(s: Schedule) -> int:
+        """The largest record the schedule can have: what changes (times, the last error,
+        cut to ERROR_CHARS) at its largest, so a reservation made before a change covers
+        the record written after it."""
+        fixed = wf.encode_schedule([s.name, s.expr, s.zone.key, s.function, s.params,
+                                    s.options, False, 1.0, 1.0, None, s.created])
+        return len(fixed) + 4 * ERROR_CHARS + 5
+
+    def reserve_schedule(self, s: Schedule, first: bool = False) -> bool:
+        """Room for the schedule's next record (and, `first`, its SCHEDULE_GONE)."""
+        size = self._schedule_max(s)
+        if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
+            return False
+        gone = self._reservation(len(wf.encode_schedule_gone(s.name))) if first else 0
+        return self.reserve(self._reservation(size) + gone)
+
+    def log_schedule(self, s: Schedule) -> None:
+        """The whole schedule, as it is now (reserved by reserve_schedule)."""
+        record = wf.encode_schedule(self.schedule_fields(s))
+        self.live_bytes += len(record) - s.logged
+        s.logged = len(record)
+        self.pending.append((record, s))
+        self.pending_reserve += self._reservation(self._schedule_max(s))
+
+    def log_schedule_gone(self, s: Schedule) -> None:
+        self.live_bytes -= s.logged
+        if s.seg:
+            self._segment(s.seg).live -= 1
+            s.seg = 0
+        record = wf.encode_schedule_gone(s.name)
+        self.pending.append((record, None))
+        self.pending_reserve += self._reservation(len(record))
+
+    def mark_next_id(self, next_id: int) -> None:
+        """Record `next_id` as the high-water mark in the segment being written."""
+        seg = self.segments[-1]
+        os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
+
+    def sync_all(self) -> None:
+        """fsync every segment written or made and the directory now, on this thread
+        (start and shutdown: no sync thread is running then)."""
+        for seg in [*self.segments, *self.dirty.values()]:
+            os.fsync(seg.fd)
+        self.dirty = {}
+        os.fsync(self._dir_fd)
+        self.dir_dirty = False
+        self.synced = self.write_seq
+
+    # -- writing (called by the actor, once per turn) -----------------------------------
+    def write(self, jobs: dict, next_id: int, tasks: dict | None = None,
+              schedules: dict | None = None) -> bool:
+        """Write the pending records, one frame per segment; True if anything was written.
+        `jobs` and `tasks` are the live ones: a full record of one gone since is not placed."""
+        if not self.pending:
+            return False
+        chunk: list[bytes] = []
+        size = 0
+        for record, job in self.pending:
+            if _FRAME + size + len(record) > self.segments[-1].free:
+                self._write_frame(chunk, size)
+                chunk, size = [], 0
+                self._roll(next_id)
+            chunk.append(record)
+            size += len(record)
+            if job is not None:
+                if type(job) is Job:
+                    if jobs.get(job.id) is job:
+                        self._place(job).ids.append(job.id)
+                elif type(job) is Task:
+                    if tasks is not None and tasks.get(job.uid) is job:
+                        self._place(job).uids.append(job.uid)
+                elif schedules is not None and schedules.get(job.name) is job:
+                    self._place(job).names.append(job.name)
+        self._write_frame(chunk, size)
+        self.records_written += len(self.pending)
+        self.promised -= self.pending_reserve
+        self.pending.clear()
+        self.pending_reserve = 0
+        self.write_seq += 1
+        if self.syncer is None:         # --no-fsync: written is as good as it gets
+            self.synced = self.write_seq
+            self.dirty = {}
+        return True
+
+    def _place(self, owner: Job | Task) -> Segment:
+        """`owner`'s latest full record went to the segment being written (returned)."""
+        cur = self.segments[-1]
+        if owner.seg:
+            self._segment(owner.seg).live -= 1
+        owner.seg = cur.seq
+        cur.live += 1
+        return cur
+
+    def _write_frame(self, chunk: list[bytes], size: int) -> None:
+        if not chunk:
+            return
+        seg = self.segments[-1]
+        frame = wf.encode_frame(b"".join(chunk))
+        # a failed write leaves us unable to promise anything: the caller dies before
+        # replying, and the restarted broker recovers what reached the disk
+        os.pwrite(seg.fd, frame, seg.pos)
+        seg.pos += len(frame)
+        self.dirty[seg.seq] = seg
+
+    def _roll(self, next_id: int) -> None:
+        """The segment being written is full: continue in a spare (reserved space)."""
+        seg = self.spares.pop(0) if self.spares else self._allocate(next_id)
+        # the header's next id is the high-water mark of everything logged before it
+        os.pwrite(seg.fd, wf.encode_header(wf.Header(self.state_id, next_id, seg.seq)), 0)
+        self.dirty[seg.seq] = seg
+        self.segments.append(seg)
+        self.by_seq[seg.seq] = seg
+
+    # -- fsync ---------------------------------------------------------------------------
+    @property
+    def notify_fd(self) -> int | None:
+        return self.syncer.read_fd if self.syncer else None
+
+    def sync_due(self) -> float | None:
+        """When an fsync should start (fsync_ms > 0 with unsynced writes), else None."""
+        if self.syncer is None or self.synced >= self.write_seq or self.syncer.busy:
+            return None
+        return self.last_sync + self.opts.fsync_ms / 1000.0
+
+    def after_write(self, now: float) -> None:
+        """Start an fsync if the policy allows one now (group commit: it covers all writes)."""
+        due = self.sync_due()
+        if due is not None and now >= due:
+            fds = [s.fd for s in self.dirty.values()]
+            self.dirty = {}
+            dir_fd = self._dir_fd if self.dir_dirty else -1
+            self.dir_dirty = False
+            self.last_sync = now
+            self.syncer.request(self.write_seq, fds, dir_fd)
+
+    def on_synced(self, now: float) -> None:
+        """The sync thread finished: advance `synced` and start the next one if due."""
+        done, error = self.syncer.take_done()
+        if error is not None:
+            # the kernel may have dropped the pages it failed to write: a retry would
+            # report success over lost data, so the broker must stop (and recover)
+            raise OSError(f"binlog fsync failed: {error}")
+        self.synced = max(self.synced, done)
+        self.after_write(now)
+
+    # -- compaction ------------------------------------------------------------------------
+    def disk_bytes(self) -> int:
+        return sum(s.size for s in self.segments) + sum(s.size for s in self.spares)
+
+    def maintain(self, jobs: dict, tasks: dict | None = None,
+                 schedules: dict | None = None) -> None:
+        """Unlink dead segments oldest first; copy live jobs forward when the log is 2x live."""
+        self._unlink_doomed()
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            if oldest.live == 0:
+                self.segments.pop(0)
+                self.doomed.append((self.write_seq + bool(self.pending), oldest))
+                continue
+            if self.disk_bytes() <= 2 * self.live_bytes + 2 * self.seg_size:
+                break
+            self._migrate(oldest, jobs)
+            if tasks:
+                self._migrate_tasks(oldest, tasks)
+            if schedules:
+                self._migrate_schedules(oldest, schedules)
+            break
+        self._unlink_doomed()
+
+    def _migrate(self, seg: Segment, jobs: dict) -> None:
+        stop = min(len(seg.ids), seg.cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.cursor < stop:
+            job = jobs.get(seg.ids[seg.cursor])
+            if job is not None and job.seg == seg.seq:
+                size = wf.job_record_size(job.tube.name, len(job.body))
+                if not self._fits(size) or not self.reserve(self._reservation(size)):
+                    return                  # disk full: try again next turn
+                self.pending.append((wf.encode_job(self.image(job)), job))
+                self.pending_reserve += self._reservation(size)
+                self.records_migrated += 1
+            seg.cursor += 1
+
+    def _migrate_tasks(self, seg: Segment, tasks: dict) -> None:
+        stop = min(len(seg.uids), seg.task_cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.task_cursor < stop:
+            task = tasks.get(seg.uids[seg.task_cursor])
+            if task is not None and task.seg == seg.seq:
+                record = wf.encode_task([*self.task_fields(task), task.result])
+                if not self._fits(len(record)) or not self.reserve(self._reservation(len(record))):
+                    return                  # disk full: try again next turn
+                self.pending.append((record, task))
+                self.pending_reserve += self._reservation(len(record))
+                self.records_migrated += 1
+            seg.task_cursor += 1
+
+    def _migrate_schedules(self, seg: Segment, schedules: dict) -> None:
+        stop = min(len(seg.names), seg.name_cursor + _MIGRATE_SCAN_PER_TURN)
+        while seg.name_cursor < stop:
+            s = schedules.get(seg.names[seg.name_cursor])
+            if s is not None and s.seg == seg.seq:
+                if not self.reserve_schedule(s):
+                    return                  # disk full: try again next turn
+                self.log_schedule(s)
+                self.records_migrated += 1
+            seg.name_cursor += 1
+
+    def _unlink_doomed(self) -> None:
+        busy = self.syncer is not None and self.syncer.busy
+        keep = []
+        for seq, seg in self.doomed:
+            if seq <= self.synced and not busy and seg.seq not in self.dirty:
+                del self.by_seq[seg.seq]
+                os.close(seg.fd)
+                os.unlink(seg.path)
+                self.dir_dirty = True
+            else:
+                keep.append((seq, seg))
+        self.doomed = keep
+
+    # -- stats ---------------------------------------------------------------------------
+    def oldest_index(self) -> int:
+        return self.segments[0].seq if self.segments else 0
+
+    def current_index(self) -> int:
+        return self.segments[-1].seq if self.segments else 0

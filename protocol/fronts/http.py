@@ -1,0 +1,627 @@
+"""The HTTP front: the cloud-task API as HTTP/JSON on aiohttp.web, over one broker session.
+
+How it works: the front holds ONE broker session (conn 1), opened on every Welcome (a
+duplicate OPEN changes nothing at the broker).  Each request is parsed into a typed
+value, becomes exactly one op on that session, and waits for its reply.  The broker
+answers a session's ops in the order they were sent, so the front keeps a FIFO of
+futures: `on_replies` resolves them oldest first, whichever request they belong to.
+
+    POST   /v1/tasks              {"function", "params"?, "options"?}  -> T_ENQUEUE -> 201
+    POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
+    GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
+    GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
+    DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
+    GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/openapi.py)   -> 200
+    /v1/schedules[/{name}]       cron schedules: protocol/fronts/http_schedules.py
+
+The broker owns the rules (which functions exist, what the options mean, statuses):
+it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
+message, which STATUS maps to the HTTP status to send.  The front checks only the shape of
+a request body (a JSON object with known keys of the right types) and makes the random
+uniqueId the broker core cannot (`secrets.token_hex(16)`; the broker prefers
+options.uniqueId).  `params` is re-encoded as compact JSON: that is the body the
+dispatcher later POSTs to the function.
+
+Errors are data: every refusal is `{"error": CODE, "message": TEXT}` with the status
+named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405), which a
+middleware turns into JSON.  A body over the broker's `max_body_bytes` (Settings: the
+config's [api] max_body, taken again on SIGHUP) is 413, read no further than one byte
+past it; one that has not all come within the body timeout is 408, and the
+connection closed (protocol/fronts/http_site.py has that and the other limits: TLS, the header
+timeout, the connection limit).  With a master key, cancel and
+listing need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
+a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
+policy decides: by default enqueue needs it and reading a task by its id does not, as in
+LeanCloud's Cloud Queue, where a client may query by uniqueId (`public_enqueue`,
+`private_results` change that).  A wrong key is refused everywhere.  The OpenAPI
+document needs no key.
+
+Losing the broker (`on_lost`) or being fenced fails every request in flight with 503:
+the link throws away what it had sent, so no reply will come for them.  Requests made
+while the link waits for a broker are held by the link (sent after Welcome, or answered
+INTERNAL_ERROR after its hold time: 503 too).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import hmac
+import json
+import logging
+import math
+import secrets
+import socket
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+from aiohttp import web
+
+from .http_schedules import SCHEDULE_TIMES, parse_page, parse_pause, parse_schedule
+from .http_site import GuardedSite, close_after_408
+from ..transport.listen import HttpLimits
+from ..transport.mailbox import LinkOwner, open_link
+from ..schema import Op, R, SessionState, Welcome, encodable
+
+log = logging.getLogger("zstalk.http")
+
+CONN = 1                    # the front's one broker session
+#: how long close() lets requests in flight finish before failing them
+SHUTDOWN_GRACE_S = 5.0
+
+_OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
+_T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
+_T_LIST = int(Op.T_LIST)
+_T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
+PAGE_LIMIT = 100            # tasks in a listing page unless `limit` says otherwise
+
+#: every error code, the front's own and the broker's (its T_ERROR replies), with the
+#: HTTP status it is answered with: the one table of the API's refusals
+STATUS = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "unknown_function": 404,
+    "method_not_allowed": 405,
+    "request_timeout": 408,
+    "duplicate": 409,
+    "not_cancellable": 409,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "internal": 500,
+    "unavailable": 503,
+    "draining": 503,
+    "out_of_memory": 503,
+    "out_of_space": 503,
+}
+#: the code of each status the front answers on its own
+CODES = {status: code for code, status in reversed(STATUS.items())}
+ENQUEUE_KEYS = ("function", "params", "options")
+MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
+ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
+TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
+
+
+class Problem(NamedTuple):
+    """A refusal: the HTTP status and JSON error to answer (as broker/tasks.TaskError)."""
+    status: int
+    code: str
+    message: str
+
+
+def refuse(status: int, message: str) -> Problem:
+    return Problem(status, CODES[status], message)
+
+
+class Enqueue(NamedTuple):
+    """A checked POST /v1/tasks body."""
+    function: str
+    params: bytes               # compact JSON, the body the function will be POSTed
+    options: dict | None        # checked by the broker (broker/tasks.parse_options)
+
+
+# -- parsing -------------------------------------------------------------------------------
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(data: bytes) -> Any:
+    """JSON as RFC 8259 has it (no NaN or Infinity, which could not be re-encoded as JSON).
+    Raises ValueError, for nesting too deep as well."""
+    try:
+        return json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):           # 1e400: a float cannot hold it, and Infinity is no JSON
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
+def parse_enqueue(body: bytes) -> Enqueue | list[Enqueue | Problem] | Problem:
+    """The body of POST /v1/tasks: one task, or an array of them (each checked on its
+    own: a bad item refuses that item only), or why the whole body is refused."""
+    try:
+        doc = loads_strict(body)
+    except ValueError as exc:
+        return refuse(400, f"the body is not valid JSON: {exc}")
+    if isinstance(doc, list):
+        if len(doc) > MAX_BATCH:
+            return refuse(400, f"{len(doc)} tasks in one request; at most {MAX_BATCH}")
+        return [parse_task(item) for item in doc]
+    return parse_task(doc)
+
+
+def parse_task(doc: Any) -> Enqueue | Problem:
+    """One task object of POST /v1/tasks."""
+    if not isinstance(doc, dict):
+        return refuse(400, f"a task must be a JSON object, not {_json_type(doc)}")
+    unknown = [key for key in doc if key not in ENQUEUE_KEYS]
+    if unknown:
+        return refuse(400, f"unknown field {unknown[0]!r}; fields are {', '.join(ENQUEUE_KEYS)}")
+    function, options = doc.get("function"), doc.get("options")
+    if not isinstance(function, str):
+        return refuse(400, "function must be a string" if "function" in doc
+                      else "function is required")
+    if options is not None and not isinstance(options, dict):
+        return refuse(400, f"options must be an object, not {_json_type(options)}")
+    params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
+    if not encodable((function, options)):
+        return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")
+    return Enqueue(function, params, options)
+
+
+def parse_listing(query) -> tuple | Problem:
+    """GET /v1/tasks's query: (function, status, limit, after); the broker checks status
+    and the limit's range."""
+    unknown = [key for key in query if key not in ("function", "status", "limit", "after")]
+    if unknown:
+        return refuse(400, f"unknown parameter {unknown[0]!r}")
+    try:
+        limit = int(query.get("limit", PAGE_LIMIT))
+        after = int(query.get("after", 0))
+    except ValueError:
+        return refuse(400, "limit and after must be integers (after: a page's next)")
+    return (query.get("function"), query.get("status"), limit, after)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+# -- formatting ----------------------------------------------------------------------------
+def rfc3339(seconds: float) -> str:
+    """Wall-clock seconds as RFC 3339 UTC with milliseconds: 2026-11-24T20:30:00.123Z."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+def result_json(result: bytes) -> Any:
+    """A function's response body: its JSON value when it is JSON, else its text."""
+    try:
+        return loads_strict(result)
+    except ValueError:
+        return bytes(result).decode("utf-8", "replace")
+
+
+def task_json(info: dict) -> dict:
+    """A broker TaskInfo as the API shows it."""
+    out = dict(info)
+    for name in TIME_FIELDS:
+        if out.get(name) is not None:
+            out[name] = rfc3339(out[name])
+    if isinstance(out.get("result"), (bytes, bytearray)):
+        out["result"] = result_json(out["result"])
+    return out
+
+
+def problem_response(problem: Problem) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    return web.json_response({"error": problem.code, "message": problem.message},
+                             status=problem.status, headers=headers)
+
+
+def enqueue_op(task: Enqueue, keyed: bool) -> tuple:
+    """The op for one task, with the random uniqueId the broker uses unless the options
+    name one."""
+    return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
+            keyed)
+
+
+def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
+    """The broker's reply to one request: its TaskInfo (only `fields` of it, if given),
+    or its error."""
+    if reply[1] == R.T_TASK:
+        info = reply[2]
+        body = {k: info[k] for k in fields if k in info} if fields else task_json(info)
+        return web.json_response(body, status=status)
+    return problem_response(reply_problem(reply))
+
+
+def schedule_json(info: dict) -> dict:
+    """A broker schedule info as the API shows it."""
+    out = dict(info)
+    for name in SCHEDULE_TIMES:
+        if out.get(name) is not None:
+            out[name] = rfc3339(out[name])
+    out["params"] = result_json(out["params"])
+    return out
+
+
+def schedule_response(reply: tuple, status: int = 200) -> web.Response:
+    if reply[1] == R.T_SCHEDULE:
+        return web.json_response(schedule_json(reply[2]), status=status)
+    return problem_response(reply_problem(reply))
+
+
+def reply_problem(reply: tuple) -> Problem:
+    """A broker reply that is not a TaskInfo, as the refusal to answer with."""
+    if reply[1] == R.T_ERROR:
+        code, message = reply[2:4]
+        if code not in STATUS:
+            log.warning("a broker error code with no status: %r", code)
+        return Problem(STATUS.get(code, 500), code, message)
+    if reply[1] == R.INTERNAL_ERROR:    # held by the link past its hold time
+        return refuse(503, "the broker did not answer in time")
+    log.warning("unexpected broker reply %r", reply[1:2])
+    return refuse(500, "unexpected reply from the broker")
+
+
+# -- auth ----------------------------------------------------------------------------------
+def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
+    """None if the request may change tasks (RFC 6750 bearer token), else the refusal."""
+    if master_key is None:
+        return None
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return refuse(401, "this needs Authorization: Bearer <master key>")
+    if not hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), master_key):
+        return refuse(403, "wrong master key")
+    return None
+
+
+def keyed(request: web.Request, master_key: bytes | None) -> bool | Problem:
+    """True: the request has the master key (or none is configured); False: it has none
+    (the broker's [api] policy decides); a wrong key is refused (403)."""
+    problem = check_key(request, master_key)
+    if problem is None:
+        return True
+    return False if problem.status == 401 else problem
+
+
+def check_json(request: web.Request) -> Problem | None:
+    """A body must say it is JSON: a browser sends no other type cross-site without
+    asking first (CORS), so no web page can enqueue through a user's local zstalk."""
+    if request.content_type != "application/json":
+        return Problem(415, "unsupported_media_type",
+                       "send the body as Content-Type: application/json")
+    return None
+
+
+def check_host(request: web.Request, master_key: bytes | None) -> Problem | None:
+    """Without a master key the API is for this machine only: a Host header naming
+    anything but loopback is refused (a DNS-rebinding page would name its own host)."""
+    if master_key is not None:
+        return None
+    try:
+        host = (request.url.host or "").lower()
+    except ValueError:
+        host = ""
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return None
+    return refuse(403, "without a master key this API answers only Host: localhost or a "
+                       "loopback address")
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes | Problem:
+    """The request's body; 413 once it is known to be over `limit` bytes (a
+    Content-Length over it is not read at all), 408 if it is not all there within
+    `timeout_s`."""
+    too_large = refuse(413, f"the body is over {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        return too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.read(min(1 << 16, limit + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return too_large
+    except TimeoutError:
+        return refuse(408, f"the body did not arrive within {timeout_s:g} s")
+    return b"".join(chunks)
+
+
+# -- aiohttp's own errors as JSON ----------------------------------------------------------
+_HTTP_MESSAGES = {
+    404: lambda request, exc: f"no such resource: {request.path}",
+    405: lambda request, exc: (f"{request.method} is not allowed here; allowed: "
+                               f"{', '.join(sorted(exc.allowed_methods))}"),
+}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's HTTPExceptions (no route, wrong method, body too big), a body that
+    cannot be decoded, and anything unforeseen come out as `{"error", "message"}` like
+    the front's own refusals."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = _HTTP_MESSAGES.get(exc.status, lambda r, e: e.reason)(request, exc)
+        response = problem_response(
+            Problem(exc.status, CODES.get(exc.status, "http_error"), message))
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except web.RequestPayloadError as exc:     # e.g. Content-Encoding: gzip, but it is not
+        reason = getattr(exc.__cause__, "message", None) or str(exc)
+        return problem_response(refuse(400, f"the body could not be read: {reason}"))
+    except ConnectionError:                 # the client left mid-body: nobody to answer
+        log.debug("HTTP front: %s %s: the client went away", request.method, request.path)
+        return problem_response(refuse(400, "the connection was lost"))
+    except Exception:
+        log.exception("HTTP front: %s %s failed", request.method, request.path)
+        return problem_response(refuse(500, "internal error"))
+
+
+# -- the front -----------------------------------------------------------------------------
+class HttpFront(LinkOwner):
+    def __init__(self, broker: str, master_key: str | None = None, link=None,
+                 limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0) -> None:
+        self.master_key = master_key.encode() if master_key else None
+        self.limits = limits
+        self.tls = tls              # an ssl.SSLContext: serve HTTPS
+        # (reply future, op) of each op sent or held, in order: replies come in that order
+        self.waiting: collections.deque[tuple[asyncio.Future, tuple]] = collections.deque()
+        self.opened = False
+        self.runner: web.AppRunner | None = None
+        self.openapi_body = b""     # (built with the app)
+        self.link = link if link is not None else open_link(broker, "http", self, hold_s=hold_s)
+
+    # -- serving -------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[close_after_408, json_errors, self.loopback_only])
+        app.router.add_post("/v1/tasks", self.enqueue)
+        app.router.add_get("/v1/tasks", self.listing)
+        app.router.add_get("/v1/tasks/{uniqueId}", self.info)
+        app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
+        app.router.add_post("/v1/schedules", self.schedule)
+        app.router.add_get("/v1/schedules", self.schedules)
+        app.router.add_get("/v1/schedules/{name}", self.schedule_info)
+        app.router.add_patch("/v1/schedules/{name}", self.pause_schedule)
+        app.router.add_delete("/v1/schedules/{name}", self.unschedule)
+        from .openapi import PATH, document     # (here: it imports this module's limits)
+        self.openapi_body = json.dumps(document()).encode()
+        app.router.add_get(PATH, self.openapi)
+        return app
+
+    @web.middleware
+    async def loopback_only(self, request: web.Request, handler) -> web.StreamResponse:
+        denied = check_host(request, self.master_key)
+        return problem_response(denied) if denied else await handler(request)
+
+    async def start(self, sockets: list[socket.socket]) -> None:
+        """Reach the broker and serve on listening sockets bound by the caller."""
+        self.link.start()
+        self.runner = web.AppRunner(self.app(), shutdown_timeout=SHUTDOWN_GRACE_S,
+                                    keepalive_timeout=self.limits.header_timeout_s)
+        await self.runner.setup()
+        for sock in sockets:
+            await GuardedSite(self.runner, sock, self.limits, self.tls).start()
+
+    async def close(self) -> None:
+        """Stop taking requests, give those in flight the grace period, end the session."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        self._fail_waiting("the front is closing")
+        if self.opened:
+            self.link.submit((_CLOSE, CONN))
+            self.link.flush_now()
+            self.opened = False
+        self.link.close()
+
+    # -- handlers: parse, one op, format -------------------------------------------------
+    async def enqueue(self, request: web.Request) -> web.Response:
+        key = keyed(request, self.master_key)
+        if key is False and not self.link.settings.public_enqueue:
+            key = refuse(401, "this needs Authorization: Bearer <master key>")
+        denied = key if isinstance(key, Problem) else check_json(request)
+        if denied:
+            return problem_response(denied)
+        body = await read_body(request, self.link.settings.max_body_bytes,
+                               self.limits.body_timeout_s)
+        if isinstance(body, Problem):
+            return problem_response(body)
+        task = parse_enqueue(body)
+        if isinstance(task, Problem):
+            return problem_response(task)
+        if isinstance(task, list):
+            return web.json_response(await self.enqueue_many(task, key))
+        reply = await self.call(enqueue_op(task, key))
+        response = reply_response(reply, 201, ENQUEUED_FIELDS)
+        if response.status == 201:
+            response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
+        return response
+
+    async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool) -> list[dict]:
+        """Every well-formed task's op leaves in this loop turn (one Batch: one broker
+        round trip); each item's result is `{"status": HTTP status, ...its body}`."""
+        loop = asyncio.get_running_loop()
+        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task, key), loop)
+                 for task in tasks]
+        results = []
+        for call in calls:
+            if isinstance(call, Problem):
+                results.append({"status": call.status, "error": call.code,
+                                "message": call.message})
+                continue
+            reply = await call
+            if reply[1] == R.T_TASK:
+                info = reply[2]
+                results.append({"status": 201, "uniqueId": info["uniqueId"],
+                                "waitNum": info.get("waitNum", 0)})
+            else:
+                problem = reply_problem(reply)
+                results.append({"status": problem.status, "error": problem.code,
+                                "message": problem.message})
+        return results
+
+    async def listing(self, request: web.Request) -> web.Response:
+        """A page of tasks for operators (the master key), oldest first; `next` is the
+        `after` of the following page (null: no more)."""
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        query = parse_listing(request.query)
+        if isinstance(query, Problem):
+            return problem_response(query)
+        reply = await self.call((_T_LIST, CONN, *query))
+        if reply[1] != R.T_LIST:
+            return problem_response(reply_problem(reply))
+        return web.json_response({"tasks": [task_json(info) for info in reply[2]],
+                                  "next": None if reply[3] is None else str(reply[3])})
+
+    async def info(self, request: web.Request) -> web.Response:
+        key = keyed(request, self.master_key)
+        if key is False and self.link.settings.private_results:
+            key = refuse(401, "this needs Authorization: Bearer <master key>")
+        if isinstance(key, Problem):
+            return problem_response(key)
+        return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"],
+                                               key)))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
+
+    # -- schedules (protocol/fronts/http_schedules.py): the master key for all -------------------
+    async def schedule(self, request: web.Request) -> web.Response:
+        doc = await self._json_body(request)
+        if isinstance(doc, Problem):
+            return problem_response(doc)
+        op = parse_schedule(doc, CONN)
+        if isinstance(op, str):
+            return problem_response(refuse(400, op))
+        response = schedule_response(await self.call(op), 201)
+        if response.status == 201:
+            response.headers["Location"] = f"/v1/schedules/{quote(op[2], safe='')}"
+        return response
+
+    async def schedules(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        op = denied or parse_page(request.query, CONN)
+        if isinstance(op, (Problem, str)):
+            return problem_response(op if isinstance(op, Problem) else refuse(400, op))
+        reply = await self.call(op)
+        if reply[1] != R.T_SCHEDULES:
+            return problem_response(reply_problem(reply))
+        return web.json_response({"schedules": [schedule_json(i) for i in reply[2]],
+                                  "next": reply[3]})
+
+    async def schedule_info(self, request: web.Request) -> web.Response:
+        return await self._named_schedule(request, _T_SCHEDULE_INFO)
+
+    async def pause_schedule(self, request: web.Request) -> web.Response:
+        doc = await self._json_body(request)
+        if isinstance(doc, Problem):
+            return problem_response(doc)
+        op = parse_pause(doc, CONN, request.match_info["name"])
+        if isinstance(op, str):
+            return problem_response(refuse(400, op))
+        return schedule_response(await self.call(op))
+
+    async def unschedule(self, request: web.Request) -> web.Response:
+        return await self._named_schedule(request, _T_UNSCHEDULE)
+
+    async def _named_schedule(self, request: web.Request, opcode: int) -> web.Response:
+        """GET or DELETE /v1/schedules/{name}: keyed, the name the only argument."""
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        return schedule_response(await self.call((opcode, CONN, request.match_info["name"])))
+
+    async def _json_body(self, request: web.Request) -> Any:
+        """A keyed JSON request's body, decoded; or the refusal."""
+        denied = check_key(request, self.master_key) or check_json(request)
+        if denied:
+            return denied
+        body = await read_body(request, self.link.settings.max_body_bytes,
+                               self.limits.body_timeout_s)
+        if isinstance(body, Problem):
+            return body
+        try:
+            return loads_strict(body)
+        except ValueError as exc:
+            return refuse(400, f"the body is not valid JSON: {exc}")
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """The API's OpenAPI document: no key, as it changes nothing and tells no secret."""
+        return web.Response(body=self.openapi_body, content_type="application/json")
+
+    async def call(self, op: tuple) -> tuple:
+        """Send one op on the session and wait for its reply (replies come in op order)."""
+        return await self.send(op, asyncio.get_running_loop())
+
+    def send(self, op: tuple, loop) -> asyncio.Future:
+        """Send one op now; the future gets its reply."""
+        future = loop.create_future()
+        # waiting first: a submit that fills a batch sends it and reads the socket, and a
+        # reply to this very op may be among what it reads
+        entry = (future, op)
+        self.waiting.append(entry)
+        try:
+            self.link.submit(op)
+        except BaseException:
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+            raise
+        return future
+
+    def _fail_waiting(self, message: str) -> None:
+        waiting, self.waiting = self.waiting, collections.deque()
+        unavailable = (CONN, R.T_ERROR, "unavailable", message)
+        for future, _ in waiting:
+            if not future.done():
+                future.set_result(unavailable)
+
+    # -- LinkOwner -----------------------------------------------------------------------
+    def on_replies(self, items: list) -> None:
+        for item in items:
+            if item[0] != CONN or not self.waiting:
+                log.warning("HTTP front: a broker reply nobody waits for: %r", item[:2])
+                continue
+            future, _ = self.waiting.popleft()
+            if not future.done():       # the request was cancelled: its reply is dropped
+                future.set_result(item)
+
+    def on_welcome(self, w: Welcome) -> None:
+        self.link.submit((_OPEN, CONN))     # before the requests the link held
+        self.opened = True
+
+    def on_lost(self) -> None:
+        self._fail_waiting("lost the broker; the request may or may not have taken effect")
+
+    def on_stopped(self) -> list[tuple]:
+        """After a graceful stop no request is lost: those it left unanswered never ran, so
+        they go to the next broker (link.py), and their requests wait on."""
+        return [op for _, op in self.waiting]
+
+    def on_fenced(self) -> None:
+        self.opened = False                 # the broker dropped our session
+        self._fail_waiting("the broker dropped this front; try again")
+
+    def session_states(self) -> list[SessionState]:
+        return [SessionState(CONN, "", [], [])] if self.opened else []

@@ -1,0 +1,495 @@
+"""The OpenAPI document of the cloud-task HTTP API, served at GET /v1/openapi.json.
+
+How it works: `document()` builds the whole document as a plain dict in this one place.
+Every bound in it comes from the constant the rule is enforced with (broker/core/tasks/store.py: the
+option ranges, statuses, the uniqueId and function-name patterns; http_front.py: the
+batch and page sizes), so a rule changed there changes here too.  tests/test_openapi.py
+keeps the rest true: the document is checked against OpenAPI's own schema, the option
+schemas are checked against `parse_options` on the same values, and schemathesis drives
+a real `zstalk serve` from the document it serves (no 5xx; every status, content type and
+body as documented).
+
+OpenAPI 3.1 (https://spec.openapis.org/oas/v3.1.0): its schemas are JSON Schema 2020-12,
+so "null or absent" and "one object or an array" are said plainly.  Response objects
+are closed (`additionalProperties: false`), so a field the API starts to send without
+being documented here fails the tests.
+"""
+from __future__ import annotations
+
+from ...broker import VERSION
+from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
+                                        MAX_PAGE, MAX_TIMEOUT_MS, STATUSES, UNIQUE_ID)
+from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
+from .http import MAX_BATCH, PAGE_LIMIT
+
+OPENAPI_VERSION = "3.1.0"
+PATH = "/v1/openapi.json"
+_DAY_MS = 24 * 3600 * 1000
+_STATUSES = sorted(STATUSES, key=["queued", "running", "success", "failed", "cancelled"].index)
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _pattern(regex) -> str:
+    """A fullmatch regex of broker/core/tasks/store.py as a JSON Schema pattern (which may match
+    anywhere, so it is anchored)."""
+    return f"^{regex.pattern}$"
+
+
+def _ms(description: str, default: int | None = None, low: int = 0,
+        high: int = MAX_DURATION_MS) -> dict:
+    schema = {"type": "integer", "minimum": low, "maximum": high, "description": description}
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+# -- request schemas (what broker/tasks.parse_options and http_front.parse_task take) -------
+def task_options() -> dict:
+    year = f"{MAX_DURATION_MS} ms is {MAX_DURATION_MS // _DAY_MS} days"
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "How the task runs. Every option is optional; an unknown one is a "
+                       f"400. Durations are integer milliseconds ({year}). Integers are "
+                       "written as such: 1.0 or 1e3 is refused.",
+        "properties": {
+            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS, "default": 1,
+                         "description": "How many times a failed call is retried (so by "
+                                        "default a failing task is called twice)."},
+            "backoff": {"oneOf": [_ms("A fixed wait before each retry.", 60000), _ref("Backoff")],
+                        "description": "The wait before each retry: milliseconds, or a "
+                                       "policy.", "default": 60000},
+            "delay": _ms("The wait before the first call.", 0),
+            "deliveryMode": {"type": "string", "enum": ["atLeastOnce", "atMostOnce"],
+                             "default": "atLeastOnce",
+                             "description": "Whether a call whose outcome is unknown (a timeout "
+                                            "after sending, a lost connection, a dispatcher "
+                                            "gone mid-call) is retried (atLeastOnce: the "
+                                            "function may run more than once) or fails the "
+                                            "task (atMostOnce)."},
+            "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
+                              "taken).", 300000),
+            "priority": {"type": "integer", "format": "int64", "minimum": INT64[0],
+                         "maximum": INT64[1],
+                         "description": "Lower runs first among a function's due tasks. "
+                                        "Default: the enqueue time in ms since the epoch, so "
+                                        "tasks run in time order."},
+            "timeout": _ms("How long one call may take. Default: the function's timeout in "
+                           "the config (15000 ms unless set). At most the function's "
+                           f"max_timeout in the config, {MAX_TIMEOUT_MS} ms (15 min) unless "
+                           "set: the maximum here.", low=1, high=MAX_TIMEOUT_MS),
+            "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID),
+                         "description": "The task's id (default: 32 random hex digits). While "
+                                        "a task with this id exists (queued, running, or "
+                                        "finished within keepResult) enqueueing another is "
+                                        "a 409."},
+        },
+    }
+
+
+def backoff() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "A retry policy: `fixed` waits `delay` before every retry, "
+                       "`exponential` delay * 2^(retry - 1); both at most `maxDelay`; "
+                       "`jitter` waits a uniformly random part of that (full jitter). A 429 "
+                       "or 503 with Retry-After waits at least that long.",
+        "properties": {
+            "type": {"type": "string", "enum": ["fixed", "exponential"], "default": "fixed"},
+            "delay": _ms("The first wait.", 60000),
+            "maxDelay": _ms("The longest wait.", MAX_DURATION_MS),
+            "jitter": {"type": "boolean", "default": False},
+        },
+    }
+
+
+def task_request() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["function"],
+        "properties": {
+            "function": {"type": "string", "pattern": _pattern(FUNCTION_NAME),
+                         "description": "The function to call: one named in the config, or "
+                                        "any name under its base_url. A name that is not "
+                                        "configured is a 404."},
+            "params": {"description": "Any JSON value: the body POSTed to the function "
+                                      "(default null)."},
+            "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}]},
+        },
+        "examples": [{"function": "closeOrder", "params": {"id": 1234},
+                      "options": {"delay": 600000, "attempts": 10, "backoff": 10000}}],
+    }
+
+
+# -- response schemas ------------------------------------------------------------------------
+def _time(description: str) -> dict:
+    return {"type": "string", "format": "date-time",
+            "description": f"{description} (RFC 3339 UTC with milliseconds)."}
+
+
+def task_info() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["uniqueId", "function", "status", "createdAt", "attempt", "attempts"],
+        "description": "A task as it is now; fields that do not apply are absent.",
+        "properties": {
+            "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
+            "function": {"type": "string"},
+            "status": {"type": "string", "enum": _STATUSES,
+                       "description": "queued also while waiting for a retry (then `error` "
+                                      "holds the last failure and `retryAt` the next try)."},
+            "createdAt": _time("When it was enqueued"),
+            "startedAt": _time("When its latest call started"),
+            "finishedAt": _time("When it finished"),
+            "retryAt": _time("When the next try is due (queued after a failure)"),
+            "attempt": {"type": "integer", "minimum": 0, "description": "Calls made so far."},
+            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS,
+                         "description": "Retries allowed after the first call."},
+            "statusCode": {"type": "integer",
+                           "description": "The HTTP status of the latest call's response."},
+            "result": {"description": "The function's response: its JSON value, or its text "
+                                      "when it is not JSON."},
+            "error": {"type": "string", "description": "Why the latest call failed."},
+            "waitNum": {"type": "integer", "minimum": 0,
+                        "description": "Tasks of its function due before it (queued only)."},
+        },
+    }
+
+
+def enqueued() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["uniqueId", "status", "waitNum"],
+        "properties": {
+            "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
+            "status": {"type": "string", "enum": ["queued"]},
+            "waitNum": {"type": "integer", "minimum": 0,
+                        "description": "Tasks of its function ahead of it."},
+        },
+    }
+
+
+def batch_item() -> dict:
+    ok = {"type": "object", "additionalProperties": False,
+          "required": ["status", "uniqueId", "waitNum"],
+          "properties": {"status": {"type": "integer", "enum": [201]},
+                         "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
+                         "waitNum": {"type": "integer", "minimum": 0}}}
+    refused = {"type": "object", "additionalProperties": False,
+               "required": ["status", "error", "message"],
+               "properties": {"status": {"type": "integer", "minimum": 400, "maximum": 599},
+                              "error": {"type": "string"}, "message": {"type": "string"}}}
+    return {"oneOf": [ok, refused],
+            "description": "One item's outcome, in the order sent: `status` is the HTTP status "
+                           "the item alone would have had, with its 201 or error body."}
+
+
+def page() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["tasks", "next"],
+        "properties": {
+            "tasks": {"type": "array", "maxItems": MAX_PAGE, "items": _ref("TaskInfo")},
+            "next": {"oneOf": [{"type": "string", "pattern": "^[0-9]+$"}, {"type": "null"}],
+                     "description": "The `after` of the next page; null: no more."},
+        },
+    }
+
+
+def error() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["error", "message"],
+        "properties": {
+            "error": {"type": "string", "pattern": "^[a-z_]+$",
+                      "description": "A stable code: bad_request, unauthorized, forbidden, "
+                                     "not_found, unknown_function, duplicate, "
+                                     "not_cancellable, too_large, unsupported_media_type, "
+                                     "draining, out_of_memory, unavailable, ..."},
+            "message": {"type": "string", "description": "What went wrong, for people."},
+        },
+    }
+
+
+# -- schedules (broker/core/tasks/schedules.py) ---------------------------------------------------------
+def schedule_request() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "cron", "function"],
+        "properties": {
+            "name": {"type": "string", "pattern": _pattern(SCHEDULE_NAME)},
+            "cron": {"type": "string", "description": "6 fields, seconds first: second minute "
+                     "hour day-of-month month day-of-week, with `* , - /`, `?` in exactly one "
+                     "of the day fields, JAN-DEC and SUN-SAT, day-of-week numbers 1 = SUN to "
+                     "7 = SAT (Quartz)."},
+            "timezone": {"type": "string", "default": "UTC",
+                         "description": "An IANA time zone name, such as Europe/Berlin."},
+            "function": {"type": "string", "pattern": _pattern(FUNCTION_NAME)},
+            "params": {"description": "The JSON body of every call (default null)."},
+            "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}],
+                        "description": "The tasks' options, as for an enqueue, but for "
+                                       "uniqueId (each fire makes its own)."},
+        },
+        "examples": [{"name": "close-orders", "cron": "0 */5 * * * ?", "function": "closeOrder",
+                      "timezone": "Asia/Shanghai", "params": {"all": True}}],
+    }
+
+
+def schedule() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "cron", "timezone", "function", "params", "options", "paused",
+                     "createdAt"],
+        "properties": {
+            "name": {"type": "string"}, "cron": {"type": "string"},
+            "timezone": {"type": "string"}, "function": {"type": "string"},
+            "params": {}, "options": {"type": "object"},
+            "paused": {"type": "boolean"},
+            "createdAt": _time("When it was made"),
+            "nextFireAt": _time("When it fires next (absent: paused, or never again)"),
+            "lastFireAt": _time("When it last fired"),
+            "lastError": {"type": "string",
+                          "description": "Why its last fire enqueued nothing, if so."},
+        },
+    }
+
+
+def schedule_page() -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schedules", "next"],
+        "properties": {
+            "schedules": {"type": "array", "maxItems": MAX_PAGE, "items": _ref("Schedule")},
+            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
+                     "description": "The `after` of the next page (a name); null: no more."},
+        },
+    }
+
+
+def _schedule_name() -> dict:
+    return {"name": "name", "in": "path", "required": True, "example": "close-orders",
+            "schema": {"type": "string"}}
+
+
+def _schedule_op(operation_id: str, summary: str, ok: dict, *errors: str, **extra) -> dict:
+    return {"operationId": operation_id, "summary": summary, "security": _key(), **extra,
+            "responses": _responses(ok, "401", "403", *errors, "503")}
+
+
+def schedule_paths() -> dict:
+    one = _json(_ref("Schedule"), "The schedule.")
+    body = lambda ref: {"required": True,       # noqa: E731
+                        "content": {"application/json": {"schema": _ref(ref)}}}
+    limit = {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}}
+    after = {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "A cursor: the previous page's `next`."}
+    pause = {"type": "object", "additionalProperties": False, "required": ["paused"],
+             "properties": {"paused": {"type": "boolean"}}}
+    return {
+        "/v1/schedules": {
+            "post": _schedule_op("createSchedule", "Make a cron schedule that enqueues a task "
+                                 "at each fire time", {"201": _json(_ref("Schedule"), "Made.")},
+                                 "400", "404", "408", "409", "413", "415",
+                                 requestBody=body("ScheduleRequest")),
+            "get": _schedule_op("listSchedules", "A page of schedules by name",
+                                {"200": _json(_ref("SchedulePage"), "A page.")}, "400",
+                                parameters=[after, limit]),
+        },
+        "/v1/schedules/{name}": {
+            "get": _schedule_op("getSchedule", "A schedule, with its next fire time",
+                                {"200": one}, "404", parameters=[_schedule_name()]),
+            "patch": _schedule_op("pauseSchedule", "Pause or resume a schedule", {"200": one},
+                                  "400", "404", "408", "413", "415",
+                                  parameters=[_schedule_name()],
+                                  requestBody={"required": True, "content": {
+                                      "application/json": {"schema": pause}}}),
+            "delete": _schedule_op("deleteSchedule", "Delete a schedule", {"200": one}, "404",
+                                   parameters=[_schedule_name()]),
+        },
+    }
+
+
+# -- operations ------------------------------------------------------------------------------
+def _json(schema: dict, description: str, headers: dict | None = None,
+          links: dict | None = None) -> dict:
+    out = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        out["headers"] = headers
+    if links:
+        out["links"] = links
+    return out
+
+
+def _links(*operation_ids: str) -> dict:
+    """Where an answer's uniqueId can go next (OpenAPI links: clients and stateful testers
+    read them)."""
+    return {op: {"operationId": op, "parameters": {"uniqueId": "$response.body#/uniqueId"}}
+            for op in operation_ids}
+
+
+#: the refusals every operation can answer, and when
+_ERRORS = {
+    "400": "A malformed request: the body, a parameter or an option.",
+    "401": "No `Authorization: Bearer <master key>` (with a master key configured), where "
+           "the config's [api] policy needs it.",
+    "403": "A wrong master key; or, with no master key configured, a Host header that does "
+           "not name loopback.",
+    "403 keyless": "With no master key configured, a Host header that does not name loopback.",
+    "404": "No such task, or no such function.",
+    "408": "The body did not all arrive within the server's body timeout "
+           "(--http-body-timeout, 30 s by default); the connection is closed.",
+    "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
+    "413": "A body over the config's `[api] max_body` (1 MiB by default).",
+    "415": "A body not sent as Content-Type: application/json.",
+    "503": "The broker cannot take it now: draining, out of job memory (--max-jobs-bytes), "
+           "or out of reach.",
+}
+
+
+def _responses(ok: dict, *errors: str) -> dict:
+    """`ok` and the refusals named in `errors` ("403 keyless": an operation that needs no key)."""
+    out = dict(ok)
+    for name in errors:
+        status = name.split()[0]
+        headers = {"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}}
+        out[status] = _json(_ref("Error"), _ERRORS[name], headers if status == "401" else None)
+    return out
+
+
+def _key() -> list:
+    return [{"masterKey": []}]
+
+
+def _unique_id() -> dict:
+    """The path parameter; its example names a task the tests make."""
+    return {"name": "uniqueId", "in": "path", "required": True, "example": "order-1234",
+            "schema": {"type": "string", "pattern": _pattern(UNIQUE_ID)}}
+
+
+def enqueue() -> dict:
+    location = {"Location": {"schema": {"type": "string"}, "description": "/v1/tasks/{uniqueId}"}}
+    body = {"oneOf": [_ref("TaskRequest"),
+                      {"type": "array", "maxItems": MAX_BATCH, "items": _ref("TaskRequest")}]}
+    return {
+        "operationId": "enqueue",
+        "summary": "Enqueue a task, or an array of them",
+        "description": f"One task answers 201. An array of up to {MAX_BATCH} is enqueued in one "
+                       "broker round trip and answers 200 with each item's result in order; an "
+                       "item with an error enqueues nothing for that item only. A body that is "
+                       "not JSON, or too many items, is a 400 and enqueues nothing. Needs the "
+                       "master key unless the config says `[api] public_enqueue = true`; "
+                       "then an enqueue without it may set no option.",
+        "security": [*_key(), {}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": _responses({
+            "201": _json(_ref("Enqueued"), "Enqueued.", location,
+                         _links("getTask", "cancelTask")),
+            "200": _json({"type": "array", "maxItems": MAX_BATCH, "items": _ref("BatchItem")},
+                         "The array form: each item's result."),
+        }, "400", "401", "403", "404", "408", "409", "413", "415", "503"),
+    }
+
+
+def listing() -> dict:
+    def query(name: str, schema: dict, description: str) -> dict:
+        return {"name": name, "in": "query", "required": False, "schema": schema,
+                "description": description}
+    return {
+        "operationId": "listTasks",
+        "summary": "A page of tasks, oldest first (for operators)",
+        "security": _key(),
+        "parameters": [
+            query("function", {"type": "string"}, "Only this function's tasks."),
+            query("status", {"type": "string", "enum": _STATUSES}, "Only tasks in this status."),
+            query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE,
+                            "default": PAGE_LIMIT}, "Tasks in the page at most."),
+            query("after", {"type": "integer"},
+                  "A cursor: the previous page's `next` (absent: from the start)."),
+        ],
+        "responses": _responses({"200": _json(_ref("TaskPage"), "A page; fewer tasks than "
+                                              "`limit` does not mean the last page, a null "
+                                              "`next` does.")},
+                                "400", "401", "403", "503"),
+    }
+
+
+def get_task() -> dict:
+    return {
+        "operationId": "getTask",
+        "summary": "A task's status and result",
+        "description": "Needs no key: a random uniqueId is the capability (unless the config "
+                       "says `[api] private_results = true`). A wrong key is refused.",
+        "security": [{}, *_key()],
+        "parameters": [_unique_id()],
+        "responses": _responses({"200": _json(_ref("TaskInfo"), "The task.")},
+                                "401", "403", "404", "503"),
+    }
+
+
+def cancel() -> dict:
+    return {
+        "operationId": "cancelTask",
+        "summary": "Cancel a task that is queued or waiting for a retry",
+        "security": _key(),
+        "parameters": [_unique_id()],
+        "responses": _responses({"200": _json(_ref("TaskInfo"), "Cancelled: the task, with "
+                                              "status cancelled.")},
+                                "401", "403", "404", "409", "503"),
+    }
+
+
+def openapi() -> dict:
+    return {
+        "operationId": "openapi",
+        "summary": "This document",
+        "security": [],
+        "responses": _responses({"200": _json({"type": "object"}, "The OpenAPI document.")},
+                                "403 keyless"),
+    }
+
+
+def document() -> dict:
+    """The OpenAPI document of the whole HTTP API."""
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "zstalk cloud tasks",
+            "version": VERSION,
+            "description": "Enqueue a function call; zstalk makes it over HTTP with retries, "
+                           "delays, priorities and deduplication, and keeps its result. Times "
+                           "are RFC 3339 UTC with milliseconds, durations integer "
+                           "milliseconds. Every error is JSON {\"error\", \"message\"}.",
+        },
+        "paths": {
+            "/v1/tasks": {"post": enqueue(), "get": listing()},
+            "/v1/tasks/{uniqueId}": {"get": get_task(), "delete": cancel()},
+            **schedule_paths(),
+            PATH: {"get": openapi()},
+        },
+        "components": {
+            "schemas": {"TaskRequest": task_request(), "TaskOptions": task_options(),
+                        "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
+                        "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
+                        "ScheduleRequest": schedule_request(), "Schedule": schedule(),
+                        "SchedulePage": schedule_page()},
+            "securitySchemes": {"masterKey": {
+                "type": "http", "scheme": "bearer",
+                "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "
+                               "file --master-key-file or ZSTALK_MASTER_KEY_FILE names). With none "
+                               "configured no key is asked for, and only loopback Host names "
+                               "are answered."}},
+        },
+    }

@@ -1,0 +1,226 @@
+"""Health probes: `GET /healthz` (liveness) and `GET /readyz` (readiness) over plain HTTP/1.1.
+
+`--health-port PORT` puts this tiny server on the process's own loop, beside its actor, so
+it needs nothing aiohttp brings and a broker still starts fast.  The request is parsed
+sans-IO (`HealthRequest.receive_data` -> `next_request`): only the request line counts,
+the headers are read and ignored up to a blank line; a request line over MAX_LINE bytes,
+a head over MAX_HEAD, or one not complete within READ_TIMEOUT_S closes the connection.
+Every answer is text, `200 ok` or `503 <reason>`, with Connection: close.
+
+Liveness: a callback re-armed every BEAT_S records when the loop last ran it; the
+process is dead when that is older than `stall_s` (generous: binlog writes run on the
+loop and a slow disk must not restart the broker).  A loop stalled for good cannot answer
+at all, so the probe's own timeout catches that; the 503 covers a loop that comes back
+from a long stall with the probe's request waiting.  Readiness is a function the process
+gives (`link_ready` for a front, the dispatcher or a worker pool; a broker opens the port
+only once ready): None when ready, else the reason.  A worker pool with several processes
+adds its children's state (workers/probes.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from typing import Callable
+
+from .listen import HealthOptions, bind_tcp
+
+MAX_LINE = 1024          # bytes of a request line
+MAX_HEAD = 8192          # bytes of the request line and headers together
+READ_TIMEOUT_S = 2.0     # for the whole request head
+BEAT_S = 1.0
+STALL_S = HealthOptions().stall_s
+PATHS = ("/healthz", "/readyz")
+
+
+class BadRequest(Exception):
+    """A request line that is not `METHOD TARGET HTTP/1.x`: answered 400."""
+
+
+class TooLong(Exception):
+    """A request line or head over its bound: the connection closes unanswered."""
+
+
+class HealthRequest:
+    """Sans-IO: bytes in, `(method, path)` out once the request head is complete."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer += data
+
+    def next_request(self) -> tuple[str, str] | None:
+        """(method, path) once the head is complete; None: more data needed.
+        Raises BadRequest or TooLong."""
+        end_line = self.buffer.find(b"\n")
+        if end_line < 0:
+            if len(self.buffer) > MAX_LINE:
+                raise TooLong("request line")
+            return None
+        if end_line > MAX_LINE:
+            raise TooLong("request line")
+        end_head = self.buffer.find(b"\r\n\r\n")
+        if end_head < 0:
+            end_head = self.buffer.find(b"\n\n")
+        if end_head < 0:
+            if len(self.buffer) > MAX_HEAD:
+                raise TooLong("request head")
+            return None
+        return parse_request_line(bytes(self.buffer[:end_line]))
+
+
+def parse_request_line(line: bytes) -> tuple[str, str]:
+    parts = line.rstrip(b"\r").split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+        raise BadRequest(line[:80])
+    try:
+        method, target = parts[0].decode("ascii"), parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(line[:80]) from None
+    return method, target.split("?", 1)[0]
+
+
+def response(status: int, text: str, head_only: bool = False) -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+              503: "Service Unavailable"}[status]
+    body = (text + "\n").encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    return head if head_only else head + body
+
+
+def health_state(last_beat: float, now: float, stall_s: float) -> str | None:
+    """None while the loop turns; else why not ("loop stalled N s")."""
+    stalled = now - last_beat
+    return f"loop stalled {stalled:.0f} s" if stalled > stall_s else None
+
+
+def link_state(state: str, down_since: float | None, now: float, hold_s: float) -> str | None:
+    """A remote front's or dispatcher's readiness from its link: None while READY or while
+    it has waited for a broker for less than its hold time (commands are held that long);
+    never before its first Welcome (`down_since` -inf)."""
+    if state == "ready" or down_since is None:
+        return None
+    if down_since == -math.inf:
+        return "no broker yet"
+    down = now - down_since
+    return f"no broker for {down:.0f} s" if down >= hold_s else None
+
+
+def link_ready(link, hold_s: float | None = None) -> Callable[[], str | None]:
+    """The readiness function of an actor with a BrokerLink (protocol/transport/link.py); `hold_s`
+    instead of the link's own hold time (a worker pool's link holds acks forever)."""
+    hold_s = link.hold_s if hold_s is None else hold_s
+    return lambda: link_state(link.state, getattr(link, "down_since", None),
+                              time.monotonic(), hold_s)
+
+
+def answer(method: str, path: str, live: str | None, ready: str | None) -> bytes:
+    if path not in PATHS:
+        return response(404, "not found")
+    if method not in ("GET", "HEAD"):
+        return response(405, "GET only")
+    problem = live if path == "/healthz" else live or ready
+    return response(503, problem, method == "HEAD") if problem else \
+        response(200, "ok", method == "HEAD")
+
+
+class HealthBindError(Exception):
+    """The health port cannot be bound; the message names it (the process exits 111)."""
+
+
+class HealthServer:
+    """The probes on the running loop: `await start(host, port)`, `close()`.  `alive`:
+    liveness beyond this loop's (a worker pool's processes), None or why not."""
+
+    def __init__(self, ready: Callable[[], str | None] = lambda: None,
+                 stall_s: float = STALL_S,
+                 alive: Callable[[], str | None] = lambda: None) -> None:
+        self.ready = ready
+        self.stall_s = stall_s
+        self.alive = alive
+        self.last_beat = time.monotonic()
+        self.sock = None
+        self.server: asyncio.AbstractServer | None = None
+        self._beat_handle: asyncio.TimerHandle | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._beat()
+        self.sock = bind_tcp(host, port)
+        self.server = await loop.create_server(lambda: _ProbeProtocol(self), sock=self.sock)
+
+    def _beat(self) -> None:
+        self.last_beat = time.monotonic()
+        self._beat_handle = asyncio.get_running_loop().call_later(BEAT_S, self._beat)
+
+    def live(self) -> str | None:
+        return health_state(self.last_beat, time.monotonic(), self.stall_s) or self.alive()
+
+    def release_in_child(self) -> None:
+        """In a process forked from this one: close our copy of the listening socket, so
+        the port is free once its owner exits, touching nothing of the loop (its epoll
+        instance is the parent's too)."""
+        if self.sock is not None:
+            os.close(self.sock.detach())
+
+    def close(self) -> None:
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+        if self.server is not None:
+            self.server.close()
+
+
+class _ProbeProtocol(asyncio.Protocol):
+    def __init__(self, health: HealthServer) -> None:
+        self.health = health
+        self.parser = HealthRequest()
+        self.transport = None
+        self.timer = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(READ_TIMEOUT_S, transport.close)
+
+    def connection_lost(self, exc) -> None:
+        self.timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self.parser.receive_data(data)
+        try:
+            request = self.parser.next_request()
+        except TooLong:
+            self.transport.close()
+            return
+        except BadRequest:
+            self._reply(response(400, "bad request"))
+            return
+        if request is not None:
+            health = self.health
+            live = health.live()
+            self._reply(answer(*request, live, None if live else health.ready()))
+
+    def _reply(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.transport.close()
+
+
+async def start_health(opts: HealthOptions | None,
+                       ready: Callable[[], str | None] = lambda: None,
+                       alive: Callable[[], str | None] = lambda: None) -> HealthServer | None:
+    """The probes on the running loop, if a port was given; None otherwise.
+    Raises HealthBindError."""
+    if opts is None or not opts.port:
+        return None
+    health = HealthServer(ready, opts.stall_s, alive)
+    try:
+        await health.start(opts.host, opts.port)
+    except OSError as exc:
+        health.close()
+        raise HealthBindError(f"bind health port {opts.host}:{opts.port}: "
+                              f"{exc.strerror or exc}") from None
+    return health

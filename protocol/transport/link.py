@@ -1,0 +1,323 @@
+"""A front's link to the broker: one DEALER socket driven from an asyncio loop.
+
+Ops queued during one event-loop turn leave as one `Batch` at the end of the turn
+(`call_soon`), which is what makes the cluster fast.  Replies come back through the
+socket's edge-triggered FD; after every send the socket is checked again, as ZeroMQ
+requires of an FD that only signals edges.
+
+Life cycle: CONNECTING (Hello sent, waiting for Welcome) -> READY -> LOST when nothing
+has come from the broker for PEER_TIMEOUT_S, or a heartbeat names another broker
+incarnation.  A broker stopping on SIGTERM says so first (`Stopping`): READY -> HOLDING,
+where ops are held as while LOST but the replies to those already sent still come; the
+link answers `Holding` (nothing follows it), and the broker's final Stopping, after its
+last reply, makes it LOST: what is still unanswered then never ran (a waiting reserve and
+what waits behind it), so the owner may hand it back to be sent to the next broker first
+(`on_stopped`).  So a rolling restart of the broker holds commands for the next one and
+fails none.  On LOST the socket is thrown away with everything still queued in it, so
+nothing is replayed to a new broker; the owner answers INTERNAL_ERROR for every op
+already sent (`on_lost`).  Ops submitted while not READY are held (bounded count,
+`hold_s` timeout) and sent after Welcome, or answered INTERNAL_ERROR when the time
+runs out.  `Fenced` means the broker gave up on this incarnation: the owner closes
+every client connection and the link starts over under a new incarnation.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import time
+
+import zmq
+
+from . import curve
+from .mailbox import CONNECTING, READY, LinkOwner  # shared by both links
+from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
+                      Holding, Op, Replies, R, SchemaError, SessionState, Settings, Stopping,
+                      Welcome, decode, encode)
+
+log = logging.getLogger("zstalk.front")
+
+LOST = "lost"
+HOLDING = "holding"     # the broker is stopping: replies still come, nothing more is sent
+#: a batch leaves early when it reaches this many ops, so that under a pipelined flood
+#: the broker works on one part while the front parses the next (instead of taking turns)
+MAX_BATCH_OPS = 512
+#: while no broker answers, "waiting for the broker" is logged at most this often
+WAITING_LOG_S = 30.0
+#: held whatever the bound, so the broker's view of connections stays right; they are
+#: bounded by the number of client connections (and OPEN/CLOSE pairs cancel at the bound)
+_CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
+# plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+class BrokerLink:
+    def __init__(self, endpoint: str, kind: str, owner: LinkOwner,
+                 hold_s: float = 5.0, max_held: int = 100_000,
+                 ctx: zmq.Context | None = None, keys=curve.FROM_ENV) -> None:
+        """`keys`: CURVE keys (protocol/transport/curve.py), by default from the environment; a
+        non-local endpoint without them is refused (curve.CurveError)."""
+        self.keys = curve.given_or_env(keys)
+        curve.check_local(endpoint, self.keys, kind)
+        self.endpoint = endpoint
+        self.kind = kind
+        self.owner = owner
+        self.hold_s = hold_s
+        self.max_held = max_held
+        self.ctx = ctx or zmq.Context.instance()
+        self.loop = asyncio.get_running_loop()
+        self.front_id = random.getrandbits(64) or 1
+        self.state = CONNECTING
+        self.state_id = 0
+        self.broker_id = 0
+        self.settings = Settings()
+        self.batch: list[tuple] = []
+        self.held: list[tuple[float, tuple]] = []
+        self._flush_scheduled = False
+        self._sent_early = False        # read_done sent this turn's first batch
+        self.sock: zmq.Socket | None = None
+        self.last_heard = time.monotonic()
+        self.hello_at = 0.0
+        self._ticker: asyncio.TimerHandle | None = None
+        self._waiting_since: float | None = None
+        # not READY since (health.py); -inf: never welcomed, so not ready (a front with a
+        # wrong key or address must not pass a rollout on the strength of its hold time)
+        self.down_since: float | None = -math.inf
+        self._waiting_said = -WAITING_LOG_S
+        self._schema_said = -WAITING_LOG_S
+
+    # -- socket ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._connect()
+        self._tick()
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Stop; `linger_ms` gives ops already sent (a goodbye CLOSE) time to leave."""
+        if self._ticker:
+            self._ticker.cancel()
+        self._drop_socket(linger_ms)
+
+    def _connect(self) -> None:
+        self._drop_socket()
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, curve.identity(self.front_id, self.keys))
+        if self.keys is not None:
+            curve.secure_client(s, self.keys)
+        for opt, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0),
+                           (zmq.RECONNECT_IVL, 100), (zmq.RECONNECT_IVL_MAX, 1000)):
+            s.setsockopt(opt, value)
+        s.connect(self.endpoint)
+        self.sock = s
+        self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
+        self.state = CONNECTING
+        self.hello_at = time.monotonic()
+        if self.down_since is None:
+            self.down_since = self.hello_at
+        self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
+                         self.owner.session_states()))
+
+    def _drop_socket(self, linger_ms: int = 0) -> None:
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            self.sock.close(linger=linger_ms)
+            self.sock = None
+
+    def _send(self, msg) -> None:
+        if self.sock is None:       # closed: the front is shutting down
+            return
+        self.sock.send(encode(msg), _NOBLOCK)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Take every message waiting on the socket (edge-triggered FD: loop until empty)."""
+        sock = self.sock
+        while sock is not None and sock.getsockopt(_EVENTS) & _POLLIN:
+            data = sock.recv(_NOBLOCK)
+            try:
+                msg = decode(data)
+            except SchemaError as exc:
+                now = time.monotonic()
+                if now - self._schema_said >= WAITING_LOG_S:    # (heartbeats: twice a second)
+                    self._schema_said = now
+                    log.warning("%s: ignoring messages from the broker at %s: %s", self.kind,
+                                self.endpoint, exc)
+                continue
+            self._handle(msg)
+            sock = self.sock
+
+    @property
+    def fail_closed(self) -> bool:
+        """Out of touch with a broker we had: requests that must not wait are refused.
+        (A front that never reached one holds everything for `hold_s` instead.)"""
+        return self.state is not READY and self.broker_id != 0
+
+    # -- ops ---------------------------------------------------------------------------
+    def gather(self) -> None:
+        """A read from a client begins (its ops leave with the turn's batch anyway)."""
+
+    def read_done(self) -> None:
+        """A read from a client was handled.  The first read of a loop turn sends its ops
+        at once (an idle client's command gains a loop turn, ~30 us); ops of later reads
+        in the same turn wait for its end, so under load one message still carries the
+        commands of many connections."""
+        if self.batch and not self._sent_early and self.state is READY:
+            self._sent_early = True
+            batch, self.batch = self.batch, []
+            self._send(Batch(batch))
+
+    def submit(self, op: tuple) -> None:
+        if self.state is READY:
+            self.batch.append(op)
+            if len(self.batch) >= MAX_BATCH_OPS:
+                self._flush()          # let the broker start while we parse the rest
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+        elif op[0] == Op.CLOSE and len(self.held) >= self.max_held and self._cancel_held_open(op[1]):
+            pass        # at the bound, a connection that came and went is forgotten
+        elif op[0] in _CONNECTION_OPS or len(self.held) < self.max_held:
+            self.held.append((time.monotonic(), op))
+        elif op[0] not in SILENT_OPS:
+            # full: fail the OLDEST held command, so each connection's replies stay in order
+            self._fail_oldest_held()
+            self.held.append((time.monotonic(), op))
+        # else a COUNT past the bound: a lost stat, never acknowledged data
+
+    def _fail_oldest_held(self) -> None:
+        for i, (_, held) in enumerate(self.held):
+            if held[0] not in SILENT_OPS:
+                del self.held[i]
+                self.owner.on_replies([(held[1], R.INTERNAL_ERROR)])
+                return
+
+    def _cancel_held_open(self, conn: int) -> bool:
+        """A connection that opened and closed while the broker was away never existed for it."""
+        if not any(op[0] == Op.OPEN and op[1] == conn for _, op in self.held):
+            return False
+        self.held = [(at, op) for at, op in self.held if op[1] != conn]
+        return True
+
+    def flush_now(self) -> None:
+        if self.batch:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = self._sent_early = False
+        if self.batch and self.state is READY:
+            batch, self.batch = self.batch, []
+            self._send(Batch(batch))
+
+    # -- broker messages ---------------------------------------------------------------
+    def _handle(self, msg) -> None:
+        self.last_heard = time.monotonic()
+        if isinstance(msg, Replies):
+            self.owner.on_replies(msg.items)
+        elif isinstance(msg, Heartbeat):
+            if self.state in (READY, HOLDING) and msg.sender_id != self.broker_id:
+                self._lose("broker restarted (new incarnation)")
+        elif isinstance(msg, Welcome):
+            self._welcome(msg)
+        elif isinstance(msg, Settings):
+            self.settings = msg         # the broker read its config again
+        elif isinstance(msg, Stopping) and msg.broker_id == self.broker_id:
+            self._stopping(msg.final)
+        elif isinstance(msg, Fenced) and msg.broker_id != self.broker_id:
+            if self.state in (READY, HOLDING):
+                self._lose("broker restarted (it does not know this front)")
+        elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
+            log.warning("fenced by the broker: closing client connections, starting over")
+            self.batch = []         # ops of the fenced incarnation must not reach the next
+            self.owner.on_fenced()
+            self.front_id = random.getrandbits(64) or 1
+            self.state_id = 0
+            self._connect()
+
+    def _welcome(self, w: Welcome) -> None:
+        self.broker_id = w.broker_id
+        self.settings = w.settings
+        self.state_id = w.state_id
+        self.state = READY
+        self.down_since = None
+        # what the owner sends on Welcome (re-OPEN, SUBSCRIBE, ...) goes before the ops
+        # held while the broker was away: they may need the session it sets up
+        self.owner.on_welcome(w)
+        if self._waiting_since is not None:
+            log.warning("%s: reached the broker at %s", self.kind, self.endpoint)
+            self._waiting_since, self._waiting_said = None, -WAITING_LOG_S
+        log.info("registered with broker %016x", w.broker_id)
+        held, self.held = self.held, []
+        for _, op in held:
+            self.submit(op)
+
+    def _stopping(self, final: bool) -> None:
+        if final:
+            if self.state in (READY, HOLDING):
+                self._lose("the broker stopped", stopped=True)
+        elif self.state is READY:
+            self._flush()                   # what this turn gathered still goes to it
+            self.state = HOLDING
+            self.down_since = time.monotonic()
+            self._send(Holding(self.front_id))
+            log.warning("%s: the broker is stopping: holding commands for the next one",
+                        self.kind)
+
+    def _lose(self, why: str, stopped: bool = False) -> None:
+        """`stopped`: after the broker's final Stopping, which came after its last reply,
+        so an owner with `on_stopped` sends what is unanswered to the next broker: those
+        ops go first, ahead of what was held meanwhile.  Otherwise the owner takes all it
+        awaits as lost (on_lost: it fails or re-sends it itself), so ops held while
+        HOLDING are dropped here, but for the silent ones (OPEN, CLOSE, ...), which it
+        does not await."""
+        log.warning("lost the broker: %s", why)
+        self.state = LOST
+        self.batch = []
+        on_stopped = getattr(self.owner, "on_stopped", None)    # (optional: mailbox.py)
+        if stopped and on_stopped is not None:
+            now = time.monotonic()
+            # what the owner still awaits includes what it submitted while HOLDING, which is
+            # here already (the same op objects): only what was sent goes ahead of it
+            held = {id(op) for _, op in self.held}
+            self.held[:0] = [(now, op) for op in on_stopped() if id(op) not in held]
+        else:
+            self.held = [(at, op) for at, op in self.held if op[0] in SILENT_OPS]
+            self.owner.on_lost()
+        self._connect()
+
+    # -- timers ------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.state is READY or self.state is HOLDING:
+            if self.state is READY:
+                self._send(Heartbeat(self.front_id))
+            if now - self.last_heard > PEER_TIMEOUT_S:
+                self._lose(f"silent for {now - self.last_heard:.1f} s")
+        elif now - self.hello_at > PEER_TIMEOUT_S:
+            self._say_waiting(now)
+            self._connect()       # say Hello again on a fresh socket
+        self._expire_held(now)
+        self._ticker = self.loop.call_later(HEARTBEAT_S, self._tick)
+
+    def _say_waiting(self, now: float) -> None:
+        """No broker answers: say so once, then every WAITING_LOG_S (not every Hello)."""
+        if now - self._waiting_said < WAITING_LOG_S:
+            return
+        if self._waiting_since is None:
+            self._waiting_since = self.hello_at
+        self._waiting_said = now
+        log.warning("%s: waiting for the broker at %s (no answer for %.0f s)", self.kind,
+                    self.endpoint, now - self._waiting_since)
+
+    def _expire_held(self, now: float) -> None:
+        if not self.held or now - self.held[0][0] < self.hold_s:
+            return
+        keep, failed = [], []
+        for at, op in self.held:
+            if now - at < self.hold_s or op[0] in SILENT_OPS:
+                keep.append((at, op))
+            else:
+                failed.append((op[1], R.INTERNAL_ERROR))
+        self.held = keep
+        if failed:
+            self.owner.on_replies(failed)
