@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from zstalk.protocol.fronts.http import Enqueue, HttpFront, Problem, parse_enqueue
+from zstalk.protocol.fronts.http import HttpFront
+from zstalk.protocol.fronts.http_api import Enqueue, Problem, parse_enqueue
 from zstalk.protocol.schema import SILENT_OPS, Op, R, SessionState, Settings, Welcome
 
 CREATED = datetime.datetime(2026, 11, 24, 20, 30, 0, 123000, datetime.timezone.utc).timestamp()

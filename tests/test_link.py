@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from zstalk.protocol.transport.link import BrokerLink, LinkOwner
+from zstalk.protocol.transport.link import BrokerLink
+from zstalk.protocol.transport.owner import LinkOwner
 from zstalk.protocol.schema import Op, R, Settings, Stopping, Welcome, decode, encode
 
 

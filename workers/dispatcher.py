@@ -45,7 +45,6 @@ verifies signatures refuses them (401: a failure, retried by the task's policy).
 from __future__ import annotations
 
 import asyncio
-import collections
 import email.utils
 import json
 import logging
@@ -55,7 +54,8 @@ from typing import NamedTuple
 
 import aiohttp
 
-from ..protocol.transport.mailbox import LinkOwner, open_link
+from ..protocol.transport.links import open_link
+from ..protocol.transport.owner import LinkOwner
 from ..protocol.schema import Op, R, SessionState, Welcome
 from . import signing
 

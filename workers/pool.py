@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
-from ..protocol.transport.link import READY, BrokerLink, LinkOwner
+from ..protocol.transport.link import BrokerLink
+from ..protocol.transport.owner import READY, LinkOwner
 from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
 from .job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome, decide

@@ -26,8 +26,8 @@ import click
 from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen,
                                           describe_listen, parse_listen)
 from .. import VERSION
-from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, run_server,
-                      setup_logging, worker_endpoint)
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, setup_logging,
+                      worker_endpoint)
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -298,6 +298,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         http_limits=http_limits,
                         tls_files=(tls_cert, tls_key) if tls_cert else None,
                         health=health)
+    from .serve import run_server
     sys.exit(run_server([listener], opts, counter_listeners))
 
 

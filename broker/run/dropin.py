@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             where = describe_listen(opts["addr"], opts["port"])
             print(f"{prog}: bind {where}: {exc.strerror}", file=sys.stderr)
             return 111
-    from .options import ServeOptions, run_server, setup_logging
-    from . import serve as _imported_before_giving_up_root  # noqa: F401
+    from .options import ServeOptions, setup_logging
+    from .serve import run_server   # (and the rest of the server, before giving up root)
     if opts["user"]:
         become_user(opts["user"])
     setup_logging(opts["verbose"])

@@ -120,16 +120,6 @@ def announcement(listeners, counter_listeners, worker_endpoint: str | None,
     return "zstalk: " + "; ".join(parts)
 
 
-def run_server(listeners, opts: ServeOptions, counter_listeners=()) -> int:
-    """`zstalk serve` / `zstalkd` once their ports are bound: one process, or a supervisor
-    with front processes (`--fronts N`)."""
-    if opts.fronts == 0:
-        from .serve import serve_here
-        return serve_here(listeners, opts, counter_listeners)
-    from .supervisor import serve
-    return serve(listeners, opts, counter_listeners)
-
-
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,

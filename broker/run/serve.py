@@ -39,6 +39,15 @@ BIND_EXIT = 111         # and for an address it cannot bind
 _FIRST_TURNS = 3
 
 
+def run_server(listeners, opts: ServeOptions, counter_listeners=()) -> int:
+    """`zstalk serve` / `zstalkd` once their ports are bound: one process, or a supervisor
+    with front processes (`--fronts N`)."""
+    if opts.fronts == 0:
+        return serve_here(listeners, opts, counter_listeners)
+    from .supervisor import serve
+    return serve(listeners, opts, counter_listeners)
+
+
 def serve_here(listeners: list[socket.socket], opts: ServeOptions,
                counter_listeners: list[socket.socket] = ()) -> int:
     from ..actor import BrokerActor

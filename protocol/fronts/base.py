@@ -13,7 +13,8 @@ import asyncio
 import collections
 import socket
 
-from ..transport.mailbox import LinkOwner, open_link
+from ..transport.links import open_link
+from ..transport.owner import LinkOwner
 from ..schema import Op, SessionState, Welcome
 
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)

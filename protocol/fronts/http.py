@@ -45,23 +45,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime
 import hmac
 import json
 import logging
-import math
 import secrets
 import socket
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
-from .http_schedules import SCHEDULE_TIMES, parse_page, parse_pause, parse_schedule
+from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, loads_strict, parse_enqueue,
+                       parse_listing, refuse, reply_problem, schedule_json, task_json)
+from .http_schedules import parse_page, parse_pause, parse_schedule
 from .http_site import GuardedSite, close_after_408
 from ..transport.listen import HttpLimits
-from ..transport.mailbox import LinkOwner, open_link
-from ..schema import Op, R, SessionState, Welcome, encodable
+from ..transport.links import open_link
+from ..transport.owner import LinkOwner
+from ..schema import Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.http")
 
@@ -73,152 +74,6 @@ _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
 _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
 _T_LIST = int(Op.T_LIST)
 _T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
-PAGE_LIMIT = 100            # tasks in a listing page unless `limit` says otherwise
-
-#: every error code, the front's own and the broker's (its T_ERROR replies), with the
-#: HTTP status it is answered with: the one table of the API's refusals
-STATUS = {
-    "bad_request": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "unknown_function": 404,
-    "method_not_allowed": 405,
-    "request_timeout": 408,
-    "duplicate": 409,
-    "not_cancellable": 409,
-    "too_large": 413,
-    "unsupported_media_type": 415,
-    "internal": 500,
-    "unavailable": 503,
-    "draining": 503,
-    "out_of_memory": 503,
-    "out_of_space": 503,
-}
-#: the code of each status the front answers on its own
-CODES = {status: code for code, status in reversed(STATUS.items())}
-ENQUEUE_KEYS = ("function", "params", "options")
-MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
-ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
-TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
-
-
-class Problem(NamedTuple):
-    """A refusal: the HTTP status and JSON error to answer (as broker/tasks.TaskError)."""
-    status: int
-    code: str
-    message: str
-
-
-def refuse(status: int, message: str) -> Problem:
-    return Problem(status, CODES[status], message)
-
-
-class Enqueue(NamedTuple):
-    """A checked POST /v1/tasks body."""
-    function: str
-    params: bytes               # compact JSON, the body the function will be POSTed
-    options: dict | None        # checked by the broker (broker/tasks.parse_options)
-
-
-# -- parsing -------------------------------------------------------------------------------
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def loads_strict(data: bytes) -> Any:
-    """JSON as RFC 8259 has it (no NaN or Infinity, which could not be re-encoded as JSON).
-    Raises ValueError, for nesting too deep as well."""
-    try:
-        return json.loads(data, parse_constant=_no_constant, parse_float=_finite)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):           # 1e400: a float cannot hold it, and Infinity is no JSON
-        raise ValueError(f"{text} is too large a number")
-    return value
-
-
-def parse_enqueue(body: bytes) -> Enqueue | list[Enqueue | Problem] | Problem:
-    """The body of POST /v1/tasks: one task, or an array of them (each checked on its
-    own: a bad item refuses that item only), or why the whole body is refused."""
-    try:
-        doc = loads_strict(body)
-    except ValueError as exc:
-        return refuse(400, f"the body is not valid JSON: {exc}")
-    if isinstance(doc, list):
-        if len(doc) > MAX_BATCH:
-            return refuse(400, f"{len(doc)} tasks in one request; at most {MAX_BATCH}")
-        return [parse_task(item) for item in doc]
-    return parse_task(doc)
-
-
-def parse_task(doc: Any) -> Enqueue | Problem:
-    """One task object of POST /v1/tasks."""
-    if not isinstance(doc, dict):
-        return refuse(400, f"a task must be a JSON object, not {_json_type(doc)}")
-    unknown = [key for key in doc if key not in ENQUEUE_KEYS]
-    if unknown:
-        return refuse(400, f"unknown field {unknown[0]!r}; fields are {', '.join(ENQUEUE_KEYS)}")
-    function, options = doc.get("function"), doc.get("options")
-    if not isinstance(function, str):
-        return refuse(400, "function must be a string" if "function" in doc
-                      else "function is required")
-    if options is not None and not isinstance(options, dict):
-        return refuse(400, f"options must be an object, not {_json_type(options)}")
-    params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
-    if not encodable((function, options)):
-        return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")
-    return Enqueue(function, params, options)
-
-
-def parse_listing(query) -> tuple | Problem:
-    """GET /v1/tasks's query: (function, status, limit, after); the broker checks status
-    and the limit's range."""
-    unknown = [key for key in query if key not in ("function", "status", "limit", "after")]
-    if unknown:
-        return refuse(400, f"unknown parameter {unknown[0]!r}")
-    try:
-        limit = int(query.get("limit", PAGE_LIMIT))
-        after = int(query.get("after", 0))
-    except ValueError:
-        return refuse(400, "limit and after must be integers (after: a page's next)")
-    return (query.get("function"), query.get("status"), limit, after)
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
-# -- formatting ----------------------------------------------------------------------------
-def rfc3339(seconds: float) -> str:
-    """Wall-clock seconds as RFC 3339 UTC with milliseconds: 2026-11-24T20:30:00.123Z."""
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
-    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
-
-
-def result_json(result: bytes) -> Any:
-    """A function's response body: its JSON value when it is JSON, else its text."""
-    try:
-        return loads_strict(result)
-    except ValueError:
-        return bytes(result).decode("utf-8", "replace")
-
-
-def task_json(info: dict) -> dict:
-    """A broker TaskInfo as the API shows it."""
-    out = dict(info)
-    for name in TIME_FIELDS:
-        if out.get(name) is not None:
-            out[name] = rfc3339(out[name])
-    if isinstance(out.get("result"), (bytes, bytearray)):
-        out["result"] = result_json(out["result"])
-    return out
 
 
 def problem_response(problem: Problem) -> web.Response:
@@ -244,33 +99,10 @@ def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.R
     return problem_response(reply_problem(reply))
 
 
-def schedule_json(info: dict) -> dict:
-    """A broker schedule info as the API shows it."""
-    out = dict(info)
-    for name in SCHEDULE_TIMES:
-        if out.get(name) is not None:
-            out[name] = rfc3339(out[name])
-    out["params"] = result_json(out["params"])
-    return out
-
-
 def schedule_response(reply: tuple, status: int = 200) -> web.Response:
     if reply[1] == R.T_SCHEDULE:
         return web.json_response(schedule_json(reply[2]), status=status)
     return problem_response(reply_problem(reply))
-
-
-def reply_problem(reply: tuple) -> Problem:
-    """A broker reply that is not a TaskInfo, as the refusal to answer with."""
-    if reply[1] == R.T_ERROR:
-        code, message = reply[2:4]
-        if code not in STATUS:
-            log.warning("a broker error code with no status: %r", code)
-        return Problem(STATUS.get(code, 500), code, message)
-    if reply[1] == R.INTERNAL_ERROR:    # held by the link past its hold time
-        return refuse(503, "the broker did not answer in time")
-    log.warning("unexpected broker reply %r", reply[1:2])
-    return refuse(500, "unexpected reply from the broker")
 
 
 # -- auth ----------------------------------------------------------------------------------
@@ -400,7 +232,7 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/schedules/{name}", self.schedule_info)
         app.router.add_patch("/v1/schedules/{name}", self.pause_schedule)
         app.router.add_delete("/v1/schedules/{name}", self.unschedule)
-        from .openapi import PATH, document     # (here: it imports this module's limits)
+        from .openapi import PATH, document     # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
         return app

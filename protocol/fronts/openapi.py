@@ -20,7 +20,7 @@ from ...broker import VERSION
 from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
                                         MAX_PAGE, MAX_TIMEOUT_MS, STATUSES, UNIQUE_ID)
 from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
-from .http import MAX_BATCH, PAGE_LIMIT
+from .http_api import MAX_BATCH, PAGE_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
 PATH = "/v1/openapi.json"

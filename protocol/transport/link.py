@@ -32,9 +32,9 @@ import time
 import zmq
 
 from . import curve
-from .mailbox import CONNECTING, READY, LinkOwner  # shared by both links
+from .owner import CONNECTING, READY, LinkOwner  # shared by both links
 from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
-                      Holding, Op, Replies, R, SchemaError, SessionState, Settings, Stopping,
+                      Holding, Op, Replies, R, SchemaError, Settings, Stopping,
                       Welcome, decode, encode)
 
 log = logging.getLogger("zstalk.front")

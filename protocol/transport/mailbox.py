@@ -1,8 +1,8 @@
 """In-process links: a front beside the broker reaches it through a mailbox, not ZeroMQ.
 
 A front never knows where its broker runs.  It is given a broker address and calls
-`open_link(address, ...)`: `tcp://…` or `ipc://…` give a `BrokerLink` (link.py, a ZeroMQ
-DEALER socket), `local:NAME` gives a `LocalLink` to the broker actor that registered
+`open_link(address, ...)` (links.py): `tcp://…` or `ipc://…` give a `BrokerLink` (link.py,
+a ZeroMQ DEALER socket), `local:NAME` gives a `LocalLink` to the broker actor that registered
 NAME in this process (`register_mailbox`), in the way ZeroMQ's `inproc://` names a
 socket in the same context.  Both links take the same calls from the front (`submit`,
 `flush_now`, `start`, `close`, …) and call the same `LinkOwner` methods back with the
@@ -30,24 +30,12 @@ import os
 import random
 from typing import Protocol
 
-from ..schema import Batch, Fenced, Hello, Replies, SessionState, Settings, Welcome
+from ..schema import Batch, Fenced, Hello, Replies, Settings, Welcome
+from .owner import CONNECTING, READY
 
-CONNECTING, READY = "connecting", "ready"
 LOCAL_PREFIX = "local:"
 
 _mailboxes: dict[str, "Mailbox"] = {}
-
-
-class LinkOwner:
-    """What a front supplies to its link (all called on the event loop)."""
-    def on_replies(self, items: list) -> None: ...
-    def on_welcome(self, welcome: Welcome) -> None: ...
-    def on_lost(self) -> None: ...
-    def on_fenced(self) -> None: ...
-    def session_states(self) -> list[SessionState]: ...
-    # optional: on_stopped() -> list[tuple], after a graceful stop (schema.Stopping): as
-    # on_lost, except that every op the broker left unanswered never ran; it returns the
-    # ones already sent, in order, for the next broker (the beanstalk front's resend them)
 
 
 class Mailbox(Protocol):
@@ -69,15 +57,12 @@ def unregister_mailbox(address: str) -> None:
     _mailboxes.pop(address, None)
 
 
-def open_link(address: str, kind: str, owner, hold_s: float = 5.0, **kwargs):
-    """The link to the broker at `address`: in this process (`local:`) or over ZeroMQ."""
-    if address.startswith(LOCAL_PREFIX):
-        try:
-            return LocalLink(_mailboxes[address], kind, owner)
-        except KeyError:
-            raise ValueError(f"no broker at {address} in this process") from None
-    from .link import BrokerLink
-    return BrokerLink(address, kind, owner, hold_s=hold_s, **kwargs)
+def local_link(address: str, kind: str, owner) -> "LocalLink":
+    """The link to the broker actor that registered `address` (`local:NAME`) here."""
+    try:
+        return LocalLink(_mailboxes[address], kind, owner)
+    except KeyError:
+        raise ValueError(f"no broker at {address} in this process") from None
 
 
 class LocalLink:
