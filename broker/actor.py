@@ -44,6 +44,7 @@ import gc
 import logging
 import math
 import os
+import resource
 import signal
 import time
 
@@ -52,7 +53,7 @@ from ..protocol.transport.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
                                decode_peer, encode)
 from .core.broker import Broker, Config
-from .core.beanstalk.stats import process_sysinfo
+from .core.beanstalk.stats import SysInfo
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
@@ -567,6 +568,13 @@ class BrokerActor:
                     (log.warning if front.sessions else log.info)(
                         "front %016x unreachable: closing its sessions", front.front_id)
                     self.core.drop_front(front, time.monotonic())
+
+
+def process_sysinfo() -> SysInfo:
+    """This process's facts for beanstalk's `stats` (the core reads no clock or OS)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    u = os.uname()
+    return SysInfo(os.getpid(), ru.ru_utime, ru.ru_stime, u.nodename, u.version, u.machine)
 
 
 @contextlib.contextmanager

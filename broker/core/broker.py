@@ -1,11 +1,26 @@
-"""The broker core: fronts, sessions and the beanstalk commands, with no I/O and no clock.
+"""The broker core: fronts, sessions and the routing of every op to its family, with no
+I/O and no clock.
 
 `Broker.handle(peer, message, now)` takes one decoded schema message from a front (peer
 is that front's ZeroMQ routing id); `expire(now)` fires due timers; `flush()` returns
 the messages to send, one `Replies` per front with everything produced since the last
 flush (the batching half of the schema's design); `next_deadline()` tells the event
-loop how long it may sleep.  The actor (actor.py) is the only caller that owns a clock
-and a socket, so every timer rule here is tested with a fake clock.
+loop how long it may sleep.  The actor (broker/actor.py) is the only caller that owns a
+clock and a socket, so every timer rule here is tested with a fake clock.
+
+Components: each protocol family's state and rules live in a component of its own, and
+`handle` routes each op to one through one table (op code -> handler):
+
+    beanstalk   beanstalk/commands.py   tubes, jobs, beanstalk sessions, the `cmd-*` ops
+    pools       beanstalk/pools.py      SUBSCRIBE / CREDIT, jobs pushed to worker pools
+    counters    counters.py             the yrmcds counters and their sessions
+    tasks       tasks/commands.py       cloud tasks, HTTP fronts' and dispatchers' sessions
+    schedules   tasks/schedule_commands.py   cron schedules, fired as tasks
+
+A component takes (session, op, now) and returns the reply, and opens, closes and
+restores the sessions of the front kinds it owns.  Components share only what
+shared.py lists (the out-queue, the admission gate, the binlog writer, the clock as
+`now`), handed to them here.
 
 Fronts: a front introduces itself with Hello (its incarnation `front_id`) and must then
 be heard from every PEER_TIMEOUT_S; a silent front is declared dead, its sessions close
@@ -18,8 +33,7 @@ the front forwards a pipeline without waiting, and the session still sees beanst
 order, ids and counters.
 
 Command semantics follow beanstalkd 1.13 (https://github.com/beanstalkd/beanstalkd: its
-doc/protocol.txt, and prot.c where the two differ):
-the handlers below are named after the protocol and count `cmd-*` as beanstalkd does.
+doc/protocol.txt, and prot.c where the two differ), and yrmcds 1.1.9's counter extension.
 """
 from __future__ import annotations
 
@@ -28,36 +42,28 @@ import logging
 import random
 from typing import Callable, NamedTuple
 
-from ...protocol.schema import (PEER_TIMEOUT_S, SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS,
-                                Batch, Fenced, Hello, Heartbeat, Op, R, Replies, Settings,
-                                Welcome)
+from ...protocol.schema import (PEER_TIMEOUT_S, SESSION_BYTES_MAX, SESSION_OPS_MAX,
+                                SILENT_OPS, Batch, Fenced, Hello, Heartbeat, Op, R, Replies,
+                                Settings, Welcome)
 from .beanstalk import stats
 from .beanstalk.checks import NATIVE_KINDS, check
-from .beanstalk.commands import Commands
-from .counters import CounterCommands, Counters, CounterSession
-from .beanstalk.jobs import BURIED, DELAYED, JOB_OVERHEAD_BYTES, READY, RESERVED, Job, Session
-from .beanstalk.pools import POOL_OPS, PoolCommands, PoolSession
-from .beanstalk.queue import Queue
-from .tasks.commands import TaskCommands, TaskSession
+from .beanstalk.commands import BeanstalkCommands
+from .beanstalk.pools import POOL_OPS, PoolCommands
+from .counters import CounterCommands
+from .shared import Admission, Identity, Out
+from .tasks.commands import TaskCommands
 from .tasks.schedule_commands import ScheduleCommands
 from .tasks.schedules import Schedules
 from .tasks.store import ApiPolicy, FunctionSpec, Tasks
-from ..wal.format import S_DELAYED, S_READY, S_RESERVED
 
 log = logging.getLogger("zstalk.broker")
 #: which protocol an op belongs to: 0 beanstalk (and the connection ops every front
 #: sends), 1 counters, 2 cloud tasks; a session takes only its own (its `family`)
 _FAMILY = [0 if code < Op.C_NOOP else 1 if code < Op.T_ENQUEUE else 2
            for code in range(max(Op) + 1)]
-_TASK_KINDS = frozenset({"http", "dispatcher"})
 #: fronts of a broker that went away notice within PEER_TIMEOUT_S (at once if they get
 #: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
-#: a job its holder had when the broker stopped gracefully (walformat S_RESERVED) is kept
-#: from other clients this long after the restart, for the holder's front to re-register
-#: it: fronts say Hello again within PEER_TIMEOUT_S of the broker's return
-RECLAIM_S = 5.0
-DEFAULT_TUBE = "default"
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
 _PUT, _CLOSE, _HALF_CLOSE = int(Op.PUT), int(Op.CLOSE), int(Op.HALF_CLOSE)
 
@@ -84,86 +90,94 @@ class Front:
         self.front_id = hello.front_id
         self.kind = hello.kind
         self.pid = hello.pid
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, object] = {}
         self.last_seen = now
 
 
-class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Commands):
+class Broker:
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
                  wall_offset: float = 0.0, wal=None, recovered=None) -> None:
         self.config = config
         self.wall_offset = wall_offset    # wall clock = now + offset (counter intervals)
-        self.counter_store = Counters(now + wall_offset, config.stat_interval_s)
-        # after a restart, Acquire waits until the fronts had time to re-register holdings
-        self.refuse_acquire_until = now + RECOVERY_GRACE_S if config.recovering else 0.0
-        self.sysinfo = sysinfo
         self.started = now
         self.broker_id = random.getrandbits(64)
         self.state_id = random.getrandbits(64) or 1
-        self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
-        self.tasks = Tasks({f.name: f for f in config.functions}, wall_offset,
-                           base=config.base_function)
-        self.schedules = Schedules(self.tasks, wall_offset)
-        self.dispatchers: dict = {}       # dispatcher sessions, in the order they came
-        self.api = config.api
-        self.fronts: dict[bytes, Front] = {}
-        self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.out: dict[bytes, list] = {}
-        self.control: list[tuple[bytes, object]] = []
-        self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
-        self.next_id = 1
-        self.jobs_bytes = 0
-        self.draining = False
-        self.counters = stats.new_counters()
-        self.total_connections = 0
-        self.total_jobs = 0
-        self._handlers = self._handler_table()
-        # the binlog (binlog.Binlog) or None; the core only appends records to it
+        # the binlog (wal/binlog.Binlog) or None; the components only append records to it
         self.wal = wal
         if wal is not None:
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
-            self.tasks.wal = self.schedules.wal = wal
-        self.reclaimable: set[int] = set()     # ids of jobs kept for their holders ...
-        self.reclaim_until = now + RECLAIM_S   # ... until then (after that: plain delayed)
+        self.fronts: dict[bytes, Front] = {}
+        self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.out = Out()
+        self.control: list[tuple[bytes, object]] = []
+        self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
+        self.admission = Admission(config.max_jobs_bytes)
+        self._build(config, now, sysinfo)
         if recovered is not None:
-            self._restore(recovered.jobs.values(), recovered.next_id, now)
+            self.beanstalk.load(recovered.jobs.values(), recovered.next_id, now, wall_offset)
             self.tasks.restore(recovered.tasks, now)
             # a time missed while we were down fires once, now
-            self._fire_schedules(self.schedules.restore(recovered.schedules, now), now)
+            self.scheduling.fire(self.schedules.restore(recovered.schedules, now), now)
 
-    def _restore(self, lives, next_id: int, now: float) -> None:
-        """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).
+    def _build(self, config: Config, now: float, sysinfo) -> None:
+        """The components, what they share, and the one op table."""
+        me = Identity(self.broker_id, now, sysinfo, config.version, config.max_job_size,
+                      config.binlog_max_size)
+        out, admission, wal = self.out, self.admission, self.wal
+        self.beanstalk = BeanstalkCommands(out, admission, wal, me, self._answered, now)
+        self.pools = PoolCommands(self.beanstalk, out)
+        # after a restart, Acquire waits until the fronts had time to re-register holdings
+        self.counting = CounterCommands(now, self.wall_offset, config.stat_interval_s,
+                                        now + RECOVERY_GRACE_S if config.recovering else 0.0)
+        tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
+                      base=config.base_function)
+        schedules = Schedules(tasks, self.wall_offset)
+        tasks.wal = schedules.wal = wal
+        self.tasking = TaskCommands(tasks, config.api, out, admission)
+        self.scheduling = ScheduleCommands(schedules, self.tasking, wal)
+        admission.holders = (self.beanstalk, tasks, schedules)
+        #: the session owner of each family (Session.family) and of each front kind
+        self._families = (self.beanstalk, self.counting, self.tasking)
+        self._kinds = {"counter": self.counting, "http": self.tasking,
+                       "dispatcher": self.tasking}
+        table: list = [None] * (max(Op) + 1)
+        table[Op.OPEN], table[Op.CLOSE] = self._open_again, self._close_op
+        for component in (self.beanstalk, self.pools, self.counting, self.tasking,
+                          self.scheduling):
+            for code, handler in component.handlers().items():
+                table[code] = handler
+        self._handlers = table
 
-        Written for a million jobs: plain loops over walformat's replay tuples."""
-        q, off = self.queue, self.wall_offset
-        tubes: dict = {}
-        jobs = []
-        size = 0
-        for rec, name, body, seq in lives:
-            t = tubes.get(name) or tubes.setdefault(name, q.tube(name))
-            job = Job(rec[1], t, rec[2], rec[3], rec[4], body, rec[5] - off)
-            state = rec[7]
-            if state != S_READY:            # (most are: one compare for them)
-                if state == S_DELAYED:
-                    # (one already due is ready now, before a front re-registering a
-                    # session that reserved it since can ask for it: see _reconcile)
-                    if rec[6] - off > now:
-                        job.state, job.deadline = DELAYED, rec[6] - off
-                elif state == S_RESERVED:   # held when we stopped: kept for its holder
-                    job.state, job.deadline = DELAYED, now + RECLAIM_S
-                    self.reclaimable.add(job.id)
-                else:
-                    job.state, job.deadline = BURIED, rec[6]
-            job.seg = seq
-            if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
-                job.set_counts(rec[8:13])
-            size += len(body)
-            jobs.append(job)
-        q.load(jobs)
-        self.jobs_bytes += size + len(jobs) * JOB_OVERHEAD_BYTES
-        self.next_id = max(self.next_id, next_id)
+    # -- what the actor and the binlog read --------------------------------------------
+    @property
+    def queue(self):
+        return self.beanstalk.queue
+
+    @property
+    def tasks(self) -> Tasks:
+        return self.tasking.store
+
+    @property
+    def schedules(self) -> Schedules:
+        return self.scheduling.store
+
+    @property
+    def counter_store(self):
+        return self.counting.store
+
+    @property
+    def next_id(self) -> int:
+        return self.beanstalk.next_id
+
+    @property
+    def draining(self) -> bool:
+        return self.admission.draining
+
+    @draining.setter
+    def draining(self, on: bool) -> None:
+        self.admission.draining = on
 
     # -- messages --------------------------------------------------------------------
     def handle(self, peer: bytes, msg, now: float) -> None:
@@ -205,100 +219,49 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
                 # front of an earlier broker means others may still be on their way
                 restored = True
                 if hello.state_id not in (0, self.state_id):
-                    self.refuse_acquire_until = max(self.refuse_acquire_until,
-                                                    self.started + RECOVERY_GRACE_S)
+                    self.counting.refuse_acquire_while_fronts_return(
+                        self.started + RECOVERY_GRACE_S)
         else:
             front.last_seen = now
             restored = True
         if restored:
             self._reconcile(front, hello.sessions, now)
-        settings = self.settings()
-        self.control.append((peer, Welcome(self.broker_id, self.state_id, settings, restored)))
+        self.control.append((peer, Welcome(self.broker_id, self.state_id, self.settings(),
+                                           restored)))
 
     def settings(self) -> Settings:
-        c = self.config
+        c, api = self.config, self.tasking.api
         return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                        self.api.public_enqueue, self.api.private_results)
+                        api.public_enqueue, api.private_results)
+
+    def configure_functions(self, functions, now: float) -> None:
+        """A config read again (config_file.TaskConfig): calls go where it says now, and
+        HTTP fronts and dispatchers get the new Settings."""
+        self.config = self.config._replace(max_body_bytes=functions.max_body_bytes,
+                                           max_result_bytes=functions.max_result_bytes)
+        self.tasking.configure({f.name: f for f in functions.named}, functions.base,
+                               functions.api, now)
+        settings = self.settings()
+        for peer, front in self.fronts.items():
+            if front.kind in ("http", "dispatcher"):
+                self.control.append((peer, settings))
+
+    def observe_wall(self, wall: float, now: float) -> None:
+        self.scheduling.observe_wall(wall, now)
+
+    def log_holdings(self) -> None:
+        self.beanstalk.log_holdings()
 
     def _reconcile(self, front: Front, states, now: float) -> None:
-        """Make the front's sessions what it says they are (after either side lost the other).
-
-        Sessions it no longer lists close; listed ones are created if missing, and the
-        jobs they hold are kept, or restored with a fresh TTR when a restarted broker
-        still has them ready; jobs we think they hold but they do not list go back to
-        ready (their reserve was answered INTERNAL_ERROR by the front).
-        """
+        """Make the front's sessions what it says they are (after either side lost the
+        other): sessions it no longer lists close, listed ones are restored by the
+        component that owns their kind."""
         listed = {s.conn: s for s in states}
         for conn in [c for c in front.sessions if c not in listed]:
             self._close(front.sessions[conn], now)
+        owner = self._kinds.get(front.kind, self.beanstalk)
         for conn, st in listed.items():
-            if front.kind == "counter":
-                s = front.sessions.get(conn) or self._open(front, conn)
-                self.counter_store.restore(s.holds, st.holds, self.wall(now))
-                continue
-            if front.kind in _TASK_KINDS:
-                s = front.sessions.get(conn) or self._open(front, conn)
-                if front.kind == "dispatcher" and st.holds:
-                    self.claim_calls(s, st.holds, now)
-                continue
-            s = front.sessions.get(conn)
-            if s is None:
-                s = self._open(front, conn)
-                self._restore_tubes(s, st)
-            # a reserve it was blocked in, and what it sent after, was answered by the front
-            # when it lost us (and a pool subscribes again): a job handed over now would
-            # answer the wrong command
-            self.queue.stop_waiting(s)
-            s.behind = None
-            if s.is_pool:
-                s.credits = 0
-            held = set(st.held)
-            for job in [j for j in s.reserved.values() if j.id not in held]:
-                self.queue.take(job)
-                self.queue.make_ready(job, now)
-            for job_id in held - s.reserved.keys():
-                job = self.queue.jobs.get(job_id)
-                if job is not None and (job.state == READY or self._reclaimable(job, now)):
-                    self.queue.take(job)
-                    self.queue.reserve(s, job, now)
-
-    def log_holdings(self) -> None:
-        """A graceful stop: log which jobs clients hold (walformat S_RESERVED), so the
-        next broker keeps them for their holders; with no room they come back ready, as
-        after a crash."""
-        for job in self.queue.jobs.values():
-            if job.state == RESERVED and not self.wal.log_reserved(job):
-                return
-
-    def _reclaimable(self, job, now: float) -> bool:
-        """A job kept since our restart for the session that held it (S_RESERVED)."""
-        if job.id not in self.reclaimable or now >= self.reclaim_until:
-            return False
-        self.reclaimable.discard(job.id)
-        return job.state == DELAYED
-
-    def _restore_tubes(self, s: Session, st) -> None:
-        """Give a re-registered session the used tube and watch list its front remembers."""
-        q = self.queue
-        new_use = q.tube(st.use)
-        new_use.using += 1
-        s.use.using -= 1
-        old_use, s.use = s.use, new_use
-        q.maybe_free(old_use)
-        if st.watch:
-            self._set_watch(s, st.watch)
-
-    def _set_watch(self, s: Session, names: list[str]) -> None:
-        """Replace a session's watch list (a re-registration, a pool's SUBSCRIBE)."""
-        q = self.queue
-        old = s.watch
-        s.watch = [q.tube(n) for n in dict.fromkeys(names)]
-        s.watched = set(s.watch)
-        for t in s.watch:
-            t.watching += 1
-        for t in old:
-            t.watching -= 1
-            q.maybe_free(t)
+            front.sessions[conn] = owner.restore(front, front.sessions.get(conn), st, now)
 
     def drop_front(self, front: Front, now: float) -> None:
         """A front died (heartbeat) or was replaced: close its sessions and fence it."""
@@ -311,7 +274,9 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             self.fenced.popitem(last=False)
 
     def _batch(self, front: Front, ops: list, now: float) -> None:
-        out = self.out.setdefault(front.peer, [])
+        out = self.out.get(front.peer)
+        if out is None:
+            out = self.out[front.peer] = []
         sessions = front.sessions
         handlers = self._handlers
         native = front.kind in NATIVE_KINDS       # ops not built by a beanstalk parser
@@ -349,7 +314,7 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             self._resume(now)   # read from one client before a woken one reads on
 
     # -- ordering behind a waiting reserve ------------------------------------------
-    def _hold(self, s: Session, op, out: list) -> None:
+    def _hold(self, s, op, out: list) -> None:
         """Keep `op` until the session's waiting reserve is answered (schema: "Ordering")."""
         behind = s.behind
         behind.append(op)
@@ -360,12 +325,12 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
             log.warning("front %016x sent more than a connection may have in flight: "
                         "answering its held commands INTERNAL_ERROR", s.front.front_id)
             if s.waiting:
-                self.queue.stop_waiting(s)
+                self.beanstalk.queue.stop_waiting(s)
                 out.append((s.conn, R.INTERNAL_ERROR))      # the reserve
             out.extend((s.conn, R.INTERNAL_ERROR) for o in behind if o[0] not in SILENT_OPS)
             s.behind, s.behind_bytes = None, 0
 
-    def _answered(self, s: Session) -> None:
+    def _answered(self, s) -> None:
         """A session's waiting reserve got its reply: what it held runs next."""
         if s.behind is not None:
             self.resumed.append(s)
@@ -396,22 +361,12 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
                 s.behind, s.behind_bytes = None, 0
 
     # -- timers ----------------------------------------------------------------------
-    def wall(self, now: float) -> float:
-        return now + self.wall_offset
-
     def next_deadline(self) -> float | None:
         # (called after every turn of the actor: plain comparisons, no generators)
-        d = self.counter_store.next_gc() - self.wall_offset
-        q = self.queue.next_deadline()
-        if q is not None and q < d:
-            d = q
-        if self.tasks.tasks:
-            t = self.tasks.next_deadline()
+        d = self.counting.next_deadline()
+        for component in (self.beanstalk, self.tasking, self.scheduling):
+            t = component.next_deadline()
             if t is not None and t < d:
-                d = t
-        if self.schedules.timers:
-            t = self.schedules.next_deadline()
-            if t < d:
                 d = t
         for f in self.fronts.values():
             silent_at = f.last_seen + PEER_TIMEOUT_S
@@ -420,91 +375,30 @@ class Broker(ScheduleCommands, TaskCommands, PoolCommands, CounterCommands, Comm
         return d
 
     def expire(self, now: float) -> None:
-        self.queue.expire(now)
-        if self.tasks.tasks:
-            self.tasks.expire(now)
-            self._feed_dispatchers(now)
-        if self.schedules.timers:
-            self._fire_schedules(self.schedules.due(now), now)
+        self.beanstalk.expire(now)
+        self.tasking.expire(now)
+        self.scheduling.expire(now)
         if self.resumed:
             self._resume(now)
-        self.counter_store.expire(self.wall(now))
+        self.counting.expire(now)
         for front in [f for f in self.fronts.values() if now - f.last_seen > PEER_TIMEOUT_S]:
             self.drop_front(front, now)
 
-    # -- queue callbacks (a waiting session got its answer) ---------------------------
-    def _reply(self, s: Session, *reply) -> None:
-        self.out.setdefault(s.front.peer, []).append((s.conn, *reply))
-
-    def _granted(self, s: Session, job: Job) -> None:
-        if s.is_pool:
-            self._pool_granted(s, job)
-        else:
-            self._reply(s, R.RESERVED, job.id, job.body)
-            self._answered(s)
-
-    def _deadline_soon(self, s: Session) -> None:
-        self._reply(s, R.DEADLINE_SOON)
-        self._answered(s)
-
-    def _timed_out(self, s: Session) -> None:
-        self._reply(s, R.TIMED_OUT)
-        self._answered(s)
-
     # -- sessions --------------------------------------------------------------------
     def _open(self, front: Front, conn: int):
-        if front.kind in _TASK_KINDS:
-            s = front.sessions[conn] = TaskSession(front, conn)
-            return s
-        if front.kind == "counter":
-            s = front.sessions[conn] = CounterSession(front, conn)
-            self.counter_store.curr_connections += 1
-            self.counter_store.total_connections += 1
-            return s
-        default = self.queue.tube(DEFAULT_TUBE)
-        cls = PoolSession if front.kind == "pool" else Session
-        s = front.sessions[conn] = cls(front, conn, default)
-        default.using += 1
-        default.watching += 1
-        self.total_connections += 1
+        s = front.sessions[conn] = self._kinds.get(front.kind, self.beanstalk).open(front, conn)
         return s
 
+    def _open_again(self, s, op, now):
+        return None  # already open: a duplicate OPEN changes nothing
+
+    def _close_op(self, s, op, now):
+        self._close(s, now)
+
     def _close(self, s, now: float) -> None:
-        """A connection went away: its jobs go back to ready at once, counters unchanged;
-        a counter session's holdings go back too."""
-        if s.family == 2:
-            self._close_task_session(s, now)
-            return
-        if s.is_counter:
-            self.counter_store.release_all(s.holds, self.wall(now))
-            self.counter_store.curr_connections -= 1
-            del s.front.sessions[s.conn]
-            return
-        q = self.queue
-        q.stop_waiting(s)
-        s.behind = None
-        for job in list(s.reserved.values()):
-            q.take(job)
-            q.make_ready(job, now)
-        s.use.using -= 1
-        q.maybe_free(s.use)
-        for t in s.watch:
-            t.watching -= 1
-            q.maybe_free(t)
+        """A connection went away: the component of its family lets go of what it held."""
         del s.front.sessions[s.conn]
-
-    def _handler_table(self) -> list:
-        """Op code -> bound handler; handlers are named after the op (commands.py)."""
-        table: list = [None] * (max(Op) + 1)
-        for op in Op:
-            table[op] = getattr(self, op.name.lower())
-        return table
-
-    def sessions(self):
-        """The beanstalk sessions of every front (what beanstalk's stats count)."""
-        for f in self.fronts.values():
-            if f.kind != "counter" and f.kind not in _TASK_KINDS:
-                yield from f.sessions.values()
+        self._families[s.family].close(s, now)
 
 
 def _error_reply(op) -> tuple | None:

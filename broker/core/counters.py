@@ -1,4 +1,5 @@
-"""Distributed counters (the yrmcds counter extension), held by the broker.
+"""Distributed counters (the yrmcds counter extension), held by the broker: the store and
+the counters component.
 
 A counter is a name with a consumption; a session (one client connection of a counter
 front) acquires and releases units of it and keeps its own tally, so it can only
@@ -23,7 +24,7 @@ import math
 import time
 from typing import Callable
 
-from ...protocol.schema import R
+from ...protocol.schema import Op, R
 
 NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
 U32_MAX = 0xFFFFFFFF
@@ -45,10 +46,10 @@ class Counter:
 class CounterSession:
     """One connection of a counter front: what it holds, by counter name."""
     __slots__ = ("front", "conn", "holds")
-    family = 1          # ops it may send: the counter ones (core.Broker._batch)
+    family = 1          # ops it may send: the counter ones (broker.Broker._batch)
     is_counter = True
     is_pool = False
-    behind = None       # counter ops never wait behind one another (see core.Broker._hold)
+    behind = None       # counter ops never wait behind one another (see broker.Broker._hold)
 
     def __init__(self, front, conn: int) -> None:
         self.front = front
@@ -181,10 +182,56 @@ class Counters:
 
 
 class CounterCommands:
-    """Broker handlers for the counter ops (mixed into the Broker like Commands)."""
+    """The counters component: counter sessions, the store, and one handler per counter op.
 
+    After a restart (`recovering`), and when a front of an earlier broker says Hello,
+    Acquire answers 0x21 for a grace period: the fronts re-register what their
+    connections hold, and until they all have, an Acquire could overcommit."""
+
+    def __init__(self, now: float, wall_offset: float, stat_interval_s: int,
+                 refuse_acquire_until: float) -> None:
+        self.wall_offset = wall_offset      # wall clock = now + offset (intervals)
+        self.store = Counters(now + wall_offset, stat_interval_s)
+        self.refuse_acquire_until = refuse_acquire_until
+
+    def handlers(self) -> dict:
+        return {Op.C_NOOP: self.c_noop, Op.C_GET: self.c_get, Op.C_ACQUIRE: self.c_acquire,
+                Op.C_RELEASE: self.c_release, Op.C_STATS: self.c_stats, Op.C_DUMP: self.c_dump}
+
+    def wall(self, now: float) -> float:
+        return now + self.wall_offset
+
+    # -- sessions ----------------------------------------------------------------------
+    def open(self, front, conn: int) -> CounterSession:
+        self.store.curr_connections += 1
+        self.store.total_connections += 1
+        return CounterSession(front, conn)
+
+    def close(self, s: CounterSession, now: float) -> None:
+        """A connection went away: everything it holds goes back."""
+        self.store.release_all(s.holds, self.wall(now))
+        self.store.curr_connections -= 1
+
+    def restore(self, front, s: CounterSession | None, st, now: float) -> CounterSession:
+        """A re-registered connection: what it holds is known exactly by its front."""
+        s = s or self.open(front, st.conn)
+        self.store.restore(s.holds, st.holds, self.wall(now))
+        return s
+
+    def refuse_acquire_while_fronts_return(self, until: float) -> None:
+        """A front of an earlier broker came back: others may still be on their way."""
+        self.refuse_acquire_until = max(self.refuse_acquire_until, until)
+
+    # -- timers --------------------------------------------------------------------------
+    def next_deadline(self) -> float:
+        return self.store.next_gc() - self.wall_offset
+
+    def expire(self, now: float) -> None:
+        self.store.expire(self.wall(now))
+
+    # -- ops -----------------------------------------------------------------------------
     def _counted(self, name: str) -> None:
-        self.counter_store.commands[name] += 1
+        self.store.commands[name] += 1
 
     def c_noop(self, s, op, now):
         self._counted("noop")
@@ -194,7 +241,7 @@ class CounterCommands:
         self._counted("get")
         if not _is_name(op[2]):
             return (s.conn, R.C_ERROR, INVALID)
-        return (s.conn, *self.counter_store.get(op[2]))
+        return (s.conn, *self.store.get(op[2]))
 
     def c_acquire(self, s, op, now):
         self._counted("acquire")
@@ -203,22 +250,22 @@ class CounterCommands:
             return (conn, R.C_ERROR, INVALID)        # what yrmcds' request::parse refuses
         if now < self.refuse_acquire_until:
             return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
-        return (conn, *self.counter_store.acquire(s.holds, name, resources, maximum, self.wall(now)))
+        return (conn, *self.store.acquire(s.holds, name, resources, maximum, self.wall(now)))
 
     def c_release(self, s, op, now):
         self._counted("release")
         _, conn, name, resources = op
         if not (_is_name(name) and 0 <= resources <= U32_MAX):
             return (conn, R.C_ERROR, INVALID)
-        return (conn, *self.counter_store.release(s.holds, name, resources, self.wall(now)))
+        return (conn, *self.store.release(s.holds, name, resources, self.wall(now)))
 
     def c_stats(self, s, op, now):
         self._counted("stats")      # yrmcds counts the request being answered
-        return (s.conn, R.STATS, self.counter_store.stats())
+        return (s.conn, R.STATS, self.store.stats())
 
     def c_dump(self, s, op, now):
         self._counted("dump")
-        return (s.conn, R.C_DUMP, self.counter_store.dump(self.wall(now)))
+        return (s.conn, R.C_DUMP, self.store.dump(self.wall(now)))
 
 
 def _is_name(name) -> bool:

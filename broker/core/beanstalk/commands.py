@@ -1,4 +1,10 @@
-"""The beanstalk commands, one handler per schema op, mixed into the Broker.
+"""The beanstalk component: tubes, jobs and sessions, and one handler per beanstalk op.
+
+It owns the job queue (queue.py) and every beanstalk-family session (a beanstalk front's
+connections, the SDK's producer Client, worker pools' sessions), the `cmd-*` counters,
+the job ids and the bytes its jobs hold.  The Broker (core/broker.py) routes each op of
+the family here and passes the shared pieces in (core/shared.py): the out-queue for
+replies to waiting sessions, the admission gate, the binlog writer.
 
 Each handler takes (session, op, now), where op is the schema tuple `(opcode, conn,
 *args)` already checked for format by the front's parser, and returns the reply tuple
@@ -7,24 +13,203 @@ beanstalkd: a `cmd-*` counter moves for every well-formed command, found or not
 (prot.c's dispatch_cmd bumps `op_ct` once the arguments parse).  Rules that differ by job
 state are in the comments of each handler, with the beanstalkd source they follow (that
 command's case in prot.c's dispatch_cmd unless named otherwise).
+
+A session whose reserve waits holds its later ops until the reserve is answered; the
+Broker does the holding (the schema's "Ordering" rule) and this component says when a
+waiting session got its answer (`answered`).
 """
 from __future__ import annotations
 
 import collections
+from typing import Callable
 
-from ....protocol.schema import R
+from ....protocol.schema import Op, R
+from ...wal.format import S_DELAYED, S_READY, S_RESERVED
+from ..shared import Admission, Identity, Out
 from . import stats
-from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, RELEASES, RESERVED, Job,
-                   Session, key_id)
+from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, READY, RELEASES, RESERVED,
+                   Job, Session, key_id)
+from .pools import PoolSession
+from .queue import Queue
 
-class Commands:
+DEFAULT_TUBE = "default"
+#: a job its holder had when the broker stopped gracefully (wal/format S_RESERVED) is kept
+#: from other clients this long after the restart, for the holder's front to re-register
+#: it: fronts say Hello again within PEER_TIMEOUT_S of the broker's return
+RECLAIM_S = 5.0
+
+
+class BeanstalkCommands:
+    def __init__(self, out: Out, admission: Admission, wal, identity: Identity,
+                 answered: Callable[[Session], None], now: float) -> None:
+        self.out = out
+        self.admission = admission
+        self.wal = wal
+        self.identity = identity
+        self.answered = answered            # a waiting session got its reply
+        self.pool_granted: Callable | None = None   # set by the pools component
+        self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
+        self.counters = stats.new_counters()
+        self.sessions: dict[Session, None] = {}
+        self.next_id = 1
+        self.total_jobs = 0
+        self.total_connections = 0
+        self.bytes = 0                      # what jobs hold (--max-jobs-bytes)
+        self.reclaimable: set[int] = set()     # ids of jobs kept for their holders ...
+        self.reclaim_until = now + RECLAIM_S   # ... until then (after that: plain delayed)
+
+    def handlers(self) -> dict:
+        """Op code -> handler, for the Broker's table (named after the op)."""
+        return {op: getattr(self, op.name.lower()) for op in Op
+                if op in (Op.COUNT, Op.HALF_CLOSE) or Op.PUT <= op <= Op.PAUSE_TUBE}
+
+    # -- sessions ----------------------------------------------------------------------
+    def open(self, front, conn: int) -> Session:
+        default = self.queue.tube(DEFAULT_TUBE)
+        cls = PoolSession if front.kind == "pool" else Session
+        s = cls(front, conn, default)
+        default.using += 1
+        default.watching += 1
+        self.total_connections += 1
+        self.sessions[s] = None
+        return s
+
+    def close(self, s: Session, now: float) -> None:
+        """A connection went away: its jobs go back to ready at once, counters unchanged."""
+        q = self.queue
+        q.stop_waiting(s)
+        s.behind = None
+        for job in list(s.reserved.values()):
+            q.take(job)
+            q.make_ready(job, now)
+        s.use.using -= 1
+        q.maybe_free(s.use)
+        for t in s.watch:
+            t.watching -= 1
+            q.maybe_free(t)
+        self.sessions.pop(s, None)
+
+    def restore(self, front, s: Session | None, st, now: float) -> Session:
+        """Make a session what its front re-registers (after either side lost the other):
+        created if missing, with its tubes; the jobs it lists are kept, or restored with a
+        fresh TTR when a restarted broker still has them ready; jobs we think it holds
+        but it does not list go back to ready (their reserve was answered INTERNAL_ERROR
+        by the front)."""
+        if s is None:
+            s = self.open(front, st.conn)
+            self._restore_tubes(s, st)
+        # a reserve it was blocked in, and what it sent after, was answered by the front
+        # when it lost us (and a pool subscribes again): a job handed over now would
+        # answer the wrong command
+        self.queue.stop_waiting(s)
+        s.behind = None
+        if s.is_pool:
+            s.credits = 0
+        held = set(st.held)
+        for job in [j for j in s.reserved.values() if j.id not in held]:
+            self.queue.take(job)
+            self.queue.make_ready(job, now)
+        for job_id in held - s.reserved.keys():
+            job = self.queue.jobs.get(job_id)
+            if job is not None and (job.state == READY or self._reclaimable(job, now)):
+                self.queue.take(job)
+                self.queue.reserve(s, job, now)
+        return s
+
+    def _reclaimable(self, job, now: float) -> bool:
+        """A job kept since our restart for the session that held it (S_RESERVED)."""
+        if job.id not in self.reclaimable or now >= self.reclaim_until:
+            return False
+        self.reclaimable.discard(job.id)
+        return job.state == DELAYED
+
+    def _restore_tubes(self, s: Session, st) -> None:
+        """Give a re-registered session the used tube and watch list its front remembers."""
+        q = self.queue
+        new_use = q.tube(st.use)
+        new_use.using += 1
+        s.use.using -= 1
+        old_use, s.use = s.use, new_use
+        q.maybe_free(old_use)
+        if st.watch:
+            self.set_watch(s, st.watch)
+
+    def set_watch(self, s: Session, names: list[str]) -> None:
+        """Replace a session's watch list (a re-registration, a pool's SUBSCRIBE)."""
+        q = self.queue
+        old = s.watch
+        s.watch = [q.tube(n) for n in dict.fromkeys(names)]
+        s.watched = set(s.watch)
+        for t in s.watch:
+            t.watching += 1
+        for t in old:
+            t.watching -= 1
+            q.maybe_free(t)
+
+    # -- the binlog ----------------------------------------------------------------------
+    def load(self, lives, next_id: int, now: float, wall_offset: float) -> None:
+        """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).
+
+        Written for a million jobs: plain loops over wal/format's replay tuples."""
+        q, off = self.queue, wall_offset
+        tubes: dict = {}
+        jobs = []
+        size = 0
+        for rec, name, body, seq in lives:
+            t = tubes.get(name) or tubes.setdefault(name, q.tube(name))
+            job = Job(rec[1], t, rec[2], rec[3], rec[4], body, rec[5] - off)
+            state = rec[7]
+            if state != S_READY:            # (most are: one compare for them)
+                if state == S_DELAYED:
+                    # (one already due is ready now, before a front re-registering a
+                    # session that reserved it since can ask for it: see restore)
+                    if rec[6] - off > now:
+                        job.state, job.deadline = DELAYED, rec[6] - off
+                elif state == S_RESERVED:   # held when we stopped: kept for its holder
+                    job.state, job.deadline = DELAYED, now + RECLAIM_S
+                    self.reclaimable.add(job.id)
+                else:
+                    job.state, job.deadline = BURIED, rec[6]
+            job.seg = seq
+            if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
+                job.set_counts(rec[8:13])
+            size += len(body)
+            jobs.append(job)
+        q.load(jobs)
+        self.bytes += size + len(jobs) * JOB_OVERHEAD_BYTES
+        self.next_id = max(self.next_id, next_id)
+
+    def log_holdings(self) -> None:
+        """A graceful stop: log which jobs clients hold (wal/format S_RESERVED), so the
+        next broker keeps them for their holders; with no room they come back ready, as
+        after a crash."""
+        for job in self.queue.jobs.values():
+            if job.state == RESERVED and not self.wal.log_reserved(job):
+                return
+
+    # -- timers, and the queue's answers to waiting sessions ----------------------------
+    def next_deadline(self) -> float | None:
+        return self.queue.next_deadline()
+
+    def expire(self, now: float) -> None:
+        self.queue.expire(now)
+
+    def _granted(self, s: Session, job: Job) -> None:
+        if s.is_pool:
+            self.pool_granted(s, job)
+        else:
+            self.out.reply(s, R.RESERVED, job.id, job.body)
+            self.answered(s)
+
+    def _deadline_soon(self, s: Session) -> None:
+        self.out.reply(s, R.DEADLINE_SOON)
+        self.answered(s)
+
+    def _timed_out(self, s: Session) -> None:
+        self.out.reply(s, R.TIMED_OUT)
+        self.answered(s)
+
     # -- connection bookkeeping (no reply) ---------------------------------------------
-    def open(self, s: Session, op, now):
-        return None  # already open: a duplicate OPEN changes nothing
-
-    def close(self, s: Session, op, now):
-        self._close(s, now)
-
     def count(self, s: Session, op, now):
         """A command the front answered itself that beanstalkd still counts (prot.c)."""
         _, _, cmd, consumes_id = op
@@ -42,7 +227,7 @@ class Commands:
         s.half_closed = True
         if s.waiting:
             self.queue.stop_waiting(s)
-            self._answered(s)
+            self.answered(s)
             return (s.conn, R.TIMED_OUT)
 
     # -- producing ---------------------------------------------------------------------
@@ -50,19 +235,19 @@ class Commands:
         _, conn, pri, delay_s, ttr_s, body = op
         self.counters["cmd-put"] += 1
         s.producer = True
-        if self.draining:
+        admission = self.admission
+        if admission.draining:
             self.next_id += 1     # the job was made before the body was read (prot.c)
             return (conn, R.DRAINING)
         cost = len(body) + JOB_OVERHEAD_BYTES
-        limit = self.config.max_jobs_bytes
-        if limit and self.jobs_bytes + self.tasks.bytes + cost > limit:
+        if admission.limit and not admission.room_for(cost):
             return (conn, R.OUT_OF_MEMORY)
         wal = self.wal
         if wal is not None and not wal.reserve_put(s.use.name, len(body)):
             return (conn, R.OUT_OF_MEMORY)       # binlog space (disk full), as beanstalkd
         job_id = self.next_id
         self.next_id += 1
-        self.jobs_bytes += cost
+        self.bytes += cost
         self.total_jobs += 1
         job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (prot.c)
         self.queue.add(job, delay_s, now)
@@ -121,7 +306,7 @@ class Commands:
         if job is None or (job.state == RESERVED and job.holder is not s):
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
-        self.jobs_bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
         if self.wal is not None:
             self.wal.log_delete(job)    # its space was reserved by its put
         self.queue.delete(job)

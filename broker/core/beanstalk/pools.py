@@ -55,7 +55,18 @@ def negotiate(versions) -> int:
 
 
 class PoolCommands:
-    """Handlers of the pool ops, mixed into the Broker (see commands.py for the shape)."""
+    """The pools component: SUBSCRIBE and CREDIT, and pushing jobs to pools with credits.
+    Pool sessions are beanstalk sessions (the beanstalk component opens and closes them,
+    and handles what they answer each job with); this component works on its queue."""
+
+    def __init__(self, beanstalk, out) -> None:
+        self.beanstalk = beanstalk          # commands.BeanstalkCommands: the queue, watch lists
+        self.queue = beanstalk.queue
+        self.out = out
+        beanstalk.pool_granted = self._granted
+
+    def handlers(self) -> dict:
+        return {Op.SUBSCRIBE: self.subscribe, Op.CREDIT: self.credit}
 
     def subscribe(self, s: Session, op, now):
         _, conn, versions, tubes, credits = op
@@ -66,11 +77,11 @@ class PoolCommands:
         if not version:
             return (conn, R.BAD_VERSION, *WORKER_VERSIONS)
         self.queue.stop_waiting(s)
-        self._set_watch(s, tubes)
+        self.beanstalk.set_watch(s, tubes)
         s.version = version
         s.worker = True
         s.credits = max(0, min(credits, MAX_CREDITS))
-        self._reply(s, R.SUBSCRIBED, version)    # before the jobs it lets through
+        self.out.reply(s, R.SUBSCRIBED, version)    # before the jobs it lets through
         self._feed(s, now)
 
     def credit(self, s: Session, op, now):
@@ -98,10 +109,10 @@ class PoolCommands:
 
     def _push(self, s: PoolSession, job: Job) -> None:
         s.credits -= 1
-        self._reply(s, R.JOB, job.id, job.body, job.tube.name, job.pri, job.ttr_s,
-                    job.count(RESERVES))
+        self.out.reply(s, R.JOB, job.id, job.body, job.tube.name, job.pri, job.ttr_s,
+                       job.count(RESERVES))
 
-    def _pool_granted(self, s: PoolSession, job: Job) -> None:
+    def _granted(self, s: PoolSession, job: Job) -> None:
         """The queue handed a waiting pool a job: push it, and queue up again (at the end)."""
         self._push(s, job)
         if s.credits > 0:

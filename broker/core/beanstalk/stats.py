@@ -10,8 +10,6 @@ passes in, which keeps the core free of I/O.
 from __future__ import annotations
 
 import math
-import os
-import resource
 from typing import NamedTuple
 
 from .jobs import COUNTERS, DELAYED, RESERVED, Job, Tube
@@ -40,10 +38,6 @@ def no_sysinfo() -> SysInfo:
     return SysInfo(0, 0.0, 0.0, "", "", "")
 
 
-def process_sysinfo() -> SysInfo:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    u = os.uname()
-    return SysInfo(os.getpid(), ru.ru_utime, ru.ru_stime, u.nodename, u.version, u.machine)
 
 
 def new_counters() -> dict[str, int]:
@@ -51,10 +45,11 @@ def new_counters() -> dict[str, int]:
 
 
 def server_stats(b, now: float) -> list[tuple[str, object]]:
-    """beanstalkd's 51 `stats` keys for broker `b`."""
+    """beanstalkd's 51 `stats` keys for the beanstalk component `b` (commands.py)."""
     tubes = b.queue.tubes.values()
-    sessions = list(b.sessions())
-    si = b.sysinfo()
+    sessions = b.sessions
+    me = b.identity
+    si = me.sysinfo()
     pairs = [
         ("current-jobs-urgent", sum(t.urgent for t in tubes)),
         ("current-jobs-ready", sum(len(t.ready) for t in tubes)),
@@ -66,7 +61,7 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
     pairs += [
         ("job-timeouts", b.queue.job_timeouts),
         ("total-jobs", b.total_jobs),
-        ("max-job-size", b.config.max_job_size),
+        ("max-job-size", me.max_job_size),
         ("current-tubes", len(b.queue.tubes)),
         ("current-connections", len(sessions)),
         ("current-producers", sum(1 for s in sessions if s.producer)),
@@ -74,13 +69,13 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
         ("current-waiting", b.queue.waiting_count),
         ("total-connections", b.total_connections),
         ("pid", si.pid),
-        ("version", b.config.version),
+        ("version", me.version),
         ("rusage-utime", si.utime_s),
         ("rusage-stime", si.stime_s),
-        ("uptime", int(now - b.started)),
-        *binlog_stats(b.wal, b.config.binlog_max_size),
-        ("draining", b.draining),
-        ("id", f"{b.broker_id:016x}"),
+        ("uptime", int(now - me.started)),
+        *binlog_stats(b.wal, me.binlog_max_size),
+        ("draining", b.admission.draining),
+        ("id", f"{me.broker_id:016x}"),
         ("hostname", si.hostname),
         ("os", si.os),
         ("platform", si.platform),

@@ -1,18 +1,19 @@
 """The broker's side of cloud tasks: the sessions of HTTP fronts and dispatchers, and the
-handlers of their ops (mixed into the Broker like commands.py's).
+handlers of their ops, as one component of the Broker (core/broker.py).
 
 An HTTP front sends T_ENQUEUE / T_INFO / T_CANCEL / T_LIST on one session and gets
 T_TASK, T_LIST or T_ERROR back; a dispatcher's session has `slots`, the calls it can
 take now: T_SUBSCRIBE sets them (or says it is stopping: outcomes free none), each pushed
-T_CALL takes one and each T_OUTCOME gives it back.  The task store (tasks.py) decides
+T_CALL takes one and each T_OUTCOME gives it back.  The task store (store.py) decides
 everything else; whatever frees a function's slot or makes a task due feeds the
 dispatchers, one call each in turn.
 """
 from __future__ import annotations
 
-from ....protocol.schema import R
+from ....protocol.schema import Op, R
+from ..shared import Admission, Out
 from .store import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
-                    Outcome, TaskError)
+                    ApiPolicy, Outcome, TaskError, Tasks)
 
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
@@ -23,7 +24,7 @@ NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
 class TaskSession:
     """One session of an HTTP front (kind "http") or of a dispatcher ("dispatcher")."""
     __slots__ = ("front", "conn", "slots", "draining")
-    family = 2          # ops it may send: the T_* ones (core.Broker._batch)
+    family = 2          # ops it may send: the T_* ones (broker.Broker._batch)
     is_counter = False
     is_pool = False
     is_task = True
@@ -37,11 +38,64 @@ class TaskSession:
 
 
 class TaskCommands:
-    """Handlers of the task ops, mixed into the Broker (see commands.py for the shape).
-    Each answers T_TASK or T_ERROR, except the dispatchers' silent T_SUBSCRIBE and their
-    T_OUTCOME (T_NOTED); whatever frees a function's slot or makes a task due feeds the
-    dispatchers."""
+    """The tasks component: the task store, the sessions of HTTP fronts and dispatchers,
+    and the handlers of their ops.  Each answers T_TASK or T_ERROR, except the
+    dispatchers' silent T_SUBSCRIBE and their T_OUTCOME (T_NOTED); whatever frees a
+    function's slot or makes a task due feeds the dispatchers."""
 
+    def __init__(self, store: Tasks, api: ApiPolicy, out: Out, admission: Admission) -> None:
+        self.store = store
+        self.api = api                      # what a request without the master key may do
+        self.out = out
+        self.admission = admission
+        self.dispatchers: dict = {}         # dispatcher sessions, in the order they came
+
+    def handlers(self) -> dict:
+        return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
+                Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
+                Op.T_LIST: self.t_list}
+
+    # -- sessions ----------------------------------------------------------------------
+    def open(self, front, conn: int) -> TaskSession:
+        return TaskSession(front, conn)
+
+    def close(self, s: TaskSession, now: float) -> None:
+        self.dispatchers.pop(s, None)
+        self.store.lost(s, now)
+        self.feed(now)
+
+    def restore(self, front, s: TaskSession | None, st, now: float) -> TaskSession:
+        """A re-registered session; a dispatcher lists the calls it is making or has
+        reports on ([unique_id, attempt]), so a restarted broker gives them back to it."""
+        s = s or self.open(front, st.conn)
+        if front.kind == "dispatcher" and st.holds:
+            self.claim_calls(s, st.holds, now)
+        return s
+
+    def claim_calls(self, s, claims, now: float) -> None:
+        """The calls a dispatcher re-registered after our restart is making: its own
+        again (store.claim)."""
+        for claim in claims:
+            if (isinstance(claim, (list, tuple)) and len(claim) == 2
+                    and type(claim[0]) is str and type(claim[1]) is int):
+                self.store.claim(claim[0], claim[1], s, now)
+
+    def configure(self, functions: dict, base, api: ApiPolicy, now: float) -> None:
+        """A config read again: calls go where it says now."""
+        self.store.configure(functions, base)
+        self.api = api
+        self.feed(now)
+
+    # -- timers --------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        return self.store.next_deadline() if self.store.tasks else None
+
+    def expire(self, now: float) -> None:
+        if self.store.tasks:
+            self.store.expire(now)
+            self.feed(now)
+
+    # -- ops -----------------------------------------------------------------------------
     def t_enqueue(self, s, op, now):
         _, conn, function, params, options, uid, keyed = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
@@ -52,42 +106,41 @@ class TaskCommands:
             if options:
                 return (conn, R.T_ERROR, "unauthorized",
                         "an enqueue without the master key may set no option")
-        refused = self._admit(len(params))
+        refused = self.admit(len(params))
         if refused is not None:
             return (conn, R.T_ERROR, *refused)
-        task = self.tasks.enqueue(function, params, options, now, uid=uid)
+        task = self.store.enqueue(function, params, options, now, uid=uid)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
-        info = self.tasks.info(task.uid, now)     # as enqueued, before a dispatcher takes it
-        self._feed_dispatchers(now)
+        info = self.store.info(task.uid, now)     # as enqueued, before a dispatcher takes it
+        self.feed(now)
         return (conn, R.T_TASK, info)
 
-    def _admit(self, params_len: int) -> TaskError | None:
+    def admit(self, params_len: int) -> TaskError | None:
         """Why no new task may come in now, if so (draining, memory)."""
-        if self.draining:
+        admission = self.admission
+        if admission.draining:
             return TaskError("draining", "the server is draining: no new tasks")
-        limit = self.config.max_jobs_bytes
-        used = self.jobs_bytes + self.tasks.bytes + self.schedules.bytes
-        if limit and used + TASK_OVERHEAD_BYTES + params_len > limit:
+        if not admission.room_for(TASK_OVERHEAD_BYTES + params_len):
             return TaskError("out_of_memory", "the memory for jobs and tasks "
-                                              f"(--max-jobs-bytes {limit}) is used up")
+                                              f"(--max-jobs-bytes {admission.limit}) is used up")
         return None
 
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:
             return (s.conn, R.T_ERROR, *NEEDS_KEY)
-        info = self.tasks.info(op[2], now) if type(op[2]) is str else None
+        info = self.store.info(op[2], now) if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         return (s.conn, R.T_TASK, info)
 
     def t_cancel(self, s, op, now):
-        task = self.tasks.cancel(op[2], now) if type(op[2]) is str else None
+        task = self.store.cancel(op[2], now) if type(op[2]) is str else None
         if task is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
-        return (s.conn, R.T_TASK, self.tasks.info(task.uid, now))
+        return (s.conn, R.T_TASK, self.store.info(task.uid, now))
 
     def t_list(self, s, op, now):
         _, conn, function, status, limit, after = op
@@ -96,7 +149,7 @@ class TaskCommands:
                 1 <= limit <= MAX_PAGE) or type(after) is not int:
             return (conn, R.T_ERROR, "bad_request",
                     f"status is one of {', '.join(sorted(STATUSES))}, limit 1 to {MAX_PAGE}")
-        infos, cursor = self.tasks.page(function, status, limit, after, now)
+        infos, cursor = self.store.page(function, status, limit, after, now)
         return (conn, R.T_LIST, infos, cursor)
 
     def t_subscribe(self, s, op, now):
@@ -107,7 +160,7 @@ class TaskCommands:
             s.draining = stopping is True
             s.slots = 0 if s.draining else max(0, min(slots, MAX_SLOTS))
             self.dispatchers[s] = None
-            self._feed_dispatchers(now)
+            self.feed(now)
 
     def t_outcome(self, s, op, now):
         _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
@@ -123,37 +176,11 @@ class TaskCommands:
                 error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
             wait_ms = min(max(retry_after_ms, 0), MAX_DURATION_MS)
             outcome = Outcome(kind, status_code, result, error, wait_ms)
-            self.tasks.outcome(uid, attempt, outcome, now, holder=s)
-        self._feed_dispatchers(now)
+            self.store.outcome(uid, attempt, outcome, now, holder=s)
+        self.feed(now)
         return noted
 
-    def claim_calls(self, s, claims, now: float) -> None:
-        """A dispatcher re-registered after our restart lists the calls it is making or
-        has reports on ([unique_id, attempt]): they are its own again (tasks.claim)."""
-        for claim in claims:
-            if (isinstance(claim, (list, tuple)) and len(claim) == 2
-                    and type(claim[0]) is str and type(claim[1]) is int):
-                self.tasks.claim(claim[0], claim[1], s, now)
-
-    def configure_functions(self, functions, now: float) -> None:
-        """A config read again (config_file.TaskConfig): calls go where it says now."""
-        self.tasks.configure({f.name: f for f in functions.named}, functions.base)
-        self.api = functions.api
-        self.config = self.config._replace(max_body_bytes=functions.max_body_bytes,
-                                           max_result_bytes=functions.max_result_bytes)
-        settings = self.settings()
-        for peer, front in self.fronts.items():
-            if front.kind in ("http", "dispatcher"):
-                self.control.append((peer, settings))
-        self._feed_dispatchers(now)
-
-    def _close_task_session(self, s, now: float) -> None:
-        self.dispatchers.pop(s, None)
-        self.tasks.lost(s, now)
-        del s.front.sessions[s.conn]
-        self._feed_dispatchers(now)
-
-    def _feed_dispatchers(self, now: float) -> None:
+    def feed(self, now: float) -> None:
         """Hand due tasks to dispatchers with free slots, one each in turn; one that got
         a call goes to the back, so calls spread over dispatchers."""
         while True:
@@ -161,15 +188,15 @@ class TaskCommands:
             for d in list(self.dispatchers):
                 if d.slots <= 0:
                     continue
-                task = self.tasks.take(d, now)
+                task = self.store.take(d, now)
                 if task is None:
                     return
                 d.slots -= 1
                 handed = True
                 del self.dispatchers[d]
                 self.dispatchers[d] = None
-                url = self.tasks.specs[task.function].url
-                self._reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
-                            task.timeout_ms)
+                url = self.store.specs[task.function].url
+                self.out.reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
+                               task.timeout_ms)
             if not handed:
                 return
