@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import random
+import socket
 
 import pytest
 
 from nginx import Backend, Client, start_backends, start_nginx, upstream_block
-from servers import LOOPBACK, free_port
+from servers import LOOPBACK, free_port, unavailable
 from zstalk.broker.upstreams import ServerSpec, UpstreamGroup, UpstreamSpec, validate
 
 pytestmark = pytest.mark.reference
@@ -128,7 +129,17 @@ def test_the_key_to_server_map_is_nginx_s(tmp_path, backends, consistent):
         nginx.stop()
 
 
+def require_loopback_sources() -> None:
+    """Linux routes all of 127.0.0.0/8 to lo, so a client may bind any 127.a.b.c."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.17.13.1", 0))
+        except OSError as error:
+            unavailable(f"cannot bind a client to 127.17.13.1 ({error})")
+
+
 def test_the_client_to_server_map_of_ip_hash_is_nginx_s(tmp_path, backends):
+    require_loopback_sources()
     spec = spec_of("ip_hash", backends, "a:2 b c:down d:3 e")
     name_of = names(spec, backends)
     group = UpstreamGroup(spec)
