@@ -1,0 +1,127 @@
+"""The runtime of one upstream group: choose a server for a call, hear how the call
+ended, pause a server, and say when a server will be usable again.
+
+    group = UpstreamGroup(spec)
+    peer = group.pick(key, now)          # a Peer (its conns + 1), or None
+    if peer is None:
+        why = group.unavailable(now)     # every server down, or busy until why.until
+    ...
+    group.done(peer, failed, now)        # conns - 1 and nginx's failure accounting
+    group.pause(peer, until)             # a 429/503 with Retry-After: skip it until then
+
+zstalk has one state owner, so every dispatcher shares this one view of every server:
+what open-source nginx has only with a `zone`, each worker otherwise keeping its own.
+The state is not durable (a restart starts every server fresh); a reload keeps each
+server's state while its url as written stays in the upstream (`reload`).
+
+Pure: no clock, socket or thread; `now` is monotonic seconds, a parameter.  nginx's
+sources for each rule are cited in peer.py (state, failures) and balance.py (methods).
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterable, Mapping, NamedTuple
+
+from .balance import Peers, Rand, method
+from .peer import Peer
+from .spec import ServerSpec, UpstreamSpec
+
+NO_LIVE_UPSTREAMS = "no live upstreams"     # nginx's words when every server is down
+BUSY = "busy"                               # all failed, at max_conns or paused
+
+
+class Unavailable(NamedTuple):
+    """Why `pick` gave None: `reason` is NO_LIVE_UPSTREAMS (every server is down: the
+    attempt fails) or BUSY (wait: until `until`, or until a call ends when it is None)."""
+    reason: str
+    until: float | None
+
+
+class PeerView(NamedTuple):
+    """One server as an operator sees it."""
+    url: str
+    state: str                  # usable | failed | paused | full | down
+    backup: bool
+    conns: int
+    fails: int
+    usable_at: float | None     # when time alone makes it usable (now if it is)
+
+
+class UpstreamGroup:
+    """One upstream: its spec, its peers in config order and the method that picks."""
+
+    def __init__(self, spec: UpstreamSpec, rand: Rand = random.randrange,
+                 keep: Mapping[str, Peer] | None = None) -> None:
+        """`spec` must have passed `validate`.  `keep`: peers by url to carry over."""
+        keep = keep or {}
+        self.spec = spec
+        self.rand = rand
+        self.peers = tuple(self._peer(server, keep) for server in spec.servers)
+        self._set = Peers(self.peers, rand, consistent=spec.consistent)
+        self._method = method(spec.balance, spec.consistent, spec.two)
+
+    @staticmethod
+    def _peer(server: ServerSpec, keep: Mapping[str, Peer]) -> Peer:
+        peer = keep.get(server.url)
+        if peer is None:
+            return Peer(server)
+        peer.respec(server)
+        return peer
+
+    def pick(self, key: str | None, now: float) -> Peer | None:
+        """The server for a call (its conns + 1), or None when none is usable.  `key`:
+        the hash key, or the client's address for ip_hash; ignored by the others."""
+        peer = self._method(self._set, key, now)
+        if peer is not None:
+            peer.take(now, self._set.single)
+        return peer
+
+    def done(self, peer: Peer, failed: bool, now: float) -> None:
+        """A call on `peer` ended; `failed` as nginx's next_upstream counts failures
+        (the caller decides: errors and timeouts, and the statuses it lists)."""
+        peer.free(failed, now, self._set.single)
+
+    def pause(self, peer: Peer, until: float) -> None:
+        """Skip `peer` until `until` (zstalk's, for Retry-After; not a failure).  Of two
+        answers in flight together, the later end wins."""
+        peer.paused_until = max(peer.paused_until, until)
+
+    def next_usable(self, now: float) -> float | None:
+        """The earliest time a server is usable by time alone: `now` if one is; None if
+        none will be without a call ending (at max_conns) or ever (down)."""
+        times = [t for peer in self.peers if (t := peer.usable_at(now, self._set.single)) is not None]
+        return min(times, default=None)
+
+    def unavailable(self, now: float) -> Unavailable:
+        """Why `pick` gave None at `now`."""
+        if all(peer.down for peer in self.peers):
+            return Unavailable(NO_LIVE_UPSTREAMS, None)
+        return Unavailable(BUSY, self.next_usable(now))
+
+    def view(self, now: float) -> list[PeerView]:
+        """Every server's state, in config order."""
+        return [PeerView(p.url, _state(p, now, self._set.single), p.backup, p.conns, p.fails,
+                         p.usable_at(now, self._set.single)) for p in self.peers]
+
+    def reload(self, spec: UpstreamSpec) -> UpstreamGroup:
+        """This upstream under a new spec (SIGHUP): a server whose url as written is in
+        both keeps its state; the others start fresh."""
+        return UpstreamGroup(spec, self.rand, keep={peer.url: peer for peer in self.peers})
+
+
+def _state(peer: Peer, now: float, single: bool) -> str:
+    if peer.down:
+        return "down"
+    if not single and peer.failed(now):
+        return "failed"
+    if now < peer.paused_until:
+        return "paused"
+    return "full" if peer.full() else "usable"
+
+
+def reload_groups(groups: Mapping[str, UpstreamGroup], specs: Iterable[UpstreamSpec],
+                  rand: Rand = random.randrange) -> dict[str, UpstreamGroup]:
+    """The groups for a reloaded config: an upstream that stays keeps its servers' state
+    by (upstream name, url as written); a new one starts fresh; a removed one is gone."""
+    return {spec.name: groups[spec.name].reload(spec) if spec.name in groups
+            else UpstreamGroup(spec, rand) for spec in specs}

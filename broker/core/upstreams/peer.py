@@ -1,0 +1,121 @@
+"""One server's runtime state and nginx's rules on it: when it may be picked, what a pick
+does to it, what the end of a call does, and smooth weighted round robin over a list.
+
+The fields are nginx's `ngx_http_upstream_rr_peer_t` (ngx_http_upstream_round_robin.h):
+weight, effective_weight, current_weight, conns, fails, accessed, checked.  Every
+balancer skips a peer that is `down`, failed (max_fails > 0, fails >= max_fails, and
+fail_timeout has not passed since `checked`), or at max_conns.  zstalk adds `paused_until`
+(a 429/503 with Retry-After): skipped the same way, kept apart from the failure state.
+
+Failure accounting (ngx_http_upstream_free_round_robin_peer_locked):
+- a failed call: fails += 1, accessed = checked = now, and effective_weight falls by
+  weight // max_fails (at least 0); balancers add it back one per pass (`swrr`);
+- a good call: fails = 0 only if a pick has moved `checked` past `accessed` since the
+  last failure; a pick moves it when fail_timeout has passed since `checked` (`take`):
+  that pick is the one probe of a failed peer, and a failed probe shuts it again;
+- a group of one server never counts failures (`peers->single`): fails reset, always.
+
+Time is zstalk's monotonic seconds, a float.  nginx compares whole seconds (ngx_time())
+with `now - checked <= fail_timeout`, so its window lasts fail_timeout to fail_timeout + 1
+seconds; here a failed peer is shut for exactly fail_timeout and usable again at
+`checked + fail_timeout`, the time `usable_at` reports.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .spec import ServerSpec
+
+NEVER = -math.inf       # nginx's zeroed `checked`/`accessed`: the first pick probes
+
+
+class Peer:
+    """A server of an upstream group: its spec and nginx's per-peer counters."""
+    __slots__ = ("spec", "url", "server", "weight", "max_fails", "fail_timeout_s", "max_conns",
+                 "down", "backup", "current_weight", "effective_weight", "conns", "fails",
+                 "accessed", "checked", "paused_until")
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.current_weight = 0
+        self.conns = 0
+        self.fails = 0
+        self.accessed = self.checked = NEVER
+        self.paused_until = NEVER
+        self.effective_weight = spec.weight
+        self.respec(spec)
+
+    def respec(self, spec: ServerSpec) -> None:
+        """Take a new spec (a reload), keeping the counters; a lower weight caps the
+        effective weight at once."""
+        self.spec, self.url, self.server = spec, spec.url, spec.server
+        self.weight, self.max_fails = spec.weight, spec.max_fails
+        self.fail_timeout_s, self.max_conns = spec.fail_timeout_s, spec.max_conns
+        self.down, self.backup = spec.down, spec.backup
+        self.effective_weight = min(self.effective_weight, self.weight)
+
+    def __repr__(self) -> str:
+        return (f"Peer({self.url!r}, conns={self.conns}, fails={self.fails}, "
+                f"current={self.current_weight}, effective={self.effective_weight})")
+
+    def failed(self, now: float) -> bool:
+        """Shut by max_fails: fails reached it and fail_timeout has not passed since checked."""
+        return (self.max_fails > 0 and self.fails >= self.max_fails
+                and now < self.checked + self.fail_timeout_s)
+
+    def full(self) -> bool:
+        return self.max_conns > 0 and self.conns >= self.max_conns
+
+    def usable(self, now: float, single: bool = False) -> bool:
+        """nginx's skip test (a group of one ignores failures), plus zstalk's pause.
+        (Active health checks, a later issue, would shut a peer here like `down`.)"""
+        return not (self.down or self.full() or now < self.paused_until
+                    or not single and self.failed(now))
+
+    def usable_at(self, now: float, single: bool = False) -> float | None:
+        """When time alone makes the peer usable: `now` if it is, None if time cannot
+        (down, or at max_conns: only the end of a call frees it)."""
+        if self.down or self.full():
+            return None
+        failed_until = NEVER if single or not self.failed(now) else self.checked + self.fail_timeout_s
+        return max(now, failed_until, self.paused_until)
+
+    def take(self, now: float, single: bool = False) -> None:
+        """A pick: one more call in flight, and the probe once fail_timeout has passed
+        since `checked` (nginx skips the probe for a group of one: it never fails)."""
+        self.conns += 1
+        if not single and now >= self.checked + self.fail_timeout_s:
+            self.checked = now
+
+    def free(self, failed: bool, now: float, single: bool = False) -> None:
+        """The end of a call: nginx's free_round_robin_peer."""
+        self.conns -= 1
+        if single:
+            self.fails = 0
+        elif failed:
+            self.fails += 1
+            self.accessed = self.checked = now
+            if self.max_fails:
+                self.effective_weight = max(0, self.effective_weight - self.weight // self.max_fails)
+        elif self.accessed < self.checked:
+            self.fails = 0
+
+
+def swrr(peers: Sequence[Peer], now: float) -> Peer | None:
+    """Smooth weighted round robin over the usable peers (ngx_http_upstream_get_peer):
+    each adds its effective weight to its current weight and recovers one effective
+    weight; the highest current weight wins, ties to the earlier peer; the winner gives
+    back the total.  (Slow start, a later issue, would scale effective_weight here.)"""
+    best, total = None, 0
+    for peer in peers:
+        if not peer.usable(now):
+            continue
+        peer.current_weight += peer.effective_weight
+        total += peer.effective_weight
+        if peer.effective_weight < peer.weight:
+            peer.effective_weight += 1
+        if best is None or peer.current_weight > best.current_weight:
+            best = peer
+    if best is not None:
+        best.current_weight -= total
+    return best
