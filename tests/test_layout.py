@@ -178,3 +178,12 @@ def test_pyproject_lists_every_package_so_an_install_has_every_room():
                  ["tool"]["setuptools"]["packages"])
     packages = {name for name, path in modules().items() if path.name == "__init__.py"}
     assert packages == listed
+
+
+def test_the_readme_map_names_every_room_and_no_other():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- rooms -->", 1)[1].split("<!-- /rooms -->", 1)[0]
+    named = {line.split()[0].rstrip("/") for line in block.splitlines()
+             if line[:1].isalpha() and "/" in line.split()[0]}
+    rooms = {str(path.parent.relative_to(ROOT)) for path in modules().values()}
+    assert named == rooms
