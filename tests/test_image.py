@@ -105,6 +105,17 @@ def test_the_image_config_is_the_dockerfiles(container_image):
     assert sorted(installed.stdout.split()) == sorted(dockerfile["packages"]), installed.stderr
 
 
+def test_build_image_without_its_tools_names_them_and_their_debian_packages(tmp_path):
+    # PATH holds no command at all: the script runs, and says what it needs
+    done = subprocess.run([sys.executable, str(BUILD_IMAGE)], capture_output=True, text=True,
+                          env={"PATH": str(tmp_path)}, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "build-image: needs mmdebstrap (Debian package mmdebstrap), buildah (Debian package "
+        "buildah), git (Debian package git); install them with apt-get install mmdebstrap "
+        "buildah git (and run as root)")
+
+
 def test_the_dockerfile_names_zstalks_version_for_docker_builds():
     config = build_image_module().image_config((ROOT / "Dockerfile").read_text(), {})
     assert config["labels"]["org.opencontainers.image.version"] == VERSION

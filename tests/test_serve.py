@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -267,6 +269,28 @@ def test_zstalkd_rejects_what_beanstalkd_rejects(argv, code):
     with pytest.raises(Usage) as err:
         parse_args(argv)
     assert err.value.code == code
+
+
+#: run with the capabilities to change user dropped, so even root cannot (util-linux setpriv)
+NO_SETID = ["setpriv", "--bounding-set=-setgid,-setuid", "--inh-caps=-setgid,-setuid"]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("prefix, user", [([], "nosuchuser"), (NO_SETID, "nobody")],
+                         ids=["no_such_user", "setgid_refused"])
+def test_zstalkd_fails_to_change_user_with_beanstalkds_message_and_exit_code(prefix, user):
+    from conftest import require_beanstalkd
+    if prefix and (os.geteuid() != 0 or not shutil.which("setpriv")):
+        pytest.skip("needs root and setpriv to refuse a change of user")
+    runs = {name: subprocess.run(prefix + [path, "-l", "127.0.0.1", "-p", str(free_port()),
+                                           "-u", user], capture_output=True, text=True,
+                                 timeout=10)
+            for name, path in (("beanstalkd", require_beanstalkd()), ("zstalkd", ZSTALKD))}
+    # beanstalkd's message names its path and source line (main.c:22 in su: ...); ours not
+    expected = re.sub(r"^\S*beanstalkd: \S+:\d+ in \w+: ", "zstalkd: ", runs["beanstalkd"].stderr)
+    assert runs["beanstalkd"].returncode in (33, 34)
+    assert (runs["zstalkd"].returncode, runs["zstalkd"].stderr) == (
+        runs["beanstalkd"].returncode, expected)
 
 
 def test_zstalkd_prints_its_version():

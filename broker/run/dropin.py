@@ -104,12 +104,30 @@ def _apply(opts: dict, flag: str, value: str | None) -> None:
         raise Usage(f"unknown flag: -{flag}")
 
 
-def become_user(name: str) -> None:
+#: beanstalkd's exit codes when -u fails (main.c's su): getpwnam failed, no such user,
+#: setgid or setuid failed
+GETPWNAM_EXIT, NO_SUCH_USER_EXIT, SETID_EXIT = 32, 33, 34
+
+
+def become_user(name: str) -> tuple[int, str] | None:
+    """Drop root for `name` as beanstalkd's su() does; None, or (exit code, message)."""
     import pwd
-    pw = pwd.getpwnam(name)
-    os.setgroups([])
-    os.setgid(pw.pw_gid)
-    os.setuid(pw.pw_uid)
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return NO_SUCH_USER_EXIT, f'getpwnam("{name}"): no such user'
+    except OSError as exc:
+        return GETPWNAM_EXIT, f'getpwnam("{name}"): {exc.strerror}'
+    try:
+        os.setgroups([])
+        os.setgid(pw.pw_gid)
+    except OSError as exc:
+        return SETID_EXIT, f'setgid({pw.pw_gid} "{name}"): {exc.strerror}'
+    try:
+        os.setuid(pw.pw_uid)
+    except OSError as exc:
+        return SETID_EXIT, f'setuid({pw.pw_uid} "{name}"): {exc.strerror}'
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     from .options import ServeOptions, setup_logging
     from .serve import run_server   # (and the rest of the server, before giving up root)
     if opts["user"]:
-        become_user(opts["user"])
+        refused = become_user(opts["user"])
+        if refused is not None:
+            print(f"{prog}: {refused[1]}", file=sys.stderr)
+            return refused[0]
     setup_logging(opts["verbose"])
     return run_server(listeners, ServeOptions(
         max_job_size=opts["max_job_size"], verbose=opts["verbose"], binlog_dir=opts["binlog"],
