@@ -116,6 +116,7 @@ class BrokerActor:
         self._told: list[bytes] = []            # peers told Stopping
         self._awaiting: set[bytes] | None = None    # ... that have not answered Holding
         self.closed = False
+        self._refusal_watch = None      # with CURVE: the ROUTER's monitor (_watch_refusals)
         if bind is not None or also_bind:
             self.bind(*((bind,) if bind is not None else ()), *also_bind)
 
@@ -144,9 +145,10 @@ class BrokerActor:
                 curve.accept_only(self.sock, networks)
                 log.info("TCP connections taken from %s only", ", ".join(networks))
             if self.keys is not None:
-                self.admitted = curve.Admitted(self.keys.clients)
+                self.admitted = curve.Admitted(self.keys.clients, curve.RefusalLog())
                 self.auth = curve.start_authenticator(self.ctx, self.admitted)
                 curve.secure_server(self.sock, self.keys)
+                self._watch_refusals()
                 log.info("CURVE on: %d client keys admitted from %s", len(self.admitted.keys),
                          self.keys.clients)
             if self.loop is not None:
@@ -160,6 +162,22 @@ class BrokerActor:
             bound = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
             self.endpoints.append(bound)
             self.endpoint = self.endpoint or bound
+
+    def _watch_refusals(self) -> None:
+        """With CURVE, say which peers are refused and why (protocol/transport/handshakes.py)."""
+        from ..protocol.transport import handshakes
+        events = (self._zmq.EVENT_ACCEPTED | self._zmq.EVENT_DISCONNECTED
+                  | self._zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                  | self._zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | self._zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self.refusals = handshakes.Refusals(self.admitted.refusals)
+        self._refusal_watch = handshakes.HandshakeWatch(self.sock, events)
+
+    def _read_refusals(self) -> None:
+        """Connections and refused handshakes (the monitor's FD signals edges: read until
+        empty, and on every heartbeat too)."""
+        for event, value in self._refusal_watch.events():
+            self.refusals.on_event(event, value)
 
     def expose(self, name: str) -> str:
         """Let fronts in this process reach us at `local:NAME` (protocol/transport/mailbox.py)."""
@@ -325,6 +343,11 @@ class BrokerActor:
             self.loop.remove_reader(self.wal.notify_fd)
         if self.wal is not None:
             self.wal.close()
+        if self._refusal_watch is not None:
+            if self.loop is not None:
+                self.loop.remove_reader(self._refusal_watch.fd)
+            self._refusal_watch.close()
+            self._refusal_watch = None
         if self.sock is not None:
             if self.loop is not None:
                 self.loop.remove_reader(self.sock.FD)
@@ -413,6 +436,8 @@ class BrokerActor:
         """Heartbeat the peers across ZeroMQ (in-process ones share our loop: no need)."""
         local = self.local
         self._send([m for m in self.core.heartbeats() if m[0] not in local])
+        if self._refusal_watch is not None:
+            self._read_refusals()
         if self._awaiting:          # stopping: a front that has gone will not answer
             self._wait_for(set())
         self._heartbeat = self.loop.call_later(HEARTBEAT_S, self._beat)
@@ -425,6 +450,9 @@ class BrokerActor:
     # -- ZeroMQ --------------------------------------------------------------------------
     def _watch_socket(self) -> None:
         self.loop.add_reader(self.sock.FD, self._on_readable)
+        if self._refusal_watch is not None:     # (read at once: its peers' addresses go fast)
+            self.loop.add_reader(self._refusal_watch.fd, self._read_refusals)
+            self._read_refusals()
         self._check_socket()
 
     def _check_socket(self) -> None:

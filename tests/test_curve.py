@@ -110,8 +110,9 @@ def test_a_peer_without_an_admitted_key_gets_nothing_and_others_are_served(broke
     assert isinstance(hello(broker.endpoint, client_keys(keys, "b")), Welcome)
     assert broker.running
     if intruder is not None:            # the refusal names the address and the key
-        line = [ln for ln in broker.output().splitlines() if "refused a CURVE" in ln]
-        assert f"from {LOOPBACK} with key {curve.fingerprint(intruder.public).hex()}" in line[0]
+        line = [ln for ln in broker.output().splitlines() if "is not admitted" in ln]
+        assert (f"refused a peer from {LOOPBACK}: its CURVE key "
+                f"{curve.fingerprint(intruder.public).hex()} is not admitted") in line[0]
 
 
 def test_a_valid_key_cannot_speak_as_another_keys_identity(broker, keys):
@@ -266,3 +267,75 @@ def test_every_process_of_a_worker_pool_takes_its_keys_from_the_environment(brok
         producer.close()
         pool.terminate()
         pool.wait(10)
+
+
+# -- saying why a peer is not welcomed ----------------------------------------------------
+def front_saying(broker, env: dict, expected: str) -> str:
+    """Run a beanstalk front with `env` against the broker until its log holds `expected`
+    (the waiting line comes after PEER_TIMEOUT_S without a Welcome)."""
+    port = free_port()
+    proc = subprocess.Popen([find_zstalk(), "front", "beanstalk", "--broker", broker.endpoint,
+                             "--listen", f"{LOOPBACK}:{port}"], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines = []
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            if expected in line or not line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return "".join(lines)
+
+
+def keyless_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_CURVE")}
+
+
+def test_a_front_without_keys_says_the_broker_uses_curve_and_which_variables_to_set(broker):
+    said = front_saying(broker, keyless_env(), "has not welcomed")
+    assert f"the broker at {broker.endpoint} has not welcomed this process for " in said
+    assert (" s: the broker uses CURVE and this process has no keys: set ZSTALK_CURVE_KEY "
+            "(this process's .key_secret) and ZSTALK_CURVE_SERVER") in said
+
+
+def test_a_front_whose_key_is_not_admitted_is_told_to_put_it_in_the_clients_directory(
+        broker, keys):
+    said = front_saying(broker, client_env(keys, "stranger"), "has not welcomed")
+    assert "the broker does not admit this process's public key: copy its .key into the " \
+           "broker's ZSTALK_CURVE_CLIENTS directory" in said
+
+
+def test_a_front_with_the_wrong_broker_key_is_told_so(broker, keys):
+    _, made, _ = keys
+    env = {**client_env(keys, "a"), curve.ENV_SERVER: made["b"][0]}     # b's key, not the broker's
+    said = front_saying(broker, env, "has not welcomed")
+    assert "ZSTALK_CURVE_SERVER is likely not the broker's public key" in said
+
+
+def test_the_broker_logs_a_refused_keyless_peer_once_per_host_for_many_attempts(broker):
+    said = front_saying(broker, keyless_env(), "has not welcomed")   # ~20 attempts by then
+    assert "has not welcomed" in said
+    assert wait_for(lambda: "it has no CURVE keys" in broker.output(), WAIT_S)
+    hosts = [ln.split("refused a peer from ")[1].split(":")[0] for ln in
+             broker.output().splitlines() if "it has no CURVE keys" in ln]
+    assert sorted(set(hosts)) == sorted(hosts), hosts        # each host once
+
+
+def test_a_refusal_log_says_each_host_and_reason_once_a_minute_with_the_count_since(caplog):
+    now = [0.0]
+    said = curve.RefusalLog(clock=lambda: now[0])
+    for t in (0.0, 1.0, 2.0, 59.0, 61.0):
+        now[0] = t
+        said.refused("10.0.0.5", "its key is not admitted", "auth")
+    said.refused("10.0.0.5", "it has no CURVE keys", "keyless")
+    said.refused("10.0.0.6", "its key is not admitted", "auth")
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused a peer from 10.0.0.5: its key is not admitted",
+        "refused a peer from 10.0.0.5: its key is not admitted (3 more refused since the last "
+        "such line)",
+        "refused a peer from 10.0.0.5: it has no CURVE keys",
+        "refused a peer from 10.0.0.6: its key is not admitted"]

@@ -26,8 +26,8 @@ import click
 from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen,
                                           describe_listen, parse_listen)
 from .. import VERSION
-from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, setup_logging,
-                      worker_endpoint)
+from .logs import setup_logging, start_line
+from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, where, worker_endpoint
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -283,6 +283,9 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     http_listeners = []
     if http_port is None and functions is not None:
         http_port = HTTP_PORT
+    if master_key and not http_port:
+        raise click.UsageError("--master-key (ZSTALK_MASTER_KEY, --master-key-file) is the "
+                               "HTTP API's: give --http-port, or --config with [functions]")
     if http_port:
         http_host = counter_host(addr) if master_key else "127.0.0.1"
         http_listeners.append(bind_or_exit(http_host, http_port))
@@ -369,11 +372,15 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         os.write(ready_fd, b"1")
         os.close(ready_fd)
     from ...protocol.transport.loop import run
-    run(serve_with_probes(actor, health))
+    said = "listening on " + ", ".join(actor.endpoints) + (
+        f"; binlog {binlog_dir}" if binlog_dir else "") + (
+        f"; config {config_path}" if config_path else "") + (
+        "; CURVE" if actor.keys is not None else "") + ("; draining" if drain else "")
+    run(serve_with_probes(actor, health, said))
     actor.let_last_replies_leave()
 
 
-async def serve_with_probes(actor, health: HealthOptions) -> None:
+async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:
     """The broker actor until stopped; its probes listen only now that the binlog is
     replayed and the endpoint bound, so a broker still replaying answers no probe."""
     from ...protocol.transport.health import HealthBindError, start_health
@@ -383,6 +390,7 @@ async def serve_with_probes(actor, health: HealthOptions) -> None:
         actor.close()
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(111)
+    start_line("broker", said)
     try:
         await actor.serve()
     finally:
@@ -436,6 +444,8 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
     exit_with_parent()
     sockets = front_sockets(fds, listens, 11300)
     from .fronts import run_beanstalk_front
+    start_line("front beanstalk", f"listening on {', '.join(map(where, sockets))}; "
+                                  f"broker {broker_ep}")
     run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s, health)
 
 
@@ -455,6 +465,8 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
     exit_with_parent()
     sockets = front_sockets(fds, listens, COUNTER_PORT)
     from .fronts import run_counter_front
+    start_line("front counter", f"listening on {', '.join(map(where, sockets))}; "
+                                f"broker {broker_ep}")
     run_counter_front(broker_ep, sockets, max_connections, hold_s, health)
 
 
@@ -482,6 +494,9 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from .fronts import run_http_front
+    start_line("front http", f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
+                             f"{'' if master_key else ' (no --master-key: loopback only)'}; "
+                             f"broker {broker_ep}")
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
 
 
@@ -495,6 +510,7 @@ def dispatcher(broker_ep, slots, health):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
     exit_with_parent()
     from .fronts import run_dispatcher
+    start_line("dispatcher", f"connecting to {broker_ep}; {slots} calls at once")
     run_dispatcher(broker_ep, slots, health)
 
 
@@ -526,6 +542,8 @@ def worker(spec, concurrency, processes, broker_ep, prefetch, health):
         w.prefetch = prefetch
     if broker_ep is not None:
         w.broker = broker_ep
+    start_line("worker", f"connecting to {w.broker}; {spec}, {processes} "
+                         f"process{'es' if processes > 1 else ''} of {w.concurrency} handlers")
     try:
         w.run(processes=processes, spec=spec, health=health)
     except WorkerVersionError as exc:

@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             where = describe_listen(opts["addr"], opts["port"])
             print(f"{prog}: bind {where}: {exc.strerror}", file=sys.stderr)
             return 111
-    from .options import ServeOptions, setup_logging
+    from .logs import setup_logging
+    from .options import ServeOptions
     from .serve import run_server   # (and the rest of the server, before giving up root)
     if opts["user"]:
         refused = become_user(opts["user"])
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_server(listeners, ServeOptions(
         max_job_size=opts["max_job_size"], verbose=opts["verbose"], binlog_dir=opts["binlog"],
         fsync_ms=opts["fsync_ms"], no_fsync=opts["no_fsync"], binlog_size=opts["binlog_size"],
-        announce=False))
+        announce=opts["verbose"] > 0, role="zstalkd"))
 
 
 if __name__ == "__main__":

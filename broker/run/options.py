@@ -8,9 +8,7 @@ limits and TLS files as arguments (`http_args`) and the master key in the enviro
 """
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from typing import NamedTuple
 
 from ...protocol.transport.listen import HealthOptions, HttpLimits
@@ -33,7 +31,8 @@ class ServeOptions(NamedTuple):
     no_fsync: bool = False
     binlog_size: int = 10485760
     broker_bind: str | None = None      # supervised: where the broker child listens
-    announce: bool = True               # say on stderr what listens where (zstalkd: no)
+    announce: bool = True               # say on stderr what listens where (zstalkd: with -V)
+    role: str = "serve"                  # who says it (logs.start_line): serve, or zstalkd
     functions: object = None            # cloud tasks: config_file.TaskConfig, if configured
     config_path: str | None = None      # its file, read again on SIGHUP
     http_listeners: tuple = ()          # the HTTP front's bound sockets
@@ -107,20 +106,22 @@ def where(sock) -> str:
 
 
 def announcement(listeners, counter_listeners, worker_endpoint: str | None,
-                 http_listeners=(), master_key: str | None = None, tls: bool = False) -> str:
-    """The one line `zstalk serve` prints once everything listens."""
+                 http_listeners=(), master_key: str | None = None, tls: bool = False,
+                 functions: bool = True) -> str:
+    """What `zstalk serve` says it listens on, once everything listens (logs.start_line)."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
     if http_listeners:
         parts.append(("https on " if tls else "http on ")
                      + ", ".join(where(s) for s in http_listeners)
-                     + ("" if master_key else " (no --master-key: loopback only)"))
+                     + _http_notes(master_key, functions))
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
-    return "zstalk: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
-def setup_logging(verbose: int) -> None:
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+def _http_notes(master_key: str | None, functions: bool) -> str:
+    notes = ([] if master_key else ["no --master-key: loopback only"]) + (
+        [] if functions else ["no --config: no functions, every task answers 404"])
+    return f" ({'; '.join(notes)})" if notes else ""
+

@@ -30,6 +30,7 @@ import sys
 from .fronts import beanstalk_front, counter_front, start_front
 from ...protocol.transport.loop import run
 from .. import VERSION
+from .logs import start_line
 from .options import ServeOptions, announcement, no_endpoint
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
@@ -96,9 +97,9 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
         probes, code = await _start_probes(opts)
     if code is None:
         if opts.announce:
-            print(announcement(listeners, counter_listeners, actor.endpoint,
-                               opts.http_listeners, opts.master_key, bool(opts.tls_files)),
-                  file=sys.stderr, flush=True)
+            start_line(opts.role, announcement(listeners, counter_listeners, actor.endpoint,
+                                               opts.http_listeners, opts.master_key,
+                                               bool(opts.tls_files), opts.functions is not None))
         await actor.wait_stopped()
     if probes is not None:
         probes.close()

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from .logs import start_line
 from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
@@ -162,10 +163,10 @@ class Supervisor:
             if self.opts.functions is not None:     # (a SIGHUP may name functions later)
                 self._start("dispatcher")
             if self.opts.announce:
-                print(announcement(self.listeners, self.counter_listeners, self.opts.worker_bind,
-                                   self.opts.http_listeners, self.opts.master_key,
-                                   bool(self.opts.tls_files)),
-                      file=sys.stderr, flush=True)
+                start_line(self.opts.role, announcement(
+                    self.listeners, self.counter_listeners, self.opts.worker_bind,
+                    self.opts.http_listeners, self.opts.master_key, bool(self.opts.tls_files),
+                    self.opts.functions is not None))
             return self._loop()
         finally:
             self._stop()

@@ -39,8 +39,9 @@ ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_INSECURE, ENV_ACCEPT = (
     "ZSTALK_CURVE_ACCEPT")
 ZAP_DOMAIN = "zstalk"
 FINGERPRINT_BYTES = 8
-#: refused handshakes logged at most this often (each line counts those not logged)
-REFUSAL_LOG_S = 5.0
+#: a refused host is logged at most this often (each line counts those not logged)
+REFUSAL_LOG_S = 60.0
+_REMEMBERED = 4096          # hosts kept for that; beyond it, the oldest are forgotten
 FROM_ENV = object()         # a `keys` argument's default: read them from the environment
 
 
@@ -195,15 +196,35 @@ def secure_client(sock, keys: ClientKeys) -> None:
     sock.curve_serverkey = keys.server
 
 
+class RefusalLog:
+    """Refused peers, logged once per host and reason per REFUSAL_LOG_S with the count of
+    refusals since (a misconfigured peer reconnects every few hundred ms)."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.said: dict[tuple, tuple[float, int]] = {}  # (host, why) -> (logged at, since)
+
+    def refused(self, host: str, text: str, why: str = "") -> None:
+        now, key = self.clock(), (host, why or text)
+        logged_at, since = self.said.get(key, (-REFUSAL_LOG_S, 0))
+        if now - logged_at < REFUSAL_LOG_S:
+            self.said[key] = (logged_at, since + 1)
+            return
+        if len(self.said) >= _REMEMBERED:
+            del self.said[next(iter(self.said))]
+        self.said[key] = (now, 0)
+        log.warning("refused a peer from %s: %s%s", host, text,
+                    f" ({since} more refused since the last such line)" if since else "")
+
+
 class Admitted:
     """The ZAP handler's question: is this public key in the directory?  Refusals are
-    logged with the key's fingerprint, at most once per REFUSAL_LOG_S."""
+    logged with the key's fingerprint, once per host per REFUSAL_LOG_S."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, refusals: RefusalLog | None = None) -> None:
         self.directory = directory
         self.keys: frozenset[bytes] = frozenset()
-        self.refused = 0                # since the last log line
-        self.logged_at = float("-inf")
+        self.refusals = refusals or RefusalLog()
         self.address = "?"              # the peer of the handshake being checked
         self.reload()
 
@@ -216,13 +237,8 @@ class Admitted:
     def callback(self, domain: str, key: bytes) -> bool:
         if key in self.keys:
             return True
-        self.refused += 1
-        now = time.monotonic()
-        if now - self.logged_at >= REFUSAL_LOG_S:
-            log.warning("refused a CURVE handshake from %s with key %s (not in %s; %d refused "
-                        "since the last such line)", self.address, fingerprint(key).hex(),
-                        self.directory, self.refused)
-            self.refused, self.logged_at = 0, now
+        self.refusals.refused(self.address, f"its CURVE key {fingerprint(key).hex()} is not "
+                                            f"admitted (not in {self.directory})", "auth")
         return False
 
 

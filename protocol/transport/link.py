@@ -31,7 +31,7 @@ import time
 
 import zmq
 
-from . import curve
+from . import curve, handshakes
 from .owner import CONNECTING, READY, LinkOwner  # shared by both links
 from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
                       Holding, Op, Replies, R, SchemaError, Settings, Stopping,
@@ -87,6 +87,8 @@ class BrokerLink:
         self.down_since: float | None = -math.inf
         self._waiting_said = -WAITING_LOG_S
         self._schema_said = -WAITING_LOG_S
+        self._watch: handshakes.HandshakeWatch | None = None
+        self._refused_because: str | None = None    # the last failed handshake's cause
 
     # -- socket ------------------------------------------------------------------------
     def start(self) -> None:
@@ -108,6 +110,7 @@ class BrokerLink:
         for opt, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0),
                            (zmq.RECONNECT_IVL, 100), (zmq.RECONNECT_IVL_MAX, 1000)):
             s.setsockopt(opt, value)
+        self._watch = handshakes.HandshakeWatch(s)
         s.connect(self.endpoint)
         self.sock = s
         self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
@@ -118,7 +121,19 @@ class BrokerLink:
         self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
                          self.owner.session_states()))
 
+    def _read_handshakes(self) -> None:
+        """Why handshakes with the broker failed, if they did: the last one is kept for the
+        waiting line (read when it is said: a monitor's FD need not wake the loop)."""
+        for event, value in self._watch.events() if self._watch else ():
+            found = handshakes.cause(event, value, self.keys is not None)
+            if found is not None and (found[1] or self._refused_because is None):
+                self._refused_because = found[0]
+
     def _drop_socket(self, linger_ms: int = 0) -> None:
+        if self._watch is not None:
+            self._read_handshakes()
+            self._watch.close()
+            self._watch = None
         if self.sock is not None:
             self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
             self.sock.close(linger=linger_ms)
@@ -246,6 +261,7 @@ class BrokerLink:
         if self._waiting_since is not None:
             log.warning("%s: reached the broker at %s", self.kind, self.endpoint)
             self._waiting_since, self._waiting_said = None, -WAITING_LOG_S
+        self._refused_because = None
         log.info("registered with broker %016x", w.broker_id)
         held, self.held = self.held, []
         for _, op in held:
@@ -306,8 +322,9 @@ class BrokerLink:
         if self._waiting_since is None:
             self._waiting_since = self.hello_at
         self._waiting_said = now
-        log.warning("%s: waiting for the broker at %s (no answer for %.0f s)", self.kind,
-                    self.endpoint, now - self._waiting_since)
+        self._read_handshakes()
+        log.warning("%s: %s", self.kind, handshakes.unwelcomed(
+            self.endpoint, now - self._waiting_since, self._refused_because))
 
     def _expire_held(self, now: float) -> None:
         if not self.held or now - self.held[0][0] < self.hold_s:
