@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from harness.cli import Run, log, parser, sized
-from harness.procs import HOST, Proc, free_port, wait_until
+from harness.procs import HOST, Proc, free_port, wait_until, zstalk_keep
 from harness.stats import Figure, per_1k, rounds
 from harness.table import Table
 from harness.venv import use_project_venv
@@ -124,7 +124,7 @@ def start(name: str, run: Run, workdir: str) -> tuple[Proc, int]:
         build = next(b for b in run.builds if b.label == name)
         argv = [build.exe("zstalk"), "serve", "-l", HOST, "-p", free_port(),
                 "--counter-port", port]
-    proc = Proc(name, argv, keep=lambda line: not line.startswith("zstalk: beanstalk on "))
+    proc = Proc(name, argv, keep=zstalk_keep)
     wait_until(lambda: noop_answers(port), name, [proc], cap_s=20.0)
     return proc, port
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import socket
 import time
 
-from .procs import HOST, Proc, children, free_port
-
-START_LINE = "zstalk: beanstalk on "
+from .procs import HOST, Proc, children, free_port, zstalk_keep
 
 
 class BeanstalkServer:
@@ -38,7 +36,7 @@ class BeanstalkServer:
         """Start the process (on a fresh port unless given); the time just before Popen."""
         self.port = port or free_port()
         self.proc = Proc(self.name, self.argv_fn(self.port), pdeathsig=self.pdeathsig,
-                         keep=lambda line: not line.startswith(START_LINE), output=self.output)
+                         keep=zstalk_keep, output=self.output)
         self.output = self.proc.out
         self.start_children = None
         return self.proc.t_spawn

@@ -68,8 +68,8 @@ class Build:
         return self.exe("python")
 
     def describe(self) -> str:
-        return (f"{self.label} = {self.commit[:10]}{' + uncommitted changes' if self.dirty else ''}"
-                f" ({self.root})")
+        dirty = " + uncommitted changes" if self.dirty else ""
+        return f"{self.label} = {self.commit[:10]}{dirty} ({self.root})"
 
     def as_json(self) -> dict:
         return dict(label=self.label, ref=self.ref, commit=self.commit, dirty=self.dirty,

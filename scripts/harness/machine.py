@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -56,6 +57,15 @@ def describe(m: dict) -> str:
     return (f"{m['date']}, {m['nproc']} × {m['cpu']}, Linux {m['kernel']}, Python "
             f"{m['python']}; load average {load}; calibration {m['calibration_mturns_s']:.1f} "
             f"M loop turns/s on one core")
+
+
+def tool_version(argv: list[str]) -> str | None:
+    """What `argv` (a reference server's version flag) prints, or None."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout or out.stderr).strip() or None
 
 
 def busy_warning(m: dict) -> str | None:

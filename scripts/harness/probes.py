@@ -183,7 +183,8 @@ def bg_put_main(pipe, go, stop, addr, n_conns: int, window: int, time_cap: float
 
 
 def exec_to_exit(srv, cap: float = 10.0) -> dict:
-    """A floor for exec_to_first_reply: ms from just before Popen of `srv`'s command to its exit."""
+    """A floor for exec_to_first_reply: ms from just before Popen of `srv`'s command to
+    its exit."""
     t0 = srv.spawn()
     # (a blocking wait: Popen.wait(timeout) polls with sleeps that grow to 50 ms)
     timer = threading.Timer(cap, srv.proc.p.kill)

@@ -9,7 +9,7 @@
 # servers whose start is timed do not (a preexec_fn makes Popen fork instead of vfork,
 # which would add the copy of this process's page tables to every start).
 #
-# CPU meters read utime + stime (/proc/<pid>/stat, clock ticks) summed over a process
+# CPU meters (ShareMeter) read utime + stime (/proc/<pid>/stat, clock ticks) summed over a process
 # tree: a process's own threads are in its figure, its children are walked through
 # /proc/<pid>/task/*/children.
 from __future__ import annotations
@@ -28,6 +28,13 @@ from pathlib import Path
 HOST = "127.0.0.1"
 TICKS = os.sysconf("SC_CLK_TCK")
 STOP_GRACE_S = 10.0
+#: what zstalk says on every start and every SIGTERM: not news in a benchmark's notes
+ZSTALK_CHATTER = ("zstalk: beanstalk on ", "stopping: telling ")
+
+
+def zstalk_keep(line: str) -> bool:
+    """A Proc's `keep` for zstalk's processes: all of its output but its usual chatter."""
+    return not any(c in line for c in ZSTALK_CHATTER)
 
 
 # --------------------------------------------------------------------------- ports
@@ -146,27 +153,57 @@ def machine_busy_s() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / TICKS
 
 
-class CpuMeter:
-    """CPU seconds of process trees between start() and stop(): `pids` is a callable
-    giving the trees' pids now (it is read at both ends; a process gone by the end keeps
-    what it had at the start, which undercounts its last moments, never overcounts)."""
+class ShareMeter:
+    """CPU seconds between start() and stop(), and their shares of the wall time (1.0 =
+    one core): of named groups of processes (name=callable giving their pids, read at
+    both ends; a process gone by the end keeps what it had at the start), of this process
+    ("gen", the load generator), and of everything else on the machine ("others":
+    /proc/stat's busy time less all of ours; well above 0 means another tenant took CPU).
+    `reader(pid)` gives a process's CPU seconds (utime + stime by default)."""
 
-    def __init__(self, pids) -> None:
-        self.pids = pids
+    def __init__(self, reader=cpu_s, **groups) -> None:
+        self.reader, self.groups = reader, groups
+        self.cpu: dict[str, float] = {}
+        self.shares: dict[str, float] = {}
 
-    def _read(self) -> dict[int, float]:
-        return {p: cpu_s(p) for p in self.pids()}
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {name: {p: self.reader(p) for p in pids()} for name, pids in self.groups.items()}
 
-    def start(self) -> "CpuMeter":
-        self.c0, self.t0 = self._read(), time.monotonic()
-        return self
+    def start(self) -> float:
+        self.c0, self.busy0, self.gen0 = self._read(), machine_busy_s(), time.process_time()
+        self.t0 = time.monotonic()
+        return self.t0
 
-    def stop(self) -> dict:
-        """cpu_s and wall_s since start(), and cpu_share = cpu_s / wall_s."""
-        wall = time.monotonic() - self.t0
+    def stop(self) -> float:
+        t1 = time.monotonic()
+        wall = t1 - self.t0
         now = self._read()
-        used = sum(v - self.c0.get(p, 0.0) for p, v in now.items())
-        return dict(cpu_s=used, wall_s=wall, cpu_share=used / wall if wall > 0 else 0.0)
+        cpu = {name: sum(v - self.c0[name].get(p, 0.0) for p, v in now[name].items())
+               for name in now}
+        cpu["gen"] = time.process_time() - self.gen0
+        cpu["others"] = max(0.0, machine_busy_s() - self.busy0 - sum(cpu.values()))
+        self.cpu = cpu
+        self.shares = {f"{k}_cpu_share": round(v / wall, 3) for k, v in cpu.items()}
+        return t1
+
+
+def tcp_peers(pid: int) -> set[int]:
+    """Remote ports of the established TCP connections process `pid` holds."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:         # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        with open(f"/proc/{pid}/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return set()
+    # columns: sl local_address rem_address st ... inode (st 01: ESTABLISHED)
+    return {int(r[2].split(":")[1], 16) for r in rows if r[3] == "01" and r[9] in inodes}
 
 
 # --------------------------------------------------------------------------- processes

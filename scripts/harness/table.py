@@ -26,7 +26,8 @@ class Table:
     def add(self, metric: str, cells: dict, fmt: str = "{:,.0f}", target=None,
             ratio: bool = True) -> None:
         """cells: column key -> Figure, a list of samples, or one number.  target:
-        (ratio header or column key, ">=" or "<=", threshold[, how to say it])."""
+        (ratio header or column key, ">=" or "<=", threshold[, how to say it]), or a list
+        of them, all to be met."""
         figs = {k: v if isinstance(v, Figure) else Figure(v if isinstance(v, list) else [v])
                 for k, v in cells.items()}
         ratios = {}
@@ -35,17 +36,27 @@ class Table:
             ratios[head] = a / b if ratio and is_number(a) and b else None
         row = dict(metric=metric, cells=figs, ratios=ratios, fmt=fmt, target="", result="")
         if target:
-            self._judge(row, *target)
+            self._judge(row, target if isinstance(target, list) else [target])
         self.rows.append(row)
 
-    def _judge(self, row: dict, which: str, op: str, thr: float, say: str = "") -> None:
-        if which in row["ratios"]:
-            value, row["target"] = row["ratios"][which], say or f"{which} {op} {thr}x"
-        else:
-            value = row["cells"].get(which, Figure()).median
-            row["target"] = say or f"{dict(self.columns).get(which, which)} {op} {thr}"
-        row["result"] = ("MISS (no data)" if value is None else
-                         "PASS" if (value >= thr if op == ">=" else value <= thr) else "MISS")
+    def _judge(self, row: dict, targets: list[tuple]) -> None:
+        said, missed, known = [], [], 0
+        for which, op, thr, *say in targets:
+            if which in row["ratios"]:
+                value, what = row["ratios"][which], f"{which} {op} {thr}x"
+            else:
+                value = row["cells"].get(which, Figure()).median
+                what = f"{dict(self.columns).get(which, which)} {op} {thr}"
+            said.append(say[0] if say else what)
+            if value is not None:
+                known += 1
+                if not (value >= thr if op == ">=" else value <= thr):
+                    missed.append(said[-1])
+        row["target"] = ", ".join(said)
+        row["result"] = ("MISS (no data)" if not known else
+                         "MISS" if missed and len(targets) == 1 else
+                         f"MISS ({', '.join(missed)})" if missed else
+                         "PASS" if known == len(targets) else "PASS (part)")
 
     # ----------------------------------------------------------------------- rendering
     def _grid(self) -> tuple[list[str], list[list[str]], set[int]]:
