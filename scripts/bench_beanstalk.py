@@ -574,7 +574,12 @@ def build_table(bench: Bench) -> Table:
     now = bench.systems[1]
     vs_ref = f"{now}/{REFERENCE}"
     t = Table("beanstalk", "beanstalk protocol against beanstalkd", cols,
-              [(s, REFERENCE) for s in bench.systems[1:]] + run.against_ratios())
+              [(s, REFERENCE) for s in bench.systems[1:]] + run.against_ratios(), note=(
+                  "`zstalk serve` (fronts in the broker's process unless the column says "
+                  "`--fronts N`, on uvloop) and Debian's beanstalkd side by side, driven by "
+                  "the same load generator (plain Python on raw sockets), 100-byte bodies, a "
+                  "fresh server for every run that holds state; each row's method is in "
+                  "`scripts/bench_beanstalk.py`'s docstring."))
 
     def fig(key, variant, name, stat="rate"):
         return Figure.of(res.get(key, {}).get(str(variant), {}).get(name), stat)
@@ -748,6 +753,10 @@ def main(argv=None) -> int:
     table = build_table(bench)
     if len(bench.placements) > 1:
         table.name, table.title = "placement", "Placement: fronts beside the broker or apart"
+        table.note = ("The same rows with zstalk's fronts beside the broker (`--fronts 0`, "
+                      "the default) and in processes of their own (`--fronts N`), against "
+                      "Debian's beanstalkd; each row's method is in "
+                      "`scripts/bench_beanstalk.py`'s docstring.")
     return run.report([table], bench.results, [cpu_shares(bench.results)])
 
 

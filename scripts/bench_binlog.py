@@ -267,7 +267,12 @@ class Bench:
 def build_table(run: Run, names: list[str], results: dict, skipped: dict) -> Table:
     cols = [(REFERENCE, REFERENCE)] + [(b, b) for b in run.labels()]
     t = Table("binlog", "Binlog against beanstalkd -b", cols,
-              [(b, REFERENCE) for b in run.labels()] + run.against_ratios())
+              [(b, REFERENCE) for b in run.labels()] + run.against_ratios(), note=(
+                  "`beanstalkd -b DIR -f MS` and `zstalkd -b DIR -f MS`, the same command "
+                  f"line, fresh directories on one filesystem ({run.machine['binlog_fs']}); "
+                  f"{run.args.put_count:,} puts of 100 bytes per put run; recovery is kill -9 "
+                  "after the fill, then the time from restart until `stats` shows every job "
+                  "ready (the binlog read from a warm page cache). "))
     now = f"{run.labels()[0]}/{REFERENCE}"
 
     def cells(runs: dict, key: str) -> dict:

@@ -235,7 +235,10 @@ def run_all(run: Run, systems: list[str]) -> dict:
 def table(run: Run, results: dict, systems: list[str]) -> Table:
     t = Table("counter", "Counters against yrmcds 1.1.9",
               [(s, s) for s in systems],
-              [(b, REFERENCE, f"{b}/{REFERENCE}") for b in run.labels()] + run.against_ratios())
+              [(b, REFERENCE, f"{b}/{REFERENCE}") for b in run.labels()] + run.against_ratios(),
+              note="Acquire 1 + Release 1 pairs; `zstalk serve` with the counter front in the "
+                   "broker's process against yrmcds (multi-threaded C) with its counter "
+                   "extension; a fresh server per repetition.")
     for key, label, _ in ROWS:
         per = results.get(key, {})
         t.add(label, {s: Figure.of(per.get(s), "rate") for s in systems},

@@ -556,7 +556,10 @@ def rows_table(run: Run, res: dict) -> Table:
               for b in labels]
     if len(labels) > 1:
         ratios.append((key(now, "on"), key(labels[1], "on"), f"{now}/{labels[1]}, CURVE on"))
-    t = Table("curve", "CurveZMQ off and on", cols, ratios)
+    t = Table("curve", "CurveZMQ off and on", cols, ratios, note=(
+        "`zstalk broker` on `tcp://127.0.0.1` with a remote `zstalk front beanstalk`, native "
+        "workers and producers, every process with CURVE off and on (ratio on/off: above 1 "
+        "is slower for the round trips, faster for the rates)."))
 
     def add(row, metric, stat="rate", fmt="{:,.0f}"):
         t.add(metric, {c: Figure.of(res.get(row, {}).get(c), stat) for c, _ in cols}, fmt=fmt)
@@ -586,7 +589,11 @@ def flood_table(run: Run, res: dict) -> Table:
     if len(labels) > 1:
         ratios.append((key(now, "flood"), key(labels[1], "flood"), f"{now}/{labels[1]}, flood"))
     t = Table("curve-flood", "Good loads, CURVE on, with 1,000 refused handshakes a second",
-              cols, ratios)
+              cols, ratios, note=(
+                  f"CURVE on: each good load quiet, while a flooder makes {args.flood_rate:,.0f} "
+                  "handshakes a second with a key the broker does not admit, with the flood "
+                  "aimed at a decoy (a second broker doing the same handshake work) instead, "
+                  "and from a host the broker does not accept (closed at accept)."))
     for load, label in LOADS.items():
         t.add(label.format(conns=args.put_conns),
               {key(b, c): Figure.of(res.get(b, {}).get(load, {}).get(c), "rate")

@@ -369,7 +369,12 @@ ROWS = [("lateness_p50", "lateness p50 (ms)", "{:,.0f}"),
 def build_table(run: Run, results: dict) -> Table:
     now = run.labels()[0]
     t = Table("schedules", "Cron schedules: how late every-second schedules fire",
-              [(b, b) for b in run.labels()], run.against_ratios())
+              [(b, b) for b in run.labels()], run.against_ratios(), note=(
+                  f"{run.args.schedules:,} schedules `{CRON}` in one broker (their tasks "
+                  f"delayed an hour, so they only queue), {run.args.window} whole seconds per "
+                  "run; lateness = a task's `createdAt` (ms, truncated) − its fire time, over "
+                  "every fire of the window; the last fire of a batch adds the broker's busy "
+                  "time in that second (its main thread's CPU and run-queue wait)."))
     for fronts, per in results.items():
         head = (f"`serve --fronts {fronts}`, {run.args.schedules:,} × `{CRON}`, "
                 f"{run.args.window} s: ")

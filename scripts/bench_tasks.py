@@ -680,8 +680,14 @@ def build_table(bench: Bench) -> Table:
     now = run.labels()[0]
     cols = [(b, b) for b in run.labels()] + [(CELERY, CELERY), (DIRECT, DIRECT)]
     t = Table("tasks", "Cloud tasks against Celery on Redis (tasks/s)", cols,
-              [(now, CELERY), (now, DIRECT)] + run.against_ratios(),
-              note="rows 3: the Celery column is the best Celery variant's median")
+              [(now, CELERY), (now, DIRECT)] + run.against_ratios(), note=(
+                  "One aiohttp function host answering 200 with a small JSON for every "
+                  "system; zstalk in one process (`serve --config`) or split (`broker`, "
+                  "`front http`, `dispatcher` processes); Celery on Redis with the task making "
+                  "the same POST through a pooled client; the direct loop is the physical "
+                  f"limit, {DIRECT_INFLIGHT} requests in flight straight to the host. "
+                  f"{args.tasks:,} tasks end to end, each checked to be called exactly once; in "
+                  "the rows 3 the Celery column is the best Celery variant's median."))
     e2e = res["e2e"]
     celery = [Figure.of(v.get(CELERY), "rate") for k, v in e2e.items() if k.startswith(CELERY)]
     best_celery = max(celery, key=lambda f: f.median or 0, default=Figure())

@@ -429,10 +429,19 @@ def run_all(run: Run, names: list[str], tmp: str) -> dict:
 
 
 def build_table(run: Run, names: list[str], results: dict) -> Table:
+    a = run.args
     t = Table("workers", "Native workers against greenstalk on beanstalkd",
               [(n, n) for n in names],
               [(b, REFERENCE) for b in run.labels() if REFERENCE in names]
-              + run.against_ratios())
+              + run.against_ratios(), note=(
+                  f"{a.jobs:,} jobs of 100 bytes per run going put → handled → deleted, the "
+                  "same trivial handler on both sides: beanstalkd with one greenstalk "
+                  "connection per worker process, `zstalk broker` with `zstalk.workers.Worker` "
+                  f"processes (concurrency {a.concurrency}, prefetch {a.prefetch}, a "
+                  f"{a.handler} handler); both producers "
+                  + (f"write {a.batch} puts, then wait for their replies (`put_many`)."
+                     if a.producer == "batch" else f"pipeline (beanstalkd: {a.window} "
+                     f"outstanding; zstalk: put_many of {a.batch}).")))
     now = f"{run.labels()[0]}/{REFERENCE}"
     for key, per in results.items():
         t.add(f"put → handled → deleted, 1 producer + {key} (jobs/s)",

@@ -5,7 +5,8 @@ Running
 `scripts/bench_x.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
 [--json PATH]`.  The files are executable and re-exec themselves under the project's
 .venv/bin/python (made first if missing, by scripts/_venv.sh; venv.py), so
-`python3 scripts/bench_x.py` works too.
+`python3 scripts/bench_x.py` works too.  `scripts/bench_readme` runs the README's whole
+set and rewrites its tables between their markers (readme.py).
 
 Method shared by every row
 --------------------------
@@ -55,5 +56,7 @@ cli        shared options, quick / smoke sizes, the Run and its report
 beanstalk  a beanstalk-protocol server under test; a blocking client for set-up work
 loadgen    the pipelined beanstalk load generators (put, worker cycle, D in flight)
 probes     one command at a time: rates, per-request round trips, a background load
+http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
+readme     rewrites the README's tables between <!-- bench:NAME --> markers
 venv       the re-exec under the project's .venv
 """

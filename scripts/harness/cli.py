@@ -96,9 +96,10 @@ class Run:
 
     def method(self) -> str:
         a = self.args
-        return (f"median of {a.repeats} alternated run{'s' if a.repeats != 1 else ''} (min–max)"
-                + (f" after {a.warmup} warm-up round{'s' if a.warmup != 1 else ''}"
-                   if a.warmup else ""))
+        runs = ("one run per row and system (no median, no spread)" if a.repeats == 1 else
+                f"median of {a.repeats} alternated runs (min–max)")
+        return runs + (f" after {a.warmup} warm-up round{'s' if a.warmup != 1 else ''}"
+                       if a.warmup else "")
 
     def caption(self) -> str:
         """The line above a generated table: what, where, when, how."""

@@ -79,7 +79,8 @@ class Table:
         def line(cells):
             return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
                              for i, c in enumerate(cells)).rstrip()
-        return "\n".join([self.title, line(header), line(["-" * w for w in widths])]
+        return "\n".join([self.title] + ([self.note] if self.note else [])
+                         + [line(header), line(["-" * w for w in widths])]
                          + [line(b) for b in body])
 
     def markdown(self) -> str:
