@@ -128,6 +128,7 @@ class Run:
 
     def _write_json(self, tables, results, errors, after, elapsed) -> None:
         doc = dict(benchmark=self.name, command=self.command, mode=self.mode,
+                   python=sys.executable,
                    repeats=self.args.repeats, warmup=self.args.warmup, method=self.method(),
                    caption=self.caption(), machine=self.machine, loadavg_after=after,
                    builds=[b.as_json() for b in self.builds], elapsed_s=round(elapsed, 1),
