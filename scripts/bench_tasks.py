@@ -197,7 +197,8 @@ async def post_all(session, url: str, bodies: list[bytes], inflight: int, count)
         nonlocal ok
         for body in it:
             async with session.post(url, data=body, headers=JSON_HEADERS) as r:
-                ok += await count(r)
+                done = await count(r)       # (`ok += await ...` reads ok before the await:
+            ok += done                      # two lanes' answers would count as one)
     await asyncio.gather(*(lane() for _ in range(inflight)))
     return ok
 
