@@ -20,7 +20,10 @@ started, --against) is in scripts/harness/__init__.py; the load generators (pipe
 put, worker cycle, D in flight) in scripts/harness/loadgen.py, with how they keep their
 own cost down (pre-built byte streams, one selectors loop, SO_RCVLOWAT); the
 one-command-at-a-time probes in scripts/harness/probes.py.  Every measurement that
-holds state (rows 1-3, 5, 6, 8, 9) gets a fresh server process; 100-byte bodies.
+holds state (rows 1-3, 5, 6, 8, 9) gets a fresh server process; 100-byte bodies.  zstalk
+runs as `zstalk serve -l 127.0.0.1 -p P --counter-port C --worker-bind tcp://127.0.0.1:W
+--fronts N` (what `zstalk serve` runs by default, every port a free one) from each tree's
+.venv/bin, beanstalkd as `beanstalkd -l 127.0.0.1 -p P`.
 
 * Row 1, pipelined put: --put-count puts (20,000 with --quick) on 1, 8 and 50
   connections, at most --window (2,000) outstanding per connection (loadgen.put_loop).
@@ -111,7 +114,7 @@ from harness.loadgen import BODY, BODY_LEN, PUT_CMD, fill, timed_load, work_loop
 from harness.machine import tool_version
 from harness.probes import (exec_to_first_reply, latency_under_load, one_at_a_time,
                             request_latency)
-from harness.procs import HOST
+from harness.procs import HOST, free_port
 from harness.stats import Figure, pct, per_1k, rounds
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
@@ -145,11 +148,13 @@ class Bench:
         self.results: dict = {}
 
     @staticmethod
-    def _serve(build, fronts: int, extra=()):
+    def _serve(build, fronts: int):
+        """`zstalk serve` as it runs by default (a counter front, a worker endpoint), on
+        free ports: two of them run at once in row 4 with --against."""
         name = zstalk_key(build.label, fronts)
         return lambda: BeanstalkServer(name, lambda port: [
-            build.exe("zstalk"), "serve", "-l", HOST, "-p", port, *extra,
-            "--fronts", fronts])
+            build.exe("zstalk"), "serve", "-l", HOST, "-p", port, "--counter-port",
+            free_port(), "--worker-bind", f"tcp://{HOST}:{free_port()}", "--fronts", fronts])
 
     def fresh(self, name: str) -> BeanstalkServer:
         srv = self.factories[name]()

@@ -8,7 +8,7 @@ Usage:
 Method (what every row shares is in scripts/harness/__init__.py).  Both servers are
 started on loopback: yrmcds with the counter extension on (`virtual_ip` 127.0.0.1 and
 `bind_ip` 127.0.0.2 as it needs), zstalk as `zstalk serve --counter-port` (the counter
-front in the broker's process).  Each repetition starts every system once, fresh, and
+front in the broker's process; its beanstalk port and worker endpoint on free ports too).  Each repetition starts every system once, fresh, and
 runs the three loads on it in turn.  The load is pre-built byte streams of Acquire
 1/1000 + Release 1 pairs on a name per connection, so the generator only sends bytes and
 counts response headers:
@@ -123,7 +123,7 @@ def start(name: str, run: Run, workdir: str) -> tuple[Proc, int]:
     else:
         build = next(b for b in run.builds if b.label == name)
         argv = [build.exe("zstalk"), "serve", "-l", HOST, "-p", free_port(),
-                "--counter-port", port]
+                "--counter-port", port, "--worker-bind", f"tcp://{HOST}:{free_port()}"]
     proc = Proc(name, argv, keep=zstalk_keep)
     wait_until(lambda: noop_answers(port), name, [proc], cap_s=20.0)
     return proc, port
