@@ -175,6 +175,20 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
                 errors=errors)
 
 
+def _flush(c, sel) -> None:
+    """Send what a connection has queued; watch for writability while some is left."""
+    if c.out:
+        try:
+            k = c.sock.send(c.out)
+        except BlockingIOError:
+            k = 0
+        del c.out[:k]
+    want = bool(c.out)
+    if want != c.wmode:
+        c.wmode = want
+        sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), c)
+
+
 def work_loop(socks, quotas, time_cap: float) -> dict:
     """reserve -> (delete id + reserve) cycles; counts DELETED."""
     sel = selectors.DefaultSelector()
@@ -198,18 +212,6 @@ def work_loop(socks, quotas, time_cap: float) -> dict:
             c.sock.send(b"reserve\r\n")
             active += 1
     capped = False
-
-    def flush(c):
-        if c.out:
-            try:
-                k = c.sock.send(c.out)
-            except BlockingIOError:
-                k = 0
-            del c.out[:k]
-        want = bool(c.out)
-        if want != c.wmode:
-            c.wmode = want
-            sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), c)
 
     while active:
         now = time.monotonic()
@@ -271,7 +273,7 @@ def work_loop(socks, quotas, time_cap: float) -> dict:
                     if low != c.lowat:
                         c.lowat = low
                         set_lowat(c.sock, low)
-            flush(c)
+            _flush(c, sel)
     t1, cpu1 = time.monotonic(), time.process_time()
     sel.close()
     if body_bad:
@@ -296,18 +298,6 @@ def depth_work_loop(socks, quotas, depth: int, time_cap: float) -> dict:
             set_lowat(s, 1)
     errors = []
     body_bad = 0
-
-    def flush(c):
-        if c.out:
-            try:
-                k = c.sock.send(c.out)
-            except BlockingIOError:
-                k = 0
-            del c.out[:k]
-        want = bool(c.out)
-        if want != c.wmode:
-            c.wmode = want
-            sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), c)
 
     def tune(c, need):
         # Wake for the next reply, no later: `need` more bytes of a partial reply in hand,
@@ -334,7 +324,7 @@ def depth_work_loop(socks, quotas, depth: int, time_cap: float) -> dict:
         if not c.done:
             c.sent = min(depth, c.quota)
             c.out += b"reserve\r\n" * c.sent
-            flush(c)
+            _flush(c, sel)
             if tuned:
                 tune(c, 1)
             active += 1
@@ -396,7 +386,7 @@ def depth_work_loop(socks, quotas, depth: int, time_cap: float) -> dict:
                         continue
                     if tuned:
                         tune(c, need)
-            flush(c)
+            _flush(c, sel)
     t1, cpu1 = time.monotonic(), time.process_time()
     sel.close()
     if body_bad:
