@@ -1,39 +1,45 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark of zstalk's counter front against yrmcds 1.1.9 (issue: counter front).
 
-Method. Both servers are started here on loopback (yrmcds with the counter extension on,
-`virtual_ip` 127.0.0.1 and `bind_ip` 127.0.0.2 as it needs; zstalk as `zstalk serve
---counter-port`). The load is pre-built byte streams of Acquire 1/1000 + Release 1 pairs
-on a name per connection, so the generator only sends bytes and counts response headers:
-  * serial: one connection, one pair at a time (send Acquire, read, send Release, read);
-  * pipelined: one connection, pairs sent in windows of WINDOW pairs;
-  * 8 connections pipelined, one process per connection (so the generator is not the limit).
-Each row runs for both servers alternately, best of --repeats, and prints pairs/s and
-the ratio zstalk/yrmcds (target >= 0.5x on every row; yrmcds is multi-threaded C).
+Usage:
+    scripts/bench_counter.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
+        [--pairs N] [--serial-pairs N] [--json PATH]
+
+Method (what every row shares is in scripts/harness/__init__.py).  Both servers are
+started on loopback: yrmcds with the counter extension on (`virtual_ip` 127.0.0.1 and
+`bind_ip` 127.0.0.2 as it needs), zstalk as `zstalk serve --counter-port` (the counter
+front in the broker's process; its beanstalk port and worker endpoint on free ports too).  Each repetition starts every system once, fresh, and
+runs the three loads on it in turn.  The load is pre-built byte streams of Acquire
+1/1000 + Release 1 pairs on a name per connection, so the generator only sends bytes and
+counts response headers:
+  * serial: one connection, one pair at a time (send Acquire, read, send Release, read),
+    --serial-pairs (5,000) pairs;
+  * pipelined: one connection, --pairs (20,000) pairs sent in windows of WINDOW pairs;
+  * 8 connections pipelined, --pairs each, one process per connection (so the generator
+    is not the limit), started together at a shared instant.
+Rates are pairs/s, with the ratio zstalk/yrmcds (target >= 0.5x on every row; yrmcds is
+multi-threaded C); each load also gives the server's CPU-seconds per 1,000 pairs.
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
+from harness.cli import Run, log, parser, sized
+from harness.procs import HOST, Proc, free_port, wait_until, zstalk_keep
+from harness.stats import Figure, per_1k, rounds
+from harness.table import Table
+from harness.venv import use_project_venv
+
 HEADER = 12
 WINDOW = 500
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+REFERENCE = "yrmcds"
 
 
 def frame(opcode: int, body: bytes, opaque: int = 0) -> bytes:
@@ -70,9 +76,9 @@ def _closed() -> bytes:
     raise RuntimeError("server closed the connection")
 
 
-def noop_answers(port: int, host: str = "127.0.0.1") -> bool:
+def noop_answers(port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=1) as s:
+        with socket.create_connection((HOST, port), timeout=1) as s:
             s.sendall(frame(0x00, b""))
             read_responses(s, 1, bytearray())
             return True
@@ -81,41 +87,12 @@ def noop_answers(port: int, host: str = "127.0.0.1") -> bool:
 
 
 # -- servers -------------------------------------------------------------------------------
-class Server:
-    def __init__(self, name: str, argv: list[str], port: int, workdir: str) -> None:
-        self.name, self.argv, self.port, self.workdir = name, argv, port, workdir
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Server":
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 20
-        while not noop_answers(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start: {' '.join(self.argv)}")
-            time.sleep(0.05)
-        return self
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def yrmcds(workdir: str) -> Server:
-    port, memcache_port = free_port(), free_port()
-    conf = os.path.join(workdir, "yrmcds.conf")
-    with open(conf, "w") as f:
-        f.write(f"""user = ""
+YRMCDS_CONF = """user = ""
 group = ""
 virtual_ip = "127.0.0.1"
 bind_ip = "127.0.0.2"
 port = {memcache_port}
-repl_port = {free_port()}
+repl_port = {repl_port}
 max_connections = 0
 temp_dir = "{workdir}"
 log.threshold = "error"
@@ -131,102 +108,159 @@ counter.port = {port}
 counter.max_connections = 0
 counter.buckets = 10000
 counter.stat_interval = 86400
-""")
-    binary = shutil.which("yrmcdsd") or "/usr/sbin/yrmcdsd"
-    return Server("yrmcds", [binary, "-f", conf], port, workdir)
+"""
 
 
-def zstalk(workdir: str) -> Server:
+def start(name: str, run: Run, workdir: str) -> tuple[Proc, int]:
+    """A fresh server of system `name`, answering on its counter port."""
     port = free_port()
-    exe = os.path.join(ROOT, ".venv", "bin", "zstalk")
-    argv = [exe if os.path.exists(exe) else "zstalk", "serve", "-l", "127.0.0.1",
-            "-p", str(free_port()), "--counter-port", str(port)]
-    return Server("zstalk", argv, port, workdir)
+    if name == REFERENCE:
+        conf = os.path.join(workdir, "yrmcds.conf")
+        with open(conf, "w") as f:
+            f.write(YRMCDS_CONF.format(memcache_port=free_port(), repl_port=free_port(),
+                                       workdir=workdir, port=port))
+        argv = [shutil.which("yrmcdsd") or "/usr/sbin/yrmcdsd", "-f", conf]
+    else:
+        build = next(b for b in run.builds if b.label == name)
+        argv = [build.exe("zstalk"), "serve", "-l", HOST, "-p", free_port(),
+                "--counter-port", port, "--worker-bind", f"tcp://{HOST}:{free_port()}"]
+    proc = Proc(name, argv, keep=zstalk_keep)
+    wait_until(lambda: noop_answers(port), name, [proc], cap_s=20.0)
+    return proc, port
 
 
 # -- load ----------------------------------------------------------------------------------
-def serial(port: int, pairs: int) -> float:
-    with socket.create_connection(("127.0.0.1", port)) as s:
+def serial(port: int, pairs: int) -> int:
+    with socket.create_connection((HOST, port), timeout=15) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         acquire, release = acquire_frame(b"serial"), release_frame(b"serial")
         buf = bytearray()
-        t0 = time.perf_counter()
         for _ in range(pairs):
             s.sendall(acquire)
             read_responses(s, 1, buf)
             s.sendall(release)
             read_responses(s, 1, buf)
-        return pairs / (time.perf_counter() - t0)
+        return pairs
 
 
-def pipelined(port: int, pairs: int, name: bytes = b"pipe") -> float:
-    with socket.create_connection(("127.0.0.1", port)) as s:
+def pipelined(port: int, pairs: int, name: bytes = b"pipe") -> int:
+    with socket.create_connection((HOST, port), timeout=15) as s:
         window = pair(name) * WINDOW
         buf = bytearray()
-        t0 = time.perf_counter()
         for _ in range(pairs // WINDOW):
             s.sendall(window)
             read_responses(s, 2 * WINDOW, buf)
-        return (pairs // WINDOW) * WINDOW / (time.perf_counter() - t0)
+        return (pairs // WINDOW) * WINDOW
 
 
-def _worker(args) -> tuple[float, float]:
-    port, pairs, index, start_at = args
-    while time.time() < start_at:
-        time.sleep(0.001)
-    t0 = time.time()
-    pipelined(port, pairs, b"conn%d" % index)
-    return t0, time.time()
+def _conn_main(pipe, port: int, pairs: int, index: int, start_at: float) -> None:
+    """One connection of the 8-connection row, in a forked process of its own."""
+    try:
+        while time.time() < start_at:
+            time.sleep(0.001)
+        t0 = time.time()
+        pipelined(port, pairs, b"conn%d" % index)
+        pipe.send((t0, time.time()))
+    except BaseException as exc:          # report, never leave the parent waiting
+        pipe.send(repr(exc))
 
 
-def many(port: int, pairs: int, conns: int = 8) -> float:
+def many(port: int, pairs: int, conns: int = 8) -> tuple[int, float]:
+    """(pairs done, seconds from the first connection's start to the last one's end)."""
+    ctx = multiprocessing.get_context("fork")
     start_at = time.time() + 0.3
-    with multiprocessing.Pool(conns) as pool:
-        spans = pool.map(_worker, [(port, pairs, i, start_at) for i in range(conns)])
+    kids = []
+    for i in range(conns):
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_conn_main, args=(theirs, port, pairs, i, start_at))
+        p.start()
+        kids.append((p, mine))
+    spans = []
+    try:
+        for p, mine in kids:
+            if not mine.poll(60):
+                raise RuntimeError("a connection's process did not report within 60 s")
+            spans.append(mine.recv())
+    finally:
+        for p, _ in kids:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    bad = [s for s in spans if isinstance(s, str)]
+    if bad:
+        raise RuntimeError(f"connections failed: {bad[:3]}")
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
-    return conns * (pairs // WINDOW) * WINDOW / (last - first)
+    return conns * (pairs // WINDOW) * WINDOW, last - first
 
 
-# -- main ----------------------------------------------------------------------------------
-ROWS = [("acquire+release, 1 connection, one at a time (pairs/s)", serial, "serial"),
-        ("acquire+release, 1 connection pipelined (pairs/s)", pipelined, "pipelined"),
-        ("acquire+release, 8 connections pipelined (pairs/s)", many, "many")]
+ROWS = [("serial", "acquire+release, 1 connection, one at a time (pairs/s)", serial),
+        ("pipelined", "acquire+release, 1 connection pipelined (pairs/s)", pipelined),
+        ("many", "acquire+release, 8 connections pipelined (pairs/s)", many)]
+
+
+def measure(proc: Proc, port: int, fn, pairs: int) -> dict:
+    c0, t0 = proc.cpu_s(), time.perf_counter()
+    out = fn(port, pairs)
+    wall = time.perf_counter() - t0
+    done, span = out if isinstance(out, tuple) else (out, wall)
+    used = proc.cpu_s() - c0
+    return dict(rate=done / span, pairs=done, cpu_per_1k=per_1k(used, done),
+                server_cpu_share=used / wall, errors=[])
+
+
+def run_all(run: Run, systems: list[str]) -> dict:
+    a = run.args
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-counter-") as tmp:
+        for rep, order, warm in rounds(systems, a.repeats, a.warmup):
+            for name in order:
+                proc, port = start(name, run, tmp)
+                try:
+                    for key, _, fn in ROWS:
+                        n = a.serial_pairs if key == "serial" else a.pairs
+                        try:
+                            res = measure(proc, port, fn, n)
+                        except Exception as exc:
+                            res = dict(rate=None, errors=[repr(exc)])
+                        log(f"  {name:14} {'warm-up' if warm else f'rep {rep}'} {key:9} "
+                            + (f"{res['rate']:12,.0f} pairs/s" if res["rate"] else
+                               f"ERROR {res['errors']}"))
+                        if not warm:
+                            results.setdefault(key, {}).setdefault(name, []).append(res)
+                finally:
+                    proc.stop(run.notes)
+    return results
+
+
+def table(run: Run, results: dict, systems: list[str]) -> Table:
+    t = Table("counter", "Counters against yrmcds 1.1.9",
+              [(s, s) for s in systems],
+              [(b, REFERENCE, f"{b}/{REFERENCE}") for b in run.labels()] + run.against_ratios(),
+              note="Acquire 1 + Release 1 pairs; `zstalk serve` with the counter front in the "
+                   "broker's process against yrmcds (multi-threaded C) with its counter "
+                   "extension; a fresh server per repetition.")
+    for key, label, _ in ROWS:
+        per = results.get(key, {})
+        t.add(label, {s: Figure.of(per.get(s), "rate") for s in systems},
+              target=(f"zstalk/{REFERENCE}", ">=", 0.5))
+        t.add("  server CPU-s per 1,000 pairs",
+              {s: Figure.of(per.get(s), "cpu_per_1k") for s in systems}, fmt="{:.3f}")
+    return t
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=20000, help="pairs per connection and row")
-    ap.add_argument("--serial-pairs", type=int, default=5000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
+    ap = parser(__doc__)
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="pairs per connection, pipelined rows (20,000)")
+    ap.add_argument("--serial-pairs", type=int, default=None, help="serial row (5,000)")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.pairs, args.serial_pairs, args.repeats = 5000, 1000, 1
-    best: dict[tuple[str, str], float] = {}
-    t_start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-counter-") as tmp:
-        for rep in range(args.repeats):
-            order = [yrmcds, zstalk] if rep % 2 == 0 else [zstalk, yrmcds]
-            for make in order:
-                server = make(tmp).start()
-                try:
-                    for label, fn, key in ROWS:
-                        n = args.serial_pairs if key == "serial" else args.pairs
-                        rate = fn(server.port, n)
-                        print(f"  {server.name:7} rep {rep} {key:9} {rate:12,.0f} pairs/s", flush=True)
-                        best[(server.name, key)] = max(best.get((server.name, key), 0.0), rate)
-                finally:
-                    server.stop()
-    print("\n| metric | yrmcds | zstalk | zstalk/yrmcds | target | result |")
-    print("|---|---:|---:|---:|---|---|")
-    for label, _, key in ROWS:
-        y, z = best[("yrmcds", key)], best[("zstalk", key)]
-        ratio = z / y
-        print(f"| {label} | {y:,.0f} | {z:,.0f} | {ratio:.2f}x | >= 0.5x | "
-              f"{'PASS' if ratio >= 0.5 else 'MISS'} |")
-    print(f"\nbest of {args.repeats} alternated runs; total {time.monotonic() - t_start:.0f} s")
-    return 0
+    sized(args, pairs=(20000, 5000, 1000), serial_pairs=(5000, 1000, 300))
+    run = Run("bench_counter", args)
+    systems = [REFERENCE] + run.labels()
+    results = run_all(run, systems)
+    return run.report([table(run, results, systems)], results)
 
 
 if __name__ == "__main__":
+    use_project_venv()
     sys.exit(main())

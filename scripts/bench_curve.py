@@ -3,40 +3,41 @@
 clients' throughput while a test client makes 1,000 refused handshakes per second.
 
 Usage:
-    .venv/bin/python scripts/bench_curve.py [--quick] [--repeats N] [--parts rows,flood]
+    scripts/bench_curve.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
+        [--parts rows,flood]
         [--workers 1,4] [--jobs N] [--put-count N] [--latency-count N]
         [--flood-rate R] [--flooders N] [--flood-nice N] [--no-decoy] [--json PATH]
 
 Method
 ------
+What every row shares (free loopback ports, alternation with warm-up, medians with their
+min-max, the machine check, stopping what was started, --against: every zstalk process
+from its tree's .venv, the SDK's clients in its python) is in scripts/harness/__init__.py.
 Everything runs on 127.0.0.1.  Keys are made with `zstalk keygen` in a temp directory: the
 broker's, and one each for the front, the worker pools and the producer, whose public keys
 are copied into the directory the broker admits (ZSTALK_CURVE_CLIENTS); a "stranger" key is
 made the same way and never admitted.  "CURVE on" starts every process with the
-environment of protocol/transport/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
-front and the workers: ZSTALK_CURVE_KEY + ZSTALK_CURVE_SERVER, through env(1); the producer
-in this process: `Client(keys=...)`); "CURVE off" runs the same commands with those
-variables unset.
+environment of protocol/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
+front, the workers and the producer: ZSTALK_CURVE_KEY + ZSTALK_CURVE_SERVER, which the
+SDK's Client reads); "CURVE off" runs the same commands with those variables unset.
 
-Part 1, off / on side by side (--parts rows).  For each repetition and each mode, alternated
-(off, on, then on, off), a fresh `zstalk broker --bind tcp://127.0.0.1:P` and
+Part 1, off / on side by side (--parts rows).  For each repetition and each mode (and
+build), alternated (off, on, then on, off), a fresh `zstalk broker --bind tcp://127.0.0.1:P` and
 `zstalk front beanstalk --broker tcp://127.0.0.1:P --listen 127.0.0.1:Q`, ready once a
 `stats` through the front is answered (which needs the front's link to the broker):
-* put round trip, idle: bench_beanstalk's row-9 probe, one connection, one `put` at a time,
-  each timed from sendall() to its INSERTED line; --latency-count (2,000) puts; the lowest
-  p50 / p99 of the repetitions;
-* pipelined put: bench_beanstalk's row-1 loop, --put-conns (8) connections, at most
-  --window (2,000) puts outstanding each, --put-count (200,000) puts in all, best of the
-  repetitions;
+* put round trip, idle: the harness's probes.request_latency, one connection, one `put`
+  at a time, each timed from sendall() to its INSERTED line; --latency-count (2,000) puts;
+* pipelined put: the harness's put loop, --put-conns (8) connections, at most --window
+  (2,000) puts outstanding each, --put-count (200,000) puts in all, with the broker's and
+  the front's CPU-seconds per 1,000 puts;
 * native workers: bench_workers.py's zstalk side as it is (a fresh `zstalk broker`, W
   `zstalk.workers.Worker` processes at the SDK's defaults, `Client.put_many` batches of 100,
   --jobs (50,000) jobs put -> handled -> deleted, the clock stopped when cmd-delete reaches
-  them), with the CURVE environment added; one row per W in --workers, best of the
-  repetitions.
+  them), with the CURVE environment added; one row per W in --workers.
 Ratio = on / off (above 1 is slower for the round trips, faster for the rates).
 
-Part 2, refused handshakes (--parts flood).  Per repetition one CURVE broker, front and
-1 worker process stay up for all its segments.  First the flood alone for --idle-seconds
+Part 2, refused handshakes (--parts flood).  Per repetition (and build) one CURVE broker,
+front and 1 worker process stay up for all its segments.  First the flood alone for --idle-seconds
 (3): the broker's CPU per refused handshake.  Then each good load runs once per condition:
 the flood off ("quiet"), aimed at the broker ("flood"), aimed at the broker from a host it
 does not accept ("filtered": the broker runs with ZSTALK_CURVE_ACCEPT=127.0.0.1/32 and the
@@ -60,8 +61,10 @@ handshake; the good clients are on 127.0.0.1), or aimed at a decoy ("decoy", unl
   starts once it has 20 refusals, and it is stopped after the load; the achieved rate is
   its refusals within the load's window / the window.  The broker's own count is the sum
   of its rate-limited refusal log lines (lines past the last one are not in it).
-* The decoy is the broker's handshake work alone in another process: a ROUTER with the
-  broker's keys and the same ZAP handler (protocol/transport/curve.py), receiving nothing.  A flood
+* The decoy is the broker's handshake work in another process: a second `zstalk broker`
+  of the same tree with the broker's keys (so the same ZAP handler), bound to the decoy's
+  endpoint and sent nothing but the flood (before the harness it was a bare ROUTER built
+  from protocol/curve.py; a benchmark no longer imports zstalk's modules).  A flood
   at it costs the machine what a flood at the broker does (the flooder and the
   handshakes), so "decoy" against "flood" separates the broker's own slow-down from this
   2-core machine's CPU being shared with the test rig.
@@ -69,17 +72,10 @@ handshake; the good clients are on 127.0.0.1), or aimed at a decoy ("decoy", unl
   libzmq's I/O thread, the rest, which is the ZAP handler's thread), of the front, the
   flooders and the decoy.  After each segment the broker and the front must still run;
   the broker's log is counted (lines, bytes) at the end of the repetition.
-Target: flood / quiet >= 0.9 for each good load, the best of the repetitions on both
-sides (interference only ever slows a run down).
-
-Everything started is a process of its own session with PR_SET_PDEATHSIG (bench_workers'
-Proc): SIGTERM, then SIGKILL to its group, in a finally block per run, at exit and on
-SIGTERM/SIGHUP; unexpected exits and output are listed at the end.
+Target: flood / quiet >= 0.9 for each good load, medians of the repetitions.
 """
 from __future__ import annotations
 
-import argparse
-import atexit
 import collections
 import json
 import os
@@ -92,19 +88,24 @@ import sys
 import tempfile
 import time
 
-from bench_beanstalk import (DEFAULT_ZSTALK, HOST, REPO, Client, best, free_port, log, median,
-                             proc_cpu_s, request_latency, run_load)
-from bench_workers import (NOTES, POLL_S, READY_TIMEOUT_S, Proc, ZstalkSide, _exit_on_signal,
-                           kill_all_live, one_run)
-from zstalk.protocol.transport import curve
-from zstalk.workers import Client as ZClient
+from bench_workers import ZstalkSide, child_env, one_run
+from harness.beanstalk import Client
+from harness.cli import Run, log, parser, sized
+from harness.loadgen import run_load
+from harness.probes import request_latency
+from harness.procs import HOST, Proc, cpu_s, free_port, wait_until, zstalk_keep
+from harness.stats import Figure, median, per_1k, rounds
+from harness.table import Table
+from harness.venv import use_project_venv
 
 MODES = ("off", "on")
+CONDS = ("quiet", "flood", "decoy", "filtered")
 LOADS = {   # part 2's good loads
     "front": "pipelined put through a remote front, {conns} conn (puts/s)",
     "native": "native: put → handled → deleted, 1 producer + 1 worker process (jobs/s)",
     "one": "put one at a time through a remote front, 1 conn (puts/s)"}
-CURVE_VARS = (curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_INSECURE)
+ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_ACCEPT = (   # protocol/curve.py's variables
+    "ZSTALK_CURVE_KEY", "ZSTALK_CURVE_CLIENTS", "ZSTALK_CURVE_SERVER", "ZSTALK_CURVE_ACCEPT")
 GOOD_CLIENTS = ("front", "worker", "producer")
 OUTSIDE = "127.0.0.3"        # the "filtered" flood's source address (not accepted)
 #: a flood attempt's outcomes that count as refused: by the ZAP handler, or closed at
@@ -114,8 +115,8 @@ ATTEMPT_TIMEOUT_S = 2.0     # a flood attempt without an outcome by then: "timeo
 MAX_IN_FLIGHT = 500
 BACKLOG = 100               # missed flood slots beyond this are dropped, not made up
 FLOOD_READY = 20            # refusals before a flood segment's load starts
-SERVER_EXIT = (0, -signal.SIGTERM)
 REFUSAL = re.compile(r"refused a CURVE handshake .*; (\d+) refused since the last such line")
+NOTES: list[str] = []       # what the processes said; the run's notes at the end
 
 
 # --------------------------------------------------------------------------- keys and processes
@@ -135,41 +136,14 @@ class Keys:
         return os.path.join(self.dir, name + (".key_secret" if secret else ".key"))
 
     def server_env(self) -> dict:
-        return {curve.ENV_KEY: self.path("broker", True), curve.ENV_CLIENTS: self.admitted}
+        return {ENV_KEY: self.path("broker", True), ENV_CLIENTS: self.admitted}
 
     def client_env(self, name: str) -> dict:
-        return {curve.ENV_KEY: self.path(name, True), curve.ENV_SERVER: self.path("broker")}
-
-
-def env_argv(env: dict | None, argv: list[str]) -> list[str]:
-    """argv run through env(1): no CURVE variable but those in `env` (None: CURVE off)."""
-    unset = [a for var in CURVE_VARS for a in ("-u", var)]
-    return ["env", *unset, *(f"{k}={v}" for k, v in (env or {}).items()), *map(str, argv)]
+        return {ENV_KEY: self.path(name, True), ENV_SERVER: self.path("broker")}
 
 
 def own_argv(*args) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "_child", *map(str, args)]
-
-
-def wait_until(ready, what: str, procs) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        for p in procs:
-            p.check()
-        try:
-            if ready():
-                return
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready after {READY_TIMEOUT_S:.0f}s")
-        time.sleep(POLL_S)
-
-
-def output_so_far(proc: Proc) -> str:
-    """What a running process wrote (pread: the child's write offset is left alone)."""
-    fd = proc.out.fileno()
-    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
 
 def thread_cpu_s(pid: int) -> dict:
@@ -182,46 +156,36 @@ def thread_cpu_s(pid: int) -> dict:
         except OSError:
             continue
         kind = "main" if int(tid) == pid else "zmq_io" if comm.startswith("ZMQbg/IO") else "other"
-        out[kind] += proc_cpu_s(f"{pid}/task/{tid}")
+        out[kind] += cpu_s(f"{pid}/task/{tid}")
     return out
 
 
 # --------------------------------------------------------------------------- the actors
 
 class CurveSide(ZstalkSide):
-    """bench_workers' zstalk side (broker, W worker processes, the producer) with CURVE on
-    or off, and a beanstalk front process reaching the broker over TCP."""
+    """bench_workers' zstalk side of one tree (broker, W worker processes, the producer)
+    with CURVE on or off, and a beanstalk front process reaching the broker over TCP."""
 
-    def __init__(self, args, keys: Keys, on: bool, accept: str | None = None):
-        super().__init__(args)
+    def __init__(self, build, args, tmp: str, keys: Keys, on: bool, accept: str | None = None):
+        super().__init__(build, args, tmp)
+        self.name = f"{build.label} CURVE {'on' if on else 'off'}"
         self.keys, self.on, self.front, self.accept = keys, on, None, accept
 
-    def env(self, role: str) -> dict | None:
+    def env(self, role: str) -> dict:
         if not self.on:
-            return None
+            return child_env()
         if role != "broker":
-            return self.keys.client_env(role)
+            return child_env(self.keys.client_env(role))
         env = self.keys.server_env()
         if self.accept:
-            env[curve.ENV_ACCEPT] = self.accept
-        return env
-
-    def start_server(self) -> None:
-        self.endpoint = f"tcp://{HOST}:{free_port()}"
-        self.server = Proc("zstalk broker", env_argv(self.env("broker"), [
-            self.args.zstalk, "broker", "--bind", self.endpoint]))
-        keys = curve.client_keys(self.env("producer")) if self.on else None
-        self.client = ZClient(self.endpoint, timeout_s=10.0, keys=keys)
-        wait_until(self.client.stats, "broker", [self.server])
-
-    def worker_argv(self) -> list[str]:
-        return env_argv(self.env("worker"), super().worker_argv())
+            env[ENV_ACCEPT] = self.accept
+        return child_env(env)
 
     def start_front(self) -> None:
         self.port = free_port()
-        self.front = Proc("front", env_argv(self.env("front"), [
-            self.args.zstalk, "front", "beanstalk", "--broker", self.endpoint,
-            "--listen", f"{HOST}:{self.port}"]))
+        self.front = Proc("front", [self.build.exe("zstalk"), "front", "beanstalk", "--broker",
+                                    self.endpoint, "--listen", f"{HOST}:{self.port}"],
+                          env=self.env("front"), keep=zstalk_keep)
         wait_until(self.front_answers, "front", [self.server, self.front])
 
     def front_answers(self) -> bool:
@@ -232,23 +196,25 @@ class CurveSide(ZstalkSide):
             c.sock.close()
 
     def check(self) -> None:
-        for p in (self.server, self.front, *self.workers):
-            if p is not None:
-                p.check()
+        super().check()
+        if self.front is not None:
+            self.front.check()
 
     def stop(self) -> list[str]:
-        notes = self.front.stop(SERVER_EXIT) if self.front is not None else []
+        notes: list[str] = []
+        if self.front is not None:
+            self.front.stop(notes)
         self.front = None
         return notes + super().stop()
 
 
 def cpu_snapshot(side: CurveSide, flooders=(), decoy: Proc | None = None) -> dict:
-    return dict(t=time.monotonic(), broker=thread_cpu_s(side.server.p.pid),
+    return dict(t=time.monotonic(), broker=thread_cpu_s(side.server.pid),
                 front=side.front.cpu_s(), flooders=sum(f.cpu_s() for f in flooders),
                 decoy=decoy.cpu_s() if decoy else 0.0)
 
 
-def cpu_shares(a: dict, b: dict) -> dict:
+def shares(a: dict, b: dict) -> dict:
     wall = b["t"] - a["t"]
     out = {f"broker_{k}": (b["broker"][k] - a["broker"][k]) / wall for k in a["broker"]}
     out["broker"] = sum(out.values())
@@ -258,22 +224,22 @@ def cpu_shares(a: dict, b: dict) -> dict:
 
 # --------------------------------------------------------------------------- part 1
 
-def rows_part(args, keys: Keys) -> dict:
-    out: dict = {}
-    for rep in range(args.repeats):
-        order = MODES if rep % 2 == 0 else MODES[::-1]
-        for mode in order:
-            res = guarded(f"front run {rep + 1} CURVE {mode}", front_run,
-                          CurveSide(args, keys, mode == "on"), args)
-            out.setdefault("front", {}).setdefault(mode, []).append(res)
+def rows_part(run: Run, keys: Keys, tmp: str) -> dict:
+    args, out = run.args, {}
+    builds = {f"{b.label} CURVE {m}": (b, m == "on") for b in run.builds for m in MODES}
+    side = lambda name: CurveSide(builds[name][0], args, tmp, keys, builds[name][1])  # noqa
+    for rep, order, warm in rounds(list(builds), args.repeats, args.warmup):
+        done = [("front", name, guarded(f"front run {rep + 1} {name}", front_run, side(name),
+                                        args)) for name in order]
         for w in args.worker_counts:
-            for mode in order:
-                side = CurveSide(args, keys, mode == "on")
-                res = one_run(side, w, args.jobs, args.time_cap)
-                out.setdefault(f"workers {w}", {}).setdefault(mode, []).append(res)
-                log(f"  run {rep + 1}, {w} worker process(es), CURVE {mode}: "
+            for name in order:
+                res = one_run(side(name), w, args.jobs, args.time_cap, NOTES)
+                done.append((f"workers {w}", name, res))
+                log(f"  run {rep + 1}, {w} worker process(es), {name}: "
                     + (f"{res['rate']:,.0f} jobs/s, broker cpu {res['server_cpu_share']:.2f}"
                        if res.get("rate") else "FAILED") + errors_tail(res))
+        for key, name, res in ([] if warm else done):
+            out.setdefault(key, {}).setdefault(name, []).append(res)
     return out
 
 
@@ -302,42 +268,65 @@ def front_run(side: CurveSide, args) -> dict:
     a = cpu_snapshot(side)
     put = run_load((HOST, side.port), "put", args.put_conns, args.put_count, args.window,
                    args.time_cap)
-    cpu = cpu_shares(a, cpu_snapshot(side))
+    b = cpu_snapshot(side)
+    cpu = shares(a, b)
+    wall = b["t"] - a["t"]
     return dict(p50=lat["p50"], p99=lat["p99"], rate=put["rate"], broker_cpu=cpu["broker"],
                 front_cpu=cpu["front"], gen_cpu=put["gen_cpu_share"],
+                broker_per_1k=per_1k(cpu["broker"] * wall, put["count"]),
+                front_per_1k=per_1k(cpu["front"] * wall, put["count"]),
                 errors=lat["errors"] + put["errors"])
 
 
 # --------------------------------------------------------------------------- part 2
 
-def flood_part(args, keys: Keys) -> dict:
+def flood_part(run: Run, keys: Keys, tmp: str) -> dict:
+    args, out = run.args, {}
+    for rep, order, warm in rounds(run.builds, args.repeats, args.warmup):
+        for build in order:
+            res = flood_run(run, build, keys, tmp, rep)
+            if not warm:
+                per = out.setdefault(build.label, {"logs": [], "idle": []})
+                per["logs"].append(res.pop("log"))
+                per["idle"] += res.pop("idle")
+                for load, conds in res.items():
+                    for cond, r in conds.items():
+                        per.setdefault(load, {}).setdefault(cond, []).append(r)
+    return out
+
+
+def flood_run(run: Run, build, keys: Keys, tmp: str, rep: int) -> dict:
+    """One broker, front and worker of `build` with CURVE on, each load under each
+    condition; the conditions' order rotated by the repetition."""
+    args = run.args
     conds = ["quiet", "flood", "filtered"] + ([] if args.no_decoy else ["decoy"])
-    out: dict = {"logs": [], "idle": []}
-    for rep in range(args.repeats):
-        side, decoy = CurveSide(args, keys, True, accept=f"{HOST}/32"), None
-        try:
-            side.start(1)
-            side.start_front()
-            targets = {"flood": side.endpoint, "decoy": f"tcp://{HOST}:{free_port()}",
-                       "filtered": f"tcp://{OUTSIDE}:0;{side.endpoint[len('tcp://'):]}"}
-            if not args.no_decoy:
-                decoy = Proc("decoy", env_argv(keys.server_env(),
-                                               own_argv("decoy", targets["decoy"])))
-            res = segment(side, args, keys, "idle", side.endpoint, decoy)
-            out["idle"].append(res)
-            log(f"  run {rep + 1}, no load, flood: " + describe(res))
-            order = conds[rep % len(conds):] + conds[:rep % len(conds)]
-            for load in LOADS:
-                for cond in order:
-                    res = segment(side, args, keys, load, targets.get(cond), decoy)
-                    out.setdefault(load, {}).setdefault(cond, []).append(res)
-                    log(f"  run {rep + 1}, {load} load, {cond}: " + describe(res))
-        except Exception as exc:
-            NOTES.append(f"flood run {rep + 1}: {type(exc).__name__}: {exc}")
-        finally:
-            out["logs"].append(broker_log(side))
-            NOTES.extend(f"flood run {rep + 1}: {n}" for n in quiet(side.stop())
-                         + quiet(decoy.stop((0,)) if decoy else []))
+    side, decoy, out = CurveSide(build, args, tmp, keys, True, accept=f"{HOST}/32"), None, {}
+    where = f"flood run {rep + 1} {build.label}"
+    try:
+        side.start(1, args.flood_jobs)
+        side.start_front()
+        targets = {"flood": side.endpoint, "decoy": f"tcp://{HOST}:{free_port()}",
+                   "filtered": f"tcp://{OUTSIDE}:0;{side.endpoint[len('tcp://'):]}"}
+        if not args.no_decoy:
+            decoy = Proc("decoy", [build.exe("zstalk"), "broker", "--bind", targets["decoy"]],
+                         env=child_env(keys.server_env()), keep=zstalk_keep)
+        out["idle"] = [segment(side, args, keys, "idle", side.endpoint, decoy)]
+        log(f"  {where}, no load, flood: " + describe(out["idle"][0]))
+        order = conds[rep % len(conds):] + conds[:rep % len(conds)]
+        for load in LOADS:
+            for cond in order:
+                res = out.setdefault(load, {})[cond] = segment(side, args, keys, load,
+                                                               targets.get(cond), decoy)
+                log(f"  {where}, {load} load, {cond}: " + describe(res))
+    except Exception as exc:
+        NOTES.append(f"{where}: {type(exc).__name__}: {exc}")
+    finally:
+        out["log"] = broker_log(side)
+        notes: list[str] = []
+        if decoy:
+            decoy.stop(notes, expected=(0, -signal.SIGTERM))
+        NOTES.extend(f"{where}: {n}" for n in quiet(side.stop() + notes))
+    out.setdefault("idle", [])
     return out
 
 
@@ -357,7 +346,7 @@ def segment(side: CurveSide, args, keys: Keys, load: str, target: str | None,
             time.sleep(args.idle_seconds)
             res = dict(rate=0.0, errors=[])
         b = cpu_snapshot(side, flooders, decoy)
-        res.update(cpu_shares(a, b), t0=a["t"], t1=b["t"])
+        res.update(shares(a, b), t0=a["t"], t1=b["t"])
     except Exception as exc:
         res = dict(rate=None, errors=[f"{type(exc).__name__}: {exc}"])
     finally:
@@ -369,17 +358,18 @@ def segment(side: CurveSide, args, keys: Keys, load: str, target: str | None,
 
 
 def native_load(side: CurveSide, jobs: int, time_cap: float) -> dict:
-    """J jobs put -> handled -> deleted, counted by the broker's cmd-delete."""
-    base, t0 = side.stats()["cmd-delete"], time.monotonic()
-    prod = side.produce(jobs, time_cap)
-    done = 0
-    while done < jobs and time.monotonic() < t0 + time_cap:
-        done = side.stats()["cmd-delete"] - base
-        if done < jobs:
-            time.sleep(POLL_S)
-    wall = time.monotonic() - t0
-    return dict(rate=done / wall, count=done, wall=wall, capped=done < jobs,
-                errors=list(prod["errors"]))
+    """J jobs put -> handled -> deleted by a producer of the side's tree, counted by the
+    broker's cmd-delete (the first segment's producer was made by side.start)."""
+    if side.producer is None:
+        side.wait_ready(1, jobs)
+    try:
+        r = side.producer.go()
+    finally:
+        NOTES.extend(side.producer.stop())
+        side.producer = None
+    wall = r["t1"] - r["t0"]
+    return dict(rate=r["deleted"] / wall, count=r["deleted"], wall=wall,
+                capped=r["deleted"] < jobs, errors=r["errors"])
 
 
 def one_load(side: CurveSide, count: int, time_cap: float) -> dict:
@@ -415,7 +405,7 @@ def stop_flooder(f: Proc) -> dict:
         f.p.wait(ATTEMPT_TIMEOUT_S + 5)
     except subprocess.TimeoutExpired:
         pass
-    NOTES.extend(f.stop((0,)))
+    f.stop(NOTES, expected=(0,))
     try:
         with open(f.result_path) as fh:
             return json.load(fh)
@@ -441,7 +431,7 @@ def broker_log(side: CurveSide) -> dict:
     """The broker's log over a flood run: its size and its refusal lines' counts."""
     if side.server is None:
         return {}
-    text = output_so_far(side.server)
+    text = side.server.output()
     lines = text.splitlines()
     counts = [int(m.group(1)) for m in map(REFUSAL.search, lines) if m]
     others = [l for l in lines if not REFUSAL.search(l)]
@@ -555,52 +545,60 @@ def flood_main(endpoint: str, server_key: str, key: str, rate: str, seconds: str
     return 0
 
 
-def decoy_main(endpoint: str) -> int:
-    """The broker's handshake work alone: a CURVE ROUTER with the same ZAP handler."""
-    import zmq
-    keys = curve.server_keys()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    ctx = zmq.Context()
-    auth = curve.start_authenticator(ctx, curve.Admitted(keys.clients))
-    sock = ctx.socket(zmq.ROUTER)
-    curve.secure_server(sock, keys)
-    sock.bind(endpoint)
-    signal.sigwait({signal.SIGTERM})
-    auth.stop()
-    sock.close(0)
-    ctx.term()
-    return 0
-
-
 # --------------------------------------------------------------------------- tables
 
-def rows_table(res: dict, args) -> list[tuple]:
-    """(metric, off, on, on/off, format) rows of part 1."""
-    front = res.get("front", {})
-    pick = lambda key, lowest: [best(front.get(m, []), key, lowest) for m in MODES]  # noqa
-    rows = [(f"put round trip through a remote front, idle, {p} (ms)", *pick(p, True), "{:.3f}")
-            for p in ("p50", "p99")]
-    rows.append((LOADS["front"].format(conns=args.put_conns), *pick("rate", False), "{:,.0f}"))
-    for w in args.worker_counts:
-        per = res.get(f"workers {w}", {})
-        rows.append((f"native workers: put → handled → deleted, 1 producer + {w} worker "
-                     f"process{'es' if w > 1 else ''} (jobs/s)",
-                     *[best(per.get(m, [])) for m in MODES], "{:,.0f}"))
-    return [(m, off, on, on / off if off and on else None, fmt) for m, off, on, fmt in rows]
+def rows_table(run: Run, res: dict) -> Table:
+    """Part 1: each tree with CURVE off and on, and on / off."""
+    labels, now = run.labels(), run.labels()[0]
+    key = lambda b, m: f"{b} CURVE {m}"                                  # noqa: E731
+    cols = [(key(b, m), f"CURVE {m}" if b == now else key(b, m)) for b in labels for m in MODES]
+    ratios = [(key(b, "on"), key(b, "off"), "on/off" if b == now else f"{b} on/off")
+              for b in labels]
+    if len(labels) > 1:
+        ratios.append((key(now, "on"), key(labels[1], "on"), f"{now}/{labels[1]}, CURVE on"))
+    t = Table("curve", "CurveZMQ off and on", cols, ratios, note=(
+        "`zstalk broker` on `tcp://127.0.0.1` with a remote `zstalk front beanstalk`, native "
+        "workers and producers, every process with CURVE off and on (ratio on/off: above 1 "
+        "is slower for the round trips, faster for the rates)."))
+
+    def add(row, metric, stat="rate", fmt="{:,.0f}"):
+        t.add(metric, {c: Figure.of(res.get(row, {}).get(c), stat) for c, _ in cols}, fmt=fmt)
+
+    for p in ("p50", "p99"):
+        add("front", f"put round trip through a remote front, idle, {p} (ms)", p, "{:.3f}")
+    add("front", LOADS["front"].format(conns=run.args.put_conns))
+    add("front", "  broker CPU-s per 1,000 puts", "broker_per_1k", "{:.3f}")
+    add("front", "  front CPU-s per 1,000 puts", "front_per_1k", "{:.3f}")
+    for w in run.args.worker_counts:
+        add(f"workers {w}", f"native workers: put → handled → deleted, 1 producer + {w} "
+            f"worker process{'es' if w > 1 else ''} (jobs/s)")
+        add(f"workers {w}", "  broker CPU-s per 1,000 jobs", "cpu_per_1k", "{:.3f}")
+    return t
 
 
-def flood_table(res: dict, args) -> list[tuple]:
-    """(load, quiet, flood, flood/quiet, decoy/quiet, result) rows of part 2."""
-    out = []
+def flood_table(run: Run, res: dict) -> Table:
+    """Part 2: each good load quiet, under the flood, and the flood elsewhere."""
+    args, labels, now = run.args, run.labels(), run.labels()[0]
+    heads = {"quiet": "quiet", "flood": f"{args.flood_rate:,.0f} bad handshakes/s",
+             "decoy": "flood at a decoy", "filtered": "flood from a host not accepted"}
+    key = lambda b, c: f"{b} {c}"                                        # noqa: E731
+    cols = [(key(b, c), heads[c] if b == now else f"{b}: {heads[c]}")
+            for b in labels for c in CONDS]
+    ratios = [(key(b, c), key(b, "quiet"), f"{c}/quiet" if b == now else f"{b}: {c}/quiet")
+              for b in labels for c in CONDS[1:]]
+    if len(labels) > 1:
+        ratios.append((key(now, "flood"), key(labels[1], "flood"), f"{now}/{labels[1]}, flood"))
+    t = Table("curve-flood", "Good loads, CURVE on, with 1,000 refused handshakes a second",
+              cols, ratios, note=(
+                  f"CURVE on: each good load quiet, while a flooder makes {args.flood_rate:,.0f} "
+                  "handshakes a second with a key the broker does not admit, with the flood "
+                  "aimed at a decoy (a second broker doing the same handshake work) instead, "
+                  "and from a host the broker does not accept (closed at accept)."))
     for load, label in LOADS.items():
-        q, f, d, x = (best(res.get(load, {}).get(c, []))
-                      for c in ("quiet", "flood", "decoy", "filtered"))
-        ratio = f / q if q and f else None
-        out.append((label.format(conns=args.put_conns), q, f, ratio, d / q if q and d else None,
-                    x / q if q and x else None,
-                    "MISS (no data)" if ratio is None else
-                    "PASS" if ratio >= args.target else "MISS"))
-    return out
+        t.add(label.format(conns=args.put_conns),
+              {key(b, c): Figure.of(res.get(b, {}).get(load, {}).get(c), "rate")
+               for b in labels for c in CONDS}, target=("flood/quiet", ">=", args.target))
+    return t
 
 
 def flood_details(res: dict) -> list[list[str]]:
@@ -628,9 +626,9 @@ def flood_details(res: dict) -> list[list[str]]:
 
 
 def round_trips(per: dict) -> str:
-    return "round trips of the one-at-a-time puts, lowest p50 / p99 (ms): " + ", ".join(
-        f"{cond} {cell(best(per.get(cond, []), 'p50', True), '{:.3f}')} / "
-        f"{cell(best(per.get(cond, []), 'p99', True), '{:.3f}')}"
+    return "round trips of the one-at-a-time puts, median p50 / p99 (ms): " + ", ".join(
+        f"{cond} {Figure.of(per.get(cond), 'p50').text('{:.3f}')} / "
+        f"{Figure.of(per.get(cond), 'p99').text('{:.3f}')}"
         for cond in ("quiet", "flood", "filtered", "decoy") if per.get(cond))
 
 
@@ -658,43 +656,29 @@ def markdown(header: list[str], rows: list[list[str]], align: str) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def report(results: dict, args, meta: dict) -> str:
-    parts = []
-    if "rows" in results:
-        parts.append(markdown(["metric", "CURVE off", "CURVE on", "on/off"], [
-            [m, cell(off, fmt), cell(on, fmt), cell(r, "{:.2f}x")]
-            for m, off, on, r, fmt in rows_table(results["rows"], args)], "lrrr"))
-    if "flood" in results:
-        fl = results["flood"]
-        parts.append(markdown(
-            ["good load, CURVE on", "quiet", f"{args.flood_rate:,.0f} bad handshakes/s",
-             "flood/quiet", "flood at a decoy/quiet", "flood from a host not accepted/quiet",
-             "target", "result"],
-            [[m, cell(q, "{:,.0f}"), cell(f, "{:,.0f}"), cell(r, "{:.2f}x"),
-              cell(d, "{:.2f}x"), cell(x, "{:.2f}x"), f">= {args.target}x", s]
-             for m, q, f, r, d, x, s in flood_table(fl, args)], "lrrrrrll"))
-        parts.append(markdown(
-            ["good load", "flood", "bad handshakes/s", "refused / attempts", "admitted",
-             "broker CPU (main / zmq I/O / ZAP+other)", "front CPU", "flooder CPU",
-             "decoy CPU"], flood_details(fl), "llrrrrrrr"))
-        parts.append(round_trips(fl.get("one", {})))
-        parts.append(handshake_cost(fl))
+def flood_notes(res: dict) -> list[str]:
+    out = []
+    for label, fl in res.items():
+        rows = flood_details(fl)
+        out.append(f"{label}: per load and condition, medians: bad handshakes/s, refused / "
+                   "attempts, admitted, broker CPU (main / zmq I/O / ZAP+other), front, "
+                   "flooders, decoy CPU")
+        out += ["  " + " | ".join(r) for r in rows]
+        out += [round_trips(fl.get("one", {})), handshake_cost(fl)]
         logs = [lg for lg in fl.get("logs", []) if lg]
-        parts.append("broker log per flood run (CURVE on, one broker per repetition): " + "; ".join(
+        out.append("broker log per flood run: " + "; ".join(
             f"{lg['lines']} lines / {lg['bytes']:,} bytes, {lg['refusal_lines']} refusal lines "
             f"counting {lg['refused_logged']:,}" + (f", other: {lg['other_lines']}"
                                                     if lg["other_lines"] else "")
             for lg in logs))
-    return "\n\n".join(parts)
+    return out
 
 
 # --------------------------------------------------------------------------- main
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke test: small counts, 1 repetition")
+    ap = parser(__doc__)
     ap.add_argument("--parts", default="rows,flood", help="rows (off / on), flood, or both")
-    ap.add_argument("--repeats", type=int, default=None, help="default 3; 1 with --quick")
     ap.add_argument("--workers", default="1,4", help="worker process counts of part 1")
     ap.add_argument("--jobs", type=int, default=None, help="part 1 jobs per run (50,000)")
     ap.add_argument("--put-count", type=int, default=None, help="part 1 pipelined puts (200,000)")
@@ -715,81 +699,44 @@ def parse_args(argv):
     ap.add_argument("--no-decoy", action="store_true", help="no flood-at-a-decoy segments")
     ap.add_argument("--target", type=float, default=0.9, help="flood/quiet at least")
     ap.add_argument("--time-cap", type=float, default=30.0, help="seconds a load may take")
-    ap.add_argument("--json", help="write results as JSON to this path")
-    ap.add_argument("--zstalk", default=DEFAULT_ZSTALK)
     args = ap.parse_args(argv)
-    q = args.quick
-    for k, full, quick in (("repeats", 3, 1), ("jobs", 50000, 10000),
-                           ("put_count", 200000, 30000), ("latency_count", 2000, 500),
-                           ("flood_put_count", 300000, 100000), ("flood_jobs", 150000, 40000),
-                           ("flood_one_count", 5000, 1000), ("idle_seconds", 3.0, 1.0)):
-        if getattr(args, k) is None:
-            setattr(args, k, quick if q else full)
+    sized(args, jobs=(50000, 10000, 2000), put_count=(200000, 30000, 5000),
+          latency_count=(2000, 500, 100), flood_put_count=(300000, 100000, 5000),
+          flood_jobs=(150000, 40000, 2000), flood_one_count=(5000, 1000, 200),
+          idle_seconds=(3.0, 1.0, 0.3))
     args.worker_counts = [int(x) for x in args.workers.split(",") if x.strip()]
     # what bench_workers' zstalk side reads: the SDK's defaults, put_many batches of 100
     args.concurrency, args.prefetch, args.handler, args.batch = 1, "auto", "sync", 100
     return args
 
 
-def header(args) -> dict:
-    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True,  # noqa
-                                    text=True).stdout.strip()
-    import zmq
-    meta = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
-                nproc=os.cpu_count(), loadavg_before=os.getloadavg(),
-                python=sys.version.split()[0], pyzmq=zmq.__version__, libzmq=zmq.zmq_version(),
-                zstalk_commit=git("rev-parse", "--short", "HEAD"),
-                zstalk_dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
-    log(f"bench_curve: zstalk {meta['zstalk_commit']}{' (dirty tree)' if meta['zstalk_dirty'] else ''}"
-        f", pyzmq {meta['pyzmq']} / libzmq {meta['libzmq']}; parts {args.parts}, best of "
-        f"{args.repeats}; {os.cpu_count()} cpus, load average "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return meta
-
-
-def stop_everything_on_exit() -> None:
-    """bench_workers' guards: what we started is killed at exit and on SIGTERM / SIGHUP."""
-    atexit.register(kill_all_live)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on_signal)
-
-
-def child_main(argv: list[str]) -> int:
-    role, *rest = argv
-    return {"flood": flood_main, "decoy": decoy_main}[role](*rest)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_child"]:
-        return child_main(argv[1:])
+        return flood_main(*argv[2:]) if argv[1] == "flood" else 2
     args = parse_args(argv)
-    stop_everything_on_exit()
-    meta, results, t0 = header(args), {}, time.monotonic()
+    run = Run("bench_curve", args)
+    import zmq
+    run.machine.update(pyzmq=zmq.__version__, libzmq=zmq.zmq_version())
+    results, tables = {}, []
     with tempfile.TemporaryDirectory(prefix="bench_curve-") as root:
-        keys = Keys(args.zstalk, root)
+        keys = Keys(run.builds[0].exe("zstalk"), root)
         try:
             if "rows" in args.parts:
                 log("part 1: CURVE off / on")
-                results["rows"] = rows_part(args, keys)
+                results["rows"] = rows_part(run, keys, root)
+                tables.append(rows_table(run, results["rows"]))
             if "flood" in args.parts:
                 log(f"part 2: good loads with {args.flood_rate:,.0f} refused handshakes/s")
-                results["flood"] = flood_part(args, keys)
+                results["flood"] = flood_part(run, keys, root)
+                tables.append(flood_table(run, results["flood"]))
         finally:
-            kill_all_live()
-    meta.update(elapsed_s=time.monotonic() - t0, loadavg_after=os.getloadavg())
-    md = report(results, args, meta)
-    print(f"\nMarkdown:\n\n{md}\n")
-    print("errors and notes:\n  " + "\n  ".join(n.replace("\n", "\n    ") for n in NOTES)
-          if NOTES else "no errors, no unexpected output from the processes")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, results=results, markdown=md, notes=NOTES), f, indent=1,
-                      default=str)
-        print(f"JSON written to {args.json}")
-    print(f"\ntotal time {meta['elapsed_s']:.1f}s")
-    return 0
+            Proc.stop_all(NOTES)
+    run.notes += NOTES
+    return run.report(tables, results, flood_notes(results.get("flood", {})))
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] != ["_child"]:
+        use_project_venv()
     sys.exit(main())

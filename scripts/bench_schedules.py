@@ -2,20 +2,23 @@
 """Benchmark zstalk's cron schedules: how late 1,000 every-second schedules fire.
 
 Usage:
-    .venv/bin/python scripts/bench_schedules.py [--quick] [--json PATH]
-        [--schedules N] [--window S] [--fronts 0,1]
+    scripts/bench_schedules.py [--quick | --smoke] [--repeats N] [--warmup N]
+        [--against REF] [--json PATH] [--schedules N] [--window S] [--fronts 0,1]
 
 Target (the issue): fire lateness p99 <= 10 ms with 1,000 schedules firing every second
-(`* * * * * ?`) on an otherwise idle broker.  A full run takes about 30 s, --quick
-(200 schedules, a 3 s window) about 12 s.
+(`* * * * * ?`) on an otherwise idle broker.  A run takes the window plus ~6 s; a full
+run is (--warmup + --repeats) x placements x builds runs; --quick (200 schedules, a 3 s
+window, one run each) about 20 s.
 
 Method
 ------
-Everything runs on 127.0.0.1 on ports this script picks (bind to port 0, release).  Each
-placement gets a fresh `zstalk serve -l 127.0.0.1 -p P --counter-port 0 --worker-bind
-none --config C --http-port H [--fronts 1]` in a temp dir, with the config `[functions]
-base_url = "http://127.0.0.1:9/fn"`: nothing is ever called, since every fire's task is
-enqueued with `options: {"delay": 3600000}` and only queues.  No binlog.  The run begins
+What every row shares (free loopback ports, alternation, medians with their min-max, the
+machine check, stopping what was started, --against) is in scripts/harness/__init__.py.
+Each run of each placement (and build) gets a fresh `zstalk serve -l 127.0.0.1 -p P
+--counter-port 0 --worker-bind none --config C --http-port H [--fronts 1]` in a temp
+dir, with the config `[functions] base_url = "http://127.0.0.1:9/fn"`: nothing is ever
+called, since every fire's task is enqueued with `options: {"delay": 3600000}` and only
+queues.  No binlog.  The run begins
 once `GET /v1/tasks/x` answers the broker's 404.
 * `--fronts 0` (default placement): broker, HTTP front and dispatcher in one process;
 * `--fronts 1`: the same server supervised, the broker, the HTTP front and the
@@ -31,7 +34,10 @@ the --window (10 s; 3 s --quick) whole seconds W0 .. W1-1 starting at the second
 the next one, so every schedule exists for a full second before it counts.
 
 Which fire a task is: the broker gives a fire's task the uniqueId
-`zstalk.broker.core.tasks.schedules.fire_id(name, fire time)`; this script computes that id for
+`zstalk.broker.core.tasks.schedules.fire_id(name, fire time)`, the first 32 hex digits of
+sha256("<name>\\0<fire time in ms>"); this script computes that id (fire_id below, the
+same formula: a benchmark imports no zstalk module; if zstalk's ever changes, every task
+shows up as matching no schedule) for
 every schedule and every whole second from before the first schedule to the census, so
 each task is matched to its schedule and its exact fire time (a task matching none is an
 error).  Each (schedule, second) of the window must have exactly one task: none is a
@@ -65,40 +71,37 @@ broker look more punctual than it is.
 CPU check over [W0 - 0.3 s, W1 - 0.3 s) (exactly the window's fires): CPU seconds / wall
 seconds of the broker process (the schedstat of all its threads, in ns: /proc/<pid>/stat
 counts 10 ms ticks, too coarse here), of the whole server (its process tree), of this
-script, and of everything else on the machine (busy time from /proc/stat less ours):
-"others" well above 0 means another tenant took CPU during the window.  The load
-average is read before and after each run.
+script, and of everything else on the machine (harness procs.ShareMeter): "others" well
+above 0 means another tenant took CPU during the window.  The broker's CPU-seconds per
+1,000 fires are given too.  The load average is read before and after each run.
 
-The result is "met" when the p99 of the window's fires is at most 10 ms and every fire is
-there exactly once; it says so when the last fire of a batch (estimated as above) is
-later than 10 ms all the same.
+The table gives, per placement, the medians over the runs of each run's figures: the
+p99 row is PASS when it is at most 10 ms, the missing + doubled row when it is 0.
 
-The script stops everything it started, also on an error or Ctrl-C: each server runs in
-a session of its own, gets SIGTERM, then its whole process group SIGKILL (bench_tasks.Proc;
-running this file puts scripts/ on sys.path, so its helpers are imported, not copied).
-What a server wrote beyond its start-up line and exit statuses other than 0 / SIGTERM are
-reported.
+What a server wrote beyond its start-up line and exit statuses other than 0 / SIGTERM
+are reported.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
+import hashlib
 import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime
 
-from bench_tasks import (DEFAULT_ZSTALK, HOST, JSON_HEADERS, REPO, ZSTALK_START_LINE, Proc,
-                         client, free_port, http_status, log, machine_busy_s, run_async,
-                         wait_until)
-from zstalk.broker.core.tasks.schedules import fire_id
+from harness.cli import Run, log, parser, sized
+from harness.http import JSON_HEADERS, client, http_status, run_async
+from harness.procs import HOST, Proc, ShareMeter, children, cmdline, free_port, wait_until, \
+    zstalk_keep
+from harness.stats import Figure, per_1k, rounds
+from harness.table import Table
+from harness.venv import use_project_venv
 
 CRON = "* * * * * ?"
 FUNCTION = "tick"
@@ -112,23 +115,12 @@ CENSUS_PAGE = 1000
 FIRST_ERRORS = 5        # missing fires and such: how many to name
 
 
+def fire_id(name: str, at: float) -> str:
+    """The uniqueId of the task a fire enqueues (zstalk.broker.core.tasks.schedules.fire_id's formula)."""
+    return hashlib.sha256(f"{name}\0{round(at * 1000)}".encode()).hexdigest()[:32]
+
+
 # --------------------------------------------------------------------------- the server
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
 
 def schedstat_ns(pid: int, tid: int | None = None) -> tuple[int, int]:
     """(CPU time, run-queue wait) of thread `tid` of `pid` (its main thread: None), in ns."""
@@ -150,18 +142,17 @@ def process_cpu_s(pid: int) -> float:
 class Server:
     """One fresh `zstalk serve` (fronts 0: one process; N: supervised children)."""
 
-    def __init__(self, exe: str, tmp: str, fronts: int) -> None:
+    def __init__(self, build, tmp: str, fronts: int) -> None:
         self.fronts = fronts
         self.config = os.path.join(tmp, "zstalk.toml")
         with open(self.config, "w") as f:
             f.write(CONFIG)
         self.http_port = free_port()
         self.api = f"http://{HOST}:{self.http_port}"
-        self.proc = Proc(f"zstalk serve --fronts {fronts}", [
-            exe, "serve", "-l", HOST, "-p", str(free_port()), "--counter-port", "0",
+        self.proc = Proc(f"{build.label} serve --fronts {fronts}", [
+            build.exe("zstalk"), "serve", "-l", HOST, "-p", free_port(), "--counter-port", "0",
             "--worker-bind", "none", "--config", self.config,
-            "--http-port", str(self.http_port), "--fronts", str(fronts)],
-            cwd=tmp, keep=lambda line: not line.startswith(ZSTALK_START_LINE))
+            "--http-port", self.http_port, "--fronts", fronts], cwd=tmp, keep=zstalk_keep)
         wait_until(lambda: http_status(f"{self.api}/v1/tasks/x") == 404, "zstalk HTTP API",
                    [self.proc])
         self.broker_pid = self.proc.pid if fronts == 0 else self._broker_child()
@@ -226,37 +217,11 @@ def sleep_until(wall: float) -> None:
         time.sleep(delay)
 
 
-class Meter:
-    """CPU seconds / wall seconds of the broker process, the server's process tree, this
-    script and everyone else, between start() and stop()."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-
-    def _read(self) -> dict:
-        pids = self.server.proc.pids()
-        return dict(t=time.monotonic(), broker=process_cpu_s(self.server.broker_pid),
-                    server=sum(process_cpu_s(p) for p in pids), script=time.process_time(),
-                    busy=machine_busy_s())
-
-    def start(self) -> None:
-        self.r0 = self._read()
-
-    def stop(self) -> dict:
-        r1, r0 = self._read(), self.r0
-        wall = r1["t"] - r0["t"]
-        d = {k: r1[k] - r0[k] for k in ("broker", "server", "script", "busy")}
-        others = max(0.0, d["busy"] - d["server"] - d["script"])
-        return dict(wall_s=round(wall, 3), broker_cpu_share=round(d["broker"] / wall, 4),
-                    server_cpu_share=round(d["server"] / wall, 4),
-                    script_cpu_share=round(d["script"] / wall, 4),
-                    others_cpu_share=round(others / wall, 4))
-
-
 def watch_window(server: Server, w0: int, w1: int) -> tuple[list[dict], dict]:
     """Per fire second S of [w0, w1): the broker main thread's CPU and run-queue wait (ms)
     from S - LEAD_S to S + 1 - LEAD_S; and the CPU check over the whole window."""
-    meter = Meter(server)
+    meter = ShareMeter(reader=process_cpu_s, broker=lambda: [server.broker_pid],
+                       server=server.proc.pids)
     sleep_until(w0 - LEAD_S)
     meter.start()
     last = schedstat_ns(server.broker_pid)
@@ -268,7 +233,8 @@ def watch_window(server: Server, w0: int, w1: int) -> tuple[list[dict], dict]:
         seconds.append(dict(second=s, cpu_ms=(now[0] - last[0]) / 1e6,
                             wait_ms=(now[1] - last[1]) / 1e6))
         last = now
-    return seconds, meter.stop()
+    meter.stop()
+    return seconds, dict(meter.shares, broker_cpu_s=meter.cpu["broker"])
 
 
 # --------------------------------------------------------------------------- analysis
@@ -347,7 +313,7 @@ def _hms(second: int) -> str:
 
 # --------------------------------------------------------------------------- one run
 
-def run_placement(args, fronts: int, tmp: str, notes: list[str]) -> dict:
+def run_placement(args, build, fronts: int, tmp: str, notes: list[str]) -> dict:
     """One fresh server: make the schedules, watch the window, take the census, stop.
     What the server wrote and how it exited go to `notes`."""
     load0 = os.getloadavg()
@@ -355,7 +321,7 @@ def run_placement(args, fronts: int, tmp: str, notes: list[str]) -> dict:
     errors: list[str] = []
     server = None
     try:
-        server = Server(args.zstalk, tmp, fronts)
+        server = Server(build, tmp, fronts)
         first_s = math.floor(time.time())
         t0 = time.monotonic()
         run_async(make_schedules(server.api, names, errors))
@@ -376,7 +342,11 @@ def run_placement(args, fronts: int, tmp: str, notes: list[str]) -> dict:
                                 + "; ".join(errors[:FIRST_ERRORS]))
     result.update(fronts=fronts, schedules=len(names), window_s=args.window,
                   create_s=round(made_s, 3), cpu=cpu, seconds=seconds,
-                  loadavg_before=load0, loadavg_after=os.getloadavg())
+                  loadavg_before=load0, loadavg_after=os.getloadavg(),
+                  cpu_per_1k=per_1k(cpu["broker_cpu_s"], result["seen"]),
+                  wrong=result["missing"] + result["doubled"] + result["unknown"])
+    result.update({f"lateness_{k}": v for k, v in result["lateness_ms"].items()},
+                  last_fire_max=result["last_fire_ms"]["max"], busy_max=result["busy_ms"]["max"])
     lat = result["lateness_ms"]
     log(f"  fires {result['seen']:,}/{result['expected']:,}, lateness p50 {lat['p50']} p99 "
         f"{lat['p99']} max {lat['max']} ms, last fire max {result['last_fire_ms']['max']} "
@@ -387,144 +357,89 @@ def run_placement(args, fronts: int, tmp: str, notes: list[str]) -> dict:
 
 # --------------------------------------------------------------------------- report
 
-def verdict(r: dict) -> str:
-    p99 = r["lateness_ms"]["p99"]
-    if p99 is None:
-        return "-"
-    if r["missing"] or r["doubled"] or r["unknown"]:
-        return "missed (fires wrong)"
-    word = "met" if p99 <= TARGET_P99_MS else "missed"
-    last = r["last_fire_ms"]["max"]
-    if word == "met" and last is not None and last > TARGET_P99_MS:
-        word += f" (not by the last fire of a batch: {last:.1f} ms)"
-    return word
+ROWS = [("lateness_p50", "lateness p50 (ms)", "{:,.0f}"),
+        ("lateness_p99", "lateness p99 (ms)", "{:,.0f}"),
+        ("lateness_max", "lateness max (ms)", "{:,.0f}"),
+        ("last_fire_max", "last fire of a batch, max (ms)", "{:,.1f}"),
+        ("busy_max", "batch busy, max (ms)", "{:,.1f}"),
+        ("wrong", "fires missing + doubled + unknown", "{:,.0f}"),
+        ("cpu_per_1k", "broker CPU-s per 1,000 fires", "{:.3f}")]
 
 
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:,.0f}" if isinstance(v, int) else f"{v:,.1f}"
+def build_table(run: Run, results: dict) -> Table:
+    now = run.labels()[0]
+    t = Table("schedules", "Cron schedules: how late every-second schedules fire",
+              [(b, b) for b in run.labels()], run.against_ratios(), note=(
+                  f"{run.args.schedules:,} schedules `{CRON}` in one broker (their tasks "
+                  f"delayed an hour, so they only queue), {run.args.window} whole seconds per "
+                  "run; lateness = a task's `createdAt` (ms, truncated) − its fire time, over "
+                  "every fire of the window; the last fire of a batch adds the broker's busy "
+                  "time in that second (its main thread's CPU and run-queue wait)."))
+    for fronts, per in results.items():
+        head = (f"`serve --fronts {fronts}`, {run.args.schedules:,} × `{CRON}`, "
+                f"{run.args.window} s: ")
+        for key, label, fmt in ROWS:
+            target = ((now, "<=", TARGET_P99_MS, f"<= {TARGET_P99_MS:g} ms")
+                      if key == "lateness_p99" else (now, "<=", 0, "none")
+                      if key == "wrong" else None)
+            t.add(head + label, {b: Figure.of(runs, key) for b, runs in per.items()}, fmt=fmt,
+                  target=target, ratio=key == "cpu_per_1k")
+    return t
 
 
-def render(results: list[dict]) -> str:
-    header = ["placement", "fires expected / seen", "missing / doubled / late >= 1 s",
-              "lateness p50 / p90 / p99 / max (ms)", "last fire p50 / max (ms)",
-              "batch busy p50 / max (ms)", "broker CPU (s/s)", "others (s/s)",
-              "load before → after", "target", "result"]
-    rows = []
-    for r in results:
-        lat, cpu = r["lateness_ms"], r["cpu"]
-        rows.append([
-            f"`serve --fronts {r['fronts']}`, {r['schedules']:,} × `{CRON}`, {r['window_s']} s",
-            f"{r['expected']:,} / {r['seen']:,}",
-            f"{r['missing']:,} / {r['doubled']:,} / {r['late_1s']:,}",
-            " / ".join(_ms(lat[q]) for q, _ in PCTS),
-            " / ".join(_ms(r["last_fire_ms"][q]) for q in ("p50", "max")),
-            " / ".join(_ms(r["busy_ms"][q]) for q in ("p50", "max")),
-            f"{cpu['broker_cpu_share']:.3f}", f"{cpu['others_cpu_share']:.2f}",
-            f"{r['loadavg_before'][0]:.2f} → {r['loadavg_after'][0]:.2f}",
-            f"p99 <= {TARGET_P99_MS:g} ms", verdict(r)])
-    md = ["| " + " | ".join(header) + " |",
-          "|---|" + "---:|" * (len(header) - 3) + "---|---|"]
-    md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(md)
-
-
-def report(results: list[dict], args, meta: dict) -> None:
-    md = render(results)
-    print()
-    print(md)
-    print()
-    print("lateness = createdAt - fire time over every fire of the window; createdAt has "
-          "millisecond resolution (truncated: 0 ms means under 1 ms) and is the start of "
-          "the broker turn that fired the whole second's batch, so p99 = the worst "
-          "second; last fire = that plus the batch's busy time (broker main thread CPU + "
-          "run-queue wait in that second, /proc schedstat): about when the last task of "
-          "the batch was enqueued.  broker CPU = the broker process's CPU s / wall s over "
-          "the window.")
-    for r in results:
-        per = ", ".join(f"{s['lateness_ms_max']}+{s['cpu_ms'] + s['wait_ms']:.1f}"
-                        for s in r["seconds"])
-        print(f"  --fronts {r['fronts']}: per second, lateness + busy (ms): {per}; "
-              f"server tree CPU {r['cpu']['server_cpu_share']:.3f}, script "
-              f"{r['cpu']['script_cpu_share']:.3f}; {r['schedules']:,} schedules made in "
-              f"{r['create_s']:.2f} s; {r['tasks_listed']:,} tasks listed")
-    problems = [f"--fronts {r['fronts']}: {e}" for r in results for e in r["errors"]]
-    problems += meta.get("notes", [])
-    lines = problems or ["none: every fire of the window there exactly once; no process output"]
-    print("\nerrors and notes:\n" + "\n".join("  " + line.replace("\n", "\n    ")
-                                           for line in lines))
-    print(f"\ntotal time {meta['elapsed_s']:.1f}s, load average before "
-          f"{meta['loadavg_before'][0]:.2f}, after {meta['loadavg_after'][0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, markdown=md, results=results), f, indent=1, default=str)
-        print(f"JSON written to {args.json}")
+def per_second(results: dict) -> list[str]:
+    """Each run's seconds: lateness + busy (ms), the detail behind the table."""
+    out = ["lateness = createdAt - fire time over every fire of the window; createdAt has "
+           "millisecond resolution (truncated: 0 ms means under 1 ms) and is the start of the "
+           "broker turn that fired the whole second's batch, so p99 = the worst second; last "
+           "fire = that plus the batch's busy time (broker main thread CPU + run-queue wait in "
+           "that second, /proc schedstat)."]
+    for fronts, per in results.items():
+        for build, runs in per.items():
+            for i, r in enumerate(runs):
+                secs = ", ".join(f"{s['lateness_ms_max']}+{s['cpu_ms'] + s['wait_ms']:.1f}"
+                                 for s in r["seconds"])
+                out.append(f"  --fronts {fronts}, {build}, run {i + 1}: per second, lateness + "
+                           f"busy (ms): {secs}; broker CPU {r['cpu']['broker_cpu_share']:.3f}, "
+                           f"others {r['cpu']['others_cpu_share']:.2f}; schedules made in "
+                           f"{r['create_s']:.2f} s; {r['tasks_listed']:,} tasks listed")
+    return out
 
 
 # --------------------------------------------------------------------------- main
 
-def versions() -> dict:
-    def git(*argv):
-        return subprocess.run(["git", *argv], capture_output=True, text=True, timeout=30,
-                              cwd=str(REPO)).stdout.strip()
-    return dict(zstalk_commit=git("rev-parse", "--short", "HEAD"),
-                zstalk_dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
-                python=sys.version.split()[0], nproc=os.cpu_count())
-
-
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="200 schedules, a 3 s window")
-    ap.add_argument("--json", help="write results as JSON to this path")
+def main(argv=None) -> int:
+    ap = parser(__doc__)
     ap.add_argument("--schedules", type=int, default=None,
                     help="every-second schedules (1,000; 200 with --quick)")
     ap.add_argument("--window", type=int, default=None,
                     help="fire seconds measured (10; 3 with --quick)")
     ap.add_argument("--fronts", default="0,1", help="placements: `serve --fronts N` for each N")
-    ap.add_argument("--zstalk", default=DEFAULT_ZSTALK)
     args = ap.parse_args(argv)
-    if args.schedules is None:
-        args.schedules = 200 if args.quick else 1000
-    if args.window is None:
-        args.window = 3 if args.quick else 10
-    args.fronts = [int(x) for x in args.fronts.split(",") if x.strip()]
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so `finally` cleans up
-    t_start = time.monotonic()
-    meta = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
-                quick=args.quick, loadavg_before=os.getloadavg(), **versions(),
-                schedules=args.schedules, window_s=args.window, notes=[])
-    log(f"bench_schedules: zstalk {meta['zstalk_commit']}"
-        f"{' (dirty)' if meta['zstalk_dirty'] else ''}, {args.schedules:,} schedules, "
-        f"{args.window} s window, fronts {args.fronts}, {os.cpu_count()} cpus, load "
-        f"{os.getloadavg()[0]:.2f}")
-    results, status = [], 0
-    try:
-        for fronts in args.fronts:
-            log(f"zstalk serve --fronts {fronts} ...")
-            tmp = tempfile.mkdtemp(prefix="bench_schedules_")
-            notes: list[str] = []
-            try:
-                results.append(run_placement(args, fronts, tmp, notes))
-            except Exception as exc:
-                notes.append(f"aborted: {exc!r}")
-                log(f"  aborted: {exc!r}")
-            finally:
-                meta["notes"] += [f"--fronts {fronts}: {n}" for n in notes]
-                shutil.rmtree(tmp, ignore_errors=True)
-    except (KeyboardInterrupt, SystemExit) as exc:
-        status = 130 if isinstance(exc, KeyboardInterrupt) else 143
-        meta["notes"].append("interrupted: the report covers the runs that finished")
-        log("interrupted: stopping every process this script started")
-    finally:
-        Proc.stop_all(meta["notes"])
-    meta.update(elapsed_s=time.monotonic() - t_start, loadavg_after=os.getloadavg())
-    report(results, args, meta)
-    return status or (0 if results else 1)
+    sized(args, schedules=(1000, 200, 50), window=(10, 3, 1))
+    run = Run("bench_schedules", args)
+    results: dict = {}
+    builds = {b.label: b for b in run.builds}
+    for fronts in [int(x) for x in args.fronts.split(",") if x.strip()]:
+        per = results.setdefault(fronts, {})
+        for rep, order, warm in rounds(list(builds), args.repeats, args.warmup):
+            for label in order:
+                log(f"{label} serve --fronts {fronts}, {'warm-up' if warm else f'run {rep + 1}'}")
+                tmp = tempfile.mkdtemp(prefix="bench_schedules_")
+                notes: list[str] = []
+                try:
+                    res = run_placement(args, builds[label], fronts, tmp, notes)
+                    if not warm:
+                        per.setdefault(label, []).append(res)
+                except Exception as exc:
+                    notes.append(f"aborted: {exc!r}")
+                    log(f"  aborted: {exc!r}")
+                finally:
+                    run.notes += [f"{label} --fronts {fronts}: {n}" for n in notes]
+                    shutil.rmtree(tmp, ignore_errors=True)
+    return run.report([build_table(run, results)], results, per_second(results))
 
 
 if __name__ == "__main__":
+    use_project_venv()
     sys.exit(main())

@@ -2,8 +2,8 @@
 """Benchmark zstalk's cloud tasks over HTTP against Celery on Redis and a direct HTTP loop.
 
 Usage:
-    .venv/bin/python scripts/bench_tasks.py [--quick] [--repeats N] [--json PATH]
-        [--rows 1,2,3,4,5] [--tasks N] [--enqueue-tasks N] [--batch-tasks N]
+    scripts/bench_tasks.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
+        [--json PATH] [--rows 1,2,3,4,5] [--tasks N] [--enqueue-tasks N] [--batch-tasks N]
         [--direct-requests N] [--batch-size N] [--batch-inflight N] [--dispatchers 1,4]
         [--celery solo:1,solo:1x4] [--celery-prefetch N] [--time-cap S]
 
@@ -13,14 +13,17 @@ A full run takes about 2-3 minutes on 2 cores, --quick about 40 s.
 
 Method
 ------
-Everything runs on 127.0.0.1 on ports this script picks (bind to port 0, release).  ONE
-function host serves every system for the whole run: an aiohttp app in its own process
-(zstalk's event loop: uvloop where installed; keep-alive) answering `POST /{name}` with
-200 and `{"ok": true}`.  It counts the calls per name and the distinct task ids per name
-(the X-Zstalk-Task-Id / X-Task-Id header), so every run checks that each task was
-called exactly once.  Each run uses a function name of its own, so counts never mix.
+What every row shares (free loopback ports, fresh processes per run, alternation with
+warm-up, medians with their min-max, the machine check, stopping what was started,
+--against) is in scripts/harness/__init__.py.  ONE function host serves every system for
+the whole run: an aiohttp app in its own process (on uvloop, as zstalk's processes;
+keep-alive) answering `POST /{name}` with 200 and `{"ok": true}`.  It counts the calls
+per name and the distinct task ids per name (the X-Zstalk-Task-Id / X-Task-Id header),
+so every run checks that each task was called exactly once.  Each run uses a function
+name of its own, so counts never mix.
 
-zstalk runs in two placements, fresh processes for every run, with the config
+zstalk runs in two placements (each for this tree and --against's ref, through their
+own .venv/bin/zstalk), fresh processes for every run, with the config
 `[functions] base_url = "<function host>"`, `concurrency = 256` (never the limit: 4 x
 64 slots), `timeout = "30s"`, and no master key (loopback only):
 * serve: `zstalk serve -l 127.0.0.1 -p P --counter-port 0 --worker-bind none --config
@@ -32,9 +35,8 @@ A run begins once `GET /v1/tasks/<none>` gets the broker's 404 and (split) every
 dispatcher process holds an established TCP connection to the broker port (/proc).
 
 The load generator is this process: aiohttp clients (one ClientSession and its
-keep-alive pool per run) on zstalk's event loop; bodies are built before the clock
-starts; any one request gives up after 5 s (they take milliseconds), which aborts the
-run with a note.
+keep-alive pool per run) on uvloop; bodies are built before the clock starts; any one
+request gives up after 5 s (they take milliseconds), which aborts the run with a note.
 
 * Row 1, enqueue, single POSTs: --enqueue-tasks (10,000; 2,000 --quick) times `POST
   /v1/tasks {"function", "params": {"i": i}, "options": {"delay": 3600000}}` (an hour's
@@ -77,23 +79,17 @@ run with a note.
   untimed ones.  Rate = 200 answers / time.
 
 Each row is a rotation: every repetition runs each of its systems once (rows 3, 4 and 5
-are one rotation), the order reversed every other repetition, so noise from other
-tenants of this shared 2-core machine hits all alike.  Each figure is the BEST of
---repeats runs (3; 1 with --quick): interference only ever slows a run down.  Every
-sample is in the --json file.  Each zstalk end-to-end figure is set against the best
-Celery figure (target >= 2x) and the direct loop (target >= 0.5x).  A run has a time
-cap (--time-cap, 60 s): a capped run reports what finished in the time and is flagged.
+are one rotation), the order reversed every other repetition.  Each zstalk end-to-end
+figure is set against the best Celery variant's (target >= 2x) and the direct loop's
+(target >= 0.5x).  A run has a time cap (--time-cap, 60 s): a capped run reports what
+finished in the time and is flagged.
 
-CPU check: each run records CPU seconds / wall seconds over its timed part of the
-generator (this process), the system under test (its process trees, /proc/<pid>/stat),
-the function host, and everything else on the machine (busy time from /proc/stat less
-ours).  "others" well above 0 means another tenant took CPU during the run.
+CPU check (procs.ShareMeter): each run's CPU share over its timed part of the generator
+(this process), the system under test (its process trees), the function host, and
+everyone else; rows 1-4 also give the system's CPU-seconds per 1,000 tasks.
 
-The script stops everything it started, also on an error or Ctrl-C: each process runs
-in a session of its own, gets SIGTERM, then its whole process group SIGKILL.  What a
-process wrote (beyond zstalk's start-up line; Celery's and redis' only if it names an
-error), exit statuses other than 0 / SIGTERM, wrong answers, and tasks not called
-exactly once are reported.
+What a process wrote (beyond zstalk's start-up line; Celery's and redis' only if it
+names an error), wrong answers, and tasks not called exactly once are reported.
 """
 from __future__ import annotations
 
@@ -102,30 +98,25 @@ import asyncio
 import collections
 import importlib
 import json
-import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from datetime import datetime
-from pathlib import Path
 
-from bench_beanstalk import free_port, proc_cpu_s, proc_tree  # (run as a script)
+from harness.builds import REPO
+from harness.cli import Run, log, parser, sized
+from harness.http import JSON_HEADERS, client, http_status, loop_factory, run_async
+from harness.machine import tool_version
+from harness.procs import (HOST, Proc, ShareMeter, free_port, tcp_peers, wait_until,
+                           zstalk_keep)
+from harness.stats import Figure, per_1k, rounds
+from harness.table import Table, cpu_shares
+from harness.venv import use_project_venv
 
-HOST = "127.0.0.1"
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-DEFAULT_ZSTALK = str(BIN / "zstalk")
-DEFAULT_CELERY = str(BIN / "celery")
-TICKS = os.sysconf("SC_CLK_TCK")
 RESULT = b'{"ok": true}'
-JSON_HEADERS = {"Content-Type": "application/json"}
-REQUEST_TIMEOUT_S = 5.0     # any one HTTP request of the generator (they take ~20 ms)
 SINGLE_INFLIGHT = 32        # row 1: coroutines, one request in flight each
 DIRECT_INFLIGHT = 64        # row 5
 SLOTS = 64                  # per dispatcher process
@@ -134,121 +125,9 @@ HOUR_MS = 3_600_000
 WARM_TASKS = 200
 POLL_S = 0.01
 START_CAP_S = 30.0
-ZSTALK_START_LINE = "zstalk: beanstalk on "
-SERVE = "zstalk serve (1 process)"
-
-
-# --------------------------------------------------------------------------- processes
-
-def machine_busy_s() -> float:
-    """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / TICKS
-
-
-def tcp_peers(pid: int) -> set[int]:
-    """Remote ports of the established TCP connections process `pid` holds."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:         # closed meanwhile
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-        with open(f"/proc/{pid}/net/tcp") as f:
-            rows = [line.split() for line in f.readlines()[1:]]
-    except OSError:
-        return set()
-    # columns: sl local_address rem_address st ... inode (st 01: ESTABLISHED)
-    return {int(r[2].split(":")[1], 16) for r in rows if r[3] == "01" and r[9] in inodes}
-
-
-class Proc:
-    """A process this script started, in a session of its own (so its whole group can be
-    killed), output to a temp file.  `Proc.live` lists the ones not yet stopped."""
-    live: list["Proc"] = []
-
-    def __init__(self, name: str, argv: list[str], env: dict | None = None,
-                 cwd: str | None = None, keep=lambda line: True) -> None:
-        self.name, self.keep = name, keep
-        self.out = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.out,
-                                     stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                     start_new_session=True)
-        Proc.live.append(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def pids(self) -> list[int]:
-        return proc_tree(self.pid) if self.alive() else []
-
-    def output(self) -> str:
-        self.out.seek(0)
-        return self.out.read().decode(errors="replace")
-
-    def check(self) -> None:
-        if not self.alive():
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
-                               f"{self.output()[-2000:]!r}")
-
-    def stop(self, notes: list[str], grace_s: float = 10.0) -> None:
-        """SIGTERM, up to grace_s to exit, then SIGKILL to the whole group."""
-        if self in Proc.live:
-            Proc.live.remove(self)
-        rc = self.proc.poll()
-        if rc is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                notes.append(f"{self.name} did not exit {grace_s:.0f} s after SIGTERM: killed")
-        try:
-            os.killpg(self.pid, signal.SIGKILL)     # children left behind (celery's pool)
-        except OSError:
-            pass
-        rc = self.proc.wait(5)
-        if rc not in (0, -signal.SIGTERM):
-            notes.append(f"{self.name} exit status {rc}")
-        text = "\n".join(line for line in self.output().splitlines()
-                         if line.strip() and self.keep(line)).strip()
-        if text:
-            notes.append(f"{self.name} output:\n{text[-3000:]}")
-        self.out.close()
-
-    @classmethod
-    def stop_all(cls, notes: list[str]) -> None:
-        for p in reversed(list(cls.live)):
-            p.stop(notes, grace_s=3.0)
-
-
-def wait_until(ready, what: str, procs: list[Proc], cap_s: float = START_CAP_S) -> None:
-    deadline = time.monotonic() + cap_s
-    while True:
-        for p in procs:
-            p.check()
-        if ready():
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready after {cap_s:.0f} s")
-        time.sleep(0.02)
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
+SERVE = "`serve` (1 process)"
+SPLIT = "broker + front http"
+CELERY, DIRECT = "Celery", "direct loop"
 
 
 # --------------------------------------------------------------------------- function host
@@ -256,7 +135,6 @@ def http_status(url: str) -> int | None:
 def function_host_main(port: int) -> None:
     """The trivial function host (`--function-host PORT`, run as a child of this script)."""
     from aiohttp import web
-    from zstalk.protocol.transport.loop import loop_factory
 
     calls: collections.Counter = collections.Counter()
     ids: dict[str, set] = collections.defaultdict(set)
@@ -285,7 +163,7 @@ class FunctionHost:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.proc = Proc("function host", [sys.executable, __file__, "--function-host",
-                                           str(self.port)], cwd=str(REPO))
+                                           self.port], cwd=str(REPO))
         wait_until(lambda: http_status(f"{self.url}/_calls/x") == 200, "function host",
                    [self.proc])
 
@@ -309,12 +187,6 @@ def batches(name: str, n: int, delay_ms: int | None, size: int) -> list[bytes]:
                        ).encode() for lo in range(0, n, size)]
 
 
-def client(limit: int):
-    import aiohttp
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
-                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
-
-
 async def post_all(session, url: str, bodies: list[bytes], inflight: int, count) -> int:
     """POST every body, `inflight` at a time; the sum of `await count(response)` (the
     answers that count as done)."""
@@ -325,7 +197,8 @@ async def post_all(session, url: str, bodies: list[bytes], inflight: int, count)
         nonlocal ok
         for body in it:
             async with session.post(url, data=body, headers=JSON_HEADERS) as r:
-                ok += await count(r)
+                done = await count(r)       # (`ok += await ...` reads ok before the await:
+            ok += done                      # two lanes' answers would count as one)
     await asyncio.gather(*(lane() for _ in range(inflight)))
     return ok
 
@@ -393,44 +266,9 @@ async def census(session, api: str, name: str) -> tuple[collections.Counter, str
         after = page["next"]
 
 
-def run_async(coro):
-    from zstalk.protocol.transport.loop import run
-    return run(coro)
-
-
 # --------------------------------------------------------------------------- measuring
 
-class Meter:
-    """CPU seconds of the generator, the system, the host and everyone else, from start()
-    to stop() (the timed part of a run), as shares of the wall time (1.0 = one core)."""
-
-    def __init__(self, system_pids, host_pid: int) -> None:
-        self.system_pids, self.host_pid = system_pids, host_pid
-        self.shares: dict = {}
-
-    def _sys(self) -> dict[int, float]:
-        return {p: proc_cpu_s(p) for p in self.system_pids()}
-
-    def start(self) -> float:
-        self.sys0, self.host0 = self._sys(), proc_cpu_s(self.host_pid)
-        self.busy0, self.gen0 = machine_busy_s(), time.process_time()
-        self.t0 = time.monotonic()
-        return self.t0
-
-    def stop(self) -> float:
-        t1 = time.monotonic()
-        wall = t1 - self.t0
-        gen = time.process_time() - self.gen0
-        system = sum(v - self.sys0.get(p, 0.0) for p, v in self._sys().items())
-        host = proc_cpu_s(self.host_pid) - self.host0
-        others = machine_busy_s() - self.busy0 - gen - system - host
-        self.shares = {k: round(v / wall, 3) for k, v in (
-            ("gen_cpu_share", gen), ("system_cpu_share", system),
-            ("host_cpu_share", host), ("others_cpu_share", max(0.0, others)))}
-        return t1
-
-
-def sample(count: int, t0: float, t1: float, meter: Meter, **extra) -> dict:
+def sample(count: int, t0: float, t1: float, meter: ShareMeter, **extra) -> dict:
     elapsed = t1 - t0
     return dict(count=count, elapsed_s=round(elapsed, 4),
                 rate=count / elapsed if elapsed > 0 else None, **meter.shares, **extra)
@@ -441,8 +279,8 @@ def sample(count: int, t0: float, t1: float, meter: Meter, **extra) -> dict:
 class Zstalk:
     """One zstalk placement: `serve` (one process) or broker + HTTP front + D dispatchers."""
 
-    def __init__(self, exe: str, host_url: str, tmp: str, split: bool, dispatchers: int):
-        self.exe, self.split, self.dispatchers = exe, split, dispatchers
+    def __init__(self, build, host_url: str, tmp: str, split: bool, dispatchers: int):
+        self.exe, self.split, self.dispatchers = build.exe("zstalk"), split, dispatchers
         self.config = os.path.join(tmp, "zstalk.toml")
         with open(self.config, "w") as f:
             f.write(f'[functions]\nbase_url = "{host_url}"\nconcurrency = {CONCURRENCY}\n'
@@ -461,18 +299,18 @@ class Zstalk:
                 self.exe, "serve", "-l", HOST, "-p", str(free_port()), "--counter-port", "0",
                 "--worker-bind", "none", "--config", self.config,
                 "--http-port", str(self.http_port)],
-                keep=lambda line: not line.startswith(ZSTALK_START_LINE)))
+                keep=zstalk_keep))
         else:
             bport = free_port()
             ep = f"tcp://{HOST}:{bport}"
-            self.procs.append(Proc("zstalk broker", [self.exe, "broker", "--bind", ep,
-                                                     "--config", self.config]))
+            self.procs.append(Proc("zstalk broker", [
+                self.exe, "broker", "--bind", ep, "--config", self.config], keep=zstalk_keep))
             self.procs.append(Proc("zstalk front http", [
                 self.exe, "front", "http", "--broker", ep, "--listen",
-                f"{HOST}:{self.http_port}"]))
+                f"{HOST}:{self.http_port}"], keep=zstalk_keep))
             for i in range(self.dispatchers):
                 self.procs.append(Proc(f"zstalk dispatcher {i + 1}", [
-                    self.exe, "dispatcher", "--broker", ep, "--slots", str(SLOTS)]))
+                    self.exe, "dispatcher", "--broker", ep, "--slots", SLOTS], keep=zstalk_keep))
         wait_until(lambda: http_status(f"{self.api}/v1/tasks/no-such-task") == 404,
                    "zstalk HTTP API", self.procs)
         if self.split:
@@ -492,12 +330,12 @@ def zstalk_systems(args) -> dict[str, tuple[bool, int]]:
     """Row 3's variants: name -> (split, dispatchers)."""
     out = {SERVE: (False, 1)}
     for d in args.dispatchers:
-        out[f"zstalk broker + front http + {d} dispatcher{'s' if d > 1 else ''}"] = (True, d)
+        out[f"{SPLIT} + {d} dispatcher{'s' if d > 1 else ''}"] = (True, d)
     return out
 
 
 async def zstalk_enqueue(api: str, name: str, n: int, batch: int | None, inflight: int,
-                         meter: Meter) -> dict:
+                         meter: ShareMeter) -> dict:
     """Rows 1 (batch None: single POSTs) and 2 (arrays of `batch`)."""
     errors: list[str] = []
     url = f"{api}/v1/tasks"
@@ -517,7 +355,7 @@ async def zstalk_enqueue(api: str, name: str, n: int, batch: int | None, infligh
 
 
 async def zstalk_e2e(api: str, name: str, n: int, batch: int, inflight: int, cap_s: float,
-                     meter: Meter) -> dict:
+                     meter: ShareMeter) -> dict:
     errors: list[str] = []
     url = f"{api}/v1/tasks"
     async with client(inflight + 2) as session:
@@ -682,7 +520,7 @@ class CeleryOnRedis:
             time.sleep(POLL_S)
         return statuses, False
 
-    def e2e(self, name: str, n: int, cap_s: float, meter: Meter) -> dict:
+    def e2e(self, name: str, n: int, cap_s: float, meter: ShareMeter) -> dict:
         _, capped = self.wait(self.publish(name + "_warm", WARM_TASKS),
                               time.monotonic() + START_CAP_S)
         if capped:
@@ -709,7 +547,7 @@ def parse_celery(spec: str) -> list[tuple[str, int, int]]:
 
 # --------------------------------------------------------------------------- direct loop
 
-async def direct_loop(host_url: str, name: str, n: int, meter: Meter) -> dict:
+async def direct_loop(host_url: str, name: str, n: int, meter: ShareMeter) -> dict:
     errors: list[str] = []
     url = f"{host_url}/{name}"
     async with client(DIRECT_INFLIGHT) as session:
@@ -724,25 +562,21 @@ async def direct_loop(host_url: str, name: str, n: int, meter: Meter) -> dict:
 
 # --------------------------------------------------------------------------- the runs
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 class Bench:
-    def __init__(self, args, host: FunctionHost, tmp: str) -> None:
-        self.args, self.host, self.tmp = args, host, tmp
-        self.results: dict[str, dict[str, list]] = {
-            "enqueue_single": {}, "enqueue_batch": {}, "e2e": {}}
-        self.notes: list[str] = []
+    def __init__(self, run: Run, host: FunctionHost, tmp: str) -> None:
+        self.run, self.args, self.host, self.tmp = run, run.args, host, tmp
+        self.results: dict[str, dict] = {"enqueue_single": {}, "enqueue_batch": {}, "e2e": {}}
         self.aborted: collections.Counter = collections.Counter()
         self.runs = 0
 
-    def measure(self, key: str, label: str, system, fn, n: int, calls: int) -> None:
+    def measure(self, key: str, label: str, column: str, system, fn, n: int, calls: int,
+                warm: bool) -> None:
         """One run: start `system` (None: nothing to start), `fn(name, meter)` gives the
         sample, stop; then check the host saw `calls` calls (each task once)."""
         self.runs += 1
         name = f"r{self.runs}"
-        meter = Meter(system.pids if system else list, self.host.proc.pid)
+        meter = ShareMeter(system=system.pids if system else list,
+                           host=lambda: [self.host.proc.pid])
         notes: list[str] = []
         try:
             if system:
@@ -754,18 +588,21 @@ class Bench:
         finally:
             if system:
                 system.stop(notes)
-        self.notes += [f"{label} ({key}, run {name}): {note}" for note in notes]
-        self.results[key].setdefault(label, [])
+        where = f"{label} / {column}{' (warm-up)' if warm else ''}"
+        self.run.notes += [f"{where} ({key}, run {name}): {note}" for note in notes]
+        runs = self.results[key].setdefault(label, {}).setdefault(column, [])
         if s is None:
-            self.aborted[key, label] += 1
-            log(f"  {label}: aborted, see the notes")
+            self.aborted[key, label, column] += 1
+            log(f"  {where}: aborted, see the notes")
             return
-        s.update(host=self.host.calls(name), function=name, n=n)
+        s.update(host=self.host.calls(name), function=name, n=n,
+                 cpu_per_1k=per_1k(meter.cpu["system"], s["count"]) if system else None)
         self.check(s, n, calls)
-        self.results[key].setdefault(label, []).append(s)
+        if not warm:
+            runs.append(s)
         flags = " CAPPED" if s.get("capped") else ""
         flags += f" ERRORS {s['errors'][:2]}" if s["errors"] else ""
-        log(f"  {label}: {s['rate'] or 0:,.0f}/s ({s['count']:,} in {s['elapsed_s']:.2f} s; "
+        log(f"  {where}: {s['rate'] or 0:,.0f}/s ({s['count']:,} in {s['elapsed_s']:.2f} s; "
             f"cpu gen {s['gen_cpu_share']:.2f} system {s['system_cpu_share']:.2f} host "
             f"{s['host_cpu_share']:.2f} others {s['others_cpu_share']:.2f}){flags}")
 
@@ -780,23 +617,28 @@ class Bench:
             s["errors"].append(f"{got['ids']:,} distinct task ids called, not {calls:,}")
 
     def rotation(self, systems: list) -> None:
-        """Each repetition runs every system once; the order is reversed every other one."""
-        for rep in range(self.args.repeats):
-            log(f" repetition {rep + 1}/{self.args.repeats}")
-            for item in (systems if rep % 2 == 0 else systems[::-1]):
-                self.measure(*item)
+        """Each repetition runs every system once; the order reversed every other one."""
+        for rep, order, warm in rounds(systems, self.args.repeats, self.args.warmup):
+            log(f" {'warm-up' if warm else f'repetition {rep + 1}/{self.args.repeats}'}")
+            for item in order:
+                self.measure(*item, warm=warm)
+
+    def zstalk(self, split: bool, dispatchers: int):
+        """(column, Zstalk) for each build."""
+        return [(b.label, Zstalk(b, self.host.url, self.tmp, split, dispatchers))
+                for b in self.run.builds]
 
     def row_enqueue(self, batch_form: bool) -> None:
         args = self.args
         key = "enqueue_batch" if batch_form else "enqueue_single"
         n = args.batch_tasks if batch_form else args.enqueue_tasks
         systems = []
-        for label, split in ((SERVE, False), ("zstalk broker + front http", True)):
-            z = Zstalk(args.zstalk, self.host.url, self.tmp, split, 0)
-            fn = (lambda z: lambda name, meter: run_async(asyncio.wait_for(
-                zstalk_enqueue(z.api, name, n, args.batch_size if batch_form else None,
-                               args.batch_inflight, meter), args.time_cap)))(z)
-            systems.append((key, label, z, fn, n, 0))
+        for label, split in ((SERVE, False), (SPLIT, True)):
+            for column, z in self.zstalk(split, 0):
+                fn = (lambda z: lambda name, meter: run_async(asyncio.wait_for(
+                    zstalk_enqueue(z.api, name, n, args.batch_size if batch_form else None,
+                                   args.batch_inflight, meter), args.time_cap)))(z)
+                systems.append((key, label, column, z, fn, n, 0))
         self.rotation(systems)
 
     def row_e2e(self, rows: set[int]) -> None:
@@ -805,28 +647,26 @@ class Bench:
         systems = []
         if 3 in rows:
             for label, (split, d) in zstalk_systems(args).items():
-                z = Zstalk(args.zstalk, self.host.url, self.tmp, split, d)
-                fn = (lambda z: lambda name, meter: run_async(zstalk_e2e(
-                    z.api, name, n, args.batch_size, args.batch_inflight, args.time_cap,
-                    meter)))(z)
-                systems.append(("e2e", label, z, fn, n, n))
+                for column, z in self.zstalk(split, d):
+                    fn = (lambda z: lambda name, meter: run_async(zstalk_e2e(
+                        z.api, name, n, args.batch_size, args.batch_inflight, args.time_cap,
+                        meter)))(z)
+                    systems.append(("e2e", label, column, z, fn, n, n))
         if 4 in rows:
             missing = celery_missing(args)
             if missing:
-                self.notes.append(f"row 4 (Celery) skipped: {missing}")
+                self.run.notes.append(f"row 4 (Celery) skipped: {missing}")
             for pool, c, w in ([] if missing else args.celery):
                 cel = CeleryOnRedis(args, self.host.url, self.tmp, pool, c, w)
                 fn = (lambda cel: lambda name, meter: cel.e2e(name, n, args.time_cap, meter))(cel)
-                systems.append(("e2e", celery_label(pool, c, w), cel, fn, n, n))
+                systems.append(("e2e", celery_label(pool, c, w), CELERY, cel, fn, n, n))
         if 5 in rows:
             m = args.direct_requests
-            fn = lambda name, meter: run_async(asyncio.wait_for(
+            fn = lambda name, meter: run_async(asyncio.wait_for(    # noqa: E731
                 direct_loop(self.host.url, name, m, meter), args.time_cap))
-            systems.append(("e2e", DIRECT, None, fn, m, m))
+            systems.append(("e2e", f"{DIRECT}, {DIRECT_INFLIGHT} in flight", DIRECT, None, fn,
+                            m, m))
         self.rotation(systems)
-
-
-DIRECT = "direct loop, 64 in flight"
 
 
 def celery_label(pool: str, c: int, workers: int) -> str:
@@ -836,109 +676,59 @@ def celery_label(pool: str, c: int, workers: int) -> str:
 
 # --------------------------------------------------------------------------- report
 
-def best(samples: list[dict]) -> float | None:
-    rates = [s["rate"] for s in samples if s.get("rate")]
-    return max(rates) if rates else None
+def build_table(bench: Bench) -> Table:
+    run, res, args = bench.run, bench.results, bench.args
+    now = run.labels()[0]
+    cols = [(b, b) for b in run.labels()] + [(CELERY, CELERY), (DIRECT, DIRECT)]
+    t = Table("tasks", "Cloud tasks against Celery on Redis (tasks/s)", cols,
+              [(now, CELERY), (now, DIRECT)] + run.against_ratios(), note=(
+                  "One aiohttp function host answering 200 with a small JSON for every "
+                  "system; zstalk in one process (`serve --config`) or split (`broker`, "
+                  "`front http`, `dispatcher` processes); Celery on Redis with the task making "
+                  "the same POST through a pooled client; the direct loop is the physical "
+                  f"limit, {DIRECT_INFLIGHT} requests in flight straight to the host. "
+                  f"{args.tasks:,} tasks end to end, each checked to be called exactly once; in "
+                  "the rows 3 the Celery column is the best Celery variant's median."))
+    e2e = res["e2e"]
+    celery = [Figure.of(v.get(CELERY), "rate") for k, v in e2e.items() if k.startswith(CELERY)]
+    best_celery = max(celery, key=lambda f: f.median or 0, default=Figure())
+    direct = next((Figure.of(v.get(DIRECT), "rate") for k, v in e2e.items()
+                   if k.startswith(DIRECT)), Figure())
 
+    def add(key, label, metric, extra=None, target=None):
+        per = res[key][label]
+        lost = sum(v for (k, lab, _), v in bench.aborted.items() if (k, lab) == (key, label))
+        flags = (" [capped]" if any(s.get("capped") for r in per.values() for s in r) else "")
+        flags += f" [{lost} runs aborted]" if lost else ""
+        t.add(metric + flags, dict({c: Figure.of(r, "rate") for c, r in per.items()},
+                                   **(extra or {})), target=target)
+        t.add("  system CPU-s per 1,000 tasks", {c: Figure.of(r, "cpu_per_1k")
+                                                 for c, r in per.items()}, fmt="{:.3f}")
 
-def build_table(results: dict, aborted: collections.Counter, args) -> list[dict]:
-    e2e = results["e2e"]
-    celery = [best(v) for k, v in e2e.items() if k.startswith("Celery")]
-    celery_best = max([c for c in celery if c], default=None)
-    direct = best(e2e.get(DIRECT, []))
-    rows = []
-
-    def add(row, key, label, metric, target=None, vs=False):
-        samples = results[key][label]
-        rate = best(samples)
-        lost = aborted[key, label]
-        r = dict(row=row, metric=metric, rate=rate, runs=len(samples),
-                 vs_celery=rate / celery_best if vs and rate and celery_best else None,
-                 vs_direct=rate / direct if row in (3, 4) and rate and direct else None,
-                 target="", result="",
-                 flags=("capped " if any(s.get("capped") for s in samples) else "")
-                 + ("errors " if any(s["errors"] for s in samples) else "")
-                 + (f"{lost} of {lost + len(samples)} runs aborted" if lost else ""))
-        if target == "batch":
-            r["target"] = ">= 10,000/s"
-            r["result"] = "-" if rate is None else "met" if rate >= 10_000 else "missed"
-        elif target == "e2e":
-            r["target"] = ">= 2x Celery, >= 0.5x direct"
-            checks = [("Celery", r["vs_celery"], 2.0), ("direct", r["vs_direct"], 0.5)]
-            missed = [who for who, v, goal in checks if v is not None and v < goal]
-            known = [v for _, v, _ in checks if v is not None]
-            r["result"] = ("-" if not known else "missed (" + ", ".join(missed) + ")"
-                           if missed else "met" if len(known) == 2 else "met (part)")
-        rows.append(r)
-
-    for label in results["enqueue_single"]:
-        add(1, "enqueue_single", label,
-            f"enqueue, single POSTs, {SINGLE_INFLIGHT} in flight: {label}")
-    for label in results["enqueue_batch"]:
-        add(2, "enqueue_batch", label, f"enqueue, arrays of {args.batch_size:,}, "
-            f"{args.batch_inflight} in flight: {label}", target="batch")
+    for label in res["enqueue_single"]:
+        add("enqueue_single", label, f"1: enqueue, single POSTs, {SINGLE_INFLIGHT} in flight: "
+            f"{label}")
+    for label in res["enqueue_batch"]:
+        add("enqueue_batch", label, f"2: enqueue, arrays of {args.batch_size:,}, "
+            f"{args.batch_inflight} in flight: {label}", target=(now, ">=", 10000, ">= 10,000/s"))
     for label in e2e:
-        if label.startswith("zstalk"):
-            add(3, "e2e", label, f"end to end: {label}", target="e2e", vs=True)
+        if not label.startswith((CELERY, DIRECT)):
+            add("e2e", label, f"3: end to end: {label}", {CELERY: best_celery, DIRECT: direct},
+                [(f"{now}/{CELERY}", ">=", 2.0), (f"{now}/{DIRECT}", ">=", 0.5)])
     for label in e2e:
-        if label.startswith("Celery"):
-            add(4, "e2e", label, f"end to end: {label}")
-    if DIRECT in e2e:
-        add(5, "e2e", DIRECT, DIRECT)
-    return rows
-
-
-def _fmt(v, fmt: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-
-
-def render(rows: list[dict]) -> tuple[str, str]:
-    header = ["row", "metric", "tasks/s", "vs Celery", "vs direct", "target", "result"]
-    body = [[str(r["row"]), r["metric"] + (f" [{r['flags'].strip()}]" if r["flags"] else ""),
-             _fmt(r["rate"], "{:,.0f}"), _fmt(r["vs_celery"], "{:.2f}x"),
-             _fmt(r["vs_direct"], "{:.2f}x"), r["target"], r["result"]] for r in rows]
-    widths = [max(len(header[i]), *(len(b[i]) for b in body)) for i in range(len(header))]
-    right = {0, 2, 3, 4}
-
-    def line(cells):
-        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-                         for i, c in enumerate(cells)).rstrip()
-    text = [line(header), line(["-" * w for w in widths])] + [line(b) for b in body]
-    md = ["| " + " | ".join(header) + " |",
-          "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
-    md += ["| " + " | ".join(c.replace("|", "\\|") for c in b) + " |" for b in body]
-    return "\n".join(text), "\n".join(md)
-
-
-def diagnostics(results: dict) -> str:
-    """Per system: the range over runs of each CPU share (cpu s / wall s)."""
-    out = ["CPU check (cpu s / wall s over the timed part, min-max of the runs; 1.00 = one "
-           "core of 2):"]
-    for key, per in results.items():
-        for label, samples in per.items():
-            parts = []
-            for k in ("gen", "system", "host", "others"):
-                v = [s[f"{k}_cpu_share"] for s in samples]
-                parts.append(f"{k} {min(v):.2f}-{max(v):.2f}" if v else "")
-            out.append(f"  {key} / {label}: " + (", ".join(parts) if samples else
-                                                  "no run finished"))
-    return "\n".join(out)
-
-
-def errors_of(results: dict) -> list[str]:
-    return [f"{key} / {label} run {s['function']}: {e}" for key, per in results.items()
-            for label, samples in per.items() for s in samples for e in s["errors"]]
+        if label.startswith(CELERY):
+            add("e2e", label, f"4: end to end: {label}")
+    for label in e2e:
+        if label.startswith(DIRECT):
+            t.add(f"5: {label}", {DIRECT: direct})
+    return t
 
 
 # --------------------------------------------------------------------------- main
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small counts, one repetition")
+    ap = parser(__doc__)
     ap.add_argument("--rows", default="1,2,3,4,5", help="rows to run, e.g. 3,5")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="repetitions of every run (default 3; 1 with --quick); best taken")
-    ap.add_argument("--json", help="write results as JSON to this path")
     ap.add_argument("--tasks", type=int, default=None,
                     help="rows 3-4: tasks per end-to-end run (5,000; 1,000 with --quick)")
     ap.add_argument("--enqueue-tasks", type=int, default=None,
@@ -951,71 +741,24 @@ def parse_args(argv):
                     help="rows 2-3: task arrays in flight")
     ap.add_argument("--batch-size", type=int, default=1000,
                     help="rows 2-3: tasks per POSTed array (the API takes up to 1,000)")
-    ap.add_argument("--dispatchers", default="1,4",
-                    help="row 3: dispatcher processes of the split variants")
-    ap.add_argument("--celery", default="solo:1,solo:1x4",
-                    help="row 4: Celery variants POOL:CONCURRENCY[xWORKER_PROCESSES]")
+    ap.add_argument("--dispatchers", default=None,
+                    help="row 3: dispatcher processes of the split variants (1,4)")
+    ap.add_argument("--celery", default=None,
+                    help="row 4: Celery variants POOL:CONCURRENCY[xWORKER_PROCESSES] "
+                         "(solo:1,solo:1x4)")
     ap.add_argument("--celery-prefetch", type=int, default=64,
                     help="row 4: Celery's worker_prefetch_multiplier")
     ap.add_argument("--time-cap", type=float, default=60.0, help="seconds per run at most")
-    ap.add_argument("--zstalk", default=DEFAULT_ZSTALK)
-    ap.add_argument("--celery-bin", default=DEFAULT_CELERY)
+    ap.add_argument("--celery-bin", default=str(REPO / ".venv" / "bin" / "celery"))
     ap.add_argument("--redis-server", default="redis-server")
     ap.add_argument("--function-host", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    quick = args.quick
-    for name, full, small in (("repeats", 3, 1), ("tasks", 5000, 1000),
-                              ("enqueue_tasks", 10000, 2000), ("batch_tasks", 50000, 10000),
-                              ("direct_requests", 20000, 5000)):
-        if getattr(args, name) is None:
-            setattr(args, name, small if quick else full)
+    sized(args, tasks=(5000, 1000, 300), enqueue_tasks=(10000, 2000, 300),
+          batch_tasks=(50000, 10000, 2000), direct_requests=(20000, 5000, 500),
+          dispatchers=("1,4", "1,4", "1"), celery=("solo:1,solo:1x4",) * 2 + ("solo:1",))
     args.dispatchers = [int(x) for x in args.dispatchers.split(",") if x.strip()]
     args.celery = parse_celery(args.celery)
     return args
-
-
-def versions(args) -> dict:
-    def run(argv):
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=30,
-                                  cwd=str(REPO)).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-    return dict(zstalk_commit=run(["git", "rev-parse", "--short", "HEAD"]),
-                zstalk_dirty=bool(run(["git", "status", "--porcelain", "--untracked-files=no"])),
-                redis=run([args.redis_server, "--version"]),
-                celery=run([args.celery_bin, "--version"]) if os.path.exists(args.celery_bin)
-                else None, python=sys.version.split()[0], nproc=os.cpu_count())
-
-
-def report(bench: Bench, args, meta: dict) -> None:
-    table = build_table(bench.results, bench.aborted, args)
-    text, md = render(table)
-    print()
-    print(text)
-    print()
-    print("Markdown:")
-    print()
-    print(md)
-    print()
-    print(f"best of {args.repeats} run(s); end-to-end runs of {args.tasks:,} tasks, direct "
-          f"loop {args.direct_requests:,} requests; systems alternated, order reversed every "
-          f"other repetition; fresh processes per run")
-    print(diagnostics(bench.results))
-    errs = errors_of(bench.results)
-    if errs or bench.notes:
-        print("\nerrors and notes:")
-        for line in errs + bench.notes:
-            print("  " + line.replace("\n", "\n    "))
-    else:
-        print("\nno errors: every task enqueued, called once and recorded; no process output")
-    print(f"\ntotal time {meta['elapsed_s']:.1f}s, load average before "
-          f"{meta['loadavg_before'][0]:.2f}, after {meta['loadavg_after'][0]:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, table=table, markdown=md, results=bench.results,
-                           errors=errs, notes=bench.notes), f, indent=1, default=str)
-        print(f"JSON written to {args.json}")
 
 
 def main(argv=None) -> int:
@@ -1024,20 +767,13 @@ def main(argv=None) -> int:
         function_host_main(args.function_host)
         return 0
     rows = {int(x) for x in args.rows.split(",") if x.strip()}
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so `finally` cleans up
-    t_start = time.monotonic()
-    meta = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
-                quick=args.quick, repeats=args.repeats, loadavg_before=os.getloadavg(),
-                **versions(args))
-    log(f"bench_tasks: zstalk {meta['zstalk_commit']}{' (dirty)' if meta['zstalk_dirty'] else ''}"
-        f", {meta['celery'] or 'no celery'}, {(meta['redis'] or 'no redis').split(' sha')[0]}, "
-        f"{'quick' if args.quick else 'full'}, repeats={args.repeats}, rows={sorted(rows)}, "
-        f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+    run = Run("bench_tasks", args)
+    run.machine.update(redis=tool_version([args.redis_server, "--version"]),
+                       celery=tool_version([args.celery_bin, "--version"]))
     tmp = tempfile.mkdtemp(prefix="bench_tasks_")
-    notes: list[str] = []
-    bench, status = None, 0
+    bench = None
     try:
-        bench = Bench(args, FunctionHost(), tmp)
+        bench = Bench(run, FunctionHost(), tmp)
         steps = [(1, "row 1: enqueue, single POSTs", lambda: bench.row_enqueue(False)),
                  (2, f"row 2: enqueue, arrays of {args.batch_size:,}",
                   lambda: bench.row_enqueue(True)),
@@ -1049,20 +785,14 @@ def main(argv=None) -> int:
                 t0 = time.monotonic()
                 fn()
                 log(f"  ({time.monotonic() - t0:.1f}s)")
-    except (KeyboardInterrupt, SystemExit) as exc:
-        status = 130 if isinstance(exc, KeyboardInterrupt) else 143
-        notes.append("interrupted: the report covers the runs that finished")
-        log("interrupted: stopping every process this script started")
     finally:
-        Proc.stop_all(notes)
+        Proc.stop_all(run.notes)
         shutil.rmtree(tmp, ignore_errors=True)
-    if bench is None:
-        print("\n".join(notes))
-        return status or 1
-    bench.notes += notes
-    meta.update(elapsed_s=time.monotonic() - t_start, loadavg_after=os.getloadavg())
-    report(bench, args, meta)
-    return status
+    return run.report([build_table(bench)], bench.results, [cpu_shares(
+        bench.results, ("gen_cpu_share", "system_cpu_share", "host_cpu_share",
+                        "others_cpu_share"))])
+
 
 if __name__ == "__main__":
+    use_project_venv()
     sys.exit(main())

@@ -1,0 +1,45 @@
+# HTTP for the benchmarks of zstalk's task and schedule API: readiness probes with the
+# standard library, and the load generator's aiohttp sessions on a uvloop event loop (the
+# loop zstalk's own processes run, taken from uvloop directly: a benchmark imports no
+# zstalk module).  aiohttp and uvloop are imported on first use, after the benchmark has
+# re-exec'd itself under the project's .venv.
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+REQUEST_TIMEOUT_S = 5.0     # any one HTTP request of the generator (they take ~20 ms)
+
+
+def http_status(url: str) -> int | None:
+    """The status of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def loop_factory():
+    """A new uvloop event loop (asyncio's where uvloop is not installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run_async(coro):
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(coro)
+
+
+def client(limit: int):
+    """An aiohttp session with a keep-alive pool of `limit` connections."""
+    import aiohttp
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
+                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
