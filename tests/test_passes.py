@@ -8,11 +8,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import zstalk.workers
 from zstalk.broker.core.tasks import store
 from zstalk.protocol.codecs import passes
 from zstalk.protocol.codecs.passes import (MAX_PASS_LENGTH, PassError, PassKeyError, PassKeys,
@@ -242,3 +244,49 @@ def test_reading_a_key_file_that_is_missing_empty_not_utf8_or_bad_names_it(tmp_p
             read_pass_keys(str(tmp_path / name))
     with pytest.raises(SecretError, match=r"bad, line 2: expected kid:key$"):
         read_pass_keys(str(tmp_path / "bad"))
+
+
+# -- the SDK ---------------------------------------------------------------------------
+
+def test_verify_pass_from_zstalk_workers_takes_a_key_file_path(tmp_path):
+    path = tmp_path / "pass-keys"
+    path.write_text(f"k1:{KEY1.decode()}\n")
+    assert zstalk.workers.verify_pass(PASS, str(path), "checkout", now=NOW) == UID
+    assert zstalk.workers.verify_pass(PASS, path, now=NOW) == UID
+    with pytest.raises(zstalk.workers.PassError) as refused:
+        zstalk.workers.verify_pass(PASS, path, "refund", now=NOW)
+    assert refused.value.reason == "wrong_function" and zstalk.workers.PassError is PassError
+
+
+def test_the_sdk_reads_a_key_file_again_once_it_is_replaced(tmp_path):
+    path = tmp_path / "pass-keys"
+    path.write_text(f"k1:{KEY1.decode()}\n")
+    assert zstalk.workers.verify_pass(PASS, path, now=NOW) == UID
+    (tmp_path / "next").write_text(f"k2:{KEY2.decode()}\n")
+    os.replace(tmp_path / "next", path)           # how a mounted Secret changes
+    with pytest.raises(PassError, match="unknown_kid"):
+        zstalk.workers.verify_pass(PASS, path, now=NOW)
+
+
+def test_the_sdk_takes_a_mapping_of_keys_and_reads_the_clock_itself():
+    fresh = sign_pass(KEYS, UID, "checkout", 10 ** 11 - 1)
+    assert zstalk.workers.verify_pass(fresh, {"k1": KEY1.decode()}) == UID
+    with pytest.raises(PassError, match="expired"):
+        zstalk.workers.verify_pass(sign_pass(KEYS, UID, "checkout", 1), {"k1": KEY1})
+
+
+def test_the_sdk_docstring_gateway_lets_good_passes_through_and_refuses_the_rest(tmp_path):
+    from zstalk.workers import passes as sdk
+    code = "\n".join(line[4:] for line in sdk.__doc__.split("(WSGI):\n", 1)[1].splitlines())
+    namespace: dict = {}
+    exec(code, namespace)
+    path = tmp_path / "pass-keys"
+    path.write_text(f"k1:{KEY1.decode()}\n")
+    fresh = sign_pass(KEYS, UID, "checkout", 10 ** 11 - 1)
+    app = namespace["passes_only"](lambda environ, start: [environ["zstalk.task_id"].encode()],
+                                   str(path), "checkout")
+    statuses = []
+    assert app({"HTTP_X_ZSTALK_PASS": fresh}, lambda s, h: statuses.append(s)) == [UID.encode()]
+    assert app({}, lambda s, h: statuses.append(s)) == [b"malformed"]
+    assert app({"HTTP_X_ZSTALK_PASS": PASS}, lambda s, h: statuses.append(s)) == [b"expired"]
+    assert statuses == ["403 Forbidden", "403 Forbidden"]
