@@ -8,17 +8,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from multidict import CIMultiDict
 
 import zstalk.workers
 from zstalk.broker.core.tasks import store
 from zstalk.protocol.codecs import passes
 from zstalk.protocol.codecs.passes import (MAX_PASS_LENGTH, PassError, PassKeyError, PassKeys,
                                            parse_pass_keys, sign_pass, verify_pass)
+from zstalk.protocol.fronts.pass_check import check_request, settle
 from zstalk.protocol.transport.pass_keys import read_pass_keys
 from zstalk.protocol.transport.secret import SecretError
 
@@ -290,3 +293,71 @@ def test_the_sdk_docstring_gateway_lets_good_passes_through_and_refuses_the_rest
     assert app({}, lambda s, h: statuses.append(s)) == [b"malformed"]
     assert app({"HTTP_X_ZSTALK_PASS": PASS}, lambda s, h: statuses.append(s)) == [b"expired"]
     assert statuses == ["403 Forbidden", "403 Forbidden"]
+
+
+# -- GET /v1/passes/verify's decisions -------------------------------------------------
+
+def verdict(headers, query=None, now=NOW):
+    return check_request(headers, query or {}, KEYS, now)
+
+
+def test_no_pass_is_401_asking_for_a_bearer_token():
+    answer = verdict({"Authorization": "Basic dXNlcjpwdw=="})
+    assert (answer.status, answer.headers["WWW-Authenticate"], answer.uid_to_check) == (401, "Bearer", None)
+    assert json.loads(answer.body)["error"] == "missing"
+
+
+def test_a_malformed_pass_is_401_invalid_token():
+    answer = verdict({"X-Zstalk-Pass": "zp1.nope"})
+    assert answer.status == 401 and answer.headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    assert answer.headers["X-Zstalk-Pass-Error"] == "malformed"
+
+
+def test_a_good_pass_in_either_header_is_a_204_that_still_asks_the_broker():
+    for headers in ({"authorization": f"bearer  {PASS} "}, {"X-ZSTALK-PASS": PASS},
+                    CIMultiDict([("Authorization", f"Bearer {PASS}"), ("X-Zstalk-Pass", PASS)])):
+        answer = verdict(headers, {"function": "checkout"})
+        assert (answer.status, answer.body, answer.uid_to_check) == (204, b"", UID)
+        assert answer.headers["X-Zstalk-Task-Id"] == UID
+
+
+def test_two_passes_that_differ_are_malformed():
+    other = sign_pass(KEYS, "another", "checkout", EXP)
+    for headers in ({"Authorization": f"Bearer {PASS}", "X-Zstalk-Pass": other},
+                    CIMultiDict([("X-Zstalk-Pass", PASS), ("X-Zstalk-Pass", other)])):
+        assert json.loads(verdict(headers).body)["error"] == "malformed"
+
+
+@pytest.mark.parametrize("token, query, now, why", [
+    (PASS, {}, EXP, "expired"),
+    (PASS[:-2] + ("AA" if PASS[-2:] != "AA" else "BA"), {}, NOW, "forged"),
+    (PASS, {"function": "refund"}, NOW, "wrong_function"),
+    (PASS, {"function": ""}, NOW, "wrong_function"),
+    (sign_pass(PassKeys({"old": KEY1}), UID, "checkout", EXP), {}, NOW, "unknown_kid"),
+])
+def test_a_pass_that_is_no_good_here_is_403_with_its_reason(token, query, now, why):
+    answer = verdict({"X-Zstalk-Pass": token}, query, now)
+    assert (answer.status, answer.uid_to_check) == (403, None)
+    assert json.loads(answer.body) == {"error": why, "message": passes.REASONS[why]}
+    assert answer.headers["X-Zstalk-Pass-Error"] == why and answer.headers["Cache-Control"] == "no-store"
+    assert token not in answer.body.decode()
+
+
+def test_the_broker_decides_revocation_and_its_absence_falls_back_to_the_signature():
+    pending = verdict({"X-Zstalk-Pass": PASS})
+    assert settle(pending, True)[:3] == (204, b"", {"Cache-Control": "no-store", "X-Zstalk-Task-Id": UID,
+                                                    "X-Zstalk-Pass-Check": "broker"})
+    assert settle(pending, None).headers["X-Zstalk-Pass-Check"] == "offline"
+    assert settle(pending, True).uid_to_check is None
+    revoked = settle(pending, False)
+    assert (revoked.status, json.loads(revoked.body)["error"]) == (403, "revoked")
+    refused = verdict({})
+    assert settle(refused, True) is refused
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["Authorization", "X-Zstalk-Pass", "Host"]),
+                       st.text(max_size=300)), st.dictionaries(st.just("function"), st.text()))
+def test_any_headers_and_query_get_a_204_401_or_403(headers, query):
+    answer = verdict(headers, query)
+    assert answer.status in (204, 401, 403)
