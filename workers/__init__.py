@@ -16,6 +16,7 @@ from . import codecs
 from .client import Client
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
 from .job import Backoff, Job
+from .passes import PassError, verify_pass
 from .worker import Worker
 
 __all__ = ["AsyncTaskClient", "Backoff", "Bury", "Client", "Functions", "Job", "Retry",
