@@ -234,6 +234,8 @@ class BrokerActor:
         except ConfigError as exc:
             log.warning("SIGHUP: kept the config in use: %s", exc)
             return
+        for warning in fns.warnings:
+            log.warning("SIGHUP: %s", warning)
         self.core.configure_functions(fns, time.monotonic())
         log.warning("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
                     ", and any under base_url" if fns.base else "")

@@ -1,16 +1,25 @@
 """The TOML config file (`zstalk serve --config zstalk.toml`): where cloud tasks call.
 
     [functions]
-    base_url = "http://127.0.0.1:3000"   # optional: any function F is called at base_url/F
+    base_url = "http://127.0.0.1:3000"   # optional: function F is called at base_url/F
+    # functions = ["a", "b"]             # with base_url: these names (and the tables below)
+    # base_url_any = true                # with base_url: any name at all
     concurrency = 1                      # defaults for every function (optional)
     timeout = "15s"
     max_timeout = "15m"
     max_result = "1MiB"                  # a bigger 2xx body fails the task (sizes: B KiB MiB)
 
     [functions.closeOrder]               # one table per named function (optional)
-    url = "http://orders:3000/closeOrder"
+    url = "http://orders:3000/closeOrder"   # without base_url, required; with it, optional
     concurrency = 4
     timeout = "30s"
+
+Which names can be called: without base_url, the [functions.NAME] tables.  With it,
+those (a table without `url` is NAME at base_url/NAME) and the names in `functions`; and
+with neither tables nor a list, or with `base_url_any = true`, any name under base_url (a
+misspelled name is then called, and retried until its attempts run out).  A file with
+base_url and tables but no base_url_any was "any name" before 0.2: it gets a warning
+(TaskConfig.warnings) naming the key, as the README's upgrade note says.
 
     [api]                                # what a request without the master key may do
     public_enqueue = false               # true: enqueue, without options
@@ -32,7 +41,8 @@ from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_DEFAULT_KEYS = {"base_url", "concurrency", "timeout", "max_timeout", "max_result"}
+_DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
+                 "max_timeout", "max_result"}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep it sane
@@ -51,6 +61,7 @@ class TaskConfig(NamedTuple):
     api: ApiPolicy = ApiPolicy()
     max_result_bytes: int = DEFAULT_SIZE
     max_body_bytes: int = DEFAULT_SIZE
+    warnings: tuple[str, ...] = ()       # said at start and on SIGHUP; nothing refused
 
 
 def load(path: str) -> TaskConfig:
@@ -80,26 +91,62 @@ def load(path: str) -> TaskConfig:
 def functions(table: Any, path: str = "config") -> TaskConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [functions] must be a table")
+    where = f"{path}: [functions]"
     defaults = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    _no_unknown(defaults, _DEFAULT_KEYS, f"{path}: [functions]")
-    template = _spec("", {**defaults, "url": defaults.get("base_url", "http://unset")},
-                     f"{path}: [functions]")
-    named = []
-    for name, entry in table.items():
-        if not isinstance(entry, dict):
-            continue
-        where = f"{path}: [functions.{name}]"
-        if not FUNCTION_NAME.fullmatch(name):
-            raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : - "
-                              "(not starting with a dot)")
-        _no_unknown(entry, _FUNCTION_KEYS, where)
-        if "url" not in entry:
-            raise ConfigError(f"{where}: url is missing")
-        named.append(_spec(name, {**defaults, **entry}, where))
-    base = template if "base_url" in defaults else None
-    max_result = size_bytes(defaults.get("max_result", DEFAULT_SIZE),
-                            f"{path}: [functions] max_result")
-    return TaskConfig(tuple(named), base, max_result_bytes=max_result)
+    _no_unknown(defaults, _DEFAULT_KEYS, where)
+    base_url = defaults.get("base_url")
+    spec_keys = {k: v for k, v in defaults.items() if k not in ("functions", "base_url_any")}
+    template = _spec("", {**spec_keys, "url": base_url or "http://unset"}, where)
+    tables = {name: entry for name, entry in table.items() if isinstance(entry, dict)}
+    listed = _listed(defaults.get("functions", []), base_url, where)
+    named = {name: _named(name, entry, spec_keys, base_url, f"{path}: [functions.{name}]")
+             for name, entry in tables.items()}
+    for name in listed:
+        named.setdefault(name, template._replace(name=name, url=_under(base_url, name)))
+    any_name = defaults.get("base_url_any")
+    if any_name is not None and (type(any_name) is not bool or base_url is None):
+        raise ConfigError(f"{where}: base_url_any is true or false, and only with base_url")
+    if any_name is None:
+        any_name = base_url is not None and not named
+    max_result = size_bytes(defaults.get("max_result", DEFAULT_SIZE), f"{where} max_result")
+    return TaskConfig(tuple(named.values()), template if any_name else None,
+                      max_result_bytes=max_result,
+                      warnings=_old_rule(path, base_url, tables, defaults))
+
+
+def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
+           where: str) -> FunctionSpec:
+    if not FUNCTION_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : - "
+                          "(not starting with a dot)")
+    _no_unknown(entry, _FUNCTION_KEYS, where)
+    if "url" not in entry and base_url is None:
+        raise ConfigError(f"{where}: url is missing (or give [functions] base_url)")
+    return _spec(name, {**defaults, "url": _under(base_url, name), **entry}, where)
+
+
+def _listed(names: Any, base_url: str | None, where: str) -> list[str]:
+    """[functions] functions = [...]: names under base_url."""
+    if not isinstance(names, list) or not all(
+            isinstance(n, str) and FUNCTION_NAME.fullmatch(n) for n in names):
+        raise ConfigError(f"{where}: functions is a list of function names")
+    if names and base_url is None:
+        raise ConfigError(f"{where}: functions lists names under base_url: give base_url")
+    return names
+
+
+def _under(base_url: str | None, name: str) -> str | None:
+    return None if base_url is None else f"{base_url.rstrip('/')}/{name}"
+
+
+def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:
+    """A file that called any name under base_url before 0.2 and now calls only its tables'."""
+    if base_url is None or not tables or "base_url_any" in defaults:
+        return ()
+    return (f"{path}: [functions] has base_url and [functions.NAME] tables, so only "
+            f"{', '.join(sorted(tables))}{' and the names in functions' if defaults.get('functions') else ''} "
+            f"can be called (before 0.2: any name under base_url); set base_url_any = true "
+            f"to call any name, or base_url_any = false to say this is meant",)
 
 
 def core_fields(fns: TaskConfig | None) -> dict:

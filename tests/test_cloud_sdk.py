@@ -103,10 +103,36 @@ def test_an_empty_body_is_null_params() -> None:
     assert post(unsigned_functions(), "/echo", b"") == (200, None)
 
 
-def test_an_exception_is_a_500_naming_it_so_the_queue_retries() -> None:
+def test_an_exception_is_a_500_that_keeps_its_message_to_itself_so_the_queue_retries() -> None:
     status, body = post(unsigned_functions(), "/boom")
     assert status == 500
-    assert body == {"error": "function_failed", "message": "RuntimeError('no such order')"}
+    assert body == {"error": "function_failed", "message": "the function raised (its type "
+                                                           "and message: Functions(expose_errors=True))"}
+
+
+def test_with_expose_errors_an_exception_s_type_and_message_go_back_in_a_header() -> None:
+    async def main():
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv(signing.ENV_KEY, raising=False)
+            env.delenv(signing.ENV_KEY_FILE, raising=False)
+            functions = define_all(Functions(expose_errors=True))
+        async with serving(functions) as url, aiohttp.ClientSession() as http:
+            async with http.post(url + "/boom", data=BODY) as resp:
+                return resp.status, resp.headers.get(signing.ERROR_HEADER), await resp.json()
+    status, said, body = asyncio.run(main())
+    assert (status, said) == (500, "RuntimeError: no such order")
+    assert body == {"error": "function_failed", "message": "RuntimeError: no such order"}
+
+
+def test_a_caller_may_ask_for_the_error_and_gets_it_on_one_ascii_line_of_at_most_1_kib() -> None:
+    functions = unsigned_functions()
+
+    @functions.define()
+    def long_boom(params):
+        raise ValueError("é\n" + "x" * 5000)
+    status, body = post(functions, "/long_boom", headers={signing.EXPOSE_HEADER: "1"})
+    assert status == 500
+    assert body["message"].startswith("ValueError: \\xe9 xxx") and len(body["message"]) == 1024
 
 
 def test_a_result_json_cannot_say_is_a_500_too() -> None:
@@ -306,6 +332,24 @@ def test_an_exception_in_the_function_fails_the_task_with_a_500(plain) -> None:
     client = TaskClient(plain)
     info = finished(client, client.enqueue("boom", attempts=0)["uniqueId"])
     assert (info["status"], info["statusCode"]) == ("failed", 500)
+    assert info["error"] == "HTTP 500 Internal Server Error"     # readable by id: no message
+
+
+def test_with_private_results_the_task_s_error_names_what_the_function_raised(
+        tmp_path) -> None:
+    if self_check():
+        pytest.skip("needs zstalk")
+    with FunctionsThread(unsigned_functions()) as host:
+        config = (f'[functions]\nbase_url = "{host.url}"\n'
+                  '[api]\nprivate_results = true\n')
+        server, url = serve(tmp_path / "zstalk.toml", config)
+        try:
+            client = TaskClient(url)
+            info = finished(client, client.enqueue("boom", attempts=0)["uniqueId"])
+        finally:
+            server.stop()
+    assert info["error"] == "HTTP 500 Internal Server Error: RuntimeError: no such order"
+    assert (info["calls"], info["maxCalls"], info["attempt"], info["attempts"]) == (1, 1, 1, 0)
 
 
 def test_enqueue_many_answers_each_item_in_order(plain) -> None:

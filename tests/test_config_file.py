@@ -35,6 +35,40 @@ def test_a_base_url_makes_a_template_for_every_other_name(tmp_path):
     assert (got.base.concurrency, got.base.timeout_ms) == (1, 15000)
 
 
+def test_under_base_url_a_table_without_url_is_that_name_at_base_url(tmp_path):
+    got = load(write(tmp_path, '[functions]\nbase_url = "http://h:3000/fn/"\n'
+                               '[functions.slow]\nconcurrency = 1\n'
+                               '[functions.fast]\nconcurrency = 8\nurl = "http://other/f"\n'))
+    assert {f.name: (f.url, f.concurrency) for f in got.named} == {
+        "slow": ("http://h:3000/fn/slow", 1), "fast": ("http://other/f", 8)}
+
+
+def test_with_base_url_and_tables_only_their_names_and_the_listed_ones_are_callable(tmp_path):
+    got = load(write(tmp_path, '[functions]\nbase_url = "http://h"\nfunctions = ["report"]\n'
+                               '[functions.slow]\nconcurrency = 1\n'))
+    assert sorted(f.name for f in got.named) == ["report", "slow"]
+    assert got.base is None                                   # a misspelled name is unknown
+    assert [f.url for f in got.named if f.name == "report"] == ["http://h/report"]
+
+
+def test_base_url_any_restores_any_name_and_silences_the_upgrade_warning(tmp_path):
+    text = '[functions]\nbase_url = "http://h"\n[functions.slow]\nconcurrency = 1\n'
+    old = load(write(tmp_path, text))
+    assert old.base is None and old.warnings == (
+        f"{tmp_path / 'zstalk.toml'}: [functions] has base_url and [functions.NAME] tables, "
+        "so only slow can be called (before 0.2: any name under base_url); set "
+        "base_url_any = true to call any name, or base_url_any = false to say this is meant",)
+    anyname = load(write(tmp_path, text.replace("http://h\"\n", "http://h\"\nbase_url_any = true\n")))
+    assert anyname.base.url == "http://h" and anyname.warnings == ()
+    meant = load(write(tmp_path, text.replace("http://h\"\n", "http://h\"\nbase_url_any = false\n")))
+    assert meant.base is None and meant.warnings == ()
+
+
+def test_base_url_alone_still_calls_any_name_with_no_warning(tmp_path):
+    got = load(write(tmp_path, '[functions]\nbase_url = "http://h"\n'))
+    assert got.base is not None and got.warnings == ()
+
+
 @pytest.mark.parametrize("text, size", [("300", 300), ('"300"', 300), ('"300B"', 300),
                                         ('"512KiB"', 512 << 10), ('" 4 MiB "', 4 << 20)])
 def test_sizes_are_bytes_or_strings_with_a_binary_unit(tmp_path, text, size):
@@ -51,7 +85,10 @@ def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_pat
 
 @pytest.mark.parametrize("text, message", [
     ('[functions.f]\nurl = "ftp://x"', "url must be an http:// or https:// URL"),
-    ('[functions.f]\nconcurrency = 2', "url is missing"),
+    ('[functions.f]\nconcurrency = 2', "url is missing (or give [functions] base_url)"),
+    ('[functions]\nfunctions = ["a"]', "functions lists names under base_url: give base_url"),
+    ('[functions]\nbase_url = "http://h"\nfunctions = "a"', "functions is a list of function names"),
+    ('[functions]\nbase_url_any = true', "base_url_any is true or false, and only with base_url"),
     ('[functions.f]\nurl = "http://x"\ntimeout = 10', "a duration is a string with a unit"),
     ('[functions.f]\nurl = "http://x"\ncolour = 1', "unknown key 'colour'"),
     ('[functions]\nconcurrency = 0', "concurrency must be an integer from 1"),

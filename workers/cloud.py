@@ -244,12 +244,20 @@ class Functions:
         500  the function raised, or returned what JSON cannot say ("function_failed")
 
     A signature is checked before anything else, so an unsigned caller learns nothing,
-    not even which functions exist."""
+    not even which functions exist.
+
+    What a function raised stays here (logged with its traceback), and the task shows
+    only `HTTP 500`: task info can be read by its id without a key, and an exception's
+    message may hold secrets.  With `expose_errors=True`, or when the broker keeps task
+    info private ([api] private_results: its dispatcher then asks, X-Zstalk-Expose-Errors),
+    the exception's type and message (never a traceback, at most 1 KiB) go back in the
+    X-Zstalk-Error header and the body, and the task's `error` shows them."""
 
     def __init__(self, signing_key: str | bytes | None = None,
-                 window_s: float = signing.WINDOW_S) -> None:
+                 window_s: float = signing.WINDOW_S, expose_errors: bool = False) -> None:
         self.signing_key = signing.signing_key(signing_key)
         self.window_s = window_s
+        self.expose_errors = expose_errors
         self.functions: dict[str, Callable[[Any], Any]] = {}
 
     def define(self, name: str | None = None) -> Callable:
@@ -290,7 +298,8 @@ class Functions:
             params = json.loads(body) if body else None
         except ValueError as exc:
             return _refusal(400, "bad_request", f"the body is not JSON: {exc}")
-        return await self.call(name, fn, params)
+        expose = self.expose_errors or request.headers.get(signing.EXPOSE_HEADER) == "1"
+        return await self.call(name, fn, params, expose)
 
     def check_signature(self, request: web.Request, body: bytes) -> str | None:
         """None if the call may run, else why not."""
@@ -300,7 +309,8 @@ class Functions:
                               request.headers.get("X-Zstalk-Task-Id", ""), body,
                               time.time(), self.window_s)
 
-    async def call(self, name: str, fn: Callable[[Any], Any], params: Any) -> web.StreamResponse:
+    async def call(self, name: str, fn: Callable[[Any], Any], params: Any,
+                   expose: bool = False) -> web.StreamResponse:
         try:
             result = await _run(fn, params)
             if isinstance(result, web.StreamResponse):
@@ -309,7 +319,21 @@ class Functions:
                                 content_type="application/json")
         except Exception as exc:
             log.exception("function %s failed", name)
-            return _refusal(500, "function_failed", repr(exc))
+            if not expose:
+                return _refusal(500, "function_failed", "the function raised (its type and "
+                                "message: Functions(expose_errors=True))")
+            said = exception_text(exc)
+            response = _refusal(500, "function_failed", said)
+            response.headers[signing.ERROR_HEADER] = said
+            return response
+
+
+def exception_text(exc: BaseException) -> str:
+    """`Type: message`, on one line of printable ASCII (a header value), at most
+    signing.ERROR_CHARS long; no traceback."""
+    text = f"{type(exc).__name__}: {exc}".encode("ascii", "backslashreplace").decode()
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text[:signing.ERROR_CHARS]
 
 
 async def _run(fn: Callable[[Any], Any], params: Any) -> Any:

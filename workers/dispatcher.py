@@ -228,6 +228,8 @@ class Dispatcher(LinkOwner):
                    "X-Zstalk-Attempt": str(attempt)}
         if self.signing_key is not None:
             headers[signing.HEADER] = signing.sign(self.signing_key, uid, params, time.time())
+        if self.link.settings.private_results:      # only the key reads task info: the
+            headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         async with self._session().post(url, data=params, headers=headers, timeout=timeout,
                                          allow_redirects=False) as resp:
@@ -289,6 +291,9 @@ def _finite(text: str) -> float:
 def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
     """A status that is not 2xx: the function answered no (a redirect is not followed)."""
     error = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+    said = resp.headers.get(signing.ERROR_HEADER)
+    if said:                            # the Functions helper's (cloud.py): type: message
+        error += f": {said[:signing.ERROR_CHARS]}"
     if 300 <= resp.status < 400:
         error += f" to {resp.headers.get('Location')} (redirects are not followed)"
     wait_ms = (retry_after_ms(resp.headers.get("Retry-After"), now)

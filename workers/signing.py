@@ -29,6 +29,12 @@ from typing import NamedTuple
 from ..protocol.transport.secret import read_secret_file
 
 HEADER = "X-Zstalk-Signature"
+#: the call's other headers between a dispatcher and the Functions helper (cloud.py): the
+#: dispatcher asks for a failure's type and message when the broker's task info is private
+#: ([api] private_results), and the helper answers one there
+EXPOSE_HEADER = "X-Zstalk-Expose-Errors"
+ERROR_HEADER = "X-Zstalk-Error"
+ERROR_CHARS = 1024          # what of an exception's type and message may travel
 ENV_KEY = "ZSTALK_SIGNING_KEY"
 ENV_KEY_FILE = "ZSTALK_SIGNING_KEY_FILE"
 WINDOW_S = 300

@@ -310,10 +310,13 @@ def load_config_or_exit(path: str | None):
         return None
     from ..config_file import ConfigError, load
     try:
-        return load(path)
+        loaded = load(path)
     except ConfigError as exc:
         click.echo(f"zstalk: {exc}", err=True)
         sys.exit(2)
+    for warning in loaded.warnings:
+        click.echo(f"zstalk: warning: {warning}", err=True)
+    return loaded
 
 
 @main.command()

@@ -136,7 +136,8 @@ def task_info() -> dict:
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": ["uniqueId", "function", "status", "createdAt", "attempt", "attempts"],
+        "required": ["uniqueId", "function", "status", "createdAt", "calls", "maxCalls",
+                     "attempt", "attempts"],
         "description": "A task as it is now; fields that do not apply are absent.",
         "properties": {
             "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
@@ -148,9 +149,16 @@ def task_info() -> dict:
             "startedAt": _time("When its latest call started"),
             "finishedAt": _time("When it finished"),
             "retryAt": _time("When the next try is due (queued after a failure)"),
-            "attempt": {"type": "integer", "minimum": 0, "description": "Calls made so far."},
+            "calls": {"type": "integer", "minimum": 0, "description": "Calls made so far."},
+            "maxCalls": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS + 1,
+                         "description": "Calls it may get in all: the first and its retries "
+                                        "(`attempts` + 1)."},
+            "attempt": {"type": "integer", "minimum": 0,
+                        "description": "The same as `calls` (the name LeanCloud's Cloud "
+                                       "Queue uses)."},
             "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS,
-                         "description": "Retries allowed after the first call."},
+                         "description": "Retries allowed after the first call (the option "
+                                        "`attempts`; `maxCalls` is one more)."},
             "statusCode": {"type": "integer",
                            "description": "The HTTP status of the latest call's response."},
             "result": {"description": "The function's response: its JSON value, or its text "

@@ -264,6 +264,8 @@ class Tasks:
         wall = self.wall_offset
         out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
                                "status": task.status, "createdAt": task.created + wall,
+                               "calls": task.attempt, "maxCalls": task.attempts + 1,
+                               # (the Cloud Queue's names: attempts counts retries)
                                "attempt": task.attempt, "attempts": task.attempts}
         if task.started is not None:
             out["startedAt"] = task.started + wall
