@@ -1,6 +1,7 @@
 """zstalk native workers: a Worker pool that the broker pushes jobs to, a producer
 Client, codecs, and an in-process broker for tests (zstalk.workers.testing); and the
-cloud-task SDK (zstalk.workers.cloud: TaskClient, AsyncTaskClient, Functions).
+cloud-task SDK (zstalk.workers.cloud: TaskClient, AsyncTaskClient, Functions), a client of
+the counters (CounterClient), and the waiting room's pass check (verify_pass).
 
     from zstalk.workers import Worker, Client, codecs
 
@@ -16,20 +17,22 @@ from . import codecs
 from .client import Client
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
 from .job import Backoff, Job
-from .passes import PassError, verify_pass
 from .worker import Worker
 
-__all__ = ["AsyncTaskClient", "Backoff", "Bury", "Client", "Functions", "Job", "Retry",
-           "TaskApiError", "TaskClient", "Worker", "WorkerVersionError", "ZstalkError",
-           "codecs"]
+__all__ = ["AsyncTaskClient", "Backoff", "Bury", "Client", "CounterClient", "CounterError",
+           "Functions", "Job", "NotAvailable", "PassError", "Retry", "TaskApiError",
+           "TaskClient", "Worker", "WorkerVersionError", "ZstalkError", "codecs",
+           "verify_pass"]
 
-#: imported on first use: aiohttp takes a worker process's start-up longer than the
-#: rest of this package together
-_CLOUD = ("AsyncTaskClient", "Functions", "TaskApiError", "TaskClient")
+#: imported on first use, each from its module: aiohttp takes a worker process's start-up
+#: longer than the rest of this package together, and a worker needs none of these
+_LAZY = {"AsyncTaskClient": "cloud", "Functions": "cloud", "TaskApiError": "cloud",
+         "TaskClient": "cloud", "CounterClient": "counters", "CounterError": "counters",
+         "NotAvailable": "counters", "PassError": "passes", "verify_pass": "passes"}
 
 
 def __getattr__(name: str):
-    if name in _CLOUD:
-        from . import cloud
-        return getattr(cloud, name)
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,7 +31,10 @@ up to 2 MiB, so whether it accepts a frame of 30-32 MiB depends on how the bytes
 arrive (seen on 1.1.9: a 31 MiB Get sent at once was dropped; the same frame sent as
 30 MiB, a pause, then 1 MiB got its reply). Here the answer depends only on the length.
 
-Replies are built by the functions at the bottom: one per opcode, `error_response`
+A client's side comes last: requests built (`get_request`, ...) and reply frames cut from
+a byte stream (`next_reply`), for zstalk.workers.CounterClient.
+
+Replies are built by the functions near the bottom: one per opcode, `error_response`
 from the one table of exact error bodies (`counter.cpp` STATUS_*), stats in yrmcds'
 order (`response::stats`), dump as one frame per counter plus an empty terminator
 (sockets.cpp `cmd_dump`; counter.md, "Dump").
@@ -47,6 +50,8 @@ __all__ = [
     "ERROR_BODIES", "STATS_NAMES", "HEADER_SIZE", "MAX_REQUEST_LENGTH",
     "response", "error_response", "noop_response", "get_response", "acquire_response",
     "release_response", "stats_response", "dump_record", "dump_end", "dump_response",
+    "request", "get_request", "acquire_request", "release_request", "Reply", "next_reply",
+    "stats_items",
 ]
 
 HEADER_SIZE = 12
@@ -286,3 +291,55 @@ def dump_end(opaque: int) -> bytes:
 def dump_response(opaque: int, records: Iterable[tuple[bytes, int, int]]) -> bytes:
     """A whole Dump: one frame per `(name, current, maximum)`, then the terminator."""
     return b"".join([*(dump_record(opaque, *record) for record in records), dump_end(opaque)])
+
+
+# --- the client's side: requests, and reply frames cut from a byte stream ---
+
+def request(opcode: int, opaque: int, body: bytes = b"") -> bytes:
+    """One request frame: magic 0x90, opcode, flags 0, reserved 0, body length, opaque."""
+    return HEADER.pack(REQUEST_MAGIC, opcode, 0, 0, len(body), opaque) + body
+
+
+def get_request(opaque: int, name: bytes) -> bytes:
+    return request(Opcode.GET, opaque, U16.pack(len(name)) + name)
+
+
+def acquire_request(opaque: int, name: bytes, resources: int, maximum: int) -> bytes:
+    return request(Opcode.ACQUIRE, opaque, ACQUIRE_FIXED.pack(resources, maximum, len(name)) + name)
+
+
+def release_request(opaque: int, name: bytes, resources: int) -> bytes:
+    return request(Opcode.RELEASE, opaque, RELEASE_FIXED.pack(resources, len(name)) + name)
+
+
+class Reply(NamedTuple):
+    opcode: int
+    status: int
+    opaque: int
+    body: bytes
+
+
+def next_reply(buf: bytearray) -> Reply | None:
+    """Cut one reply frame from the front of `buf` (None: not all of it is there yet)."""
+    if len(buf) < HEADER_SIZE:
+        return None
+    magic, opcode, status, _, length, opaque = HEADER.unpack_from(buf)
+    if magic != RESPONSE_MAGIC:
+        raise ValueError(f"not a yrmcds counter reply (magic {magic:#x})")
+    if len(buf) < HEADER_SIZE + length:
+        return None
+    body = bytes(buf[HEADER_SIZE:HEADER_SIZE + length])
+    del buf[:HEADER_SIZE + length]
+    return Reply(opcode, status, opaque, body)
+
+
+def stats_items(body: bytes) -> dict[str, bytes]:
+    """A Stats reply's body as name -> value."""
+    items, pos = {}, 0
+    while pos < len(body):
+        name_len, value_len = STAT_LENGTHS.unpack_from(body, pos)
+        pos += STAT_LENGTHS.size
+        items[body[pos:pos + name_len].decode("ascii", "replace")] = body[
+            pos + name_len:pos + name_len + value_len]
+        pos += name_len + value_len
+    return items
