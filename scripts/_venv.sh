@@ -11,7 +11,7 @@
 # written here because Python writes none when PYTHONDONTWRITEBYTECODE is set (as on this
 # project's machines and CI); compileall skips what is up to date.
 set -eu
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
 stamp="$VENV/.zstalk-installed-${ZSTALK_EXTRAS:-base}"
 sources=$(cd "$ROOT" && find broker protocol workers -name '*.py' -o -name py.typed \

@@ -1,82 +1,158 @@
-"""The README's native-worker examples run as written: the Python blocks are taken from the
-README itself, written to files and run against a real server on the ports the README
-names (11300 for beanstalk, tcp://127.0.0.1:11400 for workers)."""
+# Every README example runs as written, in a fresh shell: `env -i HOME=<new> PATH=/usr/bin:
+# /bin bash` in a directory that holds what a clone holds after the two set-up commands
+# (scripts/ and .venv, linked; k8s/ copied, since an example writes an overlay into it),
+# after the one line the README says to run first (`source .venv/bin/activate`).
+#
+# A block is code unless it is `text` or has no language (diagrams, the synopsis). A code
+# block whose first line is `# NAME` is a file the example writes (`# zstalk.toml`, `#
+# emails.py`); the others run. Every code block is either run by a test here (RUN_BY says
+# which) or marked `<!-- not run: reason -->` on the line above it, and then still checked:
+# `bash -n` for a shell block, and the check its test names. The examples use the ports the
+# README names (11300, 11215, 11400, 8080, 3000, 11500, 11301): a test skips when one is
+# taken here, as none is on CI.
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import zoneinfo
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, readme_block, self_check
+from servers import LOOPBACK, RawClient, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
-
-def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(cwd))
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def test_the_local_broker_example_passes_with_the_emails_worker(tmp_path):
-    (tmp_path / "emails.py").write_text(readme_block("python", "# emails.py"))
-    (tmp_path / "test_emails.py").write_text(readme_block("python", "LocalBroker"))
-    out = run_python("import emails, test_emails\n"
-                     "test_emails.test_send_delivers()\n"
-                     "print(emails.outbox)\n", tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "('x@example.com', 'hi')" in out.stdout
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
+ROOT = Path(__file__).resolve().parent.parent
+CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json"}
+#: a marker found in each run block -> the test that runs it (or the test file elsewhere)
+RUN_BY = {
+    "source .venv/bin/activate": "every test here (the first line of each shell)",
+    "# zstalk.toml": "test_the_cloud_task_examples_run_as_written",
+    "# functions.py": "test_the_cloud_task_examples_run_as_written",
+    "/v1/tasks/close-1234": "test_the_cloud_task_examples_run_as_written",
+    "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
+    "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
+    "# emails.py": "test_the_native_worker_examples_run_as_written",
+    "scripts/zstalk worker emails:worker": "test_the_native_worker_examples_run_as_written",
+    "# producers.py": "test_the_native_worker_examples_run_as_written",
+    "# semaphore.py": "test_the_native_worker_examples_run_as_written",
+    "# test_emails.py": "test_the_unit_test_example_passes_under_pytest",
+    "zstalk keygen keys broker": "test_the_curve_example_runs_as_written",
+    "scripts/build-image": "test_the_image_example_runs_as_written",
+    "# Dockerfile.worker": "tests/test_multihost.py (builds it FROM the local image)",
+    "# k8s/overlays/mine/kustomization.yaml": "test_the_kustomize_line_renders_the_readme_overlay",
+}
 
 
-def test_the_producers_and_the_worker_command_work_on_the_readme_ports(tmp_path):
-    if not (_free(11300) and _free(11400)):
-        pytest.skip("the README's ports 11300 / 11400 are taken on this machine")
-    (tmp_path / "emails.py").write_text(readme_block("python", "# emails.py"))
-    server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "--counter-port", "0",
-                            "--worker-bind", "tcp://127.0.0.1:11400"], (LOOPBACK, 11300),
-                           name="readme-serve").start()
-    worker = None
-    try:
-        out = run_python(readme_block("python", "import greenstalk"), tmp_path)
-        assert out.returncode == 0, out.stderr
-        worker = subprocess.Popen([find_zstalk(), "worker", "emails:worker"], cwd=tmp_path,
-                                  env=dict(os.environ, PYTHONPATH=str(tmp_path)),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        with RawClient((LOOPBACK, 11300), 10) as c:
-            while True:
-                c.send(b"stats-tube emails\r\n")
-                stats = c.read_reply()
-                if b"\ncmd-delete: 1002\n" in stats:
-                    break
-                assert time.monotonic() < deadline, stats
-                time.sleep(0.2)
-        assert b"\ntotal-jobs: 1002\n" in stats and b"current-jobs-buried: 0\n" in stats
-    finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
-        server.stop()
+class Block(NamedTuple):
+    lang: str
+    text: str
+    not_run: str | None     # the reason, for a block marked not run
+    line: int
+
+
+def blocks() -> list[Block]:
+    readme = (ROOT / "README.md").read_text()
+    found = []
+    for m in re.finditer(r"(?:<!-- not run: (.*?) -->\n)?( *)```(\w*)\n(.*?)\n\2```", readme, re.S):
+        text = "\n".join(line[len(m[2]):] for line in m[4].split("\n"))
+        found.append(Block(m[3], text + "\n", m[1], readme[:m.start()].count("\n") + 1))
+    return found
+
+
+def block(marker: str) -> Block:
+    [found] = [b for b in blocks() if marker in b.text]
+    return found
+
+
+def file_name(b: Block) -> str | None:
+    """`NAME` of a block whose first line is `# NAME` or `# NAME: what it is`."""
+    first = b.text.split("\n", 1)[0]
+    m = re.fullmatch(r"# ([\w./-]+\.\w+|Dockerfile[\w.]*)(:.*)?", first)
+    return m[1] if m and b.lang != "sh" else None
+
+
+# -- the fresh shell -----------------------------------------------------------------------
+class Shell:
+    """Fresh shells in one example directory."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        (where / "home").mkdir()
+        self.env = {"HOME": str(where / "home"), "PATH": "/usr/bin:/bin"}
+        self.first = block("source .venv/bin/activate").text
+        self.started: list[subprocess.Popen] = []
+
+    def write(self, b: Block) -> Path:
+        path = self.where / file_name(b)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(b.text)
+        return path
+
+    def run(self, script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["env", "-i", *self._env(), "bash", "-c", self.first + script],
+                              cwd=self.where, capture_output=True, text=True, timeout=timeout)
+
+    def start(self, script: str) -> subprocess.Popen:
+        """A script left running (a server, a worker pool), in a process group of its own."""
+        proc = subprocess.Popen(["env", "-i", *self._env(), "bash", "-c", self.first + script],
+                                cwd=self.where, start_new_session=True, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.started.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.started):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def _env(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.env.items()]
+
+
+@pytest.fixture
+def shell(tmp_path):
+    for name in ("scripts", ".venv"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
+    sh = Shell(tmp_path)
+    yield sh
+    sh.stop()
+
+
+def free(*ports: int) -> None:
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                pytest.skip(f"the README's port {port} is taken on this machine")
+
+
+def listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    def up() -> bool:
+        assert proc.poll() is None, proc.stdout.read()
+        with socket.create_connection((LOOPBACK, port), timeout=1):
+            return True
+    assert wait_for(up, timeout), f"nothing listens on {port}"
 
 
 def json_documents(text: str) -> list:
-    import json
     decoder, docs, i = json.JSONDecoder(), [], 0
     while i < len(text):
         if text[i].isspace():
@@ -87,48 +163,30 @@ def json_documents(text: str) -> list:
     return docs
 
 
-def test_the_cloud_task_example_runs_as_written(tmp_path):
-    ports = (11300, 11215, 11400, 8080, 3000)
-    if not all(_free(p) for p in ports):
-        pytest.skip(f"the README's ports {ports} are not all free on this machine")
-    (tmp_path / "zstalk.toml").write_text(readme_block("toml", "[functions]"))
-    (tmp_path / "functions.py").write_text(readme_block("python", "# functions.py"))
-    host = ServerProcess([sys.executable, "functions.py"], (LOOPBACK, 3000), cwd=str(tmp_path),
-                         name="readme-functions").start()
-    server = ServerProcess([find_zstalk(), "serve", "--config", "zstalk.toml"], (LOOPBACK, 11300),
-                           cwd=str(tmp_path), name="readme-tasks").start()
-    try:
-        deadline = time.monotonic() + 10
-        while _free(8080) or "http on" not in server.output():
-            assert time.monotonic() < deadline, server.output()
-            time.sleep(0.05)
-        out = subprocess.run(["bash", "-c", readme_block("sh", "/v1/tasks")], capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        enqueued, info = json_documents(out.stdout)
-        assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0}
-        get = readme_block("sh", "/v1/tasks").strip().splitlines()[-1]
-        while info["status"] in ("queued", "running") and time.monotonic() < deadline + 10:
-            time.sleep(0.2)         # (a slow machine: the README's sleep was not enough)
-            [info] = json_documents(subprocess.run(["bash", "-c", get], capture_output=True,
-                                                   text=True, timeout=30).stdout)
-        assert info["status"] == "success" and info["result"] == {"closed": 1234}
-        assert info["statusCode"] == 200 and info["attempt"] == 1
-        (tmp_path / "enqueue.py").write_text(readme_block("python", "# enqueue.py"))
-        out = subprocess.run([sys.executable, "enqueue.py"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == "success {'closed': 42}"
-        check_the_schedule_example()
-    finally:
-        server.stop()
-        host.stop()
+# -- the examples --------------------------------------------------------------------------
+def test_the_cloud_task_examples_run_as_written(shell):
+    free(11300, 11215, 11400, 8080, 3000)
+    for marker in ("# zstalk.toml", "# functions.py", "# enqueue.py"):
+        shell.write(block(marker))
+    listening(3000, shell.start("python functions.py"))          # as the README's text says
+    listening(8080, shell.start("zstalk serve --config zstalk.toml"))
+    out = shell.run(block("/v1/tasks/close-1234").text)
+    assert out.returncode == 0, out.stderr
+    enqueued, info = json_documents(out.stdout)
+    assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0}
+    get = block("/v1/tasks/close-1234").text.strip().splitlines()[-1]
+    deadline = time.monotonic() + 20
+    while info["status"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)             # (a slow machine: the README's sleep was not enough)
+        [info] = json_documents(shell.run(get).stdout)
+    assert info["status"] == "success" and info["result"] == {"closed": 1234}
+    assert (info["statusCode"], info["calls"], info["maxCalls"]) == (200, 1, 4)
+    out = shell.run("python enqueue.py")
+    assert (out.returncode, out.stdout.strip()) == (0, "success {'closed': 42}"), out.stderr
+    check_the_schedule_example(shell.run(block("api=http://127.0.0.1:8080/v1/schedules").text))
 
 
-def check_the_schedule_example() -> None:
-    """The README's schedule requests, against the server of the cloud-task example."""
-    out = subprocess.run(["bash", "-c", readme_block("sh", "v1/schedules")], capture_output=True,
-                         text=True, timeout=60)
+def check_the_schedule_example(out: subprocess.CompletedProcess) -> None:
     assert out.returncode == 0, out.stderr
     sweep, report, paused, listing, deleted = json_documents(out.stdout)
     fire = datetime.datetime.fromisoformat(sweep["nextFireAt"].replace("Z", "+00:00"))
@@ -142,27 +200,84 @@ def check_the_schedule_example() -> None:
     assert deleted["name"] == "report"
 
 
-def test_the_curve_example_runs_as_written(tmp_path):
-    if not all(_free(p) for p in (11500, 11301)):
-        pytest.skip("the README's ports 11500 / 11301 are taken on this machine")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZSTALK_")}
-    env["PATH"] = f"{Path(find_zstalk()).parent}:{env['PATH']}"
-    shell = subprocess.Popen(["bash", "-c", readme_block("sh", "zstalk keygen") + "\nwait"],
-                             cwd=tmp_path, env=env, start_new_session=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while _free(11301):
-            assert shell.poll() is None and time.monotonic() < deadline, shell.stdout.read()
-            time.sleep(0.05)
+def test_the_native_worker_examples_run_as_written(shell):
+    free(11300, 11215, 11400)
+    for marker in ("# emails.py", "# producers.py", "# semaphore.py"):
+        shell.write(block(marker))
+    pool = shell.start(block("scripts/zstalk worker emails:worker").text)
+    listening(11300, pool)
+    out = shell.run("python producers.py")
+    assert out.returncode == 0, out.stderr
+
+    def drained() -> bytes | None:
+        with RawClient((LOOPBACK, 11300), 10) as c:
+            c.send(b"stats-tube emails\r\n")
+            stats = c.read_reply()
+        return stats if b"\ncmd-delete: 1002\n" in stats else None
+    assert wait_for(drained, 60), "the worker pool did not delete the 1,002 jobs"
+    assert b"\ntotal-jobs: 1002\n" in drained() and b"current-jobs-buried: 0\n" in drained()
+    out = shell.run("python semaphore.py")
+    assert (out.returncode, out.stdout) == (0, "rendering; renders in use: 1\n"), out.stderr
+
+
+def test_the_unit_test_example_passes_under_pytest(shell):
+    shell.write(block("# emails.py"))
+    shell.write(block("# test_emails.py"))
+    out = shell.run("pytest -q -p no:cacheprovider test_emails.py")
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_curve_example_runs_as_written(shell):
+    free(11500, 11301)
+    shell.start(block("zstalk keygen keys broker").text + "wait\n")
+    with_front = wait_for(lambda: socket.create_connection((LOOPBACK, 11301), timeout=1), 30)
+    assert with_front, "the example's front never listened on 11301"
+
+    def sealed() -> bool:           # (the front says Hello once the broker answers)
         with RawClient((LOOPBACK, 11301)) as client:
-            for _ in range(200):        # (the front says Hello once the broker answers)
-                client.send(b"put 0 0 60 6\r\nsealed\r\n")
-                reply = client.read_reply()
-                if reply.startswith(b"INSERTED"):
-                    break
-                time.sleep(0.05)
-            assert reply.startswith(b"INSERTED"), reply
-    finally:
-        os.killpg(shell.pid, signal.SIGTERM)
-        shell.wait(10)
+            client.send(b"put 0 0 60 6\r\nsealed\r\n")
+            return client.read_reply().startswith(b"INSERTED")
+    assert wait_for(sealed, 20)
+
+
+def test_the_image_example_runs_as_written(shell):
+    from image import require_image
+    require_image()
+    free(11300, 11215, 11400)       # (serve on the host's network: all three are its own)
+    server = shell.start(block("scripts/build-image").text)
+    listening(11300, server, timeout=600)       # (a first build takes ~40 s)
+
+    def answers() -> bool:
+        with RawClient((LOOPBACK, 11300), 10) as client:
+            client.send(b"put 0 0 60 5\r\nimage\r\n")
+            return client.read_reply() == b"INSERTED 1\r\n"
+    assert wait_for(answers, 30)
+
+
+def test_the_kustomize_line_renders_the_readme_overlay(shell):
+    overlay = shell.write(block("# k8s/overlays/mine/kustomization.yaml")).parent
+    shutil.copy(shell.write(block("# zstalk.toml")), overlay / "zstalk.toml")
+    kustomize = block("kubectl kustomize k8s/overlays/mine").text.splitlines()[0]
+    out = shell.run(kustomize)
+    assert out.returncode == 0, out.stderr
+    assert "image: registry.example.com/my-workers:1.0" in out.stdout
+    assert "image: registry.example.com/zstalk:0.1.0" in out.stdout
+
+
+def test_every_readme_code_block_is_run_or_marked_not_run():
+    unrun = [(b.line, b.text.splitlines()[0]) for b in blocks() if b.lang in CODE
+             and b.not_run is None and not any(marker in b.text for marker in RUN_BY)]
+    assert unrun == []
+    for marker in RUN_BY:           # each marker names exactly one block
+        block(marker)
+
+
+@pytest.mark.parametrize("b", [b for b in blocks() if b.not_run and b.lang == "sh"],
+                         ids=lambda b: f"line {b.line}")
+def test_a_shell_block_that_is_not_run_is_still_valid_bash(b):
+    out = subprocess.run(["bash", "-n"], input=b.text, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_readme_has_no_code_block_in_a_language_nobody_checks():
+    assert {b.lang for b in blocks()} <= CODE | {"text", ""}
