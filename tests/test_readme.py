@@ -138,6 +138,7 @@ def shell(tmp_path):
 def free(*ports: int) -> None:
     for port in ports:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # (as servers bind)
             try:
                 s.bind((LOOPBACK, port))
             except OSError:
