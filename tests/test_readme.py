@@ -147,7 +147,9 @@ def free(*ports: int) -> None:
 
 def listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     def up() -> bool:
-        assert proc.poll() is None, proc.stdout.read()
+        # (its output is read only once it is stopped: a server it left running in the
+        # background keeps the pipe open)
+        assert proc.poll() is None, f"the example's shell exited with {proc.returncode}"
         with socket.create_connection((LOOPBACK, port), timeout=1):
             return True
     assert wait_for(up, timeout), f"nothing listens on {port}"
