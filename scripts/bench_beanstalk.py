@@ -594,7 +594,7 @@ def build_table(bench: Bench) -> Table:
             t.add(metric, {s: fig(key, variant, s, stat) for s in bench.systems}, **kw)
             if cpu:
                 t.add(f"  server CPU-s per 1,000 {cpu}", {s: fig(key, variant, s, "cpu_per_1k")
-                                                          for s in bench.systems}, fmt="{:.3f}")
+                                                          for s in bench.systems}, fmt="{:.4g}")
 
     for nc in (1, 8, 50):
         add("put", nc, f"pipelined put, {nc} conn (puts/s)", cpu="puts",

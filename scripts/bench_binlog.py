@@ -280,7 +280,7 @@ def build_table(run: Run, names: list[str], results: dict, skipped: dict) -> Tab
 
     for key, per in results.get("put", {}).items():
         t.add(f"pipelined put, {key} (puts/s)", cells(per, "rate"), target=(now, ">=", 1.0))
-        t.add("  server CPU-s per 1,000 puts", cells(per, "cpu_per_1k"), fmt="{:.3f}")
+        t.add("  server CPU-s per 1,000 puts", cells(per, "cpu_per_1k"), fmt="{:.4g}")
     rec = results.get("recovery")
     if rec:
         flags = " ".join(fsync_flags(run.args.recovery_fsync))

@@ -244,7 +244,7 @@ def table(run: Run, results: dict, systems: list[str]) -> Table:
         t.add(label, {s: Figure.of(per.get(s), "rate") for s in systems},
               target=(f"zstalk/{REFERENCE}", ">=", 0.5))
         t.add("  server CPU-s per 1,000 pairs",
-              {s: Figure.of(per.get(s), "cpu_per_1k") for s in systems}, fmt="{:.3f}")
+              {s: Figure.of(per.get(s), "cpu_per_1k") for s in systems}, fmt="{:.4g}")
     return t
 
 

@@ -567,12 +567,12 @@ def rows_table(run: Run, res: dict) -> Table:
     for p in ("p50", "p99"):
         add("front", f"put round trip through a remote front, idle, {p} (ms)", p, "{:.3f}")
     add("front", LOADS["front"].format(conns=run.args.put_conns))
-    add("front", "  broker CPU-s per 1,000 puts", "broker_per_1k", "{:.3f}")
-    add("front", "  front CPU-s per 1,000 puts", "front_per_1k", "{:.3f}")
+    add("front", "  broker CPU-s per 1,000 puts", "broker_per_1k", "{:.4g}")
+    add("front", "  front CPU-s per 1,000 puts", "front_per_1k", "{:.4g}")
     for w in run.args.worker_counts:
         add(f"workers {w}", f"native workers: put → handled → deleted, 1 producer + {w} "
             f"worker process{'es' if w > 1 else ''} (jobs/s)")
-        add(f"workers {w}", "  broker CPU-s per 1,000 jobs", "cpu_per_1k", "{:.3f}")
+        add(f"workers {w}", "  broker CPU-s per 1,000 jobs", "cpu_per_1k", "{:.4g}")
     return t
 
 

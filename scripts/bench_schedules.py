@@ -363,7 +363,7 @@ ROWS = [("lateness_p50", "lateness p50 (ms)", "{:,.0f}"),
         ("last_fire_max", "last fire of a batch, max (ms)", "{:,.1f}"),
         ("busy_max", "batch busy, max (ms)", "{:,.1f}"),
         ("wrong", "fires missing + doubled + unknown", "{:,.0f}"),
-        ("cpu_per_1k", "broker CPU-s per 1,000 fires", "{:.3f}")]
+        ("cpu_per_1k", "broker CPU-s per 1,000 fires", "{:.4g}")]
 
 
 def build_table(run: Run, results: dict) -> Table:

@@ -703,7 +703,7 @@ def build_table(bench: Bench) -> Table:
         t.add(metric + flags, dict({c: Figure.of(r, "rate") for c, r in per.items()},
                                    **(extra or {})), target=target)
         t.add("  system CPU-s per 1,000 tasks", {c: Figure.of(r, "cpu_per_1k")
-                                                 for c, r in per.items()}, fmt="{:.3f}")
+                                                 for c, r in per.items()}, fmt="{:.4g}")
 
     for label in res["enqueue_single"]:
         add("enqueue_single", label, f"1: enqueue, single POSTs, {SINGLE_INFLIGHT} in flight: "

@@ -447,7 +447,7 @@ def build_table(run: Run, names: list[str], results: dict) -> Table:
         t.add(f"put → handled → deleted, 1 producer + {key} (jobs/s)",
               {n: Figure.of(per.get(n), "rate") for n in names}, target=(now, ">=", 2.0))
         t.add("  server CPU-s per 1,000 jobs", {n: Figure.of(per.get(n), "cpu_per_1k")
-                                                for n in names}, fmt="{:.3f}")
+                                                for n in names}, fmt="{:.4g}")
     return t
 
 

@@ -362,10 +362,18 @@ class Broker:
 
     # -- timers ----------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        # (called after every turn of the actor: plain comparisons, no generators)
+        # (called after every turn of the actor: plain comparisons, and the task and
+        # schedule stores asked only when they hold something)
         d = self.counting.next_deadline()
-        for component in (self.beanstalk, self.tasking, self.scheduling):
-            t = component.next_deadline()
+        t = self.beanstalk.queue.next_deadline()
+        if t is not None and t < d:
+            d = t
+        if self.tasking.store.tasks:
+            t = self.tasking.next_deadline()
+            if t is not None and t < d:
+                d = t
+        if self.scheduling.store.timers:
+            t = self.scheduling.next_deadline()
             if t is not None and t < d:
                 d = t
         for f in self.fronts.values():

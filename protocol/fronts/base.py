@@ -39,6 +39,7 @@ class LinkedConn(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self.stale = False          # registered with a broker we lost
+        self.replied = False        # the broker's replies to this read pumped it already
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -55,8 +56,16 @@ class LinkedConn(asyncio.Protocol):
         link = self.front.link
         link.gather()
         self.parser.receive_data(data)
-        self.pump()
+        self.replied = False
+        self.take_input()
         link.read_done()        # beside the broker: the replies are back before this returns
+        if not self.replied:    # (else on_replies pumped: written, reading regulated)
+            self.pump()
+
+    def take_input(self) -> None:
+        """Parse what a read brought and submit its ops (a subclass may leave writing the
+        replies to the pump that follows them)."""
+        self.pump()
 
     def connection_lost(self, exc) -> None:
         if self.front.conns.pop(self.conn, None) is self:
@@ -120,6 +129,7 @@ class LinkedFront(LinkOwner):
                 c.answer(item)
                 touched[c] = None
         for c in touched:
+            c.replied = True
             c.pump()
 
     def on_welcome(self, w: Welcome) -> None:

@@ -66,6 +66,7 @@ class BeanstalkConn(LinkedConn):
         super().__init__(front, conn)
         self.parser = Parser(front.max_job_size)
         self.inflight_bytes = 0     # put body bytes sent and not yet answered
+        self.starved = False        # the parser asked for more bytes than it has
         self.quitting = False
         self.use = "default"
         self.watch = ["default"]
@@ -81,10 +82,15 @@ class BeanstalkConn(LinkedConn):
     # -- commands ----------------------------------------------------------------------
     def pump(self) -> None:
         """Turn buffered bytes into replies and ops, as far as the bounds allow."""
-        while self._parse() and self._flush_frees():
-            pass
+        if not self.starved:            # (a parser that wants bytes wants new ones)
+            self.take_input()
         self.flush()
         self._regulate_reading()
+
+    def take_input(self) -> None:
+        self.starved = False
+        while self._parse() and self._flush_frees():
+            pass
 
     def _parse(self) -> bool:
         """Parse until input runs out or a bound stops it; True when a bound did."""
@@ -95,6 +101,7 @@ class BeanstalkConn(LinkedConn):
                 return True
             ev = parser.next_event()
             if ev is NEED_DATA:
+                self.starved = True
                 break
             if type(ev) is Reject:
                 if ev.counts:

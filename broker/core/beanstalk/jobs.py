@@ -237,7 +237,7 @@ class Session:
     `watch` keeps beanstalkd's order: append on watch, swap-remove on ignore, which is
     what list-tubes-watched shows.
     """
-    __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "due", "waiting", "wait_until",
+    __slots__ = ("front", "conn", "use", "watch", "watched", "reserved", "waiting", "wait_until",
                  "wake", "producer", "worker", "behind", "behind_bytes", "half_closed")
     family = 0          # ops it may send: the beanstalk ones (core.Broker._batch)
     is_counter = False
@@ -250,7 +250,6 @@ class Session:
         self.watch: list[Tube] = [default]
         self.watched: set[Tube] = {default}    # the same tubes, for membership tests
         self.reserved: dict[int, Job] = {}
-        self.due = SortedList()                # (deadline, id) of the reserved jobs
         self.waiting = False
         self.wait_until: float | None = None   # reserve timeout; None waits forever
         self.wake: tuple | None = None         # this session's entry in the broker's wake list
@@ -278,4 +277,10 @@ class Session:
         self.watched.discard(t)
 
     def soonest_deadline(self) -> float | None:
-        return self.due[0][0] if self.due else None
+        """The earliest TTR expiry of the jobs it holds: looked at only when it waits in
+        reserve, so it is found then (as beanstalkd's conn_soonestjob walks its list)
+        rather than kept in order on every reserve, touch and delete."""
+        reserved = self.reserved
+        if not reserved:
+            return None
+        return min(job.deadline for job in reserved.values())

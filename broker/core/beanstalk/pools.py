@@ -39,9 +39,6 @@ class PoolSession(Session):
         super().__init__(front, conn, default)
         self.credits = 0
         self.version = 0
-        # (deadline, id) of the jobs it holds: only added and removed, never ordered
-        # (no DEADLINE_SOON for pools), so a set instead of the SortedList
-        self.due = set()
 
     def soonest_deadline(self) -> float | None:
         return None         # no DEADLINE_SOON wake-ups for a pool (see above)

@@ -8,10 +8,13 @@ Invariant kept after every public call: no waiting session watches an unpaused t
 that has a ready job.  So a job that becomes ready only has to be offered to the waiters
 of its own tube, and a new reserve never competes with a waiter.
 
-Timers (each a SortedList, so a cancelled timer is removed exactly and nothing stale
-piles up):
+Timers (SortedLists, so a cancelled timer is removed exactly and nothing stale piles up,
+but for the one every reserve and delete touches):
   * `delayed_due` (deadline, id): DELAYED jobs becoming READY;
-  * `ttr_due` (deadline, id): RESERVED jobs whose time-to-run runs out;
+  * `ttr_due` (deadline, id): RESERVED jobs whose time-to-run runs out, a `Deadlines`
+    heap: a reserve pushes in C, a delete only marks its entry stale (the entry no longer
+    matches its job's state and deadline), and stale entries are dropped when they come
+    to the top or, once they outnumber the live ones, all at once;
   * `wakes` (when, seq): waiting sessions to look at again (reserve timeout, or the
     start of the DEADLINE_SOON margin of a job they hold);
   * `paused` (unpause_at, name): paused tubes.
@@ -20,6 +23,7 @@ across many watched tubes looks at the best candidates first instead of every tu
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import Callable
 
@@ -29,6 +33,7 @@ from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVES, TIMEOUTS, 
                    Job, Session, Tube, key_id)
 
 SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
+_STALE_SLACK = 1024     # stale Deadlines entries kept beyond the live ones before compacting
 _FEW_TUBES = 8          # watch lists up to this size are scanned directly
 
 
@@ -47,7 +52,7 @@ class Queue:
         self.tube_list: list[Tube] = []     # creation order with swap-remove (list-tubes)
         self.tops = SortedList()
         self.delayed_due = SortedList()
-        self.ttr_due = SortedList()
+        self.ttr_due = Deadlines(self._reserved_until)
         self.wakes = SortedList()
         self.wake_sessions: dict[int, Session] = {}
         self.paused = SortedList()
@@ -55,6 +60,11 @@ class Queue:
         self.job_timeouts = 0
         self.bury_seq = 0           # orders buried jobs across restarts (see Job.deadline)
         self._seq = itertools.count(1)
+
+    def _reserved_until(self, deadline: float, job_id: int) -> bool:
+        """Whether a ttr_due entry is live: its job is still reserved until then."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.state == RESERVED and job.deadline == deadline
 
     # -- tubes ---------------------------------------------------------------------
     def tube(self, name: str) -> Tube:
@@ -136,8 +146,7 @@ class Queue:
         elif job.state == BURIED:
             del t.buried[job.id]
         elif job.state == RESERVED:
-            self.ttr_due.remove((job.deadline, job.id))
-            job.holder.due.remove((job.deadline, job.id))
+            self.ttr_due.discard()
             del job.holder.reserved[job.id]
             job.holder = None
             t.reserved -= 1
@@ -198,8 +207,7 @@ class Queue:
         job.deadline = now + job.ttr_s
         job.tube.reserved += 1
         session.reserved[job.id] = job
-        session.due.add((job.deadline, job.id))
-        self.ttr_due.add((job.deadline, job.id))
+        self.ttr_due.add(job.deadline, job.id)
 
     def bury(self, job: Job) -> None:
         self.bury_seq += 1
@@ -213,12 +221,9 @@ class Queue:
         self.maybe_free(job.tube)
 
     def touch(self, job: Job, now: float) -> None:
-        due = job.holder.due
-        self.ttr_due.remove((job.deadline, job.id))
-        due.remove((job.deadline, job.id))
+        self.ttr_due.discard()
         job.deadline = now + job.ttr_s
-        self.ttr_due.add((job.deadline, job.id))
-        due.add((job.deadline, job.id))
+        self.ttr_due.add(job.deadline, job.id)
 
     # -- reserve -------------------------------------------------------------------
     def best_ready(self, session: Session) -> Job | None:
@@ -308,12 +313,15 @@ class Queue:
 
     # -- timers --------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        d = None
-        for due in (self.delayed_due, self.ttr_due, self.wakes, self.paused):
-            if due:
-                first = due[0][0]
-                if d is None or first < d:
-                    d = first
+        # (after every turn: unrolled, with no tuple or generator built each time)
+        d = self.delayed_due[0][0] if self.delayed_due else None
+        ttr = self.ttr_due.first()
+        if ttr is not None and (d is None or ttr[0] < d):
+            d = ttr[0]
+        if self.wakes and (d is None or self.wakes[0][0] < d):
+            d = self.wakes[0][0]
+        if self.paused and (d is None or self.paused[0][0] < d):
+            d = self.paused[0][0]
         return d
 
     def expire(self, now: float) -> None:
@@ -324,8 +332,8 @@ class Queue:
             self.make_ready(job, now)
         while self.paused and self.paused[0][0] <= now:
             self._unpause(self.tubes[self.paused[0][1]], now)
-        while self.ttr_due and self.ttr_due[0][0] <= now:
-            self._time_out(self.jobs[self.ttr_due[0][1]], now)
+        while (ttr := self.ttr_due.first()) is not None and ttr[0] <= now:
+            self._time_out(self.jobs[ttr[1]], now)
         while self.wakes and self.wakes[0][0] <= now:
             self._wake(self.wake_sessions[self.wakes[0][1]], now)
 
@@ -354,3 +362,38 @@ class Queue:
             self.timed_out(session)
         else:
             self._reschedule(session)
+
+
+class Deadlines:
+    """(deadline, id) timers, soonest first, as a binary heap with lazy removal: `add`
+    pushes, `discard` only counts an entry as stale (the caller has changed its job so that
+    `live(deadline, id)` no longer holds), `first` drops stale entries from the top. Once
+    stale entries outnumber live ones by _STALE_SLACK the heap is rebuilt from the live
+    ones, so it never holds much more than twice what is live."""
+    __slots__ = ("heap", "live_count", "live")
+
+    def __init__(self, live: Callable[[float, int], bool]) -> None:
+        self.heap: list[tuple[float, int]] = []
+        self.live_count = 0
+        self.live = live
+
+    def __len__(self) -> int:
+        return self.live_count
+
+    def add(self, deadline: float, job_id: int) -> None:
+        heapq.heappush(self.heap, (deadline, job_id))
+        self.live_count += 1
+
+    def discard(self) -> None:
+        self.live_count -= 1
+        if len(self.heap) > 2 * self.live_count + _STALE_SLACK:
+            live = self.live
+            self.heap = [entry for entry in self.heap if live(*entry)]
+            heapq.heapify(self.heap)
+
+    def first(self) -> tuple[float, int] | None:
+        heap, live = self.heap, self.live
+        while heap and not live(*heap[0]):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
