@@ -54,6 +54,7 @@ from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError
                                decode_peer, encode)
 from .core.broker import Broker, Config
 from .core.beanstalk.stats import SysInfo
+from .metrics import DEFAULT_TOP, BrokerMetrics
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
@@ -80,7 +81,7 @@ class BindError(Exception):
 class BrokerActor:
     def __init__(self, bind: str | None, config: Config, ctx=None, binlog=None,
                  also_bind: tuple[str, ...] = (), config_path: str | None = None,
-                 keys=curve.FROM_ENV) -> None:
+                 keys=curve.FROM_ENV, metrics_top: int = DEFAULT_TOP) -> None:
         self.config_path = config_path      # the --config file SIGHUP reads again
         # CURVE (protocol/transport/curve.py): our keys and the admitted clients' directory, by
         # default from the environment; the ZAP handler starts with the socket
@@ -96,6 +97,7 @@ class BrokerActor:
             self.core = self._make_core(config, recovered)
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again
+        self.metrics = BrokerMetrics(self.core, metrics_top)    # read at a scrape
         self.held: collections.deque = collections.deque()   # (write_seq, messages)
         self.ctx = ctx
         self.sock = None
@@ -119,6 +121,10 @@ class BrokerActor:
         self._refusal_watch = None      # with CURVE: the ROUTER's monitor (_watch_refusals)
         if bind is not None or also_bind:
             self.bind(*((bind,) if bind is not None else ()), *also_bind)
+
+    def render_metrics(self, more=()) -> bytes:
+        """GET /metrics: the broker's state now, and `more` samples (in-process fronts')."""
+        return self.metrics.render(time.monotonic(), more)
 
     def _make_core(self, config: Config, recovered) -> Broker:
         now = time.monotonic()
@@ -387,6 +393,8 @@ class BrokerActor:
                     for peer, msg in inbox:
                         core.handle(peer, msg, now)
                 if now >= self._timer_at:
+                    if not expired:
+                        self.metrics.timer_lateness.observe(now - self._timer_at)
                     self._keep_local_alive(now)
                     if core.schedules.by_name:
                         core.observe_wall(time.time(), now)
@@ -438,6 +446,7 @@ class BrokerActor:
         """Heartbeat the peers across ZeroMQ (in-process ones share our loop: no need)."""
         local = self.local
         self._send([m for m in self.core.heartbeats() if m[0] not in local])
+        self.metrics.tick(time.monotonic())
         if self._refusal_watch is not None:
             self._read_refusals()
         if self._awaiting:          # stopping: a front that has gone will not answer

@@ -373,6 +373,25 @@ def test_an_fsync_error_is_reported_to_the_loop_not_swallowed(tmp_path):
     os.close(fd)                             # fsync of a closed fd: EBADF
     syncer.request(1, [fd], -1)
     assert select.select([syncer.read_fd], [], [], 10)[0]
-    done, error = syncer.take_done()
-    assert done == 0 and isinstance(error, OSError)
+    done, error, took = syncer.take_done()
+    assert done == 0 and isinstance(error, OSError) and took == []
     syncer.stop()
+
+
+def test_the_fsync_thread_says_how_long_each_sync_took(tmp_path):
+    import select
+
+    from zstalk.broker.wal.fsync import Syncer
+
+    syncer = Syncer()
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"x" * 4096)
+        syncer.request(7, [fd], -1)
+        assert select.select([syncer.read_fd], [], [], 10)[0]
+        done, error, took = syncer.take_done()
+        assert (done, error, len(took)) == (7, None, 1) and 0 <= took[0] < 10
+        assert syncer.take_done()[2] == []      # handed over once
+    finally:
+        syncer.stop()
+        os.close(fd)

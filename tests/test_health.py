@@ -23,6 +23,12 @@ REQUEST = b"GET /readyz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.30\r\n\r
 
 # -- the parser (sans-IO) -------------------------------------------------------------------
 def parse(chunks) -> tuple[str, str] | None:
+    """(method, path) of the request, once complete."""
+    got = parse_request(chunks)
+    return got and got[:2]
+
+
+def parse_request(chunks):
     parser, got = HealthRequest(), None
     for chunk in chunks:
         parser.receive_data(chunk)
@@ -34,6 +40,27 @@ def test_a_request_parses_the_same_whole_byte_by_byte_and_with_trailing_data():
     assert parse([REQUEST]) == ("GET", "/readyz")
     assert parse([REQUEST[i:i + 1] for i in range(len(REQUEST))]) == ("GET", "/readyz")
     assert parse([REQUEST + b"GET /healthz HTTP/1.1\r\n\r\n"]) == ("GET", "/readyz")
+
+
+def test_a_request_keeps_its_authorization_header_whatever_its_case():
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer s3cret \r\n\r\n"
+    assert parse_request([head]).authorization == "Bearer s3cret"
+    assert parse_request([REQUEST]).authorization is None
+
+
+def test_metrics_need_the_bearer_token_when_one_is_set():
+    from zstalk.protocol.transport.health import Request, answer_metrics
+    text = lambda: b"zstalk_jobs 1\n"     # noqa: E731
+    status = lambda reply: int(reply.split(b" ", 2)[1])     # noqa: E731
+    assert status(answer_metrics(Request("GET", "/metrics"), None, text)) == 200
+    assert status(answer_metrics(Request("GET", "/metrics"), "t0k", text)) == 401
+    assert status(answer_metrics(Request("GET", "/metrics", "Basic dDBr"), "t0k", text)) == 401
+    assert status(answer_metrics(Request("GET", "/metrics", "Bearer nope"), "t0k", text)) == 403
+    good = answer_metrics(Request("GET", "/metrics", "bearer t0k"), "t0k", text)
+    assert good.startswith(b"HTTP/1.1 200 ") and good.endswith(b"\r\n\r\nzstalk_jobs 1\n")
+    assert b"version=0.0.4" in good
+    assert status(answer_metrics(Request("POST", "/metrics"), None, text)) == 405
+    assert status(answer_metrics(Request("GET", "/metrics"), None, None)) == 404
 
 
 def test_a_request_needs_its_blank_line_and_drops_the_query():
@@ -156,7 +183,7 @@ def start_broker(procs: Processes) -> tuple[str, int]:
 def test_a_broker_answers_ready_and_live_404_for_other_paths_and_400_for_junk(procs):
     _, health = start_broker(procs)
     assert get(health, "/healthz") == (200, "ok")
-    assert get(health, "/metrics")[0] == 404
+    assert get(health, "/nothing")[0] == 404
     assert probe(health, b"HELLO\r\n\r\n").startswith(b"HTTP/1.1 400 ")
 
 

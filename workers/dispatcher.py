@@ -130,6 +130,13 @@ class Dispatcher(LinkOwner):
             await self.http.close()
         self.link.close(linger_ms=GOODBYE_LINGER_MS)
 
+    def samples(self) -> list:
+        """/metrics (protocol/codecs/prometheus.py METRICS, role dispatcher)."""
+        from ..protocol.codecs.prometheus import Sample
+        return [Sample("zstalk_dispatcher_calls_in_flight", (), len(self.calls)),
+                Sample("zstalk_dispatcher_reports_pending", (),
+                       len(self.unacked) + len(self.resend))]
+
     # -- LinkOwner ---------------------------------------------------------------------
     def on_replies(self, items: list) -> None:
         for item in items:

@@ -52,25 +52,51 @@ def binlog_options(f):
 
 
 def health_options(f):
-    """--health-port/--health-listen/--health-stall-s, given to the command as one
-    `health` argument (a listen.HealthOptions; the probes are protocol/transport/health.py)."""
+    """--health-port/--health-listen/--health-stall-s and the metrics' --metrics-token-file
+    and --metrics-top, given to the command as one `health` argument (a
+    listen.HealthOptions; the probes and /metrics are protocol/transport/health.py)."""
     @functools.wraps(f)
-    def command(*args, health_port, health_listen, health_stall_s, **kwargs):
-        return f(*args, health=HealthOptions(health_port, health_listen, health_stall_s),
-                 **kwargs)
+    def command(*args, health_port, health_listen, health_stall_s, metrics_token_file,
+                metrics_top, **kwargs):
+        token = None
+        if metrics_token_file:
+            if not health_port:
+                raise click.UsageError("--metrics-token-file protects /metrics on the health "
+                                       "port: it needs --health-port")
+            token = read_token(metrics_token_file)
+        return f(*args, health=HealthOptions(health_port, health_listen, health_stall_s,
+                                             token, metrics_top), **kwargs)
 
     for opt in reversed([
         click.option("--health-port", default=0, show_default=True,
                      type=click.IntRange(0, 65535),
-                     help="Serve GET /healthz and /readyz (plain HTTP) on this port; 0: none."),
+                     help="Serve GET /healthz, /readyz and /metrics (plain HTTP) on this "
+                          "port; 0: none."),
         click.option("--health-listen", default="0.0.0.0", show_default=True,
                      help="Address of the health port."),
         click.option("--health-stall-s", default=60.0, show_default=True,
                      type=click.FloatRange(min=0, min_open=True),
                      help="/healthz fails once the event loop has not turned for this long."),
+        click.option("--metrics-token-file", default=None, metavar="FILE",
+                     envvar="ZSTALK_METRICS_TOKEN_FILE",
+                     help="/metrics then needs 'Authorization: Bearer <the file's token>' "
+                          "(tube and function names are chosen by clients)."),
+        click.option("--metrics-top", default=100, show_default=True,
+                     type=click.IntRange(min=1),
+                     help="Label at most this many of the most active tubes (and as many "
+                          "functions) in /metrics; the rest count as \"_other\"."),
     ]):
         command = opt(command)
     return command
+
+
+def read_token(path: str) -> str:
+    """--metrics-token-file's token (a usage error, naming the file, if it cannot be read)."""
+    from ...protocol.transport.secret import SecretError, read_secret_file
+    try:
+        return read_secret_file(path, "--metrics-token-file").decode("latin-1")
+    except SecretError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def http_options(prefix: str):
@@ -363,7 +389,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     try:
         actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind),
-                            config_path=config_path)
+                            config_path=config_path, metrics_top=health.metrics_top)
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)
@@ -390,7 +416,7 @@ async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:
     replayed and the endpoint bound, so a broker still replaying answers no probe."""
     from ...protocol.transport.health import HealthBindError, start_health
     try:
-        probes = await start_health(health)
+        probes = await start_health(health, metrics=actor.render_metrics)
     except HealthBindError as exc:
         actor.close()
         click.echo(f"zstalk broker: {exc}", err=True)

@@ -80,7 +80,8 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
                     version=VERSION, binlog_max_size=opts.binlog_size,
                     stat_interval_s=opts.stat_interval, **tasks)
     try:
-        actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path)
+        actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path,
+                            metrics_top=opts.health.metrics_top)
     except Exception as exc:
         from ..wal.binlog import BinlogError
         if not isinstance(exc, BinlogError):
@@ -111,7 +112,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     code = _bind_workers(actor, opts)
     probes = None
     if code is None:
-        probes, code = await _start_probes(opts)
+        probes, code = await _start_probes(opts, metrics(actor, fronts, tasks))
     if code is None:
         if opts.announce:
             start_line(opts.role, announcement(listeners, counter_listeners, actor.endpoint,
@@ -148,12 +149,22 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
     return started
 
 
-async def _start_probes(opts: ServeOptions):
+def metrics(actor, fronts: list, tasks: list):
+    """/metrics of the one process: the broker's, and its fronts' and dispatcher's."""
+    def render() -> bytes:
+        more = [s for running in fronts for s in running.front.samples()]
+        for started in tasks:       # the HTTP front, the dispatcher
+            more += started.samples()
+        return actor.render_metrics(more)
+    return render
+
+
+async def _start_probes(opts: ServeOptions, metrics=None):
     """--health-port, once the binlog is replayed and every endpoint bound: (probes, None),
     or (None, BIND_EXIT) when its port cannot be bound."""
     from ...protocol.transport.health import HealthBindError, start_health
     try:
-        return await start_health(opts.health), None
+        return await start_health(opts.health, metrics=metrics), None
     except HealthBindError as exc:
         print(f"zstalk: {exc}", file=sys.stderr)
         return None, BIND_EXIT

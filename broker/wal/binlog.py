@@ -55,6 +55,7 @@ from .fsync import Syncer, preallocate
 from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
 from ..core.tasks.schedules import Schedule
 from ..core.tasks.store import ERROR_CHARS, Task
+from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 
 log = logging.getLogger("zstalk.binlog")
 SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
@@ -129,6 +130,7 @@ class Binlog:
         self._tube_bytes: dict[str, bytes] = {}
         self.records_written = 0
         self.records_migrated = 0
+        self.fsync_seconds = Histogram(LATENCY_BUCKETS)     # (for /metrics)
         self.wall_offset = 0.0
         self.write_seq = 0                  # counts write() calls that wrote something
         self.synced = 0                     # the last write_seq known to be on disk
@@ -657,7 +659,9 @@ class Binlog:
 
     def on_synced(self, now: float) -> None:
         """The sync thread finished: advance `synced` and start the next one if due."""
-        done, error = self.syncer.take_done()
+        done, error, took = self.syncer.take_done()
+        for seconds in took:
+            self.fsync_seconds.observe(seconds)
         if error is not None:
             # the kernel may have dropped the pages it failed to write: a retry would
             # report success over lost data, so the broker must stop (and recover)

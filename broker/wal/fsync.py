@@ -7,13 +7,15 @@ file systems without it), so writing into the segment later cannot fail for spac
 since the last sync and the write number they cover; when the fsyncs return, the thread
 records that number and writes a byte to a pipe the loop polls, so the loop learns of
 it without waiting.  One sync runs at a time; writes made meanwhile are covered by the
-next one (group commit).
+next one (group commit).  The thread also keeps how long each sync took (`take_done`
+hands them to the loop, for the fsync latency histogram).
 """
 from __future__ import annotations
 
 import errno
 import os
 import threading
+import time
 
 
 def preallocate(fd: int, size: int) -> None:
@@ -37,6 +39,7 @@ class Syncer:
         self._job: tuple | None = None
         self._done = 0
         self._error: OSError | None = None
+        self._took: list[float] = []        # seconds each sync took, since take_done
         self.busy = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="zstalk-fsync", daemon=True)
@@ -48,14 +51,16 @@ class Syncer:
             self._job = (seq, fds, dir_fd)
             self._cond.notify()
 
-    def take_done(self) -> tuple[int, OSError | None]:
-        """The last write number synced, and the error that stopped the thread, if any."""
+    def take_done(self) -> tuple[int, OSError | None, list[float]]:
+        """The last write number synced, the error that stopped the thread (if any), and
+        how long each sync since the last call took."""
         try:
             os.read(self.read_fd, 4096)
         except BlockingIOError:
             pass
         with self._cond:
-            return self._done, self._error
+            took, self._took = self._took, []
+            return self._done, self._error, took
 
     def _run(self) -> None:
         while True:
@@ -66,6 +71,7 @@ class Syncer:
                     return
                 seq, fds, dir_fd = self._job
                 self._job = None
+            started = time.monotonic()
             try:
                 for fd in fds:
                     os.fsync(fd)
@@ -78,6 +84,7 @@ class Syncer:
                 return
             with self._cond:
                 self._done = seq
+                self._took.append(time.monotonic() - started)
                 self.busy = False
             os.write(self._write_fd, b"x")
 

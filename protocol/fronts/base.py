@@ -6,6 +6,11 @@ A front subclass names its connection class (`conn_class`) and its link `kind`. 
 connection object provides `answer(reply)`, `pump()`, `settle_unanswered()` (the broker
 is gone: decide what each command in flight gets), `state()` (its SessionState for
 re-registration), `abort()`, and the attributes `conn`, `unanswered` and `stale`.
+
+For /metrics a front counts the commands its clients sent and the replies it made itself
+(a protocol error, a refusal, INTERNAL_ERROR for what a lost broker left unanswered), as
+plain integers; connections are counted when scraped, and what waited for the broker is
+its link's (owner.LinkStats).  `front_samples` reads them all.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import asyncio
 import collections
 import socket
 
+from ..codecs.prometheus import Sample
 from ..transport.links import open_link
 from ..transport.owner import LinkOwner
 from ..schema import Op, SessionState, Welcome
@@ -102,6 +108,8 @@ class LinkedFront(LinkOwner):
         self.conns: dict = {}
         self.max_connections = max_connections
         self._next_conn = 0
+        self.commands = 0           # (for /metrics: front_samples)
+        self.own_replies = 0
         self.link = open_link(broker, self.kind, self, hold_s=hold_s)
 
     def protocol_factory(self):
@@ -113,6 +121,12 @@ class LinkedFront(LinkOwner):
             return False                # accept, then close: as beanstalkd and yrmcds do
         self.conns[c.conn] = c
         return True
+
+    def connections(self) -> int:
+        return len(self.conns)
+
+    def samples(self) -> list[Sample]:
+        return front_samples(self)
 
     def forget(self, c) -> None:
         """Close a session at the broker now (not at the next loop turn)."""
@@ -156,3 +170,14 @@ class LinkedFront(LinkOwner):
         for c in list(self.conns.values()):
             c.abort()
         self.link.close()
+
+
+def front_samples(front) -> list[Sample]:
+    """A front's /metrics (protocol/codecs/prometheus.py METRICS, role front): any front
+    with `kind`, `link`, `commands`, `own_replies` and `connections()`."""
+    kind, stats = (front.kind,), front.link.stats
+    return [Sample("zstalk_front_connections", kind, front.connections()),
+            Sample("zstalk_front_commands_total", kind, front.commands),
+            Sample("zstalk_front_own_replies_total", kind, front.own_replies + stats.failed),
+            Sample("zstalk_front_link_round_trip_seconds", kind, stats.round_trip),
+            Sample("zstalk_front_held_total", kind, stats.held)]

@@ -96,17 +96,21 @@ class BeanstalkConn(LinkedConn):
         """Parse until input runs out or a bound stops it; True when a bound did."""
         parser, submit = self.parser, self.front.link.submit
         slots, conn = self.slots, self.conn
+        bound, n = False, 0
         while not (self.quitting or self.write_paused):
             if len(slots) >= SESSION_OPS_MAX or self.inflight_bytes >= SESSION_BYTES_MAX:
-                return True
+                bound = True
+                break
             ev = parser.next_event()
             if ev is NEED_DATA:
                 self.starved = True
                 break
+            n += 1
             if type(ev) is Reject:
                 if ev.counts:
                     submit((_COUNT, conn, ev.counts, ev.consumes_id))
                 slots.append([None, ev.reply])
+                self.front.own_replies += 1
                 continue
             if ev.name == "quit":
                 self.quitting = True
@@ -118,7 +122,8 @@ class BeanstalkConn(LinkedConn):
             submit(op)
             if op[0] == _PUT:
                 self.inflight_bytes += len(op[5])
-        return False
+        self.front.commands += n
+        return bound
 
     def _flush_frees(self) -> bool:
         """At the in-flight bound: write what is answered; True if that made room."""
@@ -160,6 +165,7 @@ class BeanstalkConn(LinkedConn):
 
     def settle_unanswered(self) -> None:
         """The broker is gone: every command it had is answered INTERNAL_ERROR, never replayed."""
+        self.front.own_replies += len(self.unanswered)
         while self.unanswered:
             self.unanswered.popleft()[1] = INTERNAL_ERROR
         self.inflight_bytes = 0

@@ -133,15 +133,18 @@ class CounterConn(LinkedConn):
         parser, link = self.parser, self.front.link
         slots, unanswered, conn = self.slots, self.unanswered, self.conn
         self.starved = False
+        front, n = self.front, 0
         while not (self.closing or self.write_paused) and len(unanswered) < MAX_IN_FLIGHT:
             ev = parser.next_event()
             if ev is NEED_DATA:
                 self.starved = True
                 break
+            n += 1
             kind = type(ev)
             if kind is Request:
                 if ev.opcode == _ACQUIRE and link.fail_closed:
                     slots.append([ev, refused(ev)])
+                    front.own_replies += 1
                     continue
                 slot = [ev, None]
                 slots.append(slot)
@@ -149,8 +152,10 @@ class CounterConn(LinkedConn):
                 link.submit(request_op(conn, ev))
             elif kind is Reject:
                 slots.append([None, ev.reply])
+                front.own_replies += 1
             else:                   # TooLarge: no reply of its own, as in yrmcds
                 self.closing = True
+        front.commands += n
         self.flush()
         self._regulate_reading()
 
@@ -180,8 +185,10 @@ class CounterConn(LinkedConn):
             req = slot[0]
             if req.opcode == _RELEASE:
                 slot[1] = self._release_locally(req)
+                self.front.own_replies += 1
             elif req.opcode == _ACQUIRE:
                 slot[1] = refused(req)
+                self.front.own_replies += 1
             else:
                 self.unanswered.append(slot)
                 self.front.link.submit(request_op(self.conn, req))

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import hmac
 import json
 import logging
@@ -65,6 +66,9 @@ from ..transport.owner import LinkOwner
 from ..schema import Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.http")
+#: whether the request being handled (each has its own task, so its own context) sent an
+#: op to the broker; one that did not was answered by the front itself (/metrics)
+_ASKED: contextvars.ContextVar[bool] = contextvars.ContextVar("zstalk_http_asked", default=False)
 
 CONN = 1                    # the front's one broker session
 #: how long close() lets requests in flight finish before failing them
@@ -208,6 +212,8 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # -- the front -----------------------------------------------------------------------------
 class HttpFront(LinkOwner):
+    kind = "http"
+
     def __init__(self, broker: str, master_key: str | None = None, link=None,
                  limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0) -> None:
         self.master_key = master_key.encode() if master_key else None
@@ -218,11 +224,14 @@ class HttpFront(LinkOwner):
         self.opened = False
         self.runner: web.AppRunner | None = None
         self.openapi_body = b""     # (built with the app)
-        self.link = link if link is not None else open_link(broker, "http", self, hold_s=hold_s)
+        self.commands = 0           # requests, and those answered without the broker
+        self.own_replies = 0        # (for /metrics: base.front_samples)
+        self.link = link if link is not None else open_link(broker, self.kind, self, hold_s=hold_s)
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[close_after_408, json_errors, self.loopback_only])
+        app = web.Application(middlewares=[self.counted, close_after_408, json_errors,
+                                           self.loopback_only])
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
@@ -236,6 +245,25 @@ class HttpFront(LinkOwner):
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
         return app
+
+    @web.middleware
+    async def counted(self, request: web.Request, handler) -> web.StreamResponse:
+        self.commands += 1
+        _ASKED.set(False)
+        try:
+            return await handler(request)
+        finally:
+            if not _ASKED.get():
+                self.own_replies += 1
+
+    def connections(self) -> int:
+        server = self.runner.server if self.runner is not None else None
+        return len(server.connections) if server is not None else 0
+
+    def samples(self) -> list:
+        """/metrics (base.front_samples)."""
+        from .base import front_samples
+        return front_samples(self)
 
     @web.middleware
     async def loopback_only(self, request: web.Request, handler) -> web.StreamResponse:
@@ -410,6 +438,7 @@ class HttpFront(LinkOwner):
     def send(self, op: tuple, loop) -> asyncio.Future:
         """Send one op now; the future gets its reply."""
         future = loop.create_future()
+        _ASKED.set(True)
         # waiting first: a submit that fills a batch sends it and reads the socket, and a
         # reply to this very op may be among what it reads
         entry = (future, op)

@@ -1,4 +1,5 @@
-"""Health probes: `GET /healthz` (liveness) and `GET /readyz` (readiness) over plain HTTP/1.1.
+"""Health probes: `GET /healthz` (liveness) and `GET /readyz` (readiness) over plain HTTP/1.1,
+and `GET /metrics` (Prometheus' text format) beside them.
 
 `--health-port PORT` puts this tiny server on the process's own loop, beside its actor, so
 it needs nothing aiohttp brings and a broker still starts fast.  The request is parsed
@@ -6,6 +7,11 @@ sans-IO (`HealthRequest.receive_data` -> `next_request`): only the request line 
 the headers are read and ignored up to a blank line; a request line over MAX_LINE bytes,
 a head over MAX_HEAD, or one not complete within READ_TIMEOUT_S closes the connection.
 Every answer is text, `200 ok` or `503 <reason>`, with Connection: close.
+
+`/metrics` answers what the process's `metrics()` renders (its own state, read now: see
+broker/metrics.py), on this same loop; with a token (--metrics-token-file) it needs
+`Authorization: Bearer <token>` (401 without one, 403 for a wrong one: tube and function
+names are chosen by clients, so they may be worth keeping to the monitoring system).
 
 Liveness: a callback re-armed every BEAT_S records when the loop last ran it; the
 process is dead when that is older than `stall_s` (generous: binlog writes run on the
@@ -19,10 +25,11 @@ adds its children's state (workers/probes.py).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .listen import HealthOptions, bind_tcp
 
@@ -32,6 +39,13 @@ READ_TIMEOUT_S = 2.0     # for the whole request head
 BEAT_S = 1.0
 STALL_S = HealthOptions().stall_s
 PATHS = ("/healthz", "/readyz")
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Request(NamedTuple):
+    method: str
+    path: str
+    authorization: str | None = None
 
 
 class BadRequest(Exception):
@@ -51,8 +65,8 @@ class HealthRequest:
     def receive_data(self, data: bytes) -> None:
         self.buffer += data
 
-    def next_request(self) -> tuple[str, str] | None:
-        """(method, path) once the head is complete; None: more data needed.
+    def next_request(self) -> Request | None:
+        """The request once its head is complete; None: more data needed.
         Raises BadRequest or TooLong."""
         end_line = self.buffer.find(b"\n")
         if end_line < 0:
@@ -68,7 +82,16 @@ class HealthRequest:
             if len(self.buffer) > MAX_HEAD:
                 raise TooLong("request head")
             return None
-        return parse_request_line(bytes(self.buffer[:end_line]))
+        method, path = parse_request_line(bytes(self.buffer[:end_line]))
+        return Request(method, path, _authorization(bytes(self.buffer[end_line:end_head])))
+
+
+def _authorization(head: bytes) -> str | None:
+    for line in head.split(b"\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"authorization":
+            return value.strip().decode("latin-1")
+    return None
 
 
 def parse_request_line(line: bytes) -> tuple[str, str]:
@@ -82,11 +105,13 @@ def parse_request_line(line: bytes) -> tuple[str, str]:
     return method, target.split("?", 1)[0]
 
 
-def response(status: int, text: str, head_only: bool = False) -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-              503: "Service Unavailable"}[status]
-    body = (text + "\n").encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+def response(status: int, text: str | bytes, head_only: bool = False,
+             content_type: str = "text/plain; charset=utf-8") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+              404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[status]
+    body = text if isinstance(text, bytes) else (text + "\n").encode()
+    extra = "WWW-Authenticate: Bearer\r\n" if status == 401 else ""
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{extra}"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     return head if head_only else head + body
 
@@ -117,6 +142,22 @@ def link_ready(link, hold_s: float | None = None) -> Callable[[], str | None]:
                               time.monotonic(), hold_s)
 
 
+def answer_metrics(request: Request, token: str | None,
+                   metrics: Callable[[], bytes] | None) -> bytes:
+    """GET /metrics: the exposition, once the bearer token (if any) is right."""
+    if metrics is None:
+        return response(404, "not found")
+    if request.method not in ("GET", "HEAD"):
+        return response(405, "GET only")
+    if token is not None:
+        scheme, _, given = (request.authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return response(401, "this needs Authorization: Bearer <metrics token>")
+        if not hmac.compare_digest(given.strip().encode("latin-1"), token.encode("latin-1")):
+            return response(403, "wrong metrics token")
+    return response(200, metrics(), request.method == "HEAD", METRICS_TYPE)
+
+
 def answer(method: str, path: str, live: str | None, ready: str | None) -> bytes:
     if path not in PATHS:
         return response(404, "not found")
@@ -137,10 +178,14 @@ class HealthServer:
 
     def __init__(self, ready: Callable[[], str | None] = lambda: None,
                  stall_s: float = STALL_S,
-                 alive: Callable[[], str | None] = lambda: None) -> None:
+                 alive: Callable[[], str | None] = lambda: None,
+                 metrics: Callable[[], bytes] | None = None,
+                 token: str | None = None) -> None:
         self.ready = ready
         self.stall_s = stall_s
         self.alive = alive
+        self.metrics = metrics          # () -> the exposition; None: no /metrics
+        self.token = token
         self.last_beat = time.monotonic()
         self.sock = None
         self.server: asyncio.AbstractServer | None = None
@@ -199,10 +244,15 @@ class _ProbeProtocol(asyncio.Protocol):
         except BadRequest:
             self._reply(response(400, "bad request"))
             return
-        if request is not None:
-            health = self.health
-            live = health.live()
-            self._reply(answer(*request, live, None if live else health.ready()))
+        if request is None:
+            return
+        health = self.health
+        if request.path == "/metrics":
+            self._reply(answer_metrics(request, health.token, health.metrics))
+            return
+        live = health.live()
+        self._reply(answer(request.method, request.path, live,
+                           None if live else health.ready()))
 
     def _reply(self, data: bytes) -> None:
         self.transport.write(data)
@@ -211,12 +261,13 @@ class _ProbeProtocol(asyncio.Protocol):
 
 async def start_health(opts: HealthOptions | None,
                        ready: Callable[[], str | None] = lambda: None,
-                       alive: Callable[[], str | None] = lambda: None) -> HealthServer | None:
-    """The probes on the running loop, if a port was given; None otherwise.
+                       alive: Callable[[], str | None] = lambda: None,
+                       metrics: Callable[[], bytes] | None = None) -> HealthServer | None:
+    """The probes (and /metrics) on the running loop, if a port was given; None otherwise.
     Raises HealthBindError."""
     if opts is None or not opts.port:
         return None
-    health = HealthServer(ready, opts.stall_s, alive)
+    health = HealthServer(ready, opts.stall_s, alive, metrics, opts.metrics_token)
     try:
         await health.start(opts.host, opts.port)
     except OSError as exc:

@@ -32,7 +32,7 @@ import time
 import zmq
 
 from . import curve, handshakes
-from .owner import CONNECTING, READY, LinkOwner  # shared by both links
+from .owner import CONNECTING, READY, LinkOwner, LinkStats  # shared by both links
 from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
                       Holding, Op, Replies, R, SchemaError, Settings, Stopping,
                       Welcome, decode, encode)
@@ -51,6 +51,8 @@ WAITING_LOG_S = 30.0
 _CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
 # plain ints: pyzmq's enum arithmetic costs microseconds on the hot path
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+#: ops a broker may not answer at once: a batch of only these is not timed (LinkStats)
+_MAY_WAIT = frozenset(int(op) for op in (*SILENT_OPS, Op.RESERVE))
 
 
 class BrokerLink:
@@ -75,6 +77,7 @@ class BrokerLink:
         self.settings = Settings()
         self.batch: list[tuple] = []
         self.held: list[tuple[float, tuple]] = []
+        self.stats = LinkStats()
         self._flush_scheduled = False
         self._sent_early = False        # read_done sent this turn's first batch
         self.sock: zmq.Socket | None = None
@@ -115,6 +118,7 @@ class BrokerLink:
         self.sock = s
         self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
         self.state = CONNECTING
+        self.stats.sent_at = None       # (its replies, if any, will not come)
         self.hello_at = time.monotonic()
         if self.down_since is None:
             self.down_since = self.hello_at
@@ -180,7 +184,7 @@ class BrokerLink:
         if self.batch and not self._sent_early and self.state is READY:
             self._sent_early = True
             batch, self.batch = self.batch, []
-            self._send(Batch(batch))
+            self._send_batch(batch)
 
     def submit(self, op: tuple) -> None:
         if self.state is READY:
@@ -194,16 +198,20 @@ class BrokerLink:
             pass        # at the bound, a connection that came and went is forgotten
         elif op[0] in _CONNECTION_OPS or len(self.held) < self.max_held:
             self.held.append((time.monotonic(), op))
+            if op[0] not in SILENT_OPS:
+                self.stats.held += 1
         elif op[0] not in SILENT_OPS:
             # full: fail the OLDEST held command, so each connection's replies stay in order
             self._fail_oldest_held()
             self.held.append((time.monotonic(), op))
+            self.stats.held += 1
         # else a COUNT past the bound: a lost stat, never acknowledged data
 
     def _fail_oldest_held(self) -> None:
         for i, (_, held) in enumerate(self.held):
             if held[0] not in SILENT_OPS:
                 del self.held[i]
+                self.stats.failed += 1
                 self.owner.on_replies([(held[1], R.INTERNAL_ERROR)])
                 return
 
@@ -222,12 +230,24 @@ class BrokerLink:
         self._flush_scheduled = self._sent_early = False
         if self.batch and self.state is READY:
             batch, self.batch = self.batch, []
-            self._send(Batch(batch))
+            self._send_batch(batch)
+
+    def _send_batch(self, batch: list) -> None:
+        stats = self.stats
+        if stats.armed and stats.sent_at is None and any(
+                op[0] not in _MAY_WAIT for op in batch):
+            stats.armed = False
+            stats.sent_at = time.monotonic()        # (timed to the next Replies)
+        self._send(Batch(batch))
 
     # -- broker messages ---------------------------------------------------------------
     def _handle(self, msg) -> None:
         self.last_heard = time.monotonic()
         if isinstance(msg, Replies):
+            sent_at = self.stats.sent_at
+            if sent_at is not None:
+                self.stats.sent_at = None
+                self.stats.round_trip.observe(self.last_heard - sent_at)
             self.owner.on_replies(msg.items)
         elif isinstance(msg, Heartbeat):
             if self.state in (READY, HOLDING) and msg.sender_id != self.broker_id:
@@ -307,6 +327,7 @@ class BrokerLink:
         if self.state is READY or self.state is HOLDING:
             if self.state is READY:
                 self._send(Heartbeat(self.front_id))
+                self.stats.armed = True
             if now - self.last_heard > PEER_TIMEOUT_S:
                 self._lose(f"silent for {now - self.last_heard:.1f} s")
         elif now - self.hello_at > PEER_TIMEOUT_S:
@@ -337,4 +358,5 @@ class BrokerLink:
                 failed.append((op[1], R.INTERNAL_ERROR))
         self.held = keep
         if failed:
+            self.stats.failed += len(failed)
             self.owner.on_replies(failed)

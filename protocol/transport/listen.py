@@ -107,10 +107,14 @@ class HttpLimits(NamedTuple):
 
 
 class HealthOptions(NamedTuple):
-    """--health-port, --health-listen, --health-stall-s (protocol/transport/health.py; port 0: none)."""
+    """--health-port, --health-listen, --health-stall-s (protocol/transport/health.py; port
+    0: none), and what its /metrics needs: the bearer token of --metrics-token-file (None:
+    open) and --metrics-top (how many tube and function names may be labels)."""
     port: int = 0
     host: str = "0.0.0.0"
     stall_s: float = 60.0
+    metrics_token: str | None = None
+    metrics_top: int = 100
 
 
 class TlsError(Exception):

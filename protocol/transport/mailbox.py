@@ -20,7 +20,8 @@ them) leave at the end of the loop turn (`call_soon`), or right after the delive
 caused them.
 
 The broker shares the front's loop, so there is no silence to watch: no heartbeats,
-and the link is never LOST.  It can still be fenced (the broker dropped this front for
+and the link is never LOST.  Its round trip (owner.LinkStats) is the broker's handling
+of a batch, timed once per PROBE_S.  It can still be fenced (the broker dropped this front for
 a reason of its own): the owner closes its clients and the link says Hello again.
 """
 from __future__ import annotations
@@ -28,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from typing import Protocol
 
-from ..schema import Batch, Fenced, Hello, Replies, Settings, Welcome
-from .owner import CONNECTING, READY
+from ..schema import SILENT_OPS, Batch, Fenced, Hello, Replies, Settings, Welcome
+from .owner import CONNECTING, PROBE_S, READY, LinkStats
 
 LOCAL_PREFIX = "local:"
 
@@ -79,6 +81,8 @@ class LocalLink:
         self.settings = Settings()
         self.batch: list[tuple] = []
         self.held: list[tuple] = []         # submitted before Welcome (start() not called)
+        self.stats = LinkStats()
+        self._prober: asyncio.TimerHandle | None = None
         self._gathering = False
         self._flush_scheduled = False
         self._sent_early = False        # read_done sent this turn's first batch
@@ -90,11 +94,16 @@ class LocalLink:
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
+        if self._prober is None:
+            self._arm_probe()
         self.mailbox.attach(self.peer, self)
         self.mailbox.post(self.peer, Hello(self.front_id, self.kind, os.getpid(), self.state_id,
                                            self.owner.session_states()))
 
     def close(self, linger_ms: int = 0) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            self._prober = None
         self.flush_now()
         self.state = CONNECTING
         self.mailbox.detach(self.peer)
@@ -103,6 +112,8 @@ class LocalLink:
     def submit(self, op: tuple) -> None:
         if self.state is not READY:
             self.held.append(op)
+            if op[0] not in SILENT_OPS:
+                self.stats.held += 1
             return
         self.batch.append(op)
         if not (self._gathering or self._flush_scheduled):
@@ -133,7 +144,18 @@ class LocalLink:
     def flush_now(self) -> None:
         if self.batch:
             batch, self.batch = self.batch, []
-            self.mailbox.post(self.peer, Batch(batch))
+            stats = self.stats
+            if stats.armed:
+                stats.armed = False
+                started = time.monotonic()
+                self.mailbox.post(self.peer, Batch(batch))
+                stats.round_trip.observe(time.monotonic() - started)
+            else:
+                self.mailbox.post(self.peer, Batch(batch))
+
+    def _arm_probe(self) -> None:
+        self.stats.armed = True
+        self._prober = self.loop.call_later(PROBE_S, self._arm_probe)
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = self._sent_early = False

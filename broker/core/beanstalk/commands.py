@@ -175,7 +175,7 @@ class BeanstalkCommands:
                 job.set_counts(rec[8:13])
             size += len(body)
             jobs.append(job)
-        q.load(jobs)
+        q.load(jobs, now)
         self.bytes += size + len(jobs) * JOB_OVERHEAD_BYTES
         self.next_id = max(self.next_id, next_id)
 
@@ -309,7 +309,7 @@ class BeanstalkCommands:
         self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
         if self.wal is not None:
             self.wal.log_delete(job)    # its space was reserved by its put
-        self.queue.delete(job)
+        self.queue.delete(job, now)
         return (s.conn, R.DELETED)
 
     def release(self, s: Session, op, now):

@@ -21,7 +21,11 @@ Ordering keys live here and nowhere else:
 """
 from __future__ import annotations
 
+import collections
+
 from sortedcontainers import SortedList
+
+from ....protocol.codecs.prometheus import WAIT_BUCKETS, Histogram
 
 READY = "ready"
 DELAYED = "delayed"
@@ -47,8 +51,10 @@ COUNTERS = ("reserves", "timeouts", "releases", "buries", "kicks")
 RESERVES, TIMEOUTS, RELEASES, BURIES, KICKS = range(len(COUNTERS))
 
 
-#: where Job.counts keeps the session holding a RESERVED job (a reserved job has counts)
+#: where Job.counts keeps the session holding a RESERVED job (a reserved job has counts),
+#: and when it was reserved (its run time, for the metrics)
 _HOLDER = len(COUNTERS)
+RESERVED_AT = _HOLDER + 1
 #: (delay_s, ttr_s) pairs shared by every job that has them; past this many distinct
 #: pairs new ones are not remembered (each such job then has its own tuple)
 _TIMES_MAX = 4096
@@ -86,7 +92,8 @@ class Job:
         # the job's place within its state: due time when DELAYED, TTR expiry when
         # RESERVED, bury sequence number when BURIED (a binlog restores bury order by it)
         self.deadline = 0.0
-        self.counts: list | None = None     # COUNTERS, then the holder (None: all 0, none)
+        # COUNTERS, the holder, when it was reserved (None: all 0, never reserved)
+        self.counts: list | None = None
         self.seg = 0            # binlog segment holding its latest full record (0: none)
 
     @property
@@ -112,16 +119,16 @@ class Job:
         if self.counts is None:
             if session is None:
                 return
-            self.counts = [0] * len(COUNTERS) + [None]
+            self.counts = [0] * len(COUNTERS) + [None, 0.0]
         self.counts[_HOLDER] = session
 
     def set_counts(self, counts) -> None:
         """Counters from a binlog record (never held: nothing is reserved at start)."""
-        self.counts = [*counts, None]
+        self.counts = [*counts, None, 0.0]
 
     def bump(self, counter: int) -> None:
         if self.counts is None:
-            self.counts = [0] * len(COUNTERS) + [None]
+            self.counts = [0] * len(COUNTERS) + [None, 0.0]
         self.counts[counter] += 1
 
     def count(self, counter: int) -> int:
@@ -200,14 +207,65 @@ class ReadySet:
             self.top = ready_key(first, ids if type(ids) is int else ids[0])
 
 
+class TubeMetrics:
+    """What the metrics count of a tube's jobs (protocol/codecs/prometheus.py): one per
+    labelled tube name, kept while the name is labelled (a tube emptied and made again has
+    the same), and one shared by every tube never labelled (`tube="_other"`)."""
+    __slots__ = ("puts", "wait", "run")
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.wait = Histogram(WAIT_BUCKETS)     # ready -> reserve
+        self.run = Histogram(WAIT_BUCKETS)      # reserve -> delete
+
+
+class ReadySince:
+    """When a tube's ready jobs became ready, to the second, oldest first: a count per
+    second and the seconds in order, so the oldest ready job's age is the first second
+    with a job left (each job's own time is its `deadline` while it is ready)."""
+    __slots__ = ("seconds", "counts")
+
+    def __init__(self) -> None:
+        self.seconds: collections.deque = collections.deque()
+        self.counts: dict[float, int] = {}
+
+    def add(self, since: float, n: int = 1) -> None:
+        second = since // 1.0
+        counts = self.counts
+        had = counts.get(second)
+        if had is None:
+            counts[second] = n
+            self.seconds.append(second)
+        else:
+            counts[second] = had + n
+
+    def remove(self, since: float) -> None:
+        second = since // 1.0
+        left = self.counts[second] - 1
+        if left:
+            self.counts[second] = left
+        else:
+            del self.counts[second]
+
+    def oldest(self) -> float | None:
+        """The second the oldest ready job became ready (None: none is)."""
+        seconds, counts = self.seconds, self.counts
+        while seconds and seconds[0] not in counts:
+            seconds.popleft()
+        return seconds[0] if seconds else None
+
+
 class Tube:
     """One tube: its job containers, the sessions waiting on it, and its counters."""
     __slots__ = ("name", "ready", "delayed", "buried", "urgent", "reserved", "total_jobs",
                  "using", "watching", "waiting", "cmd_delete", "cmd_pause_tube",
-                 "pause_s", "unpause_at")
+                 "pause_s", "unpause_at", "reserves", "ready_since", "metrics")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, metrics: TubeMetrics | None = None) -> None:
         self.name = name
+        self.reserves = 0               # jobs reserved from it (with puts and deletes: activity)
+        self.ready_since = ReadySince()
+        self.metrics = metrics or TubeMetrics()
         self.ready = ReadySet()
         self.delayed = SortedList()     # (deadline, id)
         self.buried: dict[int, Job] = {}

@@ -29,8 +29,10 @@ from typing import Callable
 
 from sortedcontainers import SortedList
 
-from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVES, TIMEOUTS, URGENT_PRI,
-                   Job, Session, Tube, key_id)
+from ..labels import Labelled
+
+from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVED_AT, RESERVES, TIMEOUTS,
+                   URGENT_PRI, Job, Session, Tube, TubeMetrics, key_id)
 
 SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
 _STALE_SLACK = 1024     # stale Deadlines entries kept beyond the live ones before compacting
@@ -59,6 +61,8 @@ class Queue:
         self.waiting_count = 0
         self.job_timeouts = 0
         self.bury_seq = 0           # orders buried jobs across restarts (see Job.deadline)
+        # what the metrics count by tube name (core/labels.py; broker/metrics.py labels)
+        self.metrics: Labelled[TubeMetrics] = Labelled(TubeMetrics)
         self._seq = itertools.count(1)
 
     def _reserved_until(self, deadline: float, job_id: int) -> bool:
@@ -67,10 +71,23 @@ class Queue:
         return job is not None and job.state == RESERVED and job.deadline == deadline
 
     # -- tubes ---------------------------------------------------------------------
+    def label(self, name: str) -> None:
+        """The metrics show this tube by name from now on."""
+        counted = self.metrics.label(name)
+        t = self.tubes.get(name)
+        if t is not None:
+            t.metrics = counted
+
+    def unlabel(self, name: str) -> None:
+        self.metrics.unlabel(name)
+        t = self.tubes.get(name)
+        if t is not None:
+            t.metrics = self.metrics.of(name)
+
     def tube(self, name: str) -> Tube:
         t = self.tubes.get(name)
         if t is None:
-            t = self.tubes[name] = Tube(name)
+            t = self.tubes[name] = Tube(name, self.metrics.of(name))
             self.tube_list.append(t)
         return t
 
@@ -94,6 +111,7 @@ class Queue:
         if job.pri < URGENT_PRI:
             t.urgent += 1
         job.state = READY
+        t.ready_since.add(job.deadline)         # (make_ready set it: ready since then)
         if ready.add(job.pri, job.id) and not t.unpause_at:
             if old_top is not None:
                 self.tops.remove((old_top, t))
@@ -105,6 +123,7 @@ class Queue:
         old_top = ready.top
         if job.pri < URGENT_PRI:
             t.urgent -= 1
+        t.ready_since.remove(job.deadline)
         if ready.remove(job.pri, job.id) and not t.unpause_at:
             self.tops.remove((old_top, t))
             if ready.top is not None:
@@ -113,6 +132,8 @@ class Queue:
     def make_ready(self, job: Job, now: float) -> None:
         """Enter READY and hand the job to a waiter of its tube if there is one."""
         t = job.tube
+        job.state = READY
+        job.deadline = now          # while READY: since when (Tube.ready_since, the metrics)
         if t.waiting and not t.unpause_at and t.ready.top is None:
             # by the invariant a tube with waiters has no ready job, so this one is what
             # _serve_waiters would pick: hand it over without the sorted containers
@@ -155,10 +176,12 @@ class Queue:
     def add(self, job: Job, delay_s: int, now: float) -> None:
         """A new job enters its tube (put)."""
         self.jobs[job.id] = job
-        job.tube.total_jobs += 1
+        t = job.tube
+        t.total_jobs += 1
+        t.metrics.puts += 1
         self.place(job, delay_s, now)
 
-    def load(self, jobs: list[Job]) -> None:
+    def load(self, jobs: list[Job], now: float) -> None:
         """Bulk-enter recovered jobs (binlog) into an empty queue, each in its state and key.
 
         Sorted containers are filled with one `update` each (a sort) instead of a
@@ -173,12 +196,14 @@ class Queue:
             if job.state == READY:
                 ready.setdefault(t, []).append(job)
                 t.urgent += job.pri < URGENT_PRI
+                job.deadline = now      # (ready since the restart, as far as we know)
             elif job.state == DELAYED:
                 delayed.append((job.deadline, job.id))
             else:
                 buried.append(job)
         for t, tube_jobs in ready.items():
             t.ready.fill(tube_jobs)
+            t.ready_since.add(now, len(tube_jobs))
             if not t.unpause_at:
                 self.tops.add((t.ready.top, t))
         for key in delayed:
@@ -201,11 +226,16 @@ class Queue:
 
     def reserve(self, session: Session, job: Job, now: float) -> None:
         """Give `job` (already taken from its container) to `session`."""
+        t = job.tube
+        if job.state == READY:                  # (reserve-job also takes delayed and buried)
+            t.metrics.wait.observe(now - job.deadline)
         job.state = RESERVED
         job.holder = session
         job.bump(RESERVES)
+        job.counts[RESERVED_AT] = now
         job.deadline = now + job.ttr_s
-        job.tube.reserved += 1
+        t.reserved += 1
+        t.reserves += 1
         session.reserved[job.id] = job
         self.ttr_due.add(job.deadline, job.id)
 
@@ -215,7 +245,9 @@ class Queue:
         job.deadline = float(self.bury_seq)
         job.tube.buried[job.id] = job
 
-    def delete(self, job: Job) -> None:
+    def delete(self, job: Job, now: float) -> None:
+        if job.state == RESERVED:
+            job.tube.metrics.run.observe(now - job.counts[RESERVED_AT])
         self.take(job)
         del self.jobs[job.id]
         self.maybe_free(job.tube)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from ....protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 from ....protocol.schema import Op, R
 from .schedules import Fire, Schedules, fire_id
 from .store import MAX_PAGE, Task, TaskError
@@ -30,6 +31,8 @@ class ScheduleCommands:
         self.store = store
         self.tasks = tasks              # commands.TaskCommands: admit, the store, feed
         self.wal = wal
+        self.fires = 0                  # (the metrics)
+        self.lateness = Histogram(LATENCY_BUCKETS)
 
     def handlers(self) -> dict:
         return {Op.T_SCHEDULE: self.t_schedule, Op.T_SCHEDULES: self.t_schedules,
@@ -91,6 +94,8 @@ class ScheduleCommands:
 
     def fire(self, fires: list[Fire], now: float) -> None:
         for fire in fires:
+            self.fires += 1
+            self.lateness.observe(max(0.0, now + self.store.wall_offset - fire.at))
             sched = fire.schedule
             logged = self.wal is None or self.wal.reserve_schedule(sched)
             error = self._fire(fire, now) if logged else "the binlog's disk is full"

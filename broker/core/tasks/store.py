@@ -52,6 +52,8 @@ from typing import Any, Callable, NamedTuple
 from sortedcontainers import SortedDict, SortedList
 
 from ...wal.format import T_SEQ, encode_task
+from ..labels import Labelled
+from .stats import FunctionCounts, Queued
 
 
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
@@ -186,6 +188,18 @@ class Tasks:
         self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
         self.wal = None                 # the binlog (binlog.Binlog), set by the core
+        # the metrics' counts by function (core/labels.py), and the queued tasks by function
+        self.counts: Labelled[FunctionCounts] = Labelled(FunctionCounts)
+        self.queued = Queued(self._still_queued)
+        self.activity: dict[str, int] = {}          # events per function since last asked
+
+    def _still_queued(self, seq: int) -> bool:
+        task = self.by_seq.get(seq)
+        return task is not None and task.status == QUEUED
+
+    def _counted(self, function: str) -> FunctionCounts:
+        self.activity[function] = self.activity.get(function, 0) + 1
+        return self.counts.of(function)
 
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
@@ -215,6 +229,7 @@ class Tasks:
             return _NO_SPACE            # (the record it sized is the one log_task writes)
         self.next_seq += 1
         self._add(task, spec)
+        self._counted(function).enqueued += 1
         self._queue(task, task.due, now)
         if self.wal is not None:
             self.wal.log_task(task)
@@ -244,7 +259,9 @@ class Tasks:
     def _queue(self, task: Task, due: float, now: float) -> None:
         task.status = QUEUED
         task.due = due
+        self.queued.add(task.function, task.seq)
         if due > now:
+            self.queued.delay(task.function, 1)
             self.waiting.add((due, task.seq))
         else:
             self.ready.setdefault(task.function, SortedList()).add(task.key)
@@ -316,6 +333,8 @@ class Tasks:
             return None                 # the binlog's disk is full: it waits, queued
         del self.by_key[best]
         self._unready(task)
+        self.queued.discard(task.function)
+        self._counted(task.function).started += 1
         task.status = RUNNING
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
@@ -339,6 +358,8 @@ class Tasks:
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
         self._end_call(task)
+        if result.kind != "declined":           # (a declined call was never made)
+            self.counts.of(task.function).calls.observe(now - task.started)
         self._apply(task, result, now)
         if self.wal is not None and not self.wal.log_task_end(task):
             self._set_result(task, None)
@@ -364,6 +385,7 @@ class Tasks:
             task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"[:ERROR_CHARS]
             self._finish(task, FAILED, now)
         elif task.attempt <= task.attempts:
+            self.counts.of(task.function).retries += 1
             wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand), result.retry_after_ms)
             self._queue(task, now + wait_ms / 1000, now)
         else:
@@ -396,6 +418,8 @@ class Tasks:
         task.result = result
 
     def _finish(self, task: Task, status: str, now: float) -> None:
+        finished = self._counted(task.function).finished
+        finished[status] = finished.get(status, 0) + 1
         task.status = status
         task.finished = now
         task.expires = now + task.keep_result_ms / 1000
@@ -415,6 +439,8 @@ class Tasks:
             self._unready(task)
         else:
             self.waiting.remove((task.due, task.seq))
+            self.queued.delay(task.function, -1)
+        self.queued.discard(task.function)
         self._finish(task, CANCELLED, now)
         if self.wal is not None:
             self.wal.log_task_state(task)
@@ -429,6 +455,7 @@ class Tasks:
         while self.waiting and self.waiting[0][0] <= now:
             due, seq = self.waiting.pop(0)
             task = self.by_seq[seq]
+            self.queued.delay(task.function, -1)
             self.ready.setdefault(task.function, SortedList()).add(task.key)
             self.by_key[task.key] = task
         while self.calls and self.calls[0][0] <= now:

@@ -1,0 +1,206 @@
+"""The broker's metrics: read from the core's own state when scraped, on the actor's loop.
+
+Nothing is counted here on the hot path: `samples(now)` walks what the core already holds
+(tubes, sessions, fronts, the task store) and the few counts the core keeps for metrics
+alone (core/beanstalk/jobs.py TubeMetrics, core/tasks/stats.py), and the exposition is
+protocol/codecs/prometheus.py's.  A scrape of 100 tubes takes well under a millisecond.
+
+Labels are bounded: a tube or function name is a label only while it is among the `top`
+most active (activity: puts, reserves and deletes of a tube, enqueues, starts and ends of
+a function's tasks, over the last minute: `ACTIVITY_S`), or was and has not been idle for
+an hour since (`IDLE_S`), at most 2 x `top` at once; every other name counts in `_other`
+(core/labels.py).  `rank(now)` decides, once a minute on the broker's heartbeat, and at a
+scrape while fewer than `top` names are labelled, so a light load gets its names at once.
+The same activity serves the dashboard later.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Iterable
+
+from . import VERSION
+from ..protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample, render
+from .core.labels import OTHER
+
+ACTIVITY_S = 60.0
+IDLE_S = 3600.0
+DEFAULT_TOP = 100
+_STATES = ("ready", "reserved", "delayed", "buried")
+
+
+class Ranking:
+    """Which names are labelled: the most active, kept until idle for IDLE_S."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.last_active: dict[str, float] = {}     # labelled name -> when last active
+
+    def update(self, activity: dict[str, int], now: float,
+               labelled=()) -> tuple[list[str], list[str]]:
+        """(names to label, names to unlabel) after `activity` (events since last time);
+        `labelled`: the names the core labelled itself when first seen (labels.py)."""
+        for name in labelled:
+            self.last_active.setdefault(name, now)
+        for name, n in activity.items():
+            if n and name in self.last_active:
+                self.last_active[name] = now
+        best = heapq.nlargest(self.top, ((n, name) for name, n in activity.items() if n))
+        added = [name for _, name in best if name not in self.last_active]
+        for name in added:
+            self.last_active[name] = now
+        gone = [name for name, at in self.last_active.items() if now - at > IDLE_S]
+        over = len(self.last_active) - len(gone) - 2 * self.top
+        if over > 0:        # the least recently active beyond the cap (never the new ones)
+            kept = sorted((at, name) for name, at in self.last_active.items()
+                          if name not in gone and name not in added)
+            gone += [name for _, name in kept[:over]]
+        for name in gone:
+            del self.last_active[name]
+        return added, gone
+
+
+class BrokerMetrics:
+    def __init__(self, core, top: int = DEFAULT_TOP) -> None:
+        self.core = core
+        self.tubes = Ranking(top)
+        self.functions = Ranking(top)
+        self.tube_seen: dict[str, int] = {}     # tube -> its activity count at the last rank
+        self.ranked_at = -ACTIVITY_S
+        self.timer_lateness = Histogram(LATENCY_BUCKETS)   # (the actor observes)
+        core.queue.metrics.room = core.tasks.counts.room = top    # (labels.py: first seen)
+
+    # -- labels ------------------------------------------------------------------------
+    def rank(self, now: float, only_if_room: bool = False) -> None:
+        if only_if_room and len(self.tubes.last_active) >= self.tubes.top and len(
+                self.functions.last_active) >= self.functions.top:
+            return
+        queue, store = self.core.queue, self.core.tasks
+        seen, activity = {}, {}
+        for name, t in queue.tubes.items():
+            seen[name] = count = t.total_jobs + t.reserves + t.cmd_delete
+            activity[name] = count - self.tube_seen.get(name, 0)
+        self.tube_seen = seen
+        added, gone = self.tubes.update(activity, now, queue.metrics.by_name)
+        for name in added:
+            queue.label(name)
+        for name in gone:
+            queue.unlabel(name)
+        added, gone = self.functions.update(store.activity, now, store.counts.by_name)
+        store.activity = {}
+        for name in added:
+            store.counts.label(name)
+        for name in gone:
+            store.counts.unlabel(name)
+        if not only_if_room:
+            self.ranked_at = now
+
+    def tick(self, now: float) -> None:
+        """On the broker's heartbeat: rank once a minute."""
+        if now - self.ranked_at >= ACTIVITY_S:
+            self.rank(now)
+
+    # -- a scrape ----------------------------------------------------------------------
+    def render(self, now: float, more: Iterable[Sample] = ()) -> bytes:
+        """The exposition: the broker's samples and `more` (its in-process fronts')."""
+        self.rank(now, only_if_room=True)
+        return render([*self.samples(now), *more])
+
+    def samples(self, now: float) -> list[Sample]:
+        out = [Sample("zstalk_build_info", (VERSION, "broker"), 1)]
+        out += self.beanstalk(now)
+        out += self.connections()
+        out += self.binlog()
+        out += self.tasks(now)
+        return out
+
+    def beanstalk(self, now: float) -> list[Sample]:
+        queue, core = self.core.queue, self.core
+        totals = dict.fromkeys(_STATES, 0)
+        per: dict[str, list] = {name: [0, 0, 0, 0, None] for name in queue.metrics.by_name}
+        other = per[OTHER] = [0, 0, 0, 0, None]
+        labelled = queue.metrics
+        for name, t in queue.tubes.items():
+            m = t.metrics
+            row = other if m is labelled.other else None if m is labelled.sink else per.get(name)
+            counts = (len(t.ready), t.reserved, len(t.delayed), len(t.buried))
+            for state, n in zip(_STATES, counts):
+                totals[state] += n
+            if row is not None:
+                for i, n in enumerate(counts):
+                    row[i] += n
+                since = t.ready_since.oldest() if counts[0] else None
+                if since is not None and (row[4] is None or since < row[4]):
+                    row[4] = since
+        out = [Sample("zstalk_jobs", (s,), n) for s, n in totals.items()]
+        for name, row in per.items():
+            out += [Sample("zstalk_tube_jobs", (name, s), n) for s, n in zip(_STATES, row)]
+            age = 0.0 if row[4] is None else max(0.0, now - row[4])
+            out.append(Sample("zstalk_tube_oldest_ready_age_seconds", (name,), age))
+        for name, m in (*queue.metrics.by_name.items(), (OTHER, queue.metrics.other)):
+            out += [Sample("zstalk_tube_puts_total", (name,), m.puts),
+                    Sample("zstalk_job_wait_seconds", (name,), m.wait),
+                    Sample("zstalk_job_run_seconds", (name,), m.run)]
+        out += [Sample("zstalk_commands_total", (key[4:],), n)
+                for key, n in core.beanstalk.counters.items()]
+        out.append(Sample("zstalk_timer_lateness_seconds", (), self.timer_lateness))
+        return out
+
+    def connections(self) -> list[Sample]:
+        core = self.core
+        sessions: dict[str, int] = {}
+        fronts: dict[str, int] = {}
+        for front in core.fronts.values():
+            sessions[front.kind] = sessions.get(front.kind, 0) + len(front.sessions)
+            fronts[front.kind] = fronts.get(front.kind, 0) + 1
+        credits = sum(s.credits for s in core.beanstalk.sessions if s.is_pool)
+        store = core.counter_store
+        return [*(Sample("zstalk_sessions", (k,), n) for k, n in sessions.items()),
+                *(Sample("zstalk_fronts", (k,), n) for k, n in fronts.items()),
+                Sample("zstalk_pool_credits", (), credits),
+                Sample("zstalk_counters", (), len(store.table)),
+                Sample("zstalk_counter_units", (), sum(c.consumption for c in store.table.values()))]
+
+    def binlog(self) -> list[Sample]:
+        wal = self.core.wal
+        if wal is None:
+            return []
+        return [Sample("zstalk_binlog_bytes", (), wal.live_bytes),
+                Sample("zstalk_binlog_fsync_seconds", (), wal.fsync_seconds),
+                Sample("zstalk_binlog_compaction_copies_total", (), wal.records_migrated)]
+
+    def tasks(self, now: float) -> list[Sample]:
+        store, scheduling = self.core.tasks, self.core.scheduling
+        counts = store.counts
+        gauges: dict[str, list] = {name: [0, 0, 0, None] for name in counts.by_name}
+        other = gauges[OTHER] = [0, 0, 0, None]
+        names = {*store.ready, *store.running, *store.queued.delayed, *store.queued.counts}
+        for name in names:
+            row = gauges.get(name)
+            if row is None:
+                if name in counts.retired:
+                    continue
+                row = other
+            row[0] += len(store.ready.get(name, ()))
+            row[1] += store.queued.delayed.get(name, 0)
+            row[2] += store.running.get(name, 0)
+            seq = store.queued.oldest(name)
+            if seq is not None:
+                created = store.by_seq[seq].created
+                row[3] = created if row[3] is None else min(row[3], created)
+        out = []
+        for name, (due, delayed, running, oldest) in gauges.items():
+            out += [Sample("zstalk_tasks", (name, "due"), due),
+                    Sample("zstalk_tasks", (name, "delayed"), delayed),
+                    Sample("zstalk_tasks", (name, "running"), running),
+                    Sample("zstalk_task_oldest_queued_age_seconds", (name,),
+                           0.0 if oldest is None else max(0.0, now - oldest))]
+        for name, c in (*counts.by_name.items(), (OTHER, counts.other)):
+            out += [Sample("zstalk_tasks_enqueued_total", (name,), c.enqueued),
+                    Sample("zstalk_tasks_started_total", (name,), c.started),
+                    Sample("zstalk_task_retries_total", (name,), c.retries),
+                    Sample("zstalk_task_call_seconds", (name,), c.calls)]
+            out += [Sample("zstalk_tasks_finished_total", (name, outcome), n)
+                    for outcome, n in sorted(c.finished.items())]
+        out += [Sample("zstalk_schedule_fires_total", (), scheduling.fires),
+                Sample("zstalk_schedule_lateness_seconds", (), scheduling.lateness)]
+        return out
