@@ -5,8 +5,9 @@ SIGINT; `run(processes=N)` starts N such processes and supervises them: it forwa
 SIGTERM/SIGINT, restarts one that dies unexpectedly (after a second), and returns once
 they have all exited.  Children are forked, or with `spec="MODULE:ATTR"` spawned
 (fresh interpreters that import the Worker by that name and take this one's broker,
-concurrency and prefetch), which is what the CLI does.  `run(health=PORT)` answers
-Kubernetes probes on PORT (workers/probes.py says what they mean with N processes).
+concurrency and prefetch, and its root logger's level and format), which is what the CLI
+does.  `run(health=PORT)` answers Kubernetes probes on PORT (workers/probes.py says what
+they mean with N processes).
 `run_until_idle()` is for tests: one pool in the caller's thread, no signals, until the
 tubes have nothing ready or reserved.
 """
@@ -17,6 +18,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import time
@@ -175,12 +177,33 @@ def _child(worker: Worker, slot: tuple[Any, int] | None = None, probes=None) -> 
 
 
 def _spawned(spec: str, settings: dict[str, Any], slot: tuple[Any, int] | None) -> None:
+    _log_as(*settings["logging"])
     worker = load_worker(spec)
     worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
     worker.prefetch = settings["prefetch"]
     if "keys" in settings:          # else the module's own (from the environment by default)
         worker.keys = settings["keys"]
     _child(worker, slot)
+
+
+def _parent_logging() -> tuple[int, logging.Formatter | None]:
+    """The root logger's level and its first handler's formatter (the CLI's text or JSON
+    format), for a spawned child to log as this process does (a forked one inherits
+    them); no formatter when there is no handler, or one that cannot be pickled."""
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    try:
+        pickle.dumps(formatter)
+    except Exception:               # (a formatter of the caller's own making)
+        formatter = None
+    return root.level, formatter
+
+
+def _log_as(level: int, formatter: logging.Formatter | None) -> None:
+    if formatter is not None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter)
+        logging.basicConfig(level=level, handlers=[handler])
 
 
 def supervise(worker: Worker, processes: int, spec: str | None = None,
@@ -201,7 +224,7 @@ def supervise(worker: Worker, processes: int, spec: str | None = None,
             slot = (slots.values, i)
         if spec:
             settings = {"broker": worker.broker, "concurrency": worker.concurrency,
-                        "prefetch": worker._prefetch}
+                        "prefetch": worker._prefetch, "logging": _parent_logging()}
             if worker.keys is not FROM_ENV:     # (FROM_ENV is not the same object there)
                 settings["keys"] = worker.keys
             return _start(mp, _spawned, (spec, settings, slot))

@@ -26,7 +26,7 @@ import click
 from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen,
                                           describe_listen, parse_listen)
 from .. import VERSION
-from .logs import setup_logging, start_line
+from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, where, worker_endpoint
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
@@ -228,6 +228,19 @@ class _Main(click.Group):
             sys.exit(2)
 
 
+def log_format_option(f):
+    """--log-format text|json ($ZSTALK_LOG_FORMAT), on every role: the root logger is set
+    up again in it as the option is parsed, before the role says or logs anything."""
+    def configure(ctx, param, value):
+        setup_logging(ctx.find_root().obj or 0, value)
+        return value
+    return click.option("--log-format", type=click.Choice(FORMATS, case_sensitive=False),
+                        default="text", show_default=True, envvar=FORMAT_ENV, show_envvar=True,
+                        expose_value=False, is_eager=True, callback=configure,
+                        help="stderr as text lines, or one JSON object a line (ts, level, "
+                             "logger, msg, pid and the record's fields).")(f)
+
+
 def insecure_option(f):
     """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys (children inherit
     it through the environment, as they do the keys)."""
@@ -285,6 +298,7 @@ def main(ctx: click.Context, verbose: int) -> None:
 @http_options("http-")
 @binlog_options
 @health_options
+@log_format_option
 @click.pass_obj
 @insecure_option
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
@@ -365,6 +379,7 @@ def load_config_or_exit(path: str | None):
               help="TOML config file: the functions cloud tasks call ([functions]).")
 @binlog_options
 @health_options
+@log_format_option
 @insecure_option
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
            also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
@@ -469,6 +484,7 @@ def front():
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
 @health_options
+@log_format_option
 @insecure_option
 def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, health):
     """Serve the beanstalkd text protocol to TCP / unix-socket clients."""
@@ -490,6 +506,7 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long requests wait for an unreachable broker (Acquire never waits).")
 @health_options
+@log_format_option
 @insecure_option
 def counter(broker_ep, listens, fds, max_connections, hold_s, health):
     """Serve yrmcds' counter protocol; the counters live in the broker."""
@@ -512,6 +529,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long requests wait for an unreachable broker before a 503.")
 @health_options
+@log_format_option
 @insecure_option
 def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
          header_timeout, body_timeout, http_max_connections, hold_s, health):
@@ -536,6 +554,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
 @health_options
+@log_format_option
 @insecure_option
 def dispatcher(broker_ep, slots, health):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
@@ -556,6 +575,7 @@ def dispatcher(broker_ep, slots, health):
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
 @health_options
+@log_format_option
 @insecure_option
 def worker(spec, concurrency, processes, broker_ep, prefetch, health):
     """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""

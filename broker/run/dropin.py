@@ -6,6 +6,8 @@ argument or the next one (`-p11300`, `-p 11300`), an unknown flag or a stray arg
 prints the usage and exits 5, `-h` prints it and exits 0, `-v` prints the version.
 The binlog flags mean what they mean to beanstalkd: -b DIR the write-ahead log,
 -f MS fsync at most every MS ms (default 50), -F never fsync, -s BYTES segment size.
+$ZSTALK_LOG_FORMAT=json makes its stderr lines JSON (broker/run/logs.py), as it is the
+default of every `zstalk` role's --log-format; the usage text stays beanstalkd's.
 
 Start-up order keeps the port promise: bind (or take systemd's LISTEN_FDS socket),
 drop privileges (-u), then start the actors; nothing heavy is imported before the bind.
@@ -152,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
             where = describe_listen(opts["addr"], opts["port"])
             print(f"{prog}: bind {where}: {exc.strerror}", file=sys.stderr)
             return 111
-    from .logs import setup_logging
+    from .logs import format_from_env, setup_logging
+    try:
+        log_format = format_from_env()      # (beanstalkd's flags have no room for it)
+    except ValueError as exc:
+        print(f"{prog}: $ZSTALK_LOG_FORMAT: {exc}", file=sys.stderr)
+        return 5
     from .options import ServeOptions
     from .serve import run_server   # (and the rest of the server, before giving up root)
     if opts["user"]:
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if refused is not None:
             print(f"{prog}: {refused[1]}", file=sys.stderr)
             return refused[0]
-    setup_logging(opts["verbose"])
+    setup_logging(opts["verbose"], log_format)
     return run_server(listeners, ServeOptions(
         max_job_size=opts["max_job_size"], verbose=opts["verbose"], binlog_dir=opts["binlog"],
         fsync_ms=opts["fsync_ms"], no_fsync=opts["no_fsync"], binlog_size=opts["binlog_size"],

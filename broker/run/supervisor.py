@@ -16,13 +16,15 @@ command line by file name.
 Signals are blocked and taken with sigtimedwait, so the loop has no races: SIGTERM or
 SIGINT stops the children (SIGTERM, then SIGKILL after STOP_GRACE_S) and exits;
 SIGUSR1 (drain mode) and SIGHUP (read --config again) are passed to the broker.  A child
-that dies is started again.  Children get PR_SET_PDEATHSIG, so they never outlive the
+that dies is started again, with a warning in the log format every child is given
+(`--log-format`, as -V).  Children get PR_SET_PDEATHSIG, so they never outlive the
 supervisor, even after kill -9 of it.  This module imports nothing heavy, to keep
 start-up fast.
 """
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import select
 import shutil
@@ -33,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from .logs import start_line
+from .logs import log_format, start_line
 from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
@@ -48,6 +50,7 @@ FATAL_EXITS = {2, 10, 111}
 _PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}
 _PR_SET_PDEATHSIG = 1
+log = logging.getLogger("zstalk.supervisor")
 
 
 def _child_setup() -> None:
@@ -75,8 +78,9 @@ class Supervisor:
         self.broker_restarts = 0    # a restarted broker starts --recovering
 
     def _command(self, name: str) -> list[str]:
+        """A child's command line: this process's verbosity and log format, its role."""
         base = [sys.executable, "-m", "zstalk.broker.run"] + ["-V"] * self.opts.verbose
-        cmd = base + self._arguments(name)
+        cmd = base + self._arguments(name) + ["--log-format", log_format()]
         for sock in self._listeners_of(name):
             cmd += ["--fd", str(sock.fileno())]
         return cmd
@@ -191,8 +195,8 @@ class Supervisor:
     def _restart_dead(self) -> None:
         for name, proc in list(self.children.items()):
             if proc.poll() is not None:
-                print(f"zstalk: {name} exited with {proc.returncode}; starting it again",
-                      file=sys.stderr)
+                log.warning("%s exited with %s; starting it again", name, proc.returncode,
+                            extra={"child": name, "status": proc.returncode})
                 time.sleep(RESTART_DELAY_S)
                 if name == "broker":
                     self.broker_restarts += 1
