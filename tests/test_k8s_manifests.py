@@ -32,6 +32,12 @@ from zstalk.workers import signing
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = sorted(p.name for p in (ROOT / "k8s" / "overlays").iterdir() if p.is_dir())
 KUBERNETES_VERSION = "1.32.0"      # an API level every supported cluster serves
+HEALTH_PORT = 8081                 # --health-port: /healthz, /readyz and /metrics
+WORKLOADS = {"zstalk-broker", "zstalk-front-beanstalk", "zstalk-front-counter",
+             "zstalk-front-http", "zstalk-dispatcher", "zstalk-worker"}
+SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(HEALTH_PORT),
+                      "prometheus.io/path": "/metrics"}
+METRICS_LABEL = {"zstalk.io/metrics": "true"}      # what the NetworkPolicy and PodMonitor select
 ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCEPT,
               curve.ENV_INSECURE, MASTER_KEY_FILE_ENV, signing.ENV_KEY_FILE}
 
@@ -66,12 +72,23 @@ def objects(overlay: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(rendered(overlay)) if doc]
 
 
-def containers(overlay: str):
+def pod_templates(overlay: str):
     for obj in objects(overlay):
-        pod = obj.get("spec", {}).get("template", {}).get("spec")
-        if pod:
-            for container in pod["containers"]:
-                yield obj["metadata"]["name"], container
+        template = obj.get("spec", {}).get("template")
+        if template:
+            yield obj["metadata"]["name"], template
+
+
+def containers(overlay: str):
+    for name, template in pod_templates(overlay):
+        for container in template["spec"]["containers"]:
+            yield name, container
+
+
+def health_port(container: dict) -> int | None:
+    """The port its zstalk serves /healthz, /readyz and /metrics on, if it has one."""
+    args = container["args"]
+    return int(args[args.index("--health-port") + 1]) if "--health-port" in args else None
 
 
 def test_there_is_a_single_node_and_a_production_overlay():
@@ -159,6 +176,25 @@ def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(o
     assert {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker",
             "zstalk-curve-clients", "zstalk-curve-front", "zstalk-curve-dispatcher",
             "zstalk-curve-worker"} <= mounted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_serving_the_health_port_asks_to_be_scraped_there(overlay):
+    serving = set()
+    for name, template in pod_templates(overlay):
+        ports = {health_port(c) for c in template["spec"]["containers"]} - {None}
+        declared = {p["containerPort"] for c in template["spec"]["containers"]
+                    for p in c.get("ports", ())}
+        assert ports <= declared, (name, ports)
+        labels, annotations = template["metadata"]["labels"], template["metadata"].get("annotations", {})
+        if ports:
+            assert ports == {HEALTH_PORT}, name
+            assert annotations.items() >= SCRAPE_ANNOTATIONS.items(), name
+            assert labels.items() >= METRICS_LABEL.items(), name
+            serving.add(name)
+        else:                       # nothing else claims to serve metrics
+            assert not {*annotations, *labels} & {*SCRAPE_ANNOTATIONS, *METRICS_LABEL}, name
+    assert serving == WORKLOADS
 
 
 def test_production_fsyncs_before_every_reply_and_single_node_keeps_the_default():
