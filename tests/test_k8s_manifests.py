@@ -38,8 +38,12 @@ WORKLOADS = {"zstalk-broker", "zstalk-front-beanstalk", "zstalk-front-counter",
 SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(HEALTH_PORT),
                       "prometheus.io/path": "/metrics"}
 METRICS_LABEL = {"zstalk.io/metrics": "true"}      # what the NetworkPolicy and PodMonitor select
+# --metrics-token-file's variable, which every role reads (issue 26): GET /metrics then asks
+# for "Authorization: Bearer <the file's token>"
+METRICS_TOKEN_FILE_ENV = "ZSTALK_METRICS_TOKEN_FILE"
+METRICS_TOKEN_SECRET, METRICS_TOKEN_KEY = "zstalk-metrics-token", "token"
 ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCEPT,
-              curve.ENV_INSECURE, MASTER_KEY_FILE_ENV, signing.ENV_KEY_FILE}
+              curve.ENV_INSECURE, MASTER_KEY_FILE_ENV, signing.ENV_KEY_FILE, METRICS_TOKEN_FILE_ENV}
 
 
 def missing(tool: str) -> None:
@@ -175,7 +179,25 @@ def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(o
                     mounted.add(mounts[env["value"]])
     assert {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker",
             "zstalk-curve-clients", "zstalk-curve-front", "zstalk-curve-dispatcher",
-            "zstalk-curve-worker"} <= mounted
+            "zstalk-curve-worker", METRICS_TOKEN_SECRET} <= mounted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_reads_the_metrics_token_from_a_0400_secret_that_only_its_variable_names(overlay):
+    for name, template in pod_templates(overlay):
+        pod = template["spec"]
+        volumes = [v for v in pod.get("volumes", [])
+                   if v.get("secret", {}).get("secretName") == METRICS_TOKEN_SECRET]
+        assert len(volumes) == 1, name
+        assert volumes[0]["secret"] == {"secretName": METRICS_TOKEN_SECRET, "defaultMode": 0o400}
+        for container in pod["containers"]:
+            mounts = [m for m in container.get("volumeMounts", []) if m["name"] == volumes[0]["name"]]
+            assert len(mounts) == 1 and mounts[0].get("readOnly") is True, name
+            folder = mounts[0]["mountPath"]
+            env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+            assert env.get(METRICS_TOKEN_FILE_ENV) == f"{folder}/{METRICS_TOKEN_KEY}", name
+            assert [k for k, v in env.items() if v.startswith(folder)] == [METRICS_TOKEN_FILE_ENV]
+            assert not [a for a in container["args"] if folder in a or "metrics-token" in a], name
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
