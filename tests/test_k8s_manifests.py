@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,14 @@ def health_port(container: dict) -> int | None:
     """The port its zstalk serves /healthz, /readyz and /metrics on, if it has one."""
     args = container["args"]
     return int(args[args.index("--health-port") + 1]) if "--health-port" in args else None
+
+
+def k8s_readme_block(language: str, marker: str) -> str:
+    """The one fenced `language` block of k8s/README.md that holds `marker`."""
+    text = (ROOT / "k8s" / "README.md").read_text()
+    found = [b for b in re.findall(rf"```{language}\n(.*?)```", text, re.S) if marker in b]
+    assert len(found) == 1, f"one k8s/README.md {language} block holds {marker!r}"
+    return found[0]
 
 
 def test_there_is_a_single_node_and_a_production_overlay():
@@ -238,6 +247,56 @@ def test_only_fronts_dispatchers_and_workers_may_reach_the_broker(overlay):
                        for k, v in allowed.items())}
     assert clients == {"zstalk-front-beanstalk", "zstalk-front-counter", "zstalk-front-http",
                        "zstalk-dispatcher", "zstalk-worker"}
+
+
+def ingress_ports(policy: dict) -> set[int]:
+    return {port["port"] for rule in policy["spec"].get("ingress", [])
+            for port in rule.get("ports", [])}
+
+
+def selected(docs: list[dict], policy: dict) -> set[str]:
+    """The workloads whose pods a NetworkPolicy's podSelector (matchLabels) picks."""
+    wanted = policy["spec"]["podSelector"]["matchLabels"].items()
+    return {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+            and d["spec"]["template"]["metadata"]["labels"].items() >= wanted}
+
+
+def metrics_rule(namespace: str) -> dict:
+    return {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}],
+            "ports": [{"port": HEALTH_PORT, "protocol": "TCP"}]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_monitoring_namespace_may_reach_every_pods_health_port_and_nothing_else_is_opened(overlay):
+    docs = objects(overlay)
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    # each pod's own rules are what they were; 8081 is opened by one more policy, no other
+    assert {name: ingress_ports(p) for name, p in policies.items()} == {
+        "zstalk-broker": {11500}, "zstalk-front-beanstalk": {11300},
+        "zstalk-front-counter": {11215}, "zstalk-front-http": {8080},
+        "zstalk-dispatcher": set(), "zstalk-worker": set(), "zstalk-metrics": {HEALTH_PORT}}
+    metrics = policies["zstalk-metrics"]["spec"]
+    assert metrics["policyTypes"] == ["Ingress"] and "egress" not in metrics
+    assert metrics["ingress"] == [metrics_rule("monitoring")]
+    assert selected(docs, policies["zstalk-metrics"]) == WORKLOADS
+    assert not any("namespaceSelector" in peer for name, p in policies.items()
+                   if name != "zstalk-metrics" for rule in p["spec"].get("ingress", [])
+                   for peer in rule.get("from", []))
+
+
+def test_the_k8s_readme_overlay_moves_the_metrics_rule_to_another_namespace(tmp_path):
+    """k8s/README.md, "Metrics": its overlay admits Prometheus from "observability"
+    instead, and changes nothing else."""
+    block = k8s_readme_block("yaml", "# k8s/overlays/observability/kustomization.yaml")
+    shutil.copytree(ROOT / "k8s", tmp_path / "k8s")
+    overlay = tmp_path / "k8s" / "overlays" / "observability"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(block)
+    moved = [d for d in yaml.safe_load_all(render(overlay)) if d]
+    policy = next(d for d in moved if d["metadata"]["name"] == "zstalk-metrics")
+    assert policy["spec"]["ingress"] == [metrics_rule("observability")]
+    policy["spec"]["ingress"] = [metrics_rule("monitoring")]
+    assert moved == objects("production")
 
 
 def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functions(tmp_path):
