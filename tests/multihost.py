@@ -91,6 +91,7 @@ class Cluster:
         self.lan = lan
         self.hosts = {name: self.lan.host(name) for name in [*PLACEMENT, "client", "stranger"]}
         self.master_key = secrets.token_urlsafe(32)
+        self.metrics_token = secrets.token_urlsafe(32)
         self.signing_key = secrets.token_urlsafe(32)
         self.data = PodData(tmp, self.make_secrets(tmp / "keys"), config_maps(self.objects))
         self.services = {"zstalk-broker": self.hosts["broker"].address,
@@ -109,7 +110,8 @@ class Cluster:
                 "zstalk-curve-clients": {f"{r}.key": read(f"{r}.key")
                                          for r in ("front", "dispatcher", "worker")},
                 "zstalk-master-key": {"master-key": self.master_key.encode()},
-                "zstalk-signing-key": {"signing-key": self.signing_key.encode()}}
+                "zstalk-signing-key": {"signing-key": self.signing_key.encode()},
+                "zstalk-metrics-token": {"token": self.metrics_token.encode()}}
         for role in ("front", "dispatcher", "worker"):
             made[f"zstalk-curve-{role}"] = {f"{role}.key_secret": read(f"{role}.key_secret"),
                                             "broker.key": read("broker.key")}
