@@ -28,6 +28,11 @@ DEFAULT_TOP = 100
 _STATES = ("ready", "reserved", "delayed", "buried")
 
 
+def build_info(role: str) -> Sample:
+    """zstalk_build_info of a process: its version and role (broker, serve, front, ...)."""
+    return Sample("zstalk_build_info", (VERSION, role), 1)
+
+
 class Ranking:
     """Which names are labelled: the most active, kept until idle for IDLE_S."""
 
@@ -35,19 +40,24 @@ class Ranking:
         self.top = top
         self.last_active: dict[str, float] = {}     # labelled name -> when last active
 
-    def update(self, activity: dict[str, int], now: float,
-               labelled=()) -> tuple[list[str], list[str]]:
+    def update(self, activity: dict[str, int], now: float, labelled=(),
+               fill: bool = False) -> tuple[list[str], list[str]]:
         """(names to label, names to unlabel) after `activity` (events since last time);
-        `labelled`: the names the core labelled itself when first seen (labels.py)."""
+        `labelled`: the names the core labelled itself when first seen (labels.py).
+        `fill`: only label the most active names while fewer than `top` are."""
         for name in labelled:
             self.last_active.setdefault(name, now)
         for name, n in activity.items():
             if n and name in self.last_active:
                 self.last_active[name] = now
-        best = heapq.nlargest(self.top, ((n, name) for name, n in activity.items() if n))
+        room = self.top - len(self.last_active) if fill else self.top
+        best = heapq.nlargest(room, ((n, name) for name, n in activity.items()
+                                     if n and not (fill and name in self.last_active)))
         added = [name for _, name in best if name not in self.last_active]
         for name in added:
             self.last_active[name] = now
+        if fill:
+            return added, []
         gone = [name for name, at in self.last_active.items() if now - at > IDLE_S]
         over = len(self.last_active) - len(gone) - 2 * self.top
         if over > 0:        # the least recently active beyond the cap (never the new ones)
@@ -71,6 +81,8 @@ class BrokerMetrics:
 
     # -- labels ------------------------------------------------------------------------
     def rank(self, now: float, only_if_room: bool = False) -> None:
+        """Label the most active names and unlabel the idle ones; `only_if_room` (at a
+        scrape): only label names while fewer than `top` are."""
         if only_if_room and len(self.tubes.last_active) >= self.tubes.top and len(
                 self.functions.last_active) >= self.functions.top:
             return
@@ -80,12 +92,13 @@ class BrokerMetrics:
             seen[name] = count = t.total_jobs + t.reserves + t.cmd_delete
             activity[name] = count - self.tube_seen.get(name, 0)
         self.tube_seen = seen
-        added, gone = self.tubes.update(activity, now, queue.metrics.by_name)
+        added, gone = self.tubes.update(activity, now, queue.metrics.by_name, only_if_room)
         for name in added:
             queue.label(name)
         for name in gone:
             queue.unlabel(name)
-        added, gone = self.functions.update(store.activity, now, store.counts.by_name)
+        added, gone = self.functions.update(store.activity, now, store.counts.by_name,
+                                            only_if_room)
         store.activity = {}
         for name in added:
             store.counts.label(name)
@@ -106,8 +119,7 @@ class BrokerMetrics:
         return render([*self.samples(now), *more])
 
     def samples(self, now: float) -> list[Sample]:
-        out = [Sample("zstalk_build_info", (VERSION, "broker"), 1)]
-        out += self.beanstalk(now)
+        out = self.beanstalk(now)
         out += self.connections()
         out += self.binlog()
         out += self.tasks(now)
@@ -158,7 +170,7 @@ class BrokerMetrics:
                 *(Sample("zstalk_fronts", (k,), n) for k, n in fronts.items()),
                 Sample("zstalk_pool_credits", (), credits),
                 Sample("zstalk_counters", (), len(store.table)),
-                Sample("zstalk_counter_units", (), sum(c.consumption for c in store.table.values()))]
+                Sample("zstalk_counters_held", (), sum(c.consumption for c in store.table.values()))]
 
     def binlog(self) -> list[Sample]:
         wal = self.core.wal

@@ -31,7 +31,7 @@ from servers import LOOPBACK, RawClient, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
 ROOT = Path(__file__).resolve().parent.parent
-CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json"}
+CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json", "promql"}
 #: a marker found in each run block -> the test that runs it (or the test file elsewhere)
 RUN_BY = {
     "source .venv/bin/activate": "every test here (the first line of each shell)",
@@ -49,6 +49,9 @@ RUN_BY = {
     "scripts/build-image": "test_the_image_example_runs_as_written",
     "# Dockerfile.worker": "tests/test_multihost.py (builds it FROM the local image)",
     "# k8s/overlays/mine/kustomization.yaml": "test_the_kustomize_line_renders_the_readme_overlay",
+    "curl -s http://127.0.0.1:8081/metrics": "test_the_metrics_example_runs_as_written",
+    "max by (tube) (zstalk_tube_oldest_ready_age_seconds)":
+        "tests/test_metrics_end_to_end.py (each query, on a real Prometheus)",
 }
 
 
@@ -265,6 +268,13 @@ def test_the_kustomize_line_renders_the_readme_overlay(shell):
     assert out.returncode == 0, out.stderr
     assert "image: registry.example.com/my-workers:1.0" in out.stdout
     assert "image: registry.example.com/zstalk:0.1.0" in out.stdout
+
+
+def test_the_metrics_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8081)
+    out = shell.run(block("curl -s http://127.0.0.1:8081/metrics").text, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'zstalk_tube_jobs{tube="emails",state="ready"} 1\n' in out.stdout, out.stdout
 
 
 def test_every_readme_code_block_is_run_or_marked_not_run():

@@ -84,6 +84,8 @@ class Outcome(NamedTuple):
 
 
 class Dispatcher(LinkOwner):
+    kind = "dispatcher"
+
     def __init__(self, broker: str, slots: int = 64, link=None,
                  signing_key: bytes | None = None) -> None:
         """Made on the running loop (the link belongs to it); `link` replaces the real one
@@ -100,7 +102,7 @@ class Dispatcher(LinkOwner):
         self.ready = False              # the link has had Welcome and not lost it since
         self.closing = False
         self.http: aiohttp.ClientSession | None = None
-        self.link = link if link is not None else open_link(broker, "dispatcher", self)
+        self.link = link if link is not None else open_link(broker, self.kind, self)
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:

@@ -65,7 +65,7 @@ def health_options(f):
                                        "port: it needs --health-port")
             token = read_token(metrics_token_file)
         return f(*args, health=HealthOptions(health_port, health_listen, health_stall_s,
-                                             token, metrics_top), **kwargs)
+                                             token, metrics_top, metrics_token_file), **kwargs)
 
     for opt in reversed([
         click.option("--health-port", default=0, show_default=True,
@@ -311,9 +311,6 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                    http_max_connections)   # (TLS: the files are checked)
     master_key = master_key_from(master_key, master_key_file)
-    if health.port and fronts:
-        raise click.UsageError("--health-port needs --fronts 0 (probe `zstalk broker` and "
-                               "`zstalk front` processes each instead)")
     functions = load_config_or_exit(config_path)
     listener = bind_or_exit(addr, port)
     counter_listeners = []
@@ -430,8 +427,10 @@ async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:
     """The broker actor until stopped; its probes listen only now that the binlog is
     replayed and the endpoint bound, so a broker still replaying answers no probe."""
     from ...protocol.transport.health import HealthBindError, start_health
+    from ..metrics import build_info
     try:
-        probes = await start_health(health, metrics=actor.render_metrics)
+        probes = await start_health(
+            health, metrics=lambda: actor.render_metrics([build_info("broker")]))
     except HealthBindError as exc:
         actor.close()
         click.echo(f"zstalk broker: {exc}", err=True)

@@ -16,9 +16,15 @@ import socket
 import sys
 from typing import Callable
 
+from ..metrics import build_info
+from ...protocol.codecs.prometheus import render
 from ...protocol.fronts.base import LinkedFront
 from ...protocol.transport.health import HealthBindError, HealthOptions, link_ready, start_health
 from ...protocol.transport.loop import run
+
+
+#: a process's role in zstalk_build_info, by its link's kind
+ROLES = {"beanstalk": "front", "counter": "front", "http": "front"}
 
 
 class RunningFront:
@@ -48,7 +54,7 @@ async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.soc
                  health: HealthOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
     running = await start_front(make_front, sockets)
-    probes = await _probes(health, link_ready(running.front.link))
+    probes = await _probes(health, link_ready(running.front.link), running.front)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -58,10 +64,13 @@ async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.soc
     running.close()
 
 
-async def _probes(health: HealthOptions | None, ready):
-    """The process's probes (protocol/transport/health.py); a port it cannot bind ends it (exit 111)."""
+async def _probes(health: HealthOptions | None, ready, source):
+    """The process's probes and /metrics (protocol/transport/health.py; `source` has
+    samples() and a role); a port it cannot bind ends it (exit 111)."""
+    def metrics() -> bytes:
+        return render([build_info(ROLES.get(source.kind, source.kind)), *source.samples()])
     try:
-        return await start_health(health, ready)
+        return await start_health(health, ready, metrics=metrics)
     except HealthBindError as exc:
         print(f"zstalk: {exc}", file=sys.stderr)
         raise SystemExit(111) from None
@@ -98,7 +107,7 @@ async def _until_stopped(actor, start, health: HealthOptions | None = None) -> N
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await start()
-    probes = await _probes(health, link_ready(actor.link))
+    probes = await _probes(health, link_ready(actor.link), actor)
     await stop.wait()
     if probes is not None:
         probes.close()

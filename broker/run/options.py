@@ -40,7 +40,7 @@ class ServeOptions(NamedTuple):
     master_key_file: str | None = None  # where master_key was read from, if from a file
     http_limits: HttpLimits = HttpLimits()
     tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
-    health: HealthOptions = HealthOptions()     # --health-port ... (one process only)
+    health: HealthOptions = HealthOptions()     # --health-port ..., --metrics-...
 
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""

@@ -151,8 +151,11 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
 
 def metrics(actor, fronts: list, tasks: list):
     """/metrics of the one process: the broker's, and its fronts' and dispatcher's."""
+    from ..metrics import build_info
+
     def render() -> bytes:
-        more = [s for running in fronts for s in running.front.samples()]
+        more = [build_info("serve")]
+        more += [s for running in fronts for s in running.front.samples()]
         for started in tasks:       # the HTTP front, the dispatcher
             more += started.samples()
         return actor.render_metrics(more)

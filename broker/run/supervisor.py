@@ -20,6 +20,10 @@ that dies is started again, with a warning in the log format every child is give
 (`--log-format`, as -V).  Children get PR_SET_PDEATHSIG, so they never outlive the
 supervisor, even after kill -9 of it.  This module imports nothing heavy, to keep
 start-up fast.
+
+With --health-port each child gets a health port of its own on loopback, and the
+supervisor serves the one asked for: its children's readiness and metrics as one
+(probes.py).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from .logs import log_format, start_line
 from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
 
 STOP_GRACE_S = 3.0
+BIND_EXIT = 111         # beanstalkd's exit code for an address it cannot bind
 #: a dispatcher lets running calls finish for 10 s (workers/dispatcher.py CLOSE_GRACE_S)
 DISPATCHER_GRACE_S = 12.0
 RESTART_DELAY_S = 0.5
@@ -76,11 +81,17 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen] = {}
         self.draining = False       # survives a broker restart (passed as --drain)
         self.broker_restarts = 0    # a restarted broker starts --recovering
+        self.health_ports: dict[str, int] = {}  # child -> its health port (--health-port)
+        self.probes = None          # probes.SupervisorProbes, with --health-port
 
     def _command(self, name: str) -> list[str]:
         """A child's command line: this process's verbosity and log format, its role."""
         base = [sys.executable, "-m", "zstalk.broker.run"] + ["-V"] * self.opts.verbose
         cmd = base + self._arguments(name) + ["--log-format", log_format()]
+        if self.opts.health.port:
+            from .probes import child_args, free_port
+            self.health_ports[name] = port = free_port()     # (afresh: the old may be taken)
+            cmd += child_args(name, port, self.opts.health)
         for sock in self._listeners_of(name):
             cmd += ["--fd", str(sock.fileno())]
         return cmd
@@ -166,6 +177,10 @@ class Supervisor:
                 self._start("http")
             if self.opts.functions is not None:     # (a SIGHUP may name functions later)
                 self._start("dispatcher")
+            if self.opts.health.port:
+                stop = self._start_probes()
+                if stop is not None:
+                    return stop
             if self.opts.announce:
                 start_line(self.opts.role, announcement(
                     self.listeners, self.counter_listeners, self.opts.worker_bind,
@@ -173,11 +188,27 @@ class Supervisor:
                     self.opts.functions is not None))
             return self._loop()
         finally:
+            if self.probes is not None:
+                self.probes.close()
             self._stop()
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
+    def _start_probes(self) -> int | None:
+        from ...protocol.transport.health import HealthBindError
+        from .probes import SupervisorProbes
+        self.probes = SupervisorProbes(self.opts.health, lambda: dict(self.health_ports))
+        try:
+            self.probes.start()
+        except HealthBindError as exc:
+            self.probes = None
+            print(f"zstalk: {exc}", file=sys.stderr)
+            return BIND_EXIT
+        return None
+
     def _loop(self) -> int:
         while True:
+            if self.probes is not None:
+                self.probes.beat()
             info = signal.sigtimedwait(_SIGNALS, 1.0)
             if info is None or info.si_signo == signal.SIGCHLD:
                 broker = self.children["broker"]

@@ -36,12 +36,16 @@ class Metric(NamedTuple):
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
-    role: str = "broker"        # who exports it: broker, front, dispatcher, pool, any
+    role: str = "broker"        # who exports it: broker, front, dispatcher, pool,
+    #                             supervisor (serve --fronts N), any
 
 
 METRICS: tuple[Metric, ...] = (
     Metric("zstalk_build_info", "gauge", "1, labelled with the version and the role of the "
            "process.", ("version", "role"), role="any"),
+    Metric("zstalk_child_up", "gauge", "1 when the supervisor of serve --fronts N read this "
+           "child's metrics at this scrape, 0 when it did not answer (its samples are then "
+           "missing).", ("role",), role="supervisor"),
     # -- the broker: beanstalk ------------------------------------------------------------
     Metric("zstalk_jobs", "gauge", "Jobs in every tube, by state.", ("state",)),
     Metric("zstalk_tube_jobs", "gauge", "Jobs by tube and state (the most active tubes; "
@@ -64,7 +68,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("zstalk_pool_credits", "gauge", "Jobs the worker pools can take now (their free "
            "credits)."),
     Metric("zstalk_counters", "gauge", "Counters (yrmcds protocol) in use."),
-    Metric("zstalk_counter_units", "gauge", "Units held over all counters."),
+    Metric("zstalk_counters_held", "gauge", "Units held over all counters."),
     Metric("zstalk_binlog_bytes", "gauge", "Bytes of the binlog's live records."),
     Metric("zstalk_binlog_fsync_seconds", "histogram", "How long each fsync of the binlog "
            "took.", (), LATENCY_BUCKETS),
@@ -85,7 +89,7 @@ METRICS: tuple[Metric, ...] = (
            "delayed, running).", ("function", "state")),
     Metric("zstalk_task_oldest_queued_age_seconds", "gauge", "How long the function's oldest "
            "queued task has waited since it was enqueued (0 with none).", ("function",)),
-    Metric("zstalk_schedule_fires_total", "counter", "Cron schedule fires."),
+    Metric("zstalk_schedule_fires_total", "counter", "Cron schedule fires (each enqueues a task)."),
     Metric("zstalk_schedule_lateness_seconds", "histogram", "How late cron schedules fired.",
            (), LATENCY_BUCKETS),
     # -- fronts ---------------------------------------------------------------------------
@@ -110,6 +114,20 @@ METRICS: tuple[Metric, ...] = (
            CALL_BUCKETS, role="pool"),
 )
 BY_NAME = {m.name: m for m in METRICS}
+_WHO = {"broker": "broker", "front": "fronts", "dispatcher": "dispatcher", "pool": "worker pool",
+        "supervisor": "serve --fronts N", "any": "every process"}
+
+
+def readme_table() -> str:
+    """The README's list of metrics (a test keeps the two equal)."""
+    rows = ["| metric | type | labels | from | what |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        labels = ", ".join(f"`{name}`" for name in m.labels) or "-"
+        what = m.help.replace("|", "\\|")
+        if m.buckets:
+            what += " Buckets: " + ", ".join(_number(b) for b in m.buckets) + " s."
+        rows.append(f"| `{m.name}` | {m.type} | {labels} | {_WHO[m.role]} | {what} |")
+    return "\n".join(rows) + "\n"
 
 
 class Histogram:
@@ -197,6 +215,56 @@ def _number(value) -> str:
     if value in (float("inf"), float("-inf")):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value))
+
+
+def with_label(text: bytes, name: str, value: str) -> bytes:
+    """Every sample of an exposition labelled `name="value"` (first), replacing the label
+    where a sample has it already.  (A label value's quotes are escaped, so `{name="` or
+    `,name="` can only start a label.)"""
+    pair = f'{name}="{_escape(value)}"'
+    out = []
+    for line in text.decode().splitlines(keepends=True):
+        if not line.strip() or line.startswith("#"):
+            out.append(line)
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace < 0 or brace > space:          # no labels
+            out.append(f"{line[:space]}{{{pair}}}{line[space:]}")
+            continue
+        end = _labels_end(line, brace)
+        labels = _drop_label(line[brace + 1:end], name)
+        out.append(f"{line[:brace]}{{{pair}{',' if labels else ''}{labels}}}{line[end + 1:]}")
+    return "".join(out).encode()
+
+
+def _labels_end(line: str, brace: int) -> int:
+    """The index of the `}` closing the labels that open at `brace`."""
+    i, quoted = brace + 1, False
+    while True:
+        c = line[i]
+        if quoted and c == "\\":
+            i += 2
+            continue
+        if c == '"':
+            quoted = not quoted
+        elif c == "}" and not quoted:
+            return i
+        i += 1
+
+
+def _drop_label(labels: str, name: str) -> str:
+    """`a="1",name="2",b="3"` less the label `name`."""
+    start = 0 if labels.startswith(f'{name}="') else labels.find(f',{name}="')
+    if start < 0:
+        return labels
+    i = labels.index('"', start) + 1          # the value's first character
+    while labels[i] != '"':
+        i += 2 if labels[i] == "\\" else 1
+    rest = labels[i + 1:]
+    if start == 0:
+        return rest[1:] if rest.startswith(",") else rest
+    return labels[:start] + rest
 
 
 def merge(parts: Iterable[bytes]) -> bytes:

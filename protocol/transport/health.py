@@ -9,7 +9,8 @@ a head over MAX_HEAD, or one not complete within READ_TIMEOUT_S closes the conne
 Every answer is text, `200 ok` or `503 <reason>`, with Connection: close.
 
 `/metrics` answers what the process's `metrics()` renders (its own state, read now: see
-broker/metrics.py), on this same loop; with a token (--metrics-token-file) it needs
+broker/metrics.py), on this same loop, or what its `gather()` collects from other
+processes (a supervisor's children: broker/run/probes.py); with a token (--metrics-token-file) it needs
 `Authorization: Bearer <token>` (401 without one, 403 for a wrong one: tube and function
 names are chosen by clients, so they may be worth keeping to the monitoring system).
 
@@ -29,7 +30,7 @@ import hmac
 import math
 import os
 import time
-from typing import Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 from .listen import HealthOptions, bind_tcp
 
@@ -142,10 +143,10 @@ def link_ready(link, hold_s: float | None = None) -> Callable[[], str | None]:
                               time.monotonic(), hold_s)
 
 
-def answer_metrics(request: Request, token: str | None,
-                   metrics: Callable[[], bytes] | None) -> bytes:
-    """GET /metrics: the exposition, once the bearer token (if any) is right."""
-    if metrics is None:
+def metrics_refusal(request: Request, token: str | None, served: bool) -> bytes | None:
+    """GET /metrics refused (no metrics here, a wrong method, a missing or wrong bearer
+    token), or None: answer it."""
+    if not served:
         return response(404, "not found")
     if request.method not in ("GET", "HEAD"):
         return response(405, "GET only")
@@ -155,6 +156,15 @@ def answer_metrics(request: Request, token: str | None,
             return response(401, "this needs Authorization: Bearer <metrics token>")
         if not hmac.compare_digest(given.strip().encode("latin-1"), token.encode("latin-1")):
             return response(403, "wrong metrics token")
+    return None
+
+
+def answer_metrics(request: Request, token: str | None,
+                   metrics: Callable[[], bytes] | None) -> bytes:
+    """GET /metrics: the exposition, once the bearer token (if any) is right."""
+    refused = metrics_refusal(request, token, metrics is not None)
+    if refused is not None:
+        return refused
     return response(200, metrics(), request.method == "HEAD", METRICS_TYPE)
 
 
@@ -180,12 +190,14 @@ class HealthServer:
                  stall_s: float = STALL_S,
                  alive: Callable[[], str | None] = lambda: None,
                  metrics: Callable[[], bytes] | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None,
+                 gather: Callable[[], Awaitable[bytes]] | None = None) -> None:
         self.ready = ready
         self.stall_s = stall_s
         self.alive = alive
         self.metrics = metrics          # () -> the exposition; None: no /metrics
         self.token = token
+        self.gather = gather            # async () -> the exposition (a supervisor's)
         self.last_beat = time.monotonic()
         self.sock = None
         self.server: asyncio.AbstractServer | None = None
@@ -224,6 +236,7 @@ class _ProbeProtocol(asyncio.Protocol):
         self.parser = HealthRequest()
         self.transport = None
         self.timer = None
+        self.gathering = False      # a /metrics answer is being gathered
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -231,9 +244,10 @@ class _ProbeProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.timer.cancel()
+        self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.gathering:
             return
         self.parser.receive_data(data)
         try:
@@ -247,12 +261,29 @@ class _ProbeProtocol(asyncio.Protocol):
         if request is None:
             return
         health = self.health
+        if request.path == "/metrics" and health.gather is not None:
+            self._gather(request)
+            return
         if request.path == "/metrics":
             self._reply(answer_metrics(request, health.token, health.metrics))
             return
         live = health.live()
         self._reply(answer(request.method, request.path, live,
                            None if live else health.ready()))
+
+    def _gather(self, request: Request) -> None:
+        refused = metrics_refusal(request, self.health.token, True)
+        if refused is not None:
+            self._reply(refused)
+            return
+        self.timer.cancel()         # (the gathering has its own time limits)
+        self.gathering = True
+
+        async def answer_later() -> None:
+            body = await self.health.gather()
+            if self.transport is not None and not self.transport.is_closing():
+                self._reply(response(200, body, request.method == "HEAD", METRICS_TYPE))
+        asyncio.ensure_future(answer_later())
 
     def _reply(self, data: bytes) -> None:
         self.transport.write(data)

@@ -115,6 +115,7 @@ class HealthOptions(NamedTuple):
     stall_s: float = 60.0
     metrics_token: str | None = None
     metrics_top: int = 100
+    metrics_token_file: str | None = None   # (where the token came from: passed to children)
 
 
 class TlsError(Exception):
