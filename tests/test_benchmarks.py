@@ -49,6 +49,8 @@ ROWS = {
         "put round trip through a remote front, idle, p50", "pipelined put through a remote",
         "1 producer + 4 worker processes", "broker CPU-s per 1,000"]),
         ("curve-flood", "zstalk flood", ["pipelined put", "native", "one at a time"])],
+    "bench_metrics": [("metrics", "zstalk", [
+        "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_schedules": [("schedules", "zstalk", [
         "`serve --fronts 0`, 50 × `* * * * * ?`, 1 s: lateness p99", "`serve --fronts 1`",
         "fires missing", "broker CPU-s per 1,000 fires"])],
