@@ -72,6 +72,18 @@ def test_every_pod_runs_as_its_manifest_says_and_reports_ready(cluster):
         assert cluster.get(url)[0] == 200, url
 
 
+def test_every_pod_serves_its_metrics_only_to_the_token_its_secret_holds(cluster):
+    roles = {"zstalk-broker": "broker", "zstalk-front-beanstalk": "front",
+             "zstalk-front-http": "front", "zstalk-dispatcher": "dispatcher",
+             "zstalk-worker": "pool"}
+    for host, workload in PLACEMENT.items():
+        probe = cluster.workloads[workload].readiness_url(cluster.hosts[host].address)
+        url = probe.rsplit("/", 1)[0] + "/metrics"
+        assert cluster.get(url)[0] == 401, url
+        status, body = cluster.get(url, {"Authorization": f"Bearer {cluster.metrics_token}"})
+        assert status == 200 and f'role="{roles[workload]}"'.encode() in body, (url, body[:300])
+
+
 def test_a_job_put_through_front_a_is_reserved_through_front_b(cluster):
     producer = cluster.beanstalk("front-a", use="crossing")
     consumer = cluster.beanstalk("front-b", watch="crossing")
