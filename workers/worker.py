@@ -7,7 +7,7 @@ they have all exited.  Children are forked, or with `spec="MODULE:ATTR"` spawned
 (fresh interpreters that import the Worker by that name and take this one's broker,
 concurrency and prefetch, and its root logger's level and format), which is what the CLI
 does.  `run(health=PORT)` answers Kubernetes probes on PORT (workers/probes.py says what
-they mean with N processes).
+they mean with N processes), and one process its /metrics (workers/metrics.py).
 `run_until_idle()` is for tests: one pool in the caller's thread, no signals, until the
 tubes have nothing ready or reserved.
 """
@@ -29,6 +29,7 @@ import zmq
 from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
+from ..protocol.codecs.prometheus import render
 from ..protocol.transport import curve
 from ..protocol.transport.curve import FROM_ENV
 from ..protocol.transport.health import link_ready, start_health
@@ -111,8 +112,8 @@ class Worker:
 
     async def _serve(self, health: HealthOptions | None = None,
                      slot: tuple[Any, int] | None = None) -> None:
-        """One pool until stopped; its probes on `health`, or its state reported to the
-        parent in `slot` (shared values, index)."""
+        """One pool until stopped; its probes and metrics on `health`, or its state
+        reported to the parent in `slot` (shared values, index)."""
         pool = Pool(self, self.broker)
         pool.start()
         loop = asyncio.get_running_loop()
@@ -120,7 +121,8 @@ class Worker:
             loop.add_signal_handler(sig, pool.request_stop)
         probes = reporter = None
         try:
-            probes = await start_health(health, link_ready(pool.link, READY_HOLD_S))
+            probes = await start_health(health, link_ready(pool.link, READY_HOLD_S),
+                                        metrics=lambda: render(pool.samples()))
             if slot is not None:
                 reporter = SlotReporter(slot, pool.link)
                 reporter.start()
