@@ -1,21 +1,26 @@
 """A worker pool's GET /metrics (workers/metrics.py): jobs its handlers ran by outcome and
-how long they ran: what the pool counts (in process), and from a real `zstalk serve` and
-a real pool on 127.0.0.1; the bearer token of --metrics-token-file.  The exposition is read
-with prometheus-client's parser.  Handlers are tests/workers_app.py's `metered`."""
+how long they ran, from a real `zstalk serve` and real pools on 127.0.0.1, of one process
+and of two (the parent sums its children's shared rows, and keeps its totals when a child
+is killed and started again); the bearer token of --metrics-token-file.  The exposition is
+read with prometheus-client's parser.  Handlers are tests/workers_app.py's `metered`."""
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servers import free_port, wait_for
 from test_health import ZSTALK, health_args, needs_programs, probe, procs  # noqa: F401
+from test_worker_health import pool_processes
 from zstalk.protocol.schema import Op, R
 from zstalk.workers import Client, Worker, codecs
 from zstalk.workers.job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome
-from zstalk.workers.metrics import OUTCOMES
+from zstalk.workers.metrics import OUTCOMES, PoolMetrics, publish, resume, totals
 from zstalk.workers.pool import Pool
 from zstalk.workers.runners import Result
 
@@ -88,6 +93,21 @@ def test_a_pool_counts_each_handler_run_once_by_what_became_of_its_answer():
     assert pool.counts["released"] == 1                 # (the pool's own counts, as before)
 
 
+def test_a_replacement_continues_from_its_rows_published_counts():
+    counts = multiprocessing.get_context("fork").RawArray("d", 2 * len(PoolMetrics().row()))
+    first = PoolMetrics()
+    first.jobs["deleted"] += 3
+    first.handler.observe(0.02)
+    publish(first, counts, 1)
+    second = PoolMetrics()
+    resume(second, counts, 1)
+    second.jobs["lost"] += 1
+    publish(second, counts, 1)
+    total = totals(counts)
+    assert total.jobs == {**dict.fromkeys(OUTCOMES, 0), "deleted": 3, "lost": 1}
+    assert (total.handler.count, total.handler.sum) == (1, 0.02)
+
+
 # -- real processes ---------------------------------------------------------------------------
 def start_serve(procs) -> str:
     """`zstalk serve` with its native worker endpoint on a free port; that endpoint."""
@@ -151,6 +171,16 @@ def reaches(port: int, want: dict, timeout_s: float = 30) -> dict:
     return samples(port)
 
 
+def pids_that_ran(log: Path) -> set[int]:
+    return {int(line.split()[3]) for line in log.read_text().splitlines()}
+
+
+def no_lower(before: dict, after: dict) -> list[str]:
+    """The samples of `before` that went down (or vanished) in `after`."""
+    return [f"{key}: {value} -> {after.get(key)}" for key, value in before.items()
+            if key[0].startswith("zstalk_pool") and not after.get(key, -1) >= value]
+
+
 @needs_programs
 def test_a_one_process_pool_counts_its_jobs_by_outcome_and_times_its_handlers(procs, tmp_path):
     broker = start_serve(procs)
@@ -165,12 +195,42 @@ def test_a_one_process_pool_counts_its_jobs_by_outcome_and_times_its_handlers(pr
 
 
 @needs_programs
-def test_metrics_need_the_token_of_metrics_token_file_without_it_401(procs, tmp_path):
+def test_a_two_process_pools_parent_sums_its_children_and_never_goes_down_across_a_kill(
+        procs, tmp_path):
+    broker = start_serve(procs)
+    health, log = free_port(), tmp_path / "log"
+    parent = start_pool(procs, broker, health, log, "--processes", "2")
+    scrapes: list[dict] = []
+
+    def scraped() -> dict:
+        scrapes.append(samples(health))
+        return outcomes(scrapes[-1])
+    put_orders(broker)
+    assert wait_for(lambda: scraped() == expected(1), 30), outcomes(scrapes[-1])
+    children = pool_processes(parent.pid)
+    victim = min(pids_that_ran(log) & children)         # one with counts to keep
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: scraped() and len(pool_processes(parent.pid) - children) == 1, 30)
+    replacement = pool_processes(parent.pid) - children
+    batches = 1
+    while not pids_that_ran(log) & replacement and batches < 10:     # until it runs some
+        put_orders(broker)
+        batches += 1
+        wait_for(lambda: scraped() == expected(batches), 15)
+    assert pids_that_ran(log) & replacement, "the restarted process ran no job"
+    assert wait_for(lambda: scraped() == expected(batches), 30), outcomes(scrapes[-1])
+    assert [drop for a, b in zip(scrapes, scrapes[1:]) for drop in no_lower(a, b)] == []
+
+
+@needs_programs
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_metrics_need_the_token_of_metrics_token_file_without_it_401(procs, tmp_path,
+                                                                    processes):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-t0ken")
     health = free_port()
     start_pool(procs, f"tcp://127.0.0.1:{free_port()}", health, tmp_path / "log",
-               "--metrics-token-file", str(token_file))
+               "--processes", processes, "--metrics-token-file", str(token_file))
     assert wait_for(lambda: _answers(health), 30)
     assert scrape(health)[0] == 401
     assert scrape(health, "wrong")[0] == 403
