@@ -100,8 +100,10 @@ def test_the_readme_lists_exactly_the_metrics_of_the_table():
     start, end = "<!-- metrics:begin -->\n", "<!-- metrics:end -->"
     assert start in text, "the README has no generated metric list"
     listed = text[text.index(start) + len(start):text.index(end)]
-    assert listed == readme_table(), ("the README's metric list is out of date: "
-                                      "python -m zstalk.protocol.codecs.prometheus --readme")
+    assert listed == readme_table(), (
+        "the README's metric list is out of date: put the output of .venv/bin/python -c "
+        "'from zstalk.protocol.codecs.prometheus import readme_table; print(readme_table(), "
+        "end=\"\")' between its <!-- metrics:begin --> and <!-- metrics:end --> lines")
 
 
 # -- bounded labels over the core ----------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Example workers that tests/test_workers_end_to_end.py runs as real processes with
 `python -m zstalk.broker.run worker tests.workers_app:NAME --broker EP`.
 
-Bodies are JSON orders ({"sleep": s, "fail": true, ...}) so one handler serves every
-test.  Each handler appends "event id attempt pid monotonic" lines to the file named by
+Bodies are JSON orders ({"sleep": s, "fail": true, "retry": delay_s}) so one handler
+serves every test.  Each handler appends "event id attempt pid monotonic" lines to the file named by
 $ZSTALK_TEST_LOG (one small O_APPEND write per line: processes never interleave), which
 is how a test sees what a pool process did and when (CLOCK_MONOTONIC is system-wide).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from zstalk.workers import Backoff, Job, Worker, codecs
+from zstalk.workers import Backoff, Job, Retry, Worker, codecs
 
 
 def record(event: str, job: Job) -> None:
@@ -30,6 +30,8 @@ def obey(job: Job) -> None:
     time.sleep(order.get("sleep", 0))
     if order.get("fail"):
         raise RuntimeError("failing on purpose")
+    if "retry" in order:
+        raise Retry(delay_s=order["retry"])
     record("end", job)
 
 
@@ -41,3 +43,8 @@ slow.handler("slow")(obey)
 #: for --processes 2
 shared = Worker(concurrency=1, prefetch=0, codec=codecs.json)
 shared.handler("shared")(obey)
+
+#: for tests/test_pool_metrics.py: a failing job is buried at once (its first attempt is
+#: its last), so every outcome is final
+metered = Worker(concurrency=1, prefetch=0, codec=codecs.json, max_attempts=1)
+metered.handler("metered")(obey)

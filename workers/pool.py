@@ -18,6 +18,10 @@ its jobs afresh: then nothing held or in flight is acked there (see _forget_stat
 
 Shutdown (SIGTERM): SUBSCRIBE with 0 credits, release every job not started yet, let
 running handlers finish for grace_s (their acks go out as usual), release the rest.
+
+`metrics` counts each handler's run by what became of it, from the ack's reply (so an ack
+kept for resending keeps its callback), and its run time (metrics.py says what each
+outcome means); jobs handed back unrun (`_release`) are not counted there.
 """
 from __future__ import annotations
 
@@ -32,11 +36,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
+from ..protocol.codecs.prometheus import Sample
 from ..protocol.transport.link import BrokerLink
 from ..protocol.transport.owner import READY, LinkOwner
 from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
 from .job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome, decide
+from .metrics import BURIED, DELETED, LOST, REFUSED, RELEASED, PoolMetrics
 from .runners import AsyncRunner, Result, ThreadRunner
 
 if TYPE_CHECKING:
@@ -52,7 +58,7 @@ GOODBYE_LINGER_MS = 200
 #: ops submitted while the broker is away wait for it (acks must not turn into errors)
 HOLD_FOREVER_S = 10.0 ** 9
 _ACKS = frozenset({Op.DELETE, Op.RELEASE, Op.BURY})
-_DONE_CODES = {R.DELETED: "deleted", R.RELEASED: "released", R.BURIED: "buried"}
+_DONE_CODES = {R.DELETED: DELETED, R.RELEASED: RELEASED, R.BURIED: BURIED}   # counts' keys
 Callback = Callable[[tuple, tuple], None]
 _CHOSEN = (Retry, Bury)       # the handler chose the outcome itself: not a failure
 
@@ -72,9 +78,11 @@ class Pool(LinkOwner):
         self.held: dict[int, Job] = {}     # reserved by our session: the latest delivery
         self.busy = 0                      # deliveries taking a slot: pushed, not finished
         self.awaiting: collections.deque[tuple[tuple, Callback | None]] = collections.deque()
-        self.resend: list[tuple] = []
+        self.resend: list[tuple[tuple, Callback | None]] = []    # (ack, its callback)
         self.touch_timers: dict[int, asyncio.TimerHandle] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        self.metrics = PoolMetrics()
+        self.jobs = self.metrics.jobs      # handler runs by outcome (metrics.py)
         self.had_session = False
         self.state_id = 0                  # the broker state our job ids belong to
         self.subscribed = False
@@ -163,7 +171,7 @@ class Pool(LinkOwner):
         when we say Hello again); credits, touches and subscriptions are made afresh
         by on_welcome's SUBSCRIBE; a question gets INTERNAL_ERROR now."""
         if op[0] in _ACKS:
-            self.resend.append(op)
+            self.resend.append((op, callback))
         elif callback is not None and op[0] not in (Op.SUBSCRIBE, Op.TOUCH):
             callback(op, (CONN, R.INTERNAL_ERROR))
 
@@ -181,6 +189,10 @@ class Pool(LinkOwner):
                 fut.set_result(reply)
         self._submit(op, answer)
         return fut
+
+    def samples(self) -> list[Sample]:
+        """/metrics (protocol/codecs/prometheus.py METRICS, role pool)."""
+        return self.metrics.samples()
 
     def _acks_in_flight(self) -> bool:
         return bool(self.resend) or any(op[0] in _ACKS for op, _ in self.awaiting)
@@ -204,19 +216,20 @@ class Pool(LinkOwner):
         self.had_session = True
         resend, self.resend = self.resend, []
         if w.state_id == self.state_id or not self.state_id:
-            for op in resend:
-                self._submit(op, self._acked)
+            for op, callback in resend:
+                self._submit(op, callback)
         else:
-            self._forget_state(len(resend))
+            self._forget_state(resend)
         self.state_id = w.state_id
         self._subscribe(0 if self.stopping else self.capacity - self.busy)
 
-    def _forget_state(self, acks: int) -> None:
+    def _forget_state(self, acks: list[tuple[tuple, Callback | None]]) -> None:
         """A broker with other state (restarted without a binlog): our job ids may now
         name its new jobs, so nothing we hold may be acked there."""
         self.log.warning("the broker's state changed: %d jobs held and %d acks dropped",
-                         len(self.held), acks)
-        self.counts["lost"] += acks + len(self.held)
+                         len(self.held), len(acks))
+        self.counts["lost"] += len(acks) + len(self.held)
+        self.jobs[LOST] += sum(callback == self._acked for _, callback in acks)
         for job_id in list(self.held):
             self._untouch(job_id)
         self.held.clear()
@@ -227,7 +240,7 @@ class Pool(LinkOwner):
         awaiting, self.awaiting = self.awaiting, collections.deque()
         for op, callback in awaiting:
             if op[0] in _ACKS:
-                self.resend.append(op)
+                self.resend.append((op, callback))
             elif callback is not None:
                 callback(op, (CONN, R.INTERNAL_ERROR))
 
@@ -239,7 +252,7 @@ class Pool(LinkOwner):
     def session_states(self) -> list[SessionState]:
         if not self.had_session:
             return []
-        held = list(self.held) + [op[2] for op in self.resend]
+        held = list(self.held) + [op[2] for op, _ in self.resend]
         return [SessionState(CONN, self.tubes[0], self.tubes, held)]
 
     # -- replies -----------------------------------------------------------------------
@@ -255,16 +268,21 @@ class Pool(LinkOwner):
             self.fail(ZstalkError(R(code).name, "SUBSCRIBE refused: does this broker "
                                                 "serve worker pools?"))
 
-    def _acked(self, op: tuple, reply: tuple) -> None:
+    def _acked(self, op: tuple, reply: tuple, ran: bool = True) -> None:
+        """The reply to an ack: a handler's answer (`ran`), or a job handed back unrun."""
         done = _DONE_CODES.get(reply[1])
         if done is not None:
             self.counts[done] += 1
+            if ran:
+                self.jobs[done] += 1
         elif reply[1] == R.NOT_FOUND:
             self.counts["lost"] += 1
+            self.jobs[LOST] += ran
             self.log.warning("job %d was no longer ours at %s (its TTR ran out?)",
                              op[2], Op(op[0]).name, extra={"job_id": op[2]})
         else:
             self.counts["failed"] += 1
+            self.jobs[REFUSED] += ran
             self.log.error("%s of job %d answered %s", Op(op[0]).name, op[2],
                            R(reply[1]).name, extra={"job_id": op[2]})
 
@@ -291,17 +309,22 @@ class Pool(LinkOwner):
         A delivery that is no longer the job's latest (its TTR ran out and the broker gave
         it to us again) or that shutdown released already is not acked: the reservation
         is not its own any more.  Its slot comes back all the same."""
-        held = self.held
+        held, jobs, handler = self.held, self.jobs, self.metrics.handler
         self.busy -= len(results)
         ran = []
         for r in results:
+            expired = r.outcome.action == EXPIRED
+            if not expired:
+                handler.observe(r.duration_s)
             if held.get(r.job.id) is not r.job:
                 self.counts["stale"] += 1
+                jobs[EXPIRED if expired else LOST] += 1
                 continue
             del held[r.job.id]
             self._untouch(r.job.id)
-            if r.outcome.action == EXPIRED:       # never ran: no ack, it is not ours
+            if expired:                           # never ran: no ack, it is not ours
                 self.counts["expired"] += 1
+                jobs[EXPIRED] += 1
                 self.log.warning("job %d waited its whole TTR (%d s) here: not run",
                                  r.job.id, r.job.ttr_s, extra=_fields(r.job, EXPIRED))
                 continue
@@ -348,7 +371,10 @@ class Pool(LinkOwner):
         """Hand a job back now, untouched: its own priority, no delay."""
         if self.held.pop(job.id, None) is not None:
             self._untouch(job.id)
-            self._submit((Op.RELEASE, CONN, job.id, job.pri, 0), self._acked)
+            self._submit((Op.RELEASE, CONN, job.id, job.pri, 0), self._handed_back)
+
+    def _handed_back(self, op: tuple, reply: tuple) -> None:
+        self._acked(op, reply, ran=False)
 
     def _log(self, r: Result) -> None:
         job, action = r.job, r.outcome.action

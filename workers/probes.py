@@ -17,26 +17,39 @@ clock for every process of the host, so the parent compares the slots with its o
 * live: the parent's loop turns, and every child's loop turned within stall_s.  A dead
   child is no liveness failure, the parent starts another one (its slot's beat starts
   again then); a child whose loop is stuck is, as a one-process pool's would be.
+
+The same beat writes the child's row of `Slots.counts`, the counts its /metrics would show,
+which the parent's /metrics sums (workers/metrics.py).
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..protocol.transport.health import BEAT_S, health_state, link_state
+from .metrics import WIDTH, PoolMetrics, publish
 
 READY_HOLD_S = 5.0      # as a front's --hold-s: a broker restart is not an outage
 _UP = math.nan
 
 
+class Slot(NamedTuple):
+    """What a pool process is given at its start: the shared arrays and its index."""
+    values: Any
+    index: int
+    counts: Any
+
+
 class Slots:
-    """Per pool process (index i): [2i] its loop's last turn, [2i+1] since when its link
-    has not been READY (NaN: READY).  Shared memory, given to each child at its start."""
+    """Per pool process (index i): `values` [2i] its loop's last turn, [2i+1] since when
+    its link has not been READY (NaN: READY); `counts` its row of metrics (metrics.py, from
+    i * WIDTH).  Shared memory, given to each child at its start (`slot`)."""
 
     def __init__(self, processes: int, mp: Any) -> None:
         self.values = mp.RawArray("d", 2 * processes)
+        self.counts = mp.RawArray("d", WIDTH * processes)      # zeros
         now = time.monotonic()
         for i in range(processes):      # never connected yet: not ready (health.link_state)
             self.values[2 * i], self.values[2 * i + 1] = now, -math.inf
@@ -47,6 +60,9 @@ class Slots:
         self.values[2 * i] = now
         if math.isnan(self.values[2 * i + 1]):
             self.values[2 * i + 1] = now
+
+    def slot(self, i: int) -> Slot:
+        return Slot(self.values, i, self.counts)
 
     def read(self) -> list[tuple[float, float]]:
         values = self.values[:]
@@ -80,14 +96,17 @@ def parent_checks(slots: Slots, stall_s: float) -> tuple[Callable[[], str | None
 
 
 class SlotReporter:
-    """In a pool process: writes its slot every BEAT_S from the running loop."""
+    """In a pool process: writes its slot and its row of counts every BEAT_S from the
+    running loop, and its counts once more when closed (a clean stop)."""
 
-    def __init__(self, slot: tuple[Any, int], link) -> None:
-        self.values, self.index = slot
+    def __init__(self, slot: Slot, link, metrics: PoolMetrics) -> None:
+        self.values, self.index, self.counts = slot
         self.link = link
+        self.metrics = metrics
         self.handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        publish(self.metrics, self.counts, self.index)
         i, down_since = self.index, self.link.down_since
         self.values[2 * i] = time.monotonic()
         if down_since is None:
@@ -99,3 +118,4 @@ class SlotReporter:
     def close(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
+        publish(self.metrics, self.counts, self.index)

@@ -6,8 +6,9 @@ SIGTERM/SIGINT, restarts one that dies unexpectedly (after a second), and return
 they have all exited.  Children are forked, or with `spec="MODULE:ATTR"` spawned
 (fresh interpreters that import the Worker by that name and take this one's broker,
 concurrency and prefetch, and its root logger's level and format), which is what the CLI
-does.  `run(health=PORT)` answers Kubernetes probes on PORT (workers/probes.py says what
-they mean with N processes).
+does.  `run(health=PORT)` answers Kubernetes probes and /metrics on PORT (workers/probes.py
+says what they mean with N processes; workers/metrics.py how the parent sums its
+children's counts).
 `run_until_idle()` is for tests: one pool in the caller's thread, no signals, until the
 tubes have nothing ready or reserved.
 """
@@ -29,13 +30,15 @@ import zmq
 from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
+from ..protocol.codecs.prometheus import render
 from ..protocol.transport import curve
 from ..protocol.transport.curve import FROM_ENV
 from ..protocol.transport.health import link_ready, start_health
 from ..protocol.transport.listen import HealthOptions
 from .job import Backoff
+from .metrics import render_totals, resume
 from .pool import Pool
-from .probes import READY_HOLD_S, SlotReporter, Slots, parent_checks
+from .probes import READY_HOLD_S, Slot, SlotReporter, Slots, parent_checks
 
 DEFAULT_BROKER = "tcp://127.0.0.1:11400"
 VERSION_EXIT = 3          # a pool process that can never work: not restarted
@@ -94,7 +97,7 @@ class Worker:
             health: HealthOptions | int | None = None) -> None:
         """Work until SIGTERM / SIGINT, then shut down gracefully.  `spec`: this
         Worker's MODULE:ATTR, to spawn the processes instead of forking them.  `health`:
-        a port (or HealthOptions) for GET /healthz and /readyz; a port that cannot be
+        a port (or HealthOptions) for GET /healthz, /readyz and /metrics; a port that cannot be
         bound raises protocol.health.HealthBindError before any work starts.  A broker
         beyond this host without CURVE keys is refused here, before any process starts
         (protocol/transport/curve.py)."""
@@ -110,19 +113,22 @@ class Worker:
         asyncio.run(self._serve(health))
 
     async def _serve(self, health: HealthOptions | None = None,
-                     slot: tuple[Any, int] | None = None) -> None:
-        """One pool until stopped; its probes on `health`, or its state reported to the
-        parent in `slot` (shared values, index)."""
+                     slot: Slot | None = None) -> None:
+        """One pool until stopped; its probes and metrics on `health`, or its state and
+        counts reported to the parent in `slot` (from the counts its slot holds)."""
         pool = Pool(self, self.broker)
+        if slot is not None:
+            resume(pool.metrics, slot.counts, slot.index)
         pool.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, pool.request_stop)
         probes = reporter = None
         try:
-            probes = await start_health(health, link_ready(pool.link, READY_HOLD_S))
+            probes = await start_health(health, link_ready(pool.link, READY_HOLD_S),
+                                        metrics=lambda: render(pool.samples()))
             if slot is not None:
-                reporter = SlotReporter(slot, pool.link)
+                reporter = SlotReporter(slot, pool.link, pool.metrics)
                 reporter.start()
             await pool.done
         finally:
@@ -162,7 +168,7 @@ class Worker:
 
 
 # -- processes ---------------------------------------------------------------------------
-def _child(worker: Worker, slot: tuple[Any, int] | None = None, probes=None) -> None:
+def _child(worker: Worker, slot: Slot | None = None, probes=None) -> None:
     """A pool process; `probes`: the parent's HealthServer, whose socket a forked child
     holds a copy of."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)    # not the supervisor's handlers
@@ -176,7 +182,7 @@ def _child(worker: Worker, slot: tuple[Any, int] | None = None, probes=None) -> 
         sys.exit(VERSION_EXIT)
 
 
-def _spawned(spec: str, settings: dict[str, Any], slot: tuple[Any, int] | None) -> None:
+def _spawned(spec: str, settings: dict[str, Any], slot: Slot | None) -> None:
     _log_as(*settings["logging"])
     worker = load_worker(spec)
     worker.broker, worker.concurrency = settings["broker"], settings["concurrency"]
@@ -209,7 +215,7 @@ def _log_as(level: int, formatter: logging.Formatter | None) -> None:
 def supervise(worker: Worker, processes: int, spec: str | None = None,
               health: HealthOptions | None = None) -> int:
     """Start `processes` pools; forward SIGTERM/SIGINT; restart crashed ones; exit code.
-    With `health`, answer the pool's probes meanwhile (workers/probes.py)."""
+    With `health`, answer the pool's probes and metrics meanwhile (workers/probes.py)."""
     mp = multiprocessing.get_context("spawn" if spec else "fork")
     slots = Slots(processes, mp) if health and health.port else None
     loop, probes, pause = _parent_probes(health, slots)
@@ -221,7 +227,7 @@ def supervise(worker: Worker, processes: int, spec: str | None = None,
         slot = None
         if slots is not None:
             slots.starting(i, time.monotonic())
-            slot = (slots.values, i)
+            slot = slots.slot(i)
         if spec:
             settings = {"broker": worker.broker, "concurrency": worker.concurrency,
                         "prefetch": worker._prefetch, "logging": _parent_logging()}
@@ -251,15 +257,16 @@ def supervise(worker: Worker, processes: int, spec: str | None = None,
 
 
 def _parent_probes(health: HealthOptions | None, slots: Slots | None):
-    """(loop, HealthServer, pause) for the supervisor: the probes on a loop that runs
-    while the watch loop pauses; without a port (None, None, time.sleep).  Raises
-    HealthBindError before any process starts."""
+    """(loop, HealthServer, pause) for the supervisor: the probes, and /metrics summing
+    its children's counts, on a loop that runs while the watch loop pauses; without a
+    port (None, None, time.sleep).  Raises HealthBindError before any process starts."""
     if slots is None:
         return None, None, time.sleep
     loop = asyncio.new_event_loop()
     ready, alive = parent_checks(slots, health.stall_s)
     try:
-        probes = loop.run_until_complete(start_health(health, ready, alive))
+        probes = loop.run_until_complete(
+            start_health(health, ready, alive, lambda: render_totals(slots.counts)))
     except BaseException:
         loop.close()
         raise

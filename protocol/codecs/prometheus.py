@@ -108,10 +108,14 @@ METRICS: tuple[Metric, ...] = (
            role="dispatcher"),
     Metric("zstalk_dispatcher_reports_pending", "gauge", "Outcomes reported and not yet "
            "noted by the broker (sent again after a reconnect).", role="dispatcher"),
-    Metric("zstalk_pool_jobs_total", "counter", "Jobs a worker pool's handlers ran, by outcome "
-           "(deleted, released, buried, expired).", ("outcome",), role="pool"),
-    Metric("zstalk_pool_handler_seconds", "histogram", "How long handlers ran.", (),
-           CALL_BUCKETS, role="pool"),
+    Metric("zstalk_pool_jobs_total", "counter", "Jobs a worker pool's handlers ran, by outcome: "
+           "deleted, released, buried (the broker took the handler's answer); lost (the job "
+           "was no longer the pool's when its handler finished: its TTR ran out, or the pool "
+           "handed it back on stopping); refused (the broker refused the answer, having no "
+           "binlog space); expired (not run: it waited its whole TTR in the pool).",
+           ("outcome",), role="pool"),
+    Metric("zstalk_pool_handler_seconds", "histogram", "How long handlers ran (every outcome "
+           "but expired).", (), CALL_BUCKETS, role="pool"),
 )
 BY_NAME = {m.name: m for m in METRICS}
 _WHO = {"broker": "broker", "front": "fronts", "dispatcher": "dispatcher", "pool": "worker pool",
