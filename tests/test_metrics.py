@@ -233,3 +233,20 @@ def test_ten_thousand_functions_label_at_most_top_names_and_count_every_outcome(
     assert by_outcome == {"success": 3, "failed": 1, "cancelled": 1}
     queued = sum(v for k, v in values(got, "zstalk_tasks", state="due").items())
     assert queued == 10_000 - 5
+
+
+def test_the_oldest_ready_age_stays_right_and_its_index_small_through_many_reserves():
+    h = Metered(top=10)
+    h.send((Op.USE, 1, "q"), (Op.WATCH, 1, "q"), (Op.PUT, 1, 10, 0, 60, b"old"))
+    h.advance(5)
+    for _ in range(5000):                   # urgent jobs come and go ahead of the old one
+        h.send((Op.PUT, 1, 0, 0, 60, b"x"))
+        [(_, _, job_id, *_)] = h.send((Op.RESERVE, 1, 0))
+        h.send((Op.DELETE, 1, job_id))
+    tube = h.broker.queue.tubes["q"]
+    assert len(tube.ready_since.fifo) <= 2 * 1 + tube.ready_since.SLACK + 1
+    age = ("zstalk_tube_oldest_ready_age_seconds", (("tube", "q"),))
+    assert h.scrape()[age] == pytest.approx(5)
+    [(_, _, job_id, *_)] = h.send((Op.RESERVE, 1, 0))
+    h.send((Op.DELETE, 1, job_id))
+    assert h.scrape()[age] == 0

@@ -220,39 +220,43 @@ class TubeMetrics:
 
 
 class ReadySince:
-    """When a tube's ready jobs became ready, to the second, oldest first: a count per
-    second and the seconds in order, so the oldest ready job's age is the first second
-    with a job left (each job's own time is its `deadline` while it is ready)."""
-    __slots__ = ("seconds", "counts")
+    """When a tube's ready jobs became ready, oldest first, for the metrics' oldest ready
+    age: a FIFO of (since, job id) in the order jobs became ready (the clock only moves
+    forward).  Nothing is done when a job stops being ready, so the hot path pays one
+    append per job made ready: an entry is stale once its job is gone, not READY, or
+    READY since another time (a job's `deadline` is when it became ready, while READY).
+    Stale entries go from the front when the oldest is asked for, and in a sweep when
+    the FIFO outgrows `limit` (twice the live entries of the last sweep, plus SLACK), so
+    it holds at most about twice the tube's ready jobs."""
+    __slots__ = ("fifo", "limit", "jobs")
+    SLACK = 64
 
-    def __init__(self) -> None:
-        self.seconds: collections.deque = collections.deque()
-        self.counts: dict[float, int] = {}
+    def __init__(self, jobs: dict) -> None:
+        self.fifo: collections.deque = collections.deque()
+        self.limit = self.SLACK
+        self.jobs = jobs                # the queue's: id -> Job
 
-    def add(self, since: float, n: int = 1) -> None:
-        second = since // 1.0
-        counts = self.counts
-        had = counts.get(second)
-        if had is None:
-            counts[second] = n
-            self.seconds.append(second)
-        else:
-            counts[second] = had + n
+    def add(self, since: float, job_id: int) -> None:
+        fifo = self.fifo
+        fifo.append((since, job_id))
+        if len(fifo) > self.limit:
+            self._sweep()
 
-    def remove(self, since: float) -> None:
-        second = since // 1.0
-        left = self.counts[second] - 1
-        if left:
-            self.counts[second] = left
-        else:
-            del self.counts[second]
+    def _live(self, entry: tuple) -> bool:
+        job = self.jobs.get(entry[1])
+        return job is not None and job.state == READY and job.deadline == entry[0]
+
+    def _sweep(self) -> None:
+        live = self._live
+        self.fifo = collections.deque(e for e in self.fifo if live(e))
+        self.limit = 2 * len(self.fifo) + self.SLACK
 
     def oldest(self) -> float | None:
-        """The second the oldest ready job became ready (None: none is)."""
-        seconds, counts = self.seconds, self.counts
-        while seconds and seconds[0] not in counts:
-            seconds.popleft()
-        return seconds[0] if seconds else None
+        """When the oldest ready job became ready (None: none is)."""
+        fifo, live = self.fifo, self._live
+        while fifo and not live(fifo[0]):
+            fifo.popleft()
+        return fifo[0][0] if fifo else None
 
 
 class Tube:
@@ -261,10 +265,11 @@ class Tube:
                  "using", "watching", "waiting", "cmd_delete", "cmd_pause_tube",
                  "pause_s", "unpause_at", "reserves", "ready_since", "metrics")
 
-    def __init__(self, name: str, metrics: TubeMetrics | None = None) -> None:
+    def __init__(self, name: str, metrics: TubeMetrics | None = None,
+                 jobs: dict | None = None) -> None:
         self.name = name
         self.reserves = 0               # jobs reserved from it (with puts and deletes: activity)
-        self.ready_since = ReadySince()
+        self.ready_since = ReadySince({} if jobs is None else jobs)
         self.metrics = metrics or TubeMetrics()
         self.ready = ReadySet()
         self.delayed = SortedList()     # (deadline, id)
