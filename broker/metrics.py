@@ -148,8 +148,12 @@ class BrokerMetrics:
             out += [Sample("zstalk_tube_jobs", (name, s), n) for s, n in zip(_STATES, row)]
             age = 0.0 if row[4] is None else max(0.0, now - row[4])
             out.append(Sample("zstalk_tube_oldest_ready_age_seconds", (name,), age))
+        unsettled: dict[int, int] = {}          # id(metrics) -> puts not yet settled
+        for t in queue.tubes.values():
+            unsettled[id(t.metrics)] = unsettled.get(id(t.metrics), 0) + (
+                t.total_jobs - t.puts_mark)
         for name, m in (*queue.metrics.by_name.items(), (OTHER, queue.metrics.other)):
-            out += [Sample("zstalk_tube_puts_total", (name,), m.puts),
+            out += [Sample("zstalk_tube_puts_total", (name,), m.puts + unsettled.get(id(m), 0)),
                     Sample("zstalk_job_wait_seconds", (name,), m.wait),
                     Sample("zstalk_job_run_seconds", (name,), m.run)]
         out += [Sample("zstalk_commands_total", (key[4:],), n)

@@ -244,7 +244,7 @@ def test_the_oldest_ready_age_stays_right_and_its_index_small_through_many_reser
         [(_, _, job_id, *_)] = h.send((Op.RESERVE, 1, 0))
         h.send((Op.DELETE, 1, job_id))
     tube = h.broker.queue.tubes["q"]
-    assert len(tube.ready_since.fifo) <= 2 * 1 + tube.ready_since.SLACK + 1
+    assert len(tube.ready_since) <= 2 * 1 + tube.ready_since.SLACK + 1
     age = ("zstalk_tube_oldest_ready_age_seconds", (("tube", "q"),))
     assert h.scrape()[age] == pytest.approx(5)
     [(_, _, job_id, *_)] = h.send((Op.RESERVE, 1, 0))

@@ -210,7 +210,9 @@ class ReadySet:
 class TubeMetrics:
     """What the metrics count of a tube's jobs (protocol/codecs/prometheus.py): one per
     labelled tube name, kept while the name is labelled (a tube emptied and made again has
-    the same), and one shared by every tube never labelled (`tube="_other"`)."""
+    the same), and one shared by every tube never labelled (`tube="_other"`).  `puts`
+    holds what live tubes settled (their total-jobs since their `puts_mark`, settled when
+    a tube goes or changes labels: Queue.settle_puts), so a put costs nothing here."""
     __slots__ = ("puts", "wait", "run")
 
     def __init__(self) -> None:
@@ -221,62 +223,75 @@ class TubeMetrics:
 
 class ReadySince:
     """When a tube's ready jobs became ready, oldest first, for the metrics' oldest ready
-    age: a FIFO of (since, job id) in the order jobs became ready (the clock only moves
-    forward).  Nothing is done when a job stops being ready, so the hot path pays one
-    append per job made ready: an entry is stale once its job is gone, not READY, or
-    READY since another time (a job's `deadline` is when it became ready, while READY).
-    Stale entries go from the front when the oldest is asked for, and in a sweep when
-    the FIFO outgrows `limit` (twice the live entries of the last sweep, plus SLACK), so
-    it holds at most about twice the tube's ready jobs."""
-    __slots__ = ("fifo", "limit", "jobs")
+    age: two FIFOs, of job ids and of when each became ready, in that order (the clock
+    only moves forward); both hold references to the job's own objects, so an entry
+    costs 16 bytes and no allocation.  Nothing is done when a job stops being ready, so
+    the hot path pays two appends per job made ready: an entry is stale once its job is
+    gone, not READY, or READY since another time (a job's `deadline` is when it became
+    ready, while READY).  Stale entries go from the front when the oldest is asked for,
+    and in a sweep once the FIFOs hold more than twice the tube's ready jobs plus SLACK
+    (`limit` is that bound as of the last look: below it nothing is checked), so a sweep
+    drops at least half of what it looks at."""
+    __slots__ = ("ids", "sinces", "limit", "jobs", "ready")
     SLACK = 64
 
-    def __init__(self, jobs: dict) -> None:
-        self.fifo: collections.deque = collections.deque()
+    def __init__(self, jobs: dict, ready) -> None:
+        self.ids: collections.deque = collections.deque()
+        self.sinces: collections.deque = collections.deque()
         self.limit = self.SLACK
         self.jobs = jobs                # the queue's: id -> Job
+        self.ready = ready              # the tube's ReadySet (its len: the live bound)
 
     def add(self, since: float, job_id: int) -> None:
-        fifo = self.fifo
-        fifo.append((since, job_id))
-        if len(fifo) > self.limit:
-            self._sweep()
+        self.ids.append(job_id)
+        self.sinces.append(since)
+        if len(self.ids) > self.limit:
+            self.sweep()
 
-    def _live(self, entry: tuple) -> bool:
-        job = self.jobs.get(entry[1])
-        return job is not None and job.state == READY and job.deadline == entry[0]
+    def _live(self, job_id: int, since: float) -> bool:
+        job = self.jobs.get(job_id)
+        return job is not None and job.state == READY and job.deadline == since
 
-    def _sweep(self) -> None:
-        live = self._live
-        self.fifo = collections.deque(e for e in self.fifo if live(e))
-        self.limit = 2 * len(self.fifo) + self.SLACK
+    def sweep(self) -> None:
+        bound = 2 * len(self.ready) + self.SLACK
+        if len(self.ids) > bound:               # (else: a tube filling up, nothing stale)
+            live = self._live
+            kept = [(i, t) for i, t in zip(self.ids, self.sinces) if live(i, t)]
+            self.ids = collections.deque(i for i, _ in kept)
+            self.sinces = collections.deque(t for _, t in kept)
+        self.limit = max(bound, 2 * len(self.ids) + self.SLACK)
 
     def oldest(self) -> float | None:
         """When the oldest ready job became ready (None: none is)."""
-        fifo, live = self.fifo, self._live
-        while fifo and not live(fifo[0]):
-            fifo.popleft()
-        return fifo[0][0] if fifo else None
+        ids, sinces, live = self.ids, self.sinces, self._live
+        while ids and not live(ids[0], sinces[0]):
+            ids.popleft()
+            sinces.popleft()
+        return sinces[0] if ids else None
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 class Tube:
     """One tube: its job containers, the sessions waiting on it, and its counters."""
     __slots__ = ("name", "ready", "delayed", "buried", "urgent", "reserved", "total_jobs",
                  "using", "watching", "waiting", "cmd_delete", "cmd_pause_tube",
-                 "pause_s", "unpause_at", "reserves", "ready_since", "metrics")
+                 "pause_s", "unpause_at", "reserves", "ready_since", "metrics", "puts_mark")
 
     def __init__(self, name: str, metrics: TubeMetrics | None = None,
                  jobs: dict | None = None) -> None:
         self.name = name
         self.reserves = 0               # jobs reserved from it (with puts and deletes: activity)
-        self.ready_since = ReadySince({} if jobs is None else jobs)
-        self.metrics = metrics or TubeMetrics()
         self.ready = ReadySet()
+        self.ready_since = ReadySince({} if jobs is None else jobs, self.ready)
+        self.metrics = metrics or TubeMetrics()
         self.delayed = SortedList()     # (deadline, id)
         self.buried: dict[int, Job] = {}
         self.urgent = 0                 # ready jobs with pri < URGENT_PRI
         self.reserved = 0
         self.total_jobs = 0
+        self.puts_mark = 0              # total_jobs when its puts were last settled
         self.using = 0                  # sessions that `use` it
         self.watching = 0               # sessions that watch it
         self.waiting: dict = {}         # sessions blocked in reserve watching it, FIFO

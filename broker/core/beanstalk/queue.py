@@ -78,13 +78,21 @@ class Queue:
         counted = self.metrics.label(name)
         t = self.tubes.get(name)
         if t is not None:
+            self.settle_puts(t)
             t.metrics = counted
 
     def unlabel(self, name: str) -> None:
         self.metrics.unlabel(name)
         t = self.tubes.get(name)
         if t is not None:
+            self.settle_puts(t)
             t.metrics = self.metrics.of(name)
+
+    @staticmethod
+    def settle_puts(t: Tube) -> None:
+        """Count the tube's puts since its mark into its metrics (jobs.TubeMetrics)."""
+        t.metrics.puts += t.total_jobs - t.puts_mark
+        t.puts_mark = t.total_jobs
 
     def tube(self, name: str) -> Tube:
         t = self.tubes.get(name)
@@ -97,6 +105,7 @@ class Queue:
         # beanstalkd holds a reference to `default` for its whole life (tube.c's
         # default_tube): it is listed and answers stats-tube even when nobody uses it
         if t.name != DEFAULT_TUBE and t.is_unreferenced() and self.tubes.get(t.name) is t:
+            self.settle_puts(t)
             del self.tubes[t.name]
             i = self.tube_list.index(t)
             last = self.tube_list.pop()
@@ -113,7 +122,12 @@ class Queue:
         if job.pri < URGENT_PRI:
             t.urgent += 1
         job.state = READY
-        t.ready_since.add(job.deadline, job.id)     # (make_ready set it: ready since then)
+        since = t.ready_since                   # (ReadySince.add, inlined: the hot path)
+        ids = since.ids
+        ids.append(job.id)
+        since.sinces.append(job.deadline)       # (make_ready set it: ready since then)
+        if len(ids) > since.limit:
+            since.sweep()
         if ready.add(job.pri, job.id) and not t.unpause_at:
             if old_top is not None:
                 self.tops.remove((old_top, t))
@@ -177,9 +191,7 @@ class Queue:
     def add(self, job: Job, delay_s: int, now: float) -> None:
         """A new job enters its tube (put)."""
         self.jobs[job.id] = job
-        t = job.tube
-        t.total_jobs += 1
-        t.metrics.puts += 1
+        job.tube.total_jobs += 1
         self.place(job, delay_s, now)
 
     def load(self, jobs: list[Job], now: float) -> None:
