@@ -277,7 +277,8 @@ class Tube:
     """One tube: its job containers, the sessions waiting on it, and its counters."""
     __slots__ = ("name", "ready", "delayed", "buried", "urgent", "reserved", "total_jobs",
                  "using", "watching", "waiting", "cmd_delete", "cmd_pause_tube",
-                 "pause_s", "unpause_at", "reserves", "ready_since", "metrics", "puts_mark")
+                 "pause_s", "unpause_at", "reserves", "ready_since", "metrics", "puts_mark",
+                 "listed")
 
     def __init__(self, name: str, metrics: TubeMetrics | None = None,
                  jobs: dict | None = None) -> None:
@@ -292,6 +293,7 @@ class Tube:
         self.reserved = 0
         self.total_jobs = 0
         self.puts_mark = 0              # total_jobs when its puts were last settled
+        self.listed = None              # its key in Queue.tops (None: not there)
         self.using = 0                  # sessions that `use` it
         self.watching = 0               # sessions that watch it
         self.waiting: dict = {}         # sessions blocked in reserve watching it, FIFO

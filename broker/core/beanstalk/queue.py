@@ -19,7 +19,11 @@ but for the one every reserve and delete touches):
     start of the DEADLINE_SOON margin of a job they hold);
   * `paused` (unpause_at, name): paused tubes.
 `tops` holds (top ready key, tube) for every unpaused tube with ready jobs, so reserve
-across many watched tubes looks at the best candidates first instead of every tube.
+across many watched tubes looks at the best candidates first instead of every tube.  It
+is brought up to date only when such a reserve looks at it: a change of a tube's top
+(every reserve of its best job, most puts) only marks the tube in `stale_tops`, and
+`_refresh_tops` moves the marked tubes' entries then (`Tube.listed` is the key a tube
+has in `tops`).  Sessions watching a few tubes, the common case, never pay for it.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ class Queue:
         self.tubes: dict[str, Tube] = {}
         self.tube_list: list[Tube] = []     # creation order with swap-remove (list-tubes)
         self.tops = SortedList()
+        self.stale_tops: dict[Tube, None] = {}  # tubes whose top may differ from `listed`
         self.delayed_due = SortedList()
         self.ttr_due = Deadlines(self._reserved_until)
         self.wakes = SortedList()
@@ -118,7 +123,6 @@ class Queue:
     def _ready_add(self, job: Job) -> None:
         t = job.tube
         ready = t.ready
-        old_top = ready.top
         if job.pri < URGENT_PRI:
             t.urgent += 1
         job.state = READY
@@ -128,21 +132,28 @@ class Queue:
         since.sinces.append(job.deadline)       # (make_ready set it: ready since then)
         if len(ids) > since.limit:
             since.sweep()
-        if ready.add(job.pri, job.id) and not t.unpause_at:
-            if old_top is not None:
-                self.tops.remove((old_top, t))
-            self.tops.add((ready.top, t))
+        if ready.add(job.pri, job.id):
+            self.stale_tops[t] = None
 
     def _ready_remove(self, job: Job) -> None:
         t = job.tube
-        ready = t.ready
-        old_top = ready.top
         if job.pri < URGENT_PRI:
             t.urgent -= 1
-        if ready.remove(job.pri, job.id) and not t.unpause_at:
-            self.tops.remove((old_top, t))
-            if ready.top is not None:
-                self.tops.add((ready.top, t))
+        if t.ready.remove(job.pri, job.id):
+            self.stale_tops[t] = None
+
+    def _refresh_tops(self) -> None:
+        """Move the entries of the tubes whose top changed (see the module's comment)."""
+        tops = self.tops
+        for t in self.stale_tops:
+            want = None if t.unpause_at else t.ready.top
+            if want != t.listed:
+                if t.listed is not None:
+                    tops.remove((t.listed, t))
+                if want is not None:
+                    tops.add((want, t))
+                t.listed = want
+        self.stale_tops.clear()
 
     def make_ready(self, job: Job, now: float) -> None:
         """Enter READY and hand the job to a waiter of its tube if there is one."""
@@ -218,8 +229,7 @@ class Queue:
             t.ready.fill(tube_jobs)
             for job in tube_jobs:
                 t.ready_since.add(now, job.id)
-            if not t.unpause_at:
-                self.tops.add((t.ready.top, t))
+            self.stale_tops[t] = None
         for key in delayed:
             self.jobs[key[1]].tube.delayed.add(key)
         self.delayed_due.update(delayed)
@@ -287,6 +297,8 @@ class Queue:
                         best = k
             return None if best is None else self.jobs[key_id(best)]
         watched = session.watched
+        if self.stale_tops:
+            self._refresh_tops()
         for key, t in self.tops:          # best first: stop at the first watched tube
             if t in watched:
                 return self.jobs[key_id(key)]
@@ -346,8 +358,7 @@ class Queue:
     def pause(self, t: Tube, delay_s: int, now: float) -> None:
         if t.unpause_at:
             self.paused.remove((t.unpause_at, t.name))
-        elif t.ready.top is not None:
-            self.tops.remove((t.ready.top, t))
+        self.stale_tops[t] = None
         t.pause_s = delay_s
         # pause 0 ends at the next expire (beanstalkd: 1 ns), waking waiters at once
         t.unpause_at = now + delay_s
@@ -357,8 +368,8 @@ class Queue:
         self.paused.remove((t.unpause_at, t.name))
         t.unpause_at = 0.0
         t.pause_s = 0
+        self.stale_tops[t] = None
         if t.ready.top is not None:
-            self.tops.add((t.ready.top, t))
             self._serve_waiters(t, now)
 
     # -- timers --------------------------------------------------------------------
