@@ -83,10 +83,22 @@ class BrokerMetrics:
     def rank(self, now: float, only_if_room: bool = False) -> None:
         """Label the most active names and unlabel the idle ones; `only_if_room` (at a
         scrape): only label names while fewer than `top` are."""
-        if only_if_room and len(self.tubes.last_active) >= self.tubes.top and len(
-                self.functions.last_active) >= self.functions.top:
-            return
         queue, store = self.core.queue, self.core.tasks
+        if not (only_if_room and len(self.tubes.last_active) >= self.tubes.top):
+            self._rank_tubes(queue, now, only_if_room)
+        if only_if_room and len(self.functions.last_active) >= self.functions.top:
+            return
+        added, gone = self.functions.update(store.activity, now, store.counts.by_name,
+                                            only_if_room)
+        store.activity = {}
+        for name in added:
+            store.counts.label(name)
+        for name in gone:
+            store.counts.unlabel(name)
+        if not only_if_room:
+            self.ranked_at = now
+
+    def _rank_tubes(self, queue, now: float, only_if_room: bool) -> None:
         seen, activity = {}, {}
         for name, t in queue.tubes.items():
             seen[name] = count = t.total_jobs + t.reserves + t.cmd_delete
@@ -97,15 +109,6 @@ class BrokerMetrics:
             queue.label(name)
         for name in gone:
             queue.unlabel(name)
-        added, gone = self.functions.update(store.activity, now, store.counts.by_name,
-                                            only_if_room)
-        store.activity = {}
-        for name in added:
-            store.counts.label(name)
-        for name in gone:
-            store.counts.unlabel(name)
-        if not only_if_room:
-            self.ranked_at = now
 
     def tick(self, now: float) -> None:
         """On the broker's heartbeat: rank once a minute."""
@@ -126,34 +129,45 @@ class BrokerMetrics:
         return out
 
     def beanstalk(self, now: float) -> list[Sample]:
+        """Jobs by state (all tubes, and per labelled tube and `_other`), each row's oldest
+        ready age and puts: one walk over the tubes (~1 us a tube)."""
         queue, core = self.core.queue, self.core
-        totals = dict.fromkeys(_STATES, 0)
-        per: dict[str, list] = {name: [0, 0, 0, 0, None] for name in queue.metrics.by_name}
-        other = per[OTHER] = [0, 0, 0, 0, None]
         labelled = queue.metrics
-        for name, t in queue.tubes.items():
+        other_m, sink = labelled.other, labelled.sink
+        # id(TubeMetrics) -> [ready, reserved, delayed, buried, oldest ready since, unsettled puts]
+        rows: dict[int, list] = {id(m): [0, 0, 0, 0, None, 0]
+                                 for m in (*labelled.by_name.values(), other_m)}
+        all_ready = all_reserved = all_delayed = all_buried = 0
+        for t in queue.tubes.values():
+            ready, reserved, delayed, buried = (len(t.ready), t.reserved, len(t.delayed),
+                                                len(t.buried))
+            all_ready += ready
+            all_reserved += reserved
+            all_delayed += delayed
+            all_buried += buried
             m = t.metrics
-            row = other if m is labelled.other else None if m is labelled.sink else per.get(name)
-            counts = (len(t.ready), t.reserved, len(t.delayed), len(t.buried))
-            for state, n in zip(_STATES, counts):
-                totals[state] += n
-            if row is not None:
-                for i, n in enumerate(counts):
-                    row[i] += n
-                since = t.ready_since.oldest() if counts[0] else None
+            if m is sink:
+                continue
+            row = rows[id(m)]
+            row[0] += ready
+            row[1] += reserved
+            row[2] += delayed
+            row[3] += buried
+            row[5] += t.total_jobs - t.puts_mark
+            if ready:
+                since = t.ready_since.oldest()
                 if since is not None and (row[4] is None or since < row[4]):
                     row[4] = since
+        totals = dict(zip(_STATES, (all_ready, all_reserved, all_delayed, all_buried)))
+        per = {name: rows[id(m)] for name, m in labelled.by_name.items()}
+        per[OTHER] = rows[id(other_m)]
         out = [Sample("zstalk_jobs", (s,), n) for s, n in totals.items()]
         for name, row in per.items():
-            out += [Sample("zstalk_tube_jobs", (name, s), n) for s, n in zip(_STATES, row)]
+            out += [Sample("zstalk_tube_jobs", (name, s), n) for s, n in zip(_STATES, row[:4])]
             age = 0.0 if row[4] is None else max(0.0, now - row[4])
             out.append(Sample("zstalk_tube_oldest_ready_age_seconds", (name,), age))
-        unsettled: dict[int, int] = {}          # id(metrics) -> puts not yet settled
-        for t in queue.tubes.values():
-            unsettled[id(t.metrics)] = unsettled.get(id(t.metrics), 0) + (
-                t.total_jobs - t.puts_mark)
-        for name, m in (*queue.metrics.by_name.items(), (OTHER, queue.metrics.other)):
-            out += [Sample("zstalk_tube_puts_total", (name,), m.puts + unsettled.get(id(m), 0)),
+        for name, m in (*labelled.by_name.items(), (OTHER, other_m)):
+            out += [Sample("zstalk_tube_puts_total", (name,), m.puts + per[name][5]),
                     Sample("zstalk_job_wait_seconds", (name,), m.wait),
                     Sample("zstalk_job_run_seconds", (name,), m.run)]
         out += [Sample("zstalk_commands_total", (key[4:],), n)
