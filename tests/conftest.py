@@ -21,6 +21,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,7 +31,7 @@ import pytest
 from servers import (
     BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, counter_probe,
     find_beanstalkd, find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
-    wait_counter_ready,
+    wait_counter_ready, wait_for,
 )
 
 
@@ -270,10 +271,13 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
     # broker tells it, so both get it.
     size_args = [] if max_job_size is None else ["-z", str(max_job_size)]
 
+    health = free_port()
+
     def build_broker() -> ServerProcess:
         port = free_port()
         return ServerProcess(
-            [zstalk, "broker", "--bind", f"tcp://{LOOPBACK}:{port}", *size_args, *broker_args],
+            [zstalk, "broker", "--bind", f"tcp://{LOOPBACK}:{port}", *size_args, *broker_args,
+             "--health-port", str(health), "--health-listen", LOOPBACK],
             (LOOPBACK, port), name="zstalk-broker")
 
     broker = processes.start(build_broker)
@@ -296,8 +300,24 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
     started = [processes.start(lambda index=index: build_front(index)) for index in range(fronts)]
     counters = [processes.start(lambda index=index: build_counter_front(index))
                 for index in range(counter_fronts)]
+    # the readiness probes' connections close through their fronts, and a test's first
+    # command may reach the broker through another front before those CLOSEs do: wait
+    # until the broker holds no client session (its /metrics opens none)
+    assert wait_for(lambda: _client_sessions(health) == 0, 10), (
+        f"the broker still holds {_client_sessions(health)} client sessions after the probes")
     return Cluster(broker, started, broker_address, [front.address for front in started],
                    counter_fronts=counters)
+
+
+def _client_sessions(health_port: int) -> float | None:
+    """Client sessions the broker holds, from its /metrics (None: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{health_port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("zstalk_sessions{"))
 
 
 @pytest.fixture
