@@ -8,6 +8,10 @@
     timeout = "15s"
     max_timeout = "15m"
     max_result = "1MiB"                  # a bigger 2xx body fails the task (sizes: B KiB MiB)
+    rate = "300/s"                       # at most N calls per s, m or h, over every dispatcher
+    burst = 0                            # calls that may start at once beyond the rate
+    queue_timeout = "30m"                # a task still queued this long after it was made fails
+    max_pause = "60s"                    # the longest backoff after 429 / 503 without Retry-After
 
     [functions.closeOrder]               # one table per named function (optional)
     url = "http://orders:3000/closeOrder"   # without base_url, required; with it, optional
@@ -41,13 +45,16 @@ from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause"}
 _DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
-                 "max_timeout", "max_result"}
+                 "max_timeout", "max_result", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep it sane
 DEFAULT_SIZE = 1 << 20
-_FUNCTION_KEYS = {"url", "concurrency", "timeout", "max_timeout"}
+_FUNCTION_KEYS = {"url", "concurrency", "timeout", "max_timeout", *_LIMIT_KEYS}
+_RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
+_PER_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class ConfigError(Exception):
@@ -174,7 +181,29 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     timeout = duration_ms(entry.get("timeout", "15s"), f"{where}: timeout")
     if not 0 < timeout <= max_timeout:
         raise ConfigError(f"{where}: timeout must be above 0 and at most max_timeout")
-    return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1))
+    rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
+    burst = entry.get("burst", 0)
+    if type(burst) is not int or not 0 <= burst <= 1_000_000:
+        raise ConfigError(f"{where}: burst must be an integer from 0 to 1000000")
+    queue_timeout = entry.get("queue_timeout")
+    queue_timeout_ms = 0 if queue_timeout is None else duration_ms(
+        queue_timeout, f"{where}: queue_timeout")
+    max_pause_ms = duration_ms(entry.get("max_pause", "60s"), f"{where}: max_pause")
+    if queue_timeout is not None and not queue_timeout_ms or not max_pause_ms:
+        raise ConfigError(f"{where}: queue_timeout and max_pause must be above 0")
+    return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
+                        burst, queue_timeout_ms, max_pause_ms)
+
+
+def _rate(value: Any, where: str) -> tuple[int, float]:
+    """"300/s" -> (300, 1.0); absent -> (0, 1.0): no rate."""
+    if value is None:
+        return 0, 1.0
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not 1 <= int(match[1]) <= 1_000_000:
+        raise ConfigError(f"{where}: a rate is \"N/s\", \"N/m\" or \"N/h\" with N from 1 "
+                          f"to 1000000 (got {value!r})")
+    return int(match[1]), _PER_S[match[2]]
 
 
 def duration_ms(value: Any, where: str) -> int:

@@ -46,11 +46,12 @@ from typing import Any, NamedTuple
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 2 had no Stopping and Holding (a stopping broker just went
-#: quiet).  Version 1 (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
+#: version back.  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE and
+#: T_OUTCOME, and a T_OUTCOME's retry_after_ms was 0 when no Retry-After came (now -1).
+#: Version 2 had no Stopping and Holding (a stopping broker just went quiet).  Version 1 (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
 #: T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR
 #: replies carrying the HTTP status, a one-field Settings and no Settings message.
 OLDEST_PEER_VERSION = 1
@@ -101,13 +102,16 @@ class Op(enum.IntEnum):
     C_STATS = 44        # (conn)
     C_DUMP = 45         # (conn)
     # cloud tasks (kind "http" fronts and "dispatcher" pools; see "Cloud tasks" below)
-    T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id, keyed)
+    T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id, keyed, ext)
     T_INFO = 51         # (conn, unique_id, keyed)
     # keyed: the request carried the master key (or none is configured); the broker's
     # [api] policy decides what a request without it may do (public_enqueue, private_results)
     T_CANCEL = 52       # (conn, unique_id)
     T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
-    T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms)
+    T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms, ext)
+    # retry_after_ms: a 429 / 503's Retry-After, -1 when it sent none.  ext (version 4): a
+    # map of optional fields, None for none, so later versions add fields to these ops
+    # without a new schema version (a broker ignores keys it does not know)
     T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
     # cron schedules (broker/core/tasks/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
     T_SCHEDULE = 56     # (conn, name, cron, timezone, function, params: bytes, options)
@@ -115,6 +119,9 @@ class Op(enum.IntEnum):
     T_SCHEDULE_INFO = 58    # (conn, name)
     T_UNSCHEDULE = 59   # (conn, name)
     T_SCHEDULE_PAUSE = 60   # (conn, name, paused: bool)
+    # functions (version 4): their queues, limits and pauses, answered T_FUNCTIONS / T_FUNCTION
+    T_FUNCTIONS = 61    # (conn, after: a name | None, limit)
+    T_FUNCTION = 62     # (conn, name)
 
 
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
@@ -164,6 +171,8 @@ class R(enum.IntEnum):
     T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
     T_SCHEDULE = 45     # (info)  a schedule's info dict (times: wall-clock seconds)
     T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
+    T_FUNCTIONS = 47    # (infos, next)  a page of function stats by name; next None: no more
+    T_FUNCTION = 48     # (info)  one function's stats (Tasks.function_stats)
 
 
 # ---------------------------------------------------------------------------------
@@ -322,7 +331,7 @@ def decode_peer(data: bytes) -> tuple[int, Message]:
     """A message from a peer of this version or one OLDEST_PEER_VERSION allows (the
     broker's side), upgraded to this version; and the version it came in."""
     version, msg = _decode(data, OLDEST_PEER_VERSION)
-    return version, (_upgrade(msg) if version == 1 else msg)
+    return version, (_upgrade(msg, version) if version < SCHEMA_VERSION else msg)
 
 
 def _decode(data: bytes, oldest: int) -> tuple[int, Message]:
@@ -365,27 +374,33 @@ V1_ERROR_STATUS = {"bad_request": 400, "unauthorized": 401, "not_found": 404,
                    "unavailable": 503}
 
 
-def _upgrade(msg: Message) -> Message:
-    """A version-1 message as this version has it."""
+def _upgrade(msg: Message, version: int) -> Message:
+    """A message of an older version as this version has it."""
     if isinstance(msg, Batch):
-        return Batch([_upgrade_op(op) for op in msg.ops])
+        return Batch([_upgrade_op(op, version) for op in msg.ops])
     return msg
 
 
-def _upgrade_op(op):
+def _upgrade_op(op, version: int):
     if not isinstance(op, (list, tuple)) or not op:
         return op
     code, n = op[0], len(op)
-    if (code == Op.T_ENQUEUE and n == 6) or (code == Op.T_INFO and n == 3):
-        return (*op, True)              # a version-1 front checked the key itself
-    if code == Op.T_SUBSCRIBE and n == 3:
-        return (*op, op[2] == 0)        # 0 slots meant stopping
+    if version == 1:
+        if (code == Op.T_ENQUEUE and n == 6) or (code == Op.T_INFO and n == 3):
+            op, n = (*op, True), n + 1      # a version-1 front checked the key itself
+        elif code == Op.T_SUBSCRIBE and n == 3:
+            return (*op, op[2] == 0)        # 0 slots meant stopping
+    if code == Op.T_ENQUEUE and n == 7:
+        return (*op, None)                  # no ext before version 4
+    if code == Op.T_OUTCOME and n == 9:     # ... and 0 for "no Retry-After"
+        retry_after = op[8]
+        return (*op[:8], -1 if retry_after == 0 else retry_after, None)
     return op
 
 
 def _downgrade(msg: Message, version: int) -> Message | None:
     """A message as a peer of an older `version` takes it (None: it has none such)."""
-    if isinstance(msg, (Stopping, Holding)):
+    if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
     if version >= 2:
         return msg

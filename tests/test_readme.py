@@ -39,6 +39,8 @@ RUN_BY = {
     "# functions.py": "test_the_cloud_task_examples_run_as_written",
     "/v1/tasks/close-1234": "test_the_cloud_task_examples_run_as_written",
     "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
+    "# protect.toml": "test_the_limits_example_runs_as_written",
+    "# limits.py": "test_the_limits_example_runs_as_written",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
     "scripts/zstalk worker emails:worker": "test_the_native_worker_examples_run_as_written",
@@ -190,6 +192,22 @@ def test_the_cloud_task_examples_run_as_written(shell):
     out = shell.run("python enqueue.py")
     assert (out.returncode, out.stdout.strip()) == (0, "success {'closed': 42}"), out.stderr
     check_the_schedule_example(shell.run(block("api=http://127.0.0.1:8080/v1/schedules").text))
+
+
+def test_the_limits_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080, 3000)
+    for marker in ("# protect.toml", "# functions.py", "# limits.py"):
+        shell.write(block(marker))
+    listening(3000, shell.start("python functions.py"))
+    listening(8080, shell.start("zstalk serve --config protect.toml"))
+    out = shell.run("python limits.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    vip, last, before, stats = out.stdout.splitlines()
+    assert re.fullmatch(r"VIP: 0 ahead, about \d+ ms", vip), vip
+    ahead, ms = map(int, re.fullmatch(r"last one: (\d+) ahead, about (\d+) ms", last).groups())
+    assert 12 <= ahead <= 19 and abs(ms - ahead * 200 - 200) <= 600, last
+    assert int(before.rsplit(" ", 1)[1]) <= 6, before
+    assert "'rate': '5/s'" in stats and "'burst': 2" in stats, stats
 
 
 def check_the_schedule_example(out: subprocess.CompletedProcess) -> None:

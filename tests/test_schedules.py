@@ -123,7 +123,7 @@ def test_schedules_are_listed_by_name_page_by_page(node):
 
 def test_a_fire_whose_function_is_gone_says_why_and_the_schedule_goes_on(node):
     node.schedule(expr="*/10 * * * * ?")
-    node.broker.tasks.configure({}, None)           # f taken out of the config (SIGHUP)
+    node.broker.tasks.configure({}, None, node.now)         # f taken out of the config (SIGHUP)
     node.advance(10)
     info = node.ask(Op.T_SCHEDULE_INFO, "s1")[2]
     assert node.tasks() == [] and "f" in info["lastError"]
@@ -171,7 +171,7 @@ def test_compaction_carries_schedules_forward(tmp_path):
     node = Scheduler(tmp_path, segment_size=16 * 1024)
     node.schedule(name="hourly", expr="0 0 * * * ?")
     node.schedule(name="often", expr="* * * * * ?")
-    node.broker.tasks.configure({}, None)           # its fires enqueue nothing (no f)...
+    node.broker.tasks.configure({}, None, node.now)         # its fires enqueue nothing (no f)...
     for _ in range(600):                            # ...but its records fill many segments
         node.advance(1)
     segments = [n for n in os.listdir(tmp_path) if n.endswith(".wal")]

@@ -16,7 +16,7 @@ from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Batch, 
                                     SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 
-V1, V2 = 1, 2
+V1, V2, V3 = 1, 2, 3
 HELLO, BATCH = 1, 3
 
 
@@ -26,7 +26,7 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (3, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (4, 1)
 
 
 def test_a_version_2_peer_gets_everything_but_the_stopping_handshake():
@@ -44,8 +44,23 @@ def test_a_version_1_batch_gets_the_fields_version_2_added():
     version, msg = decode_peer(packed(V1, BATCH, ops))
     assert version == V1
     assert [tuple(op) for op in msg.ops] == [
-        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True), (Op.T_INFO, 1, "u", True),
+        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, None), (Op.T_INFO, 1, "u", True),
         (Op.T_SUBSCRIBE, 1, 0, True), (Op.T_SUBSCRIBE, 1, 8, False), (Op.PUT, 1, 0, 0, 60, b"x")]
+
+
+def test_a_version_3_batch_gets_the_ext_slots_and_no_retry_after_as_minus_one():
+    ops = [(Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True),
+           (Op.T_OUTCOME, 1, "u", 1, "failure", 429, None, "HTTP 429", 0),
+           (Op.T_OUTCOME, 1, "u", 2, "failure", 503, None, "HTTP 503", 7000)]
+    version, msg = decode_peer(packed(V3, BATCH, ops))
+    assert version == V3 and [tuple(op) for op in msg.ops] == [
+        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, None),
+        (Op.T_OUTCOME, 1, "u", 1, "failure", 429, None, "HTTP 429", -1, None),
+        (Op.T_OUTCOME, 1, "u", 2, "failure", 503, None, "HTTP 503", 7000, None)]
+
+
+def test_a_version_3_peer_still_gets_the_stopping_handshake():
+    assert msgpack.unpackb(encode(Stopping(7, False), V3)) == [V3, 8, 7, False]
 
 
 def test_a_version_1_peer_is_answered_in_version_1():

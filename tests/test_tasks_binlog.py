@@ -338,3 +338,48 @@ def test_a_claimed_call_that_ended_while_the_broker_was_down_gets_time_to_report
     again.subscribe(0)
     again.report(uid, attempt, "success", 200, b"1")
     assert again.info("t1")["status"] == SUCCESS
+
+
+def test_a_tasks_level_and_queue_timeout_survive_a_restart(node):
+    node.enqueue("vip", {"level": 3, "queueTimeout": 60000})
+    node.enqueue("normal")
+    again = node.restart(later_s=10)
+    task = again.broker.tasks.tasks["vip"]
+    assert task.level == 3 and again.info("vip")["level"] == 3
+    assert task.queue_deadline == pytest.approx(again.now + 50)   # wall clock: 10 s passed
+    assert again.info("vip")["waitNum"] == 0 and again.info("normal")["waitNum"] == 1
+    again.advance(50)
+    assert again.info("vip")["status"] == FAILED and again.info("vip")["error"] == "queue timeout"
+
+
+def format_3_segment(path, records: list[bytes]) -> None:
+    """A segment as zstalk wrote before format 4: TASK records without the optional map."""
+    header = wf.HEADER.pack(wf.MAGIC, 3, 77, 1, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    with open(path / segment_name(1), "wb") as f:
+        f.write(header + wf.encode_frame(b"".join(records)) + b"\0" * 64)
+
+
+def task_list(uid: str, seq: int) -> list:
+    """A queued task's TASK_FIELDS and its result, as format 3 logged them."""
+    return [uid, "f", b"{}", 5, seq, 1, ["fixed", 1000, 5000, False], 15000, "atLeastOnce",
+            300000, WALL_OFFSET + 990.0, "queued", 0, None, None, WALL_OFFSET + 990.0,
+            WALL_OFFSET + 990.0, None, None, None]
+
+
+def test_a_format_3_segment_with_tasks_is_still_read_with_their_defaults(tmp_path):
+    format_3_segment(tmp_path, [wf.encode_task(task_list("old", 1))])
+    node = Node(tmp_path)
+    task = node.broker.tasks.tasks["old"]
+    assert (task.level, task.queue_deadline, task.priority) == (0, 0.0, 5)
+    assert [c[0] for c in node.subscribe(1)] == ["old"]
+
+
+def test_optional_task_fields_a_reader_does_not_know_are_ignored(tmp_path):
+    future = [*task_list("new", 1), {"level": 2, "colour": "blue", "weight": [1, 2]}]
+    header = wf.HEADER.pack(wf.MAGIC, wf.FORMAT, 77, 1, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    with open(tmp_path / segment_name(1), "wb") as f:
+        f.write(header + wf.encode_frame(wf.encode_task(future)) + b"\0" * 64)
+    node = Node(tmp_path)
+    assert node.broker.tasks.tasks["new"].level == 2

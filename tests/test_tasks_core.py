@@ -182,10 +182,11 @@ def test_exponential_backoff_doubles_up_to_its_cap_and_jitter_scales_it():
     assert Backoff("exponential", 1000, 5000, jitter=True).wait_ms(2, lambda: 0.5) == 1000
 
 
-def test_retry_after_from_the_function_waits_longer_than_the_backoff(c):
+def test_a_503s_retry_after_waits_longer_than_the_backoff(c):
     task = c.enqueue(options={"backoff": 1000})
-    c.report(c.take(), "failure", status_code=429, retry_after_ms=30000)
+    c.report(c.take(), "failure", status_code=503, retry_after_ms=30000)
     assert c.store.info(task.uid, c.now)["retryAt"] == T0 + 30.0 + WALL
+    # (a 429 does not retry: the task keeps its place, tests/test_task_limits.py)
 
 
 def test_an_unknown_outcome_is_retried_at_least_once_but_fails_at_most_once():
@@ -497,9 +498,9 @@ def test_a_draining_dispatcher_finishes_its_calls_and_is_handed_no_more():
 def test_a_function_gone_from_the_config_keeps_its_tasks_until_it_returns(c):
     task = c.enqueue()
     spec = c.store.functions["f"]
-    c.store.configure({}, None)
+    c.store.configure({}, None, c.now)
     assert c.take() is None and c.status(task.uid) == QUEUED
-    c.store.configure({"f": spec._replace(url="http://moved/f")}, None)
+    c.store.configure({"f": spec._replace(url="http://moved/f")}, None, c.now)
     assert c.take() is task and c.store.specs["f"].url == "http://moved/f"
 
 

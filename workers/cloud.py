@@ -101,6 +101,10 @@ def task_path(unique_id: str) -> str:
     return f"{TASKS}/{quote(unique_id, safe='')}"
 
 
+def function_path(name: str) -> str:
+    return f"/v1/functions/{quote(name, safe='')}"
+
+
 def answer(status: int, body: bytes) -> Any:
     """The JSON body of a 2xx, or the API's refusal raised as TaskApiError."""
     try:
@@ -136,8 +140,13 @@ class TaskClient:
         self.timeout = timeout
 
     def enqueue(self, function: str, params: Any = None, **options) -> dict:
-        """The 201 body: {"uniqueId", "status": "queued", "waitNum"}."""
+        """The 201 body: {"uniqueId", "status": "queued", "waitNum", "waitTime"?}.
+        `options` by their API names or in snake_case (`level=2`, `queue_timeout=60000`)."""
         return self._request("POST", TASKS, task_body(function, params, options))
+
+    def function_stats(self, name: str) -> dict:
+        """A function's queue, limits and pause (GET /v1/functions/{name}: the master key)."""
+        return self._request("GET", function_path(name))
 
     def enqueue_many(self, tasks: list[dict]) -> list[dict]:
         """Items {"function", "params"?, "options"?}; one result per item, in order:
@@ -192,6 +201,9 @@ class AsyncTaskClient:
 
     async def get_task_info(self, unique_id: str) -> dict:
         return await self._request("GET", task_path(unique_id))
+
+    async def function_stats(self, name: str) -> dict:
+        return await self._request("GET", function_path(name))
 
     async def cancel(self, unique_id: str) -> dict:
         return await self._request("DELETE", task_path(unique_id))

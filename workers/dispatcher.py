@@ -80,7 +80,7 @@ class Outcome(NamedTuple):
     status_code: int | None = None
     result: bytes | None = None     # the body of a success
     error: str | None = None
-    retry_after_ms: int = 0
+    retry_after_ms: int = -1        # a 429 / 503's Retry-After (-1: none, or none readable)
 
 
 class Dispatcher(LinkOwner):
@@ -148,7 +148,7 @@ class Dispatcher(LinkOwner):
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
                 self._report((Op.T_OUTCOME, CONN, item[2], item[3],
-                              *Outcome(DECLINED, error="the dispatcher is stopping")))
+                              *Outcome(DECLINED, error="the dispatcher is stopping"), None))
             else:
                 self._start_call(*item[2:7])
 
@@ -208,7 +208,7 @@ class Dispatcher(LinkOwner):
         # no longer a running call: a Welcome between now and the done callback must
         # count it once, as a report to resend
         self.calls.pop(asyncio.current_task(), None)
-        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome))
+        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome, None))    # (no ext)
 
     def _report(self, report: tuple) -> None:
         """Send a report now, kept until the broker notes it; or after the next Welcome."""
@@ -306,13 +306,14 @@ def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
     if 300 <= resp.status < 400:
         error += f" to {resp.headers.get('Location')} (redirects are not followed)"
     wait_ms = (retry_after_ms(resp.headers.get("Retry-After"), now)
-               if resp.status in (429, 503) else 0)
+               if resp.status in (429, 503) else -1)
     return Outcome(FAILURE, resp.status, error=error, retry_after_ms=wait_ms)
 
 
 def retry_after_ms(value: str | None, now: float) -> int:
     """How long a Retry-After header asks to wait (RFC 9110 §10.2.3: delta-seconds or an
-    HTTP-date, compared with `now`, the wall clock); 0 when absent or unparsable."""
+    HTTP-date, compared with `now`, the wall clock); -1 when absent or unparsable (the
+    broker then backs off by itself: broker/core/tasks/limits.py)."""
     value = (value or "").strip()
     if value.isascii() and value.isdigit():
         # (digits too many for int() to take are a very long wait all the same)
@@ -326,7 +327,7 @@ def _ms_until(http_date: str, now: float) -> int:
     try:
         when = email.utils.parsedate_to_datetime(http_date)
     except (TypeError, ValueError, IndexError, OverflowError):
-        return 0
+        return -1
     if when.tzinfo is None:         # "-0000": UTC with no claim about local time
         when = when.replace(tzinfo=timezone.utc)
     return max(0, int((when.timestamp() - now) * 1000))

@@ -132,7 +132,7 @@ class Broker:
         self.counting = CounterCommands(now, self.wall_offset, config.stat_interval_s,
                                         now + RECOVERY_GRACE_S if config.recovering else 0.0)
         tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
-                      base=config.base_function)
+                      base=config.base_function, started_at=now)
         schedules = Schedules(tasks, self.wall_offset)
         tasks.wal = schedules.wal = wal
         self.tasking = TaskCommands(tasks, config.api, out, admission)

@@ -451,6 +451,18 @@ class Binlog:
                 [b.kind, b.delay_ms, b.max_delay_ms, b.jitter], task.timeout_ms, task.delivery,
                 task.keep_result_ms, task.created + wall, *self._task_state(task)]
 
+    def task_optional(self, task: Task) -> dict:
+        """A TASK record's map of optional fields (format 4): only what is not a default."""
+        out = {}
+        if task.level:
+            out["level"] = task.level
+        if task.queue_deadline:
+            out["queue_deadline"] = task.queue_deadline + self.wall_offset
+        return out
+
+    def _task_record(self, task: Task, result: bytes | None) -> bytes:
+        return wf.encode_task([*self.task_fields(task), result, self.task_optional(task)])
+
     def _task_state(self, task: Task) -> list:
         wall = self.wall_offset
         return [task.status, task.attempt,
@@ -464,7 +476,7 @@ class Binlog:
 
     def reserve_task(self, task: Task) -> bool:
         """Room for a new task's TASK record and its TASK_GONE."""
-        size = len(wf.encode_task([*self.task_fields(task), None]))
+        size = len(self._task_record(task, None))
         if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
             return False
         gone = len(wf.encode_task_gone(task.uid))
@@ -479,7 +491,7 @@ class Binlog:
 
     def log_task(self, task: Task) -> None:
         """The whole task (enqueue; its space was reserved by reserve_task)."""
-        record = wf.encode_task([*self.task_fields(task), task.result])
+        record = self._task_record(task, task.result)
         self.live_bytes += len(record) - task.logged
         task.logged = len(record)
         self.pending.append((record, task))
@@ -497,7 +509,7 @@ class Binlog:
         if task.result is None:
             self.log_task_state(task)
             return True
-        size = len(wf.encode_task([*self.task_fields(task), task.result]))
+        size = len(self._task_record(task, task.result))
         if not self._fits(size) or not self.reserve(self._reservation(size)):
             return False
         self.log_task(task)
@@ -711,7 +723,7 @@ class Binlog:
         while seg.task_cursor < stop:
             task = tasks.get(seg.uids[seg.task_cursor])
             if task is not None and task.seg == seg.seq:
-                record = wf.encode_task([*self.task_fields(task), task.result])
+                record = self._task_record(task, task.result)
                 if not self._fits(len(record)) or not self.reserve(self._reservation(len(record))):
                     return                  # disk full: try again next turn
                 self.pending.append((record, task))

@@ -37,8 +37,14 @@ richer than a job's, as msgpack lists after a `<BI` kind and length:
   * SCHEDULE   a whole cron schedule (made, paused or resumed, fired): SCHEDULE_FIELDS.
   * SCHEDULE_GONE  the schedule was deleted: its name.
 Times in them are wall-clock seconds (floats; None where they do not apply).  A format-1
-segment has no task records and is read as it always was; segments written now are
-format 2.
+segment has no task records and is read as it always was.
+
+Format 4 (segments written now) appends to a TASK record, after its result, a map of
+optional fields (TASK_OPTIONAL: `level`, `queue_deadline` as wall-clock seconds): a
+reader takes the keys it knows and ignores the others, and a record without the map
+(formats 2 and 3) has their defaults, so later versions add task fields without a new
+format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
+refuses a newer format.
 """
 from __future__ import annotations
 
@@ -51,8 +57,8 @@ from typing import NamedTuple
 msgpack = None
 
 MAGIC = b"ZSTALKWL"
-FORMAT = 3
-READS = (1, 2, 3)       # formats this zstalk replays
+FORMAT = 4
+READS = (1, 2, 3, 4)    # formats this zstalk replays
 HEADER = struct.Struct("<8sIQQQ")
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")
@@ -78,6 +84,8 @@ TASK_FIELDS = ("uid", "function", "params", "priority", "seq", "attempts", "back
                "error")
 T_UID, T_SEQ, T_STATUS = 0, 4, 11
 T_RESULT = len(TASK_FIELDS)
+T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after the result
+TASK_OPTIONAL = ("level", "queue_deadline")     # the keys this zstalk writes and reads
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")
 
@@ -315,7 +323,8 @@ def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: l
     fields, pos = _unpack_list(data, pos)
     uid = fields[0]
     if kind == TASK:
-        if len(fields) != T_RESULT + 1:
+        if len(fields) not in (T_OPTIONAL, T_OPTIONAL + 1) or (
+                len(fields) > T_OPTIONAL and not isinstance(fields[T_OPTIONAL], dict)):
             raise BadSegment(f"task record with {len(fields)} fields")
         tasks[uid] = (fields, seq)
         uids.append(uid)
@@ -323,7 +332,7 @@ def _apply_task(data: bytes, pos: int, kind: int, seq: int, tasks: dict, uids: l
         old = tasks.get(uid)
         if old is not None:
             full = old[0]
-            tasks[uid] = ([*full[:T_STATUS], *fields[1:], full[T_RESULT]], old[1])
+            tasks[uid] = ([*full[:T_STATUS], *fields[1:], *full[T_RESULT:]], old[1])
     else:
         tasks.pop(uid, None)
     return pos

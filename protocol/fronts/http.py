@@ -13,6 +13,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/openapi.py)   -> 200
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http_schedules.py
+    GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
+    GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
@@ -28,8 +30,8 @@ middleware turns into JSON.  A body over the broker's `max_body_bytes` (Settings
 config's [api] max_body, taken again on SIGHUP) is 413, read no further than one byte
 past it; one that has not all come within the body timeout is 408, and the
 connection closed (protocol/fronts/http_site.py has that and the other limits: TLS, the header
-timeout, the connection limit).  With a master key, cancel and
-listing need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
+timeout, the connection limit).  With a master key, cancel, listing and the functions
+need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
 a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
 policy decides: by default enqueue needs it and reading a task by its id does not, as in
 LeanCloud's Cloud Queue, where a client may query by uniqueId (`public_enqueue`,
@@ -56,8 +58,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, loads_strict, parse_enqueue,
-                       parse_listing, refuse, reply_problem, schedule_json, task_json)
+from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, loads_strict,
+                       parse_enqueue, parse_listing, refuse, reply_problem, schedule_json,
+                       task_json)
 from .http_schedules import parse_page, parse_pause, parse_schedule
 from .http_site import GuardedSite, close_after_408
 from ..transport.listen import HttpLimits
@@ -77,6 +80,7 @@ SHUTDOWN_GRACE_S = 5.0
 _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
 _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
 _T_LIST = int(Op.T_LIST)
+_T_FUNCTIONS, _T_FUNCTION = int(Op.T_FUNCTIONS), int(Op.T_FUNCTION)
 _T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
 
 
@@ -90,7 +94,7 @@ def enqueue_op(task: Enqueue, keyed: bool) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
     name one."""
     return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
-            keyed)
+            keyed, None)
 
 
 def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
@@ -241,6 +245,8 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/schedules/{name}", self.schedule_info)
         app.router.add_patch("/v1/schedules/{name}", self.pause_schedule)
         app.router.add_delete("/v1/schedules/{name}", self.unschedule)
+        app.router.add_get("/v1/functions", self.functions)
+        app.router.add_get("/v1/functions/{name}", self.function)
         from .openapi import PATH, document     # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
@@ -329,8 +335,11 @@ class HttpFront(LinkOwner):
             reply = await call
             if reply[1] == R.T_TASK:
                 info = reply[2]
-                results.append({"status": 201, "uniqueId": info["uniqueId"],
-                                "waitNum": info.get("waitNum", 0)})
+                item = {"status": 201, "uniqueId": info["uniqueId"],
+                        "waitNum": info.get("waitNum", 0)}
+                if "waitTime" in info:
+                    item["waitTime"] = info["waitTime"]
+                results.append(item)
             else:
                 problem = reply_problem(reply)
                 results.append({"status": problem.status, "error": problem.code,
@@ -390,6 +399,27 @@ class HttpFront(LinkOwner):
             return problem_response(reply_problem(reply))
         return web.json_response({"schedules": [schedule_json(i) for i in reply[2]],
                                   "next": reply[3]})
+
+    async def functions(self, request: web.Request) -> web.Response:
+        """A page of functions' queues, limits and pauses, by name (the master key)."""
+        denied = check_key(request, self.master_key)
+        op = denied or parse_page(request.query, CONN, _T_FUNCTIONS)
+        if isinstance(op, (Problem, str)):
+            return problem_response(op if isinstance(op, Problem) else refuse(400, op))
+        reply = await self.call(op)
+        if reply[1] != R.T_FUNCTIONS:
+            return problem_response(reply_problem(reply))
+        return web.json_response({"functions": [function_json(i) for i in reply[2]],
+                                  "next": reply[3]})
+
+    async def function(self, request: web.Request) -> web.Response:
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        reply = await self.call((_T_FUNCTION, CONN, request.match_info["name"]))
+        if reply[1] != R.T_FUNCTION:
+            return problem_response(reply_problem(reply))
+        return web.json_response(function_json(reply[2]))
 
     async def schedule_info(self, request: web.Request) -> web.Response:
         return await self._named_schedule(request, _T_SCHEDULE_INFO)

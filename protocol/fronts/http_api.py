@@ -56,7 +56,7 @@ ENQUEUE_KEYS = ("function", "params", "options")
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 
 
-ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum")     # the 201 body
+ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum", "waitTime")     # the 201 body
 
 
 TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
@@ -187,6 +187,14 @@ def schedule_json(info: dict) -> dict:
         if out.get(name) is not None:
             out[name] = rfc3339(out[name])
     out["params"] = result_json(out["params"])
+    return out
+
+
+def function_json(info: dict) -> dict:
+    """A broker function stats dict as the API shows it (pausedUntil in RFC 3339)."""
+    out = dict(info)
+    if out.get("pausedUntil") is not None:
+        out["pausedUntil"] = rfc3339(out["pausedUntil"])
     return out
 
 

@@ -43,7 +43,7 @@ def parse_schedule(doc: Any, conn: int) -> tuple | str:
             options)
 
 
-def parse_page(query, conn: int) -> tuple | str:
+def parse_page(query, conn: int, opcode: int = int(Op.T_SCHEDULES)) -> tuple | str:
     unknown = [key for key in query if key not in ("after", "limit")]
     if unknown:
         return f"unknown parameter {unknown[0]!r}"
@@ -51,7 +51,7 @@ def parse_page(query, conn: int) -> tuple | str:
         limit = int(query.get("limit", PAGE_LIMIT))
     except ValueError:
         return "limit must be an integer"
-    return (int(Op.T_SCHEDULES), conn, query.get("after", ""), limit)
+    return (opcode, conn, query.get("after", ""), limit)
 
 
 def parse_pause(doc: Any, conn: int, name: str) -> tuple | str:

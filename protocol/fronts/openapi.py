@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from ...broker import VERSION
 from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
-                                        MAX_PAGE, MAX_TIMEOUT_MS, STATUSES, UNIQUE_ID)
+                                        MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, QUEUE_TIMEOUT,
+                                        STATUSES, UNIQUE_ID)
 from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
 from .http_api import MAX_BATCH, PAGE_LIMIT
 
@@ -72,11 +73,21 @@ def task_options() -> dict:
                                             "task (atMostOnce)."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
                               "taken).", 300000),
+            "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
+                      "description": "Higher levels run first among a function's due tasks "
+                                     "(0 normal, 2 VIP, 3 SVIP...), then `priority`. Like "
+                                     "every option, only a request with the master key may "
+                                     "set it."},
             "priority": {"type": "integer", "format": "int64", "minimum": INT64[0],
                          "maximum": INT64[1],
-                         "description": "Lower runs first among a function's due tasks. "
-                                        "Default: the enqueue time in ms since the epoch, so "
-                                        "tasks run in time order."},
+                         "description": "Lower runs first among a function's due tasks of "
+                                        "one level. Default: the enqueue time in ms since the "
+                                        "epoch, so tasks run in time order."},
+            "queueTimeout": _ms(f"How long after createdAt the task may still be queued "
+                                f"(delays and retry waits count): past it the task fails "
+                                f"with the error \"{QUEUE_TIMEOUT}\" and is never called. "
+                                "Default: the function's queue_timeout in the config (none "
+                                "unless set). A delay at or past it is a 400.", low=1),
             "timeout": _ms("How long one call may take. Default: the function's timeout in "
                            "the config (15000 ms unless set). At most the function's "
                            f"max_timeout in the config, {MAX_TIMEOUT_MS} ms (15 min) unless "
@@ -96,8 +107,10 @@ def backoff() -> dict:
         "additionalProperties": False,
         "description": "A retry policy: `fixed` waits `delay` before every retry, "
                        "`exponential` delay * 2^(retry - 1); both at most `maxDelay`; "
-                       "`jitter` waits a uniformly random part of that (full jitter). A 429 "
-                       "or 503 with Retry-After waits at least that long.",
+                       "`jitter` waits a uniformly random part of that (full jitter). A 503 "
+                       "with Retry-After waits at least that long (and pauses the function); "
+                       "a 429 is no failure: the task keeps its place, no attempt is spent, "
+                       "and the function pauses.",
         "properties": {
             "type": {"type": "string", "enum": ["fixed", "exponential"], "default": "fixed"},
             "delay": _ms("The first wait.", 60000),
@@ -166,8 +179,20 @@ def task_info() -> dict:
             "error": {"type": "string", "description": "Why the latest call failed."},
             "waitNum": {"type": "integer", "minimum": 0,
                         "description": "Tasks of its function due before it (queued only)."},
+            "waitTime": _wait_time(),
+            "level": {"type": "integer", "minimum": 1, "maximum": MAX_LEVEL,
+                      "description": "Its level (absent: 0)."},
         },
     }
+
+
+def _wait_time() -> dict:
+    return {"type": "integer", "minimum": 0,
+            "description": "About how many ms until it starts (queued only): the later of "
+                           "what its function's rate allows for the tasks ahead of it and "
+                           "what its concurrency does at the last minute's mean call "
+                           "duration, plus its delay. Absent with no rate and no calls "
+                           "in the last minute to go by."}
 
 
 def enqueued() -> dict:
@@ -180,6 +205,7 @@ def enqueued() -> dict:
             "status": {"type": "string", "enum": ["queued"]},
             "waitNum": {"type": "integer", "minimum": 0,
                         "description": "Tasks of its function ahead of it."},
+            "waitTime": _wait_time(),
         },
     }
 
@@ -189,7 +215,8 @@ def batch_item() -> dict:
           "required": ["status", "uniqueId", "waitNum"],
           "properties": {"status": {"type": "integer", "enum": [201]},
                          "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
-                         "waitNum": {"type": "integer", "minimum": 0}}}
+                         "waitNum": {"type": "integer", "minimum": 0},
+                         "waitTime": _wait_time()}}
     refused = {"type": "object", "additionalProperties": False,
                "required": ["status", "error", "message"],
                "properties": {"status": {"type": "integer", "minimum": 400, "maximum": 599},
@@ -459,6 +486,61 @@ def cancel() -> dict:
     }
 
 
+# -- functions (broker/core/tasks/store.py function_stats) -------------------------------------
+def function_stats() -> dict:
+    count = {"type": "integer", "minimum": 0}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "queued", "due", "delayed", "running", "concurrency",
+                     "oldestQueuedAgeMs"],
+        "description": "A function's queue, limits and pause, as now.",
+        "properties": {
+            "name": {"type": "string"},
+            "queued": {**count, "description": "Tasks queued: due and delayed."},
+            "due": count, "delayed": count,
+            "running": {**count, "description": "Calls in flight."},
+            "concurrency": {"type": "integer", "minimum": 1},
+            "oldestQueuedAgeMs": {**count, "description": "How long its oldest queued task "
+                                                       "has been waiting since createdAt."},
+            "rate": {"type": "string", "pattern": "^[0-9]+/[smh]$",
+                     "description": "At most this many calls start per second, minute or "
+                                    "hour, over every dispatcher (absent: no rate)."},
+            "burst": count,
+            "pausedUntil": _time("No call starts before then: its server answered 429 or "
+                                 "503"),
+            "pauseReason": {"type": "string"},
+            "startRate": {"type": "number", "minimum": 0,
+                          "description": "Calls started per second over the last minute."},
+            "callP50Ms": count, "callP90Ms": count,
+            "waitTime": {**_wait_time(), "description": "The waitTime a task enqueued now "
+                                                        "would get."},
+        },
+    }
+
+
+def function_paths() -> dict:
+    limit = {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}}
+    after = {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "A cursor: the previous page's `next`."}
+    page = {"type": "object", "additionalProperties": False, "required": ["functions", "next"],
+            "properties": {"functions": {"type": "array", "maxItems": MAX_PAGE,
+                                         "items": _ref("FunctionStats")},
+                           "next": {"oneOf": [{"type": "string"}, {"type": "null"}]}}}
+    name = {"name": "name", "in": "path", "required": True, "example": "closeOrder",
+            "schema": {"type": "string"}}
+    return {
+        "/v1/functions": {"get": _schedule_op(
+            "listFunctions", "A page of functions (configured, or used by tasks) by name",
+            {"200": _json(page, "A page.")}, "400", parameters=[after, limit])},
+        "/v1/functions/{name}": {"get": _schedule_op(
+            "getFunction", "A function's queue, limits and pause",
+            {"200": _json(_ref("FunctionStats"), "The function.")}, "404",
+            parameters=[name])},
+    }
+
+
 def openapi() -> dict:
     return {
         "operationId": "openapi",
@@ -485,6 +567,7 @@ def document() -> dict:
             "/v1/tasks": {"post": enqueue(), "get": listing()},
             "/v1/tasks/{uniqueId}": {"get": get_task(), "delete": cancel()},
             **schedule_paths(),
+            **function_paths(),
             PATH: {"get": openapi()},
         },
         "components": {
@@ -492,7 +575,7 @@ def document() -> dict:
                         "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
                         "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
                         "ScheduleRequest": schedule_request(), "Schedule": schedule(),
-                        "SchedulePage": schedule_page()},
+                        "SchedulePage": schedule_page(), "FunctionStats": function_stats()},
             "securitySchemes": {"masterKey": {
                 "type": "http", "scheme": "bearer",
                 "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "

@@ -53,7 +53,8 @@ class TaskCommands:
     def handlers(self) -> dict:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
                 Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
-                Op.T_LIST: self.t_list}
+                Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
+                Op.T_FUNCTION: self.t_function}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -82,7 +83,7 @@ class TaskCommands:
 
     def configure(self, functions: dict, base, api: ApiPolicy, now: float) -> None:
         """A config read again: calls go where it says now."""
-        self.store.configure(functions, base)
+        self.store.configure(functions, base, now)
         self.api = api
         self.feed(now)
 
@@ -97,7 +98,7 @@ class TaskCommands:
 
     # -- ops -----------------------------------------------------------------------------
     def t_enqueue(self, s, op, now):
-        _, conn, function, params, options, uid, keyed = op
+        _, conn, function, params, options, uid, keyed, *_ext = op    # (ext: none known yet)
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
             return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
         if keyed is not True:
@@ -152,6 +153,19 @@ class TaskCommands:
         infos, cursor = self.store.page(function, status, limit, after, now)
         return (conn, R.T_LIST, infos, cursor)
 
+    def t_functions(self, s, op, now):
+        _, conn, after, limit = op
+        if type(after) is not str or type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+            return (conn, R.T_ERROR, "bad_request", f"limit is 1 to {MAX_PAGE}")
+        infos, more = self.store.function_page(after, limit, now)
+        return (conn, R.T_FUNCTIONS, infos, more)
+
+    def t_function(self, s, op, now):
+        info = self.store.function_stats(op[2], now) if type(op[2]) is str else None
+        if info is None:
+            return (s.conn, R.T_ERROR, "not_found", f"no function {op[2]!r}")
+        return (s.conn, R.T_FUNCTION, info)
+
     def t_subscribe(self, s, op, now):
         _, _, slots, stopping = op
         if type(slots) is int and s.is_task:
@@ -163,7 +177,7 @@ class TaskCommands:
             self.feed(now)
 
     def t_outcome(self, s, op, now):
-        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms = op
+        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms, *_ext = op
         noted = (conn, R.T_NOTED, uid, attempt)
         if s not in self.dispatchers or kind not in OUTCOME_KINDS:
             return noted
@@ -174,7 +188,8 @@ class TaskCommands:
                 and (status_code is None or type(status_code) is int and 100 <= status_code <= 599)):
             if error is not None:       # text that can travel on to any front
                 error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
-            wait_ms = min(max(retry_after_ms, 0), MAX_DURATION_MS)
+            # (-1: no Retry-After; an older dispatcher sent 0 for none)
+            wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
             outcome = Outcome(kind, status_code, result, error, wait_ms)
             self.store.outcome(uid, attempt, outcome, now, holder=s)
         self.feed(now)

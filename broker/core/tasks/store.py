@@ -25,12 +25,28 @@ task is called twice.  An outcome is "unknown" when the request may have reached
 function (a timeout after sending, a connection lost mid-call, a dispatcher that
 vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task saying so.
 
-Queues: per function, due tasks in `(priority, seq)` order (seq is the enqueue order, so
-equal priorities run first come, first served); `waitNum` is a task's rank there.
-Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks count against
-their function's `concurrency`, which holds across every dispatcher because only the
-broker hands tasks out.  A running task also has a deadline (its timeout plus
-CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
+Queues: per function, due tasks in `(-level, priority, seq)` order (level 0-9, higher
+first; seq is the enqueue order, so equal priorities run first come, first served);
+`waitNum` is a task's rank there, and `waitTime` the time it should wait to start
+(`wait_time`).  Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks
+count against their function's `concurrency`, which holds across every dispatcher
+because only the broker hands tasks out.  A running task also has a deadline (its
+timeout plus CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
+
+Limits (limits.py): a function may have a rate (GCRA, `rate` and `burst`) and be paused
+by a server that answered 429 or 503.  A function over its rate or paused keeps its
+tasks in their places: none is taken out, put back or rescheduled, and no attempt is
+spent; its gate says when it opens and the store's timer fires then.  `take` hands out
+the best head among the functions that may start a call now, from a heap of candidate
+heads (`heads`, lazily cleaned: an entry is good while it is still its function's head
+and the function may start), so a hand-out does not cost O(functions); a function is
+offered to that heap whenever its head or what holds it back changes (`_offer`).
+
+A 429 puts the task back in its place without spending an attempt and pauses the
+function (its Retry-After, else an exponential backoff); a 503 pauses it too, but spends
+the attempt as any failure does, so a server answering 503 forever cannot hold tasks
+forever.  A task still queued `queueTimeout` after its createdAt fails ("queue timeout")
+and is never called.
 
 Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
 nothing is changed when an error is returned.  The HTTP front maps each code to its
@@ -45,14 +61,17 @@ outcome then, decided by its deliveryMode.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import random
 import re
 from typing import Any, Callable, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
 
-from ...wal.format import T_SEQ, encode_task
+from ...wal.format import T_OPTIONAL, T_SEQ, encode_task
 from ..labels import Labelled
+from .limits import Gate, Recent
 from .stats import FunctionCounts, Queued
 
 
@@ -81,8 +100,11 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
 #: a function name is a URL path segment under base_url: no leading dot (no "..")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
-OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "priority",
-           "timeout", "uniqueId")
+OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level", "priority",
+           "queueTimeout", "timeout", "uniqueId")
+MAX_LEVEL = 9
+_PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
+QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
 
 
 class TaskError(NamedTuple):
@@ -97,6 +119,16 @@ class FunctionSpec(NamedTuple):
     concurrency: int = 1
     timeout_ms: int = 15000
     max_timeout_ms: int = MAX_TIMEOUT_MS
+    rate: int = 0                   # calls per `per_s` seconds (0: no rate)
+    per_s: float = 1.0
+    burst: int = 0
+    queue_timeout_ms: int = 0       # 0: none
+    max_pause_ms: int = 60000
+
+    @property
+    def interval(self) -> float:
+        """GCRA's T: seconds between calls at the rate (0: no rate)."""
+        return self.per_s / self.rate if self.rate else 0.0
 
 
 class ApiPolicy(NamedTuple):
@@ -122,7 +154,8 @@ class Task:
     __slots__ = ("uid", "function", "params", "priority", "seq", "status", "attempt",
                  "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
                  "created", "started", "finished", "due", "deadline", "expires",
-                 "status_code", "result", "error", "holder", "seg", "logged")
+                 "status_code", "result", "error", "holder", "seg", "logged", "level",
+                 "queue_deadline", "key")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -131,6 +164,9 @@ class Task:
         self.params = params            # the JSON body to POST, as received
         self.priority = priority
         self.seq = seq
+        self.level = 0                  # 0-9, higher first
+        self.key = (0, priority, seq)   # its place in its function's queue (`place`)
+        self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
@@ -151,9 +187,13 @@ class Task:
         self.seg = 0                    # binlog: the segment of its latest full record
         self.logged = 0                 # binlog: that record's size
 
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.priority, self.seq)
+    def place(self, level: int, priority: int) -> None:
+        self.level, self.priority = level, priority
+        self.key = (-level, priority, self.seq)
+
+
+#: status codes that say "slow down": the function pauses (see the module's comment)
+SLOW_DOWN = frozenset({429, 503})
 
 
 class Outcome(NamedTuple):
@@ -162,21 +202,35 @@ class Outcome(NamedTuple):
     status_code: int | None = None
     result: bytes | None = None
     error: str | None = None
-    retry_after_ms: int = 0     # a 429 / 503 with Retry-After: wait at least this long
+    retry_after_ms: int = -1    # a 429 / 503's Retry-After, ms (-1: none was sent)
 
 
 class Tasks:
     def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
                  rand: Callable[[], float] = random.random,
-                 base: FunctionSpec | None = None) -> None:
+                 base: FunctionSpec | None = None, started_at: float = -math.inf) -> None:
         self.functions = dict(functions)
+        # when the broker started: a gate gets no burst credit for the time before it, so
+        # a crash loop cannot exceed a rate (limits.py)
+        self.started_at = started_at
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
         self.rand = rand
         self.tasks: dict[str, Task] = {}
         self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
-        self.by_key: dict[tuple[int, int], Task] = {}
-        self.running: dict[str, int] = {}           # function -> tasks running
+        self.by_key: dict[tuple, Task] = {}
+        # function -> what counts against its concurrency: the calls in flight (and, in
+        # later issues, calls being moved to another server, admitted online tasks and
+        # slots held by counter clients)
+        self.running: dict[str, int] = {}
+        # limits (limits.py): each function's gate, and the candidates take() looks at
+        self.gates: dict[str, Gate] = {}
+        self.recent: dict[str, Recent] = {}
+        self.heads: list[tuple[tuple, str]] = []    # heap of (head key, function)
+        self.offered: dict[str, tuple] = {}         # function -> the key it has in heads
+        self.shut: list[tuple[float, str]] = []     # heap of (opens at, function)
+        self.shut_at: dict[str, float] = {}         # function -> its entry in `shut`
+        self.timeouts = SortedList()    # (queue deadline, seq) of tasks with a queueTimeout
         # function -> its spec while tasks use it; None: gone from the config (its tasks
         # wait, not called, until it comes back or they are cancelled)
         self.specs: dict[str, FunctionSpec | None] = {}
@@ -218,7 +272,14 @@ class Tasks:
         if uid in self.tasks:
             return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
         priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
+        queue_timeout_ms = parsed.get("queueTimeout", spec.queue_timeout_ms)
+        if queue_timeout_ms and parsed.get("delay", 0) >= queue_timeout_ms:
+            return _bad(f"delay ({parsed['delay']} ms) must be below queueTimeout "
+                        f"({queue_timeout_ms} ms): the task would time out before it ran")
         task = Task(uid, function, params, priority, self.next_seq, now)
+        task.place(parsed.get("level", 0), priority)
+        if queue_timeout_ms:
+            task.queue_deadline = now + queue_timeout_ms / 1000
         task.attempts = parsed.get("attempts", 1)
         task.backoff = parsed.get("backoff", Backoff())
         task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
@@ -230,6 +291,8 @@ class Tasks:
         self.next_seq += 1
         self._add(task, spec)
         self._counted(function).enqueued += 1
+        if task.queue_deadline:
+            self.timeouts.add((task.queue_deadline, task.seq))
         self._queue(task, task.due, now)
         if self.wal is not None:
             self.wal.log_task(task)
@@ -250,13 +313,25 @@ class Tasks:
             spec = self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}")
         return spec
 
-    def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None) -> None:
-        """A new config (SIGHUP): every function tasks use takes its new spec, or None."""
+    def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None,
+                  now: float) -> None:
+        """A new config (SIGHUP): every function tasks use takes its new spec, or None; a
+        gate keeps its TAT, and a new rate applies from the next start."""
         self.functions, self.base = dict(functions), base
         for name in self.specs:
-            self.specs[name] = self.function(name)
+            spec = self.specs[name] = self.function(name)
+            gate = self.gates.get(name)
+            if gate is not None and spec is not None:
+                gate.configure(spec.interval, spec.burst)
+        for name in list(self.ready):
+            self.offered.pop(name, None)
+            self._offer(name, now)
 
     def _queue(self, task: Task, due: float, now: float) -> None:
+        if task.queue_deadline and now >= task.queue_deadline:
+            task.error = QUEUE_TIMEOUT          # (a retry after its time ran out)
+            self._finish(task, FAILED, now)
+            return
         task.status = QUEUED
         task.due = due
         self.queued.add(task.function, task.seq)
@@ -264,8 +339,53 @@ class Tasks:
             self.queued.delay(task.function, 1)
             self.waiting.add((due, task.seq))
         else:
-            self.ready.setdefault(task.function, SortedList()).add(task.key)
-            self.by_key[task.key] = task
+            self._make_due(task, now)
+
+    def _make_due(self, task: Task, now: float) -> None:
+        ready = self.ready.get(task.function)
+        if ready is None:
+            ready = self.ready[task.function] = SortedList()
+        ready.add(task.key)
+        self.by_key[task.key] = task
+        if ready[0] == task.key:                # a new head: take() must see it
+            self._offer(task.function, now)
+
+    # -- limits --------------------------------------------------------------------------
+    def gate(self, name: str, now: float) -> Gate:
+        gate = self.gates.get(name)
+        if gate is None:
+            spec = self.specs.get(name) or self.function(name)
+            interval, burst = (spec.interval, spec.burst) if spec else (0.0, 0)
+            gate = self.gates[name] = Gate(interval, burst, now,
+                                           tat=self.started_at + interval * burst)
+        return gate
+
+    def _offer(self, name: str, now: float) -> None:
+        """Put function `name` where take() will find it: its head in `heads` if it may
+        start a call now, or its opening time in `shut` if only its gate holds it back
+        (a function at its concurrency is offered again when a call ends)."""
+        ready = self.ready.get(name)
+        spec = self.specs.get(name)
+        if not ready or spec is None or self.running.get(name, 0) >= spec.concurrency:
+            return
+        gate = self.gates.get(name)
+        opens = gate.opens_at() if gate is not None else 0.0
+        if opens > now:
+            if self.shut_at.get(name, math.inf) > opens:
+                self.shut_at[name] = opens
+                heapq.heappush(self.shut, (opens, name))
+            return
+        head = ready[0]
+        if self.offered.get(name) != head:
+            self.offered[name] = head
+            heapq.heappush(self.heads, (head, name))
+
+    def _may_start(self, name: str, now: float) -> bool:
+        spec = self.specs.get(name)
+        if spec is None or self.running.get(name, 0) >= spec.concurrency:
+            return False
+        gate = self.gates.get(name)
+        return gate is None or gate.opens_at() <= now
 
     # -- looking -------------------------------------------------------------------------
     def wait_num(self, task: Task) -> int:
@@ -294,8 +414,13 @@ class Tasks:
             out["result"] = task.result
         if task.error is not None:
             out["error"] = task.error
+        if task.level:
+            out["level"] = task.level
         if task.status == QUEUED:
             out["waitNum"] = self.wait_num(task)
+            wait = self.wait_time(task, now)
+            if wait is not None:
+                out["waitTime"] = round(wait * 1000)
             if task.attempt and task.due > now:
                 out["retryAt"] = task.due + wall
         return out
@@ -318,23 +443,33 @@ class Tasks:
 
     # -- dispatch ------------------------------------------------------------------------
     def take(self, holder, now: float) -> Task | None:
-        """The next task a dispatcher may call: the best due one, by (priority, seq),
-        among functions below their concurrency."""
-        best = None
-        for name, ready in self.ready.items():      # (functions with due tasks only)
-            spec = self.specs[name]
-            if spec is not None and self.running.get(name, 0) < spec.concurrency:
-                if best is None or ready[0] < best:
-                    best = ready[0]
-        if best is None:
+        """The next task a dispatcher may call: the best due one, by (-level, priority,
+        seq), among the functions that may start a call now (below their concurrency,
+        their gate open)."""
+        heads = self.heads
+        while heads:
+            key, name = heads[0]
+            ready = self.ready.get(name)
+            if ready and ready[0] == key and self._may_start(name, now):
+                break
+            heapq.heappop(heads)                # stale: no longer its head, or held back
+            if self.offered.get(name) == key:
+                del self.offered[name]
+                self._offer(name, now)          # (its real head, or its opening time)
+        else:
             return None
-        task = self.by_key[best]
+        task = self.by_key[key]
         if self.wal is not None and not self.wal.reserve_call(task):
             return None                 # the binlog's disk is full: it waits, queued
-        del self.by_key[best]
+        heapq.heappop(heads)
+        del self.offered[name]
+        del self.by_key[key]
         self._unready(task)
         self.queued.discard(task.function)
         self._counted(task.function).started += 1
+        if name in self.gates or self.specs[name].rate:
+            self.gate(name, now).start(now)
+        self._recent(name).started(now)
         task.status = RUNNING
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
@@ -345,7 +480,14 @@ class Tasks:
         self.running[task.function] = self.running.get(task.function, 0) + 1
         if self.wal is not None:
             self.wal.log_task_state(task)
+        self._offer(name, now)                  # its next head, if it may go on
         return task
+
+    def _recent(self, name: str) -> Recent:
+        recent = self.recent.get(name)
+        if recent is None:
+            recent = self.recent[name] = Recent()
+        return recent
 
     def outcome(self, uid: str, attempt: int, result: Outcome, now: float,
                 holder=None) -> bool:
@@ -357,9 +499,11 @@ class Tasks:
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
-        self._end_call(task)
+        self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
-            self.counts.of(task.function).calls.observe(now - task.started)
+            took = now - task.started
+            self.counts.of(task.function).calls.observe(took)
+            self._recent(task.function).ended(now, took)
         self._apply(task, result, now)
         if self.wal is not None and not self.wal.log_task_end(task):
             self._set_result(task, None)
@@ -377,8 +521,17 @@ class Tasks:
             task.error = None
             self._set_result(task, result.result)
             self._finish(task, SUCCESS, now)
+            gate = self.gates.get(task.function)
+            if gate is not None:
+                gate.succeeded()
             return
         task.error = (result.error or "the call failed")[:ERROR_CHARS]
+        if result.status_code in SLOW_DOWN and result.kind == "failure":
+            self._slow_down(task, result, now)
+            if result.status_code == 429:       # back in its place, no attempt spent
+                task.attempt -= 1
+                self._queue(task, now, now)
+                return
         if result.kind == "fatal":
             self._finish(task, FAILED, now)
         elif result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
@@ -386,10 +539,20 @@ class Tasks:
             self._finish(task, FAILED, now)
         elif task.attempt <= task.attempts:
             self.counts.of(task.function).retries += 1
-            wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand), result.retry_after_ms)
+            wait_ms = max(task.backoff.wait_ms(task.attempt, self.rand),
+                          max(result.retry_after_ms, 0))
             self._queue(task, now + wait_ms / 1000, now)
         else:
             self._finish(task, FAILED, now)
+
+    def _slow_down(self, task: Task, result: Outcome, now: float) -> None:
+        """A 429 or 503: the function pauses (limits.Gate.pause)."""
+        spec = self.specs.get(task.function) or self.function(task.function)
+        max_pause_s = (spec.max_pause_ms if spec else 60000) / 1000
+        retry_after = None if result.retry_after_ms < 0 else result.retry_after_ms / 1000
+        said = "" if retry_after is None else f", Retry-After {retry_after:g} s"
+        self.gate(task.function, now).pause(now, task.started, retry_after, max_pause_s,
+                                            f"the function answered {result.status_code}{said}")
 
     def lost(self, holder, now: float) -> None:
         """A dispatcher went away: its calls' outcomes are unknown."""
@@ -400,18 +563,24 @@ class Tasks:
                          Outcome("unknown", error="the dispatcher went away during the call"),
                          now)
 
-    def _unready(self, task: Task) -> None:
+    def _unready(self, task: Task, now: float | None = None) -> None:
+        """Take a due task out of its function's queue (`now`: offer its new head, when
+        the head was not taken by take(), which offers it itself)."""
         ready = self.ready[task.function]
+        was_head = ready[0] == task.key
         ready.remove(task.key)
         if not ready:
             del self.ready[task.function]       # take() looks only at functions with work
+        elif was_head and now is not None:
+            self._offer(task.function, now)
 
-    def _end_call(self, task: Task) -> None:
+    def _end_call(self, task: Task, now: float) -> None:
         self.calls.remove((task.deadline, task.seq))
         self.running[task.function] -= 1
         if not self.running[task.function]:
             del self.running[task.function]
         task.holder = None
+        self._offer(task.function, now)         # a free slot: it may start its next call
 
     def _set_result(self, task: Task, result: bytes | None) -> None:
         self.bytes += len(result or b"") - len(task.result or b"")
@@ -434,21 +603,27 @@ class Tasks:
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
         if self.wal is not None and not self.wal.reserve_task_state(task):
             return _NO_SPACE
-        if task.key in self.by_key:
-            del self.by_key[task.key]
-            self._unready(task)
-        else:
-            self.waiting.remove((task.due, task.seq))
-            self.queued.delay(task.function, -1)
-        self.queued.discard(task.function)
+        self._dequeue(task, now)
         self._finish(task, CANCELLED, now)
         if self.wal is not None:
             self.wal.log_task_state(task)
         return task
 
+    def _dequeue(self, task: Task, now: float) -> None:
+        """Take a queued task out of its queue (cancel, queue timeout)."""
+        if task.key in self.by_key:
+            del self.by_key[task.key]
+            self._unready(task, now)
+        else:
+            self.waiting.remove((task.due, task.seq))
+            self.queued.delay(task.function, -1)
+        self.queued.discard(task.function)
+
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping) if s]
+        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping, self.timeouts) if s]
+        if self.shut:
+            heads.append(self.shut[0][0])
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
@@ -456,8 +631,21 @@ class Tasks:
             due, seq = self.waiting.pop(0)
             task = self.by_seq[seq]
             self.queued.delay(task.function, -1)
-            self.ready.setdefault(task.function, SortedList()).add(task.key)
-            self.by_key[task.key] = task
+            self._make_due(task, now)
+        while self.shut and self.shut[0][0] <= now:
+            _, name = heapq.heappop(self.shut)
+            if self.shut_at.get(name, 0) <= now:
+                self.shut_at.pop(name, None)
+                self._offer(name, now)
+        while self.timeouts and self.timeouts[0][0] <= now:
+            _, seq = self.timeouts.pop(0)
+            task = self.by_seq.get(seq)
+            if task is not None and task.status == QUEUED:
+                self._dequeue(task, now)
+                task.error = QUEUE_TIMEOUT
+                self._finish(task, FAILED, now)
+                if self.wal is not None:
+                    self.wal.log_task_state(task)
         while self.calls and self.calls[0][0] <= now:
             task = self.by_seq[self.calls[0][1]]
             why = (f"no report within the timeout ({task.timeout_ms} ms)"
@@ -470,10 +658,88 @@ class Tasks:
             del self.tasks[task.uid]
             self.uses[task.function] -= 1
             if not self.uses[task.function]:
-                del self.uses[task.function], self.specs[task.function]
+                self._forget_function(task.function, now)
             self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
             if self.wal is not None:
                 self.wal.log_task_gone(task)
+
+    def _forget_function(self, name: str, now: float) -> None:
+        """No task uses `name` any more: drop what is kept for it, but a gate that still
+        holds something back (a TAT ahead of now, a pause, a backoff to double)."""
+        del self.uses[name], self.specs[name]
+        self.recent.pop(name, None)
+        gate = self.gates.get(name)
+        if gate is not None and gate.tat <= now and not gate.paused(now) and not gate.backoff_s:
+            del self.gates[name]
+
+    # -- estimates -----------------------------------------------------------------------
+    def wait_time(self, task: Task, now: float) -> float | None:
+        """Seconds until `task` (queued) should start, or None without a basis: the later
+        of its rate's bound (its gate opening, then `waitNum` x T) and its concurrency's
+        (with `free` slots now and c in all, the calls ahead of it take ceil((k + 1 -
+        free) / c) mean call durations of the last minute), plus its delay if not due."""
+        spec = self.specs.get(task.function)
+        if spec is None:
+            return None
+        k = self.wait_num(task)
+        gate = self.gates.get(task.function)
+        by_rate = by_slots = None
+        if spec.rate or (gate is not None and gate.paused(now)):
+            opens = gate.opens_at() if gate is not None else now
+            by_rate = max(0.0, opens - now) + k * spec.interval
+        mean = self.recent[task.function].mean_s(now) if task.function in self.recent else None
+        if mean is not None:
+            free = max(0, spec.concurrency - self.running.get(task.function, 0))
+            by_slots = 0.0 if k < free else math.ceil(
+                (k + 1 - free) / spec.concurrency) * mean
+        if by_rate is None and by_slots is None:
+            return None
+        wait = max(by_rate or 0.0, by_slots or 0.0)
+        return wait + max(0.0, task.due - now)
+
+    def function_stats(self, name: str, now: float) -> dict | None:
+        """What GET /v1/functions/{name} shows: queued (due, delayed), running, the oldest
+        queued task's age, the limits, a pause, the last minute's start rate and call
+        durations, and the waitTime a task enqueued now would get."""
+        spec = self.specs.get(name) or self.function(name)
+        if spec is None:
+            return None
+        delayed = self.queued.delayed.get(name, 0)
+        due = len(self.ready.get(name, ()))
+        oldest = self.queued.oldest(name)
+        out: dict[str, Any] = {
+            "name": name, "queued": due + delayed, "due": due, "delayed": delayed,
+            "running": self.running.get(name, 0), "concurrency": spec.concurrency,
+            "oldestQueuedAgeMs": 0 if oldest is None else round(
+                (now - self.by_seq[oldest].created) * 1000)}
+        if spec.rate:
+            out["rate"] = f"{spec.rate}/{_PER_UNIT[spec.per_s]}"
+            out["burst"] = spec.burst
+        gate = self.gates.get(name)
+        if gate is not None and gate.paused(now):
+            out["pausedUntil"] = gate.paused_until + self.wall_offset
+            out["pauseReason"] = gate.pause_reason
+        recent = self.recent.get(name)
+        if recent is not None:
+            out["startRate"] = round(recent.start_rate(now), 3)
+            for key, q in (("callP50Ms", 0.5), ("callP90Ms", 0.9)):
+                seconds = recent.quantile_s(now, q)
+                if seconds is not None:
+                    out[key] = round(seconds * 1000)
+        probe = Task("", name, b"", 1 << 62, self.next_seq, now)    # last in line, due now
+        if name in self.specs:
+            wait = self.wait_time(probe, now)
+            if wait is not None:
+                out["waitTime"] = round(wait * 1000)
+        return out
+
+    def function_page(self, after: str, limit: int, now: float) -> tuple[list[dict], str | None]:
+        """The stats of the functions named after `after`, by name: the configured ones
+        and those tasks use now; and the `after` of the next page (None: no more)."""
+        names = sorted(name for name in {*self.functions, *self.specs} if name > after)
+        page = names[:limit]
+        return ([self.function_stats(name, now) for name in page],
+                page[-1] if len(names) > limit else None)
 
     # -- restart -------------------------------------------------------------------------
     def restore(self, replayed, now: float) -> None:
@@ -484,8 +750,16 @@ class Tasks:
         for fields, seg in sorted(replayed.values(), key=lambda t: t[0][T_SEQ]):
             (uid, function, params, priority, seq, attempts, backoff, timeout_ms, delivery,
              keep_ms, created, status, attempt, started, finished, due, expires, code,
-             error, result) = fields
+             error, result) = fields[:T_OPTIONAL]
+            optional = fields[T_OPTIONAL] if len(fields) > T_OPTIONAL else {}
             task = Task(uid, function, params, priority, seq, created - wall)
+            level = optional.get("level", 0)
+            task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
+            deadline = optional.get("queue_deadline")
+            if isinstance(deadline, (int, float)):
+                task.queue_deadline = deadline - wall
+                if status in (QUEUED, RUNNING):
+                    self.timeouts.add((task.queue_deadline, seq))
             task.attempts, task.backoff, task.timeout_ms = attempts, Backoff(*backoff), timeout_ms
             task.delivery, task.keep_result_ms, task.attempt = delivery, keep_ms, attempt
             task.started = None if started is None else started - wall
@@ -595,7 +869,9 @@ _CHECKS: dict[str, Callable[[Any, FunctionSpec], Any]] = {
     "delay": lambda v, spec: _int("delay", v, 0, MAX_DURATION_MS),
     "deliveryMode": _delivery,
     "keepResult": lambda v, spec: _int("keepResult", v, 0, MAX_DURATION_MS),
+    "level": lambda v, spec: _int("level", v, 0, MAX_LEVEL),
     "priority": lambda v, spec: _int("priority", v, *INT64),
+    "queueTimeout": lambda v, spec: _int("queueTimeout", v, 1, MAX_DURATION_MS),
     "timeout": lambda v, spec: _int("timeout", v, 1, spec.max_timeout_ms),
     "uniqueId": _unique_id,
 }

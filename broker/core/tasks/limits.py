@@ -1,0 +1,157 @@
+"""When a function may start its next call (its rate and its pause), and what its calls did
+over the last minute.  Pure: every method takes `now` (monotonic seconds).
+
+`Gate` is one function's limit, the Generic Cell Rate Algorithm (ATM Forum TM 4.0; the
+"virtual scheduling" form): with T = period / N (the emission interval of a rate of N
+per period) and tau = T * burst, a call may start at `now` iff now >= TAT - tau, and
+starting it sets TAT = max(TAT, now) + T.  So in any interval of length t at most
+burst + 1 + floor(t / T) calls start, however many dispatchers take them, and a
+function over its rate loses nothing: its tasks wait in their places until the moment
+`opens_at` names, which the store arms its timer for.  A gate has its burst at once
+(TAT = now), but for the time before the broker started: the store makes its gates with
+TAT at least its start + tau, so right after a restart there is no burst credit and a
+crash loop cannot exceed the rate.  A new rate (SIGHUP) keeps the TAT and applies from
+the next start.
+
+A function whose server says "slow down" (429, or 503) is paused: no call of it starts
+before `paused_until`.  With the server's Retry-After the pause is what it asked for;
+without one it is an exponential backoff from 1 s, doubled by each such answer from a
+call started after the pause began (so many calls in flight when the server started
+refusing double it once, not once each), capped by the function's max_pause, and reset
+by the next success.  No pause is shorter than max(1 s, T): `Retry-After: 0` must not
+become a tight loop.
+
+`Recent` keeps the last minute of a function's starts and call durations in six
+10-second slots of fixed buckets (bounded memory whatever the rate): the measured start
+rate, the mean call duration (the ETA's d, with at least MIN_SAMPLES calls) and its
+p50 / p90.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from ....protocol.codecs.prometheus import CALL_BUCKETS
+
+MIN_PAUSE_S = 1.0
+FIRST_BACKOFF_S = 1.0
+SLOT_S = 10.0
+SLOTS = 6                   # x SLOT_S: the last minute
+MIN_SAMPLES = 10            # calls in the last minute before their mean is trusted
+
+
+class Gate:
+    __slots__ = ("interval", "tau", "tat", "paused_until", "paused_at", "pause_reason",
+                 "backoff_s")
+
+    def __init__(self, interval: float, burst: int, now: float,
+                 tat: float | None = None) -> None:
+        self.interval = interval            # T, seconds (0: no rate)
+        self.tau = interval * burst
+        self.tat = now if tat is None else max(now, tat)
+        self.paused_until = 0.0
+        self.paused_at = -1.0               # when the current pause began
+        self.pause_reason = ""
+        self.backoff_s = 0.0                # the last backoff without Retry-After (0: none)
+
+    def configure(self, interval: float, burst: int) -> None:
+        """A new rate: the TAT stays, T and tau change from the next start."""
+        self.interval, self.tau = interval, interval * burst
+
+    def opens_at(self) -> float:
+        """The earliest time a call may start (rate and pause)."""
+        at = self.tat - self.tau if self.interval else 0.0
+        return at if at > self.paused_until else self.paused_until
+
+    def start(self, now: float) -> None:
+        if self.interval:
+            self.tat = (self.tat if self.tat > now else now) + self.interval
+
+    # -- pauses ----------------------------------------------------------------------------
+    def pause(self, now: float, started: float, retry_after_s: float | None, max_pause_s: float,
+              reason: str) -> None:
+        """A call started at `started` was answered "slow down" at `now`."""
+        floor = max(MIN_PAUSE_S, self.interval)
+        if retry_after_s is not None:
+            seconds = retry_after_s
+        elif started > self.paused_at or not self.backoff_s:      # a new refusal: double
+            self.backoff_s = min(max_pause_s, self.backoff_s * 2 if self.backoff_s
+                                 else FIRST_BACKOFF_S)
+            seconds = self.backoff_s
+        else:                               # in flight when the pause began: once only
+            seconds = self.backoff_s
+        until = now + max(seconds, floor)
+        if until > self.paused_until:
+            if self.paused_until <= now:
+                self.paused_at = now
+            self.paused_until, self.pause_reason = until, reason
+
+    def succeeded(self) -> None:
+        self.backoff_s = 0.0
+
+    def paused(self, now: float) -> bool:
+        return self.paused_until > now
+
+    @property
+    def active(self) -> bool:
+        """Whether this gate limits anything (a rate, or a backoff to remember)."""
+        return bool(self.interval or self.backoff_s)
+
+
+class Recent:
+    """The last minute of one function's starts and call durations."""
+    __slots__ = ("slots",)
+
+    def __init__(self) -> None:
+        # slot index (time // SLOT_S) -> [starts, calls, sum of durations, bucket counts]
+        self.slots: dict[int, list] = {}
+
+    def _slot(self, now: float) -> list:
+        i = int(now // SLOT_S)
+        slot = self.slots.get(i)
+        if slot is None:
+            slot = self.slots[i] = [0, 0, 0.0, [0] * (len(CALL_BUCKETS) + 1)]
+            for old in [k for k in self.slots if k <= i - SLOTS]:
+                del self.slots[old]
+        return slot
+
+    def started(self, now: float) -> None:
+        self._slot(now)[0] += 1
+
+    def ended(self, now: float, seconds: float) -> None:
+        slot = self._slot(now)
+        slot[1] += 1
+        slot[2] += seconds
+        slot[3][bisect_left(CALL_BUCKETS, seconds)] += 1
+
+    def _live(self, now: float) -> list[list]:
+        first = int(now // SLOT_S) - SLOTS + 1
+        return [slot for i, slot in self.slots.items() if i >= first]
+
+    def start_rate(self, now: float) -> float:
+        """Calls started per second over the last minute."""
+        return sum(slot[0] for slot in self._live(now)) / (SLOT_S * SLOTS)
+
+    def mean_s(self, now: float) -> float | None:
+        """The mean call duration over the last minute (None: under MIN_SAMPLES calls)."""
+        live = self._live(now)
+        calls = sum(slot[1] for slot in live)
+        return sum(slot[2] for slot in live) / calls if calls >= MIN_SAMPLES else None
+
+    def quantile_s(self, now: float, q: float) -> float | None:
+        """The q-quantile of the last minute's call durations, interpolated within its
+        bucket (None: no call ended)."""
+        counts = [0] * (len(CALL_BUCKETS) + 1)
+        for slot in self._live(now):
+            for i, n in enumerate(slot[3]):
+                counts[i] += n
+        total = sum(counts)
+        if not total:
+            return None
+        rank, seen = q * total, 0
+        for i, n in enumerate(counts):
+            if n and seen + n >= rank:
+                low = CALL_BUCKETS[i - 1] if i else 0.0
+                high = CALL_BUCKETS[i] if i < len(CALL_BUCKETS) else low * 2 or 1.0
+                return low + (high - low) * (rank - seen) / n
+            seen += n
+        return CALL_BUCKETS[-1]

@@ -1,0 +1,131 @@
+"""A function's rate and concurrency hold across dispatchers: a real broker, HTTP front and
+four `zstalk dispatcher` processes, 600 tasks of a function with `rate = "50/s"` and
+`concurrency = 8`, and a function host (aiohttp on loopback, in a thread) that stamps
+every call's start and end."""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import math
+import threading
+import time
+import urllib.request
+
+import pytest
+from aiohttp import web
+
+from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
+
+pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
+RATE, BURST, CONCURRENCY, TASKS, CALL_S = 50, 2, 8, 600, 0.12
+CONFIG = f'''[functions.render]
+url = "http://{LOOPBACK}:{{port}}/render"
+rate = "{RATE}/s"
+burst = {BURST}
+concurrency = {CONCURRENCY}
+'''
+
+
+class Host:
+    """The function: each call waits CALL_S; (task id, start, end) per call, and the most
+    calls in flight at once."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.calls: list[tuple[str, float, float]] = []
+        self.in_flight = self.most = 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+
+    async def render(self, request: web.Request) -> web.Response:
+        start = time.monotonic()
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await request.read()
+        await asyncio.sleep(CALL_S)
+        self.in_flight -= 1
+        self.calls.append((request.headers["X-Zstalk-Task-Id"], start, time.monotonic()))
+        return web.json_response({"ok": True})
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/render", self.render)
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port).start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> "Host":
+        threading.Thread(target=self.run, daemon=True).start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def post(url: str, doc) -> tuple[int, object]:
+    req = urllib.request.Request(url, json.dumps(doc).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def most_in_any_window(starts: list[float], t: float) -> int:
+    """The most starts in any closed window [a, a + t]."""
+    most, j = 0, 0
+    for i in range(len(starts)):
+        while starts[i] - starts[j] > t:
+            j += 1
+        most = max(most, i - j + 1)
+    return most
+
+
+def test_a_rate_and_a_concurrency_hold_across_four_dispatchers(tmp_path):
+    with Host() as host:
+        config = tmp_path / "zstalk.toml"
+        config.write_text(CONFIG.format(port=host.port))
+        zstalk, broker_port, http = find_zstalk(), free_port(), free_port()
+        endpoint = f"tcp://{LOOPBACK}:{broker_port}"
+        procs = [ServerProcess([zstalk, "broker", "--bind", endpoint, "--config", str(config)],
+                               (LOOPBACK, broker_port), name="broker").start()]
+        try:
+            procs.append(ServerProcess([zstalk, "front", "http", "--broker", endpoint, "--listen",
+                                        f"{LOOPBACK}:{http}"], (LOOPBACK, http),
+                                       name="front").start())
+            api = f"http://{LOOPBACK}:{http}/v1"
+            status, items = post(f"{api}/tasks", [{"function": "render", "params": i}
+                                                  for i in range(TASKS)])
+            assert status == 200 and all(item["status"] == 201 for item in items)
+            waits = [item.get("waitTime") for item in items]
+            assert waits[-1] == pytest.approx((TASKS - BURST - 1) * 1000 / RATE, rel=0.05)
+            for n in range(4):      # the dispatchers come after the backlog: they race for it
+                procs.append(ServerProcess([zstalk, "dispatcher", "--broker", endpoint],
+                                           (LOOPBACK, broker_port), name=f"dispatcher-{n}").start())
+            assert wait_for(lambda: len(host.calls) >= TASKS, TASKS / RATE + 30, step=0.2), (
+                len(host.calls))
+            infos = [get(f"{api}/tasks/{item['uniqueId']}") for item in items]
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+    uids = [uid for uid, _, _ in host.calls]
+    assert len(uids) == len(set(uids)) == TASKS, "a task was called twice"
+    assert host.most <= CONCURRENCY
+    starts = sorted(start for _, start, _ in host.calls)
+    for t in (0.2, 0.5, 1.0, 3.0):          # what the function host saw
+        assert most_in_any_window(starts, t) <= BURST + 1 + RATE * (t + 0.02), t
+    mean = (len(starts) - BURST - 1) / (starts[-1] - starts[0])
+    assert mean == pytest.approx(RATE, rel=0.02)
+    # what the broker did: its start times (ms precision) obey GCRA exactly
+    broker_starts = sorted(datetime.datetime.fromisoformat(i["startedAt"].replace(
+        "Z", "+00:00")).timestamp() for i in infos)
+    for t in (0.1, 0.2, 1.0):
+        assert most_in_any_window(broker_starts, t - 0.002) <= BURST + 1 + math.floor(t * RATE)
