@@ -51,7 +51,8 @@ SCHEMA_VERSION = 4
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
 #: version back.  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE and
 #: T_OUTCOME, and a T_OUTCOME's retry_after_ms was 0 when no Retry-After came (now -1).
-#: Version 2 had no Stopping and Holding (a stopping broker just went quiet).  Version 1 (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
+#: Version 2 had no Stopping and Holding (a stopping broker just went quiet).  Version 1
+#: (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
 #: T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR
 #: replies carrying the HTTP status, a one-field Settings and no Settings message.
 OLDEST_PEER_VERSION = 1
@@ -120,7 +121,7 @@ class Op(enum.IntEnum):
     T_UNSCHEDULE = 59   # (conn, name)
     T_SCHEDULE_PAUSE = 60   # (conn, name, paused: bool)
     # functions (version 4): their queues, limits and pauses, answered T_FUNCTIONS / T_FUNCTION
-    T_FUNCTIONS = 61    # (conn, after: a name | None, limit)
+    T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)
     T_FUNCTION = 62     # (conn, name)
 
 
@@ -172,7 +173,7 @@ class R(enum.IntEnum):
     T_SCHEDULE = 45     # (info)  a schedule's info dict (times: wall-clock seconds)
     T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
     T_FUNCTIONS = 47    # (infos, next)  a page of function stats by name; next None: no more
-    T_FUNCTION = 48     # (info)  one function's stats (Tasks.function_stats)
+    T_FUNCTION = 48     # (info)  one function's stats (broker/core/tasks/views.py)
 
 
 # ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_tasks_core import T0, WALL, Clock
+from zstalk.broker.core.tasks import views
 from zstalk.broker.core.tasks.limits import Gate, Recent
 from zstalk.broker.core.tasks.store import FAILED, QUEUED, RUNNING, SUCCESS, QUEUE_TIMEOUT
 
@@ -52,7 +53,7 @@ def test_a_task_over_the_rate_stays_in_its_place_and_spends_no_attempt():
     first, second = c.enqueue(), c.enqueue()
     assert c.take() is first and c.take() is None
     assert second.status == QUEUED and second.attempt == 0
-    assert c.store.info(second.uid, c.now)["waitNum"] == 0
+    assert views.info(c.store, second.uid, c.now)["waitNum"] == 0
     assert c.store.next_deadline() == pytest.approx(T0 + 1.0)   # the timer, not a poll
     c.advance(1.0)
     assert c.take() is second
@@ -88,11 +89,11 @@ def test_a_429_with_retry_after_puts_the_task_back_in_its_place_and_pauses_the_f
     c = Clock(f={"concurrency": 5})
     first, second = c.enqueue(), c.enqueue()
     c.report(c.take(), "failure", status_code=429, retry_after_ms=30000)
-    info = c.store.info(first.uid, c.now)
+    info = views.info(c.store, first.uid, c.now)
     assert (info["status"], info["calls"], info["waitNum"]) == ("queued", 0, 0)
     assert "retryAt" not in info and info["waitTime"] == 30000
     assert c.take() is None
-    stats = c.store.function_stats("f", c.now)
+    stats = views.function_stats(c.store, "f", c.now)
     assert stats["pausedUntil"] == T0 + 30 + WALL and "429" in stats["pauseReason"]
     c.advance(30)
     assert c.take() is first and c.take() is second
@@ -148,7 +149,7 @@ def test_levels_go_first_then_priority_then_enqueue_order():
     vip = c.enqueue(options={"level": 2, "priority": 9})
     svip = c.enqueue(options={"level": 3})
     vip_first = c.enqueue(options={"level": 2, "priority": 5})
-    assert [c.store.info(t.uid, c.now)["waitNum"] for t in (svip, vip_first, vip, normal)] == [
+    assert [views.info(c.store, t.uid, c.now)["waitNum"] for t in (svip, vip_first, vip, normal)] == [
         0, 1, 2, 3]
     order = []
     while (task := c.take()) is not None:
@@ -194,43 +195,49 @@ def test_wait_num_is_the_count_of_due_tasks_ahead_after_every_step(script):
                 continue
             due_ahead = sum(1 for other in tasks if other.status == QUEUED
                             and other.due <= c.now and other.key < task.key)
-            assert c.store.info(task.uid, c.now)["waitNum"] == due_ahead
+            assert views.info(c.store, task.uid, c.now)["waitNum"] == due_ahead
 
 
 # -- waitTime ---------------------------------------------------------------------------------------
 def baseline_ms(c: Clock, task, rate_interval: float, tau: float) -> float | None:
-    """The issue's formula, from the store's public state."""
+    """The issue's formula, from the store's public state: the latest of the task's due
+    time, its rate's bound and its concurrency's."""
     store, now = c.store, c.now
     spec = store.specs[task.function]
-    k = store.info(task.uid, now)["waitNum"]
+    k = views.info(store, task.uid, now)["waitNum"]
     free = max(0, spec.concurrency - store.running.get(task.function, 0))
     mean = store.recent[task.function].mean_s(now) if task.function in store.recent else None
-    rate = None if not rate_interval else max(
-        0.0, store.gates[task.function].tat - tau - now if task.function in store.gates
+    rate = None if not rate_interval else (
+        store.gates[task.function].tat - tau - now if task.function in store.gates
         else 0.0) + k * rate_interval
     slots = None if mean is None else (0.0 if k < free else math.ceil(
         (k + 1 - free) / spec.concurrency) * mean)
-    if rate is None and slots is None:
+    if rate is None and slots is None and task.due <= now:
         return None
-    return round((max(rate or 0, slots or 0) + max(0.0, task.due - now)) * 1000)
+    return round(max(0.0, task.due - now, rate or 0.0, slots or 0.0) * 1000)
 
 
-def test_wait_time_is_absent_without_a_rate_or_a_minute_of_durations():
+def test_wait_time_is_absent_without_a_rate_a_minute_of_durations_or_a_delay():
     c = Clock(f={"concurrency": 1})
     task = c.enqueue()
-    assert "waitTime" not in c.store.info(task.uid, c.now)
+    assert "waitTime" not in views.info(c.store, task.uid, c.now)
+    late = c.enqueue(options={"delay": 3000})
+    assert views.info(c.store, late.uid, c.now)["waitTime"] == 3000
 
 
-def test_wait_time_follows_the_rate_bound_and_the_delay():
+def test_wait_time_is_the_later_of_the_rate_bound_and_the_delay():
     c = Clock(f={"rate": 4, "burst": 1, "concurrency": 100})
     tasks = [c.enqueue() for _ in range(10)]
     late = c.enqueue(options={"delay": 5000})
+    sooner = c.enqueue(options={"delay": 1000})
     for _ in range(2):
         c.take()
-    for task in tasks[2:] + [late]:
-        assert c.store.info(task.uid, c.now)["waitTime"] == baseline_ms(c, task, 0.25, 0.25)
-    assert c.store.info(tasks[2].uid, c.now)["waitTime"] == 250
-    assert c.store.info(late.uid, c.now)["waitTime"] == 5000 + 250 + 8 * 250
+    for task in tasks[2:] + [late, sooner]:
+        assert views.info(c.store, task.uid, c.now)["waitTime"] == baseline_ms(c, task, 0.25, 0.25)
+    assert views.info(c.store, tasks[2].uid, c.now)["waitTime"] == 250
+    # 8 due tasks ahead of each: the rate starts it 250 + 8 x 250 ms from now at the soonest
+    assert views.info(c.store, late.uid, c.now)["waitTime"] == 5000
+    assert views.info(c.store, sooner.uid, c.now)["waitTime"] == 250 + 8 * 250
 
 
 def test_wait_time_follows_the_concurrency_bound_from_the_last_minutes_mean_duration():
@@ -243,8 +250,8 @@ def test_wait_time_follows_the_concurrency_bound_from_the_last_minutes_mean_dura
     waiting = [c.enqueue() for _ in range(6)]
     c.take()
     for task in waiting[1:]:
-        assert c.store.info(task.uid, c.now)["waitTime"] == baseline_ms(c, task, 0, 0)
-    assert [c.store.info(t.uid, c.now)["waitTime"] for t in waiting[1:]] == [
+        assert views.info(c.store, task.uid, c.now)["waitTime"] == baseline_ms(c, task, 0, 0)
+    assert [views.info(c.store, t.uid, c.now)["waitTime"] for t in waiting[1:]] == [
         0, 3000, 3000, 6000, 6000]
 
 
@@ -305,3 +312,82 @@ def test_a_broker_that_just_started_gives_no_burst_credit():
         store.enqueue("f", b"{}", None, T0, uid=f"t{i}")
     assert store.take("d", T0) is not None and store.take("d", T0) is None
     assert store.next_deadline() == pytest.approx(T0 + 1.0)
+
+
+# -- what the limits keep, and for how long --------------------------------------------------------
+def test_a_take_after_a_pause_ends_finds_the_head_even_when_no_timer_fired():
+    c = Clock(f={"concurrency": 1})
+    a = c.enqueue(options={"priority": 10})
+    z = c.enqueue(options={"priority": 5})
+    c.store.cancel(z.uid, c.now)                    # the head offered goes away
+    assert c.take() is a
+    c.report(a, "failure", status_code=429)         # paused 1 s, back in its place
+    later = c.now + 1.5                             # (no expire: the dispatcher asks first)
+    assert c.store.take("d1", later) is a
+
+
+def test_a_queue_timeout_of_a_retry_waiting_its_backoff_leaves_no_count_behind():
+    c = Clock(f={"concurrency": 1, "queue_timeout_ms": 3000})
+    task = c.enqueue(options={"backoff": 5000, "attempts": 3})
+    c.report(c.take(), "failure", status_code=500)
+    c.advance(3.0)
+    assert task.status == FAILED
+    c.advance(5.0)                                  # past when its backoff would have ended
+    stats = views.function_stats(c.store, "f", c.now)
+    assert (stats["queued"], stats["due"], stats["delayed"], stats["running"]) == (0, 0, 0, 0)
+    assert stats["oldestQueuedAgeMs"] == 0 and c.take() is None
+
+
+def test_a_function_gone_from_the_config_shows_its_waiting_tasks_without_limits():
+    from zstalk.broker.core.tasks.store import FunctionSpec
+    c = Clock(f={"concurrency": 2}, g={"concurrency": 3, "rate": 5})
+    c.enqueue("g")
+    c.store.configure({"f": FunctionSpec("f", "http://fn/f", 2)}, None, c.now)
+    gone = views.function_stats(c.store, "g", c.now)
+    assert gone == {"name": "g", "queued": 1, "due": 1, "delayed": 0, "running": 0,
+                    "oldestQueuedAgeMs": 0}
+    infos, more = views.function_page(c.store, "", 10, c.now)
+    assert [i["name"] for i in infos] == ["f", "g"] and more is None
+    assert views.function_stats(c.store, "h", c.now) is None and c.take() is None
+
+
+def test_a_gate_outlives_its_last_task_only_while_it_still_holds_a_call_back():
+    c = Clock(f={"rate": 1, "per_s": 60.0, "concurrency": 1})
+    task = c.enqueue(options={"keepResult": 1000})
+    assert c.take() is task
+    c.report(task, "success", status_code=200, result=b"{}")
+    c.advance(1.0)                                  # the task is forgotten; the TAT is 60 s on
+    assert c.store.tasks == {} and "f" in c.store.gates
+    c.enqueue()
+    assert c.take() is None, "a new task still waits for the rate"
+    c.store.cancel("t2", c.now)
+    c.advance(1.0)
+    assert "f" in c.store.gates
+    c.advance(300)                                  # past the TAT, and the cancelled task's keep
+    assert "f" not in c.store.gates and c.store.next_deadline() is None
+
+
+def test_a_new_rate_applies_to_a_function_with_a_gate_from_its_next_start():
+    from zstalk.broker.core.tasks.store import FunctionSpec
+    c = Clock(f={"rate": 1, "concurrency": 100})
+    for _ in range(6):
+        c.enqueue()
+    assert c.take() is not None and c.take() is None
+    c.store.configure({"f": FunctionSpec("f", "http://fn/f", 100, rate=4)}, None, c.now)
+    assert run_dispatcher(c, 3.0) == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])
+
+
+def test_a_slow_call_refused_after_the_backoff_doubled_does_not_double_it_again():
+    c = Clock(f={"concurrency": 5, "max_pause_ms": 60000})
+    for _ in range(4):
+        c.enqueue()
+    fast, slow = c.take(), c.take()
+    c.advance(0.1)
+    c.report(fast, "failure", status_code=429)      # 1 s from 0.1
+    gate = c.store.gates["f"]
+    c.advance(2.9)                                  # the slow one, started before, at 3.0
+    c.report(slow, "failure", status_code=429)
+    assert gate.paused_until - c.now == pytest.approx(1.0)
+    c.advance(1.0)
+    c.report(c.take(), "failure", status_code=429)  # started after: a new refusal
+    assert gate.paused_until - c.now == pytest.approx(2.0)

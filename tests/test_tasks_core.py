@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zstalk.broker.config_file import TaskConfig
+from zstalk.broker.core.tasks import views
 from zstalk.broker.core.tasks.store import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING,
                                             SUCCESS, TASK_OVERHEAD_BYTES, ApiPolicy, Backoff,
                                             FunctionSpec, Outcome, Task, TaskError, Tasks)
@@ -39,7 +40,7 @@ class Clock:
         return self.store.outcome(task.uid, task.attempt, Outcome(kind, **kw), self.now)
 
     def status(self, uid: str):
-        info = self.store.info(uid, self.now)
+        info = views.info(self.store, uid, self.now)
         return None if info is None else info["status"]
 
 
@@ -97,7 +98,7 @@ def test_a_unique_id_is_taken_until_its_finished_task_is_forgotten(c):
     assert c.report(c.take(), "success", status_code=200, result=b'{"ok":true}')
     assert c.enqueue(options={"uniqueId": "order-1"}).code == "duplicate", "still kept"
     c.advance(1.0)
-    assert c.store.info("order-1", c.now) is None
+    assert views.info(c.store, "order-1", c.now) is None
     again = c.enqueue(options={"uniqueId": "order-1"})
     assert isinstance(again, Task) and again is not first
 
@@ -112,7 +113,7 @@ def test_tasks_run_by_priority_then_enqueue_order(c):
 def test_wait_num_counts_the_tasks_ahead_in_the_functions_queue(c):
     a, b = c.enqueue(options={"priority": 1}), c.enqueue(options={"priority": 2})
     first = c.enqueue(options={"priority": 0})
-    assert [c.store.info(t.uid, c.now)["waitNum"] for t in (first, a, b)] == [0, 1, 2]
+    assert [views.info(c.store, t.uid, c.now)["waitNum"] for t in (first, a, b)] == [0, 1, 2]
 
 
 def test_a_function_runs_no_more_calls_than_its_concurrency_across_dispatchers():
@@ -143,7 +144,7 @@ def test_a_successful_call_records_status_code_result_and_times(c):
     assert c.take() is task and c.status(task.uid) == RUNNING
     c.advance(0.25)
     assert c.report(task, "success", status_code=201, result=b'{"id":7}')
-    info = c.store.info(task.uid, c.now)
+    info = views.info(c.store, task.uid, c.now)
     assert info["status"] == SUCCESS and info["statusCode"] == 201
     assert info["result"] == b'{"id":7}' and info["attempt"] == 1
     assert info["createdAt"] == T0 + WALL and info["startedAt"] == T0 + 1.0 + WALL
@@ -154,7 +155,7 @@ def test_a_successful_call_records_status_code_result_and_times(c):
 def test_a_failing_task_is_retried_after_its_backoff_then_fails(c):
     task = c.enqueue(options={"attempts": 1, "backoff": 2000})
     assert c.report(c.take(), "failure", status_code=500, error="HTTP 500")
-    info = c.store.info(task.uid, c.now)
+    info = views.info(c.store, task.uid, c.now)
     assert info["status"] == QUEUED and info["error"] == "HTTP 500"
     assert info["retryAt"] == T0 + 2.0 + WALL
     c.advance(1.9)
@@ -185,7 +186,7 @@ def test_exponential_backoff_doubles_up_to_its_cap_and_jitter_scales_it():
 def test_a_503s_retry_after_waits_longer_than_the_backoff(c):
     task = c.enqueue(options={"backoff": 1000})
     c.report(c.take(), "failure", status_code=503, retry_after_ms=30000)
-    assert c.store.info(task.uid, c.now)["retryAt"] == T0 + 30.0 + WALL
+    assert views.info(c.store, task.uid, c.now)["retryAt"] == T0 + 30.0 + WALL
     # (a 429 does not retry: the task keeps its place, tests/test_task_limits.py)
 
 
@@ -241,7 +242,7 @@ def test_params_and_results_are_counted_until_the_task_is_forgotten(c):
     c.report(c.take(), "success", status_code=200, result=b"done")
     assert c.store.bytes == TASK_OVERHEAD_BYTES + 16
     c.advance(0)
-    assert c.store.bytes == 0 and c.store.info(task.uid, c.now) is None
+    assert c.store.bytes == 0 and views.info(c.store, task.uid, c.now) is None
 
 
 def test_the_next_deadline_is_the_soonest_of_delays_calls_and_expiries(c):
@@ -379,28 +380,27 @@ def test_tasks_and_jobs_share_the_memory_limit_and_draining_refuses_new_tasks():
 def test_a_listing_pages_through_tasks_in_enqueue_order_with_filters():
     c = Clock(f={}, g={})
     ids = [c.enqueue("f" if n % 2 else "g").uid for n in range(7)]
-    infos, cursor = c.store.page(None, None, 3, 0, c.now)
+    infos, cursor = views.page(c.store, None, None, 3, 0, c.now)
     assert [i["uniqueId"] for i in infos] == ids[:3]
-    infos, cursor = c.store.page(None, None, 3, cursor, c.now)
+    infos, cursor = views.page(c.store, None, None, 3, cursor, c.now)
     assert [i["uniqueId"] for i in infos] == ids[3:6]
-    infos, cursor = c.store.page(None, None, 3, cursor, c.now)
+    infos, cursor = views.page(c.store, None, None, 3, cursor, c.now)
     assert [i["uniqueId"] for i in infos] == ids[6:] and cursor is None
-    infos, _ = c.store.page("f", None, 10, 0, c.now)
+    infos, _ = views.page(c.store, "f", None, 10, 0, c.now)
     assert [i["uniqueId"] for i in infos] == ids[1::2]
     c.take()
-    infos, _ = c.store.page(None, "running", 10, 0, c.now)
+    infos, _ = views.page(c.store, None, "running", 10, 0, c.now)
     assert [i["status"] for i in infos] == ["running"]
 
 
 def test_a_listing_looks_at_a_bounded_number_of_tasks_per_request(monkeypatch):
-    import zstalk.broker.core.tasks.store as tasks_module
-    monkeypatch.setattr(tasks_module, "PAGE_SCAN", 5)
+    monkeypatch.setattr(views, "PAGE_SCAN", 5)
     c = Clock()
     for _ in range(12):
         c.enqueue()
-    infos, cursor = c.store.page(None, "success", 10, 0, c.now)
+    infos, cursor = views.page(c.store, None, "success", 10, 0, c.now)
     assert infos == [] and cursor == 5, "nothing matched in 5: go on from there"
-    infos, cursor = c.store.page(None, None, 10, cursor, c.now)
+    infos, cursor = views.page(c.store, None, None, 10, cursor, c.now)
     assert len(infos) == 5 and cursor == 10
 
 

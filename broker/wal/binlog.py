@@ -452,8 +452,9 @@ class Binlog:
                 task.keep_result_ms, task.created + wall, *self._task_state(task)]
 
     def task_optional(self, task: Task) -> dict:
-        """A TASK record's map of optional fields (format 4): only what is not a default."""
-        out = {}
+        """A TASK record's map of optional fields (format 4): only what is not a default,
+        and what a newer zstalk wrote that this one does not know, as it was."""
+        out = dict(task.extra) if task.extra else {}
         if task.level:
             out["level"] = task.level
         if task.queue_deadline:

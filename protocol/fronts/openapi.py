@@ -318,7 +318,7 @@ def _schedule_name() -> dict:
             "schema": {"type": "string"}}
 
 
-def _schedule_op(operation_id: str, summary: str, ok: dict, *errors: str, **extra) -> dict:
+def _keyed_op(operation_id: str, summary: str, ok: dict, *errors: str, **extra) -> dict:
     return {"operationId": operation_id, "summary": summary, "security": _key(), **extra,
             "responses": _responses(ok, "401", "403", *errors, "503")}
 
@@ -335,23 +335,23 @@ def schedule_paths() -> dict:
              "properties": {"paused": {"type": "boolean"}}}
     return {
         "/v1/schedules": {
-            "post": _schedule_op("createSchedule", "Make a cron schedule that enqueues a task "
+            "post": _keyed_op("createSchedule", "Make a cron schedule that enqueues a task "
                                  "at each fire time", {"201": _json(_ref("Schedule"), "Made.")},
                                  "400", "404", "408", "409", "413", "415",
                                  requestBody=body("ScheduleRequest")),
-            "get": _schedule_op("listSchedules", "A page of schedules by name",
+            "get": _keyed_op("listSchedules", "A page of schedules by name",
                                 {"200": _json(_ref("SchedulePage"), "A page.")}, "400",
                                 parameters=[after, limit]),
         },
         "/v1/schedules/{name}": {
-            "get": _schedule_op("getSchedule", "A schedule, with its next fire time",
+            "get": _keyed_op("getSchedule", "A schedule, with its next fire time",
                                 {"200": one}, "404", parameters=[_schedule_name()]),
-            "patch": _schedule_op("pauseSchedule", "Pause or resume a schedule", {"200": one},
+            "patch": _keyed_op("pauseSchedule", "Pause or resume a schedule", {"200": one},
                                   "400", "404", "408", "413", "415",
                                   parameters=[_schedule_name()],
                                   requestBody={"required": True, "content": {
                                       "application/json": {"schema": pause}}}),
-            "delete": _schedule_op("deleteSchedule", "Delete a schedule", {"200": one}, "404",
+            "delete": _keyed_op("deleteSchedule", "Delete a schedule", {"200": one}, "404",
                                    parameters=[_schedule_name()]),
         },
     }
@@ -486,15 +486,16 @@ def cancel() -> dict:
     }
 
 
-# -- functions (broker/core/tasks/store.py function_stats) -------------------------------------
+# -- functions (broker/core/tasks/views.py function_stats) -------------------------------------
 def function_stats() -> dict:
     count = {"type": "integer", "minimum": 0}
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": ["name", "queued", "due", "delayed", "running", "concurrency",
-                     "oldestQueuedAgeMs"],
-        "description": "A function's queue, limits and pause, as now.",
+        "required": ["name", "queued", "due", "delayed", "running", "oldestQueuedAgeMs"],
+        "description": "A function's queue, limits and pause, as now.  A function gone "
+                       "from the config whose tasks still wait shows its counts only, "
+                       "without concurrency: its tasks are not called until it is back.",
         "properties": {
             "name": {"type": "string"},
             "queued": {**count, "description": "Tasks queued: due and delayed."},
@@ -531,10 +532,10 @@ def function_paths() -> dict:
     name = {"name": "name", "in": "path", "required": True, "example": "closeOrder",
             "schema": {"type": "string"}}
     return {
-        "/v1/functions": {"get": _schedule_op(
+        "/v1/functions": {"get": _keyed_op(
             "listFunctions", "A page of functions (configured, or used by tasks) by name",
             {"200": _json(page, "A page.")}, "400", parameters=[after, limit])},
-        "/v1/functions/{name}": {"get": _schedule_op(
+        "/v1/functions/{name}": {"get": _keyed_op(
             "getFunction", "A function's queue, limits and pause",
             {"200": _json(_ref("FunctionStats"), "The function.")}, "404",
             parameters=[name])},

@@ -14,6 +14,7 @@ from ....protocol.schema import Op, R
 from ..shared import Admission, Out
 from .store import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
                     ApiPolicy, Outcome, TaskError, Tasks)
+from . import views
 
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
@@ -113,7 +114,7 @@ class TaskCommands:
         task = self.store.enqueue(function, params, options, now, uid=uid)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
-        info = self.store.info(task.uid, now)     # as enqueued, before a dispatcher takes it
+        info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
         self.feed(now)
         return (conn, R.T_TASK, info)
 
@@ -130,7 +131,7 @@ class TaskCommands:
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:
             return (s.conn, R.T_ERROR, *NEEDS_KEY)
-        info = self.store.info(op[2], now) if type(op[2]) is str else None
+        info = views.info(self.store, op[2], now) if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         return (s.conn, R.T_TASK, info)
@@ -141,7 +142,7 @@ class TaskCommands:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
-        return (s.conn, R.T_TASK, self.store.info(task.uid, now))
+        return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
 
     def t_list(self, s, op, now):
         _, conn, function, status, limit, after = op
@@ -150,18 +151,18 @@ class TaskCommands:
                 1 <= limit <= MAX_PAGE) or type(after) is not int:
             return (conn, R.T_ERROR, "bad_request",
                     f"status is one of {', '.join(sorted(STATUSES))}, limit 1 to {MAX_PAGE}")
-        infos, cursor = self.store.page(function, status, limit, after, now)
+        infos, cursor = views.page(self.store, function, status, limit, after, now)
         return (conn, R.T_LIST, infos, cursor)
 
     def t_functions(self, s, op, now):
         _, conn, after, limit = op
         if type(after) is not str or type(limit) is not int or not 1 <= limit <= MAX_PAGE:
             return (conn, R.T_ERROR, "bad_request", f"limit is 1 to {MAX_PAGE}")
-        infos, more = self.store.function_page(after, limit, now)
+        infos, more = views.function_page(self.store, after, limit, now)
         return (conn, R.T_FUNCTIONS, infos, more)
 
     def t_function(self, s, op, now):
-        info = self.store.function_stats(op[2], now) if type(op[2]) is str else None
+        info = views.function_stats(self.store, op[2], now) if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no function {op[2]!r}")
         return (s.conn, R.T_FUNCTION, info)

@@ -9,17 +9,18 @@ burst + 1 + floor(t / T) calls start, however many dispatchers take them, and a
 function over its rate loses nothing: its tasks wait in their places until the moment
 `opens_at` names, which the store arms its timer for.  A gate has its burst at once
 (TAT = now), but for the time before the broker started: the store makes its gates with
-TAT at least its start + tau, so right after a restart there is no burst credit and a
-crash loop cannot exceed the rate.  A new rate (SIGHUP) keeps the TAT and applies from
-the next start.
+TAT at least its start + tau, so right after a restart there is no burst credit.  (The
+TAT itself is not kept across a restart: a restarted broker may start one call at once,
+so a crash loop of a slow rate, 1/h, gets one call per restart.)  A new rate (SIGHUP)
+keeps the TAT and applies from the next start.
 
 A function whose server says "slow down" (429, or 503) is paused: no call of it starts
 before `paused_until`.  With the server's Retry-After the pause is what it asked for;
 without one it is an exponential backoff from 1 s, doubled by each such answer from a
-call started after the pause began (so many calls in flight when the server started
+call started after it last doubled (so many calls in flight when the server started
 refusing double it once, not once each), capped by the function's max_pause, and reset
-by the next success.  No pause is shorter than max(1 s, T): `Retry-After: 0` must not
-become a tight loop.
+by the next success (a pause is kept in memory only: a restart ends it).  No pause is
+shorter than max(1 s, T): `Retry-After: 0` must not become a tight loop.
 
 `Recent` keeps the last minute of a function's starts and call durations in six
 10-second slots of fixed buckets (bounded memory whatever the rate): the measured start
@@ -28,6 +29,7 @@ p50 / p90.
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 
 from ....protocol.codecs.prometheus import CALL_BUCKETS
@@ -40,8 +42,8 @@ MIN_SAMPLES = 10            # calls in the last minute before their mean is trus
 
 
 class Gate:
-    __slots__ = ("interval", "tau", "tat", "paused_until", "paused_at", "pause_reason",
-                 "backoff_s")
+    __slots__ = ("interval", "tau", "tat", "paused_until", "pause_reason", "backoff_s",
+                 "backoff_at")
 
     def __init__(self, interval: float, burst: int, now: float,
                  tat: float | None = None) -> None:
@@ -49,9 +51,9 @@ class Gate:
         self.tau = interval * burst
         self.tat = now if tat is None else max(now, tat)
         self.paused_until = 0.0
-        self.paused_at = -1.0               # when the current pause began
         self.pause_reason = ""
         self.backoff_s = 0.0                # the last backoff without Retry-After (0: none)
+        self.backoff_at = -math.inf         # when it last doubled
 
     def configure(self, interval: float, burst: int) -> None:
         """A new rate: the TAT stays, T and tau change from the next start."""
@@ -73,16 +75,15 @@ class Gate:
         floor = max(MIN_PAUSE_S, self.interval)
         if retry_after_s is not None:
             seconds = retry_after_s
-        elif started > self.paused_at or not self.backoff_s:      # a new refusal: double
+        elif started > self.backoff_at or not self.backoff_s:     # a new refusal: double
             self.backoff_s = min(max_pause_s, self.backoff_s * 2 if self.backoff_s
                                  else FIRST_BACKOFF_S)
+            self.backoff_at = now
             seconds = self.backoff_s
-        else:                               # in flight when the pause began: once only
+        else:                       # in flight when the backoff last doubled: once only
             seconds = self.backoff_s
         until = now + max(seconds, floor)
         if until > self.paused_until:
-            if self.paused_until <= now:
-                self.paused_at = now
             self.paused_until, self.pause_reason = until, reason
 
     def succeeded(self) -> None:
@@ -91,10 +92,11 @@ class Gate:
     def paused(self, now: float) -> bool:
         return self.paused_until > now
 
-    @property
-    def active(self) -> bool:
-        """Whether this gate limits anything (a rate, or a backoff to remember)."""
-        return bool(self.interval or self.backoff_s)
+    def holds_until(self, max_pause_s: float) -> float:
+        """Until when this gate still knows something a fresh one would not: its TAT, its
+        pause, and a backoff to double (kept max_pause after the pause ends)."""
+        backoff_until = self.paused_until + max_pause_s if self.backoff_s else 0.0
+        return max(self.tat, self.paused_until, backoff_until)
 
 
 class Recent:

@@ -28,7 +28,7 @@ vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task s
 Queues: per function, due tasks in `(-level, priority, seq)` order (level 0-9, higher
 first; seq is the enqueue order, so equal priorities run first come, first served);
 `waitNum` is a task's rank there, and `waitTime` the time it should wait to start
-(`wait_time`).  Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks
+(views.py, which also makes the API's TaskInfo and function stats).  Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks
 count against their function's `concurrency`, which holds across every dispatcher
 because only the broker hands tasks out.  A running task also has a deadline (its
 timeout plus CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
@@ -69,7 +69,7 @@ from typing import Any, Callable, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
 
-from ...wal.format import T_OPTIONAL, T_SEQ, encode_task
+from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
 from ..labels import Labelled
 from .limits import Gate, Recent
 from .stats import FunctionCounts, Queued
@@ -89,7 +89,7 @@ CLAIM_S = 5.0
 RESTARTED = "restarted"
 MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
 MAX_ATTEMPTS = 1000
-PAGE_SCAN = 10_000          # tasks one listing request may look at (see Tasks.page)
+PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
 MAX_PAGE = 1000             # tasks one listing request may return
 #: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
 #: its id, its places in the index and the timer lists)
@@ -103,7 +103,7 @@ FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
 OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level", "priority",
            "queueTimeout", "timeout", "uniqueId")
 MAX_LEVEL = 9
-_PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
+PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
 QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
 
 
@@ -155,7 +155,7 @@ class Task:
                  "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
                  "created", "started", "finished", "due", "deadline", "expires",
                  "status_code", "result", "error", "holder", "seg", "logged", "level",
-                 "queue_deadline", "key")
+                 "queue_deadline", "key", "extra")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -167,6 +167,7 @@ class Task:
         self.level = 0                  # 0-9, higher first
         self.key = (0, priority, seq)   # its place in its function's queue (`place`)
         self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
+        self.extra: dict | None = None  # binlog optional fields this version does not know
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
@@ -230,7 +231,8 @@ class Tasks:
         self.offered: dict[str, tuple] = {}         # function -> the key it has in heads
         self.shut: list[tuple[float, str]] = []     # heap of (opens at, function)
         self.shut_at: dict[str, float] = {}         # function -> its entry in `shut`
-        self.timeouts = SortedList()    # (queue deadline, seq) of tasks with a queueTimeout
+        self.timeouts = SortedList()    # (queue deadline, seq) of queued or running tasks
+        self.idle_gates: list[tuple[float, str]] = []   # heap of (drop at, function)
         # function -> its spec while tasks use it; None: gone from the config (its tasks
         # wait, not called, until it comes back or they are cancelled)
         self.specs: dict[str, FunctionSpec | None] = {}
@@ -319,16 +321,19 @@ class Tasks:
         gate keeps its TAT, and a new rate applies from the next start."""
         self.functions, self.base = dict(functions), base
         for name in self.specs:
-            spec = self.specs[name] = self.function(name)
-            gate = self.gates.get(name)
-            if gate is not None and spec is not None:
+            self.specs[name] = self.function(name)
+        for name, gate in self.gates.items():
+            spec = self.function(name)
+            if spec is not None:
                 gate.configure(spec.interval, spec.burst)
         for name in list(self.ready):
             self.offered.pop(name, None)
             self._offer(name, now)
 
-    def _queue(self, task: Task, due: float, now: float) -> None:
-        if task.queue_deadline and now >= task.queue_deadline:
+    def _queue(self, task: Task, due: float, now: float, restoring: bool = False) -> None:
+        """Queue `task` (due at `due`); one past its queue deadline fails instead (after a
+        restart it is queued, and `expire` fails it, logging that)."""
+        if task.queue_deadline and now >= task.queue_deadline and not restoring:
             task.error = QUEUE_TIMEOUT          # (a retry after its time ran out)
             self._finish(task, FAILED, now)
             return
@@ -393,64 +398,18 @@ class Tasks:
         ready = self.ready.get(task.function)
         return ready.bisect_left(task.key) if ready else 0
 
-    def info(self, uid: str, now: float) -> dict | None:
-        """The TaskInfo of the API: what applies to the task's state, nothing else."""
-        task = self.tasks.get(uid)
-        if task is None:
-            return None
-        wall = self.wall_offset
-        out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
-                               "status": task.status, "createdAt": task.created + wall,
-                               "calls": task.attempt, "maxCalls": task.attempts + 1,
-                               # (the Cloud Queue's names: attempts counts retries)
-                               "attempt": task.attempt, "attempts": task.attempts}
-        if task.started is not None:
-            out["startedAt"] = task.started + wall
-        if task.finished is not None:
-            out["finishedAt"] = task.finished + wall
-        if task.status_code is not None:
-            out["statusCode"] = task.status_code
-        if task.result is not None:
-            out["result"] = task.result
-        if task.error is not None:
-            out["error"] = task.error
-        if task.level:
-            out["level"] = task.level
-        if task.status == QUEUED:
-            out["waitNum"] = self.wait_num(task)
-            wait = self.wait_time(task, now)
-            if wait is not None:
-                out["waitTime"] = round(wait * 1000)
-            if task.attempt and task.due > now:
-                out["retryAt"] = task.due + wall
-        return out
-
-    def page(self, function: str | None, status: str | None, limit: int, after: int,
-             now: float) -> tuple[list[dict], int | None]:
-        """Tasks enqueued after cursor `after` (a seq), oldest first, that match; and the
-        cursor to go on from (None: nothing further).  At most PAGE_SCAN tasks are looked
-        at per call, matching or not, so a listing never holds up the broker."""
-        infos, last = [], None
-        for scanned, seq in enumerate(self.by_seq.irange(minimum=after, inclusive=(False, True))):
-            if len(infos) >= limit or scanned >= PAGE_SCAN:
-                return infos, last
-            task = self.by_seq[seq]
-            last = seq
-            if (function is None or task.function == function) and (
-                    status is None or task.status == status):
-                infos.append(self.info(task.uid, now))
-        return infos, None
-
     # -- dispatch ------------------------------------------------------------------------
     def take(self, holder, now: float) -> Task | None:
         """The next task a dispatcher may call: the best due one, by (-level, priority,
         seq), among the functions that may start a call now (below their concurrency,
         their gate open)."""
-        heads = self.heads
+        self._open_gates(now)       # (an op may come in a turn before its timer fires)
+        heads, offered = self.heads, self.offered
         while heads:
             key, name = heads[0]
             ready = self.ready.get(name)
-            if ready and ready[0] == key and self._may_start(name, now):
+            if offered.get(name) == key and ready and ready[0] == key and self._may_start(
+                    name, now):
                 break
             heapq.heappop(heads)                # stale: no longer its head, or held back
             if self.offered.get(name) == key:
@@ -587,6 +546,8 @@ class Tasks:
         task.result = result
 
     def _finish(self, task: Task, status: str, now: float) -> None:
+        if task.queue_deadline:
+            self.timeouts.discard((task.queue_deadline, task.seq))
         finished = self._counted(task.function).finished
         finished[status] = finished.get(status, 0) + 1
         task.status = status
@@ -609,6 +570,31 @@ class Tasks:
             self.wal.log_task_state(task)
         return task
 
+    def _open_gates(self, now: float) -> None:
+        """Offer again the functions whose gate has opened."""
+        while self.shut and self.shut[0][0] <= now:
+            _, name = heapq.heappop(self.shut)
+            if self.shut_at.get(name, 0) <= now:
+                self.shut_at.pop(name, None)
+                self._offer(name, now)
+
+    def _time_out(self, now: float) -> None:
+        """Fail the tasks still queued past their queue deadline (never called)."""
+        while self.timeouts and self.timeouts[0][0] <= now:
+            _, seq = self.timeouts.pop(0)
+            task = self.by_seq[seq]         # (finished tasks leave `timeouts`: _finish)
+            if task.status != QUEUED:
+                continue                    # running: a retry would fail instead (_queue)
+            if self.wal is not None and not self.wal.reserve_task_state(task):
+                task.queue_deadline = now + 1.0     # the binlog's disk is full: try again
+                self.timeouts.add((task.queue_deadline, seq))
+                return
+            self._dequeue(task, now)
+            task.error = QUEUE_TIMEOUT
+            self._finish(task, FAILED, now)
+            if self.wal is not None:
+                self.wal.log_task_state(task)
+
     def _dequeue(self, task: Task, now: float) -> None:
         """Take a queued task out of its queue (cancel, queue timeout)."""
         if task.key in self.by_key:
@@ -622,8 +608,9 @@ class Tasks:
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
         heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping, self.timeouts) if s]
-        if self.shut:
-            heads.append(self.shut[0][0])
+        for timer in (self.shut, self.idle_gates):
+            if timer:
+                heads.append(timer[0][0])
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
@@ -632,20 +619,15 @@ class Tasks:
             task = self.by_seq[seq]
             self.queued.delay(task.function, -1)
             self._make_due(task, now)
-        while self.shut and self.shut[0][0] <= now:
-            _, name = heapq.heappop(self.shut)
-            if self.shut_at.get(name, 0) <= now:
-                self.shut_at.pop(name, None)
-                self._offer(name, now)
-        while self.timeouts and self.timeouts[0][0] <= now:
-            _, seq = self.timeouts.pop(0)
-            task = self.by_seq.get(seq)
-            if task is not None and task.status == QUEUED:
-                self._dequeue(task, now)
-                task.error = QUEUE_TIMEOUT
-                self._finish(task, FAILED, now)
-                if self.wal is not None:
-                    self.wal.log_task_state(task)
+        self._open_gates(now)
+        self._time_out(now)
+        while self.idle_gates and self.idle_gates[0][0] <= now:
+            _, name = heapq.heappop(self.idle_gates)
+            gate = self.gates.get(name)
+            if name not in self.specs and gate is not None:
+                spec = self.function(name)
+                if gate.holds_until((spec.max_pause_ms if spec else 60000) / 1000) <= now:
+                    del self.gates[name]
         while self.calls and self.calls[0][0] <= now:
             task = self.by_seq[self.calls[0][1]]
             why = (f"no report within the timeout ({task.timeout_ms} ms)"
@@ -666,80 +648,16 @@ class Tasks:
     def _forget_function(self, name: str, now: float) -> None:
         """No task uses `name` any more: drop what is kept for it, but a gate that still
         holds something back (a TAT ahead of now, a pause, a backoff to double)."""
-        del self.uses[name], self.specs[name]
+        spec = self.specs.pop(name)
+        del self.uses[name]
         self.recent.pop(name, None)
         gate = self.gates.get(name)
-        if gate is not None and gate.tat <= now and not gate.paused(now) and not gate.backoff_s:
-            del self.gates[name]
-
-    # -- estimates -----------------------------------------------------------------------
-    def wait_time(self, task: Task, now: float) -> float | None:
-        """Seconds until `task` (queued) should start, or None without a basis: the later
-        of its rate's bound (its gate opening, then `waitNum` x T) and its concurrency's
-        (with `free` slots now and c in all, the calls ahead of it take ceil((k + 1 -
-        free) / c) mean call durations of the last minute), plus its delay if not due."""
-        spec = self.specs.get(task.function)
-        if spec is None:
-            return None
-        k = self.wait_num(task)
-        gate = self.gates.get(task.function)
-        by_rate = by_slots = None
-        if spec.rate or (gate is not None and gate.paused(now)):
-            opens = gate.opens_at() if gate is not None else now
-            by_rate = max(0.0, opens - now) + k * spec.interval
-        mean = self.recent[task.function].mean_s(now) if task.function in self.recent else None
-        if mean is not None:
-            free = max(0, spec.concurrency - self.running.get(task.function, 0))
-            by_slots = 0.0 if k < free else math.ceil(
-                (k + 1 - free) / spec.concurrency) * mean
-        if by_rate is None and by_slots is None:
-            return None
-        wait = max(by_rate or 0.0, by_slots or 0.0)
-        return wait + max(0.0, task.due - now)
-
-    def function_stats(self, name: str, now: float) -> dict | None:
-        """What GET /v1/functions/{name} shows: queued (due, delayed), running, the oldest
-        queued task's age, the limits, a pause, the last minute's start rate and call
-        durations, and the waitTime a task enqueued now would get."""
-        spec = self.specs.get(name) or self.function(name)
-        if spec is None:
-            return None
-        delayed = self.queued.delayed.get(name, 0)
-        due = len(self.ready.get(name, ()))
-        oldest = self.queued.oldest(name)
-        out: dict[str, Any] = {
-            "name": name, "queued": due + delayed, "due": due, "delayed": delayed,
-            "running": self.running.get(name, 0), "concurrency": spec.concurrency,
-            "oldestQueuedAgeMs": 0 if oldest is None else round(
-                (now - self.by_seq[oldest].created) * 1000)}
-        if spec.rate:
-            out["rate"] = f"{spec.rate}/{_PER_UNIT[spec.per_s]}"
-            out["burst"] = spec.burst
-        gate = self.gates.get(name)
-        if gate is not None and gate.paused(now):
-            out["pausedUntil"] = gate.paused_until + self.wall_offset
-            out["pauseReason"] = gate.pause_reason
-        recent = self.recent.get(name)
-        if recent is not None:
-            out["startRate"] = round(recent.start_rate(now), 3)
-            for key, q in (("callP50Ms", 0.5), ("callP90Ms", 0.9)):
-                seconds = recent.quantile_s(now, q)
-                if seconds is not None:
-                    out[key] = round(seconds * 1000)
-        probe = Task("", name, b"", 1 << 62, self.next_seq, now)    # last in line, due now
-        if name in self.specs:
-            wait = self.wait_time(probe, now)
-            if wait is not None:
-                out["waitTime"] = round(wait * 1000)
-        return out
-
-    def function_page(self, after: str, limit: int, now: float) -> tuple[list[dict], str | None]:
-        """The stats of the functions named after `after`, by name: the configured ones
-        and those tasks use now; and the `after` of the next page (None: no more)."""
-        names = sorted(name for name in {*self.functions, *self.specs} if name > after)
-        page = names[:limit]
-        return ([self.function_stats(name, now) for name in page],
-                page[-1] if len(names) > limit else None)
+        if gate is not None:
+            until = gate.holds_until((spec.max_pause_ms if spec else 60000) / 1000)
+            if until <= now:
+                del self.gates[name]
+            else:                           # (dropped then, unless used again: expire)
+                heapq.heappush(self.idle_gates, (until, name))
 
     # -- restart -------------------------------------------------------------------------
     def restore(self, replayed, now: float) -> None:
@@ -753,6 +671,8 @@ class Tasks:
              error, result) = fields[:T_OPTIONAL]
             optional = fields[T_OPTIONAL] if len(fields) > T_OPTIONAL else {}
             task = Task(uid, function, params, priority, seq, created - wall)
+            # (kept, and written again, so a compaction by an older broker loses nothing)
+            task.extra = {k: v for k, v in optional.items() if k not in TASK_OPTIONAL} or None
             level = optional.get("level", 0)
             task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
             deadline = optional.get("queue_deadline")
@@ -768,7 +688,7 @@ class Tasks:
             task.seg, task.logged = seg, len(encode_task(fields))
             self._add(task, self.function(function))
             if status == QUEUED:
-                self._queue(task, due - wall, now)
+                self._queue(task, due - wall, now, restoring=True)
             elif status == RUNNING:         # its dispatcher may claim it (see `claim`)
                 task.status, task.holder = RUNNING, RESTARTED
                 task.deadline = now + CLAIM_S

@@ -1,0 +1,155 @@
+"""What the API shows of the task store: a task's TaskInfo, pages of tasks, a function's
+stats, and the waitTime estimate behind both.
+
+Read-only functions of a `store.Tasks` and the time; nothing here changes the store.
+
+waitTime, the time a queued task should wait before it starts, is the latest of three
+bounds, each on its own a time the task cannot start before:
+
+* its own due time (a delay, a retry's backoff);
+* its function's rate: the gate opens (a pause, or the GCRA's next start), then each of
+  the k due tasks ahead of it (its waitNum) takes one emission interval T, so it starts
+  k x T after the opening at the earliest;
+* its function's concurrency: with `free` slots now and c in all, the k tasks ahead take
+  the free slots and then ceil((k + 1 - free) / c) rounds of the last minute's mean call
+  duration (limits.Recent): a rough bound, since calls end at spread-out times.
+
+A bound with no basis (no rate and no pause, no call in the last minute) is left out;
+with none at all there is no estimate (None: the API leaves the field out).  The bounds
+are taken as a maximum, not a sum: a rate slower than the calls' pace is the only limit
+that counts, and a delay runs while the tasks ahead start.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .store import PER_UNIT, PAGE_SCAN, QUEUED, FunctionSpec, Task, Tasks
+
+
+def info(store: Tasks, uid: str, now: float) -> dict | None:
+    """The TaskInfo of the API: what applies to the task's state, nothing else."""
+    task = store.tasks.get(uid)
+    if task is None:
+        return None
+    wall = store.wall_offset
+    out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
+                           "status": task.status, "createdAt": task.created + wall,
+                           "calls": task.attempt, "maxCalls": task.attempts + 1,
+                           # (the Cloud Queue's names: attempts counts retries)
+                           "attempt": task.attempt, "attempts": task.attempts}
+    if task.started is not None:
+        out["startedAt"] = task.started + wall
+    if task.finished is not None:
+        out["finishedAt"] = task.finished + wall
+    if task.status_code is not None:
+        out["statusCode"] = task.status_code
+    if task.result is not None:
+        out["result"] = task.result
+    if task.error is not None:
+        out["error"] = task.error
+    if task.level:
+        out["level"] = task.level
+    if task.status == QUEUED:
+        out["waitNum"] = store.wait_num(task)
+        wait = wait_time(store, task, now)
+        if wait is not None:
+            out["waitTime"] = round(wait * 1000)
+        if task.attempt and task.due > now:
+            out["retryAt"] = task.due + wall
+    return out
+
+
+def page(store: Tasks, function: str | None, status: str | None, limit: int, after: int,
+         now: float) -> tuple[list[dict], int | None]:
+    """Tasks enqueued after cursor `after` (a seq), oldest first, that match; and the
+    cursor to go on from (None: nothing further).  At most PAGE_SCAN tasks are looked at
+    per call, matching or not, so a listing never holds up the broker."""
+    infos, last = [], None
+    for scanned, seq in enumerate(store.by_seq.irange(minimum=after, inclusive=(False, True))):
+        if len(infos) >= limit or scanned >= PAGE_SCAN:
+            return infos, last
+        task = store.by_seq[seq]
+        last = seq
+        if (function is None or task.function == function) and (
+                status is None or task.status == status):
+            infos.append(info(store, task.uid, now))
+    return infos, None
+
+
+def wait_time(store: Tasks, task: Task, now: float) -> float | None:
+    """Seconds until queued `task` should start (see the module's text), or None."""
+    spec = store.specs.get(task.function)
+    if spec is None:
+        return None
+    return _wait(store, spec, store.wait_num(task), task.due, now)
+
+
+def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
+          now: float) -> float | None:
+    """The latest of the bounds on a start with `ahead` due tasks before it."""
+    name = spec.name
+    bounds = [due - now]
+    gate = store.gates.get(name)
+    if spec.rate or (gate is not None and gate.paused(now)):
+        opens = gate.opens_at() if gate is not None else now
+        bounds.append(opens - now + ahead * spec.interval)
+    recent = store.recent.get(name)
+    mean = recent.mean_s(now) if recent is not None else None
+    if mean is not None:
+        free = max(0, spec.concurrency - store.running.get(name, 0))
+        bounds.append(0.0 if ahead < free else
+                      math.ceil((ahead + 1 - free) / spec.concurrency) * mean)
+    if len(bounds) == 1 and due <= now:
+        return None                     # nothing to go by
+    return max(0.0, *bounds)
+
+
+def function_stats(store: Tasks, name: str, now: float) -> dict | None:
+    """What GET /v1/functions/{name} shows: queued (due, delayed), running, the oldest
+    queued task's age, the limits, a pause, the last minute's start rate and call
+    durations, and the waitTime a task enqueued now would get (last in line, due now).
+    A function gone from the config that tasks still use shows its counts only; None:
+    no such function."""
+    spec = store.specs.get(name) or store.function(name)
+    if spec is None and name not in store.specs:
+        return None
+    delayed = store.queued.delayed.get(name, 0)
+    due = len(store.ready.get(name, ()))
+    oldest = store.queued.oldest(name)
+    out: dict[str, Any] = {
+        "name": name, "queued": due + delayed, "due": due, "delayed": delayed,
+        "running": store.running.get(name, 0),
+        "oldestQueuedAgeMs": 0 if oldest is None else max(0, round(
+            (now - store.by_seq[oldest].created) * 1000))}
+    if spec is None:
+        return out
+    out["concurrency"] = spec.concurrency
+    if spec.rate:
+        out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
+        out["burst"] = spec.burst
+    gate = store.gates.get(name)
+    if gate is not None and gate.paused(now):
+        out["pausedUntil"] = gate.paused_until + store.wall_offset
+        out["pauseReason"] = gate.pause_reason
+    recent = store.recent.get(name)
+    if recent is not None:
+        out["startRate"] = round(recent.start_rate(now), 3)
+        for key, q in (("callP50Ms", 0.5), ("callP90Ms", 0.9)):
+            seconds = recent.quantile_s(now, q)
+            if seconds is not None:
+                out[key] = round(seconds * 1000)
+    wait = _wait(store, spec, due, now, now)
+    if wait is not None:
+        out["waitTime"] = round(wait * 1000)
+    return out
+
+
+def function_page(store: Tasks, after: str, limit: int,
+                  now: float) -> tuple[list[dict], str | None]:
+    """The stats of the functions named after `after`, by name: the configured ones and
+    those tasks use now; and the `after` of the next page (None: no more)."""
+    names = sorted(name for name in {*store.functions, *store.specs} if name > after)
+    shown = names[:limit]
+    return ([function_stats(store, name, now) for name in shown],
+            shown[-1] if len(names) > limit else None)
