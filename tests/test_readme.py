@@ -181,7 +181,8 @@ def test_the_cloud_task_examples_run_as_written(shell):
     out = shell.run(block("/v1/tasks/close-1234").text)
     assert out.returncode == 0, out.stderr
     enqueued, info = json_documents(out.stdout)
-    assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0}
+    assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0,
+                        "waitTime": 1000}
     get = block("/v1/tasks/close-1234").text.strip().splitlines()[-1]
     deadline = time.monotonic() + 20
     while info["status"] in ("queued", "running") and time.monotonic() < deadline:
