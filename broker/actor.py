@@ -62,6 +62,8 @@ _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
 SAY_AGAIN_S = 30.0
 #: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
 WALL_CHECK_S = 1.0
+#: the slow rates' TATs are saved at most this often (binlog.save_gates)
+SAVE_GATES_S = 1.0
 #: a stopping broker waits this long at most for its remote fronts' Holding (one that
 #: goes away meanwhile, as when a supervisor stops them all at once, is not waited for) ...
 STOP_WAIT_S = 5.0
@@ -111,6 +113,7 @@ class BrokerActor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        self._gates_saved_at = -math.inf
         self._heartbeat: asyncio.TimerHandle | None = None
         self._read_scheduled = False
         self._stopped: asyncio.Future | None = None
@@ -424,6 +427,9 @@ class BrokerActor:
         sync = self.wal.sync_due() if self.wal is not None else None
         if sync is not None and (wake is None or sync < wake):
             wake = sync
+        if self.wal is not None and self.core.tasks.gates_changed:     # saved in a second
+            save = self._gates_saved_at + SAVE_GATES_S
+            wake = save if wake is None else min(wake, save)
         if expired:         # what was due has fired: an armed timer still pending is stale
             if self._timer is not None:
                 self._timer.cancel()
@@ -556,6 +562,9 @@ class BrokerActor:
         wal.maintain(core.queue.jobs, core.tasks.tasks, core.schedules.by_name)
         wal.write(core.queue.jobs, core.next_id, core.tasks.tasks, core.schedules.by_name)
         wal.after_write(now)
+        if core.tasks.gates_changed and now >= self._gates_saved_at + SAVE_GATES_S:
+            wal.save_gates(core.tasks.durable_gates(now))
+            self._gates_saved_at = now
         if wal.opts.fsync_ms != 0:
             self._send(messages)
             return
@@ -572,6 +581,8 @@ class BrokerActor:
         self.core.log_holdings()
         self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks,
                        self.core.schedules.by_name)
+        if self.core.tasks.gates_changed:
+            self.wal.save_gates(self.core.tasks.durable_gates(time.monotonic()))
         if self.wal.syncer is not None:
             self.wal.syncer.stop()      # no fsync of ours may run beside the last one
             self.wal.syncer = None

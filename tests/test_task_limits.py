@@ -391,3 +391,44 @@ def test_a_slow_call_refused_after_the_backoff_doubled_does_not_double_it_again(
     c.advance(1.0)
     c.report(c.take(), "failure", status_code=429)  # started after: a new refusal
     assert gate.paused_until - c.now == pytest.approx(2.0)
+
+
+# -- slow rates across a restart -------------------------------------------------------------------
+def restarted(**specs):
+    """A store as a broker makes it at T0, its functions `name=(rate, per_s)`."""
+    from zstalk.broker.core.tasks.store import FunctionSpec, Tasks
+    return Tasks({name: FunctionSpec(name, f"http://fn/{name}", 10, rate=rate, per_s=per_s)
+                  for name, (rate, per_s) in specs.items()},
+                 wall_offset=WALL, started_at=T0, rand=lambda: 0.5)
+
+
+def test_a_slow_rates_saved_tat_holds_its_tasks_after_a_restart():
+    store = restarted(hourly=(1, 3600.0))
+    store.restore_gates({"hourly": T0 + WALL + 1800}, T0)      # started 30 min before
+    store.enqueue("hourly", b"{}", None, T0, uid="t1")
+    assert store.take("d", T0) is None
+    assert store.next_deadline() == pytest.approx(T0 + 1800)
+    assert store.take("d", T0 + 1800) is not None
+    assert store.gates_changed
+    assert store.durable_gates(T0 + 1800) == {"hourly": pytest.approx(T0 + WALL + 5400)}
+    assert not store.gates_changed
+
+
+def test_only_slow_rates_still_ahead_are_kept_and_a_saved_tat_goes_with_its_rate():
+    store = restarted(fast=(10, 1.0), slow=(1, 2.0), gone=(1, 60.0))
+    for name in ("fast", "slow"):
+        store.enqueue(name, b"{}", None, T0, uid=name)
+        assert store.take("d", T0).function == name
+    assert store.durable_gates(T0) == {"slow": pytest.approx(T0 + WALL + 2.0)}
+    assert store.durable_gates(T0 + 2.0) == {}, "a TAT that passed holds nothing"
+    later = restarted(slow=(1, 2.0))        # 'gone' lost its rate in the new config
+    later.restore_gates({"gone": T0 + WALL + 30, "unknown": T0 + WALL + 30}, T0)
+    assert later.gates == {}
+
+
+def test_a_restored_gate_no_task_uses_is_dropped_once_its_tat_passed():
+    store = restarted(hourly=(1, 3600.0))
+    store.restore_gates({"hourly": T0 + WALL + 100}, T0)
+    assert store.next_deadline() == pytest.approx(T0 + 100)
+    store.expire(T0 + 100)
+    assert store.gates == {} and store.next_deadline() is None

@@ -413,3 +413,27 @@ def test_optional_task_fields_a_reader_does_not_know_are_kept_as_they_were(tmp_p
     assert node.wal.task_optional(task) == {"level": 2, "colour": "blue", "weight": [1, 2]}
     task.level = 0
     assert node.wal.task_optional(task) == {"colour": "blue", "weight": [1, 2]}
+
+
+def test_a_slow_rates_last_start_comes_back_with_the_binlog(tmp_path):
+    slow = (FunctionSpec("f", "http://fn/f", concurrency=8, rate=1, per_s=60.0),)
+    node = Node(tmp_path, functions=slow)
+    node.enqueue("t1")
+    node.enqueue("t2")
+    assert [c[0] for c in node.subscribe(2)] == ["t1"]
+    node.wal.save_gates(node.broker.tasks.durable_gates(node.now))     # (the actor's part)
+    again = node.restart(later_s=20)
+    assert again.replayed.gates == {"f": pytest.approx(WALL_OFFSET + 1000.0 + 60)}
+    assert again.subscribe(2) == [], "40 s of the minute are left"
+    again.advance(40)
+    assert [c[0] for c in again.subscribe(0)] == ["t2"]
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"f": "soon"}'])
+def test_an_unreadable_gates_file_only_costs_the_saved_starts(tmp_path, caplog, text):
+    node = Node(tmp_path)
+    node.wal.close()
+    (tmp_path / "zstalk.gates.json").write_text(text)
+    again = Node(tmp_path)
+    assert again.replayed.gates == {}
+    assert "zstalk.gates.json" in caplog.text

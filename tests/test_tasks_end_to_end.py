@@ -389,17 +389,41 @@ def wait_calls(host: FunctionHost, name: str, count: int) -> None:
         time.sleep(0.02)
 
 
-def serve_with_binlog(tmp_path, host) -> tuple[ServerProcess, Api]:
+def serve_with_binlog(tmp_path, host, tables: str = "") -> tuple[ServerProcess, Api]:
     """`zstalk serve --config --binlog DIR -f 0` on fixed ports, so `.kill()` and `.start()`
-    make a crash and a restart: every acknowledged change is on disk before it shows."""
+    make a crash and a restart: every acknowledged change is on disk before it shows.
+    `tables`: more of the config (functions with limits)."""
     path = tmp_path / "zstalk.toml"
-    path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n')
+    path.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n'
+                    f'base_url_any = true\n{tables}')
     port, http_port = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config", str(path),
                             "--http-port", str(http_port), "--binlog", str(tmp_path / "wal"),
                             "-f", "0"], (LOOPBACK, port), name="zstalk-wal").start()
     return server, Api(f"http://{LOOPBACK}:{http_port}", server)
+
+
+def test_a_slow_rate_keeps_its_last_start_across_kill_9_so_a_crash_loop_cannot_exceed_it(
+        tmp_path, host):
+    server, api = serve_with_binlog(tmp_path, host, '[functions.hourly]\nrate = "1/h"\n')
+    try:
+        api.wait_listening()
+        for n in range(2):
+            api.request("POST", "/v1/tasks", {"function": "hourly", "options": {
+                "uniqueId": f"h{n}"}})
+        api.wait_status("h0", "success")
+        server.kill()
+        server.start()
+        api.wait_listening()
+        code, stats = api.request("GET", "/v1/functions/hourly")
+        assert code == 200 and stats["queued"] == 1, stats
+        assert stats["waitTime"] > 3500_000, "the next start is still an hour after the first"
+        time.sleep(1.0)                 # (a restarted broker with no TAT calls h1 at once)
+        assert len(host.called("hourly")) == 1
+        assert api.request("GET", "/v1/tasks/h1")[1]["status"] == "queued"
+    finally:
+        server.stop()
 
 
 def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):

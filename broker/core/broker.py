@@ -117,6 +117,7 @@ class Broker:
         self._build(config, now, sysinfo)
         if recovered is not None:
             self.beanstalk.load(recovered.jobs.values(), recovered.next_id, now, wall_offset)
+            self.tasks.restore_gates(recovered.gates, now)
             self.tasks.restore(recovered.tasks, now)
             # a time missed while we were down fires once, now
             self.scheduling.fire(self.schedules.restore(recovered.schedules, now), now)

@@ -33,6 +33,14 @@ reserves that when it comes (see `log_task_end`).  Cron schedules (schedules.py)
 logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
 segment the same way; each record is reserved when it is made, the GONE with the first.
 
+Slow rates (a function's rate of one call a second or slower, limits.py) keep their GCRA
+TAT across a restart, so a crash loop cannot exceed them: it is not a record but a small
+file beside the segments, GATES_NAME, {function: TAT as wall-clock seconds}, replaced
+whole (written to a temporary name, then renamed) at most once a second when a slow
+function starts a call (`save_gates`).  It is not fsynced: a killed process loses
+nothing the kernel holds, and after a power loss the last second of it may be lost
+(one more call then).  A missing or unreadable file means no TAT to keep (a warning).
+
 Ids: each segment header carries the broker's next id when it became the one being
 written, and the segment being written is never removed, so recovery continues after
 the largest id ever issued even when every record of it was compacted away.
@@ -42,6 +50,7 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import json
 import logging
 import os
 import random
@@ -60,6 +69,7 @@ from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 log = logging.getLogger("zstalk.binlog")
 SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
 LOCK_NAME = "zstalk.lock"
+GATES_NAME = "zstalk.gates.json"
 _SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
 _MIGRATE_SCAN_PER_TURN = 4096
 _NO_COUNTS = (0,) * len(COUNTERS)
@@ -167,7 +177,7 @@ class Binlog:
 
     def _open_locked(self, path: str, max_job_size: int) -> wf.Replayed:
         self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        replayed = self._replay(path, max_job_size)
+        replayed = self._replay(path, max_job_size)._replace(gates=self._load_gates(path))
         self.state_id = replayed.state_id or random.getrandbits(63) or 1
         first = self._allocate(replayed.next_id)
         self.segments.append(first)
@@ -177,6 +187,38 @@ class Binlog:
         # the new segment's next id, durable before anything is unlinked or replied to
         self.sync_all()
         return replayed
+
+    @staticmethod
+    def _load_gates(path: str) -> dict[str, float]:
+        full = os.path.join(path, GATES_NAME)
+        try:
+            with open(full, encoding="utf-8") as f:
+                gates = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("binlog: %s could not be read (%s): slow rates start afresh", full, exc)
+            return {}
+        if not isinstance(gates, dict):
+            log.warning("binlog: %s is not an object: slow rates start afresh", full)
+            return {}
+        kept = {k: float(v) for k, v in gates.items() if type(v) in (int, float)}
+        if len(kept) < len(gates):
+            log.warning("binlog: %s: %d entries are not times, their rates start afresh",
+                        full, len(gates) - len(kept))
+        return kept
+
+    def save_gates(self, gates: dict[str, float]) -> None:
+        """Replace GATES_NAME with `gates` (function -> wall-clock TAT); a failure (disk
+        full) is logged and costs only the TATs, not the broker."""
+        full = os.path.join(self.opts.path, GATES_NAME)
+        try:
+            with open(full + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(gates, f)
+            os.replace(full + ".tmp", full)
+        except OSError as exc:
+            log.warning("binlog: %s could not be written (%s): a restart would forget the "
+                        "slow rates' last starts", full, exc)
 
     def _restore_reserve(self) -> None:
         """Back the deletes promised to the replayed jobs with allocated space."""

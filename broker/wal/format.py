@@ -118,6 +118,7 @@ class Replayed(NamedTuple):
     warnings: list
     tasks: dict = {}      # uid -> (TASK list with its result, seq) of each live task
     schedules: dict = {}  # name -> (SCHEDULE list, seq) of each live schedule
+    gates: dict = {}      # function -> the wall-clock TAT of its slow rate (GATES_NAME)
 
 
 # -- encoding ------------------------------------------------------------------------

@@ -9,9 +9,9 @@ burst + 1 + floor(t / T) calls start, however many dispatchers take them, and a
 function over its rate loses nothing: its tasks wait in their places until the moment
 `opens_at` names, which the store arms its timer for.  A gate has its burst at once
 (TAT = now), but for the time before the broker started: the store makes its gates with
-TAT at least its start + tau, so right after a restart there is no burst credit.  (The
-TAT itself is not kept across a restart: a restarted broker may start one call at once,
-so a crash loop of a slow rate, 1/h, gets one call per restart.)  A new rate (SIGHUP)
+TAT at least its start + tau, so right after a restart there is no burst credit.  A slow
+rate's TAT (T of a second or more) is kept across a restart by the binlog, so a crash
+loop cannot exceed it (store.durable_gates, binlog.save_gates).  A new rate (SIGHUP)
 keeps the TAT and applies from the next start.
 
 A function whose server says "slow down" (429, or 503) is paused: no call of it starts

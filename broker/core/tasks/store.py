@@ -104,6 +104,8 @@ OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level"
            "queueTimeout", "timeout", "uniqueId")
 MAX_LEVEL = 9
 PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
+#: a rate this slow or slower (its T, seconds) keeps its TAT across a restart (binlog.py)
+DURABLE_RATE_S = 1.0
 QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
 
 
@@ -214,6 +216,7 @@ class Tasks:
         # when the broker started: a gate gets no burst credit for the time before it, so
         # a crash loop cannot exceed a rate (limits.py)
         self.started_at = started_at
+        self.gates_changed = False      # a slow rate's TAT moved since durable_gates()
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
         self.rand = rand
@@ -365,6 +368,27 @@ class Tasks:
                                            tat=self.started_at + interval * burst)
         return gate
 
+    def restore_gates(self, saved: dict[str, float], now: float) -> None:
+        """The slow rates' TATs a binlog kept (function -> wall-clock seconds), before
+        `restore`: each function still rated gets its gate from there, so a restart
+        gives no call its rate would not (a gate no task uses is dropped once it has
+        nothing to hold back, as in `expire`)."""
+        for name, tat in saved.items():
+            spec = self.function(name)
+            if spec is None or not spec.rate:
+                continue
+            gate = self.gate(name, now)
+            gate.tat = max(gate.tat, tat - self.wall_offset)
+            heapq.heappush(self.idle_gates, (gate.holds_until(spec.max_pause_ms / 1000), name))
+
+    def durable_gates(self, now: float) -> dict[str, float]:
+        """What the binlog keeps of the gates (`restore_gates`): each slow rate's TAT
+        (T >= DURABLE_RATE_S) still ahead of now, as wall-clock seconds."""
+        self.gates_changed = False
+        wall = self.wall_offset
+        return {name: gate.tat + wall for name, gate in self.gates.items()
+                if gate.interval >= DURABLE_RATE_S and gate.tat > now}
+
     def _offer(self, name: str, now: float) -> None:
         """Put function `name` where take() will find it: its head in `heads` if it may
         start a call now, or its opening time in `shut` if only its gate holds it back
@@ -427,7 +451,10 @@ class Tasks:
         self.queued.discard(task.function)
         self._counted(task.function).started += 1
         if name in self.gates or self.specs[name].rate:
-            self.gate(name, now).start(now)
+            gate = self.gate(name, now)
+            gate.start(now)
+            if gate.interval >= DURABLE_RATE_S:
+                self.gates_changed = True
         self._recent(name).started(now)
         task.status = RUNNING
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
