@@ -76,6 +76,16 @@ def test_a_new_rate_keeps_the_tat_and_applies_from_the_next_start():
     assert gate.tat == 1.25
 
 
+def test_a_call_declined_by_a_draining_dispatcher_gets_no_refund_of_its_rate():
+    c = Clock(f={"rate": 1, "concurrency": 10})
+    task = c.enqueue()
+    c.report(c.take(), "declined")
+    assert task.status == QUEUED and task.attempt == 0
+    assert c.take() is None, "the declined call used its place in the rate"
+    c.advance(1.0)
+    assert c.take() is task
+
+
 def test_functions_without_limits_are_not_held_back_by_a_rated_one():
     c = Clock(slow={"rate": 1, "concurrency": 5}, fast={"concurrency": 5})
     slow = [c.enqueue("slow") for _ in range(3)]
