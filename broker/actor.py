@@ -97,6 +97,7 @@ class BrokerActor:
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
             self.core = self._make_core(config, recovered)
+        self.old_peers = self.core.old_peers    # (shared: the core asks it too)
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again
         self.metrics = BrokerMetrics(self.core, metrics_top)    # read at a scrape

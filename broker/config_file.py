@@ -12,6 +12,8 @@
     burst = 0                            # calls that may start at once beyond the rate
     queue_timeout = "30m"                # a task still queued this long after it was made fails
     max_pause = "60s"                    # the longest backoff after 429 / 503 without Retry-After
+    request_headers = ["X-Tenant"]       # request tasks may set these too (beside the safe ones)
+    result_headers = ["ETag"]            # response headers a task keeps (beside Content-Type)
 
     [functions.closeOrder]               # one table per named function (optional)
     url = "http://orders:3000/closeOrder"   # without base_url, required; with it, optional
@@ -41,11 +43,13 @@ import re
 import tomllib
 from typing import Any, NamedTuple
 
+from .core.tasks import requests
 from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause"}
+_LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause", "request_headers",
+               "result_headers"}
 _DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
                  "max_timeout", "max_result", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
@@ -191,8 +195,27 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     max_pause_ms = duration_ms(entry.get("max_pause", "60s"), f"{where}: max_pause")
     if queue_timeout is not None and not queue_timeout_ms or not max_pause_ms:
         raise ConfigError(f"{where}: queue_timeout and max_pause must be above 0")
+    request_headers = _header_names(entry.get("request_headers", []), f"{where}: request_headers",
+                                    requests.header_problem)
+    result_headers = _header_names(entry.get("result_headers", []), f"{where}: result_headers",
+                                   _token_problem)
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
-                        burst, queue_timeout_ms, max_pause_ms)
+                        burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers)
+
+
+def _header_names(value: Any, where: str, problem) -> tuple[str, ...]:
+    """A list of header names, each checked by `problem` (None: fine)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: a list of header names")
+    for name in value:
+        why = problem(name)
+        if why is not None:
+            raise ConfigError(f"{where}: {why}")
+    return tuple(value)
+
+
+def _token_problem(name: Any) -> str | None:
+    return None if requests.is_token(name) else f"{name!r} is not a header name"
 
 
 def _rate(value: Any, where: str) -> tuple[int, float]:

@@ -49,12 +49,13 @@ msgpack = None
 SCHEMA_VERSION = 4
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE and
-#: T_OUTCOME, and a T_OUTCOME's retry_after_ms was 0 when no Retry-After came (now -1).
-#: Version 2 had no Stopping and Holding (a stopping broker just went quiet).  Version 1
-#: (before cloud-task durability) also had no `keyed` in T_ENQUEUE /
-#: T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR
-#: replies carrying the HTTP status, a one-field Settings and no Settings message.
+#: version back.  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE,
+#: T_CALL and T_OUTCOME (so no request tasks), and a T_OUTCOME's retry_after_ms was 0
+#: when no Retry-After came (now -1).  Version 2 had no Stopping and Holding (a stopping
+#: broker just went quiet).  Version 1 (before cloud-task durability) also had no `keyed`
+#: in T_ENQUEUE / T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent
+#: T_OUTCOME, T_ERROR replies carrying the HTTP status, a one-field Settings and no
+#: Settings message.
 OLDEST_PEER_VERSION = 1
 
 
@@ -167,7 +168,10 @@ class R(enum.IntEnum):
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
     T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
     T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/core/tasks/store.py) and a sentence
-    T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms)  pushed to a dispatcher
+    T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms, ext)  pushed to a dispatcher
+    # ext (version 4): None for a plain call (POST params as JSON), or {"result_headers":
+    # [names to keep], and for a request task "method", "headers": [[name, value], ...]}
+    # (broker/core/tasks/requests.py); a T_OUTCOME's ext may then hold {"headers": {...}}
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
     T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
     T_SCHEDULE = 45     # (info)  a schedule's info dict (times: wall-clock seconds)
@@ -403,6 +407,10 @@ def _downgrade(msg: Message, version: int) -> Message | None:
     """A message as a peer of an older `version` takes it (None: it has none such)."""
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
+    if version >= 4:
+        return msg
+    if isinstance(msg, Replies) and version >= 2:   # no ext in T_CALL before version 4
+        return Replies([item[:7] if item[1] == R.T_CALL else item for item in msg.items])
     if version >= 2:
         return msg
     if isinstance(msg, Settings):
@@ -416,6 +424,8 @@ def _downgrade(msg: Message, version: int) -> Message | None:
 
 
 def _downgrade_reply(item: tuple) -> tuple | None:
+    if item[1] == R.T_CALL:
+        return item[:7]
     if item[1] == R.T_NOTED:
         return None                     # its T_OUTCOME was silent
     if item[1] == R.T_ERROR:

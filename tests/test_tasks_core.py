@@ -297,7 +297,7 @@ def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1", True)]), b.now)
     out = {p: m.items for p, m in b.broker.flush() if isinstance(m, Replies)}
     assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == QUEUED
-    assert out[D1] == [(1, R.T_CALL, "t1", 1, "http://fn/f", b'{"n":1}', 15000)]
+    assert out[D1] == [(1, R.T_CALL, "t1", 1, "http://fn/f", b'{"n":1}', 15000, None)]
     b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"ok"', None, 0))
     [(_, code, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert code == R.T_TASK and info["status"] == SUCCESS and info["result"] == b'"ok"'
@@ -345,7 +345,7 @@ def test_a_dispatcher_that_goes_away_gives_its_call_to_the_next_one():
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["status"] == QUEUED and "went away" in info["error"]
     out = b.send(D2, (Op.T_SUBSCRIBE, 1, 1, False))
-    assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000)]}
+    assert out == {D2: [(1, R.T_CALL, "t1", 2, "http://fn/f", b'{"n":1}', 15000, None)]}
     [(_, _, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
     assert info["attempt"] == 2 and "error" not in info, "the last attempt's error is gone"
 

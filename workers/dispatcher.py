@@ -32,19 +32,30 @@ Stopping, close() subscribes as stopping so outcomes bring no new calls, and let
 running calls finish for a grace period.
 
 A result is kept as JSON, decided by the response's Content-Type: a JSON body
-(application/json or any +json type) is its value as sent; any other body is text, decoded
-by its charset (UTF-8 unless it names another) and kept as a JSON string; an empty body
-is no result.  A body claiming to be JSON that does not parse is kept as text.
+(application/json or any +json type) is its value as sent; a text body (text/*, a type
+naming a charset, XML and the like, or any other type that is valid UTF-8) is decoded by
+its charset (UTF-8 unless it names another) and kept as a JSON string; bytes (an image,
+audio, a PDF, an archive, or a body that is not UTF-8) are kept as {"base64": "..."}
+with their Content-Type in the task's resultHeaders, never garbled into text; an empty
+body is no result.  A body
+claiming to be JSON that does not parse is kept as text.
+
+A request task's call (broker/core/tasks/requests.py) comes with an ext: its method and
+headers, sent as given, to the URL the broker made of the function's URL, the task's
+path and query, sent byte for byte (yarl, encoded=True).  The response headers a task
+keeps (its Content-Type, and those its function's `result_headers` lists) go back in
+T_OUTCOME's ext.
 
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
-X-Zstalk-Signature over the task id and the body, stamped when the call is sent
-(workers/signing.py).  Without a key calls go unsigned, and a function host that
+X-Zstalk-Signature, stamped when the call is sent: v1 over the time, the task id and
+the body, v2 over the method, the path and the query too (workers/signing.py).  Without a key calls go unsigned, and a function host that
 verifies signatures refuses them (401: a failure, retried by the task's policy).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import json
 import logging
@@ -53,6 +64,7 @@ from datetime import timezone
 from typing import NamedTuple
 
 import aiohttp
+import yarl
 
 from ..protocol.transport.links import open_link
 from ..protocol.transport.owner import LinkOwner
@@ -81,6 +93,7 @@ class Outcome(NamedTuple):
     result: bytes | None = None     # the body of a success
     error: str | None = None
     retry_after_ms: int = -1        # a 429 / 503's Retry-After (-1: none, or none readable)
+    ext: dict | None = None         # {"headers": {...}}: the response headers kept
 
 
 class Dispatcher(LinkOwner):
@@ -148,9 +161,9 @@ class Dispatcher(LinkOwner):
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
                 self._report((Op.T_OUTCOME, CONN, item[2], item[3],
-                              *Outcome(DECLINED, error="the dispatcher is stopping"), None))
+                              *Outcome(DECLINED, error="the dispatcher is stopping")))
             else:
-                self._start_call(*item[2:7])
+                self._start_call(*item[2:7], item[7] if len(item) > 7 else None)
 
     def on_welcome(self, w: Welcome) -> None:
         if not (w.restored and self.opened):
@@ -186,9 +199,9 @@ class Dispatcher(LinkOwner):
 
     # -- calls -------------------------------------------------------------------------
     def _start_call(self, uid: str, attempt: int, url: str, params: bytes,
-                    timeout_ms: int) -> None:
+                    timeout_ms: int, ext: dict | None = None) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._run_call(uid, attempt, url, params, timeout_ms))
+            self._run_call(uid, attempt, url, params, timeout_ms, Call.of(ext)))
         self.calls[task] = (uid, attempt)
         task.add_done_callback(self._call_done)
 
@@ -196,9 +209,9 @@ class Dispatcher(LinkOwner):
         self.calls.pop(task, None)
 
     async def _run_call(self, uid: str, attempt: int, url: str, params: bytes,
-                        timeout_ms: int) -> None:
+                        timeout_ms: int, call: "Call") -> None:
         try:
-            outcome = await self._call(uid, attempt, url, params, timeout_ms)
+            outcome = await self._call(uid, attempt, url, params, timeout_ms, call)
         except Exception as exc:    # a bug here or in aiohttp: the request may have left
             log.exception("call %s (attempt %d) to %s failed unexpectedly", uid, attempt, url)
             outcome = Outcome(UNKNOWN, error=f"the dispatcher failed during the call: {exc!r}")
@@ -208,7 +221,7 @@ class Dispatcher(LinkOwner):
         # no longer a running call: a Welcome between now and the done callback must
         # count it once, as a report to resend
         self.calls.pop(asyncio.current_task(), None)
-        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome, None))    # (no ext)
+        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome))
 
     def _report(self, report: tuple) -> None:
         """Send a report now, kept until the broker notes it; or after the next Welcome."""
@@ -219,10 +232,10 @@ class Dispatcher(LinkOwner):
             self.resend.append(report)
 
     async def _call(self, uid: str, attempt: int, url: str, params: bytes,
-                    timeout_ms: int) -> Outcome:
+                    timeout_ms: int, call: "Call") -> Outcome:
         """The call's outcome; only errors no outcome describes are raised."""
         try:
-            return await self._post(uid, attempt, url, params, timeout_ms)
+            return await self._send(uid, attempt, url, params, timeout_ms, call)
         except _NOT_SENT as exc:
             return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}")
         except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
@@ -231,19 +244,25 @@ class Dispatcher(LinkOwner):
             return Outcome(UNKNOWN, error=f"the connection to {url} failed after the "
                                           f"request was sent: {_say(exc)}")
 
-    async def _post(self, uid: str, attempt: int, url: str, params: bytes,
-                    timeout_ms: int) -> Outcome:
-        headers = {"Content-Type": "application/json", "X-Zstalk-Task-Id": uid,
-                   "X-Zstalk-Attempt": str(attempt)}
+    async def _send(self, uid: str, attempt: int, url: str, params: bytes,
+                    timeout_ms: int, call: "Call") -> Outcome:
+        # a request task's URL was checked by the broker and is sent byte for byte (so its
+        # signature covers what the function host sees); a plain one as yarl makes it
+        target = yarl.URL(url, encoded=call.request)
+        headers = dict(call.headers) if call.request else {"Content-Type": "application/json"}
+        headers.update({"X-Zstalk-Task-Id": uid, "X-Zstalk-Attempt": str(attempt)})
         if self.signing_key is not None:
-            headers[signing.HEADER] = signing.sign(self.signing_key, uid, params, time.time())
+            headers[signing.HEADER] = signing.sign(
+                self.signing_key, uid, params, time.time(), call.method, target.raw_path,
+                target.raw_query_string)
         if self.link.settings.private_results:      # only the key reads task info: the
             headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
-        async with self._session().post(url, data=params, headers=headers, timeout=timeout,
-                                         allow_redirects=False) as resp:
+        async with self._session().request(
+                call.method, target, data=params or None,
+                headers=headers, timeout=timeout, allow_redirects=False) as resp:
             if 200 <= resp.status < 300:
-                return await self._success(resp)
+                return await self._success(resp, call)
             return _refused(resp, time.time())
 
     def _session(self) -> aiohttp.ClientSession:
@@ -254,7 +273,7 @@ class Dispatcher(LinkOwner):
                 cookie_jar=aiohttp.DummyCookieJar())    # one task's cookies are not another's
         return self.http
 
-    async def _success(self, resp: aiohttp.ClientResponse) -> Outcome:
+    async def _success(self, resp: aiohttp.ClientResponse, call: "Call") -> Outcome:
         """The body is the result, unless it is over the limit, as sent or as kept (text
         kept as a JSON string can grow): then it is read no further than one byte past
         it (a Content-Length over it is not read at all)."""
@@ -262,28 +281,106 @@ class Dispatcher(LinkOwner):
         if resp.content_length is None or resp.content_length <= limit:
             body = await _read_up_to(resp.content, limit + 1)
             if len(body) <= limit:
-                result = result_json(body, resp.content_type, resp.charset)
+                declared = resp.headers.get("Content-Type")
+                result = result_json(body, resp.content_type if declared else None,
+                                     resp.charset)
                 if result is None or len(result) <= limit:
-                    return Outcome(SUCCESS, resp.status, result)
+                    return Outcome(SUCCESS, resp.status, result,
+                                   ext=_kept_headers(resp, call, result))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit ([functions] max_result)")
 
 
-def result_json(body: bytes, content_type: str, charset: str | None) -> bytes | None:
-    """A 2xx body as the JSON the task keeps (see the module's docstring)."""
+class Call(NamedTuple):
+    """What a T_CALL's ext says of the call (None: a plain one)."""
+    method: str = "POST"
+    headers: tuple = ()             # a request task's, [name, value] pairs
+    request: bool = False           # a request task: send method, URL and headers as given
+    keep: tuple = ()                # response headers the task keeps (resultHeaders)
+
+    @classmethod
+    def of(cls, ext) -> "Call":
+        if not isinstance(ext, dict):
+            return PLAIN
+        keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
+        method = ext.get("method")
+        if not isinstance(method, str):
+            return cls(keep=keep)
+        headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
+                        if isinstance(h, list) and len(h) == 2)
+        return cls(method, headers, True, keep)
+
+
+PLAIN = Call()
+
+
+def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None) -> dict | None:
+    """T_OUTCOME's ext: the response headers the task keeps (its Content-Type, and those
+    its function's result_headers lists) for a request task or a function that lists
+    some, and a binary result's Content-Type always (it says what the bytes are)."""
+    binary = result is not None and result.startswith(b'{"base64":')
+    if not (call.request or call.keep or binary):
+        return None
+    kept = {}
+    for name in ("Content-Type", *call.keep):
+        values = resp.headers.getall(name, ())
+        if values:
+            kept[name] = ", ".join(values)
+    return {"headers": kept} if kept else None
+
+
+#: content types kept as text although not text/*: they are text by definition
+_TEXT_TYPES = frozenset({"application/xml", "application/javascript", "application/ecmascript",
+                         "application/x-www-form-urlencoded", "application/sql",
+                         "application/graphql", "application/x-ndjson", "application/yaml"})
+
+
+#: types whose bodies are bytes, whatever they hold
+_BINARY_FAMILIES = frozenset({"image", "audio", "video", "font", "model"})
+_BINARY_TYPES = frozenset({"application/pdf", "application/zip", "application/gzip",
+                           "application/x-gzip", "application/x-tar", "application/x-bzip2",
+                           "application/x-7z-compressed", "application/wasm",
+                           "application/protobuf", "application/x-protobuf",
+                           "application/msword", "application/x-msgpack", "application/cbor"})
+
+
+def result_json(body: bytes, content_type: str | None, charset: str | None) -> bytes | None:
+    """A 2xx body as the JSON the task keeps (see the module's docstring).  `content_type`
+    None: the response declared none."""
     if not body:
         return None
+    content_type = content_type or ""
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
             json.loads(body, parse_constant=_not_json, parse_float=_finite)
             return body
         except (ValueError, RecursionError):
             pass
+    elif _binary(body, content_type, charset):
+        return b'{"base64":"' + base64.b64encode(body) + b'"}'
     try:
         text = body.decode(charset or "utf-8", "replace")
     except LookupError:             # a charset Python does not know
         text = body.decode("utf-8", "replace")
     return json.dumps(text, ensure_ascii=False).encode()
+
+
+def _binary(body: bytes, content_type: str, charset: str | None) -> bool:
+    """Bytes that are not text: a type that is bytes by definition (an image, a PDF, an
+    archive), or, unless the type is text or names a charset, a body that is not UTF-8
+    (application/octet-stream, aiohttp's and Express's default for bytes, often holds
+    plain text: kept as text when it decodes, as before)."""
+    if charset or content_type.startswith("text/") or content_type in _TEXT_TYPES \
+            or content_type.endswith("+xml"):
+        return False
+    if content_type.split("/")[0] in _BINARY_FAMILIES or content_type in _BINARY_TYPES \
+            or content_type.startswith("application/vnd."):
+        return True
+    try:
+        body.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
 
 
 def _not_json(name: str):

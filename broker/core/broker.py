@@ -109,6 +109,9 @@ class Broker:
             wal.wall_offset = wall_offset
             self.state_id = wal.state_id    # fronts' reservations survive our restart
         self.fronts: dict[bytes, Front] = {}
+        # peer -> the older schema version it speaks: the actor fills it as it decodes
+        # (a dispatcher older than version 4 is handed no request task)
+        self.old_peers: dict[bytes, int] = {}
         self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.out = Out()
         self.control: list[tuple[bytes, object]] = []
@@ -136,7 +139,7 @@ class Broker:
                       base=config.base_function, started_at=now)
         schedules = Schedules(tasks, self.wall_offset)
         tasks.wal = schedules.wal = wal
-        self.tasking = TaskCommands(tasks, config.api, out, admission)
+        self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
         self.scheduling = ScheduleCommands(schedules, self.tasking, wal)
         admission.holders = (self.beanstalk, tasks, schedules)
         #: the session owner of each family (Session.family) and of each front kind

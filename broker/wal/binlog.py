@@ -501,6 +501,10 @@ class Binlog:
             out["level"] = task.level
         if task.queue_deadline:
             out["queue_deadline"] = task.queue_deadline + self.wall_offset
+        if task.request is not None:
+            out["request"] = task.request.fields()
+        if task.result_headers:
+            out["result_headers"] = task.result_headers
         return out
 
     def _task_record(self, task: Task, result: bytes | None) -> bytes:

@@ -40,7 +40,9 @@ Times in them are wall-clock seconds (floats; None where they do not apply).  A 
 segment has no task records and is read as it always was.
 
 Format 4 (segments written now) appends to a TASK record, after its result, a map of
-optional fields (TASK_OPTIONAL: `level`, `queue_deadline` as wall-clock seconds): a
+optional fields (TASK_OPTIONAL: `level`, `queue_deadline` as wall-clock seconds, a
+request task's `request` as [method, path, query, [[header, value], ...]] and a
+result's `result_headers` as a map): a
 reader takes the keys it knows and ignores the others, and a record without the map
 (formats 2 and 3) has their defaults, so later versions add task fields without a new
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
@@ -85,7 +87,8 @@ TASK_FIELDS = ("uid", "function", "params", "priority", "seq", "attempts", "back
 T_UID, T_SEQ, T_STATUS = 0, 4, 11
 T_RESULT = len(TASK_FIELDS)
 T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after the result
-TASK_OPTIONAL = ("level", "queue_deadline")     # the keys this zstalk writes and reads
+#: the keys this zstalk writes and reads
+TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers")
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")
 

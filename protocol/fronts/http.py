@@ -7,6 +7,7 @@ answers a session's ops in the order they were sent, so the front keeps a FIFO o
 futures: `on_replies` resolves them oldest first, whichever request they belong to.
 
     POST   /v1/tasks              {"function", "params"?, "options"?}  -> T_ENQUEUE -> 201
+                                  ("request" in place of params: the broker checks it)
     POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
     GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
@@ -94,7 +95,7 @@ def enqueue_op(task: Enqueue, keyed: bool) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
     name one."""
     return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
-            keyed, None)
+            keyed, None if task.request is None else {"request": task.request})
 
 
 def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:

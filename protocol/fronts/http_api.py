@@ -50,7 +50,7 @@ STATUS = {
 CODES = {status: code for code, status in reversed(STATUS.items())}
 
 
-ENQUEUE_KEYS = ("function", "params", "options")
+ENQUEUE_KEYS = ("function", "params", "request", "options")
 
 
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
@@ -78,6 +78,7 @@ class Enqueue(NamedTuple):
     function: str
     params: bytes               # compact JSON, the body the function will be POSTed
     options: dict | None        # checked by the broker (broker/tasks.parse_options)
+    request: dict | None = None     # a request task's, checked by the broker (requests.py)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -128,6 +129,15 @@ def parse_task(doc: Any) -> Enqueue | Problem:
                       else "function is required")
     if options is not None and not isinstance(options, dict):
         return refuse(400, f"options must be an object, not {_json_type(options)}")
+    request = doc.get("request")
+    if request is not None:
+        if "params" in doc:
+            return refuse(400, "a task has params or a request, not both")
+        if not isinstance(request, dict):
+            return refuse(400, f"request must be an object, not {_json_type(request)}")
+        if not encodable((function, options, request)):
+            return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")
+        return Enqueue(function, b"", options, request)
     params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
     if not encodable((function, options)):
         return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")

@@ -7,6 +7,11 @@ take now: T_SUBSCRIBE sets them (or says it is stopping: outcomes free none), ea
 T_CALL takes one and each T_OUTCOME gives it back.  The task store (store.py) decides
 everything else; whatever frees a function's slot or makes a task due feeds the
 dispatchers, one call each in turn.
+
+Request tasks (requests.py) come in T_ENQUEUE's ext as {"request": {...}}, from the
+master key only; their T_CALL carries an ext with the method and headers, and a
+dispatcher of a schema older than 4 (which would POST the body instead) is never handed
+one: `old_peers`, filled by the actor as it decodes, says who speaks what.
 """
 from __future__ import annotations
 
@@ -14,8 +19,12 @@ from ....protocol.schema import Op, R
 from ..shared import Admission, Out
 from .store import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
                     ApiPolicy, Outcome, TaskError, Tasks)
-from . import views
+from . import requests, views
 
+#: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
+REQUEST_TASKS_SCHEMA = 4
+#: a success's response headers kept, at most (a dispatcher sends only those asked for)
+MAX_RESULT_HEADERS, MAX_RESULT_HEADER_BYTES = 64, 64 << 10
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
@@ -44,8 +53,11 @@ class TaskCommands:
     dispatchers' silent T_SUBSCRIBE and their T_OUTCOME (T_NOTED); whatever frees a
     function's slot or makes a task due feeds the dispatchers."""
 
-    def __init__(self, store: Tasks, api: ApiPolicy, out: Out, admission: Admission) -> None:
+    def __init__(self, store: Tasks, api: ApiPolicy, out: Out, admission: Admission,
+                 old_peers: dict | None = None) -> None:
         self.store = store
+        # peer -> the older schema version it speaks (the actor's, shared)
+        self.old_peers: dict[bytes, int] = {} if old_peers is None else old_peers
         self.api = api                      # what a request without the master key may do
         self.out = out
         self.admission = admission
@@ -99,19 +111,20 @@ class TaskCommands:
 
     # -- ops -----------------------------------------------------------------------------
     def t_enqueue(self, s, op, now):
-        _, conn, function, params, options, uid, keyed, *_ext = op    # (ext: none known yet)
+        _, conn, function, params, options, uid, keyed, *ext = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
             return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
+        request = ext[0].get("request") if ext and isinstance(ext[0], dict) else None
         if keyed is not True:
             if not self.api.public_enqueue:
                 return (conn, R.T_ERROR, *NEEDS_KEY)
-            if options:
-                return (conn, R.T_ERROR, "unauthorized",
-                        "an enqueue without the master key may set no option")
+            if options or request is not None:
+                return (conn, R.T_ERROR, "unauthorized", "an enqueue without the master "
+                        "key may set no option and send no request")
         refused = self.admit(len(params))
         if refused is not None:
             return (conn, R.T_ERROR, *refused)
-        task = self.store.enqueue(function, params, options, now, uid=uid)
+        task = self.store.enqueue(function, params, options, now, uid=uid, request=request)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
         info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
@@ -178,7 +191,7 @@ class TaskCommands:
             self.feed(now)
 
     def t_outcome(self, s, op, now):
-        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms, *_ext = op
+        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms, *ext = op
         noted = (conn, R.T_NOTED, uid, attempt)
         if s not in self.dispatchers or kind not in OUTCOME_KINDS:
             return noted
@@ -191,7 +204,8 @@ class TaskCommands:
                 error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
             # (-1: no Retry-After; an older dispatcher sent 0 for none)
             wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
-            outcome = Outcome(kind, status_code, result, error, wait_ms)
+            headers = _result_headers(ext[0]) if ext and kind == "success" else None
+            outcome = Outcome(kind, status_code, result, error, wait_ms, headers)
             self.store.outcome(uid, attempt, outcome, now, holder=s)
         self.feed(now)
         return noted
@@ -199,20 +213,42 @@ class TaskCommands:
     def feed(self, now: float) -> None:
         """Hand due tasks to dispatchers with free slots, one each in turn; one that got
         a call goes to the back, so calls spread over dispatchers."""
+        old = self.old_peers
         while True:
             handed = False
             for d in list(self.dispatchers):
                 if d.slots <= 0:
                     continue
-                task = self.store.take(d, now)
+                plain_only = bool(old) and old.get(
+                    d.front.peer, REQUEST_TASKS_SCHEMA) < REQUEST_TASKS_SCHEMA
+                task = self.store.take(d, now, plain_only)
                 if task is None:
+                    if plain_only:          # (a newer dispatcher may take what it did not)
+                        continue
                     return
                 d.slots -= 1
                 handed = True
                 del self.dispatchers[d]
                 self.dispatchers[d] = None
-                url = self.store.specs[task.function].url
+                spec = self.store.specs[task.function]
+                if task.request is None:
+                    url = spec.url
+                else:
+                    url = requests.url(spec.url, task.request)
                 self.out.reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
-                               task.timeout_ms)
+                               task.timeout_ms, requests.call_ext(task.request,
+                                                                  spec.result_headers))
             if not handed:
                 return
+
+
+def _result_headers(ext) -> dict | None:
+    """T_OUTCOME's ext {"headers": {name: value}}, if it is one of a sane size."""
+    headers = ext.get("headers") if isinstance(ext, dict) else None
+    if not isinstance(headers, dict) or not headers or len(headers) > MAX_RESULT_HEADERS:
+        return None
+    if not all(type(k) is str and type(v) is str for k, v in headers.items()):
+        return None
+    if sum(len(k) + len(v) for k, v in headers.items()) > MAX_RESULT_HEADER_BYTES:
+        return None
+    return headers

@@ -71,7 +71,9 @@ from sortedcontainers import SortedDict, SortedList
 
 from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
 from ..labels import Labelled
+from . import requests
 from .limits import Gate, Recent
+from .requests import Request
 from .stats import FunctionCounts, Queued
 
 
@@ -126,6 +128,8 @@ class FunctionSpec(NamedTuple):
     burst: int = 0
     queue_timeout_ms: int = 0       # 0: none
     max_pause_ms: int = 60000
+    request_headers: tuple[str, ...] = ()   # request tasks may set these too (requests.py)
+    result_headers: tuple[str, ...] = ()    # response headers a task keeps (resultHeaders)
 
     @property
     def interval(self) -> float:
@@ -157,7 +161,7 @@ class Task:
                  "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
                  "created", "started", "finished", "due", "deadline", "expires",
                  "status_code", "result", "error", "holder", "seg", "logged", "level",
-                 "queue_deadline", "key", "extra")
+                 "queue_deadline", "key", "extra", "request", "result_headers")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -170,6 +174,8 @@ class Task:
         self.key = (0, priority, seq)   # its place in its function's queue (`place`)
         self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
         self.extra: dict | None = None  # binlog optional fields this version does not know
+        self.request: Request | None = None     # a request task's method, path, ... (params: body)
+        self.result_headers: dict | None = None
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
@@ -206,6 +212,7 @@ class Outcome(NamedTuple):
     result: bytes | None = None
     error: str | None = None
     retry_after_ms: int = -1    # a 429 / 503's Retry-After, ms (-1: none was sent)
+    result_headers: dict | None = None  # a success's kept response headers (resultHeaders)
 
 
 class Tasks:
@@ -262,12 +269,19 @@ class Tasks:
 
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
-                uid: str | None = None) -> Task | TaskError:
+                uid: str | None = None, request: Any = None) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
-        random id the caller made (the core has no randomness of its own for ids)."""
+        random id the caller made (the core has no randomness of its own for ids).
+        `request`: a request task's request object, unchecked (requests.py), whose body
+        becomes the params."""
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
+        if request is not None:
+            checked = requests.parse(request, spec.request_headers)
+            if isinstance(checked, str):
+                return _bad(checked)
+            request, params = checked
         parsed = parse_options(options, spec)
         if isinstance(parsed, TaskError):
             return parsed
@@ -282,6 +296,7 @@ class Tasks:
             return _bad(f"delay ({parsed['delay']} ms) must be below queueTimeout "
                         f"({queue_timeout_ms} ms): the task would time out before it ran")
         task = Task(uid, function, params, priority, self.next_seq, now)
+        task.request = request
         task.place(parsed.get("level", 0), priority)
         if queue_timeout_ms:
             task.queue_deadline = now + queue_timeout_ms / 1000
@@ -308,7 +323,7 @@ class Tasks:
         self.uses[task.function] = self.uses.get(task.function, 0) + 1
         self.tasks[task.uid] = task
         self.by_seq[task.seq] = task
-        self.bytes += TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+        self.bytes += held_bytes(task)
 
     def function(self, name: str) -> FunctionSpec | None:
         """The function `name`: configured by name, or under the base URL (made when
@@ -423,28 +438,37 @@ class Tasks:
         return ready.bisect_left(task.key) if ready else 0
 
     # -- dispatch ------------------------------------------------------------------------
-    def take(self, holder, now: float) -> Task | None:
+    def take(self, holder, now: float, plain_only: bool = False) -> Task | None:
         """The next task a dispatcher may call: the best due one, by (-level, priority,
         seq), among the functions that may start a call now (below their concurrency,
-        their gate open)."""
+        their gate open).  `plain_only` (a dispatcher too old for request tasks): among
+        the functions whose head is not a request task."""
         self._open_gates(now)       # (an op may come in a turn before its timer fires)
         heads, offered = self.heads, self.offered
-        while heads:
-            key, name = heads[0]
-            ready = self.ready.get(name)
-            if offered.get(name) == key and ready and ready[0] == key and self._may_start(
-                    name, now):
-                break
-            heapq.heappop(heads)                # stale: no longer its head, or held back
-            if self.offered.get(name) == key:
-                del self.offered[name]
-                self._offer(name, now)          # (its real head, or its opening time)
-        else:
-            return None
-        task = self.by_key[key]
-        if self.wal is not None and not self.wal.reserve_call(task):
-            return None                 # the binlog's disk is full: it waits, queued
-        heapq.heappop(heads)
+        passed = []                 # good heads of request tasks, for plain_only
+        try:
+            while heads:
+                key, name = heads[0]
+                ready = self.ready.get(name)
+                if offered.get(name) == key and ready and ready[0] == key and (
+                        self._may_start(name, now)):
+                    if not plain_only or self.by_key[key].request is None:
+                        break
+                    passed.append(heapq.heappop(heads))
+                    continue
+                heapq.heappop(heads)                # stale: no longer its head, or held back
+                if self.offered.get(name) == key:
+                    del self.offered[name]
+                    self._offer(name, now)          # (its real head, or its opening time)
+            else:
+                return None
+            task = self.by_key[key]
+            if self.wal is not None and not self.wal.reserve_call(task):
+                return None                 # the binlog's disk is full: it waits, queued
+            heapq.heappop(heads)            # ours, the top before the passed go back
+        finally:
+            for entry in passed:
+                heapq.heappush(heads, entry)
         del self.offered[name]
         del self.by_key[key]
         self._unready(task)
@@ -505,7 +529,7 @@ class Tasks:
         task.status_code = result.status_code
         if result.kind == "success":
             task.error = None
-            self._set_result(task, result.result)
+            self._set_result(task, result.result, result.result_headers)
             self._finish(task, SUCCESS, now)
             gate = self.gates.get(task.function)
             if gate is not None:
@@ -568,9 +592,11 @@ class Tasks:
         task.holder = None
         self._offer(task.function, now)         # a free slot: it may start its next call
 
-    def _set_result(self, task: Task, result: bytes | None) -> None:
-        self.bytes += len(result or b"") - len(task.result or b"")
-        task.result = result
+    def _set_result(self, task: Task, result: bytes | None,
+                    headers: dict | None = None) -> None:
+        self.bytes -= held_bytes(task)
+        task.result, task.result_headers = result, headers
+        self.bytes += held_bytes(task)
 
     def _finish(self, task: Task, status: str, now: float) -> None:
         if task.queue_deadline:
@@ -668,7 +694,7 @@ class Tasks:
             self.uses[task.function] -= 1
             if not self.uses[task.function]:
                 self._forget_function(task.function, now)
-            self.bytes -= TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+            self.bytes -= held_bytes(task)
             if self.wal is not None:
                 self.wal.log_task_gone(task)
 
@@ -702,6 +728,10 @@ class Tasks:
             task.extra = {k: v for k, v in optional.items() if k not in TASK_OPTIONAL} or None
             level = optional.get("level", 0)
             task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
+            task.request = requests.Request.from_fields(optional.get("request"))
+            kept = optional.get("result_headers")
+            if isinstance(kept, dict) and all(type(v) is str for v in kept.values()):
+                task.result_headers = kept
             deadline = optional.get("queue_deadline")
             if isinstance(deadline, (int, float)):
                 task.queue_deadline = deadline - wall
@@ -742,6 +772,16 @@ class Tasks:
         task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
         self.calls.add((task.deadline, task.seq))
         return True
+
+
+def held_bytes(task: Task) -> int:
+    """What a task holds in memory, as --max-jobs-bytes counts it."""
+    size = TASK_OVERHEAD_BYTES + len(task.params) + len(task.result or b"")
+    if task.request is not None:
+        size += task.request.size()
+    if task.result_headers:
+        size += sum(len(k) + len(v) for k, v in task.result_headers.items())
+    return size
 
 
 # -- options ---------------------------------------------------------------------------------

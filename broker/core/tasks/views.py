@@ -46,6 +46,8 @@ def info(store: Tasks, uid: str, now: float) -> dict | None:
         out["statusCode"] = task.status_code
     if task.result is not None:
         out["result"] = task.result
+    if task.result_headers:
+        out["resultHeaders"] = task.result_headers
     if task.error is not None:
         out["error"] = task.error
     if task.level:
