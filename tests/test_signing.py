@@ -88,6 +88,12 @@ def test_one_matching_v1_among_several_is_enough_while_keys_rotate() -> None:
     assert verify(KEY, f"t={int(NOW)},v1={old}", "t1", BODY, NOW) == signing.BAD_SIGNATURE
 
 
+def test_a_task_id_no_signer_could_send_is_a_bad_signature_not_an_exception() -> None:
+    # aiohttp decodes a header's non-UTF-8 bytes to lone surrogates, which do not encode
+    assert verify(KEY, sign(KEY, "t1", BODY, NOW), "t1\udcff", BODY, NOW) == \
+        signing.BAD_SIGNATURE
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_any_header_gives_a_reason_and_never_an_exception(header: str) -> None:

@@ -75,7 +75,10 @@ def verify(secret: bytes, header: str | None, task_id: str, body: bytes, now: fl
     signature = parse(header)
     if signature is None:
         return MALFORMED
-    expected = mac(secret, signature.t, task_id, body)
+    try:
+        expected = mac(secret, signature.t, task_id, body)
+    except UnicodeEncodeError:  # a header byte that is not UTF-8 (aiohttp: a surrogate):
+        return BAD_SIGNATURE    # no signer sent that text
     if not any(hmac.compare_digest(expected, got) for got in signature.v1):
         return BAD_SIGNATURE
     if now - signature.t > window_s:
