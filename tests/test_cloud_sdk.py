@@ -14,6 +14,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from zstalk.workers import AsyncTaskClient, Functions, TaskApiError, TaskClient, signing
@@ -72,10 +73,12 @@ async def serving(functions: Functions):
 
 def post(functions: Functions, path: str, body: bytes = BODY,
          headers: dict | None = None) -> tuple[int, object]:
-    """One POST to a freshly served app: (status, JSON body)."""
+    """One POST to a freshly served app, of `path` (and query) exactly as given, not
+    requoted: (status, JSON body)."""
     async def main():
         async with serving(functions) as url, aiohttp.ClientSession() as http:
-            async with http.post(url + path, data=body, headers=headers or {}) as resp:
+            async with http.post(URL(url + path, encoded=True), data=body,
+                                 headers=headers or {}) as resp:
                 return resp.status, json.loads(await resp.read())
     return asyncio.run(main())
 
@@ -166,6 +169,11 @@ def test_define_without_a_name_uses_the_function_s_own() -> None:
         functions.define("a/b")(refund)
 
 
+def signed_v2(task_id: str, path: str, query: str = "", body: bytes = BODY) -> dict:
+    header = signing.sign(KEY, task_id, body, time.time(), "POST", path, query)
+    return {"X-Zstalk-Task-Id": task_id, signing.HEADER: header}
+
+
 def test_with_a_signing_key_a_correctly_signed_call_runs() -> None:
     functions = define_all(Functions(signing_key=KEY))
     assert post(functions, "/echo", headers=signed("t1")) == (200, {"id": 1234})
@@ -183,6 +191,31 @@ def test_with_a_signing_key_any_other_call_is_a_401_saying_why(headers, reason) 
     functions = define_all(Functions(signing_key=KEY))
     assert post(functions, "/echo", headers=headers) == (
         401, {"error": "unauthorized", "message": reason})
+
+
+@pytest.mark.parametrize("target, path, query", [
+    ("/echo", "/echo", ""),
+    ("/echo?day=2026-11-26&note=a+b%20c", "/echo", "day=2026-11-26&note=a+b%20c"),
+    ("/ech%6F", "/ech%6F", ""),         # routed as /echo; signed as sent
+], ids=["path", "path-and-query", "percent-encoded"])
+def test_with_a_signing_key_a_call_signed_with_its_request_line_runs(target, path,
+                                                                      query) -> None:
+    functions = define_all(Functions(signing_key=KEY))
+    assert post(functions, target, headers=signed_v2("t1", path, query)) == (200, {"id": 1234})
+
+
+@pytest.mark.parametrize("target, path, query", [
+    ("/echo", "/closeOrder", ""),
+    ("/echo?day=2026-11-27", "/echo", "day=2026-11-26"),
+    ("/echo?day=2026-11-26", "/echo", ""),
+    ("/echo", "/echo", "day=2026-11-26"),
+    ("/ech%6F", "/echo", ""),           # the raw path is checked, not its decoded form
+], ids=["other-path", "other-query", "query-added", "query-dropped", "decoded-path"])
+def test_with_a_signing_key_a_call_whose_v2_signs_another_request_line_is_a_401(
+        target, path, query) -> None:
+    functions = define_all(Functions(signing_key=KEY))
+    assert post(functions, target, headers=signed_v2("t1", path, query)) == (
+        401, {"error": "unauthorized", "message": signing.BAD_SIGNATURE})
 
 
 def test_an_unsigned_caller_cannot_even_learn_which_functions_exist() -> None:

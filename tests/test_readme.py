@@ -41,6 +41,7 @@ RUN_BY = {
     "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
     "# protect.toml": "test_the_limits_example_runs_as_written",
     "# limits.py": "test_the_limits_example_runs_as_written",
+    "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
     "scripts/zstalk worker emails:worker": "test_the_native_worker_examples_run_as_written",
@@ -209,6 +210,47 @@ def test_the_limits_example_runs_as_written(shell):
     assert 12 <= ahead <= 19 and abs(ms - ahead * 200 - 200) <= 600, last
     assert int(before.rsplit(" ", 1)[1]) <= 6, before
     assert "'rate': '5/s'" in stats and "'burst': 2" in stats, stats
+
+
+SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")
+KEY = b"k" * 32
+
+
+def signature_example():
+    """The README's verify_signature(), run from the README's text."""
+    example: dict = {}
+    exec(compile(block("# verify_signature.py").text, "README: verify_signature.py", "exec"),
+         example)
+    return example["verify_signature"]
+
+
+def test_the_signature_check_example_agrees_with_signing():
+    from zstalk.workers import signing
+    check, now = signature_example(), time.time()
+    assert check(KEY, signing.sign(KEY, "t1", b"{}", now, *SIGNED_LINE), *SIGNED_LINE, "t1",
+                 b"{}")
+    stale = signing.sign(KEY, "t1", b"{}", now - 301, *SIGNED_LINE)
+    assert not check(KEY, stale, *SIGNED_LINE, "t1", b"{}")
+    v1_only = signing.sign(KEY, "t1", b"{}", now)
+    assert not check(KEY, v1_only, *SIGNED_LINE, "t1", b"{}")     # it needs v2
+
+
+@pytest.mark.parametrize("method, path, query, task_id, body", [
+    ("POST", *SIGNED_LINE[1:], "t1", b"{}"),
+    ("GET", "/fn/report/daily", SIGNED_LINE[2], "t1", b"{}"),
+    (*SIGNED_LINE[:2], "day=2026-11-27&note=a+b%20c", "t1", b"{}"),
+    (*SIGNED_LINE[:2], "", "t1", b"{}"),
+    (*SIGNED_LINE, "t2", b"{}"),
+    (*SIGNED_LINE, "t1", b"{ }"),
+], ids=["method", "path", "query", "no-query", "task-id", "body"])
+def test_the_signature_check_example_refuses_a_tampered_call_as_signing_does(
+        method, path, query, task_id, body):
+    from zstalk.workers import signing
+    now = time.time()
+    header = signing.sign(KEY, "t1", b"{}", now, *SIGNED_LINE)
+    assert not signature_example()(KEY, header, method, path, query, task_id, body)
+    assert signing.verify(KEY, header, task_id, body, now, method=method, path=path,
+                          query=query) == signing.BAD_SIGNATURE
 
 
 def check_the_schedule_example(out: subprocess.CompletedProcess) -> None:

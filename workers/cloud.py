@@ -37,8 +37,10 @@ Errors are data on the wire and one exception here: every refusal of the API, an
 server that cannot be reached (status 0), raises TaskApiError(status, code, message);
 a batch (`enqueue_many`) answers each item on its own, so a refused item is a result
 with its status, not an exception.  With a signing key, Functions refuses (401) every
-call whose X-Zstalk-Signature does not verify (workers/signing.py); without one it
-verifies nothing.
+call whose X-Zstalk-Signature does not verify (workers/signing.py): its v2 when it has
+one, which covers the method, path and query as received, so behind a proxy that
+rewrites paths override `check_signature` to verify v1 only; without a key it verifies
+nothing.
 """
 from __future__ import annotations
 
@@ -314,12 +316,16 @@ class Functions:
         return await self.call(name, fn, params, expose)
 
     def check_signature(self, request: web.Request, body: bytes) -> str | None:
-        """None if the call may run, else why not."""
+        """None if the call may run, else why not.  The request line is checked (v2)
+        when the signature covers it: the method, and the path and query exactly as on
+        the wire (aiohttp's parser keeps them raw in rel_url; request.path is decoded)."""
         if self.signing_key is None:
             return None
+        url = request.rel_url
         return signing.verify(self.signing_key, request.headers.get(signing.HEADER),
                               request.headers.get("X-Zstalk-Task-Id", ""), body,
-                              time.time(), self.window_s)
+                              time.time(), self.window_s, method=request.method,
+                              path=url.raw_path, query=url.raw_query_string)
 
     async def call(self, name: str, fn: Callable[[Any], Any], params: Any,
                    expose: bool = False) -> web.StreamResponse:
