@@ -59,6 +59,14 @@ def test_a_version_3_batch_gets_the_ext_slots_and_no_retry_after_as_minus_one():
         (Op.T_OUTCOME, 1, "u", 2, "failure", 503, None, "HTTP 503", 7000, None)]
 
 
+@pytest.mark.parametrize("version", [V1, V2, V3])
+def test_a_dispatcher_older_than_version_4_gets_its_calls_without_the_ext(version):
+    call = (1, R.T_CALL, "u", 1, "http://fn/f", b"{}", 15000, {"result_headers": ["ETag"]})
+    replies = msgpack.unpackb(encode(Replies([call]), version))
+    assert replies == [version, 4, [[1, R.T_CALL, "u", 1, "http://fn/f", b"{}", 15000]]]
+    assert msgpack.unpackb(encode(Replies([call])))[2] == [list(call)]
+
+
 def test_a_version_3_peer_still_gets_the_stopping_handshake():
     assert msgpack.unpackb(encode(Stopping(7, False), V3)) == [V3, 8, 7, False]
 

@@ -437,3 +437,22 @@ def test_an_unreadable_gates_file_only_costs_the_saved_starts(tmp_path, caplog, 
     again = Node(tmp_path)
     assert again.replayed.gates == {}
     assert "zstalk.gates.json" in caplog.text
+
+
+def test_a_request_task_and_its_kept_headers_come_back_after_a_restart(node):
+    request = {"method": "PUT", "path": "/orders/7", "query": {"v": ["1", "2"]},
+               "headers": {"If-None-Match": '"x"'}, "body": {"base64": "AAEC"}}
+    node.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"", None, "r1", True, {"request": request}))
+    node.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"", None, "r2", True, {"request": {"path": "/x"}}))
+    [first, _] = node.subscribe(2)
+    node.report(*first[:2], "success", 200, b'{"base64":"AA=="}')
+    node.send(D1, (Op.T_OUTCOME, 1, "r2", 1, "success", 200, b'"ok"', None, -1,
+                   {"headers": {"Content-Type": "text/plain", "ETag": "e"}}))
+    again = node.restart()
+    task = again.broker.tasks.tasks["r1"]
+    assert (task.request.method, task.request.path, task.request.query) == (
+        "PUT", "/orders/7", "v=1&v=2")
+    assert task.request.headers == (("If-None-Match", '"x"'),
+                                    ("Content-Type", "application/octet-stream"))
+    assert task.params == b"\x00\x01\x02"
+    assert again.info("r2")["resultHeaders"] == {"Content-Type": "text/plain", "ETag": "e"}
