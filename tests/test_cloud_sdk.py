@@ -466,6 +466,8 @@ def test_the_async_client_does_the_same(plain) -> None:
                                                  {"function": "echo", "options": {"delay": -1}}])
             assert [r["status"] for r in results] == [201, 400]
             assert (await finished_async(client, results[0]["uniqueId"]))["result"] == "a"
+            sent = await client.enqueue_request("echo", "POST", body=["b"], level=1)
+            assert (await finished_async(client, sent["uniqueId"]))["result"] == ["b"]
             later = (await client.enqueue("echo", delay=60000, unique_id=f"a-{uid[:20]}"))
             with pytest.raises(TaskApiError) as duplicate:
                 await client.enqueue("echo", unique_id=later["uniqueId"])
@@ -509,3 +511,15 @@ def test_without_the_master_key_the_client_is_refused(signing_server) -> None:
     with pytest.raises(TaskApiError) as wrong:
         TaskClient(signing_server, master_key="wrong").enqueue("closeOrder", {"id": 1})
     assert wrong.value.status == 403
+
+
+def test_a_request_task_s_body_goes_as_base64_bytes_text_or_json() -> None:
+    from zstalk.workers.cloud import request_task_body
+    assert request_task_body("f", "PUT", "/x", body=b"\x00\xff") == {
+        "function": "f", "request": {"method": "PUT", "path": "/x", "body": {"base64": "AP8="}}}
+    assert request_task_body("f", "GET", query={"a": "1"}, headers={"Accept": "text/csv"},
+                             options={"queue_timeout": 5000}) == {
+        "function": "f", "request": {"method": "GET", "path": "", "query": {"a": "1"},
+                                     "headers": {"Accept": "text/csv"}},
+        "options": {"queueTimeout": 5000}}
+    assert request_task_body("f", "POST", body="text")["request"]["body"] == "text"

@@ -41,6 +41,9 @@ RUN_BY = {
     "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
     "# protect.toml": "test_the_limits_example_runs_as_written",
     "# limits.py": "test_the_limits_example_runs_as_written",
+    "# reports.py": "test_the_request_task_example_runs_as_written",
+    "# reports.toml": "test_the_request_task_example_runs_as_written",
+    "# report.py": "test_the_request_task_example_runs_as_written",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
@@ -210,6 +213,19 @@ def test_the_limits_example_runs_as_written(shell):
     assert 12 <= ahead <= 19 and abs(ms - ahead * 200 - 200) <= 600, last
     assert int(before.rsplit(" ", 1)[1]) <= 6, before
     assert "'rate': '5/s'" in stats and "'burst': 2" in stats, stats
+
+
+def test_the_request_task_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080, 3001)
+    for marker in ("# reports.py", "# reports.toml", "# report.py"):
+        shell.write(block(marker))
+    listening(3001, shell.start("python reports.py"))
+    listening(8080, shell.start("zstalk serve --config reports.toml"))
+    out = shell.run("python report.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("success /reports/daily,2026-11-26,text/csv "
+                                  "{'Content-Type': 'text/csv; charset=utf-8', "
+                                  "'ETag': '\"2026-11-26\"'}")
 
 
 SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")

@@ -3,11 +3,8 @@ call as it arrived (method, raw path and query, headers, body) and checks its v2
 signature; and a real broker with raw ZeroMQ dispatchers of two schema versions."""
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import os
-import threading
 import time
 from typing import NamedTuple
 
@@ -16,6 +13,7 @@ import pytest
 import zmq
 from aiohttp import web
 
+from app_thread import AppThread
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from test_tasks_end_to_end import Api
 from zstalk.protocol.schema import SCHEMA_VERSION, Op, R
@@ -35,16 +33,13 @@ class Seen(NamedTuple):
     signature: str | None       # signing.verify's verdict with v2 (None: good)
 
 
-class RequestHost:
+class RequestHost(AppThread):
     """Any method at any path under /api: recorded, then answered JSON saying what came,
     or for /api/image a PNG with an ETag."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: list[Seen] = []
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -59,24 +54,8 @@ class RequestHost:
             return web.Response(body=PNG, content_type="image/png", headers={"ETag": '"v7"'})
         return web.json_response({"method": request.method, "path": url.raw_path})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/api{tail:.*}", self.handle)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> "RequestHost":
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture

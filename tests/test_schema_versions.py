@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
-from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Batch, Op, R, Replies,
+from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Op, R, Replies,
                                     SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 

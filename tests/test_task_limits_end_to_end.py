@@ -8,13 +8,13 @@ import asyncio
 import datetime
 import json
 import math
-import threading
 import time
 import urllib.request
 
 import pytest
 from aiohttp import web
 
+from app_thread import AppThread
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
@@ -27,16 +27,14 @@ concurrency = {CONCURRENCY}
 '''
 
 
-class Host:
+class Host(AppThread):
     """The function: each call waits CALL_S; (task id, start, end) per call, and the most
     calls in flight at once."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.calls: list[tuple[str, float, float]] = []
         self.in_flight = self.most = 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
 
     async def render(self, request: web.Request) -> web.Response:
         start = time.monotonic()
@@ -48,23 +46,8 @@ class Host:
         self.calls.append((request.headers["X-Zstalk-Task-Id"], start, time.monotonic()))
         return web.json_response({"ok": True})
 
-    def run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/render", self.render)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> "Host":
-        threading.Thread(target=self.run, daemon=True).start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def post(url: str, doc) -> tuple[int, object]:

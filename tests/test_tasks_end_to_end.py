@@ -6,7 +6,6 @@ import asyncio
 import datetime
 import json
 import os
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ from typing import NamedTuple
 import pytest
 from aiohttp import web
 
+from app_thread import AppThread
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from zstalk.workers import signing
 
@@ -29,22 +29,18 @@ class Call(NamedTuple):
     at: float           # time.monotonic() when it arrived
 
 
-class FunctionHost:
-    """An aiohttp app on its own loop in a thread: the functions tasks call.
+class FunctionHost(AppThread):
+    """The functions tasks call (an aiohttp app in a thread).
 
     A call waits while its function's name or its task id is in `held` (a minute at
     most), then answers the next of `script[name]` (a dict: web.Response's arguments,
     and `sleep`, seconds to wait first), else 200 with its name and params as JSON."""
 
     def __init__(self, ssl_context=None) -> None:
-        self.ssl_context = ssl_context      # serve https:// with it
+        super().__init__(ssl_context)
         self.calls: list[Call] = []
         self.held: set[str] = set()
         self.script: dict[str, list[dict]] = {}
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     async def handle(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -63,25 +59,8 @@ class FunctionHost:
     def called(self, name: str) -> list[Call]:
         return [call for call in self.calls if call.name == name]
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/fn/{name}", self.handle)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, LOOPBACK, self.port,
-                                                 ssl_context=self.ssl_context).start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> "FunctionHost":
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ has the API; options are named as there, or in snake_case: unique_id=, keep_resu
     task = tasks.enqueue("closeOrder", {"id": 1234}, delay=1000, attempts=3)
     info = tasks.get_task_info(task["uniqueId"])     # "queued", ... "success"
     print(info.get("result"))                         # the function's return value
+    tasks.enqueue_request("report", "GET", "/daily", query={"day": "2026-11-26"})
 
 AsyncTaskClient has the same methods as coroutines, on one aiohttp ClientSession:
 
@@ -45,6 +46,7 @@ nothing.
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import inspect
 import json
@@ -82,6 +84,26 @@ class TaskApiError(Exception):
 def task_body(function: str, params: Any = None, options: dict | None = None) -> dict:
     """One task as POST /v1/tasks takes it (options by their API names or in snake_case)."""
     doc = {"function": function, "params": params}
+    if options:
+        doc["options"] = api_options(options)
+    return doc
+
+
+def request_task_body(function: str, method: str, path: str = "", query: dict | None = None,
+                      headers: dict | None = None, body: Any = None,
+                      options: dict | None = None) -> dict:
+    """A request task as POST /v1/tasks takes it: `body` bytes travel as {"base64"}, a
+    string as text, anything else as JSON (None: no body)."""
+    request: dict[str, Any] = {"method": method, "path": path}
+    if query:
+        request["query"] = query
+    if headers:
+        request["headers"] = headers
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        body = {"base64": base64.b64encode(bytes(body)).decode()}
+    if body is not None:
+        request["body"] = body
+    doc: dict[str, Any] = {"function": function, "request": request}
     if options:
         doc["options"] = api_options(options)
     return doc
@@ -146,6 +168,15 @@ class TaskClient:
         `options` by their API names or in snake_case (`level=2`, `queue_timeout=60000`)."""
         return self._request("POST", TASKS, task_body(function, params, options))
 
+    def enqueue_request(self, function: str, method: str, path: str = "", *,
+                        query: dict | None = None, headers: dict | None = None,
+                        body: Any = None, **options) -> dict:
+        """A request task (the master key): `method` to the function's URL + `path`, with
+        `query`, `headers` (the allowed ones) and `body` (bytes, text or JSON); the 201
+        body as `enqueue`'s."""
+        return self._request("POST", TASKS, request_task_body(
+            function, method, path, query, headers, body, options))
+
     def function_stats(self, name: str) -> dict:
         """A function's queue, limits and pause (GET /v1/functions/{name}: the master key)."""
         return self._request("GET", function_path(name))
@@ -197,6 +228,12 @@ class AsyncTaskClient:
 
     async def enqueue(self, function: str, params: Any = None, **options) -> dict:
         return await self._request("POST", TASKS, task_body(function, params, options))
+
+    async def enqueue_request(self, function: str, method: str, path: str = "", *,
+                              query: dict | None = None, headers: dict | None = None,
+                              body: Any = None, **options) -> dict:
+        return await self._request("POST", TASKS, request_task_body(
+            function, method, path, query, headers, body, options))
 
     async def enqueue_many(self, tasks: list[dict]) -> list[dict]:
         return await self._request("POST", TASKS, tasks)

@@ -20,6 +20,7 @@ from ...broker import VERSION
 from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
                                         MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, QUEUE_TIMEOUT,
                                         STATUSES, UNIQUE_ID)
+from ...broker.core.tasks import requests
 from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
 from .http_api import MAX_BATCH, PAGE_LIMIT
 
@@ -132,10 +133,41 @@ def task_request() -> dict:
                                         "configured is a 404."},
             "params": {"description": "Any JSON value: the body POSTed to the function "
                                       "(default null)."},
+            "request": _ref("CallRequest"),
             "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}]},
         },
+        "not": {"required": ["params", "request"]},
         "examples": [{"function": "closeOrder", "params": {"id": 1234},
-                      "options": {"delay": 600000, "attempts": 10, "backoff": 10000}}],
+                      "options": {"delay": 600000, "attempts": 10, "backoff": 10000}},
+                     {"function": "report", "request": {
+                         "method": "GET", "path": "/daily", "query": {"day": "2026-11-26"},
+                         "headers": {"Accept": "application/pdf"}}}],
+    }
+
+
+def call_request() -> dict:
+    strings = {"type": "array", "items": {"type": "string"}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "A request task's call, in place of params (the master key only): "
+                       "sent to the function's URL with `path` appended. The path may not "
+                       "hold '..', '//', '\\', a percent-encoded '.' or '/', a line break, "
+                       "'?' or '#', nor characters RFC 3986 does not allow in a path.",
+        "properties": {
+            "method": {"type": "string", "enum": list(requests.METHODS), "default": "POST"},
+            "path": {"type": "string", "default": "",
+                     "pattern": r"^(/[A-Za-z0-9\-._~!$&'()*+,;=:@%]*)*$"},
+            "query": {"type": "object", "additionalProperties": {
+                "oneOf": [{"type": "string"}, strings]},
+                "description": "Sent in the order given, percent-encoded."},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"},
+                        "description": "Only " + ", ".join(requests.SAFE_HEADERS) + ", and "
+                                       "those the function's request_headers lists."},
+            "body": {"description": "null (no body), a string (text), {\"base64\": "
+                                    "\"...\"} (bytes) or any other JSON value (sent as "
+                                    "JSON)."},
+        },
     }
 
 
@@ -174,8 +206,13 @@ def task_info() -> dict:
                                         "`attempts`; `maxCalls` is one more)."},
             "statusCode": {"type": "integer",
                            "description": "The HTTP status of the latest call's response."},
-            "result": {"description": "The function's response: its JSON value, or its text "
-                                      "when it is not JSON."},
+            "result": {"description": "The function's response: its JSON value, its text "
+                                      "when it is text, or {\"base64\": \"...\"} when it "
+                                      "is bytes (resultHeaders has its Content-Type)."},
+            "resultHeaders": {"type": "object", "additionalProperties": {"type": "string"},
+                              "description": "The response headers kept: Content-Type and "
+                                             "those the function's result_headers lists "
+                                             "(request tasks, such functions, and bytes)."},
             "error": {"type": "string", "description": "Why the latest call failed."},
             "waitNum": {"type": "integer", "minimum": 0,
                         "description": "Tasks of its function due before it (queued only)."},
@@ -188,11 +225,11 @@ def task_info() -> dict:
 
 def _wait_time() -> dict:
     return {"type": "integer", "minimum": 0,
-            "description": "About how many ms until it starts (queued only): the later of "
-                           "what its function's rate allows for the tasks ahead of it and "
-                           "what its concurrency does at the last minute's mean call "
-                           "duration, plus its delay. Absent with no rate and no calls "
-                           "in the last minute to go by."}
+            "description": "About how many ms until it starts (queued only): the latest of "
+                           "its delay, what its function's rate allows for the tasks ahead "
+                           "of it and what its concurrency does at the last minute's mean "
+                           "call duration. Absent with no delay, no rate and no calls in "
+                           "the last minute to go by."}
 
 
 def enqueued() -> dict:
@@ -572,7 +609,8 @@ def document() -> dict:
             PATH: {"get": openapi()},
         },
         "components": {
-            "schemas": {"TaskRequest": task_request(), "TaskOptions": task_options(),
+            "schemas": {"TaskRequest": task_request(), "CallRequest": call_request(),
+                        "TaskOptions": task_options(),
                         "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
                         "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
                         "ScheduleRequest": schedule_request(), "Schedule": schedule(),
