@@ -159,6 +159,13 @@ def test_a_bad_request_is_refused_with_a_400_naming_it_and_nothing_is_called(
     assert host.seen == []
 
 
+def test_a_null_params_beside_a_request_is_no_params(api, host):
+    code, body = api.request("POST", "/v1/tasks", {"function": "api", "params": None,
+                                                    "request": {"method": "DELETE"}})
+    assert code == 201, body
+    assert api.wait_status(body["uniqueId"], "success")["result"]["method"] == "DELETE"
+
+
 def test_without_the_master_key_no_request_is_taken(api, host):
     api.key = None
     code, body = enqueue(api, {"method": "GET"})

@@ -131,7 +131,7 @@ def parse_task(doc: Any) -> Enqueue | Problem:
         return refuse(400, f"options must be an object, not {_json_type(options)}")
     request = doc.get("request")
     if request is not None:
-        if "params" in doc:
+        if doc.get("params") is not None:
             return refuse(400, "a task has params or a request, not both")
         if not isinstance(request, dict):
             return refuse(400, f"request must be an object, not {_json_type(request)}")

@@ -136,7 +136,9 @@ def task_request() -> dict:
             "request": _ref("CallRequest"),
             "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}]},
         },
-        "not": {"required": ["params", "request"]},
+        # params or a request, not both (a null params beside a request is none)
+        "not": {"required": ["params", "request"],
+                "properties": {"params": {"not": {"type": "null"}}}},
         "examples": [{"function": "closeOrder", "params": {"id": 1234},
                       "options": {"delay": 600000, "attempts": 10, "backoff": 10000}},
                      {"function": "report", "request": {
