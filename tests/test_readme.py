@@ -44,6 +44,8 @@ RUN_BY = {
     "# reports.py": "test_the_request_task_example_runs_as_written",
     "# reports.toml": "test_the_request_task_example_runs_as_written",
     "# report.py": "test_the_request_task_example_runs_as_written",
+    "# shared.toml": "test_the_function_counter_example_runs_as_written",
+    "# batch.py": "test_the_function_counter_example_runs_as_written",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
@@ -226,6 +228,16 @@ def test_the_request_task_example_runs_as_written(shell):
     assert out.stdout.strip() == ("success /reports/daily,2026-11-26,text/csv "
                                   "{'Content-Type': 'text/csv; charset=utf-8', "
                                   "'ETag': '\"2026-11-26\"'}")
+
+
+def test_the_function_counter_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080)
+    for marker in ("# shared.toml", "# batch.py"):
+        shell.write(block(marker))
+    listening(8080, shell.start("zstalk serve --config shared.toml"))
+    out = shell.run("python batch.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["in use: 1 held by counters: 1", "in use after: 0"]
 
 
 SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")

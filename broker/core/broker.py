@@ -141,6 +141,7 @@ class Broker:
         tasks.wal = schedules.wal = wal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
         self.scheduling = ScheduleCommands(schedules, self.tasking, wal)
+        self.counting.functions = self.tasking      # fn:NAME counters (core/counters.py)
         admission.holders = (self.beanstalk, tasks, schedules)
         #: the session owner of each family (Session.family) and of each front kind
         self._families = (self.beanstalk, self.counting, self.tasking)

@@ -17,6 +17,15 @@ clock.
 One deliberate difference from yrmcds: its u32 arithmetic lets Acquire 0xFFFFFFFF of
 0xFFFFFFFF succeed on a counter at 1 and wrap it to 0; here the sum is checked exactly,
 so that Acquire is refused with 0x21.
+
+A function's concurrency is a counter too: while the config names functions, `fn:NAME`
+is function NAME's slots in use (its calls in flight and what counter clients hold).
+Get and Dump show it; Acquire takes slots against its configured concurrency (the
+client's maximum is ignored) and queues nothing; Release, or the connection closing,
+gives them back and a waiting task starts at once.  Those names are then reserved: an
+fn: name that is no function is refused with 0x04 (yrmcds' answer to a bad name).  The
+component asks the tasks component (`functions`, wired by the broker) for all of it;
+without functions configured fn: names are ordinary counters.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ from typing import Callable
 from ...protocol.schema import Op, R
 
 NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
+FN = b"fn:"                 # a function's concurrency, while functions are configured
 U32_MAX = 0xFFFFFFFF
 DEFAULT_STAT_INTERVAL_S = 86400
 OBJECT_OVERHEAD_BYTES = 64      # per object beside its name (yrmcds gc.cpp, amd64)
@@ -193,6 +203,7 @@ class CounterCommands:
         self.wall_offset = wall_offset      # wall clock = now + offset (intervals)
         self.store = Counters(now + wall_offset, stat_interval_s)
         self.refuse_acquire_until = refuse_acquire_until
+        self.functions = None       # the tasks component (tasks/commands.py), for fn:NAME
 
     def handlers(self) -> dict:
         return {Op.C_NOOP: self.c_noop, Op.C_GET: self.c_get, Op.C_ACQUIRE: self.c_acquire,
@@ -209,14 +220,41 @@ class CounterCommands:
 
     def close(self, s: CounterSession, now: float) -> None:
         """A connection went away: everything it holds goes back."""
+        self._unhold_functions(s, now)
         self.store.release_all(s.holds, self.wall(now))
         self.store.curr_connections -= 1
 
     def restore(self, front, s: CounterSession | None, st, now: float) -> CounterSession:
         """A re-registered connection: what it holds is known exactly by its front."""
         s = s or self.open(front, st.conn)
-        self.store.restore(s.holds, st.holds, self.wall(now))
+        self._unhold_functions(s, now)
+        functions = [(n, c) for n, c in st.holds if self._function(n) not in (None, False)]
+        self.store.restore(s.holds, [h for h in st.holds if h not in functions], self.wall(now))
+        for name, count in functions:
+            self.functions.rehold(self._function(name), count)
+            s.holds[name] = s.holds.get(name, 0) + count
         return s
+
+    def _function(self, name) -> str | bool | None:
+        """For an fn: name while functions are configured, the function it names, or
+        False when it names none (a reserved name); None for an ordinary counter."""
+        functions = self.functions
+        if functions is None or not name.startswith(FN) or not functions.counted():
+            return None
+        try:
+            function = name[len(FN):].decode()
+        except UnicodeDecodeError:
+            return False
+        return function if functions.is_function(function) else False
+
+    def _unhold_functions(self, s: CounterSession, now: float) -> None:
+        """Give back the function slots `s` holds (an fn: name not in the counter table;
+        one that is was taken before functions were configured: an ordinary counter)."""
+        for name in [n for n in s.holds if n.startswith(FN) and n not in self.store.table]:
+            if self.functions is not None:
+                self.functions.unhold(name[len(FN):].decode("utf-8", "replace"),
+                                      s.holds[name], now)
+            del s.holds[name]
 
     def refuse_acquire_while_fronts_return(self, until: float) -> None:
         """A front of an earlier broker came back: others may still be on their way."""
@@ -227,7 +265,10 @@ class CounterCommands:
         return self.store.next_gc() - self.wall_offset
 
     def expire(self, now: float) -> None:
+        collected = self.store.gc_count
         self.store.expire(self.wall(now))
+        if self.store.gc_count != collected and self.functions is not None:
+            self.functions.reset_peaks()        # a new interval for fn: counters too
 
     # -- ops -----------------------------------------------------------------------------
     def _counted(self, name: str) -> None:
@@ -241,6 +282,11 @@ class CounterCommands:
         self._counted("get")
         if not _is_name(op[2]):
             return (s.conn, R.C_ERROR, INVALID)
+        function = self._function(op[2])
+        if function is False:
+            return (s.conn, R.C_ERROR, INVALID)
+        if function is not None:
+            return (s.conn, R.C_OK, self.functions.in_use(function))
         return (s.conn, *self.store.get(op[2]))
 
     def c_acquire(self, s, op, now):
@@ -248,8 +294,16 @@ class CounterCommands:
         _, conn, name, resources, maximum = op
         if not (_is_name(name) and 0 < resources <= maximum <= U32_MAX):
             return (conn, R.C_ERROR, INVALID)        # what yrmcds' request::parse refuses
+        function = self._function(name)
+        if function is False:
+            return (conn, R.C_ERROR, INVALID)
         if now < self.refuse_acquire_until:
             return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)    # fail closed while recovering
+        if function is not None:
+            if not self.functions.hold(function, resources):
+                return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)
+            s.holds[name] = s.holds.get(name, 0) + resources
+            return (conn, R.C_OK, resources)
         return (conn, *self.store.acquire(s.holds, name, resources, maximum, self.wall(now)))
 
     def c_release(self, s, op, now):
@@ -257,6 +311,19 @@ class CounterCommands:
         _, conn, name, resources = op
         if not (_is_name(name) and 0 <= resources <= U32_MAX):
             return (conn, R.C_ERROR, INVALID)
+        function = self._function(name)
+        if function is False:
+            return (conn, R.C_ERROR, INVALID)
+        if function is not None:
+            held = s.holds.get(name, 0)
+            if not held or resources > held:
+                return (conn, R.C_ERROR, NOT_ACQUIRED)
+            if held == resources:
+                del s.holds[name]
+            else:
+                s.holds[name] = held - resources
+            self.functions.unhold(function, resources, now)
+            return (conn, R.C_OK, None)
         return (conn, *self.store.release(s.holds, name, resources, self.wall(now)))
 
     def c_stats(self, s, op, now):
@@ -265,7 +332,11 @@ class CounterCommands:
 
     def c_dump(self, s, op, now):
         self._counted("dump")
-        return (s.conn, R.C_DUMP, self.store.dump(self.wall(now)))
+        dump = self.store.dump(self.wall(now))
+        if self.functions is not None and self.functions.counted():
+            dump += [(FN + name.encode(), used, peak)
+                     for name, used, peak in self.functions.slots_dump()]
+        return (s.conn, R.C_DUMP, dump)
 
 
 def _is_name(name) -> bool:

@@ -540,6 +540,9 @@ def function_stats() -> dict:
             "queued": {**count, "description": "Tasks queued: due and delayed."},
             "due": count, "delayed": count,
             "running": {**count, "description": "Calls in flight."},
+            "heldByCounters": {**count, "description": "Slots counter clients hold as the "
+                                                    "counter fn:NAME (absent: none); they "
+                                                    "count against concurrency too."},
             "concurrency": {"type": "integer", "minimum": 1},
             "oldestQueuedAgeMs": {**count, "description": "How long its oldest queued task "
                                                        "has been waiting since createdAt."},

@@ -210,6 +210,39 @@ class TaskCommands:
         self.feed(now)
         return noted
 
+    # -- fn:NAME, a function's concurrency as a counter (core/counters.py asks) ----------
+    def counted(self) -> bool:
+        """Whether functions are configured (then the counter names fn:* are theirs)."""
+        return bool(self.store.functions) or self.store.base is not None
+
+    def is_function(self, name: str) -> bool:
+        return self.store.function(name) is not None
+
+    def in_use(self, name: str) -> int:
+        return self.store.in_use(name)
+
+    def hold(self, name: str, slots: int) -> bool:
+        return self.store.hold(name, slots)
+
+    def rehold(self, name: str, slots: int) -> None:
+        self.store.rehold(name, slots)
+
+    def unhold(self, name: str, slots: int, now: float) -> None:
+        self.store.unhold(name, slots, now)
+        self.feed(now)              # a task waiting for the slot is handed out at once
+
+    def slots_dump(self) -> list[tuple[str, int, int]]:
+        """(function, in use, most in use this interval) of the configured functions and
+        those in use."""
+        store = self.store
+        names = sorted({*store.functions, *store.running, *store.held})
+        return [(n, store.in_use(n), max(store.peaks.get(n, 0), store.in_use(n)))
+                for n in names]
+
+    def reset_peaks(self) -> None:
+        """A new counter interval: the most in use starts from what is in use now."""
+        self.store.peaks = {}
+
     def feed(self, now: float) -> None:
         """Hand due tasks to dispatchers with free slots, one each in turn; one that got
         a call goes to the back, so calls spread over dispatchers."""

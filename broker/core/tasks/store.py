@@ -230,10 +230,12 @@ class Tasks:
         self.tasks: dict[str, Task] = {}
         self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
         self.by_key: dict[tuple, Task] = {}
-        # function -> what counts against its concurrency: the calls in flight (and, in
-        # later issues, calls being moved to another server, admitted online tasks and
-        # slots held by counter clients)
+        # function -> its calls in flight; with `held`, the slots counter clients hold
+        # (fn:NAME), what counts against its concurrency (`in_use`); later issues add
+        # calls being moved to another server and admitted online tasks
         self.running: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.peaks: dict[str, int] = {}     # most in use since the counters' interval began
         # limits (limits.py): each function's gate, and the candidates take() looks at
         self.gates: dict[str, Gate] = {}
         self.recent: dict[str, Recent] = {}
@@ -410,7 +412,7 @@ class Tasks:
         (a function at its concurrency is offered again when a call ends)."""
         ready = self.ready.get(name)
         spec = self.specs.get(name)
-        if not ready or spec is None or self.running.get(name, 0) >= spec.concurrency:
+        if not ready or spec is None or self.in_use(name) >= spec.concurrency:
             return
         gate = self.gates.get(name)
         opens = gate.opens_at() if gate is not None else 0.0
@@ -426,10 +428,46 @@ class Tasks:
 
     def _may_start(self, name: str, now: float) -> bool:
         spec = self.specs.get(name)
-        if spec is None or self.running.get(name, 0) >= spec.concurrency:
+        if spec is None or self.in_use(name) >= spec.concurrency:
             return False
         gate = self.gates.get(name)
         return gate is None or gate.opens_at() <= now
+
+    # -- concurrency -----------------------------------------------------------------------
+    def in_use(self, name: str) -> int:
+        """What counts against a function's concurrency: its calls in flight and the
+        slots counter clients hold (fn:NAME, counters.py)."""
+        used = self.running.get(name, 0)
+        return used + self.held.get(name, 0) if self.held else used
+
+    def hold(self, name: str, slots: int) -> bool:
+        """A counter client takes `slots` of function `name` (Acquire on fn:NAME): all of
+        them if its concurrency has room, else none (nothing waits)."""
+        spec = self.specs.get(name) or self.function(name)
+        if spec is None or self.in_use(name) + slots > spec.concurrency:
+            return False
+        self.rehold(name, slots)
+        return True
+
+    def rehold(self, name: str, slots: int) -> None:
+        """Slots a counter client holds, unchecked (its front re-registered them)."""
+        self.held[name] = self.held.get(name, 0) + slots
+        self._peak(name)
+
+    def unhold(self, name: str, slots: int, now: float) -> None:
+        """A counter client gave `slots` back (Release, or its connection closed): a task
+        waiting for one may start now."""
+        left = self.held.get(name, 0) - slots
+        if left > 0:
+            self.held[name] = left
+        else:
+            self.held.pop(name, None)
+        self._offer(name, now)
+
+    def _peak(self, name: str) -> None:
+        used = self.in_use(name)
+        if used > self.peaks.get(name, 0):
+            self.peaks[name] = used
 
     # -- looking -------------------------------------------------------------------------
     def wait_num(self, task: Task) -> int:
@@ -488,6 +526,7 @@ class Tasks:
         task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
         self.calls.add((task.deadline, task.seq))
         self.running[task.function] = self.running.get(task.function, 0) + 1
+        self._peak(task.function)
         if self.wal is not None:
             self.wal.log_task_state(task)
         self._offer(name, now)                  # its next head, if it may go on

@@ -12,7 +12,9 @@ bounds, each on its own a time the task cannot start before:
   k x T after the opening at the earliest;
 * its function's concurrency: with `free` slots now and c in all, the k tasks ahead take
   the free slots and then ceil((k + 1 - free) / c) rounds of the last minute's mean call
-  duration (limits.Recent): a rough bound, since calls end at spread-out times.
+  duration (limits.Recent): a rough bound, since calls end at spread-out times.  Slots
+  counter clients hold (fn:NAME) are not free, and do not turn over with the calls: c
+  is then the slots they leave (at least one).
 
 A bound with no basis (no rate and no pause, no call in the last minute) is left out;
 with none at all there is no estimate (None: the API leaves the field out).  The bounds
@@ -99,9 +101,10 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
     recent = store.recent.get(name)
     mean = recent.mean_s(now) if recent is not None else None
     if mean is not None:
-        free = max(0, spec.concurrency - store.running.get(name, 0))
+        free = max(0, spec.concurrency - store.in_use(name))
+        turning = max(1, spec.concurrency - store.held.get(name, 0))   # (holds do not end)
         bounds.append(0.0 if ahead < free else
-                      math.ceil((ahead + 1 - free) / spec.concurrency) * mean)
+                      math.ceil((ahead + 1 - free) / turning) * mean)
     if len(bounds) == 1 and due <= now:
         return None                     # nothing to go by
     return max(0.0, *bounds)
@@ -124,6 +127,8 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
         "running": store.running.get(name, 0),
         "oldestQueuedAgeMs": 0 if oldest is None else max(0, round(
             (now - store.by_seq[oldest].created) * 1000))}
+    if store.held.get(name):
+        out["heldByCounters"] = store.held[name]
     if spec is None:
         return out
     out["concurrency"] = spec.concurrency
