@@ -44,19 +44,27 @@ import tomllib
 from typing import Any, NamedTuple
 
 from .core.tasks import requests
+from .core.upstreams import ServerSpec, UpstreamSpec, validate
 from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause", "request_headers",
-               "result_headers"}
+               "result_headers", "next_upstream", "connect_timeout"}
 _DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
-                 "max_timeout", "max_result", *_LIMIT_KEYS}
+                 "max_timeout", "max_result", "upstream", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep it sane
 DEFAULT_SIZE = 1 << 20
-_FUNCTION_KEYS = {"url", "concurrency", "timeout", "max_timeout", *_LIMIT_KEYS}
+_FUNCTION_KEYS = {"url", "upstream", "path", "concurrency", "timeout", "max_timeout",
+                  *_LIMIT_KEYS}
+_UPSTREAM_KEYS = {"balance", "key", "consistent", "two", "servers"}
+_SERVER_KEYS = {"url", "weight", "max_fails", "fail_timeout", "max_conns", "backup", "down"}
+#: what may count as a server's failure (nginx's proxy_next_upstream, less what needs a
+#: second try: non_idempotent, invalid_header, off)
+NEXT_UPSTREAM = ("error", "timeout", "http_500", "http_502", "http_503", "http_504",
+                 "http_403", "http_404", "http_429")
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
 _PER_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -70,6 +78,7 @@ class TaskConfig(NamedTuple):
     named: tuple[FunctionSpec, ...] = ()
     base: FunctionSpec | None = None     # the template for names under base_url
     api: ApiPolicy = ApiPolicy()
+    upstreams: tuple[UpstreamSpec, ...] = ()
     max_result_bytes: int = DEFAULT_SIZE
     max_body_bytes: int = DEFAULT_SIZE
     warnings: tuple[str, ...] = ()       # said at start and on SIGHUP; nothing refused
@@ -83,9 +92,10 @@ def load(path: str) -> TaskConfig:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    unknown = sorted(set(doc) - {"functions", "api"})
+    unknown = sorted(set(doc) - {"functions", "api", "upstreams"})
     if unknown:
-        raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: [api], [functions])")
+        raise ConfigError(f"{path}: unknown table [{unknown[0]}] "
+                          "(known: [api], [functions], [upstreams])")
     table = doc.get("api", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [api] must be a table")
@@ -95,16 +105,24 @@ def load(path: str) -> TaskConfig:
         if type(value) is not bool:
             raise ConfigError(f"{path}: [api] {key} must be true or false")
     max_body = size_bytes(table.get("max_body", DEFAULT_SIZE), f"{path}: [api] max_body")
-    return functions(doc.get("functions", {}), path)._replace(
-        api=ApiPolicy(**flags), max_body_bytes=max_body)
+    upstreams = _upstreams(doc.get("upstreams", {}), path)
+    return functions(doc.get("functions", {}), path, upstreams)._replace(
+        api=ApiPolicy(**flags), max_body_bytes=max_body, upstreams=tuple(upstreams.values()))
 
 
-def functions(table: Any, path: str = "config") -> TaskConfig:
+def functions(table: Any, path: str = "config", upstreams: dict | None = None) -> TaskConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [functions] must be a table")
     where = f"{path}: [functions]"
+    upstreams = upstreams or {}
     defaults = {k: v for k, v in table.items() if not isinstance(v, dict)}
     _no_unknown(defaults, _DEFAULT_KEYS, where)
+    if "upstream" in defaults:
+        if "base_url" in defaults:
+            raise ConfigError(f"{where}: base_url and upstream exclude each other")
+        _upstream_name(defaults["upstream"], upstreams, f"{where}: upstream")
+        # every name F calls path /F on the upstream, as under base_url
+        defaults = {**defaults, "base_url": _UPSTREAM_BASE}
     base_url = defaults.get("base_url")
     spec_keys = {k: v for k, v in defaults.items() if k not in ("functions", "base_url_any")}
     template = _spec("", {**spec_keys, "url": base_url or "http://unset"}, where)
@@ -113,7 +131,12 @@ def functions(table: Any, path: str = "config") -> TaskConfig:
     named = {name: _named(name, entry, spec_keys, base_url, f"{path}: [functions.{name}]")
              for name, entry in tables.items()}
     for name in listed:
-        named.setdefault(name, template._replace(name=name, url=_under(base_url, name)))
+        named.setdefault(name, template._replace(name=name, path=f"/{name}")
+                         if template.upstream else
+                         template._replace(name=name, url=_under(base_url, name)))
+    for spec in named.values():
+        if spec.upstream is not None:
+            _upstream_name(spec.upstream, upstreams, f"{path}: [functions.{spec.name}] upstream")
     any_name = defaults.get("base_url_any")
     if any_name is not None and (type(any_name) is not bool or base_url is None):
         raise ConfigError(f"{where}: base_url_any is true or false, and only with base_url")
@@ -131,8 +154,15 @@ def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
         raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : - "
                           "(not starting with a dot)")
     _no_unknown(entry, _FUNCTION_KEYS, where)
-    if "url" not in entry and base_url is None:
-        raise ConfigError(f"{where}: url is missing (or give [functions] base_url)")
+    if "url" in entry and "upstream" in entry:
+        raise ConfigError(f"{where}: url and upstream exclude each other")
+    if "path" in entry and "upstream" not in entry and defaults.get("upstream") is None:
+        raise ConfigError(f"{where}: path is for functions on an upstream (give upstream)")
+    if "url" in entry:          # (its own url, whatever [functions] says)
+        defaults = {k: v for k, v in defaults.items() if k != "upstream"}
+    if "url" not in entry and "upstream" not in entry and base_url is None:
+        raise ConfigError(f"{where}: url is missing (or give [functions] base_url, or "
+                          "an upstream)")
     return _spec(name, {**defaults, "url": _under(base_url, name), **entry}, where)
 
 
@@ -150,6 +180,58 @@ def _under(base_url: str | None, name: str) -> str | None:
     return None if base_url is None else f"{base_url.rstrip('/')}/{name}"
 
 
+#: the base_url a [functions] upstream stands for while the names are read (never called)
+_UPSTREAM_BASE = "http://upstream"
+
+
+def _upstream_name(name: Any, upstreams: dict, where: str) -> str:
+    if name not in upstreams:
+        known = ", ".join(sorted(upstreams)) or "none"
+        raise ConfigError(f"{where}: no [upstreams.{name}] (upstreams: {known})")
+    return name
+
+
+def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
+    """[upstreams.NAME] tables, each checked as nginx checks an upstream block."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [upstreams] must hold [upstreams.NAME] tables")
+    out = {}
+    for name, entry in table.items():
+        where = f"{path}: [upstreams.{name}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table")
+        if "rate" in entry or "concurrency" in entry:
+            raise ConfigError(f"{where}: rate and concurrency on an upstream are not "
+                              "supported yet: set them on its functions")
+        _no_unknown(entry, _UPSTREAM_KEYS, where)
+        servers = entry.get("servers")
+        if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
+            raise ConfigError(f"{where}: servers must be a list of server tables "
+                              "({ url = \"http://10.0.0.1:8000\", weight = 5 })")
+        spec = UpstreamSpec(name, tuple(_server(s, f"{where} servers[{i}]")
+                                        for i, s in enumerate(servers)),
+                            entry.get("balance", "round_robin"), entry.get("key"),
+                            entry.get("consistent", False), entry.get("two", False))
+        errors = validate(spec)
+        if errors:
+            raise ConfigError(f"{where} {errors[0]}")
+        key = spec.key
+        if key is not None and key not in ("uniqueId", "clientIp") and not (
+                key.startswith("params.") and len(key) > len("params.")):
+            raise ConfigError(f"{where} key: uniqueId, clientIp or params.NAME, not {key!r}")
+        out[name] = spec
+    return out
+
+
+def _server(entry: dict, where: str) -> ServerSpec:
+    _no_unknown(entry, _SERVER_KEYS, where)
+    fail_timeout = entry.get("fail_timeout", "10s")
+    seconds = duration_ms(fail_timeout, f"{where}: fail_timeout") / 1000
+    return ServerSpec(entry.get("url"), entry.get("weight", 1), entry.get("max_fails", 1),
+                      seconds, entry.get("max_conns", 0), entry.get("backup", False),
+                      entry.get("down", False))
+
+
 def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:
     """A file that called any name under base_url before 0.2 and now calls only its tables'."""
     if base_url is None or not tables or "base_url_any" in defaults:
@@ -165,7 +247,8 @@ def core_fields(fns: TaskConfig | None) -> dict:
     if fns is None:
         return {}
     return {"functions": fns.named, "base_function": fns.base, "api": fns.api,
-            "max_body_bytes": fns.max_body_bytes, "max_result_bytes": fns.max_result_bytes}
+            "max_body_bytes": fns.max_body_bytes, "max_result_bytes": fns.max_result_bytes,
+            "upstreams": fns.upstreams}
 
 
 def _no_unknown(entry: dict, known: set, where: str) -> None:
@@ -175,8 +258,16 @@ def _no_unknown(entry: dict, known: set, where: str) -> None:
 
 
 def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
-    url = entry["url"]
-    if not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
+    upstream = entry.get("upstream")
+    url, path = entry["url"], ""
+    if upstream is not None:
+        url = ""                        # the server the broker picks for each call
+        path = entry.get("path", f"/{name}")
+        problem = requests.path_problem(path) if isinstance(path, str) else "not a string"
+        if problem or not path:
+            raise ConfigError(f"{where}: path must be a URL path like \"/generate\" "
+                              f"({problem or 'empty'})")
+    elif not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
         raise ConfigError(f"{where}: url must be an http:// or https:// URL, not {url!r}")
     concurrency = entry.get("concurrency", 1)
     if type(concurrency) is not int or not 1 <= concurrency <= 100_000:
@@ -199,8 +290,13 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                                     requests.header_problem)
     result_headers = _header_names(entry.get("result_headers", []), f"{where}: result_headers",
                                    _token_problem)
+    next_upstream = entry.get("next_upstream", ["error", "timeout"])
+    if not isinstance(next_upstream, list) or not set(next_upstream) <= set(NEXT_UPSTREAM):
+        raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
+    connect_ms = duration_ms(entry.get("connect_timeout", "5s"), f"{where}: connect_timeout")
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
-                        burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers)
+                        burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
+                        upstream, path, frozenset(next_upstream), max(connect_ms, 1))
 
 
 def _header_names(value: Any, where: str, problem) -> tuple[str, ...]:

@@ -85,7 +85,7 @@ def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_pat
 
 @pytest.mark.parametrize("text, message", [
     ('[functions.f]\nurl = "ftp://x"', "url must be an http:// or https:// URL"),
-    ('[functions.f]\nconcurrency = 2', "url is missing (or give [functions] base_url)"),
+    ('[functions.f]\nconcurrency = 2', "url is missing (or give [functions] base_url, or an upstream)"),
     ('[functions]\nfunctions = ["a"]', "functions lists names under base_url: give base_url"),
     ('[functions]\nbase_url = "http://h"\nfunctions = "a"', "functions is a list of function names"),
     ('[functions]\nbase_url_any = true', "base_url_any is true or false, and only with base_url"),

@@ -233,16 +233,23 @@ class Dispatcher(LinkOwner):
 
     async def _call(self, uid: str, attempt: int, url: str, params: bytes,
                     timeout_ms: int, call: "Call") -> Outcome:
-        """The call's outcome; only errors no outcome describes are raised."""
+        """The call's outcome; only errors no outcome describes are raised.  A failure
+        says how (T_OUTCOME's ext): "error" or "timeout", and whether the request was
+        sent whole (an upstream's server is judged by it: broker/core/tasks)."""
         try:
             return await self._send(uid, attempt, url, params, timeout_ms, call)
+        except aiohttp.ConnectionTimeoutError:
+            return Outcome(FAILURE, error=f"could not connect to {url} within "
+                           f"{call.connect_timeout_ms} ms", ext=_FAILED_UNSENT_TIMEOUT)
         except _NOT_SENT as exc:
-            return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}")
+            return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}",
+                           ext=_FAILED_UNSENT)
         except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
-            return Outcome(UNKNOWN, error=f"no answer from {url} within {timeout_ms} ms")
+            return Outcome(UNKNOWN, error=f"no answer from {url} within {timeout_ms} ms",
+                           ext=_TIMED_OUT)
         except aiohttp.ClientError as exc:
             return Outcome(UNKNOWN, error=f"the connection to {url} failed after the "
-                                          f"request was sent: {_say(exc)}")
+                                          f"request was sent: {_say(exc)}", ext=_BROKE)
 
     async def _send(self, uid: str, attempt: int, url: str, params: bytes,
                     timeout_ms: int, call: "Call") -> Outcome:
@@ -257,7 +264,9 @@ class Dispatcher(LinkOwner):
                 target.raw_query_string)
         if self.link.settings.private_results:      # only the key reads task info: the
             headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
-        timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_ms / 1000, sock_connect=call.connect_timeout_ms / 1000
+            if call.connect_timeout_ms else None)
         async with self._session().request(
                 call.method, target, data=params or None,
                 headers=headers, timeout=timeout, allow_redirects=False) as resp:
@@ -297,21 +306,29 @@ class Call(NamedTuple):
     headers: tuple = ()             # a request task's, [name, value] pairs
     request: bool = False           # a request task: send method, URL and headers as given
     keep: tuple = ()                # response headers the task keeps (resultHeaders)
+    connect_timeout_ms: int = 0     # a call to an upstream's server (0: the total only)
 
     @classmethod
     def of(cls, ext) -> "Call":
         if not isinstance(ext, dict):
             return PLAIN
         keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
+        connect = ext.get("connect_timeout_ms")
+        connect = connect if type(connect) is int and connect > 0 else 0
         method = ext.get("method")
         if not isinstance(method, str):
-            return cls(keep=keep)
+            return cls(keep=keep, connect_timeout_ms=connect)
         headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
                         if isinstance(h, list) and len(h) == 2)
-        return cls(method, headers, True, keep)
+        return cls(method, headers, True, keep, connect)
 
 
 PLAIN = Call()
+#: how a call failed, for the broker's view of an upstream's servers (T_OUTCOME's ext)
+_FAILED_UNSENT = {"failure": "error", "sent": False}
+_FAILED_UNSENT_TIMEOUT = {"failure": "timeout", "sent": False}
+_TIMED_OUT = {"failure": "timeout", "sent": True}
+_BROKE = {"failure": "error", "sent": True}
 
 
 def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None) -> dict | None:

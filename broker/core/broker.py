@@ -76,6 +76,7 @@ class Config(NamedTuple):
     stat_interval_s: int = 86400      # counters: zero counters are collected at these boundaries
     recovering: bool = False          # started again after a crash: refuse Acquire for a grace period
     functions: tuple = ()             # cloud tasks: the FunctionSpecs of the config file
+    upstreams: tuple = ()             # ... and its upstream groups (core/upstreams)
     base_function: FunctionSpec | None = None     # any other name, under the base URL
     api: ApiPolicy = ApiPolicy()      # what a request without the master key may do
     max_body_bytes: int = 1 << 20     # HTTP fronts: a request body (Settings)
@@ -136,7 +137,7 @@ class Broker:
         self.counting = CounterCommands(now, self.wall_offset, config.stat_interval_s,
                                         now + RECOVERY_GRACE_S if config.recovering else 0.0)
         tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
-                      base=config.base_function, started_at=now)
+                      base=config.base_function, started_at=now, upstreams=config.upstreams)
         schedules = Schedules(tasks, self.wall_offset)
         tasks.wal = schedules.wal = wal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
@@ -245,7 +246,7 @@ class Broker:
         self.config = self.config._replace(max_body_bytes=functions.max_body_bytes,
                                            max_result_bytes=functions.max_result_bytes)
         self.tasking.configure({f.name: f for f in functions.named}, functions.base,
-                               functions.api, now)
+                               functions.api, now, functions.upstreams)
         settings = self.settings()
         for peer, front in self.fronts.items():
             if front.kind in ("http", "dispatcher"):

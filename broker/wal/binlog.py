@@ -505,6 +505,10 @@ class Binlog:
             out["request"] = task.request.fields()
         if task.result_headers:
             out["result_headers"] = task.result_headers
+        if task.balance_key is not None:
+            out["balance_key"] = task.balance_key
+        if task.client_ip is not None:
+            out["client_ip"] = task.client_ip
         return out
 
     def _task_record(self, task: Task, result: bytes | None) -> bytes:

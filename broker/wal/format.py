@@ -41,8 +41,9 @@ segment has no task records and is read as it always was.
 
 Format 4 (segments written now) appends to a TASK record, after its result, a map of
 optional fields (TASK_OPTIONAL: `level`, `queue_deadline` as wall-clock seconds, a
-request task's `request` as [method, path, query, [[header, value], ...]] and a
-result's `result_headers` as a map): a
+request task's `request` as [method, path, query, [[header, value], ...]], a
+result's `result_headers` as a map, and for upstreams the task's `balance_key` and its
+enqueuer's `client_ip`): a
 reader takes the keys it knows and ignores the others, and a record without the map
 (formats 2 and 3) has their defaults, so later versions add task fields without a new
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
@@ -88,7 +89,8 @@ T_UID, T_SEQ, T_STATUS = 0, 4, 11
 T_RESULT = len(TASK_FIELDS)
 T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after the result
 #: the keys this zstalk writes and reads
-TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers")
+TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers", "balance_key",
+                 "client_ip")
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")
 

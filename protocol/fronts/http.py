@@ -91,11 +91,26 @@ def problem_response(problem: Problem) -> web.Response:
                              status=problem.status, headers=headers)
 
 
-def enqueue_op(task: Enqueue, keyed: bool) -> tuple:
+def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
-    name one."""
+    name one; `client`: who sent it (`client_of`)."""
+    ext = dict(client) if client else {}
+    if task.request is not None:
+        ext["request"] = task.request
     return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
-            keyed, None if task.request is None else {"request": task.request})
+            keyed, ext or None)
+
+
+def client_of(request: web.Request) -> dict:
+    """The enqueuer's address, and the first X-Forwarded-For hop (the broker takes it
+    only when [api] trust_forwarded says so): the key of ip_hash and clientIp upstreams."""
+    out = {}
+    if request.remote:
+        out["client"] = request.remote
+    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
+    if forwarded:
+        out["forwarded"] = forwarded[:64]
+    return out
 
 
 def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
@@ -314,18 +329,20 @@ class HttpFront(LinkOwner):
         if isinstance(task, Problem):
             return problem_response(task)
         if isinstance(task, list):
-            return web.json_response(await self.enqueue_many(task, key))
-        reply = await self.call(enqueue_op(task, key))
+            return web.json_response(await self.enqueue_many(task, key, client_of(request)))
+        reply = await self.call(enqueue_op(task, key, client_of(request)))
         response = reply_response(reply, 201, ENQUEUED_FIELDS)
         if response.status == 201:
             response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
         return response
 
-    async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool) -> list[dict]:
+    async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool,
+                           client: dict | None = None) -> list[dict]:
         """Every well-formed task's op leaves in this loop turn (one Batch: one broker
         round trip); each item's result is `{"status": HTTP status, ...its body}`."""
         loop = asyncio.get_running_loop()
-        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task, key), loop)
+        calls = [task if isinstance(task, Problem) else self.send(enqueue_op(task, key, client),
+                                                                  loop)
                  for task in tasks]
         results = []
         for call in calls:

@@ -205,6 +205,9 @@ def function_json(info: dict) -> dict:
     out = dict(info)
     if out.get("pausedUntil") is not None:
         out["pausedUntil"] = rfc3339(out["pausedUntil"])
+    if out.get("servers"):
+        out["servers"] = [{**s, "usableAt": rfc3339(s["usableAt"])} if "usableAt" in s else s
+                          for s in out["servers"]]
     return out
 
 

@@ -221,6 +221,8 @@ def task_info() -> dict:
             "waitTime": _wait_time(),
             "level": {"type": "integer", "minimum": 1, "maximum": MAX_LEVEL,
                       "description": "Its level (absent: 0)."},
+            "clientIp": {"type": "string", "description": "The address that enqueued it "
+                                                         "(the master key only)."},
         },
     }
 
@@ -540,6 +542,19 @@ def function_stats() -> dict:
             "queued": {**count, "description": "Tasks queued: due and delayed."},
             "due": count, "delayed": count,
             "running": {**count, "description": "Calls in flight."},
+            "upstream": {"type": "string", "description": "The upstream its calls go to."},
+            "servers": {"type": "array", "description": "Its upstream's servers as the "
+                                                        "broker sees them for every dispatcher.",
+                        "items": {"type": "object", "additionalProperties": False,
+                                  "required": ["url", "state", "inFlight", "fails"],
+                                  "properties": {
+                                      "url": {"type": "string"},
+                                      "state": {"type": "string", "enum": [
+                                          "usable", "failed", "paused", "full", "down"]},
+                                      "backup": {"type": "boolean"},
+                                      "inFlight": count, "fails": count,
+                                      "usableAt": {"type": "string", "format": "date-time"},
+                                      "lastError": {"type": "string"}}}},
             "heldByCounters": {**count, "description": "Slots counter clients hold as the "
                                                     "counter fn:NAME (absent: none); they "
                                                     "count against concurrency too."},

@@ -94,9 +94,10 @@ class TaskCommands:
                     and type(claim[0]) is str and type(claim[1]) is int):
                 self.store.claim(claim[0], claim[1], s, now)
 
-    def configure(self, functions: dict, base, api: ApiPolicy, now: float) -> None:
+    def configure(self, functions: dict, base, api: ApiPolicy, now: float,
+                  upstreams: tuple | None = None) -> None:
         """A config read again: calls go where it says now."""
-        self.store.configure(functions, base, now)
+        self.store.configure(functions, base, now, upstreams)
         self.api = api
         self.feed(now)
 
@@ -114,7 +115,8 @@ class TaskCommands:
         _, conn, function, params, options, uid, keyed, *ext = op
         if type(function) is not str or type(params) is not bytes or type(uid) is not str:
             return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
-        request = ext[0].get("request") if ext and isinstance(ext[0], dict) else None
+        said = ext[0] if ext and isinstance(ext[0], dict) else {}
+        request = said.get("request")
         if keyed is not True:
             if not self.api.public_enqueue:
                 return (conn, R.T_ERROR, *NEEDS_KEY)
@@ -124,12 +126,20 @@ class TaskCommands:
         refused = self.admit(len(params))
         if refused is not None:
             return (conn, R.T_ERROR, *refused)
-        task = self.store.enqueue(function, params, options, now, uid=uid, request=request)
+        task = self.store.enqueue(function, params, options, now, uid=uid, request=request,
+                                  client_ip=self._client_ip(said))
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
         info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
         self.feed(now)
         return (conn, R.T_TASK, info)
+
+    def _client_ip(self, said: dict) -> str | None:
+        """The enqueuer's address the HTTP front saw, or the first X-Forwarded-For hop it
+        passed when the config trusts it ([api] trust_forwarded)."""
+        ip = said.get("forwarded") if self.api.trust_forwarded else None
+        ip = ip or said.get("client")
+        return ip if type(ip) is str and 0 < len(ip) <= 64 else None
 
     def admit(self, params_len: int) -> TaskError | None:
         """Why no new task may come in now, if so (draining, memory)."""
@@ -144,7 +154,8 @@ class TaskCommands:
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:
             return (s.conn, R.T_ERROR, *NEEDS_KEY)
-        info = views.info(self.store, op[2], now) if type(op[2]) is str else None
+        info = views.info(self.store, op[2], now, keyed=op[3] is True) \
+            if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         return (s.conn, R.T_TASK, info)
@@ -204,8 +215,11 @@ class TaskCommands:
                 error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
             # (-1: no Retry-After; an older dispatcher sent 0 for none)
             wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
-            headers = _result_headers(ext[0]) if ext and kind == "success" else None
-            outcome = Outcome(kind, status_code, result, error, wait_ms, headers)
+            said = ext[0] if ext and isinstance(ext[0], dict) else {}
+            headers = _result_headers(said) if kind == "success" else None
+            failure = said.get("failure")
+            outcome = Outcome(kind, status_code, result, error, wait_ms, headers,
+                              failure if failure in ("error", "timeout") else None)
             self.store.outcome(uid, attempt, outcome, now, holder=s)
         self.feed(now)
         return noted
@@ -264,13 +278,11 @@ class TaskCommands:
                 del self.dispatchers[d]
                 self.dispatchers[d] = None
                 spec = self.store.specs[task.function]
-                if task.request is None:
-                    url = spec.url
-                else:
-                    url = requests.url(spec.url, task.request)
-                self.out.reply(d, R.T_CALL, task.uid, task.attempt, url, task.params,
-                               task.timeout_ms, requests.call_ext(task.request,
-                                                                  spec.result_headers))
+                self.out.reply(d, R.T_CALL, task.uid, task.attempt,
+                               self.store.call_url(task, spec), task.params, task.timeout_ms,
+                               requests.call_ext(task.request, spec.result_headers,
+                                                 spec.connect_timeout_ms if spec.upstream
+                                                 else None))
             if not handed:
                 return
 

@@ -146,15 +146,21 @@ class Refusal(NamedTuple):
 def _path(path: Any) -> str | Refusal:
     if type(path) is not str:
         return Refusal("request path must be a string")
+    problem = path_problem(path)
+    return path if problem is None else Refusal(f"request path {problem}")
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` may not be appended to a URL (see the module's text), if so."""
     if path and not path.startswith("/"):
-        return Refusal("request path must start with '/' (or be empty)")
+        return "must start with '/' (or be empty)"
     for needles, words in _PATH_REFUSALS:
         if any(n in path for n in needles):
-            return Refusal(f"request path must not hold {words}")
+            return f"must not hold {words}"
     if not _PATH_CHARS.fullmatch(path) or _BAD_PERCENT.search(path):
-        return Refusal("request path may hold only the characters RFC 3986 allows in a "
-                       "path, and '%' only before two hex digits: percent-encode the rest")
-    return path
+        return ("may hold only the characters RFC 3986 allows in a path, and '%' only "
+                "before two hex digits: percent-encode the rest")
+    return None
 
 
 def _query(query: Any) -> str | Refusal:
@@ -219,13 +225,17 @@ def url(base: str, request: Request) -> str:
     return f"{target}?{request.query}" if request.query else target
 
 
-def call_ext(request: Request | None, result_headers: tuple[str, ...]) -> dict | None:
-    """T_CALL's ext for a task: the method and headers of a request task, and the response
-    headers to keep (None: a plain call, keeping only a binary result's Content-Type)."""
-    if request is None and not result_headers:
+def call_ext(request: Request | None, result_headers: tuple[str, ...],
+             connect_timeout_ms: int | None = None) -> dict | None:
+    """T_CALL's ext for a task: the method and headers of a request task, the response
+    headers to keep, and for a call to an upstream's server its connect timeout (None: a
+    plain call, keeping only a binary result's Content-Type)."""
+    if request is None and not result_headers and connect_timeout_ms is None:
         return None
     ext: dict[str, Any] = {"result_headers": list(result_headers)}
     if request is not None:
         ext["method"] = request.method
         ext["headers"] = [list(h) for h in request.headers]
+    if connect_timeout_ms is not None:
+        ext["connect_timeout_ms"] = connect_timeout_ms
     return ext

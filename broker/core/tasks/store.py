@@ -74,6 +74,8 @@ from ..labels import Labelled
 from . import requests
 from .limits import Gate, Recent
 from .requests import Request
+from .upstream_calls import UpstreamCalls, failed as server_failed
+from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from .stats import FunctionCounts, Queued
 
 
@@ -130,6 +132,10 @@ class FunctionSpec(NamedTuple):
     max_pause_ms: int = 60000
     request_headers: tuple[str, ...] = ()   # request tasks may set these too (requests.py)
     result_headers: tuple[str, ...] = ()    # response headers a task keeps (resultHeaders)
+    upstream: str | None = None     # its calls go to a server of this upstream (url unused)
+    path: str = ""                  # ... at this path
+    next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
+    connect_timeout_ms: int = 5000
 
     @property
     def interval(self) -> float:
@@ -141,6 +147,7 @@ class ApiPolicy(NamedTuple):
     """What a request without the master key may do (the config's [api] table)."""
     public_enqueue: bool = False    # enqueue, without options (the Cloud Queue's client enqueue)
     private_results: bool = False   # False: a task's id is enough to read it
+    trust_forwarded: bool = False   # clientIp: the first X-Forwarded-For hop, not the peer
 
 
 class Backoff(NamedTuple):
@@ -161,7 +168,8 @@ class Task:
                  "attempts", "backoff", "timeout_ms", "delivery", "keep_result_ms",
                  "created", "started", "finished", "due", "deadline", "expires",
                  "status_code", "result", "error", "holder", "seg", "logged", "level",
-                 "queue_deadline", "key", "extra", "request", "result_headers")
+                 "queue_deadline", "key", "extra", "request", "result_headers", "peer",
+                 "balance_key", "client_ip")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -176,6 +184,9 @@ class Task:
         self.extra: dict | None = None  # binlog optional fields this version does not know
         self.request: Request | None = None     # a request task's method, path, ... (params: body)
         self.result_headers: dict | None = None
+        self.peer = None                # running on an upstream: the server it was given
+        self.balance_key: str | None = None     # what its calls are hashed by (upstreams)
+        self.client_ip: str | None = None       # who enqueued it (ip_hash, clientIp)
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
@@ -213,17 +224,27 @@ class Outcome(NamedTuple):
     error: str | None = None
     retry_after_ms: int = -1    # a 429 / 503's Retry-After, ms (-1: none was sent)
     result_headers: dict | None = None  # a success's kept response headers (resultHeaders)
+    # how the call failed, as the dispatcher says: "error" (no connection, or it broke),
+    # "timeout"; None: not said (an older dispatcher: judged by kind and status); "": the
+    # broker's own verdict (a dispatcher gone, no report in time): not the server's fault
+    failure: str | None = None
 
 
 class Tasks:
     def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
                  rand: Callable[[], float] = random.random,
-                 base: FunctionSpec | None = None, started_at: float = -math.inf) -> None:
+                 base: FunctionSpec | None = None, started_at: float = -math.inf,
+                 upstreams: tuple = ()) -> None:
         self.functions = dict(functions)
         # when the broker started: a gate gets no burst credit for the time before it, so
         # a crash loop cannot exceed a rate (limits.py)
         self.started_at = started_at
         self.gates_changed = False      # a slow rate's TAT moved since durable_gates()
+        # functions on an upstream (upstream_calls.py): its servers' shared state, and the
+        # functions held back because no server is usable: until when (inf: until a call
+        # on that upstream ends)
+        self.upstream = UpstreamCalls(upstreams)
+        self.blocked: dict[str, float] = {}
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
         self.rand = rand
@@ -271,7 +292,8 @@ class Tasks:
 
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
-                uid: str | None = None, request: Any = None) -> Task | TaskError:
+                uid: str | None = None, request: Any = None,
+                client_ip: str | None = None) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
         random id the caller made (the core has no randomness of its own for ids).
         `request`: a request task's request object, unchecked (requests.py), whose body
@@ -299,6 +321,9 @@ class Tasks:
                         f"({queue_timeout_ms} ms): the task would time out before it ran")
         task = Task(uid, function, params, priority, self.next_seq, now)
         task.request = request
+        task.client_ip = client_ip
+        if spec.upstream is not None:
+            task.balance_key = self.upstream.balance_key(spec.upstream, uid, params, client_ip)
         task.place(parsed.get("level", 0), priority)
         if queue_timeout_ms:
             task.queue_deadline = now + queue_timeout_ms / 1000
@@ -332,14 +357,19 @@ class Tasks:
         asked for: nothing is kept for names no task uses)."""
         spec = self.functions.get(name)
         if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
-            spec = self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}")
+            spec = (self.base._replace(name=name, path=f"/{name}") if self.base.upstream
+                    else self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}"))
         return spec
 
     def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None,
-                  now: float) -> None:
+                  now: float, upstreams: tuple | None = None) -> None:
         """A new config (SIGHUP): every function tasks use takes its new spec, or None; a
-        gate keeps its TAT, and a new rate applies from the next start."""
+        gate keeps its TAT, and a new rate applies from the next start; a server keeps its
+        state while its upstream lists its url as written."""
         self.functions, self.base = dict(functions), base
+        if upstreams is not None:
+            self.upstream.reload(upstreams)
+        self.blocked.clear()
         for name in self.specs:
             self.specs[name] = self.function(name)
         for name, gate in self.gates.items():
@@ -416,6 +446,14 @@ class Tasks:
             return
         gate = self.gates.get(name)
         opens = gate.opens_at() if gate is not None else 0.0
+        if self.blocked:                        # no server of its upstream is usable
+            blocked = self.blocked.get(name, 0.0)
+            if blocked > now:
+                if blocked == math.inf:
+                    return                      # (offered again when a call there ends)
+                opens = max(opens, blocked)
+            else:
+                self.blocked.pop(name, None)
         if opens > now:
             if self.shut_at.get(name, math.inf) > opens:
                 self.shut_at[name] = opens
@@ -469,6 +507,53 @@ class Tasks:
         if used > self.peaks.get(name, 0):
             self.peaks[name] = used
 
+    # -- upstreams -------------------------------------------------------------------------
+    def _unavailable(self, task: Task, why: Unavailable, now: float) -> None:
+        """No server of its upstream for `task`, the head of its function: every one down
+        fails this attempt; otherwise the function waits, its tasks in their places."""
+        name = task.function
+        if why.reason == NO_LIVE_UPSTREAMS:
+            if self.wal is None or self.wal.reserve_task_state(task):
+                del self.by_key[task.key]
+                self._unready(task)
+                self.queued.discard(name)
+                task.attempt += 1
+                task.started = now
+                self._apply(task, Outcome("failure", error=NO_LIVE_UPSTREAMS), now)
+                if self.wal is not None:
+                    self.wal.log_task_state(task)
+                self._offer(name, now)
+                return
+            why = Unavailable(why.reason, now + 1.0)    # (disk full: look again later)
+        until = math.inf if why.until is None else max(why.until, now + 0.001)
+        self.blocked[name] = until
+        self._offer(name, now)                  # (arms the timer for a finite wait)
+
+    def _server_done(self, task: Task, result: Outcome, now: float) -> None:
+        """nginx's accounting for the server `task` ran on; a 429 / 503 with Retry-After
+        pauses that server (not the function); the functions waiting for a server of
+        this upstream may look again."""
+        spec = self.specs.get(task.function) or self.function(task.function)
+        upstream, peer = (spec.upstream if spec else None), task.peer
+        task.peer = None
+        if upstream is None:
+            return
+        counted = result.failure != "" and spec is not None and server_failed(
+            spec.next_upstream, result.kind, result.status_code)
+        self.upstream.done(upstream, peer, counted, result.error if counted else None, now)
+        if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
+            self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
+        for name in [n for n in self.blocked if (self.specs.get(n) or self.function(n)) is not
+                     None and (self.specs.get(n) or self.function(n)).upstream == upstream]:
+            del self.blocked[name]
+            self._offer(name, now)
+
+    def call_url(self, task: Task, spec: FunctionSpec) -> str:
+        """Where a call of running `task` goes: its function's url or its server's and
+        the function's path; then a request task's path and query."""
+        base = spec.url if task.peer is None else task.peer.url + spec.path
+        return base if task.request is None else requests.url(base, task.request)
+
     # -- looking -------------------------------------------------------------------------
     def wait_num(self, task: Task) -> int:
         """Tasks of its function that run before it (if it were due now)."""
@@ -485,28 +570,42 @@ class Tasks:
         heads, offered = self.heads, self.offered
         passed = []                 # good heads of request tasks, for plain_only
         try:
-            while heads:
-                key, name = heads[0]
-                ready = self.ready.get(name)
-                if offered.get(name) == key and ready and ready[0] == key and (
-                        self._may_start(name, now)):
-                    if not plain_only or self.by_key[key].request is None:
-                        break
-                    passed.append(heapq.heappop(heads))
-                    continue
-                heapq.heappop(heads)                # stale: no longer its head, or held back
-                if self.offered.get(name) == key:
-                    del self.offered[name]
-                    self._offer(name, now)          # (its real head, or its opening time)
-            else:
-                return None
-            task = self.by_key[key]
-            if self.wal is not None and not self.wal.reserve_call(task):
-                return None                 # the binlog's disk is full: it waits, queued
-            heapq.heappop(heads)            # ours, the top before the passed go back
+            while True:
+                while heads:
+                    key, name = heads[0]
+                    ready = self.ready.get(name)
+                    if offered.get(name) == key and ready and ready[0] == key and (
+                            self._may_start(name, now)):
+                        if not plain_only or self.by_key[key].request is None:
+                            break
+                        passed.append(heapq.heappop(heads))
+                        continue
+                    heapq.heappop(heads)            # stale: no longer its head, or held back
+                    if self.offered.get(name) == key:
+                        del self.offered[name]
+                        self._offer(name, now)      # (its real head, or its opening time)
+                else:
+                    return None
+                task = self.by_key[key]
+                peer = None
+                upstream = self.specs[name].upstream
+                if upstream is not None:
+                    peer = self.upstream.pick(upstream, task.balance_key, now)
+                    if type(peer) is Unavailable:   # held back, or its attempt fails
+                        heapq.heappop(heads)
+                        del offered[name]
+                        self._unavailable(task, peer, now)
+                        continue
+                if self.wal is not None and not self.wal.reserve_call(task):
+                    if peer is not None:
+                        peer.conns -= 1
+                    return None             # the binlog's disk is full: it waits, queued
+                heapq.heappop(heads)        # ours, the top before the passed go back
+                break
         finally:
             for entry in passed:
                 heapq.heappush(heads, entry)
+        task.peer = peer
         del self.offered[name]
         del self.by_key[key]
         self._unready(task)
@@ -548,6 +647,8 @@ class Tasks:
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
+        if task.peer is not None:
+            self._server_done(task, result, now)
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
             took = now - task.started
@@ -599,6 +700,8 @@ class Tasks:
         spec = self.specs.get(task.function) or self.function(task.function)
         max_pause_s = (spec.max_pause_ms if spec else 60000) / 1000
         retry_after = None if result.retry_after_ms < 0 else result.retry_after_ms / 1000
+        if spec is not None and spec.upstream is not None and retry_after is not None:
+            return                      # that server is paused, not the function (_server_done)
         said = "" if retry_after is None else f", Retry-After {retry_after:g} s"
         self.gate(task.function, now).pause(now, task.started, retry_after, max_pause_s,
                                             f"the function answered {result.status_code}{said}")
@@ -609,7 +712,8 @@ class Tasks:
             if task.holder is not holder:
                 continue
             self.outcome(task.uid, task.attempt,
-                         Outcome("unknown", error="the dispatcher went away during the call"),
+                         Outcome("unknown", error="the dispatcher went away during the call",
+                                 failure=""),
                          now)
 
     def _unready(self, task: Task, now: float | None = None) -> None:
@@ -725,7 +829,7 @@ class Tasks:
             why = (f"no report within the timeout ({task.timeout_ms} ms)"
                    if task.holder != RESTARTED else "the broker stopped during the call, "
                    f"and no dispatcher claimed it within {CLAIM_S:g} s of the restart")
-            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why), now)
+            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why, failure=""), now)
         while self.keeping and self.keeping[0][0] <= now:
             _, seq = self.keeping.pop(0)
             task = self.by_seq.pop(seq)
@@ -768,6 +872,9 @@ class Tasks:
             level = optional.get("level", 0)
             task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
             task.request = requests.Request.from_fields(optional.get("request"))
+            for name in ("balance_key", "client_ip"):
+                value = optional.get(name)
+                setattr(task, name, value if type(value) is str else None)
             kept = optional.get("result_headers")
             if isinstance(kept, dict) and all(type(v) is str for v in kept.values()):
                 task.result_headers = kept

@@ -29,8 +29,9 @@ from typing import Any
 from .store import PER_UNIT, PAGE_SCAN, QUEUED, FunctionSpec, Task, Tasks
 
 
-def info(store: Tasks, uid: str, now: float) -> dict | None:
-    """The TaskInfo of the API: what applies to the task's state, nothing else."""
+def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
+    """The TaskInfo of the API: what applies to the task's state, nothing else (its
+    client's address only to the master key: `keyed`)."""
     task = store.tasks.get(uid)
     if task is None:
         return None
@@ -54,6 +55,8 @@ def info(store: Tasks, uid: str, now: float) -> dict | None:
         out["error"] = task.error
     if task.level:
         out["level"] = task.level
+    if keyed and task.client_ip is not None:
+        out["clientIp"] = task.client_ip
     if task.status == QUEUED:
         out["waitNum"] = store.wait_num(task)
         wait = wait_time(store, task, now)
@@ -132,6 +135,9 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec is None:
         return out
     out["concurrency"] = spec.concurrency
+    if spec.upstream is not None:
+        out["upstream"] = spec.upstream
+        out["servers"] = store.upstream.servers(spec.upstream, now, store.wall_offset)
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst
