@@ -46,6 +46,9 @@ RUN_BY = {
     "# report.py": "test_the_request_task_example_runs_as_written",
     "# shared.toml": "test_the_function_counter_example_runs_as_written",
     "# batch.py": "test_the_function_counter_example_runs_as_written",
+    "# gpus.toml": "test_the_upstream_example_runs_as_written",
+    "# gpu_servers.py": "test_the_upstream_example_runs_as_written",
+    "# render.py": "test_the_upstream_example_runs_as_written",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
@@ -238,6 +241,25 @@ def test_the_function_counter_example_runs_as_written(shell):
     out = shell.run("python batch.py", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["in use: 1 held by counters: 1", "in use after: 0"]
+
+
+def test_the_upstream_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080, 3101, 3102, 3103)
+    for marker in ("# gpus.toml", "# gpu_servers.py", "# render.py"):
+        shell.write(block(marker))
+    servers = shell.start("python gpu_servers.py")
+    listening(3101, servers)
+    listening(3102, servers)
+    listening(8080, shell.start("zstalk serve --config gpus.toml"))
+    out = shell.run("python render.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    ran, *states = out.stdout.splitlines()
+    # smooth weighted round robin over weights 2, 1, 1 picks 3101 3102 then 3103, which
+    # refuses: it is failed and skipped, that task runs on the next pick, and 3101 and
+    # 3102 take the rest (the sequence is nginx's: test_upstreams_end_to_end.py)
+    assert ran.split() == ["3101", "3102", "3101", "3101", "3101", "3102", "3101", "3101"], ran
+    assert states == ["http://127.0.0.1:3101 usable 0", "http://127.0.0.1:3102 usable 0",
+                      "http://127.0.0.1:3103 failed 1"], states
 
 
 SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")
