@@ -62,8 +62,6 @@ _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
 SAY_AGAIN_S = 30.0
 #: with schedules, the wall clock is looked at at least this often (steps: schedules.py)
 WALL_CHECK_S = 1.0
-#: the slow rates' TATs are saved at most this often (binlog.save_gates)
-SAVE_GATES_S = 1.0
 #: a stopping broker waits this long at most for its remote fronts' Holding (one that
 #: goes away meanwhile, as when a supervisor stops them all at once, is not waited for) ...
 STOP_WAIT_S = 5.0
@@ -114,7 +112,6 @@ class BrokerActor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._gates_saved_at = -math.inf
         self._heartbeat: asyncio.TimerHandle | None = None
         self._read_scheduled = False
         self._stopped: asyncio.Future | None = None
@@ -428,9 +425,6 @@ class BrokerActor:
         sync = self.wal.sync_due() if self.wal is not None else None
         if sync is not None and (wake is None or sync < wake):
             wake = sync
-        if self.wal is not None and self.core.tasks.gates_changed:     # saved in a second
-            save = self._gates_saved_at + SAVE_GATES_S
-            wake = save if wake is None else min(wake, save)
         if expired:         # what was due has fired: an armed timer still pending is stale
             if self._timer is not None:
                 self._timer.cancel()
@@ -563,9 +557,8 @@ class BrokerActor:
         wal.maintain(core.queue.jobs, core.tasks.tasks, core.schedules.by_name)
         wal.write(core.queue.jobs, core.next_id, core.tasks.tasks, core.schedules.by_name)
         wal.after_write(now)
-        if core.tasks.gates_changed and now >= self._gates_saved_at + SAVE_GATES_S:
+        if core.tasks.gates_changed:    # (before this turn's calls leave: see binlog.py)
             wal.save_gates(core.tasks.durable_gates(now))
-            self._gates_saved_at = now
         if wal.opts.fsync_ms != 0:
             self._send(messages)
             return

@@ -218,6 +218,13 @@ def test_with_a_signing_key_a_call_whose_v2_signs_another_request_line_is_a_401(
         401, {"error": "unauthorized", "message": signing.BAD_SIGNATURE})
 
 
+def test_functions_requiring_v2_refuse_a_v1_only_call_and_run_a_v2_one() -> None:
+    functions = define_all(Functions(signing_key=KEY, require_v2=True))
+    assert post(functions, "/echo", headers=signed("t1")) == (
+        401, {"error": "unauthorized", "message": signing.NO_V2})
+    assert post(functions, "/echo", headers=signed_v2("t1", "/echo")) == (200, {"id": 1234})
+
+
 def test_an_unsigned_caller_cannot_even_learn_which_functions_exist() -> None:
     status, _ = post(define_all(Functions(signing_key=KEY)), "/nosuch")
     assert status == 401

@@ -164,3 +164,51 @@ def test_a_restart_keeps_the_holds_its_counter_fronts_re_register():
         c.broker.handle(peer, Heartbeat(front_id), c.now)
     c.send(COUNTER, (Op.CLOSE, 1))
     assert c.calls == ["t1", "t2"]
+
+
+def test_holds_re_registered_in_the_wires_shape_are_counted_once_and_freed_on_close():
+    from zstalk.protocol.schema import Hello, decode_peer, encode
+    sent = Hello(1, "counter", 1, 7, [SessionState(1, "", [], [], [(b"fn:render", 3),
+                                                                     (b"mine", 2)])])
+    _, hello = decode_peer(encode(sent))          # (lists, as msgpack delivers them)
+    c = Cluster(recovering=True).start(counter_sessions=hello.sessions, counter_state=7)
+    [(_, _, records)] = c.send(COUNTER, (Op.C_DUMP, 1))
+    assert sorted(records) == [(b"fn:render", 3, 3), (b"mine", 2, 2)]
+    c.send(COUNTER, (Op.CLOSE, 1))
+    assert c.counter(2, Op.C_GET, b"fn:render") == (R.C_OK, 0)
+    c.enqueue(4)
+    assert len(c.calls) == 4, "every slot is free again"
+
+
+def test_a_front_saying_hello_again_keeps_its_slots_held_throughout():
+    c = Cluster().start()
+    c.counter(1, Op.C_ACQUIRE, b"fn:render", 3, 4)
+    c.enqueue(4)
+    assert c.calls == ["t1"]
+    c.hello(COUNTER, 1, "counter", c.broker.state_id,
+            [SessionState(1, "", [], [], [[b"fn:render", 3]]), SessionState(2, "", [], [], [])])
+    assert c.calls == ["t1"] and c.running() == 1, "no task took a slot the client kept"
+    c.hello(COUNTER, 1, "counter", c.broker.state_id,
+            [SessionState(1, "", [], [], [[b"fn:render", 1]]), SessionState(2, "", [], [], [])])
+    assert c.calls == ["t1", "t2", "t3"], "the two it no longer holds went to the queue"
+
+
+def test_slots_of_a_function_dropped_by_a_reload_are_still_released_and_freed_on_close():
+    c = Cluster().start()
+    c.counter(1, Op.C_ACQUIRE, b"fn:render", 2, 4)
+    c.counter(2, Op.C_ACQUIRE, b"fn:render", 1, 4)
+    c.broker.tasking.configure({}, None, c.broker.tasking.api, c.now)     # functions gone
+    assert c.counter(1, Op.C_RELEASE, b"fn:render", 1) == (R.C_OK, None)
+    assert c.counter(1, Op.C_ACQUIRE, b"fn:render", 1, 1) == (R.C_OK, 1)  # (now a counter)
+    c.send(COUNTER, (Op.CLOSE, 1), (Op.CLOSE, 2))
+    assert c.broker.tasks.held == {}
+    c.send(COUNTER, (Op.OPEN, 3))
+    [(_, code, records)] = c.send(COUNTER, (Op.C_DUMP, 3))
+    assert code == R.C_DUMP and records == [(b"fn:render", 0, 1)], "the counter, released"
+
+
+def test_holds_a_front_could_not_have_sent_are_skipped_not_raised():
+    c = Cluster().start(counter_sessions=[SessionState(1, "", [], [], [
+        ["not bytes", 1], [b"fn:render", "x"], [b"ok", 1], [7, 7], [b"fn:render", 1]])])
+    assert c.counter(1, Op.C_GET, b"ok") == (R.C_OK, 1)
+    assert c.counter(1, Op.C_GET, b"fn:render") == (R.C_OK, 1)

@@ -203,3 +203,21 @@ def test_a_request_task_holds_its_path_query_and_headers_in_its_memory_count():
         "path": "/x" * 100, "query": {"q": "y" * 300}, "body": "z" * 50})
     assert store.bytes - plain == plain - 2 + 200 + len("q=" + "y" * 300) + 50 + len(
         "Content-Typetext/plain; charset=utf-8")
+
+
+def test_a_request_tasks_body_counts_when_memory_is_checked_at_enqueue():
+    b = BrokerClock(max_jobs_bytes=4096)
+    reply = enqueue_request(b, "big", {"method": "PUT", "body": "x" * 8000})
+    assert reply[1:3] == (R.T_ERROR, "out_of_memory")
+    assert enqueue_request(b, "small", {"method": "PUT", "body": "x" * 100})[1] == R.T_TASK
+
+
+def test_a_functions_url_with_a_query_keeps_it_after_the_requests_path():
+    request, _ = parsed({"path": "/daily", "query": {"day": "1"}})
+    assert requests.url("https://fn.example/api/report?code=KEY", request) == (
+        "https://fn.example/api/report/daily?code=KEY&day=1")
+
+
+@pytest.mark.parametrize("path", ["/%c0%ae%c0%ae/etc", "/a%00b", "/a%5c..%5cb", "/%2E%2E/x"])
+def test_a_path_that_decodes_to_a_way_out_is_refused_too(path):
+    assert parsed({"path": path}).startswith("request path must")

@@ -262,3 +262,9 @@ def test_an_empty_or_missing_key_file_is_an_error_not_an_unsigned_start(no_key_e
 def test_an_explicit_empty_key_is_an_error(no_key_env) -> None:
     with pytest.raises(ValueError, match="empty"):
         signing_key(b"")
+
+
+def test_requiring_v2_refuses_a_header_whose_v2_was_cut_off() -> None:
+    stripped = f"t=1700000000,v1={GOOD_MAC}"
+    assert verify(KEY, stripped, "t1", BODY, NOW, **LINE, require_v2=True) == signing.NO_V2
+    assert verify(KEY, signed_v2(), "t1", BODY, NOW, **LINE, require_v2=True) is None

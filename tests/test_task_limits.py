@@ -442,3 +442,9 @@ def test_a_restored_gate_no_task_uses_is_dropped_once_its_tat_passed():
     assert store.next_deadline() == pytest.approx(T0 + 100)
     store.expire(T0 + 100)
     assert store.gates == {} and store.next_deadline() is None
+
+
+def test_a_saved_tat_further_ahead_than_the_rate_allows_is_cut_to_what_it_allows():
+    store = restarted(hourly=(1, 3600.0))
+    store.restore_gates({"hourly": T0 + WALL + 1e9}, T0)       # a clock stepped back
+    assert store.gates["hourly"].tat == pytest.approx(T0 + 3600.0)

@@ -305,10 +305,14 @@ class Functions:
     X-Zstalk-Error header and the body, and the task's `error` shows them."""
 
     def __init__(self, signing_key: str | bytes | None = None,
-                 window_s: float = signing.WINDOW_S, expose_errors: bool = False) -> None:
+                 window_s: float = signing.WINDOW_S, expose_errors: bool = False,
+                 require_v2: bool = False) -> None:
+        """`require_v2`: refuse calls signed v1 only (once every dispatcher is this
+        version or later), so a captured call cannot be sent again to another path."""
         self.signing_key = signing.signing_key(signing_key)
         self.window_s = window_s
         self.expose_errors = expose_errors
+        self.require_v2 = require_v2
         self.functions: dict[str, Callable[[Any], Any]] = {}
 
     def define(self, name: str | None = None) -> Callable:
@@ -362,7 +366,8 @@ class Functions:
         return signing.verify(self.signing_key, request.headers.get(signing.HEADER),
                               request.headers.get("X-Zstalk-Task-Id", ""), body,
                               time.time(), self.window_s, method=request.method,
-                              path=url.raw_path, query=url.raw_query_string)
+                              path=url.raw_path, query=url.raw_query_string,
+                              require_v2=self.require_v2)
 
     async def call(self, name: str, fn: Callable[[Any], Any], params: Any,
                    expose: bool = False) -> web.StreamResponse:

@@ -65,6 +65,7 @@ MALFORMED = "malformed signature"
 BAD_SIGNATURE = "bad signature"
 TOO_OLD = "signature too old"
 TOO_NEW = "signature too far in the future"
+NO_V2 = "signature without v2"
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -103,16 +104,21 @@ def sign(secret: bytes, task_id: str, body: bytes, now: float, method: str = "PO
 
 def verify(secret: bytes, header: str | None, task_id: str, body: bytes, now: float,
            window_s: float = WINDOW_S, method: str | None = None, path: str | None = None,
-           query: str | None = None) -> str | None:
+           query: str | None = None, require_v2: bool = False) -> str | None:
     """None when `header` signs this call and is within `window_s` of `now`, else why not.
 
     Given the request's `method` (and its raw `path` and `query`, "" when None), a header
-    with v2 entries must match one of them; otherwise a v1 entry must match."""
+    with v2 entries must match one of them; otherwise a v1 entry must match.  With
+    `require_v2` (every dispatcher signs v2: this zstalk's do) a header without v2 is
+    refused, so a captured call cannot be replayed to another path, query or method by
+    stripping its v2."""
     if not header:
         return MISSING
     signature = parse(header)
     if signature is None:
         return MALFORMED
+    if require_v2 and not signature.v2:
+        return NO_V2
     try:
         expected, macs = _expected(secret, signature, task_id, body, method, path, query)
     except UnicodeEncodeError:  # a byte that is not UTF-8 (aiohttp: a surrogate):

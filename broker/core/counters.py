@@ -55,7 +55,7 @@ class Counter:
 
 class CounterSession:
     """One connection of a counter front: what it holds, by counter name."""
-    __slots__ = ("front", "conn", "holds")
+    __slots__ = ("front", "conn", "holds", "slots")
     family = 1          # ops it may send: the counter ones (broker.Broker._batch)
     is_counter = True
     is_pool = False
@@ -65,6 +65,7 @@ class CounterSession:
         self.front = front
         self.conn = conn
         self.holds: dict[bytes, int] = {}
+        self.slots: dict[str, int] = {}     # function -> slots of it held (fn:NAME)
 
 
 class Counters:
@@ -220,26 +221,51 @@ class CounterCommands:
 
     def close(self, s: CounterSession, now: float) -> None:
         """A connection went away: everything it holds goes back."""
-        self._unhold_functions(s, now)
+        self._set_slots(s, {}, now)
         self.store.release_all(s.holds, self.wall(now))
         self.store.curr_connections -= 1
 
     def restore(self, front, s: CounterSession | None, st, now: float) -> CounterSession:
-        """A re-registered connection: what it holds is known exactly by its front."""
+        """A re-registered connection: what it holds is known exactly by its front (each
+        name a counter's or, fn:NAME while functions are configured, a function's)."""
         s = s or self.open(front, st.conn)
-        self._unhold_functions(s, now)
-        functions = [(n, c) for n, c in st.holds if self._function(n) not in (None, False)]
-        self.store.restore(s.holds, [h for h in st.holds if h not in functions], self.wall(now))
-        for name, count in functions:
-            self.functions.rehold(self._function(name), count)
-            s.holds[name] = s.holds.get(name, 0) + count
+        counters, slots = [], {}
+        for hold in st.holds:
+            if not (isinstance(hold, (list, tuple)) and len(hold) == 2
+                    and _is_name(hold[0]) and type(hold[1]) is int and hold[1] > 0):
+                continue                            # (not what a front sends)
+            function = self._function(hold[0])
+            if function is None:
+                counters.append(tuple(hold))
+            elif function is not False:
+                slots[function] = slots.get(function, 0) + hold[1]
+        self._set_slots(s, slots, now)
+        self.store.restore(s.holds, counters, self.wall(now))
         return s
+
+    def _set_slots(self, s: CounterSession, slots: dict[str, int], now: float) -> None:
+        """Make `s` hold exactly `slots` of each function: more first, then fewer, and the
+        dispatchers fed once, so no task takes a slot the session keeps meanwhile."""
+        if self.functions is None or (not s.slots and not slots):
+            return
+        freed = False
+        for function in {*s.slots, *slots}:
+            change = slots.get(function, 0) - s.slots.get(function, 0)
+            if change > 0:
+                self.functions.rehold(function, change)
+            elif change < 0:
+                self.functions.unhold(function, -change, now, feed=False)
+                freed = True
+        s.slots = {f: n for f, n in slots.items() if n}
+        if freed:
+            self.functions.feed(now)
 
     def _function(self, name) -> str | bool | None:
         """For an fn: name while functions are configured, the function it names, or
         False when it names none (a reserved name); None for an ordinary counter."""
         functions = self.functions
-        if functions is None or not name.startswith(FN) or not functions.counted():
+        if functions is None or type(name) is not bytes or not name.startswith(FN) \
+                or not functions.counted():
             return None
         try:
             function = name[len(FN):].decode()
@@ -247,14 +273,12 @@ class CounterCommands:
             return False
         return function if functions.is_function(function) else False
 
-    def _unhold_functions(self, s: CounterSession, now: float) -> None:
-        """Give back the function slots `s` holds (an fn: name not in the counter table;
-        one that is was taken before functions were configured: an ordinary counter)."""
-        for name in [n for n in s.holds if n.startswith(FN) and n not in self.store.table]:
-            if self.functions is not None:
-                self.functions.unhold(name[len(FN):].decode("utf-8", "replace"),
-                                      s.holds[name], now)
-            del s.holds[name]
+    def _held_function(self, s: CounterSession, name) -> str | None:
+        """The function of an fn: name `s` holds slots of, configured now or not."""
+        if not s.slots or type(name) is not bytes or not name.startswith(FN):
+            return None
+        function = name[len(FN):].decode("utf-8", "replace")
+        return function if function in s.slots else None
 
     def refuse_acquire_while_fronts_return(self, until: float) -> None:
         """A front of an earlier broker came back: others may still be on their way."""
@@ -302,7 +326,7 @@ class CounterCommands:
         if function is not None:
             if not self.functions.hold(function, resources):
                 return (conn, R.C_ERROR, RESOURCE_NOT_AVAILABLE)
-            s.holds[name] = s.holds.get(name, 0) + resources
+            s.slots[function] = s.slots.get(function, 0) + resources
             return (conn, R.C_OK, resources)
         return (conn, *self.store.acquire(s.holds, name, resources, maximum, self.wall(now)))
 
@@ -311,17 +335,17 @@ class CounterCommands:
         _, conn, name, resources = op
         if not (_is_name(name) and 0 <= resources <= U32_MAX):
             return (conn, R.C_ERROR, INVALID)
-        function = self._function(name)
+        function = self._held_function(s, name) or self._function(name)
         if function is False:
             return (conn, R.C_ERROR, INVALID)
-        if function is not None:
-            held = s.holds.get(name, 0)
+        if function is not None:            # (slots it holds, even of a function gone since)
+            held = s.slots.get(function, 0)
             if not held or resources > held:
                 return (conn, R.C_ERROR, NOT_ACQUIRED)
             if held == resources:
-                del s.holds[name]
+                del s.slots[function]
             else:
-                s.holds[name] = held - resources
+                s.slots[function] = held - resources
             self.functions.unhold(function, resources, now)
             return (conn, R.C_OK, None)
         return (conn, *self.store.release(s.holds, name, resources, self.wall(now)))

@@ -36,10 +36,12 @@ segment the same way; each record is reserved when it is made, the GONE with the
 Slow rates (a function's rate of one call a second or slower, limits.py) keep their GCRA
 TAT across a restart, so a crash loop cannot exceed them: it is not a record but a small
 file beside the segments, GATES_NAME, {function: TAT as wall-clock seconds}, replaced
-whole (written to a temporary name, then renamed) at most once a second when a slow
-function starts a call (`save_gates`).  It is not fsynced: a killed process loses
-nothing the kernel holds, and after a power loss the last second of it may be lost
-(one more call then).  A missing or unreadable file means no TAT to keep (a warning).
+whole (written to a temporary name, then renamed) in the turn a slow function starts a
+call, before that call leaves (`save_gates`; such a function starts at most one call a
+second, or its burst in one turn).  It is not fsynced: a killed process loses nothing
+the kernel holds; after a power loss the last second of it may be lost (one more call
+then).  A missing or unreadable file means no TAT to keep (a warning); a TAT further
+ahead than the rate allows (a clock stepped back, a hand edit) is cut to what it allows.
 
 Ids: each segment header carries the broker's next id when it became the one being
 written, and the segment being written is never removed, so recovery continues after
@@ -51,6 +53,7 @@ import collections
 import errno
 import fcntl
 import json
+import math
 import logging
 import os
 import random
@@ -202,7 +205,8 @@ class Binlog:
         if not isinstance(gates, dict):
             log.warning("binlog: %s is not an object: slow rates start afresh", full)
             return {}
-        kept = {k: float(v) for k, v in gates.items() if type(v) in (int, float)}
+        kept = {k: float(v) for k, v in gates.items()
+                if type(v) in (int, float) and abs(v) < 1e15 and math.isfinite(v)}
         if len(kept) < len(gates):
             log.warning("binlog: %s: %d entries are not times, their rates start afresh",
                         full, len(gates) - len(kept))
@@ -557,7 +561,7 @@ class Binlog:
         """The end of a call, reserved as a TASK_STATE by reserve_call.  A result needs the
         whole record: False if there is no room for it (then nothing is logged, and the
         reserved state is still there for the caller to log without the result)."""
-        if task.result is None:
+        if task.result is None and not task.result_headers:
             self.log_task_state(task)
             return True
         size = len(self._task_record(task, task.result))

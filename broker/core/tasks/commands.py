@@ -123,7 +123,15 @@ class TaskCommands:
             if options or request is not None:
                 return (conn, R.T_ERROR, "unauthorized", "an enqueue without the master "
                         "key may set no option and send no request")
-        refused = self.admit(len(params))
+        size = len(params)
+        if request is not None:         # checked here, so its body counts for admission
+            spec = self.store.function(function) if type(function) is str else None
+            if spec is not None:
+                request = requests.parse(request, spec.request_headers)
+                if isinstance(request, str):
+                    return (conn, R.T_ERROR, "bad_request", request)
+                size = len(request[1]) + request[0].size()
+        refused = self.admit(size)
         if refused is not None:
             return (conn, R.T_ERROR, *refused)
         task = self.store.enqueue(function, params, options, now, uid=uid, request=request,
@@ -241,9 +249,10 @@ class TaskCommands:
     def rehold(self, name: str, slots: int) -> None:
         self.store.rehold(name, slots)
 
-    def unhold(self, name: str, slots: int, now: float) -> None:
+    def unhold(self, name: str, slots: int, now: float, feed: bool = True) -> None:
         self.store.unhold(name, slots, now)
-        self.feed(now)              # a task waiting for the slot is handed out at once
+        if feed:
+            self.feed(now)          # a task waiting for the slot is handed out at once
 
     def slots_dump(self) -> list[tuple[str, int, int]]:
         """(function, in use, most in use this interval) of the configured functions and

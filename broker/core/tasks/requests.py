@@ -37,7 +37,7 @@ import binascii
 import json
 import re
 from typing import Any, NamedTuple
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 #: the headers any request task may set (a function's `request_headers` adds to them)
@@ -58,6 +58,7 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")         # RFC 9110 §5.6.2
 _PATH_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")  # RFC 3986 pchar and "/"
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 #: what a path may not hold, each with the words that refuse it (checked in this order)
 _PATH_REFUSALS = (
     (("\r", "\n"), "a line break"),
@@ -160,6 +161,12 @@ def path_problem(path: str) -> str | None:
     if not _PATH_CHARS.fullmatch(path) or _BAD_PERCENT.search(path):
         return ("may hold only the characters RFC 3986 allows in a path, and '%' only "
                 "before two hex digits: percent-encode the rest")
+    try:            # what a lenient server decodes must not climb out either
+        decoded = unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "must percent-encode UTF-8 only"
+    if ".." in decoded or "\\" in decoded or _CONTROL.search(decoded):
+        return "must not hold '..', '\\' or control characters, encoded or not"
     return None
 
 
@@ -170,6 +177,8 @@ def _query(query: Any) -> str | Refusal:
         return Refusal("request query must be an object of strings or lists of strings")
     pairs = []
     for name, value in query.items():
+        if type(name) is not str:
+            return Refusal("request query names must be strings")
         values = value if isinstance(value, list) else [value]
         if not name or not all(type(v) is str for v in values):
             return Refusal(f"request query {name!r} must be a string or a list of strings"
@@ -204,7 +213,7 @@ def _headers(headers: Any, allowed: tuple[str, ...],
     names = {n.lower(): n for n in (*SAFE_HEADERS, *allowed)}
     out = []
     for name, value in headers.items():
-        known = names.get(name.lower())
+        known = names.get(name.lower()) if type(name) is str else None
         if known is None:
             return Refusal(f"request header {name!r} is not allowed: allowed are "
                            f"{', '.join(names.values())} (a function's request_headers "
@@ -220,9 +229,12 @@ def _headers(headers: Any, allowed: tuple[str, ...],
 
 
 def url(base: str, request: Request) -> str:
-    """The URL a request task calls: its function's, then the path, then the query."""
+    """The URL a request task calls: its function's, then the path, then the query (after
+    any query the function's URL has: `?code=KEY`)."""
+    base, _, fixed = base.partition("?")
     target = base.rstrip("/") + request.path if request.path else base
-    return f"{target}?{request.query}" if request.query else target
+    query = "&".join(q for q in (fixed, request.query) if q)
+    return f"{target}?{query}" if query else target
 
 
 def call_ext(request: Request | None, result_headers: tuple[str, ...],

@@ -296,13 +296,14 @@ class Tasks:
                 client_ip: str | None = None) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
         random id the caller made (the core has no randomness of its own for ids).
-        `request`: a request task's request object, unchecked (requests.py), whose body
-        becomes the params."""
+        `request`: a request task's request object (requests.py), whose body becomes the
+        params: unchecked, or as `requests.parse` made it."""
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
         if request is not None:
-            checked = requests.parse(request, spec.request_headers)
+            checked = request if isinstance(request, tuple) else requests.parse(
+                request, spec.request_headers)      # (a tuple: checked by the caller)
             if isinstance(checked, str):
                 return _bad(checked)
             request, params = checked
@@ -425,7 +426,8 @@ class Tasks:
             if spec is None or not spec.rate:
                 continue
             gate = self.gate(name, now)
-            gate.tat = max(gate.tat, tat - self.wall_offset)
+            most = now + spec.interval * (spec.burst + 1)   # the furthest GCRA can set it
+            gate.tat = max(gate.tat, min(tat - self.wall_offset, most))
             heapq.heappush(self.idle_gates, (gate.holds_until(spec.max_pause_ms / 1000), name))
 
     def durable_gates(self, now: float) -> dict[str, float]:
@@ -847,6 +849,8 @@ class Tasks:
         spec = self.specs.pop(name)
         del self.uses[name]
         self.recent.pop(name, None)
+        if name not in self.held:
+            self.peaks.pop(name, None)
         gate = self.gates.get(name)
         if gate is not None:
             until = gate.holds_until((spec.max_pause_ms if spec else 60000) / 1000)
@@ -876,7 +880,8 @@ class Tasks:
                 value = optional.get(name)
                 setattr(task, name, value if type(value) is str else None)
             kept = optional.get("result_headers")
-            if isinstance(kept, dict) and all(type(v) is str for v in kept.values()):
+            if isinstance(kept, dict) and all(type(k) is str and type(v) is str
+                                              for k, v in kept.items()):
                 task.result_headers = kept
             deadline = optional.get("queue_deadline")
             if isinstance(deadline, (int, float)):
