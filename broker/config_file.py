@@ -59,7 +59,8 @@ MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep i
 DEFAULT_SIZE = 1 << 20
 _FUNCTION_KEYS = {"url", "upstream", "path", "concurrency", "timeout", "max_timeout",
                   *_LIMIT_KEYS}
-_UPSTREAM_KEYS = {"balance", "key", "consistent", "two", "servers"}
+_UPSTREAM_KEYS = {"balance", "key", "consistent", "two", "servers", "rate", "burst",
+                  "concurrency"}
 _SERVER_KEYS = {"url", "weight", "max_fails", "fail_timeout", "max_conns", "backup", "down"}
 #: what may count as a server's failure (nginx's proxy_next_upstream, less what needs a
 #: second try: non_idempotent, invalid_header, off)
@@ -200,10 +201,14 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         where = f"{path}: [upstreams.{name}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        if "rate" in entry or "concurrency" in entry:
-            raise ConfigError(f"{where}: rate and concurrency on an upstream are not "
-                              "supported yet: set them on its functions")
         _no_unknown(entry, _UPSTREAM_KEYS, where)
+        concurrency = entry.get("concurrency", 0)
+        if type(concurrency) is not int or not 0 <= concurrency <= 100_000:
+            raise ConfigError(f"{where}: concurrency must be an integer from 1 to 100000")
+        rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
+        burst = entry.get("burst", 0)
+        if type(burst) is not int or not 0 <= burst <= 1_000_000:
+            raise ConfigError(f"{where}: burst must be an integer from 0 to 1000000")
         servers = entry.get("servers")
         if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
             raise ConfigError(f"{where}: servers must be a list of server tables "
@@ -211,7 +216,8 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         spec = UpstreamSpec(name, tuple(_server(s, f"{where} servers[{i}]")
                                         for i, s in enumerate(servers)),
                             entry.get("balance", "round_robin"), entry.get("key"),
-                            entry.get("consistent", False), entry.get("two", False))
+                            entry.get("consistent", False), entry.get("two", False),
+                            concurrency, rate, per_s, burst)
         errors = validate(spec)
         if errors:
             raise ConfigError(f"{where} {errors[0]}")

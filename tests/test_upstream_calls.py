@@ -191,3 +191,40 @@ def test_clients_address_is_kept_and_shown_to_the_master_key_only():
     assert views.info(u.store, task.uid, u.now, keyed=True)["clientIp"] == "127.3.4.1"
     assert "clientIp" not in views.info(u.store, task.uid, u.now)
     assert u.call() in (A, B) and task.status == SUCCESS
+
+
+def two_functions(**limits) -> Tasks:
+    spec = UpstreamSpec("gpu", (ServerSpec(A), ServerSpec(B)), **limits)
+    functions = {n: FunctionSpec(n, "", 10, upstream="gpu", path=f"/{n}") for n in ("f", "g")}
+    return Tasks(functions, wall_offset=WALL, upstreams=(spec,), started_at=T0)
+
+
+def test_an_upstreams_concurrency_holds_for_all_its_functions_together():
+    store = two_functions(concurrency=3)
+    for i in range(4):
+        store.enqueue("f", b"{}", None, T0, uid=f"f{i}")
+        store.enqueue("g", b"{}", None, T0, uid=f"g{i}")
+    running = [store.take("d", T0) for _ in range(4)]
+    assert running[3] is None and len({t.function for t in running[:3]}) == 2
+    store.outcome(running[0].uid, 1, Outcome("success", 200, b"{}"), T0)
+    assert store.take("d", T0) is not None, "a call's end lets the next one of either start"
+    assert store.take("d", T0) is None
+
+
+def test_an_upstreams_rate_holds_for_all_its_functions_together():
+    store = two_functions(rate=2)                       # 2 a second, so one per 0.5 s
+    for i in range(3):
+        store.enqueue("f", b"{}", None, T0, uid=f"f{i}")
+        store.enqueue("g", b"{}", None, T0, uid=f"g{i}")
+    starts = []
+    now = T0
+    while now < T0 + 2.6:
+        while (task := store.take("d", now)) is not None:
+            starts.append(round(now - T0, 6))
+            store.outcome(task.uid, 1, Outcome("success", 200, b"{}"), now)
+        wake = store.next_deadline()
+        if wake is None:
+            break
+        now = max(now, wake)
+        store.expire(now)
+    assert starts == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]

@@ -243,7 +243,7 @@ class Tasks:
         # functions on an upstream (upstream_calls.py): its servers' shared state, and the
         # functions held back because no server is usable: until when (inf: until a call
         # on that upstream ends)
-        self.upstream = UpstreamCalls(upstreams)
+        self.upstream = UpstreamCalls(upstreams, started_at=started_at)
         self.blocked: dict[str, float] = {}
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
@@ -448,6 +448,11 @@ class Tasks:
             return
         gate = self.gates.get(name)
         opens = gate.opens_at() if gate is not None else 0.0
+        if spec.upstream is not None:           # its upstream's own limits
+            if self.upstream.full(spec.upstream):
+                self.upstream.waiting.setdefault(spec.upstream, set()).add(name)
+                return                          # (offered again when a call there ends)
+            opens = max(opens, self.upstream.opens_at(spec.upstream, now))
         if self.blocked:                        # no server of its upstream is usable
             blocked = self.blocked.get(name, 0.0)
             if blocked > now:
@@ -469,6 +474,9 @@ class Tasks:
     def _may_start(self, name: str, now: float) -> bool:
         spec = self.specs.get(name)
         if spec is None or self.in_use(name) >= spec.concurrency:
+            return False
+        if spec.upstream is not None and (self.upstream.full(spec.upstream) or
+                                          self.upstream.opens_at(spec.upstream, now) > now):
             return False
         gate = self.gates.get(name)
         return gate is None or gate.opens_at() <= now
@@ -545,9 +553,11 @@ class Tasks:
         self.upstream.done(upstream, peer, counted, result.error if counted else None, now)
         if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
-        for name in [n for n in self.blocked if (self.specs.get(n) or self.function(n)) is not
-                     None and (self.specs.get(n) or self.function(n)).upstream == upstream]:
-            del self.blocked[name]
+        again = self.upstream.ended(upstream)
+        again.update(n for n in self.blocked if (self.specs.get(n) or self.function(n)) is not
+                     None and (self.specs.get(n) or self.function(n)).upstream == upstream)
+        for name in again:
+            self.blocked.pop(name, None)
             self._offer(name, now)
 
     def call_url(self, task: Task, spec: FunctionSpec) -> str:
@@ -603,6 +613,8 @@ class Tasks:
                         peer.conns -= 1
                     return None             # the binlog's disk is full: it waits, queued
                 heapq.heappop(heads)        # ours, the top before the passed go back
+                if upstream is not None:
+                    self.upstream.started(upstream, now)
                 break
         finally:
             for entry in passed:

@@ -12,6 +12,11 @@ The task store asks this at three points:
   what counts as a failure decided by the function's `next_upstream` (`failed`).
 * `pause(task, until)` for a 429 / 503 with Retry-After: that server only.
 
+An upstream may also have a `concurrency` and a `rate` of its own (zstalk's, not
+nginx's), which every function on it shares beside its own: `full` and `opens_at` say
+whether one more call may start, `started` and `ended` count them, and the functions a
+full upstream held back (`waiting`) are offered again when a call on it ends.
+
 The hash key of a task is taken at enqueue (`balance_key`): its uniqueId, a top-level
 field of its params, or its client's address (`client_ip`, also ip_hash's key); a task
 without one is balanced by round robin, as nginx does with an empty key.
@@ -24,19 +29,31 @@ from typing import Iterable
 
 from ..upstreams import NO_LIVE_UPSTREAMS, Peer, Unavailable, UpstreamGroup, reload_groups
 from ..upstreams.spec import UpstreamSpec
+from .limits import Gate
 
 ERROR_CHARS = 200           # a server's last error, as shown
 
 
 class UpstreamCalls:
-    def __init__(self, specs: Iterable[UpstreamSpec] = (), rand=random.randrange) -> None:
+    def __init__(self, specs: Iterable[UpstreamSpec] = (), rand=random.randrange,
+                 started_at: float = float("-inf")) -> None:
         self.rand = rand
+        self.started_at = started_at        # (gates get no burst credit from before it)
         self.groups: dict[str, UpstreamGroup] = {s.name: UpstreamGroup(s, rand) for s in specs}
         self.last_error: dict[tuple[str, str], str] = {}    # (upstream, url) -> last error
+        self.running: dict[str, int] = {}   # upstream -> calls in flight on it
+        self.gates: dict[str, Gate] = {}    # upstream -> its own rate
+        self.waiting: dict[str, set[str]] = {}  # upstream -> functions it held back (full)
 
     def reload(self, specs: Iterable[UpstreamSpec]) -> None:
-        """SIGHUP: a server keeps its state while (upstream, url as written) stays."""
+        """SIGHUP: a server keeps its state while (upstream, url as written) stays; a
+        rate keeps its TAT."""
+        specs = list(specs)
         self.groups = reload_groups(self.groups, specs, self.rand)
+        for spec in specs:
+            gate = self.gates.get(spec.name)
+            if gate is not None:
+                gate.configure(spec.per_s / spec.rate if spec.rate else 0.0, spec.burst)
         kept = {(name, peer.url) for name, g in self.groups.items() for peer in g.peers}
         self.last_error = {k: v for k, v in self.last_error.items() if k in kept}
 
@@ -78,6 +95,44 @@ class UpstreamCalls:
         group = self.groups.get(upstream)
         if group is not None:
             group.pause(peer, until)
+
+    # -- the upstream's own limits ----------------------------------------------------------
+    def full(self, upstream: str) -> bool:
+        group = self.groups.get(upstream)
+        limit = group.spec.concurrency if group is not None else 0
+        return bool(limit) and self.running.get(upstream, 0) >= limit
+
+    def opens_at(self, upstream: str, now: float) -> float:
+        """When the upstream's rate lets its next call start (0.0: no rate)."""
+        gate = self._gate(upstream, now)
+        return gate.opens_at() if gate is not None else 0.0
+
+    def started(self, upstream: str, now: float) -> None:
+        self.running[upstream] = self.running.get(upstream, 0) + 1
+        gate = self._gate(upstream, now)
+        if gate is not None:
+            gate.start(now)
+
+    def ended(self, upstream: str) -> set[str]:
+        """A call on `upstream` ended: the functions its concurrency held back."""
+        left = self.running.get(upstream, 0) - 1
+        if left > 0:
+            self.running[upstream] = left
+        else:
+            self.running.pop(upstream, None)
+        return self.waiting.pop(upstream, set())
+
+    def _gate(self, upstream: str, now: float) -> Gate | None:
+        gate = self.gates.get(upstream)
+        if gate is None:
+            group = self.groups.get(upstream)
+            if group is None or not group.spec.rate:
+                return None
+            spec = group.spec
+            interval = spec.per_s / spec.rate
+            gate = self.gates[upstream] = Gate(interval, spec.burst, now,
+                                               tat=self.started_at + interval * spec.burst)
+        return gate
 
     # -- looking -------------------------------------------------------------------------
     def servers(self, upstream: str, now: float, wall_offset: float) -> list[dict]:

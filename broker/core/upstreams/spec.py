@@ -60,6 +60,11 @@ class UpstreamSpec:
     key: str | None = None          # balance="hash": the key selector, opaque here
     consistent: bool = False        # balance="hash": ketama (`hash $key consistent`)
     two: bool = False               # balance="random": least_conn of two draws
+    # zstalk's, not nginx's: limits every function on the upstream shares (0: none)
+    concurrency: int = 0
+    rate: int = 0                   # calls per `per_s` seconds
+    per_s: float = 1.0
+    burst: int = 0
 
 
 class SpecError(NamedTuple):
