@@ -5,6 +5,7 @@ the sequence Debian's nginx picks for the same upstream block."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
 import threading
@@ -16,7 +17,8 @@ import pytest
 
 from nginx import Backend, Reply
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
-from test_upstreams_nginx import backends, names, nginx_for, nginx_sequence, spec_of  # noqa: F401
+from test_upstreams_nginx import (backends, names, nginx_for, nginx_sequence,  # noqa: F401
+                                  require_loopback_sources, spec_of)
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 
@@ -267,3 +269,43 @@ def test_max_conns_holds_for_every_dispatcher_process_together(tmp_path):
             host.stop()
     assert [i["status"] for i in infos] == ["success"] * 60
     assert max(most.values()) <= 2 and len(most) == 3, most
+
+
+def test_ip_hash_sends_each_enqueuers_tasks_where_nginx_sends_that_client(tmp_path, backends):
+    require_loopback_sources()
+    spec = spec_of("ip_hash", backends, "a:2 b c:down d:3 e")
+    name_of = names(spec, backends)
+    clients = [f"127.{a}.{b}.1" for a in (0, 34, 119, 255) for b in (0, 13, 200)]
+    nginx = nginx_for(tmp_path, spec)
+    try:
+        expected = {}
+        for source in clients:
+            conn = http.client.HTTPConnection(*nginx.address, timeout=5,
+                                              source_address=(source, 0))
+            conn.request("GET", "/backend/")
+            expected[source] = conn.getresponse().read().decode()
+            conn.close()
+    finally:
+        nginx.stop()
+    config = server_lines(spec) + '[functions.gen]\nupstream = "gpu"\npath = "/"\n'
+    got = {}
+    with cluster(tmp_path, config) as api:
+        host, port = api.split("//")[1].split("/")[0].split(":")
+        for source in clients:
+            conn = http.client.HTTPConnection(host, int(port), timeout=5,
+                                              source_address=(source, 0))
+            conn.request("POST", "/v1/tasks", json.dumps({"function": "gen"}),
+                         {"Content-Type": "application/json"})
+            uid = json.loads(conn.getresponse().read())["uniqueId"]
+            conn.close()
+            got[source] = uid
+        infos = finished(api, list(got.values()))
+    assert all(i["status"] == "success" for i in infos)
+    by_uid = {}
+    for name, backend in backends.items():
+        for request in backend.requests:
+            uid = request.headers.get("X-Zstalk-Task-Id")
+            if uid:
+                by_uid[uid] = name
+    assert {source: by_uid[uid] for source, uid in got.items()} == expected
+    assert len(set(expected.values())) > 1      # (the clients do spread: a real check)
