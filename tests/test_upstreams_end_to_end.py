@@ -274,7 +274,6 @@ def test_max_conns_holds_for_every_dispatcher_process_together(tmp_path):
 def test_ip_hash_sends_each_enqueuers_tasks_where_nginx_sends_that_client(tmp_path, backends):
     require_loopback_sources()
     spec = spec_of("ip_hash", backends, "a:2 b c:down d:3 e")
-    name_of = names(spec, backends)
     clients = [f"127.{a}.{b}.1" for a in (0, 34, 119, 255) for b in (0, 13, 200)]
     nginx = nginx_for(tmp_path, spec)
     try:
