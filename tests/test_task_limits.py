@@ -48,6 +48,25 @@ def test_calls_start_exactly_when_gcra_lets_them_and_never_faster(rate, per_s, b
             assert n <= burst + 1 + math.floor((b - a) / interval + 1e-9)
 
 
+def test_a_timer_that_fires_late_loses_no_rate_and_no_window_holds_more_than_its_bound():
+    from zstalk.broker.core.tasks.limits import LATE_S
+    c = Clock(f={"rate": 1000, "concurrency": 10_000})
+    for _ in range(1500):
+        c.enqueue()
+    starts, now = [], T0
+    while now < T0 + 1.0:                   # the timer always fires 0.6 ms late
+        while c.store.take("d", now) is not None:
+            starts.append(now)
+        now = c.store.next_deadline() + 0.0006
+        c.store.expire(now)
+    assert 995 <= len(starts) <= 1003, len(starts)     # (strict max(TAT, now): 625)
+    for i, a in enumerate(starts):
+        j = i
+        while j + 1 < len(starts) and starts[j + 1] - a <= 0.05:
+            j += 1
+        assert j - i + 1 <= 1 + math.floor((0.05 + LATE_S) / 0.001 + 1e-9)
+
+
 def test_a_task_over_the_rate_stays_in_its_place_and_spends_no_attempt():
     c = Clock(f={"rate": 1, "burst": 0, "concurrency": 10})
     first, second = c.enqueue(), c.enqueue()

@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -308,3 +309,31 @@ def test_ip_hash_sends_each_enqueuers_tasks_where_nginx_sends_that_client(tmp_pa
                 by_uid[uid] = name
     assert {source: by_uid[uid] for source, uid in got.items()} == expected
     assert len(set(expected.values())) > 1      # (the clients do spread: a real check)
+
+
+@pytest.mark.parametrize("consistent", [False, True])
+def test_hash_on_a_params_field_sends_each_key_where_nginx_sends_it(tmp_path, backends,
+                                                                    consistent):
+    spec = spec_of("hash", backends, "a:2 b c:down d:3 e", key="params.user",
+                   consistent=consistent)
+    users = [f"user{i}" for i in range(40)] + ["x" * 300, "A-b_c.9"]   # (as $arg_key has them)
+    nginx = nginx_for(tmp_path, spec)
+    try:
+        expected = {}
+        for user in users:
+            conn = http.client.HTTPConnection(*nginx.address, timeout=5)
+            conn.request("GET", "/backend/?key=" + urllib.parse.quote(user))
+            expected[user] = conn.getresponse().read().decode()
+            conn.close()
+    finally:
+        nginx.stop()
+    config = (server_lines(spec).replace('balance = "hash"', 'balance = "hash"\n'
+                                         f'key = "params.user"\nconsistent = {str(consistent).lower()}')
+              + '[functions.gen]\nupstream = "gpu"\npath = "/"\n')
+    with cluster(tmp_path, config) as api:
+        items = post(f"{api}/tasks", [{"function": "gen", "params": {"user": u}} for u in users])
+        uids = [item["uniqueId"] for item in items]
+        assert all(i["status"] == "success" for i in finished(api, uids))
+    by_uid = {request.headers.get("X-Zstalk-Task-Id"): name
+              for name, backend in backends.items() for request in backend.requests}
+    assert {u: by_uid[uid] for u, uid in zip(users, uids)} == expected
