@@ -49,6 +49,9 @@ ROWS = {
         "put round trip through a remote front, idle, p50", "pipelined put through a remote",
         "1 producer + 4 worker processes", "broker CPU-s per 1,000"]),
         ("curve-flood", "zstalk flood", ["pipelined put", "native", "one at a time"])],
+    "bench_limits": [("limits", "zstalk", [
+        "1: 10/s, 1 dispatcher: achieved", "1: 1,000/s, 4 dispatchers",
+        "2: CPU-s per 1,000 tasks", "3: ETA, rate-bound", "3: ETA, concurrency-bound"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_schedules": [("schedules", "zstalk", [
