@@ -13,7 +13,7 @@ Targets (issue 27): a rate far above the load costs at most 5 % more system CPU-
 5 % (p90 10 %) of its real wait when the rate holds it, 15 % (p90 35 %) when its
 concurrency does.  Part 1's Celery rows need Debian's redis-server and the `bench` extra
 (`.venv/bin/pip install -e '.[bench]'`); without them they are skipped and say why.  A
-full run takes about 7 minutes on 2 cores, --quick about 2, --smoke about 1.
+full run takes about 9 minutes on 2 cores (510 s), --quick 1.5, --smoke half a minute.
 
 Method
 ------

@@ -5,7 +5,8 @@ figure for zstalk.  Then the harness's own promises: --against HEAD runs a secon
 zstalk beside this one (built once into ~/.cache/zstalk-bench and cached by commit;
 skipped, with the reason, when git or pip cannot build it), scripts/bench_readme rewrites
 a README block from a run, and a benchmark started with the system's python3 re-execs
-itself under the project's .venv.  The whole file takes about a minute and a half."""
+itself under the project's .venv.  The whole file took about a minute and a
+half before bench_limits, whose smoke adds half a minute."""
 from __future__ import annotations
 
 import glob
