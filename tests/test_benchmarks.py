@@ -5,7 +5,8 @@ figure for zstalk.  Then the harness's own promises: --against HEAD runs a secon
 zstalk beside this one (built once into ~/.cache/zstalk-bench and cached by commit;
 skipped, with the reason, when git or pip cannot build it), scripts/bench_readme rewrites
 a README block from a run, and a benchmark started with the system's python3 re-execs
-itself under the project's .venv.  The whole file takes about a minute and a half."""
+itself under the project's .venv.  The whole file took about a minute and a
+half before bench_limits, whose smoke adds half a minute."""
 from __future__ import annotations
 
 import glob
@@ -49,6 +50,9 @@ ROWS = {
         "put round trip through a remote front, idle, p50", "pipelined put through a remote",
         "1 producer + 4 worker processes", "broker CPU-s per 1,000"]),
         ("curve-flood", "zstalk flood", ["pipelined put", "native", "one at a time"])],
+    "bench_limits": [("limits", "zstalk", [
+        "1: 10/s, 1 dispatcher: achieved", "1: 1,000/s, 4 dispatchers",
+        "2: CPU-s per 1,000 tasks", "3: ETA, rate-bound", "3: ETA, concurrency-bound"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_schedules": [("schedules", "zstalk", [

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -30,11 +31,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 STOP_GRACE_S = 10.0
 #: what zstalk says on every start and every SIGTERM: not news in a benchmark's notes
 ZSTALK_CHATTER = ("zstalk: beanstalk on ", "stopping: telling ")
+#: every role's start line since issue 24: `zstalk ROLE VERSION: ...` (`zstalkd VERSION: ...`)
+ZSTALK_START_LINE = re.compile(r"(zstalkd|zstalk [a-z][a-z ]*) \d[^\s:]*: ")
 
 
 def zstalk_keep(line: str) -> bool:
     """A Proc's `keep` for zstalk's processes: all of its output but its usual chatter."""
-    return not any(c in line for c in ZSTALK_CHATTER)
+    return not (any(c in line for c in ZSTALK_CHATTER) or ZSTALK_START_LINE.match(line))
 
 
 # --------------------------------------------------------------------------- ports
