@@ -50,7 +50,8 @@ from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause", "request_headers",
-               "result_headers", "next_upstream", "connect_timeout"}
+               "result_headers", "next_upstream", "connect_timeout", "online", "pass_ttl",
+               "online_heartbeat", "max_waiting_per_client", "admit_url"}
 _DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
                  "max_timeout", "max_result", "upstream", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
@@ -161,6 +162,8 @@ def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
         raise ConfigError(f"{where}: path is for functions on an upstream (give upstream)")
     if "url" in entry:          # (its own url, whatever [functions] says)
         defaults = {k: v for k, v in defaults.items() if k != "upstream"}
+    if entry.get("online") == "only" and "url" not in entry and "upstream" not in entry:
+        entry = {**entry, "url": _ONLINE_ONLY}      # (never called)
     if "url" not in entry and "upstream" not in entry and base_url is None:
         raise ConfigError(f"{where}: url is missing (or give [functions] base_url, or "
                           "an upstream)")
@@ -183,6 +186,8 @@ def _under(base_url: str | None, name: str) -> str | None:
 
 #: the base_url a [functions] upstream stands for while the names are read (never called)
 _UPSTREAM_BASE = "http://upstream"
+_ONLINE_ONLY = "http://online-only"     # the url of a function of online tasks only
+_ONLINE = ("public", "master", "only")
 
 
 def _upstream_name(name: Any, upstreams: dict, where: str) -> str:
@@ -300,8 +305,24 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     if not isinstance(next_upstream, list) or not set(next_upstream) <= set(NEXT_UPSTREAM):
         raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
     connect_ms = duration_ms(entry.get("connect_timeout", "5s"), f"{where}: connect_timeout")
+    online = entry.get("online", "master")
+    if online not in _ONLINE:
+        raise ConfigError(f"{where}: online is \"public\", \"master\" or \"only\", not {online!r}")
+    pass_ttl = duration_ms(entry.get("pass_ttl", "5m"), f"{where}: pass_ttl")
+    heartbeat = duration_ms(entry.get("online_heartbeat", "5m"), f"{where}: online_heartbeat")
+    if not pass_ttl or not heartbeat:
+        raise ConfigError(f"{where}: pass_ttl and online_heartbeat must be above 0")
+    most_waiting = entry.get("max_waiting_per_client", 20)
+    if type(most_waiting) is not int or not 1 <= most_waiting <= 1_000_000:
+        raise ConfigError(f"{where}: max_waiting_per_client must be an integer from 1 to 1000000")
+    admit_url = entry.get("admit_url", "")
+    if admit_url and (not isinstance(admit_url, str) or not re.match(r"https?://[^/\s]+", admit_url)
+                      or "#" in admit_url):
+        raise ConfigError(f"{where}: admit_url must be an http:// or https:// URL without a "
+                          f"fragment (the pass goes there), not {admit_url!r}")
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
+                        online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, frozenset(next_upstream), max(connect_ms, 1))
 
 

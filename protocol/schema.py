@@ -124,6 +124,8 @@ class Op(enum.IntEnum):
     # functions (version 4): their queues, limits and pauses, answered T_FUNCTIONS / T_FUNCTION
     T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)
     T_FUNCTION = 62     # (conn, name)
+    # the waiting room (version 4): an admitted online task's user is through
+    T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
 
 
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose

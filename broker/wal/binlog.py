@@ -513,6 +513,12 @@ class Binlog:
             out["balance_key"] = task.balance_key
         if task.client_ip is not None:
             out["client_ip"] = task.client_ip
+        if task.online:
+            out["online"] = True
+            if task.pass_exp:
+                out["pass_exp"] = task.pass_exp + self.wall_offset
+            if task.ended_by:
+                out["ended_by"] = task.ended_by
         return out
 
     def _task_record(self, task: Task, result: bytes | None) -> bytes:

@@ -90,7 +90,7 @@ T_RESULT = len(TASK_FIELDS)
 T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after the result
 #: the keys this zstalk writes and reads
 TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers", "balance_key",
-                 "client_ip")
+                 "client_ip", "online", "pass_exp", "ended_by")
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")
 

@@ -67,7 +67,7 @@ class TaskCommands:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
                 Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
-                Op.T_FUNCTION: self.t_function}
+                Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -117,8 +117,11 @@ class TaskCommands:
             return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
         said = ext[0] if ext and isinstance(ext[0], dict) else {}
         request = said.get("request")
+        online = said.get("type") == "online"
         if keyed is not True:
-            if not self.api.public_enqueue:
+            spec = self.store.function(function) if online else None
+            public = spec is not None and spec.online in ("public", "only")
+            if not (self.api.public_enqueue or public):
                 return (conn, R.T_ERROR, *NEEDS_KEY)
             if options or request is not None:
                 return (conn, R.T_ERROR, "unauthorized", "an enqueue without the master "
@@ -135,7 +138,7 @@ class TaskCommands:
         if refused is not None:
             return (conn, R.T_ERROR, *refused)
         task = self.store.enqueue(function, params, options, now, uid=uid, request=request,
-                                  client_ip=self._client_ip(said))
+                                  client_ip=self._client_ip(said), online=online)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
         info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
@@ -162,6 +165,9 @@ class TaskCommands:
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:
             return (s.conn, R.T_ERROR, *NEEDS_KEY)
+        task = self.store.tasks.get(op[2]) if type(op[2]) is str else None
+        if task is not None:
+            self.store.seen(task, now)      # (a waiting user looked: it keeps its place)
         info = views.info(self.store, op[2], now, keyed=op[3] is True) \
             if type(op[2]) is str else None
         if info is None:
@@ -174,6 +180,18 @@ class TaskCommands:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
+        self.feed(now)                  # (an admitted task's slot is free again)
+        return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+
+    def t_done(self, s, op, now):
+        """An admitted online task's user is through (the front checked the pass or the
+        key): its slot goes to the next in line."""
+        task = self.store.done(op[2], now) if type(op[2]) is str else None
+        if task is None:
+            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
+        if isinstance(task, TaskError):
+            return (s.conn, R.T_ERROR, *task)
+        self.feed(now)
         return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
 
     def t_list(self, s, op, now):
@@ -267,8 +285,11 @@ class TaskCommands:
         self.store.peaks = {}
 
     def feed(self, now: float) -> None:
-        """Hand due tasks to dispatchers with free slots, one each in turn; one that got
-        a call goes to the back, so calls spread over dispatchers."""
+        """Admit the online tasks whose turn came; hand due tasks to dispatchers with free
+        slots, one each in turn; one that got a call goes to the back, so calls spread
+        over dispatchers."""
+        if self.store.liveness:         # (queued online tasks exist)
+            self.store.admit(now)
         old = self.old_peers
         while True:
             handed = False

@@ -18,11 +18,12 @@ _STALE_SLACK = 64
 
 
 class FunctionCounts:
-    __slots__ = ("enqueued", "started", "finished", "retries", "calls")
+    __slots__ = ("enqueued", "started", "finished", "retries", "calls", "abandoned")
 
     def __init__(self) -> None:
         self.enqueued = 0
-        self.started = 0
+        self.started = 0                # calls started, and online tasks admitted
+        self.abandoned = 0              # online tasks cancelled: nobody looked in time
         self.finished: dict[str, int] = {}      # outcome (a final status) -> tasks
         self.retries = 0
         self.calls = Histogram(CALL_BUCKETS)    # call durations, seconds

@@ -62,6 +62,7 @@ outcome then, decided by its deliveryMode.
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import math
 import random
 import re
@@ -80,8 +81,10 @@ from .stats import FunctionCounts, Queued
 
 
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
+ADMITTED = "admitted"       # an online task whose turn came: it holds a slot, its user a pass
 FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
-STATUSES = frozenset({QUEUED, RUNNING}) | FINISHED
+STATUSES = frozenset({QUEUED, RUNNING, ADMITTED}) | FINISHED
+ABANDONED = "abandoned"     # the error of an online task not looked at within its heartbeat
 AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 
 #: how long past its timeout a running task waits for its dispatcher's report
@@ -132,6 +135,14 @@ class FunctionSpec(NamedTuple):
     max_pause_ms: int = 60000
     request_headers: tuple[str, ...] = ()   # request tasks may set these too (requests.py)
     result_headers: tuple[str, ...] = ()    # response headers a task keeps (resultHeaders)
+    # the waiting room (online tasks, room.py): who may enqueue them ("public", "master"
+    # or "only": online tasks only, public), how long a pass lasts, how often a waiting
+    # user must look, how many may wait per client address
+    online: str = "master"
+    pass_ttl_ms: int = 300_000
+    heartbeat_ms: int = 300_000
+    max_waiting_per_client: int = 20
+    admit_url: str = ""
     upstream: str | None = None     # its calls go to a server of this upstream (url unused)
     path: str = ""                  # ... at this path
     next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
@@ -169,7 +180,7 @@ class Task:
                  "created", "started", "finished", "due", "deadline", "expires",
                  "status_code", "result", "error", "holder", "seg", "logged", "level",
                  "queue_deadline", "key", "extra", "request", "result_headers", "peer",
-                 "balance_key", "client_ip")
+                 "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -187,6 +198,10 @@ class Task:
         self.peer = None                # running on an upstream: the server it was given
         self.balance_key: str | None = None     # what its calls are hashed by (upstreams)
         self.client_ip: str | None = None       # who enqueued it (ip_hash, clientIp)
+        self.online = False             # a waiting-room task: admitted, never called
+        self.last_seen = 0.0            # online, queued: when its user last looked
+        self.pass_exp = 0.0             # admitted: when its pass expires
+        self.ended_by: str | None = None    # an admitted task's end: "done" or "expired"
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
@@ -244,6 +259,11 @@ class Tasks:
         # functions held back because no server is usable: until when (inf: until a call
         # on that upstream ends)
         self.upstream = UpstreamCalls(upstreams, started_at=started_at)
+        # the waiting room: admitted tasks by pass expiry, queued online tasks by when they
+        # are next checked for liveness, and the online tasks waiting per (function, client)
+        self.passes = SortedList()      # (pass expires, seq)
+        self.liveness = SortedList()    # (look again at, seq)
+        self.waiting_by: dict[tuple[str, str], int] = {}
         self.blocked: dict[str, float] = {}
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
@@ -293,7 +313,7 @@ class Tasks:
     # -- enqueue -------------------------------------------------------------------------
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
                 uid: str | None = None, request: Any = None,
-                client_ip: str | None = None) -> Task | TaskError:
+                client_ip: str | None = None, online: bool = False) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
         random id the caller made (the core has no randomness of its own for ids).
         `request`: a request task's request object (requests.py), whose body becomes the
@@ -310,6 +330,9 @@ class Tasks:
         parsed = parse_options(options, spec)
         if isinstance(parsed, TaskError):
             return parsed
+        refused = self._room_refusal(spec, parsed, online, client_ip)
+        if refused is not None:
+            return refused
         uid = parsed.get("uniqueId", uid)
         if uid is None:
             return TaskError("bad_request", "a uniqueId is needed")
@@ -323,6 +346,8 @@ class Tasks:
         task = Task(uid, function, params, priority, self.next_seq, now)
         task.request = request
         task.client_ip = client_ip
+        if online:
+            task.online, task.last_seen = True, now
         if spec.upstream is not None:
             task.balance_key = self.upstream.balance_key(spec.upstream, uid, params, client_ip)
         task.place(parsed.get("level", 0), priority)
@@ -339,6 +364,8 @@ class Tasks:
         self.next_seq += 1
         self._add(task, spec)
         self._counted(function).enqueued += 1
+        if online:
+            self._join_line(task, spec, now)
         if task.queue_deadline:
             self.timeouts.add((task.queue_deadline, task.seq))
         self._queue(task, task.due, now)
@@ -517,6 +544,152 @@ class Tasks:
         if used > self.peaks.get(name, 0):
             self.peaks[name] = used
 
+    # -- the waiting room: online tasks ------------------------------------------------
+    def _room_refusal(self, spec: FunctionSpec, options: dict, online: bool,
+                      client_ip: str | None) -> TaskError | None:
+        if not online:
+            return _bad(f"{spec.name!r} takes online tasks only (\"type\": \"online\")") \
+                if spec.online == "only" else None
+        if "uniqueId" in options:
+            return _bad("an online task gets a server-made uniqueId (its id is its user's "
+                        "key to it): give none")
+        group = client_group(client_ip)
+        if group is not None and self.waiting_by.get((spec.name, group), 0) >= (
+                spec.max_waiting_per_client):
+            return TaskError("too_many_waiting", f"at most {spec.max_waiting_per_client} "
+                             f"online tasks of {spec.name!r} may wait per client address")
+        return None
+
+    def _join_line(self, task: Task, spec: FunctionSpec, now: float) -> None:
+        self.liveness.add((now + spec.heartbeat_ms / 1000, task.seq))
+        group = client_group(task.client_ip)
+        if group is not None:
+            self.waiting_by[task.function, group] = self.waiting_by.get(
+                (task.function, group), 0) + 1
+
+    def _leave_line(self, task: Task) -> None:
+        group = client_group(task.client_ip)
+        key = (task.function, group)
+        if group is not None and key in self.waiting_by:
+            self.waiting_by[key] -= 1
+            if not self.waiting_by[key]:
+                del self.waiting_by[key]
+
+    def seen(self, task: Task, now: float) -> None:
+        """Its user looked at a queued online task (a GET): it keeps its place."""
+        if task.online and task.status == QUEUED:
+            task.last_seen = now
+
+    def admit(self, now: float) -> int:
+        """Admit every online task whose turn has come (the best heads that may start,
+        as take() finds them, skipping offline heads a dispatcher will take): each holds
+        a slot of its function and a pass until done, cancelled or expired."""
+        self._open_gates(now)
+        heads, offered, passed, admitted = self.heads, self.offered, [], 0
+        try:
+            while heads:
+                key, name = heads[0]
+                ready = self.ready.get(name)
+                if not (offered.get(name) == key and ready and ready[0] == key
+                        and self._may_start(name, now)):
+                    heapq.heappop(heads)
+                    if offered.get(name) == key:
+                        del offered[name]
+                        self._offer(name, now)
+                    continue
+                task = self.by_key[key]
+                if not task.online:
+                    passed.append(heapq.heappop(heads))
+                    continue
+                if self.wal is not None and not self.wal.reserve_call(task):
+                    break                   # (the disk is full: it waits, queued)
+                heapq.heappop(heads)
+                del offered[name]
+                self._admit(task, now)
+                admitted += 1
+        finally:
+            for entry in passed:
+                heapq.heappush(heads, entry)
+        return admitted
+
+    def _admit(self, task: Task, now: float) -> None:
+        name, spec = task.function, self.specs[task.function]
+        del self.by_key[task.key]
+        self._unready(task)
+        self.queued.discard(name)
+        self._leave_line(task)
+        self._counted(name).started += 1
+        if name in self.gates or spec.rate:
+            gate = self.gate(name, now)
+            gate.start(now)
+            if gate.interval >= DURABLE_RATE_S:
+                self.gates_changed = True
+        self._recent(name).started(now)
+        task.status, task.attempt, task.started = ADMITTED, task.attempt + 1, now
+        task.pass_exp = now + spec.pass_ttl_ms / 1000
+        self.passes.add((task.pass_exp, task.seq))
+        self.running[name] = self.running.get(name, 0) + 1
+        self._peak(name)
+        if self.wal is not None:
+            self.wal.log_task_state(task)
+        self._offer(name, now)
+
+    def done(self, uid: str, now: float) -> Task | TaskError:
+        """POST /v1/tasks/{id}/done: an admitted task's user is through; it ends as a
+        success and its slot goes to the next in line."""
+        task = self.tasks.get(uid)
+        if task is None:
+            return TaskError("not_found", f"no task {uid!r}")
+        if task.status != ADMITTED:
+            return TaskError("not_admitted", f"task {uid!r} is {task.status}, not admitted")
+        if self.wal is not None and not self.wal.reserve_task_state(task):
+            return _NO_SPACE
+        self._end_admission(task, now)
+        task.ended_by = "done"
+        self._finish(task, SUCCESS, now)
+        if self.wal is not None:
+            self.wal.log_task_state(task)
+        return task
+
+    def _end_admission(self, task: Task, now: float) -> None:
+        self.passes.discard((task.pass_exp, task.seq))
+        self.running[task.function] -= 1
+        if not self.running[task.function]:
+            del self.running[task.function]
+        self._offer(task.function, now)
+
+    def _room_expire(self, now: float) -> None:
+        """Passes that expired end their tasks; online tasks nobody looked at within their
+        heartbeat are cancelled as abandoned, and everyone behind them moves up."""
+        while self.passes and self.passes[0][0] <= now:
+            task = self.by_seq[self.passes[0][1]]
+            if self.wal is not None and not self.wal.reserve_task_state(task):
+                break
+            self._end_admission(task, now)
+            task.ended_by = "expired"
+            self._finish(task, SUCCESS, now)
+            if self.wal is not None:
+                self.wal.log_task_state(task)
+        while self.liveness and self.liveness[0][0] <= now:
+            _, seq = self.liveness.pop(0)
+            task = self.by_seq.get(seq)
+            if task is None or task.status != QUEUED:
+                continue
+            spec = self.specs.get(task.function) or self.function(task.function)
+            heartbeat = (spec.heartbeat_ms if spec else 300_000) / 1000
+            if task.last_seen + heartbeat > now:        # looked at since: check again then
+                self.liveness.add((task.last_seen + heartbeat, seq))
+                continue
+            if self.wal is not None and not self.wal.reserve_task_state(task):
+                self.liveness.add((now + 1.0, seq))
+                break
+            self._dequeue(task, now)
+            task.error = ABANDONED
+            self._counted(task.function).abandoned += 1
+            self._finish(task, CANCELLED, now)
+            if self.wal is not None:
+                self.wal.log_task_state(task)
+
     # -- upstreams -------------------------------------------------------------------------
     def _unavailable(self, task: Task, why: Unavailable, now: float) -> None:
         """No server of its upstream for `task`, the head of its function: every one down
@@ -588,8 +761,9 @@ class Tasks:
                     ready = self.ready.get(name)
                     if offered.get(name) == key and ready and ready[0] == key and (
                             self._may_start(name, now)):
-                        if not plain_only or self.by_key[key].request is None:
-                            break
+                        head = self.by_key[key]
+                        if not head.online and (not plain_only or head.request is None):
+                            break               # (online heads are admitted: `admit`)
                         passed.append(heapq.heappop(heads))
                         continue
                     heapq.heappop(heads)            # stale: no longer its head, or held back
@@ -756,6 +930,8 @@ class Tasks:
         self.bytes += held_bytes(task)
 
     def _finish(self, task: Task, status: str, now: float) -> None:
+        if task.online and task.status == QUEUED:
+            self._leave_line(task)
         if task.queue_deadline:
             self.timeouts.discard((task.queue_deadline, task.seq))
         finished = self._counted(task.function).finished
@@ -770,11 +946,14 @@ class Tasks:
         task = self.tasks.get(uid)
         if task is None:
             return TaskError("not_found", f"no task {uid!r}")
-        if task.status != QUEUED:
+        if task.status not in (QUEUED, ADMITTED):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
         if self.wal is not None and not self.wal.reserve_task_state(task):
             return _NO_SPACE
-        self._dequeue(task, now)
+        if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
+            self._end_admission(task, now)
+        else:
+            self._dequeue(task, now)
         self._finish(task, CANCELLED, now)
         if self.wal is not None:
             self.wal.log_task_state(task)
@@ -817,7 +996,8 @@ class Tasks:
 
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping, self.timeouts) if s]
+        heads = [s[0][0] for s in (self.waiting, self.calls, self.keeping, self.timeouts,
+                                   self.passes, self.liveness) if s]
         for timer in (self.shut, self.idle_gates):
             if timer:
                 heads.append(timer[0][0])
@@ -831,6 +1011,8 @@ class Tasks:
             self._make_due(task, now)
         self._open_gates(now)
         self._time_out(now)
+        if self.passes or self.liveness:
+            self._room_expire(now)
         while self.idle_gates and self.idle_gates[0][0] <= now:
             _, name = heapq.heappop(self.idle_gates)
             gate = self.gates.get(name)
@@ -888,9 +1070,12 @@ class Tasks:
             level = optional.get("level", 0)
             task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
             task.request = requests.Request.from_fields(optional.get("request"))
-            for name in ("balance_key", "client_ip"):
+            for name in ("balance_key", "client_ip", "ended_by"):
                 value = optional.get(name)
                 setattr(task, name, value if type(value) is str else None)
+            task.online = optional.get("online") is True
+            pass_exp = optional.get("pass_exp")
+            task.pass_exp = pass_exp - wall if isinstance(pass_exp, (int, float)) else 0.0
             kept = optional.get("result_headers")
             if isinstance(kept, dict) and all(type(k) is str and type(v) is str
                                               for k, v in kept.items()):
@@ -909,6 +1094,19 @@ class Tasks:
             self._add(task, self.function(function))
             if status == QUEUED:
                 self._queue(task, due - wall, now, restoring=True)
+                if task.online:             # (last seen: the restart)
+                    task.last_seen = now
+                    spec = self.specs.get(function)
+                    if spec is not None:
+                        self._join_line(task, spec, now)
+            elif status == ADMITTED:        # its pass still holds a slot until it expires
+                task.status = ADMITTED
+                if not task.pass_exp:       # (a TASK_STATE logged the admission: from then)
+                    spec = self.function(function)
+                    task.pass_exp = (task.started or now) + (
+                        spec.pass_ttl_ms if spec else 300_000) / 1000
+                self.passes.add((task.pass_exp, seq))
+                self.running[function] = self.running.get(function, 0) + 1
             elif status == RUNNING:         # its dispatcher may claim it (see `claim`)
                 task.status, task.holder = RUNNING, RESTARTED
                 task.deadline = now + CLAIM_S
@@ -935,6 +1133,17 @@ class Tasks:
         task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
         self.calls.add((task.deadline, task.seq))
         return True
+
+
+def client_group(ip: str | None) -> str | None:
+    """A client address as the waiting room counts it: IPv6 by its /64 (one user often
+    has a whole /64), IPv4 as it is."""
+    if not ip or ":" not in ip:
+        return ip or None
+    try:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    except ValueError:
+        return ip
 
 
 def held_bytes(task: Task) -> int:

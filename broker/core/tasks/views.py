@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .store import PER_UNIT, PAGE_SCAN, QUEUED, FunctionSpec, Task, Tasks
+from .store import ADMITTED, PER_UNIT, PAGE_SCAN, QUEUED, FunctionSpec, Task, Tasks
 
 
 def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
@@ -57,6 +57,12 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         out["level"] = task.level
     if keyed and task.client_ip is not None:
         out["clientIp"] = task.client_ip
+    if task.online:
+        out["type"] = "online"
+        if task.status == ADMITTED:
+            out["passExpiresAt"] = task.pass_exp + wall
+        if task.ended_by:
+            out["endedBy"] = task.ended_by
     if task.status == QUEUED:
         out["waitNum"] = store.wait_num(task)
         wait = wait_time(store, task, now)

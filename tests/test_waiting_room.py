@@ -1,0 +1,129 @@
+"""The waiting room in the broker core, on a fake clock: online tasks share their
+function's line and limits with offline ones, are admitted (never called) when their turn
+comes, hold a slot until done, cancelled or their pass expires, and are cancelled as
+abandoned when nobody looks at them within the heartbeat (broker/core/tasks/store.py)."""
+from __future__ import annotations
+
+import pytest
+
+from test_tasks_core import T0, WALL
+from zstalk.broker.core.tasks import views
+from zstalk.broker.core.tasks.store import (ABANDONED, ADMITTED, CANCELLED, QUEUED, SUCCESS,
+                                            FunctionSpec, Tasks)
+
+
+class Room:
+    def __init__(self, **spec) -> None:
+        self.store = Tasks({"shop": FunctionSpec("shop", "http://fn/shop", **{
+            "concurrency": 2, "online": "public", **spec})}, wall_offset=WALL)
+        self.now, self.n = T0, 0
+
+    def join(self, client="10.0.0.1", **options):
+        self.n += 1
+        task = self.store.enqueue("shop", b"{}", options or None, self.now, uid=f"t{self.n}",
+                                  client_ip=client, online=True)
+        self.store.admit(self.now)
+        return task
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.store.expire(self.now)
+        self.store.admit(self.now)
+
+    def statuses(self, tasks) -> list[str]:
+        return [t.status for t in tasks]
+
+
+def test_online_tasks_are_admitted_in_line_up_to_the_concurrency_and_never_handed_out():
+    room = Room()
+    tasks = [room.join() for _ in range(3)]
+    assert room.statuses(tasks) == [ADMITTED, ADMITTED, QUEUED]
+    assert room.store.take("dispatcher", room.now) is None
+    info = views.info(room.store, tasks[0].uid, room.now)
+    assert info["type"] == "online" and info["passExpiresAt"] == pytest.approx(T0 + WALL + 300)
+    assert views.info(room.store, tasks[2].uid, room.now)["waitNum"] == 0
+
+
+def test_levels_go_first_in_the_room_too():
+    room = Room(concurrency=1)
+    first = room.join()
+    normal, vip = room.join(), room.join(level=2)
+    room.store.done(first.uid, room.now)
+    room.store.admit(room.now)
+    assert (vip.status, normal.status) == (ADMITTED, QUEUED)
+
+
+def test_an_admitted_task_holds_its_slot_until_done_then_the_next_one_is_admitted():
+    room = Room(concurrency=1)
+    first, second = room.join(), room.join()
+    room.advance(100)
+    assert (first.status, second.status) == (ADMITTED, QUEUED)
+    assert room.store.done(first.uid, room.now).status == SUCCESS
+    room.store.admit(room.now)
+    assert second.status == ADMITTED and first.ended_by == "done"
+    assert room.store.done(first.uid, room.now).code == "not_admitted"
+
+
+def test_a_pass_that_expires_ends_its_task_and_frees_the_slot():
+    room = Room(concurrency=1, pass_ttl_ms=60_000)
+    first, second = room.join(), room.join()
+    room.advance(59.9)
+    assert first.status == ADMITTED
+    room.advance(0.1)
+    assert (first.status, first.ended_by, second.status) == (SUCCESS, "expired", ADMITTED)
+    assert room.store.next_deadline() == pytest.approx(room.now + 60)
+
+
+def test_a_waiting_task_nobody_looks_at_is_abandoned_and_everyone_behind_moves_up():
+    room = Room(concurrency=1, heartbeat_ms=30_000)
+    holder, gone, kept = room.join(), room.join(), room.join()
+    room.advance(20)
+    room.store.seen(kept, room.now)                  # its user polls; the other's does not
+    room.advance(10)
+    assert (gone.status, gone.error) == (CANCELLED, ABANDONED)
+    room.store.seen(kept, room.now)
+    assert kept.status == QUEUED and views.info(room.store, kept.uid, room.now)["waitNum"] == 0
+    room.advance(25)
+    assert kept.status == QUEUED, "looked at 25 s ago: still in line"
+    room.store.done(holder.uid, room.now)
+    room.store.admit(room.now)
+    assert kept.status == ADMITTED
+
+
+def test_cancelling_an_admitted_task_revokes_it_and_frees_its_slot():
+    room = Room(concurrency=1)
+    first, second = room.join(), room.join()
+    assert room.store.cancel(first.uid, room.now).status == CANCELLED
+    room.store.admit(room.now)
+    assert second.status == ADMITTED
+
+
+def test_online_and_offline_tasks_share_one_line_and_one_concurrency():
+    room = Room(concurrency=2, online="master")
+    offline = room.store.enqueue("shop", b"{}", None, room.now, uid="off")
+    online = room.join()
+    later = room.store.enqueue("shop", b"{}", None, room.now, uid="off2")
+    assert online.status == QUEUED, "behind the offline task at the head of the line"
+    assert room.store.take("d", room.now) is offline
+    room.store.admit(room.now)
+    assert online.status == ADMITTED
+    assert room.store.take("d", room.now) is None and later.status == QUEUED, "2 in use"
+
+
+def test_an_online_task_gets_a_server_made_id_and_a_client_may_wait_only_so_often():
+    room = Room(concurrency=1, max_waiting_per_client=2)
+    error = room.store.enqueue("shop", b"{}", {"uniqueId": "mine"}, room.now, uid="x",
+                               online=True)
+    assert error.code == "bad_request" and "server-made" in error.message
+    room.join("2001:db8::1")                        # admitted: not waiting
+    room.join("2001:db8::2")
+    room.join("2001:db8::3")
+    refused = room.join("2001:db8::ffff")            # the same /64
+    assert refused.code == "too_many_waiting"
+    assert room.join("2001:db8:0:1::1").status == QUEUED, "another /64 may wait"
+
+
+def test_a_function_taking_online_tasks_only_refuses_offline_ones():
+    room = Room(online="only")
+    error = room.store.enqueue("shop", b"{}", None, room.now, uid="x")
+    assert error.code == "bad_request" and "online tasks only" in error.message
