@@ -49,6 +49,9 @@ RUN_BY = {
     "# gpus.toml": "test_the_upstream_example_runs_as_written",
     "# gpu_servers.py": "test_the_upstream_example_runs_as_written",
     "# render.py": "test_the_upstream_example_runs_as_written",
+    "# room.toml": "test_the_waiting_room_example_runs_as_written",
+    "# passes.keys": "test_the_waiting_room_example_runs_as_written",
+    "# room.py": "test_the_waiting_room_example_runs_as_written",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
@@ -260,6 +263,17 @@ def test_the_upstream_example_runs_as_written(shell):
     assert ran.split() == ["3101", "3102", "3101", "3101", "3101", "3102", "3101", "3101"], ran
     assert states == ["http://127.0.0.1:3101 usable 0", "http://127.0.0.1:3102 usable 0",
                       "http://127.0.0.1:3103 failed 1"], states
+
+
+def test_the_waiting_room_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080)
+    for marker in ("# room.toml", "# passes.keys", "# room.py"):
+        shell.write(block(marker))
+    listening(8080, shell.start("zstalk serve --config room.toml --pass-key-file passes.keys"))
+    out = shell.run("python room.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "[('admitted', None), ('queued', 0), ('queued', 1)]", "204", "admitted"]
 
 
 SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")

@@ -127,3 +127,20 @@ def test_a_function_taking_online_tasks_only_refuses_offline_ones():
     room = Room(online="only")
     error = room.store.enqueue("shop", b"{}", None, room.now, uid="x")
     assert error.code == "bad_request" and "online tasks only" in error.message
+
+
+def test_the_rooms_numbers_show_in_the_functions_stats():
+    room = Room(concurrency=1, heartbeat_ms=10_000)
+    first = room.join()
+    for _ in range(3):
+        room.join()
+    room.advance(5)
+    room.store.seen(room.store.tasks["t4"], room.now)
+    room.advance(5)                                 # t2 and t3 abandoned; t4 kept
+    stats = views.function_stats(room.store, "shop", room.now)
+    assert (stats["waitingOnline"], stats["admitted"]) == (1, 1)
+    assert (stats["admissionsPerMinute"], stats["abandonedPerMinute"]) == (1.0, 2.0)
+    room.store.done(first.uid, room.now)
+    room.store.admit(room.now)
+    stats = views.function_stats(room.store, "shop", room.now)
+    assert (stats["waitingOnline"], stats["admitted"]) == (0, 1)

@@ -148,6 +148,29 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
     return HttpLimits(header_timeout, body_timeout, max_connections), tls
 
 
+PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
+
+
+def _use_pass_key_file(ctx, param, value):
+    """The waiting room's pass keys (protocol/fronts/http_room.py): checked now, then
+    named to the HTTP front (and any process serve starts) by the environment."""
+    if value:
+        from ...workers.passes import as_pass_keys
+        try:
+            as_pass_keys(value)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"{value}: {exc}") from None
+        os.environ[PASS_KEY_FILE_ENV] = os.path.abspath(value)
+    return value
+
+
+pass_key_option = click.option(
+    "--pass-key-file", metavar="FILE", default=None, envvar=PASS_KEY_FILE_ENV,
+    expose_value=False, callback=_use_pass_key_file,
+    help="The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
+         "read again when the file changes).")
+
+
 def master_key_options(help_key: str):
     """--master-key (ZSTALK_MASTER_KEY) and --master-key-file (ZSTALK_MASTER_KEY_FILE),
     shared by `serve` and `front http`; `master_key_from` reads them."""
@@ -295,6 +318,7 @@ def main(ctx: click.Context, verbose: int) -> None:
                    "0: none).")
 @master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
                     "it listens on loopback only.")
+@pass_key_option
 @http_options("http-")
 @binlog_options
 @health_options
@@ -524,6 +548,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
+@pass_key_option
 @http_options("")
 @click.option("--hold-s", default=5.0, show_default=True,
               help="How long requests wait for an unreachable broker before a 503.")

@@ -16,6 +16,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http_schedules.py
     GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
+    POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http_room.py
+    GET    /v1/passes/verify           (passes, done, the gateway's check)
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
@@ -63,6 +65,7 @@ from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, 
                        parse_enqueue, parse_listing, refuse, reply_problem, schedule_json,
                        task_json)
 from .http_schedules import parse_page, parse_pause, parse_schedule
+from .http_room import Room
 from .http_site import GuardedSite, close_after_408
 from ..transport.listen import HttpLimits
 from ..transport.links import open_link
@@ -82,6 +85,7 @@ _OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
 _T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
 _T_LIST = int(Op.T_LIST)
 _T_FUNCTIONS, _T_FUNCTION = int(Op.T_FUNCTIONS), int(Op.T_FUNCTION)
+_T_DONE = int(Op.T_DONE)
 _T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
 
 
@@ -97,6 +101,8 @@ def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None) -> tuple:
     ext = dict(client) if client else {}
     if task.request is not None:
         ext["request"] = task.request
+    if task.online:
+        ext["type"] = "online"
     return (_T_ENQUEUE, CONN, task.function, task.params, task.options, secrets.token_hex(16),
             keyed, ext or None)
 
@@ -235,8 +241,11 @@ class HttpFront(LinkOwner):
     kind = "http"
 
     def __init__(self, broker: str, master_key: str | None = None, link=None,
-                 limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0) -> None:
+                 limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0,
+                 pass_key_file: str | None = None) -> None:
         self.master_key = master_key.encode() if master_key else None
+        self.room = Room(pass_key_file)
+        self.connected = False      # the link has a broker now (verify asks it, or not)
         self.limits = limits
         self.tls = tls              # an ssl.SSLContext: serve HTTPS
         # (reply future, op) of each op sent or held, in order: replies come in that order
@@ -256,6 +265,8 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
+        app.router.add_post("/v1/tasks/{uniqueId}/done", self.done)
+        app.router.add_get("/v1/passes/verify", self.verify_pass)
         app.router.add_post("/v1/schedules", self.schedule)
         app.router.add_get("/v1/schedules", self.schedules)
         app.router.add_get("/v1/schedules/{name}", self.schedule_info)
@@ -385,8 +396,23 @@ class HttpFront(LinkOwner):
             key = refuse(401, "this needs Authorization: Bearer <master key>")
         if isinstance(key, Problem):
             return problem_response(key)
-        return reply_response(await self.call((_T_INFO, CONN, request.match_info["uniqueId"],
-                                               key)))
+        reply = await self.call((_T_INFO, CONN, request.match_info["uniqueId"], key))
+        if reply[1] == R.T_TASK:
+            reply = (*reply[:2], self.room.with_pass(reply[2]))
+        return reply_response(reply)
+
+    async def done(self, request: web.Request) -> web.Response:
+        uid = request.match_info["uniqueId"]
+        key = keyed(request, self.master_key)
+        denied = key if isinstance(key, Problem) else self.room.done_refusal(
+            request, uid, key is True and self.master_key is not None)
+        if denied:
+            return problem_response(denied)
+        return reply_response(await self.call((_T_DONE, CONN, uid)))
+
+    async def verify_pass(self, request: web.Request) -> web.Response:
+        return await self.room.verify(request, self.connected, lambda uid: self.call(
+            (_T_INFO, CONN, uid, True)))
 
     async def cancel(self, request: web.Request) -> web.Response:
         denied = check_key(request, self.master_key)
@@ -518,9 +544,10 @@ class HttpFront(LinkOwner):
 
     def on_welcome(self, w: Welcome) -> None:
         self.link.submit((_OPEN, CONN))     # before the requests the link held
-        self.opened = True
+        self.opened = self.connected = True
 
     def on_lost(self) -> None:
+        self.connected = False
         self._fail_waiting("lost the broker; the request may or may not have taken effect")
 
     def on_stopped(self) -> list[tuple]:
@@ -529,7 +556,7 @@ class HttpFront(LinkOwner):
         return [op for _, op in self.waiting]
 
     def on_fenced(self) -> None:
-        self.opened = False                 # the broker dropped our session
+        self.opened = self.connected = False    # the broker dropped our session
         self._fail_waiting("the broker dropped this front; try again")
 
     def session_states(self) -> list[SessionState]:

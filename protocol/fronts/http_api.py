@@ -36,8 +36,10 @@ STATUS = {
     "request_timeout": 408,
     "duplicate": 409,
     "not_cancellable": 409,
+    "not_admitted": 409,
     "too_large": 413,
     "unsupported_media_type": 415,
+    "too_many_waiting": 429,
     "internal": 500,
     "unavailable": 503,
     "draining": 503,
@@ -50,7 +52,7 @@ STATUS = {
 CODES = {status: code for code, status in reversed(STATUS.items())}
 
 
-ENQUEUE_KEYS = ("function", "params", "request", "options")
+ENQUEUE_KEYS = ("function", "type", "params", "request", "options")
 
 
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
@@ -59,7 +61,7 @@ MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum", "waitTime")     # the 201 body
 
 
-TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt")
+TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt", "passExpiresAt")
 
 
 class Problem(NamedTuple):
@@ -79,6 +81,7 @@ class Enqueue(NamedTuple):
     params: bytes               # compact JSON, the body the function will be POSTed
     options: dict | None        # checked by the broker (broker/tasks.parse_options)
     request: dict | None = None     # a request task's, checked by the broker (requests.py)
+    online: bool = False            # "type": "online": the waiting room (http_room.py)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -129,6 +132,16 @@ def parse_task(doc: Any) -> Enqueue | Problem:
                       else "function is required")
     if options is not None and not isinstance(options, dict):
         return refuse(400, f"options must be an object, not {_json_type(options)}")
+    kind = doc.get("type", "offline")
+    if kind not in ("offline", "online"):
+        return refuse(400, "type must be \"offline\" (the default) or \"online\"")
+    if kind == "online":
+        if doc.get("request") is not None:
+            return refuse(400, "an online task is admitted, not called: it has no request")
+        if not encodable((function, options)):
+            return refuse(400, "numbers must fit in 64 bits and text must be valid Unicode")
+        params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
+        return Enqueue(function, params, options, None, True)
     request = doc.get("request")
     if request is not None:
         if doc.get("params") is not None:

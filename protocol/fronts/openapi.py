@@ -27,7 +27,8 @@ from .http_api import MAX_BATCH, PAGE_LIMIT
 OPENAPI_VERSION = "3.1.0"
 PATH = "/v1/openapi.json"
 _DAY_MS = 24 * 3600 * 1000
-_STATUSES = sorted(STATUSES, key=["queued", "running", "success", "failed", "cancelled"].index)
+_STATUSES = sorted(STATUSES, key=["queued", "running", "admitted", "success", "failed",
+                                   "cancelled"].index)
 
 
 def _ref(name: str) -> dict:
@@ -134,6 +135,9 @@ def task_request() -> dict:
             "params": {"description": "Any JSON value: the body POSTed to the function "
                                       "(default null)."},
             "request": _ref("CallRequest"),
+            "type": {"type": "string", "enum": ["offline", "online"], "default": "offline",
+                     "description": "online: a waiting-room task, admitted (a pass) when its "
+                                    "turn comes, never called."},
             "options": {"oneOf": [_ref("TaskOptions"), {"type": "null"}]},
         },
         # params or a request, not both (a null params beside a request is none)
@@ -223,6 +227,14 @@ def task_info() -> dict:
                       "description": "Its level (absent: 0)."},
             "clientIp": {"type": "string", "description": "The address that enqueued it "
                                                          "(the master key only)."},
+            "type": {"type": "string", "enum": ["online"],
+                     "description": "An online (waiting-room) task; absent: offline."},
+            "pass": {"type": "string", "description": "An admitted task's signed pass."},
+            "passExpiresAt": _time("When an admitted task's pass expires"),
+            "admitUrl": {"type": "string", "description": "Where its user goes, the pass "
+                                                          "in the URL's fragment."},
+            "passError": {"type": "string", "description": "Why no pass was issued."},
+            "endedBy": {"type": "string", "enum": ["done", "expired"]},
         },
     }
 
@@ -527,6 +539,44 @@ def cancel() -> dict:
     }
 
 
+def done() -> dict:
+    return {
+        "operationId": "taskDone",
+        "summary": "An admitted online task's user is through: its slot goes to the next",
+        "description": "Authorised by the task's pass (Authorization: Bearer <pass>, or "
+                       "X-Zstalk-Pass) or the master key.",
+        "security": [],
+        "parameters": [_unique_id()],
+        "responses": _responses({"200": _json(_ref("TaskInfo"), "Done: the task, a success "
+                                              "with endedBy done.")},
+                                "401", "403", "404", "409", "503"),
+    }
+
+
+def verify_pass() -> dict:
+    plain = {"schema": {"type": "string"}}
+    return {
+        "operationId": "verifyPass",
+        "summary": "Check a waiting-room pass (for nginx's auth_request)",
+        "description": "The pass in Authorization: Bearer or X-Zstalk-Pass; ?function= "
+                       "names the function it must be for. 204 lets the request through; "
+                       "X-Zstalk-Pass-Check says whether the broker confirmed the task is "
+                       "still admitted (broker) or was out of reach (offline).",
+        "security": [],
+        "parameters": [{"name": "function", "in": "query", "required": False,
+                        "schema": {"type": "string"}}],
+        "responses": {
+            "204": {"description": "A good pass.",
+                    "headers": {"X-Zstalk-Task-Id": plain, "X-Zstalk-Pass-Check": plain}},
+            "401": _json(_ref("Error"), "No pass, or not one.",
+                         {"WWW-Authenticate": {"schema": {"type": "string"}}}),
+            "403": _json(_ref("Error"), "Expired, forged, another function's, an unknown "
+                                        "key's, or revoked (done or cancelled); or this "
+                                        "front has no pass key file (no_keys)."),
+        },
+    }
+
+
 # -- functions (broker/core/tasks/views.py function_stats) -------------------------------------
 def function_stats() -> dict:
     count = {"type": "integer", "minimum": 0}
@@ -543,6 +593,11 @@ def function_stats() -> dict:
             "due": count, "delayed": count,
             "running": {**count, "description": "Calls in flight."},
             "upstream": {"type": "string", "description": "The upstream its calls go to."},
+            "waitingOnline": {**count, "description": "Online tasks waiting in line."},
+            "admitted": {**count, "description": "Online tasks admitted now (each holds a "
+                                                 "slot until done or its pass expires)."},
+            "admissionsPerMinute": {"type": "number", "minimum": 0},
+            "abandonedPerMinute": {"type": "number", "minimum": 0},
             "servers": {"type": "array", "description": "Its upstream's servers as the "
                                                         "broker sees them for every dispatcher.",
                         "items": {"type": "object", "additionalProperties": False,
@@ -624,6 +679,8 @@ def document() -> dict:
         "paths": {
             "/v1/tasks": {"post": enqueue(), "get": listing()},
             "/v1/tasks/{uniqueId}": {"get": get_task(), "delete": cancel()},
+            "/v1/tasks/{uniqueId}/done": {"post": done()},
+            "/v1/passes/verify": {"get": verify_pass()},
             **schedule_paths(),
             **function_paths(),
             PATH: {"get": openapi()},

@@ -118,14 +118,15 @@ class Recent:
     __slots__ = ("slots",)
 
     def __init__(self) -> None:
-        # slot index (time // SLOT_S) -> [starts, calls, sum of durations, bucket counts]
+        # slot index (time // SLOT_S) -> [starts, calls, sum of durations, bucket counts,
+        # online tasks abandoned]
         self.slots: dict[int, list] = {}
 
     def _slot(self, now: float) -> list:
         i = int(now // SLOT_S)
         slot = self.slots.get(i)
         if slot is None:
-            slot = self.slots[i] = [0, 0, 0.0, [0] * (len(CALL_BUCKETS) + 1)]
+            slot = self.slots[i] = [0, 0, 0.0, [0] * (len(CALL_BUCKETS) + 1), 0]
             for old in [k for k in self.slots if k <= i - SLOTS]:
                 del self.slots[old]
         return slot
@@ -142,6 +143,13 @@ class Recent:
     def _live(self, now: float) -> list[list]:
         first = int(now // SLOT_S) - SLOTS + 1
         return [slot for i, slot in self.slots.items() if i >= first]
+
+    def abandoned(self, now: float) -> None:
+        self._slot(now)[4] += 1
+
+    def abandon_rate(self, now: float) -> float:
+        """Online tasks abandoned per second over the last minute."""
+        return sum(slot[4] for slot in self._live(now)) / (SLOT_S * SLOTS)
 
     def start_rate(self, now: float) -> float:
         """Calls started per second over the last minute."""

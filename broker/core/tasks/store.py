@@ -264,6 +264,7 @@ class Tasks:
         self.passes = SortedList()      # (pass expires, seq)
         self.liveness = SortedList()    # (look again at, seq)
         self.waiting_by: dict[tuple[str, str], int] = {}
+        self.room: dict[str, list[int]] = {}    # function -> [online waiting, admitted]
         self.blocked: dict[str, float] = {}
         self.base = base        # any other name F is called at base.url/F (config base_url)
         self.wall_offset = wall_offset
@@ -560,7 +561,14 @@ class Tasks:
                              f"online tasks of {spec.name!r} may wait per client address")
         return None
 
+    def _room_count(self, name: str, which: int, change: int) -> None:
+        counts = self.room.setdefault(name, [0, 0])
+        counts[which] += change
+        if counts == [0, 0]:
+            del self.room[name]
+
     def _join_line(self, task: Task, spec: FunctionSpec, now: float) -> None:
+        self._room_count(task.function, 0, 1)
         self.liveness.add((now + spec.heartbeat_ms / 1000, task.seq))
         group = client_group(task.client_ip)
         if group is not None:
@@ -568,6 +576,7 @@ class Tasks:
                 (task.function, group), 0) + 1
 
     def _leave_line(self, task: Task) -> None:
+        self._room_count(task.function, 0, -1)
         group = client_group(task.client_ip)
         key = (task.function, group)
         if group is not None and key in self.waiting_by:
@@ -628,6 +637,7 @@ class Tasks:
         task.status, task.attempt, task.started = ADMITTED, task.attempt + 1, now
         task.pass_exp = now + spec.pass_ttl_ms / 1000
         self.passes.add((task.pass_exp, task.seq))
+        self._room_count(name, 1, 1)
         self.running[name] = self.running.get(name, 0) + 1
         self._peak(name)
         if self.wal is not None:
@@ -653,6 +663,7 @@ class Tasks:
 
     def _end_admission(self, task: Task, now: float) -> None:
         self.passes.discard((task.pass_exp, task.seq))
+        self._room_count(task.function, 1, -1)
         self.running[task.function] -= 1
         if not self.running[task.function]:
             del self.running[task.function]
@@ -686,6 +697,7 @@ class Tasks:
             self._dequeue(task, now)
             task.error = ABANDONED
             self._counted(task.function).abandoned += 1
+            self._recent(task.function).abandoned(now)
             self._finish(task, CANCELLED, now)
             if self.wal is not None:
                 self.wal.log_task_state(task)
@@ -1106,6 +1118,7 @@ class Tasks:
                     task.pass_exp = (task.started or now) + (
                         spec.pass_ttl_ms if spec else 300_000) / 1000
                 self.passes.add((task.pass_exp, seq))
+                self._room_count(function, 1, 1)
                 self.running[function] = self.running.get(function, 0) + 1
             elif status == RUNNING:         # its dispatcher may claim it (see `claim`)
                 task.status, task.holder = RUNNING, RESTARTED

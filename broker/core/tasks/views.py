@@ -61,6 +61,9 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         out["type"] = "online"
         if task.status == ADMITTED:
             out["passExpiresAt"] = task.pass_exp + wall
+            spec = store.specs.get(task.function)
+            if spec is not None and spec.admit_url:
+                out["admitUrl"] = spec.admit_url
         if task.ended_by:
             out["endedBy"] = task.ended_by
     if task.status == QUEUED:
@@ -138,6 +141,13 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
             (now - store.by_seq[oldest].created) * 1000))}
     if store.held.get(name):
         out["heldByCounters"] = store.held[name]
+    room = store.room.get(name)
+    if room is not None or (spec is not None and spec.online == "only"):
+        out["waitingOnline"], out["admitted"] = room or (0, 0)
+        recent = store.recent.get(name)
+        if recent is not None:          # (admissions are starts)
+            out["admissionsPerMinute"] = round(recent.start_rate(now) * 60, 1)
+            out["abandonedPerMinute"] = round(recent.abandon_rate(now) * 60, 1)
     if spec is None:
         return out
     out["concurrency"] = spec.concurrency
