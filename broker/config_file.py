@@ -191,7 +191,7 @@ _ONLINE = ("public", "master", "only")
 
 
 def _upstream_name(name: Any, upstreams: dict, where: str) -> str:
-    if name not in upstreams:
+    if not isinstance(name, str) or name not in upstreams:
         known = ", ".join(sorted(upstreams)) or "none"
         raise ConfigError(f"{where}: no [upstreams.{name}] (upstreams: {known})")
     return name
@@ -209,7 +209,7 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         _no_unknown(entry, _UPSTREAM_KEYS, where)
         concurrency = entry.get("concurrency", 0)
         if type(concurrency) is not int or not 0 <= concurrency <= 100_000:
-            raise ConfigError(f"{where}: concurrency must be an integer from 1 to 100000")
+            raise ConfigError(f"{where}: concurrency must be an integer from 0 (none) to 100000")
         rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
         burst = entry.get("burst", 0)
         if type(burst) is not int or not 0 <= burst <= 1_000_000:
@@ -302,7 +302,8 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     result_headers = _header_names(entry.get("result_headers", []), f"{where}: result_headers",
                                    _token_problem)
     next_upstream = entry.get("next_upstream", ["error", "timeout"])
-    if not isinstance(next_upstream, list) or not set(next_upstream) <= set(NEXT_UPSTREAM):
+    if not isinstance(next_upstream, list) or not all(
+            isinstance(n, str) and n in NEXT_UPSTREAM for n in next_upstream):
         raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
     connect_ms = duration_ms(entry.get("connect_timeout", "5s"), f"{where}: connect_timeout")
     online = entry.get("online", "master")

@@ -456,3 +456,24 @@ def test_a_request_task_and_its_kept_headers_come_back_after_a_restart(node):
                                     ("Content-Type", "application/octet-stream"))
     assert task.params == b"\x00\x01\x02"
     assert again.info("r2")["resultHeaders"] == {"Content-Type": "text/plain", "ETag": "e"}
+
+
+def test_admissions_leave_promised_only_the_room_their_tasks_still_need(tmp_path):
+    room = (FunctionSpec("f", "http://fn/f", concurrency=2, online="public"),)
+    node = Node(tmp_path, functions=room)
+    for i in range(30):
+        node.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"{}", {"keepResult": 0}, f"u{i}", True,
+                         {"type": "online"}))
+        [(_, code, info)] = node.send(HTTP, (Op.T_INFO, 1, f"u{i}", True))[HTTP]
+        assert info["status"] == "admitted"
+        node.send(HTTP, (Op.T_DONE, 1, f"u{i}"))
+        node.advance(0.001)
+    node.advance(1)
+    assert node.broker.tasks.tasks == {}
+    assert node.wal.promised == 0, "every admission's reservations were used or given back"
+    node.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"{}", None, "held", True, {"type": "online"}))
+    again = node.restart()
+    wal = again.wal
+    assert again.broker.tasks.tasks["held"].status == "admitted"
+    assert wal.promised == wal._reservation(len(wf.encode_task_gone("held"))) + \
+        wal._task_state_reservation("held")

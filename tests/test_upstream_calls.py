@@ -228,3 +228,23 @@ def test_an_upstreams_rate_holds_for_all_its_functions_together():
         now = max(now, wake)
         store.expire(now)
     assert starts == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+def test_a_call_in_flight_when_a_reload_moves_its_function_ends_on_the_upstream_it_went_to():
+    store = two_functions(concurrency=1)
+    store.enqueue("f", b"{}", None, T0, uid="f1")
+    store.enqueue("g", b"{}", None, T0, uid="g1")
+    running = store.take("d", T0)
+    moved = {"f": FunctionSpec("f", "http://elsewhere/f", 10),
+             "g": FunctionSpec("g", "", 10, upstream="gpu", path="/g")}
+    store.configure(moved, None, T0)
+    store.outcome(running.uid, 1, Outcome("success", 200, b"{}"), T0)
+    assert store.upstream.running == {} and all(p.conns == 0
+                                                for p in store.upstream.groups["gpu"].peers)
+    assert store.take("d", T0) is not None, "the upstream's one slot is free again"
+
+
+def test_params_that_cannot_be_encoded_are_no_hash_key():
+    from zstalk.broker.core.tasks.upstream_calls import _param
+    assert _param('{"user": "\\ud800"}'.encode("utf-8", "surrogatepass"), "user") is None
+    assert _param(b'{"user": "ann"}', "user") == "ann"

@@ -144,3 +144,34 @@ def test_the_rooms_numbers_show_in_the_functions_stats():
     room.store.admit(room.now)
     stats = views.function_stats(room.store, "shop", room.now)
     assert (stats["waitingOnline"], stats["admitted"]) == (0, 1)
+
+
+# -- through the broker's ops ---------------------------------------------------------------------
+def online_enqueue(b, uid_hint: str, keyed: bool = True) -> tuple:
+    from test_tasks_core import HTTP
+    from zstalk.protocol.schema import Op
+    [reply] = b.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"{}", None, uid_hint, keyed,
+                            {"type": "online"}))[HTTP]
+    return reply
+
+
+def test_online_master_needs_the_key_even_when_the_api_opens_enqueue():
+    from test_tasks_core import BrokerClock
+    from zstalk.broker.core.tasks.store import ApiPolicy
+    from zstalk.protocol.schema import R
+    b = BrokerClock(api=ApiPolicy(public_enqueue=True), online="master")
+    assert online_enqueue(b, "u1", keyed=False)[1:3] == (R.T_ERROR, "unauthorized")
+    public = BrokerClock(online="public")
+    assert online_enqueue(public, "u2", keyed=False)[1] == R.T_TASK
+
+
+def test_an_online_task_behind_an_offline_head_is_admitted_in_the_same_turn():
+    from test_tasks_core import D1, BrokerClock
+    from zstalk.protocol.schema import Op, R
+    b = BrokerClock(concurrency=5, online="public")
+    b.enqueue("off")
+    online = online_enqueue(b, "on")
+    assert online[2]["status"] == "queued"
+    out = b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
+    assert [i[2] for i in out[D1] if i[1] == R.T_CALL] == ["off"]
+    assert b.broker.tasks.tasks[online[2]["uniqueId"]].status == ADMITTED

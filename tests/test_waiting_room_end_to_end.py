@@ -35,7 +35,7 @@ class Served(NamedTuple):
         return f"{LOOPBACK}:{self.port}"
 
 
-def serve(tmp_path, rate: str = "100/s", concurrency: int = 5) -> Served:
+def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str) -> Served:
     keys = tmp_path / "passes"
     keys.write_text(f"k1:{KEY.decode()}\n")
     keys.chmod(0o400)
@@ -46,7 +46,8 @@ def serve(tmp_path, rate: str = "100/s", concurrency: int = 5) -> Served:
     port, http = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config",
-                            str(config), "--http-port", str(http), "--pass-key-file", str(keys)],
+                            str(config), "--http-port", str(http), "--pass-key-file", str(keys),
+                            *extra],
                            (LOOPBACK, port), name="zstalk-room").start()
     base = f"http://{LOOPBACK}:{http}"
     assert wait_for(lambda: call("GET", f"{base}/v1/tasks/nosuch")[0] == 404, 20), \
@@ -188,3 +189,19 @@ async def crowd(base: str, n: int) -> tuple[list[dict], list[list[int]]]:
             raise AssertionError(f"{uid} was never admitted")
         results = await asyncio.gather(*(user(uid) for uid in uids))
     return [r[0] for r in results], [r[1] for r in results]
+
+
+def test_with_a_master_key_a_user_ends_the_task_with_its_pass_as_a_bearer_token(tmp_path):
+    served = serve(tmp_path, "100/s", 5, "--master-key", "s3cret")
+    try:
+        uid = join(served.base)                     # (online = "only": no key needed)
+        token = call("GET", f"{served.base}/v1/tasks/{uid}")[2]["pass"]
+        code, _, done = call("POST", f"{served.base}/v1/tasks/{uid}/done", {},
+                             {"Authorization": f"Bearer {token}"})
+        assert code == 200 and done["endedBy"] == "done"
+        other = join(served.base)
+        code, _, body = call("POST", f"{served.base}/v1/tasks/{other}/done", {},
+                             {"Authorization": "Bearer wrong"})
+        assert code == 403
+    finally:
+        served.server.stop()

@@ -301,7 +301,7 @@ class Binlog:
             biggest = max(biggest, size)
             # its TASK_GONE, and the end of a call the restart cut short (tasks.py)
             self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
-            if fields[wf.T_STATUS] == "running":
+            if fields[wf.T_STATUS] in ("running", "admitted"):     # (its end, reserved)
                 self.promised += self._task_state_reservation(fields[wf.T_UID])
         for fields, _ in schedules.values():
             size = len(wf.encode_schedule(fields))

@@ -66,6 +66,7 @@ from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, 
                        task_json)
 from .http_schedules import parse_page, parse_pause, parse_schedule
 from .http_room import Room
+from .pass_check import find_pass
 from .http_site import GuardedSite, close_after_408
 from ..transport.listen import HttpLimits
 from ..transport.links import open_link
@@ -93,6 +94,9 @@ def problem_response(problem: Problem) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
     return web.json_response({"error": problem.code, "message": problem.message},
                              status=problem.status, headers=headers)
+
+
+NEEDS_KEY = refuse(401, "this needs Authorization: Bearer <master key>")
 
 
 def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None) -> tuple:
@@ -327,8 +331,6 @@ class HttpFront(LinkOwner):
     # -- handlers: parse, one op, format -------------------------------------------------
     async def enqueue(self, request: web.Request) -> web.Response:
         key = keyed(request, self.master_key)
-        if key is False and not self.link.settings.public_enqueue:
-            key = refuse(401, "this needs Authorization: Bearer <master key>")
         denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
@@ -337,6 +339,11 @@ class HttpFront(LinkOwner):
         if isinstance(body, Problem):
             return problem_response(body)
         task = parse_enqueue(body)
+        if key is False and not self.link.settings.public_enqueue:
+            # (online tasks: the broker decides by the function's `online`)
+            task = ([t if isinstance(t, Problem) or t.online else NEEDS_KEY for t in task]
+                    if isinstance(task, list) else
+                    task if isinstance(task, Problem) or task.online else NEEDS_KEY)
         if isinstance(task, Problem):
             return problem_response(task)
         if isinstance(task, list):
@@ -403,9 +410,13 @@ class HttpFront(LinkOwner):
 
     async def done(self, request: web.Request) -> web.Response:
         uid = request.match_info["uniqueId"]
-        key = keyed(request, self.master_key)
-        denied = key if isinstance(key, Problem) else self.room.done_refusal(
-            request, uid, key is True and self.master_key is not None)
+        token = find_pass(request.headers)
+        if token and token.startswith("zp1."):      # a pass, not a (wrong) master key
+            denied = self.room.done_refusal(request, uid, False)
+        else:
+            key = keyed(request, self.master_key)
+            denied = key if isinstance(key, Problem) else self.room.done_refusal(
+                request, uid, key is True and self.master_key is not None)
         if denied:
             return problem_response(denied)
         return reply_response(await self.call((_T_DONE, CONN, uid)))

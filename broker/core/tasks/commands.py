@@ -119,9 +119,12 @@ class TaskCommands:
         request = said.get("request")
         online = said.get("type") == "online"
         if keyed is not True:
-            spec = self.store.function(function) if online else None
-            public = spec is not None and spec.online in ("public", "only")
-            if not (self.api.public_enqueue or public):
+            if online:          # the function's `online` decides, not [api] public_enqueue
+                spec = self.store.function(function)
+                allowed = spec is not None and spec.online in ("public", "only")
+            else:
+                allowed = self.api.public_enqueue
+            if not allowed:
                 return (conn, R.T_ERROR, *NEEDS_KEY)
             if options or request is not None:
                 return (conn, R.T_ERROR, "unauthorized", "an enqueue without the master "
@@ -288,10 +291,10 @@ class TaskCommands:
         """Admit the online tasks whose turn came; hand due tasks to dispatchers with free
         slots, one each in turn; one that got a call goes to the back, so calls spread
         over dispatchers."""
-        if self.store.liveness:         # (queued online tasks exist)
-            self.store.admit(now)
         old = self.old_peers
         while True:
+            while self.store.liveness and self.store.admit(now):   # (online tasks wait)
+                pass
             handed = False
             for d in list(self.dispatchers):
                 if d.slots <= 0:

@@ -15,6 +15,10 @@ A task's life (the statuses of LeanCloud's Cloud Queue):
                      '-- delay / backoff: queued but not due yet
     success, failed, cancelled --keepResult--> forgotten (the uniqueId is free again)
 
+    an online task (the waiting room): queued --its turn--> admitted --done, or its pass
+    expires--> success; queued or admitted --cancel--> cancelled; queued, nobody looking
+    --online_heartbeat--> cancelled (abandoned)
+
 A "fatal" outcome (the call ran but its result cannot be kept: over the size limit)
 fails the task at once, since calling again would run the function again.  A "declined"
 one (a stopping dispatcher did not make the call) puts the task back as it was, due at
@@ -28,9 +32,10 @@ vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task s
 Queues: per function, due tasks in `(-level, priority, seq)` order (level 0-9, higher
 first; seq is the enqueue order, so equal priorities run first come, first served);
 `waitNum` is a task's rank there, and `waitTime` the time it should wait to start
-(views.py, which also makes the API's TaskInfo and function stats).  Tasks not due yet (delay, backoff) wait in a timer list.  Running tasks
-count against their function's `concurrency`, which holds across every dispatcher
-because only the broker hands tasks out.  A running task also has a deadline (its
+(views.py, which also makes the API's TaskInfo and function stats).  Tasks not due
+yet (delay, backoff) wait in a timer list.  Running tasks count against their
+function's `concurrency`, which holds across every dispatcher because only the broker
+hands tasks out.  A running task also has a deadline (its
 timeout plus CALL_GRACE_S): a dispatcher that dies mid-call gives an unknown outcome then.
 
 Limits (limits.py): a function may have a rate (GCRA, `rate` and `burst`) and be paused
@@ -135,8 +140,8 @@ class FunctionSpec(NamedTuple):
     max_pause_ms: int = 60000
     request_headers: tuple[str, ...] = ()   # request tasks may set these too (requests.py)
     result_headers: tuple[str, ...] = ()    # response headers a task keeps (resultHeaders)
-    # the waiting room (online tasks, room.py): who may enqueue them ("public", "master"
-    # or "only": online tasks only, public), how long a pass lasts, how often a waiting
+    # the waiting room (online tasks, Tasks.admit): who may enqueue them ("public",
+    # "master" or "only": online tasks only, public), how long a pass lasts, how often a waiting
     # user must look, how many may wait per client address
     online: str = "master"
     pass_ttl_ms: int = 300_000
@@ -567,9 +572,10 @@ class Tasks:
         if counts == [0, 0]:
             del self.room[name]
 
-    def _join_line(self, task: Task, spec: FunctionSpec, now: float) -> None:
+    def _join_line(self, task: Task, spec: FunctionSpec | None, now: float) -> None:
         self._room_count(task.function, 0, 1)
-        self.liveness.add((now + spec.heartbeat_ms / 1000, task.seq))
+        heartbeat_ms = spec.heartbeat_ms if spec is not None else FunctionSpec.heartbeat_ms
+        self.liveness.add((now + heartbeat_ms / 1000, task.seq))
         group = client_group(task.client_ip)
         if group is not None:
             self.waiting_by[task.function, group] = self.waiting_by.get(
@@ -652,9 +658,7 @@ class Tasks:
             return TaskError("not_found", f"no task {uid!r}")
         if task.status != ADMITTED:
             return TaskError("not_admitted", f"task {uid!r} is {task.status}, not admitted")
-        if self.wal is not None and not self.wal.reserve_task_state(task):
-            return _NO_SPACE
-        self._end_admission(task, now)
+        self._end_admission(task, now)      # (its end was reserved when it was admitted)
         task.ended_by = "done"
         self._finish(task, SUCCESS, now)
         if self.wal is not None:
@@ -674,9 +678,7 @@ class Tasks:
         heartbeat are cancelled as abandoned, and everyone behind them moves up."""
         while self.passes and self.passes[0][0] <= now:
             task = self.by_seq[self.passes[0][1]]
-            if self.wal is not None and not self.wal.reserve_task_state(task):
-                break
-            self._end_admission(task, now)
+            self._end_admission(task, now)      # (its end was reserved at admission)
             task.ended_by = "expired"
             self._finish(task, SUCCESS, now)
             if self.wal is not None:
@@ -729,10 +731,7 @@ class Tasks:
         pauses that server (not the function); the functions waiting for a server of
         this upstream may look again."""
         spec = self.specs.get(task.function) or self.function(task.function)
-        upstream, peer = (spec.upstream if spec else None), task.peer
-        task.peer = None
-        if upstream is None:
-            return
+        (upstream, peer), task.peer = task.peer, None      # (where it went, whatever since)
         counted = result.failure != "" and spec is not None and server_failed(
             spec.next_upstream, result.kind, result.status_code)
         self.upstream.done(upstream, peer, counted, result.error if counted else None, now)
@@ -748,7 +747,7 @@ class Tasks:
     def call_url(self, task: Task, spec: FunctionSpec) -> str:
         """Where a call of running `task` goes: its function's url or its server's and
         the function's path; then a request task's path and query."""
-        base = spec.url if task.peer is None else task.peer.url + spec.path
+        base = spec.url if task.peer is None else task.peer[1].url + spec.path
         return base if task.request is None else requests.url(base, task.request)
 
     # -- looking -------------------------------------------------------------------------
@@ -805,7 +804,7 @@ class Tasks:
         finally:
             for entry in passed:
                 heapq.heappush(heads, entry)
-        task.peer = peer
+        task.peer = (upstream, peer) if peer is not None else None
         del self.offered[name]
         del self.by_key[key]
         self._unready(task)
@@ -960,7 +959,8 @@ class Tasks:
             return TaskError("not_found", f"no task {uid!r}")
         if task.status not in (QUEUED, ADMITTED):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
-        if self.wal is not None and not self.wal.reserve_task_state(task):
+        if task.status == QUEUED and self.wal is not None and not (
+                self.wal.reserve_task_state(task)):     # (an admission's end is reserved)
             return _NO_SPACE
         if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
             self._end_admission(task, now)
@@ -1108,9 +1108,7 @@ class Tasks:
                 self._queue(task, due - wall, now, restoring=True)
                 if task.online:             # (last seen: the restart)
                     task.last_seen = now
-                    spec = self.specs.get(function)
-                    if spec is not None:
-                        self._join_line(task, spec, now)
+                    self._join_line(task, self.specs.get(function), now)
             elif status == ADMITTED:        # its pass still holds a slot until it expires
                 task.status = ADMITTED
                 if not task.pass_exp:       # (a TASK_STATE logged the admission: from then)

@@ -173,6 +173,10 @@ def _param(params: bytes, name: str) -> str | None:
         return None
     value = doc.get(name) if isinstance(doc, dict) else None
     if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:          # (a lone surrogate: no key, round robin)
+            return None
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return json.dumps(value)
