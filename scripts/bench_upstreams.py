@@ -12,7 +12,7 @@ throughput; here both ways: system CPU-s per 1,000 tasks at most 1.05x a plain u
 and tasks/s at least 1/1.05 of it.  Parts 2 and 3 have no target: they say how many
 calls a second go through least_conn with 4 dispatchers (and how evenly), and how long a
 server that stops accepting connections still gets calls.  A full run takes about
-2.5 minutes on 2 cores, --quick 20 s, --smoke 13 s.
+2.5 minutes on 2 cores (139 s), --quick 20 s, --smoke 13 s.
 
 Method
 ------
