@@ -6,7 +6,7 @@ zstalk beside this one (built once into ~/.cache/zstalk-bench and cached by comm
 skipped, with the reason, when git or pip cannot build it), scripts/bench_readme rewrites
 a README block from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
-half before bench_limits, whose smoke adds half a minute."""
+half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s."""
 from __future__ import annotations
 
 import glob
@@ -53,6 +53,14 @@ ROWS = {
     "bench_limits": [("limits", "zstalk", [
         "1: 10/s, 1 dispatcher: achieved", "1: 1,000/s, 4 dispatchers",
         "2: CPU-s per 1,000 tasks", "3: ETA, rate-bound", "3: ETA, concurrency-bound"])],
+    "bench_upstreams": [("upstreams", "zstalk", [
+        "1: end to end, 2,000 tasks, 1 dispatcher, (a) plain url (tasks/s)",
+        "(b) upstream of 1 server, round_robin: system CPU-s", "(c) upstream of 3 servers",
+        "1: CPU-s per 1,000 tasks, (b) / (a)", "1: CPU-s per 1,000 tasks, (c) / (a)",
+        "2: 4 dispatchers, concurrency 64, 2,000 tasks, least_conn over 3 servers: calls/s",
+        "most calls on one server / fewest",
+        "3: round_robin over 3, 1 dispatcher, 200 tasks/s, one server stops: its last call",
+        "calls failed because of it", "tasks that did not succeed"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_schedules": [("schedules", "zstalk", [
