@@ -481,8 +481,8 @@ class Tasks:
             return
         gate = self.gates.get(name)
         opens = gate.opens_at() if gate is not None else 0.0
-        if spec.upstream is not None:           # its upstream's own limits
-            if self.upstream.full(spec.upstream):
+        if spec.upstream is not None and spec.upstream in self.upstream.limited:
+            if self.upstream.full(spec.upstream):       # its upstream's own limits
                 self.upstream.waiting.setdefault(spec.upstream, set()).add(name)
                 return                          # (offered again when a call there ends)
             opens = max(opens, self.upstream.opens_at(spec.upstream, now))
@@ -508,8 +508,9 @@ class Tasks:
         spec = self.specs.get(name)
         if spec is None or self.in_use(name) >= spec.concurrency:
             return False
-        if spec.upstream is not None and (self.upstream.full(spec.upstream) or
-                                          self.upstream.opens_at(spec.upstream, now) > now):
+        if spec.upstream is not None and spec.upstream in self.upstream.limited and (
+                self.upstream.full(spec.upstream)
+                or self.upstream.opens_at(spec.upstream, now) > now):
             return False
         gate = self.gates.get(name)
         return gate is None or gate.opens_at() <= now
@@ -738,8 +739,10 @@ class Tasks:
         if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
         again = self.upstream.ended(upstream)
-        again.update(n for n in self.blocked if (self.specs.get(n) or self.function(n)) is not
-                     None and (self.specs.get(n) or self.function(n)).upstream == upstream)
+        if self.blocked:
+            again.update(n for n in self.blocked if (self.specs.get(n) or self.function(n))
+                         is not None and (self.specs.get(n) or self.function(n)).upstream
+                         == upstream)
         for name in again:
             self.blocked.pop(name, None)
             self._offer(name, now)

@@ -39,7 +39,11 @@ class UpstreamCalls:
                  started_at: float = float("-inf")) -> None:
         self.rand = rand
         self.started_at = started_at        # (gates get no burst credit from before it)
+        specs = list(specs)
         self.groups: dict[str, UpstreamGroup] = {s.name: UpstreamGroup(s, rand) for s in specs}
+        # the upstreams with a concurrency or a rate of their own: only they are counted
+        # (a call on another costs no lookup for them)
+        self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
         self.last_error: dict[tuple[str, str], str] = {}    # (upstream, url) -> last error
         self.running: dict[str, int] = {}   # upstream -> calls in flight on it
         self.gates: dict[str, Gate] = {}    # upstream -> its own rate
@@ -50,6 +54,7 @@ class UpstreamCalls:
         rate keeps its TAT."""
         specs = list(specs)
         self.groups = reload_groups(self.groups, specs, self.rand)
+        self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
         for spec in specs:
             gate = self.gates.get(spec.name)
             if gate is not None:
@@ -98,16 +103,20 @@ class UpstreamCalls:
 
     # -- the upstream's own limits ----------------------------------------------------------
     def full(self, upstream: str) -> bool:
-        group = self.groups.get(upstream)
-        limit = group.spec.concurrency if group is not None else 0
-        return bool(limit) and self.running.get(upstream, 0) >= limit
+        spec = self.limited.get(upstream)
+        return spec is not None and bool(spec.concurrency) and (
+            self.running.get(upstream, 0) >= spec.concurrency)
 
     def opens_at(self, upstream: str, now: float) -> float:
         """When the upstream's rate lets its next call start (0.0: no rate)."""
+        if upstream not in self.limited:
+            return 0.0
         gate = self._gate(upstream, now)
         return gate.opens_at() if gate is not None else 0.0
 
     def started(self, upstream: str, now: float) -> None:
+        if upstream not in self.limited:
+            return
         self.running[upstream] = self.running.get(upstream, 0) + 1
         gate = self._gate(upstream, now)
         if gate is not None:
@@ -115,6 +124,8 @@ class UpstreamCalls:
 
     def ended(self, upstream: str) -> set[str]:
         """A call on `upstream` ended: the functions its concurrency held back."""
+        if upstream not in self.running:
+            return self.waiting.pop(upstream, set()) if self.waiting else set()
         left = self.running.get(upstream, 0) - 1
         if left > 0:
             self.running[upstream] = left
