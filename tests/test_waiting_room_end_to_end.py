@@ -205,3 +205,22 @@ def test_with_a_master_key_a_user_ends_the_task_with_its_pass_as_a_bearer_token(
         assert code == 403
     finally:
         served.server.stop()
+
+
+def test_a_new_key_put_first_in_the_key_file_signs_from_then_on_and_old_passes_still_hold(
+        tmp_path, room):
+    uid = join(room.base)
+    old = call("GET", f"{room.base}/v1/tasks/{uid}")[2]["pass"]
+    keys = tmp_path / "passes"
+    keys.chmod(0o600)
+    keys.write_text(f"k2:{'n' * 40}\nk1:{KEY.decode()}\n")        # rotation: no restart
+    new = call("GET", f"{room.base}/v1/tasks/{uid}")[2]["pass"]
+    assert old.split(".")[1] == "k1" and new.split(".")[1] == "k2"
+    for token in (old, new):
+        code, headers, _ = call("GET", f"{room.base}/v1/passes/verify",
+                                headers={"Authorization": f"Bearer {token}"})
+        assert code == 204, token
+    keys.write_text(f"k2:{'n' * 40}\n")                              # k1's line dropped
+    code, _, body = call("GET", f"{room.base}/v1/passes/verify",
+                         headers={"Authorization": f"Bearer {old}"})
+    assert (code, body["error"]) == (403, "unknown_kid")
