@@ -82,6 +82,9 @@ CLOSE_GRACE_S = 10.0
 #: a longer Retry-After is taken as this: it is the function's wish, not a reason to park
 #: a task for years (and the value must fit the wire's 64-bit ints)
 RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
+#: how long a connect may take unless the function's `connect_timeout` says otherwise (the
+#: broker sends it in the call's ext only then: broker/core/tasks/requests.py call_ext)
+CONNECT_TIMEOUT_MS = 5000
 #: raised before the request left this process: the function surely did not run
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.InvalidURL)
 
@@ -264,9 +267,8 @@ class Dispatcher(LinkOwner):
                 target.raw_query_string)
         if self.link.settings.private_results:      # only the key reads task info: the
             headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
-        timeout = aiohttp.ClientTimeout(
-            total=timeout_ms / 1000, sock_connect=call.connect_timeout_ms / 1000
-            if call.connect_timeout_ms else None)
+        timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000,
+                                        sock_connect=call.connect_timeout_ms / 1000)
         async with self._session().request(
                 call.method, target, data=params or None,
                 headers=headers, timeout=timeout, allow_redirects=False) as resp:
@@ -306,7 +308,7 @@ class Call(NamedTuple):
     headers: tuple = ()             # a request task's, [name, value] pairs
     request: bool = False           # a request task: send method, URL and headers as given
     keep: tuple = ()                # response headers the task keeps (resultHeaders)
-    connect_timeout_ms: int = 0     # a call to an upstream's server (0: the total only)
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS    # the function's connect_timeout
 
     @classmethod
     def of(cls, ext) -> "Call":
@@ -314,7 +316,7 @@ class Call(NamedTuple):
             return PLAIN
         keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
         connect = ext.get("connect_timeout_ms")
-        connect = connect if type(connect) is int and connect > 0 else 0
+        connect = connect if type(connect) is int and connect > 0 else CONNECT_TIMEOUT_MS
         method = ext.get("method")
         if not isinstance(method, str):
             return cls(keep=keep, connect_timeout_ms=connect)

@@ -314,8 +314,7 @@ class TaskCommands:
                 self.out.reply(d, R.T_CALL, task.uid, task.attempt,
                                self.store.call_url(task, spec), task.params, task.timeout_ms,
                                requests.call_ext(task.request, spec.result_headers,
-                                                 spec.connect_timeout_ms if spec.upstream
-                                                 else None))
+                                                 spec.connect_timeout_ms))
             if not handed:
                 return
 

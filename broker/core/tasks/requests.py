@@ -237,11 +237,19 @@ def url(base: str, request: Request) -> str:
     return f"{target}?{query}" if query else target
 
 
+#: the connect timeout a dispatcher uses unless a call's ext names another
+#: (workers/dispatcher.py CONNECT_TIMEOUT_MS: one value, on both sides)
+CONNECT_TIMEOUT_MS = 5000
+
+
 def call_ext(request: Request | None, result_headers: tuple[str, ...],
-             connect_timeout_ms: int | None = None) -> dict | None:
+             connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> dict | None:
     """T_CALL's ext for a task: the method and headers of a request task, the response
-    headers to keep, and for a call to an upstream's server its connect timeout (None: a
-    plain call, keeping only a binary result's Content-Type)."""
+    headers to keep, and its function's connect timeout if not the default (None: a
+    plain call, keeping only a binary result's Content-Type: most calls, so the
+    dispatcher parses nothing for them)."""
+    if connect_timeout_ms == CONNECT_TIMEOUT_MS:
+        connect_timeout_ms = None
     if request is None and not result_headers and connect_timeout_ms is None:
         return None
     ext: dict[str, Any] = {"result_headers": list(result_headers)}
