@@ -207,13 +207,9 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
         _no_unknown(entry, _UPSTREAM_KEYS, where)
-        concurrency = entry.get("concurrency", 0)
-        if type(concurrency) is not int or not 0 <= concurrency <= 100_000:
-            raise ConfigError(f"{where}: concurrency must be an integer from 0 (none) to 100000")
+        concurrency = _integer(entry, "concurrency", 0, 0, 100_000, where, "0 (none)")
         rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
-        burst = entry.get("burst", 0)
-        if type(burst) is not int or not 0 <= burst <= 1_000_000:
-            raise ConfigError(f"{where}: burst must be an integer from 0 to 1000000")
+        burst = _integer(entry, "burst", 0, 0, 1_000_000, where)
         servers = entry.get("servers")
         if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
             raise ConfigError(f"{where}: servers must be a list of server tables "
@@ -280,17 +276,13 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                               f"({problem or 'empty'})")
     elif not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
         raise ConfigError(f"{where}: url must be an http:// or https:// URL, not {url!r}")
-    concurrency = entry.get("concurrency", 1)
-    if type(concurrency) is not int or not 1 <= concurrency <= 100_000:
-        raise ConfigError(f"{where}: concurrency must be an integer from 1 to 100000")
+    concurrency = _integer(entry, "concurrency", 1, 1, 100_000, where)
     max_timeout = duration_ms(entry.get("max_timeout", "15m"), f"{where}: max_timeout")
     timeout = duration_ms(entry.get("timeout", "15s"), f"{where}: timeout")
     if not 0 < timeout <= max_timeout:
         raise ConfigError(f"{where}: timeout must be above 0 and at most max_timeout")
     rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
-    burst = entry.get("burst", 0)
-    if type(burst) is not int or not 0 <= burst <= 1_000_000:
-        raise ConfigError(f"{where}: burst must be an integer from 0 to 1000000")
+    burst = _integer(entry, "burst", 0, 0, 1_000_000, where)
     queue_timeout = entry.get("queue_timeout")
     queue_timeout_ms = 0 if queue_timeout is None else duration_ms(
         queue_timeout, f"{where}: queue_timeout")
@@ -313,9 +305,7 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     heartbeat = duration_ms(entry.get("online_heartbeat", "5m"), f"{where}: online_heartbeat")
     if not pass_ttl or not heartbeat:
         raise ConfigError(f"{where}: pass_ttl and online_heartbeat must be above 0")
-    most_waiting = entry.get("max_waiting_per_client", 20)
-    if type(most_waiting) is not int or not 1 <= most_waiting <= 1_000_000:
-        raise ConfigError(f"{where}: max_waiting_per_client must be an integer from 1 to 1000000")
+    most_waiting = _integer(entry, "max_waiting_per_client", 20, 1, 1_000_000, where)
     admit_url = entry.get("admit_url", "")
     if admit_url and (not isinstance(admit_url, str) or not re.match(r"https?://[^/\s]+", admit_url)
                       or "#" in admit_url):
@@ -340,6 +330,16 @@ def _header_names(value: Any, where: str, problem) -> tuple[str, ...]:
 
 def _token_problem(name: Any) -> str | None:
     return None if requests.is_token(name) else f"{name!r} is not a header name"
+
+
+def _integer(entry: dict, key: str, default: int, low: int, high: int, where: str,
+             low_words: str = "") -> int:
+    """entry[key] (or `default`): an integer from `low` to `high`, else a ConfigError."""
+    value = entry.get(key, default)
+    if type(value) is not int or not low <= value <= high:
+        raise ConfigError(f"{where}: {key} must be an integer from {low_words or low} "
+                          f"to {high}")
+    return value
 
 
 def _rate(value: Any, where: str) -> tuple[int, float]:

@@ -504,6 +504,23 @@ class Tasks:
             self.offered[name] = head
             heapq.heappush(self.heads, (head, name))
 
+    def _top(self, now: float) -> tuple[tuple, str] | None:
+        """The best head in `heads` that is still its function's offered head and may
+        start now, stale entries dropped on the way (their functions offered again: their
+        real head, or their opening time); None when none is left."""
+        heads, offered = self.heads, self.offered
+        while heads:
+            key, name = heads[0]
+            ready = self.ready.get(name)
+            if offered.get(name) == key and ready and ready[0] == key and (
+                    self._may_start(name, now)):
+                return key, name
+            heapq.heappop(heads)
+            if offered.get(name) == key:
+                del offered[name]
+                self._offer(name, now)
+        return None
+
     def _may_start(self, name: str, now: float) -> bool:
         spec = self.specs.get(name)
         if spec is None or self.in_use(name) >= spec.concurrency:
@@ -603,16 +620,8 @@ class Tasks:
         self._open_gates(now)
         heads, offered, passed, admitted = self.heads, self.offered, [], 0
         try:
-            while heads:
-                key, name = heads[0]
-                ready = self.ready.get(name)
-                if not (offered.get(name) == key and ready and ready[0] == key
-                        and self._may_start(name, now)):
-                    heapq.heappop(heads)
-                    if offered.get(name) == key:
-                        del offered[name]
-                        self._offer(name, now)
-                    continue
+            while (top := self._top(now)) is not None:
+                key, name = top
                 task = self.by_key[key]
                 if not task.online:
                     passed.append(heapq.heappop(heads))
@@ -740,8 +749,8 @@ class Tasks:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
         again = self.upstream.ended(upstream)
         if self.blocked:
-            again.update(n for n in self.blocked if (self.specs.get(n) or self.function(n))
-                         is not None and (self.specs.get(n) or self.function(n)).upstream
+            again.update(n for n in self.blocked
+                         if getattr(self.specs.get(n) or self.function(n), "upstream", None)
                          == upstream)
         for name in again:
             self.blocked.pop(name, None)
@@ -770,20 +779,12 @@ class Tasks:
         passed = []                 # good heads of request tasks, for plain_only
         try:
             while True:
-                while heads:
-                    key, name = heads[0]
-                    ready = self.ready.get(name)
-                    if offered.get(name) == key and ready and ready[0] == key and (
-                            self._may_start(name, now)):
-                        head = self.by_key[key]
-                        if not head.online and (not plain_only or head.request is None):
-                            break               # (online heads are admitted: `admit`)
-                        passed.append(heapq.heappop(heads))
-                        continue
-                    heapq.heappop(heads)            # stale: no longer its head, or held back
-                    if self.offered.get(name) == key:
-                        del self.offered[name]
-                        self._offer(name, now)      # (its real head, or its opening time)
+                while (top := self._top(now)) is not None:
+                    key, name = top
+                    head = self.by_key[key]
+                    if not head.online and (not plain_only or head.request is None):
+                        break                   # (online heads are admitted: `admit`)
+                    passed.append(heapq.heappop(heads))
                 else:
                     return None
                 task = self.by_key[key]
