@@ -168,6 +168,8 @@ def test_each_role_in_its_own_process_serves_its_own_metrics(tmp_path):
         roles = {"broker": "broker", "beanstalk-h": "front", "counter-h": "front",
                  "dispatcher-h": "dispatcher"}
         for name, role in roles.items():
+            # (a role's health port may open a moment after the port it serves on)
+            assert wait_for(lambda: scrape_text(ports[name])[0] == 200, 10), name
             got = scrape(ports[name])
             assert label_values(got, "zstalk_build_info", "role") == {role}, name
         assert one(scrape(ports["broker"]), "zstalk_tube_puts_total", tube="default") >= 1
