@@ -740,18 +740,20 @@ class Tasks:
         """nginx's accounting for the server `task` ran on; a 429 / 503 with Retry-After
         pauses that server (not the function); the functions waiting for a server of
         this upstream may look again."""
-        spec = self.specs.get(task.function) or self.function(task.function)
         (upstream, peer), task.peer = task.peer, None      # (where it went, whatever since)
-        counted = result.failure != "" and spec is not None and server_failed(
-            spec.next_upstream, result.kind, result.status_code)
+        counted = False
+        if result.kind != "success" and result.failure != "":
+            spec = self.specs.get(task.function) or self.function(task.function)
+            counted = spec is not None and server_failed(
+                spec.next_upstream, result.kind, result.status_code)
         self.upstream.done(upstream, peer, counted, result.error if counted else None, now)
         if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
         again = self.upstream.ended(upstream)
         if self.blocked:
-            again.update(n for n in self.blocked
-                         if getattr(self.specs.get(n) or self.function(n), "upstream", None)
-                         == upstream)
+            again = {*again, *(n for n in self.blocked
+                               if getattr(self.specs.get(n) or self.function(n), "upstream",
+                                          None) == upstream)}
         for name in again:
             self.blocked.pop(name, None)
             self._offer(name, now)

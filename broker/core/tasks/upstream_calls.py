@@ -122,16 +122,16 @@ class UpstreamCalls:
         if gate is not None:
             gate.start(now)
 
-    def ended(self, upstream: str) -> set[str]:
+    def ended(self, upstream: str) -> set[str] | tuple:
         """A call on `upstream` ended: the functions its concurrency held back."""
         if upstream not in self.running:
-            return self.waiting.pop(upstream, set()) if self.waiting else set()
+            return self.waiting.pop(upstream, ()) if self.waiting else ()
         left = self.running.get(upstream, 0) - 1
         if left > 0:
             self.running[upstream] = left
         else:
             self.running.pop(upstream, None)
-        return self.waiting.pop(upstream, set())
+        return self.waiting.pop(upstream, ())
 
     def _gate(self, upstream: str, now: float) -> Gate | None:
         gate = self.gates.get(upstream)

@@ -96,7 +96,18 @@ def _fewest(peers: Sequence[Peer], now: float) -> Peer | None:
             tied = True
     if best is None or not tied:
         return best         # no tie: the weights are left alone
-    return swrr([p for p in peers[start:] if p.conns * best.weight == best.conns * p.weight], now)
+    first, total = best, 0  # smooth weighted round robin over the tied, from the first on
+    for peer in peers[start:]:
+        if peer.conns * first.weight != first.conns * peer.weight or not peer.usable(now):
+            continue
+        peer.current_weight += peer.effective_weight
+        total += peer.effective_weight
+        if peer.effective_weight < peer.weight:
+            peer.effective_weight += 1
+        if peer.current_weight > best.current_weight:
+            best = peer
+    best.current_weight -= total
+    return best
 
 
 def least_conn(peers: Peers, key: str | None, now: float) -> Peer | None:

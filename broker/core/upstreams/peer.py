@@ -34,7 +34,7 @@ class Peer:
     """A server of an upstream group: its spec and nginx's per-peer counters."""
     __slots__ = ("spec", "url", "server", "weight", "max_fails", "fail_timeout_s", "max_conns",
                  "down", "backup", "current_weight", "effective_weight", "conns", "fails",
-                 "accessed", "checked", "paused_until")
+                 "accessed", "checked", "paused_until", "conn_cap", "fail_cap")
 
     def __init__(self, spec: ServerSpec) -> None:
         self.current_weight = 0
@@ -53,6 +53,10 @@ class Peer:
         self.fail_timeout_s, self.max_conns = spec.fail_timeout_s, spec.max_conns
         self.down, self.backup = spec.down, spec.backup
         self.effective_weight = min(self.effective_weight, self.weight)
+        # max_conns and max_fails with 0 ("no limit") as infinity: `usable`, which every
+        # pick asks of every peer, is then one expression
+        self.conn_cap = spec.max_conns or math.inf
+        self.fail_cap = spec.max_fails or math.inf
 
     def __repr__(self) -> str:
         return (f"Peer({self.url!r}, conns={self.conns}, fails={self.fails}, "
@@ -60,17 +64,18 @@ class Peer:
 
     def failed(self, now: float) -> bool:
         """Shut by max_fails: fails reached it and fail_timeout has not passed since checked."""
-        return (self.max_fails > 0 and self.fails >= self.max_fails
-                and now < self.checked + self.fail_timeout_s)
+        return self.fails >= self.fail_cap and now < self.checked + self.fail_timeout_s
 
     def full(self) -> bool:
-        return self.max_conns > 0 and self.conns >= self.max_conns
+        return self.conns >= self.conn_cap
 
     def usable(self, now: float, single: bool = False) -> bool:
-        """nginx's skip test (a group of one ignores failures), plus zstalk's pause.
+        """nginx's skip test (a group of one ignores failures), plus zstalk's pause:
+        `full` and `failed` written out (this runs for every peer on every pick).
         (Active health checks, a later issue, would shut a peer here like `down`.)"""
-        return not (self.down or self.full() or now < self.paused_until
-                    or not single and self.failed(now))
+        return (not self.down and self.conns < self.conn_cap and now >= self.paused_until
+                and (single or self.fails < self.fail_cap
+                     or now >= self.checked + self.fail_timeout_s))
 
     def usable_at(self, now: float, single: bool = False) -> float | None:
         """When time alone makes the peer usable: `now` if it is, None if time cannot
