@@ -114,6 +114,7 @@ class BrokerActor:
         self._timer_at = math.inf
         self._heartbeat: asyncio.TimerHandle | None = None
         self._read_scheduled = False
+        self._sock_used = False     # this turn called into the socket (see _check_socket)
         self._stopped: asyncio.Future | None = None
         self._stop_requested = False
         self._told: list[bytes] = []            # peers told Stopping
@@ -465,10 +466,19 @@ class BrokerActor:
         if self._refusal_watch is not None:     # (read at once: its peers' addresses go fast)
             self.loop.add_reader(self._refusal_watch.fd, self._read_refusals)
             self._read_refusals()
+        self._sock_used = True
         self._check_socket()
 
     def _check_socket(self) -> None:
-        """The FD signals edges only: after any send, look whether messages wait."""
+        """The FD signals edges only, and any call into the socket (a send, a receive,
+        reading its events) may take the edge of messages that then wait unannounced: so
+        after a turn that called into it, look whether messages wait.  A turn that did
+        not (fronts in this process only: `zstalk serve`'s clients) cannot have taken an
+        edge, and skips the look, which costs two system calls (ZeroMQ's poll of its
+        command pipe and its fork check)."""
+        if not self._sock_used:
+            return
+        self._sock_used = False
         sock = self.sock
         if sock is not None and not self._read_scheduled and sock.getsockopt(_EVENTS) & _POLLIN:
             self._read_scheduled = True
@@ -485,6 +495,7 @@ class BrokerActor:
 
     def _receive(self) -> int:
         sock, handle = self.sock, self.core.handle
+        self._sock_used = True
         taken = 0
         while taken < _MAX_MESSAGES_PER_TURN and sock.getsockopt(_EVENTS) & _POLLIN:
             taken += 1
@@ -600,6 +611,7 @@ class BrokerActor:
                 continue
             if data is None:            # (a message its version does not have)
                 continue
+            self._sock_used = True
             try:
                 sock.send(peer, _NOBLOCK | _SNDMORE)
                 sock.send(data, _NOBLOCK)

@@ -39,7 +39,6 @@ sends more (a front with a bug must not grow the broker's memory).
 """
 from __future__ import annotations
 
-import enum
 from typing import Any, NamedTuple
 
 #: msgpack loads on the first encode or decode (`_codec`): a server whose fronts all share
@@ -63,9 +62,30 @@ class SchemaError(Exception):
     """A message that does not follow this schema (wrong version, unknown kind, bad shape)."""
 
 
+class Codes:
+    """Named int constants (Op, R) as plain class attributes.  Every command reads
+    several (the op it is, the reply it gets): looking up an IntEnum member costs 60 ns
+    on CPython 3.11, a class attribute 19.  The codes are ints on the wire and in
+    comparisons either way; `name(code)` and `codes()` give what the enum gave."""
+    _names: dict[int, str] = {}
+
+    def __init_subclass__(cls) -> None:
+        cls._names = {v: k for k, v in vars(cls).items() if k.isupper() and type(v) is int}
+        assert len(cls._names) == sum(1 for k in vars(cls) if k.isupper()), "a code twice"
+
+    @classmethod
+    def name(cls, code: int) -> str:
+        """The code's name ("INSERTED"), or the number itself for an unknown one."""
+        return cls._names.get(code, str(code))
+
+    @classmethod
+    def codes(cls) -> list[int]:
+        return sorted(cls._names)
+
+
 # ---------------------------------------------------------------------------------
 # Ops: what a session asks of the broker.  Opcode values are part of the wire format.
-class Op(enum.IntEnum):
+class Op(Codes):
     OPEN = 1            # (conn)                      a client connected
     CLOSE = 2           # (conn)                      a client went away (or sent quit)
     COUNT = 3           # (conn, cmd, consumes_id)    a command the front rejected but beanstalkd counts
@@ -137,7 +157,7 @@ SESSION_BYTES_MAX = 4 * 1024 * 1024
 SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE})
 
 
-class R(enum.IntEnum):
+class R(Codes):
     """Reply codes.  Values are listed with each code."""
     INSERTED = 1        # (id)
     RESERVED = 3        # (id, body)

@@ -297,7 +297,7 @@ def test_a_pool_cannot_send_counter_ops_or_count(h):
 _values = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 65, 2 ** 65),
                     st.floats(allow_nan=True), st.binary(max_size=20), st.text(max_size=20))
 _ops = st.lists(st.one_of(
-    st.tuples(st.sampled_from(list(Op)), st.just(1)).flatmap(
+    st.tuples(st.sampled_from(Op.codes()), st.just(1)).flatmap(
         lambda head: st.lists(_values, max_size=5).map(lambda rest: (*head, *rest))),
     _values, st.lists(_values, max_size=3)), max_size=12)
 

@@ -230,7 +230,7 @@ class Client:
 
 def _name(reply: tuple) -> str:
     try:
-        return R(reply[1]).name
+        return R.name(reply[1])
     except ValueError:
         return f"REPLY_{reply[1]}"
 

@@ -265,7 +265,7 @@ class Pool(LinkOwner):
         elif code == R.BAD_VERSION:
             self.fail(WorkerVersionError(WORKER_VERSIONS, (reply[2], reply[3])))
         elif self.link.state is READY:
-            self.fail(ZstalkError(R(code).name, "SUBSCRIBE refused: does this broker "
+            self.fail(ZstalkError(R.name(code), "SUBSCRIBE refused: does this broker "
                                                 "serve worker pools?"))
 
     def _acked(self, op: tuple, reply: tuple, ran: bool = True) -> None:
@@ -279,12 +279,12 @@ class Pool(LinkOwner):
             self.counts["lost"] += 1
             self.jobs[LOST] += ran
             self.log.warning("job %d was no longer ours at %s (its TTR ran out?)",
-                             op[2], Op(op[0]).name, extra={"job_id": op[2]})
+                             op[2], Op.name(op[0]), extra={"job_id": op[2]})
         else:
             self.counts["failed"] += 1
             self.jobs[REFUSED] += ran
-            self.log.error("%s of job %d answered %s", Op(op[0]).name, op[2],
-                           R(reply[1]).name, extra={"job_id": op[2]})
+            self.log.error("%s of job %d answered %s", Op.name(op[0]), op[2],
+                           R.name(reply[1]), extra={"job_id": op[2]})
 
     # -- jobs --------------------------------------------------------------------------
     def _pushed(self, item: tuple) -> None:

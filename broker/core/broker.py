@@ -60,7 +60,7 @@ log = logging.getLogger("zstalk.broker")
 #: which protocol an op belongs to: 0 beanstalk (and the connection ops every front
 #: sends), 1 counters, 2 cloud tasks; a session takes only its own (its `family`)
 _FAMILY = [0 if code < Op.C_NOOP else 1 if code < Op.T_ENQUEUE else 2
-           for code in range(max(Op) + 1)]
+           for code in range(max(Op.codes()) + 1)]
 #: fronts of a broker that went away notice within PEER_TIMEOUT_S (at once if they get
 #: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
@@ -148,7 +148,7 @@ class Broker:
         self._families = (self.beanstalk, self.counting, self.tasking)
         self._kinds = {"counter": self.counting, "http": self.tasking,
                        "dispatcher": self.tasking}
-        table: list = [None] * (max(Op) + 1)
+        table: list = [None] * (max(Op.codes()) + 1)
         table[Op.OPEN], table[Op.CLOSE] = self._open_again, self._close_op
         for component in (self.beanstalk, self.pools, self.counting, self.tasking,
                           self.scheduling):

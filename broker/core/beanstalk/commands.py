@@ -60,7 +60,7 @@ class BeanstalkCommands:
 
     def handlers(self) -> dict:
         """Op code -> handler, for the Broker's table (named after the op)."""
-        return {op: getattr(self, op.name.lower()) for op in Op
+        return {op: getattr(self, Op.name(op).lower()) for op in Op.codes()
                 if op in (Op.COUNT, Op.HALF_CLOSE) or Op.PUT <= op <= Op.PAUSE_TUBE}
 
     # -- sessions ----------------------------------------------------------------------
