@@ -51,6 +51,7 @@ procs      processes (own session, output kept, stopped whole), /proc readers, C
 builds     this tree and --against REF's build, cached by commit
 machine    the machine check and the calibration loop
 stats      Figure (median, min-max, n), percentiles, alternated rounds
+runs       one run of a system (fresh processes, stopped whole, checked), rotations of runs
 table      one table model, rendered as text, Markdown and JSON
 cli        shared options, quick / smoke sizes, the Run and its report
 beanstalk  a beanstalk-protocol server under test; a blocking client for set-up work
