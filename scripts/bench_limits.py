@@ -112,11 +112,11 @@ from datetime import datetime
 from bench_tasks import (CELERY_MODULE, RESULT, CeleryOnRedis, Zstalk, batches,
                          celery_missing, open_tasks, post_batches, zstalk_e2e)
 from harness.builds import REPO
-from harness.cli import Run, log, parser, sized
+from harness.cli import Run, ints, parser, sized
 from harness.http import JSON_HEADERS, client, http_status, loop_factory, run_async
 from harness.machine import tool_version
 from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
-from harness.runs import Runs
+from harness.runs import Runs, run_parts
 from harness.stats import Figure, median, pct, per_1k
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
@@ -606,10 +606,6 @@ def broker_lines(bench: Bench) -> list[str]:
 
 # --------------------------------------------------------------------------- main
 
-def ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
-
-
 def parse_args(argv):
     ap = parser(__doc__)
     ap.add_argument("--parts", default="1,2,3", help="parts to run, e.g. 1,3")
@@ -673,12 +669,7 @@ def main(argv=None) -> int:
         steps = [(1, "part 1: limiter accuracy", bench.accuracy),
                  (2, "part 2: the cost of a rate", bench.overhead),
                  (3, "part 3: ETA error", bench.eta)]
-        for num, label, fn in steps:
-            if num in parts:
-                log(f"{label} ...")
-                t0 = time.monotonic()
-                fn()
-                log(f"  ({time.monotonic() - t0:.1f}s)")
+        run_parts(steps, parts)
     finally:
         Proc.stop_all(run.notes)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -100,10 +100,10 @@ import urllib.request
 from bench_limits import Placement, Session, seconds, statuses
 from bench_tasks import RESULT, zstalk_e2e
 from harness.builds import REPO
-from harness.cli import Run, log, parser, sized
+from harness.cli import Run, ints, parser, sized
 from harness.http import JSON_HEADERS, client, http_status, run_async
 from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
-from harness.runs import Runs
+from harness.runs import Runs, run_parts
 from harness.stats import Figure, median, per_1k
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
@@ -570,10 +570,6 @@ def failure_lines(bench: Bench) -> list[str]:
 
 # --------------------------------------------------------------------------- main
 
-def ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
-
-
 def parse_args(argv):
     ap = parser(__doc__)
     ap.add_argument("--parts", default="1,2,3", help="parts to run, e.g. 1,3")
@@ -620,12 +616,7 @@ def main(argv=None) -> int:
         steps = [(1, "part 1: the cost of balancing", bench.cost),
                  (2, "part 2: least_conn with several dispatchers", bench.least_conn),
                  (3, "part 3: failure detection", bench.failure)]
-        for num, label, fn in steps:
-            if num in parts:
-                log(f"{label} ...")
-                t0 = time.monotonic()
-                fn()
-                log(f"  ({time.monotonic() - t0:.1f}s)")
+        run_parts(steps, parts)
     finally:
         Proc.stop_all(run.notes)
         shutil.rmtree(tmp, ignore_errors=True)

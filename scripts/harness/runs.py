@@ -10,10 +10,12 @@
 # once every process of the run has stopped.  A run that raises is aborted: noted,
 # counted per (part, row), no sample.  A rotation runs each row's systems once per
 # repetition in stats.rounds()' alternated order, warm-up rounds first, their samples
-# dropped.  Samples land in results[part][row][column], a list per column.
+# dropped.  Samples land in results[part][row][column], a list per column.  run_parts
+# runs the parts a command line chose (--parts), each timed in the log.
 from __future__ import annotations
 
 import collections
+import time
 
 from .cli import Run, log
 from .stats import rounds
@@ -73,3 +75,13 @@ class Runs:
         n = self.aborted[part, row]
         return (" [capped]" if any(s.get("capped") for r in per.values() for s in r) else "") \
             + (f" [{n} runs aborted]" if n else "")
+
+
+def run_parts(steps, chosen) -> None:
+    """Each (number, label, fn) of `steps` whose number is in `chosen`, in turn."""
+    for num, label, fn in steps:
+        if num in chosen:
+            log(f"{label} ...")
+            t0 = time.monotonic()
+            fn()
+            log(f"  ({time.monotonic() - t0:.1f}s)")
