@@ -58,6 +58,7 @@ beanstalk  a beanstalk-protocol server under test; a blocking client for set-up 
 loadgen    the pipelined beanstalk load generators (put, worker cycle, D in flight)
 probes     one command at a time: rates, per-request round trips, a background load
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
+httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
 readme     rewrites the README's tables between <!-- bench:NAME --> markers
 venv       the re-exec under the project's .venv
 """
