@@ -10,8 +10,9 @@ Usage:
 
 Targets (issue 31): at least 5,000 verifies a second per front process.  The ETA rows
 carry issue 27's targets for the same figure on offline tasks (median error at most 5 %,
-p90 10 %, when the rate holds the line; 15 % and 35 % when the concurrency does).  A full
-run takes about 3 minutes on 2 cores, --quick half a minute, --smoke 20 s.
+p90 10 %, when the rate holds the line; 15 % and 35 % when the concurrency does).
+--quick takes 25 s on 2 cores, --smoke 16 s; a full run (4 rounds of each row, larger
+counts) should take about 2.5 minutes, reckoned from --quick's parts, not yet timed.
 
 Method
 ------
