@@ -112,11 +112,12 @@ from datetime import datetime
 from bench_tasks import (CELERY_MODULE, RESULT, CeleryOnRedis, Zstalk, batches,
                          celery_missing, open_tasks, post_batches, zstalk_e2e)
 from harness.builds import REPO
-from harness.cli import Run, log, parser, sized
+from harness.cli import Run, ints, parser, sized
 from harness.http import JSON_HEADERS, client, http_status, loop_factory, run_async
 from harness.machine import tool_version
 from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
-from harness.stats import Figure, median, pct, per_1k, rounds
+from harness.runs import Runs, run_parts
+from harness.stats import Figure, median, pct, per_1k
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
 
@@ -341,44 +342,16 @@ class CeleryLimited(CeleryOnRedis):
 
 # --------------------------------------------------------------------------- the runs
 
-class Bench:
+class Bench(Runs):
     def __init__(self, run: Run, host: FunctionHost, tmp: str) -> None:
-        self.run, self.args, self.host, self.tmp = run, run.args, host, tmp
-        self.results: dict[str, dict] = {"accuracy": {}, "overhead": {}, "eta": {}}
-        self.aborted: collections.Counter = collections.Counter()
-        self.runs = 0
+        super().__init__(run, ("accuracy", "overhead", "eta"), SHOWN)
+        self.host, self.tmp = host, tmp
         self.celery_skip: str | None = None
 
-    def measure(self, part: str, row: str, column: str, make, fn, calls, warm: bool) -> None:
-        """One run: `make(name)` gives the system, `fn(name, system)` the sample; the host
-        must have seen calls(sample) calls of `name`, each task once."""
-        self.runs += 1
-        name = f"r{self.runs}"
-        notes: list[str] = []
-        system = None
-        try:
-            system = make(name)
-            system.start()
-            s = fn(name, system)
-        except Exception as exc:
-            s = None
-            notes.append(f"aborted: {exc!r}")
-        finally:
-            if system is not None:
-                system.stop(notes)
-        where = f"{row} / {column}{' (warm-up)' if warm else ''}"
-        self.run.notes += [f"{where} ({part}, run {name}): {note}" for note in notes]
-        if s is None:
-            self.aborted[part, row] += 1
-            log(f"  {where}: aborted, see the notes")
-            return
-        self.check(s, name, calls(s), capped_ok=column == CELERY)
-        if not warm:
-            self.results[part].setdefault(row, {}).setdefault(column, []).append(s)
-        shown = [f"{k} {s[k]:.4g}" for k in SHOWN if s.get(k) is not None]
-        flags = " CAPPED" if s.get("capped") else ""
-        flags += f" ERRORS {s['errors'][:2]}" if s["errors"] else ""
-        log(f"  {where}: {', '.join(shown)}{flags}")
+    def checker(self, calls: int, capped_ok: bool = False):
+        """A run's check: the host must have seen `calls` calls of its function, each task
+        once (a Celery run cut at its cap: no task twice)."""
+        return lambda name, s: self.check(s, name, calls, capped_ok)
 
     def check(self, s: dict, name: str, calls: int, capped_ok: bool = False) -> None:
         seen = self.host.seen(name)
@@ -396,13 +369,6 @@ class Bench:
         ok = s.get("statuses", {}).get("success", s.get("statuses", {}).get("SUCCESS"))
         if ok != calls:
             s["errors"].append(f"{ok} of {calls:,} tasks succeeded ({s.get('statuses')})")
-
-    def rotation(self, part: str, rows: list[tuple[str, list]]) -> None:
-        for row, systems in rows:
-            log(f" {row}")
-            for rep, order, warm in rounds(systems, self.args.repeats, self.args.warmup):
-                for column, make, fn, calls in order:
-                    self.measure(part, row, column, make, fn, calls, warm)
 
     # -- part 1 ----------------------------------------------------------------------------
     def accuracy(self) -> None:
@@ -439,7 +405,7 @@ class Bench:
                             broker=broker_starts(infos))
             out = in_session(z, self.host, n / rate + self.args.time_cap, work)
             return dict(starts(self.host.seen(name)["stamps"]), n=n, **out)
-        return build.label, make, fn, lambda s: n
+        return build.label, make, fn, self.checker(n)
 
     def celery_accuracy(self, rate: int, n: int):
         def make(name):
@@ -451,7 +417,7 @@ class Bench:
             got, capped = cel.wait(ids, t0 + self.args.seconds + self.args.celery_cap)
             return dict(starts(self.host.seen(name)["stamps"]), n=n, accepted=len(ids),
                         capped=capped, statuses=dict(got), errors=[])
-        return CELERY, make, fn, lambda s: n
+        return CELERY, make, fn, self.checker(n, capped_ok=True)
 
     # -- part 2 ----------------------------------------------------------------------------
     def overhead(self) -> None:
@@ -475,7 +441,7 @@ class Bench:
                                      meter))
             s.update(n=n, cpu_per_1k=per_1k(meter.cpu["system"], s["count"]))
             return s
-        return make, fn, lambda s: n
+        return make, fn, self.checker(n)
 
     # -- part 3 ----------------------------------------------------------------------------
     def eta(self) -> None:
@@ -499,7 +465,7 @@ class Bench:
                 infos = await s.infos(name)
                 return dict(eta_errors(items, infos), capped=capped, statuses=statuses(infos))
             return dict(in_session(z, self.host, n / a.eta_rate + a.time_cap, work), n=n)
-        return build.label, make, fn, lambda s: n
+        return build.label, make, fn, self.checker(n)
 
     def eta_slots(self, build):
         a = self.args
@@ -522,7 +488,7 @@ class Bench:
                 infos = await s.infos(name)
                 return dict(eta_errors(items, infos), capped=capped, statuses=statuses(infos))
             return dict(in_session(z, self.host, expected_s + a.time_cap, work), n=n)
-        return build.label, make, fn, lambda s: n + warm
+        return build.label, make, fn, self.checker(n + warm)
 
 
 SHOWN = ("rate", "worst_1s", "cpu_per_1k", "median_pct", "p90_pct", "signed_pct", "over")
@@ -569,23 +535,16 @@ def build_table(bench: Bench) -> Table:
                   "against `startedAt - createdAt`, over the tasks that waited >= 1 s."
                   + (f" Celery not run: {bench.celery_skip}." if bench.celery_skip else "")))
 
-    def lost(part, row):
-        n = bench.aborted[part, row]
-        return f" [{n} runs aborted]" if n else ""
-
-    def capped(per):
-        return " [capped]" if any(s.get("capped") for r in per.values() for s in r) else ""
-
     for row, per in res["accuracy"].items():
         rate = int(row.split("/s")[0].replace(",", ""))
-        flags = capped(per) + lost("accuracy", row)
+        flags = bench.flags("accuracy", row, per)
         t.add(f"1: {row}: achieved (starts/s){flags}",
               dict({c: Figure.of(r, "rate") for c, r in per.items()}, **{CONFIGURED: rate}),
               fmt="{:,.2f}")
         t.add(f"1: {row}: worst 1 s window (starts)",
               dict({c: Figure.of(r, "worst_1s") for c, r in per.items()}, **{CONFIGURED: rate}))
     for row, per in res["overhead"].items():
-        flags = capped(per) + lost("overhead", row)
+        flags = bench.flags("overhead", row, per)
         for label in (NO_RATE, FAR):
             t.add(f"2: {row}, {label} (tasks/s){flags}",
                   {b: Figure.of(per.get(f"{b}: {label}"), "rate") for b in labels})
@@ -602,7 +561,7 @@ def build_table(bench: Bench) -> Table:
     targets = {"rate-bound": (5, 10), "concurrency-bound": (15, 35)}
     for row, per in res["eta"].items():
         med, p90 = targets[row.split(":")[0]]
-        flags = capped(per) + lost("eta", row)
+        flags = bench.flags("eta", row, per)
         fig = lambda key: {c: Figure.of(r, key) for c, r in per.items()}   # noqa: E731
         t.add(f"3: ETA, {row}: median |ETA - actual| / actual (%){flags}", fig("median_pct"),
               fmt="{:.1f}", target=(now, "<=", med, f"<= {med} %"), ratio=False)
@@ -646,10 +605,6 @@ def broker_lines(bench: Bench) -> list[str]:
 
 
 # --------------------------------------------------------------------------- main
-
-def ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
-
 
 def parse_args(argv):
     ap = parser(__doc__)
@@ -714,12 +669,7 @@ def main(argv=None) -> int:
         steps = [(1, "part 1: limiter accuracy", bench.accuracy),
                  (2, "part 2: the cost of a rate", bench.overhead),
                  (3, "part 3: ETA error", bench.eta)]
-        for num, label, fn in steps:
-            if num in parts:
-                log(f"{label} ...")
-                t0 = time.monotonic()
-                fn()
-                log(f"  ({time.monotonic() - t0:.1f}s)")
+        run_parts(steps, parts)
     finally:
         Proc.stop_all(run.notes)
         shutil.rmtree(tmp, ignore_errors=True)

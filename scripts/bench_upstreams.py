@@ -100,10 +100,11 @@ import urllib.request
 from bench_limits import Placement, Session, seconds, statuses
 from bench_tasks import RESULT, zstalk_e2e
 from harness.builds import REPO
-from harness.cli import Run, log, parser, sized
+from harness.cli import Run, ints, parser, sized
 from harness.http import JSON_HEADERS, client, http_status, run_async
 from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
-from harness.stats import Figure, median, per_1k, rounds
+from harness.runs import Runs, run_parts
+from harness.stats import Figure, median, per_1k
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
 
@@ -297,50 +298,11 @@ async def steady_load(s: Session, name: str, a, stop_url: str) -> dict:
 
 # --------------------------------------------------------------------------- the runs
 
-class Bench:
+class Bench(Runs):
     def __init__(self, run: Run, host: FunctionHost, tmp: str) -> None:
-        self.run, self.args, self.host, self.tmp = run, run.args, host, tmp
-        self.results: dict[str, dict] = {"cost": {}, "least_conn": {}, "failure": {}}
-        self.aborted: collections.Counter = collections.Counter()
-        self.runs = 0
+        super().__init__(run, ("cost", "least_conn", "failure"), SHOWN)
+        self.host, self.tmp = host, tmp
         self.servers = host.open(3)         # parts 1 and 2: the same three servers
-
-    def measure(self, part: str, row: str, column: str, make, fn, warm: bool) -> None:
-        """One run: `make(name)` gives the system, `fn(name, system)` the sample, which
-        checks itself (its "errors")."""
-        self.runs += 1
-        name = f"r{self.runs}"
-        notes: list[str] = []
-        system = None
-        try:
-            system = make(name)
-            system.start()
-            s = fn(name, system)
-        except Exception as exc:
-            s = None
-            notes.append(f"aborted: {exc!r}")
-        finally:
-            if system is not None:
-                system.stop(notes)
-        where = f"{row} / {column}{' (warm-up)' if warm else ''}"
-        self.run.notes += [f"{where} ({part}, run {name}): {note}" for note in notes]
-        if s is None:
-            self.aborted[part, row] += 1
-            log(f"  {where}: aborted, see the notes")
-            return
-        if not warm:
-            self.results[part].setdefault(row, {}).setdefault(column, []).append(s)
-        shown = [f"{k} {s[k]:.4g}" for k in SHOWN if s.get(k) is not None]
-        flags = " CAPPED" if s.get("capped") else ""
-        flags += f" ERRORS {s['errors'][:2]}" if s["errors"] else ""
-        log(f"  {where}: {', '.join(shown)}{flags}")
-
-    def rotation(self, part: str, rows: list[tuple[str, list]], repeats: int) -> None:
-        for row, systems in rows:
-            log(f" {row}")
-            for rep, order, warm in rounds(systems, repeats, self.args.warmup):
-                for column, make, fn in order:
-                    self.measure(part, row, column, make, fn, warm)
 
     def e2e(self, build, toml: str, dispatchers: int, n: int, urls: list[str]):
         """make and fn of an end-to-end run of n tasks (parts 1 and 2)."""
@@ -507,11 +469,6 @@ def build_table(bench: Bench) -> Table:
                   "fail_timeout for that server; failed calls = sum(calls) - tasks; "
                   f"median of {a.fail_repeats} run{'s' if a.fail_repeats != 1 else ''}."))
 
-    def flags(part, row, per):
-        n = bench.aborted[part, row]
-        return (" [capped]" if any(s.get("capped") for r in per.values() for s in r) else "") \
-            + (f" [{n} runs aborted]" if n else "")
-
     def fig(per, variant, key):
         return {b: Figure.of(per.get(f"{b}: {variant}"), key) for b in labels}
 
@@ -523,7 +480,7 @@ def build_table(bench: Bench) -> Table:
         return out
 
     for row, per in res["cost"].items():
-        f = flags("cost", row, per)
+        f = bench.flags("cost", row, per)
         for variant in (PLAIN, ONE, THREE):
             t.add(f"1: {row}, {variant} (tasks/s){f}", fig(per, variant, "rate"))
             t.add(f"1: {row}, {variant}: system CPU-s per 1,000 tasks",
@@ -535,7 +492,7 @@ def build_table(bench: Bench) -> Table:
                   ratio(per, variant, PLAIN, "cpu_per_1k"), fmt="{:.3f}",
                   target=(now, "<=", 1.05, "<= 1.05 (+5 %)"), ratio=False)
     for row, per in res["least_conn"].items():
-        f = flags("least_conn", row, per)
+        f = bench.flags("least_conn", row, per)
         for variant in (PLAIN, LC):
             t.add(f"2: {row}, {variant}: calls/s at the host{f}", fig(per, variant, "host_rate"))
             t.add(f"2: {row}, {variant}: system CPU-s per 1,000 tasks",
@@ -545,7 +502,7 @@ def build_table(bench: Bench) -> Table:
         t.add(f"2: {LC}: most calls on one server / fewest", fig(per, LC, "spread"),
               fmt="{:.3f}", ratio=False)
     for row, per in res["failure"].items():
-        f = flags("failure", row, per)
+        f = bench.flags("failure", row, per)
         n = max((s["n"] for r in per.values() for s in r), default=0)
         cells = lambda key: {b: Figure.of(per.get(b), key) for b in labels}  # noqa: E731
         t.add(f"3: {row}: its first failed call after the stop (ms){f}",
@@ -613,10 +570,6 @@ def failure_lines(bench: Bench) -> list[str]:
 
 # --------------------------------------------------------------------------- main
 
-def ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
-
-
 def parse_args(argv):
     ap = parser(__doc__)
     ap.add_argument("--parts", default="1,2,3", help="parts to run, e.g. 1,3")
@@ -663,12 +616,7 @@ def main(argv=None) -> int:
         steps = [(1, "part 1: the cost of balancing", bench.cost),
                  (2, "part 2: least_conn with several dispatchers", bench.least_conn),
                  (3, "part 3: failure detection", bench.failure)]
-        for num, label, fn in steps:
-            if num in parts:
-                log(f"{label} ...")
-                t0 = time.monotonic()
-                fn()
-                log(f"  ({time.monotonic() - t0:.1f}s)")
+        run_parts(steps, parts)
     finally:
         Proc.stop_all(run.notes)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,8 @@ zstalk beside this one (built once into ~/.cache/zstalk-bench and cached by comm
 skipped, with the reason, when git or pip cannot build it), scripts/bench_readme rewrites
 a README block from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
-half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s."""
+half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
+bench_room's 17 s."""
 from __future__ import annotations
 
 import glob
@@ -61,6 +62,13 @@ ROWS = {
         "most calls on one server / fewest",
         "3: round_robin over 3, 1 dispatcher, 200 tasks/s, one server stops: its last call",
         "calls failed because of it", "tasks that did not succeed"])],
+    "bench_room": [("room", "zstalk", [
+        "(a) broker up: verifies/s through 1 front process", "(a) broker up: front CPU-us",
+        "(a) broker up: broker CPU-us", "(b) broker away: verifies/s through 1 front process",
+        "(b) broker away: front CPU-us", "2: rate 20/s, 40 users", "2: rate 100/s, 200 users",
+        "most admissions in 1 s", "3: ETA, rate-bound: 50/s, 60 users in one array: median",
+        "3: ETA, concurrency-bound: 4 at once, users holding 250 ms, 16 after 12: tasks given "
+        "no ETA"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_schedules": [("schedules", "zstalk", [

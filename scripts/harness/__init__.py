@@ -51,12 +51,14 @@ procs      processes (own session, output kept, stopped whole), /proc readers, C
 builds     this tree and --against REF's build, cached by commit
 machine    the machine check and the calibration loop
 stats      Figure (median, min-max, n), percentiles, alternated rounds
+runs       one run of a system (fresh processes, stopped whole, checked), rotations of runs
 table      one table model, rendered as text, Markdown and JSON
 cli        shared options, quick / smoke sizes, the Run and its report
 beanstalk  a beanstalk-protocol server under test; a blocking client for set-up work
 loadgen    the pipelined beanstalk load generators (put, worker cycle, D in flight)
 probes     one command at a time: rates, per-request round trips, a background load
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
+httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
 readme     rewrites the README's tables between <!-- bench:NAME --> markers
 venv       the re-exec under the project's .venv
 """

@@ -54,6 +54,11 @@ def sized(args, **values) -> None:
             setattr(args, name, choice[i])
 
 
+def ints(text: str) -> list[int]:
+    """A comma-separated option's numbers ("1,3" -> [1, 3]; "" -> [])."""
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
