@@ -176,3 +176,65 @@ def test_sighup_changes_the_origins_a_front_allows(shop, tmp_path):
     code, headers, _ = preflight(shop.base, "/v1/tasks", ELSEWHERE)
     assert code == 204 and headers["Access-Control-Allow-Origin"] == ELSEWHERE
 
+
+# -- a real browser ----------------------------------------------------------------------------
+PAGE = """<!doctype html>
+<pre id="out">running</pre>
+<script>
+const api = "API";
+async function visit() {
+  const joined = await fetch(`${api}/v1/tasks`, {method: "POST",
+    headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({function: "FUNCTION", type: "online"})});
+  const {uniqueId} = await joined.json();
+  const task = await (await fetch(`${api}/v1/tasks/${uniqueId}`)).json();
+  const done = await fetch(`${api}/v1/tasks/${uniqueId}/done`, {method: "POST",
+    headers: {"Authorization": `Bearer ${task.pass}`}});
+  return [joined.status, joined.headers.get("Location") !== null, task.status, done.status];
+}
+visit().then((seen) => document.getElementById("out").textContent = JSON.stringify(seen),
+             (error) => document.getElementById("out").textContent = `${error}`);
+</script>
+"""
+
+
+def serve_site(site, address: str, port: int):
+    """The folder `site` at http://address:port/ from a thread (the server, to shut down)."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, port),
+                                             functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@needs_zstalk
+def test_a_browser_page_from_a_listed_origin_joins_reads_and_ends_its_task_and_others_cannot(
+        tmp_path):
+    from browser import chromium, page_text
+    from servers import free_port
+    chromium()
+    listed, other = f"http://127.0.0.2:{free_port()}", f"http://127.0.0.3:{free_port()}"
+    served = serve(tmp_path, config_text=CONFIG.replace(SHOP, listed))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text(PAGE.replace("API", served.base).replace("FUNCTION",
+                                                                               FUNCTION))
+    pages = [serve_site(site, url[7:].split(":")[0], int(url.rsplit(":", 1)[1]))
+             for url in (listed, other)]
+    try:
+        assert page_text(f"{listed}/", "out") == '[201,true,"admitted",200]'
+        assert page_text(f"{other}/", "out") == "TypeError: Failed to fetch"
+        tasks = call("GET", f"{served.base}/v1/tasks?function={FUNCTION}")[2]["tasks"]
+        assert len(tasks) == 1, "the browser stopped the other at its preflight: no task"
+    finally:
+        for page in pages:
+            page.shutdown()
+            page.server_close()
+        served.server.stop()
