@@ -14,6 +14,8 @@
     max_pause = "60s"                    # the longest backoff after 429 / 503 without Retry-After
     request_headers = ["X-Tenant"]       # request tasks may set these too (beside the safe ones)
     result_headers = ["ETag"]            # response headers a task keeps (beside Content-Type)
+    allow_origins = ["https://shop.example"]   # pages that may call the API from the
+                                         # browser for this function's tasks (CORS), or "*"
 
     [functions.closeOrder]               # one table per named function (optional)
     url = "http://orders:3000/closeOrder"   # without base_url, required; with it, optional
@@ -51,7 +53,7 @@ _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause", "request_headers",
                "result_headers", "next_upstream", "connect_timeout", "online", "pass_ttl",
-               "online_heartbeat", "max_waiting_per_client", "admit_url"}
+               "online_heartbeat", "max_waiting_per_client", "admit_url", "allow_origins"}
 _DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
                  "max_timeout", "max_result", "upstream", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
@@ -67,6 +69,9 @@ _SERVER_KEYS = {"url", "weight", "max_fails", "fail_timeout", "max_conns", "back
 #: second try: non_idempotent, invalid_header, off)
 NEXT_UPSTREAM = ("error", "timeout", "http_500", "http_502", "http_503", "http_504",
                  "http_403", "http_404", "http_429")
+#: an origin as a browser sends it (RFC 6454 section 6.2): scheme "://" host [":" port]
+_ORIGIN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[^\s/?#@:\[\]*]+)(?::(\d{1,5}))?")
+_DEFAULT_PORT = {"http": "80", "https": "443"}
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
 _PER_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -311,10 +316,48 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                       or "#" in admit_url):
         raise ConfigError(f"{where}: admit_url must be an http:// or https:// URL without a "
                           f"fragment (the pass goes there), not {admit_url!r}")
+    origins = _origins(entry.get("allow_origins", []), f"{where}: allow_origins")
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
-                        upstream, path, frozenset(next_upstream), max(connect_ms, 1))
+                        upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins)
+
+
+def _origins(value: Any, where: str) -> tuple[str, ...]:
+    """allow_origins: origins as a browser's Origin header spells them (lower case, no
+    default port, an IDN host in punycode), or "*" for any; "null" never (any page can
+    be a sandboxed iframe, whose origin is null)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: a list of origins, like [\"https://shop.example\"] "
+                          f"(or [\"*\"]: any), not {value!r}")
+    return tuple(dict.fromkeys(_origin(v, where) for v in value))
+
+
+def _origin(text: str, where: str) -> str:
+    if text == "*":
+        return text
+    if text.strip().lower() == "null":
+        raise ConfigError(f"{where}: \"null\" is the origin of sandboxed pages and local "
+                          "files, which any site can make: it is never allowed")
+    scheme, _, rest = text.partition("://")
+    host_port, sep, tail = rest.partition("/")
+    if sep or "?" in rest or "#" in rest:
+        raise ConfigError(f"{where}: an origin has no path, query or fragment (not even "
+                          f"\"/\"): {scheme}://{host_port}, not {text!r}")
+    if "*" in host_port:
+        raise ConfigError(f"{where}: {text!r}: a wildcard is \"*\" alone (any origin); "
+                          "list each site's origin")
+    try:
+        host_port = host_port.encode("idna").decode("ascii")   # (as browsers send it)
+    except UnicodeError:
+        pass
+    match = _ORIGIN.fullmatch(f"{scheme}://{host_port}".lower())
+    if match is None or (match[3] is not None and not 0 < int(match[3]) < 65536):
+        raise ConfigError(f"{where}: {text!r} is not an origin: scheme://host[:port], "
+                          "like \"https://shop.example\" or \"http://127.0.0.1:8000\"")
+    scheme, host, port = match.groups()
+    return f"{scheme}://{host}" if port in (None, _DEFAULT_PORT.get(scheme)) else \
+        f"{scheme}://{host}:{int(port)}"
 
 
 def _header_names(value: Any, where: str, problem) -> tuple[str, ...]:

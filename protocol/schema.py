@@ -45,10 +45,12 @@ from typing import Any, NamedTuple
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE,
+#: version back.  Version 4 had no CORS origins in Settings (its five first fields: a
+#: peer builds Settings from every field it gets, so an older one is sent only those it
+#: has).  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE,
 #: T_CALL and T_OUTCOME (so no request tasks), and a T_OUTCOME's retry_after_ms was 0
 #: when no Retry-After came (now -1).  Version 2 had no Stopping and Holding (a stopping
 #: broker just went quiet).  Version 1 (before cloud-task durability) also had no `keyed`
@@ -241,6 +243,12 @@ class Settings(NamedTuple):
     max_result_bytes: int = 1 << 20     # a function's result ([functions] max_result)
     public_enqueue: bool = False        # the [api] policy (the broker decides; the front
     private_results: bool = False       # uses it to refuse early, before reading a body)
+    # CORS (version 5; protocol/fronts/http_cors.py): function -> its allow_origins ("":
+    # any other name under base_url; "*": any origin), and the origins a page may enqueue
+    # from (those of the functions a request without the master key can enqueue to).
+    # Built by the broker, never changed in place.
+    allow_origins: dict = {}
+    enqueue_origins: list = []
 
 
 class SessionState(NamedTuple):
@@ -323,11 +331,12 @@ Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings | St
 
 def encode(msg: Message, version: int = SCHEMA_VERSION) -> bytes | None:
     """The message as `version` has it (None: that version has no such message)."""
+    kind = _KINDS[type(msg)]
     if version != SCHEMA_VERSION:
         msg = _downgrade(msg, version)
         if msg is None:
             return None
-    return (msgpack or _codec()).packb((version, _KINDS[type(msg)], *msg), use_bin_type=True)
+    return (msgpack or _codec()).packb((version, kind, *msg), use_bin_type=True)
 
 
 def encodable(value: Any) -> bool:
@@ -425,20 +434,25 @@ def _upgrade_op(op, version: int):
     return op
 
 
-def _downgrade(msg: Message, version: int) -> Message | None:
-    """A message as a peer of an older `version` takes it (None: it has none such)."""
+#: the Settings fields of each older version (version 1 also had no Settings message)
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5}
+
+
+def _downgrade(msg: Message, version: int) -> Message | tuple | None:
+    """A message as a peer of an older `version` takes it (None: it has none such; a
+    Settings may come back as the plain tuple of the fields that version has)."""
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
+    if isinstance(msg, Settings):
+        return tuple(msg[:_SETTINGS_FIELDS[version]]) if version >= 2 else None
+    if isinstance(msg, Welcome):
+        return msg._replace(settings=tuple(msg.settings[:_SETTINGS_FIELDS[version]]))
     if version >= 4:
         return msg
     if isinstance(msg, Replies) and version >= 2:   # no ext in T_CALL before version 4
         return Replies([item[:7] if item[1] == R.T_CALL else item for item in msg.items])
     if version >= 2:
         return msg
-    if isinstance(msg, Settings):
-        return None
-    if isinstance(msg, Welcome):
-        return msg._replace(settings=msg.settings[:1])
     if isinstance(msg, Replies):
         items = [_downgrade_reply(item) for item in msg.items]
         return Replies([item for item in items if item is not None])

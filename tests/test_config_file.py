@@ -77,6 +77,21 @@ def test_sizes_are_bytes_or_strings_with_a_binary_unit(tmp_path, text, size):
     assert load(write(tmp_path, "")).max_body_bytes == 1 << 20     # the defaults: 1 MiB
 
 
+def test_allow_origins_are_kept_as_a_browser_spells_its_origin(tmp_path):
+    got = load(write(tmp_path, '[functions]\nbase_url = "http://h"\nbase_url_any = true\n'
+                               'allow_origins = ["https://Shop.Example:443"]\n'
+                               '[functions.f]\nallow_origins = ["http://127.0.0.1:8000", '
+                               '"http://[::1]:80", "https://bücher.example", '
+                               '"http://127.0.0.1:8000"]\n'
+                               '[functions.g]\nallow_origins = ["*"]\n[functions.h]\n'))
+    origins = {f.name: f.allow_origins for f in got.named}
+    assert origins == {"f": ("http://127.0.0.1:8000", "http://[::1]",
+                             "https://xn--bcher-kva.example"),
+                       "g": ("*",), "h": ("https://shop.example",)}     # (h: the default)
+    assert got.base.allow_origins == ("https://shop.example",)
+    assert load(write(tmp_path, '[functions.f]\nurl = "http://x"\n')).named[0].allow_origins == ()
+
+
 def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_path):
     assert load(write(tmp_path, "[functions]\n")).api == ApiPolicy(False, False)
     got = load(write(tmp_path, "[api]\npublic_enqueue = true\nprivate_results = true\n"))
@@ -101,6 +116,22 @@ def test_the_api_table_says_what_a_request_without_the_master_key_may_do(tmp_pat
     ('[api]\nmax_body = 0', "from 1 byte to 64MiB"),
     ('[functions]\nmax_result = "65MiB"', "[functions] max_result: a size is"),
     ('[functions.f]\nurl = "http://x"\nmax_result = 5', "unknown key 'max_result'"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = "https://shop.example"',
+     '[functions.f]: allow_origins: a list of origins, like ["https://shop.example"]'),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["https://shop.example/"]',
+     "[functions.f]: allow_origins: an origin has no path, query or fragment (not even \"/\")"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["https://shop.example/cart"]',
+     "https://shop.example, not 'https://shop.example/cart'"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["null"]',
+     '[functions.f]: allow_origins: "null" is the origin of sandboxed pages'),
+    ('[functions]\nallow_origins = ["https://*.shop.example"]',
+     "[functions]: allow_origins: 'https://*.shop.example': a wildcard is \"*\" alone"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["shop.example"]',
+     "'shop.example' is not an origin: scheme://host[:port]"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["https://shop.example:99999"]',
+     "'https://shop.example:99999' is not an origin"),
+    ('[functions.f]\nurl = "http://x"\nallow_origins = ["https://me@shop.example"]',
+     "'https://me@shop.example' is not an origin"),
 ])
 def test_a_bad_file_is_refused_naming_the_file_and_the_key(tmp_path, text, message):
     path = write(tmp_path, text)

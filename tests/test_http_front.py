@@ -312,8 +312,8 @@ def test_an_unknown_path_answers_404_in_json() -> None:
 
 
 @pytest.mark.parametrize("method, path, allowed", [
-    ("PATCH", "/v1/tasks", "GET, HEAD, POST"),
-    ("PUT", "/v1/tasks/t", "DELETE, GET, HEAD"),
+    ("PATCH", "/v1/tasks", "GET, HEAD, OPTIONS, POST"),         # (OPTIONS: CORS preflights)
+    ("PUT", "/v1/tasks/t", "DELETE, GET, HEAD, OPTIONS"),
 ])
 def test_a_wrong_method_answers_405_in_json_with_the_allowed_ones(method, path, allowed) -> None:
     async def scenario(client, link, front):

@@ -8,8 +8,9 @@
 # emails.py`); the others run. Every code block is either run by a test here (RUN_BY says
 # which) or marked `<!-- not run: reason -->` on the line above it, and then still checked:
 # `bash -n` for a shell block, and the check its test names. The examples use the ports the
-# README names (11300, 11215, 11400, 8080, 3000, 11500, 11301): a test skips when one is
-# taken here, as none is on CI.
+# README names (11300, 11215, 11400, 8080, 3000, 11500, 11301, 8000): a test skips when one
+# is taken here, as none is on CI.  An HTML block (`<!-- NAME -->` first) is a page a
+# real browser opens (tests/browser.py).
 from __future__ import annotations
 
 import datetime
@@ -31,7 +32,7 @@ from servers import LOOPBACK, RawClient, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
 ROOT = Path(__file__).resolve().parent.parent
-CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json", "promql"}
+CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json", "promql", "html"}
 #: a marker found in each run block -> the test that runs it (or the test file elsewhere)
 RUN_BY = {
     "source .venv/bin/activate": "every test here (the first line of each shell)",
@@ -52,6 +53,9 @@ RUN_BY = {
     "# room.toml": "test_the_waiting_room_example_runs_as_written",
     "# passes.keys": "test_the_waiting_room_example_runs_as_written",
     "# room.py": "test_the_waiting_room_example_runs_as_written",
+    "<!-- shop.html": "test_the_shop_page_joins_the_line_from_a_browser",
+    "curl -si -X OPTIONS http://127.0.0.1:8080/v1/tasks":
+        "test_the_waiting_room_example_runs_as_written",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",
@@ -91,8 +95,11 @@ def block(marker: str) -> Block:
 
 
 def file_name(b: Block) -> str | None:
-    """`NAME` of a block whose first line is `# NAME` or `# NAME: what it is`."""
+    """`NAME` of a block whose first line is `# NAME` or `# NAME: what it is` (in HTML,
+    `<!-- NAME: what it is -->`)."""
     first = b.text.split("\n", 1)[0]
+    if b.lang == "html":
+        first = re.sub(r"^<!-- (.*) -->$", r"# \1", first)
     m = re.fullmatch(r"# ([\w./-]+\.\w+|Dockerfile[\w.]*)(:.*)?", first)
     return m[1] if m and b.lang != "sh" else None
 
@@ -274,6 +281,33 @@ def test_the_waiting_room_example_runs_as_written(shell):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "[('admitted', None), ('queued', 0), ('queued', 1)]", "204", "admitted"]
+    preflight = block("curl -si -X OPTIONS http://127.0.0.1:8080/v1/tasks").text
+    out = shell.run(preflight)
+    assert out.returncode == 0, out.stderr
+    assert cors_lines(out.stdout) == [
+        "HTTP/1.1 204 No Content", "Access-Control-Allow-Origin: http://localhost:8000",
+        "Access-Control-Allow-Methods: POST", "Access-Control-Allow-Headers: Content-Type",
+        "Access-Control-Max-Age: 600"]
+    out = shell.run(preflight.replace("http://localhost:8000", "https://elsewhere.example"))
+    assert cors_lines(out.stdout) == ["HTTP/1.1 403 Forbidden"]
+
+
+def cors_lines(response: str) -> list[str]:
+    """The status line and the Access-Control-* headers of a `curl -si` answer."""
+    lines = [line.rstrip("\r") for line in response.splitlines()]
+    return [lines[0]] + [line for line in lines if line.startswith("Access-Control-")]
+
+
+def test_the_shop_page_joins_the_line_from_a_browser(shell):
+    from browser import chromium, page_text
+    chromium()                          # (skipped, or failed on CI, before anything starts)
+    free(11300, 11215, 11400, 8080, 8000)
+    for marker in ("# room.toml", "# passes.keys", "<!-- shop.html"):
+        shell.write(block(marker))
+    listening(8080, shell.start("zstalk serve --config room.toml --pass-key-file passes.keys"))
+    listening(8000, shell.start("python -m http.server 8000"))     # as its first line says
+    text = page_text("http://localhost:8000/shop.html", "line")
+    assert text.startswith("your turn until 20"), text
 
 
 SIGNED_LINE = ("GET", "/fn/report%2Fdaily", "day=2026-11-26&note=a+b%20c")

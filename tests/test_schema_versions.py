@@ -16,7 +16,7 @@ from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Op, R, 
                                     SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 
-V1, V2, V3 = 1, 2, 3
+V1, V2, V3, V4 = 1, 2, 3, 4
 HELLO, BATCH = 1, 3
 
 
@@ -26,12 +26,12 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (4, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (5, 1)
 
 
 def test_a_version_2_peer_gets_everything_but_the_stopping_handshake():
     welcome = Welcome(7, 9, Settings(), True)
-    assert msgpack.unpackb(encode(welcome, V2)) == [V2, *msgpack.unpackb(encode(welcome))[1:]]
+    assert msgpack.unpackb(encode(welcome, V2)) == [V2, *msgpack.unpackb(encode(welcome, V4))[1:]]
     assert encode(Stopping(7, False), V2) is None and encode(Stopping(7, True), V1) is None
     ops = [(Op.T_SUBSCRIBE, 1, 0, True), (Op.PUT, 1, 0, 0, 60, b"x")]
     version, msg = decode_peer(packed(V2, BATCH, ops))
@@ -65,6 +65,31 @@ def test_a_dispatcher_older_than_version_4_gets_its_calls_without_the_ext(versio
     replies = msgpack.unpackb(encode(Replies([call]), version))
     assert replies == [version, 4, [[1, R.T_CALL, "u", 1, "http://fn/f", b"{}", 15000]]]
     assert msgpack.unpackb(encode(Replies([call])))[2] == [list(call)]
+
+
+ORIGINS = Settings(65535, 200, 300, True, False, {"shop": ["https://shop.example"]},
+                   ["https://shop.example"])
+
+
+def test_settings_carry_the_cors_origins_to_a_front_of_this_version():
+    assert decode(encode(ORIGINS)) == ORIGINS
+    assert decode(encode(Welcome(7, 9, ORIGINS, True))).settings == ORIGINS
+
+
+@pytest.mark.parametrize("version", [V2, V3, V4])
+def test_a_peer_older_than_version_5_gets_settings_without_the_cors_origins(version):
+    # (such a peer builds Settings from every field it gets: a sixth would fail it)
+    assert msgpack.unpackb(encode(ORIGINS, version)) == [version, 7, 65535, 200, 300, True,
+                                                         False]
+    welcome = msgpack.unpackb(encode(Welcome(7, 9, ORIGINS, True), version))
+    assert welcome == [version, 2, 7, 9, [65535, 200, 300, True, False], True]
+
+
+def test_a_version_4_batch_is_taken_as_it_is():
+    ops = [(Op.T_ENQUEUE, 1, "f", b"{}", None, "u", False, {"type": "online"}),
+           (Op.T_DONE, 1, "u")]
+    version, msg = decode_peer(packed(V4, BATCH, ops))
+    assert version == V4 and [tuple(op) for op in msg.ops] == ops
 
 
 def test_a_version_3_peer_still_gets_the_stopping_handshake():
@@ -148,3 +173,48 @@ def test_a_peer_too_new_gets_nothing_and_is_named_in_the_log_once(broker):
         assert time.monotonic() < deadline, broker.output()
         time.sleep(0.05)
     assert broker.output().count("too new") == 1 and broker.running
+
+
+WELCOME, REPLIES, SETTINGS = 2, 4, 7
+
+
+def next_of(sock: zmq.Socket, kind: int) -> list:
+    """The next message of that kind (heartbeats come every 0.5 s in between)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        msg = answer(sock, deadline - time.monotonic())
+        if msg is not None and msg[1] == kind:
+            return msg
+    raise AssertionError(f"no message of kind {kind} within 5 s")
+
+
+@needs_zstalk
+def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_sighup(tmp_path):
+    import signal
+    config = tmp_path / "zstalk.toml"
+    room = '[functions.shop]\nonline = "only"\n'
+    config.write_text(room + 'allow_origins = ["https://shop.example"]\n')
+    port = free_port()
+    broker = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}",
+                            "--config", str(config)], (LOOPBACK, port),
+                           name="versions-broker").start()
+    old, new = peer(f"tcp://{LOOPBACK}:{port}"), peer(f"tcp://{LOOPBACK}:{port}")
+    try:
+        old.send(packed(V4, HELLO, 1, "http", os.getpid(), 0, []))
+        new.send(packed(SCHEMA_VERSION, HELLO, 2, "http", os.getpid(), 0, []))
+        assert next_of(old, WELCOME)[4] == [65535, 1 << 20, 1 << 20, False, False]
+        assert next_of(new, WELCOME)[4][5:] == [{"shop": ["https://shop.example"]},
+                                      ["https://shop.example"]]
+        old.send(packed(V4, BATCH, [[Op.OPEN, 1], [Op.T_ENQUEUE, 1, "shop", b"{}", None, "u",
+                                                   False, {"type": "online"}]]))
+        [[_, code, info]] = next_of(old, REPLIES)[2]
+        assert (code, info["type"]) == (R.T_TASK, "online"), "it works as before"
+        config.write_text(room + 'allow_origins = ["https://other.example"]\n')
+        broker.process.send_signal(signal.SIGHUP)
+        assert next_of(old, SETTINGS) == [V4, 7, 65535, 1 << 20, 1 << 20, False, False]
+        assert next_of(new, SETTINGS)[-2:] == [{"shop": ["https://other.example"]},
+                                    ["https://other.example"]]
+    finally:
+        old.close()
+        new.close()
+        broker.stop()

@@ -175,3 +175,26 @@ def test_an_online_task_behind_an_offline_head_is_admitted_in_the_same_turn():
     out = b.send(D1, (Op.T_SUBSCRIBE, 1, 1, False))
     assert [i[2] for i in out[D1] if i[1] == R.T_CALL] == ["off"]
     assert b.broker.tasks.tasks[online[2]["uniqueId"]].status == ADMITTED
+
+
+# -- CORS: what the broker tells the HTTP fronts (protocol/fronts/http_cors.py) ----------------
+def test_the_broker_tells_fronts_each_functions_origins_and_which_a_page_may_enqueue_from():
+    from test_tasks_core import HTTP, BrokerClock
+    from zstalk.broker.config_file import TaskConfig
+    from zstalk.broker.core.tasks.store import ApiPolicy
+    from zstalk.protocol.schema import Settings
+    b = BrokerClock(online="public", allow_origins=("https://shop.example",))
+    assert b.broker.settings()[5:] == ({"f": ["https://shop.example"]}, ["https://shop.example"])
+    A, B, D = "https://a.example", "https://b.example", "https://d.example"
+    functions = (FunctionSpec("master", "http://fn/m", allow_origins=(A,)),
+                 FunctionSpec("only", "http://fn/o", online="only", allow_origins=(B,)),
+                 FunctionSpec("none", "http://fn/n"))
+    base = FunctionSpec("", "http://fn", allow_origins=(D,))
+    b.broker.configure_functions(TaskConfig(functions), b.now)
+    [sent] = [msg for peer, msg in b.broker.flush() if peer == HTTP and isinstance(msg, Settings)]
+    assert sent[5:] == ({"master": [A], "only": [B]}, [B]), "master: read and done only"
+    b.broker.configure_functions(TaskConfig(functions, base, ApiPolicy(public_enqueue=True)),
+                                 b.now)
+    # (names under base_url have origins: every named function is listed, "none" without)
+    assert b.broker.settings()[5:] == ({"master": [A], "only": [B], "none": [], "": [D]},
+                                       [A, B, D])

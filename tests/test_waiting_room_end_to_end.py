@@ -35,14 +35,18 @@ class Served(NamedTuple):
         return f"{LOOPBACK}:{self.port}"
 
 
-def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str) -> Served:
+def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str,
+          config_text: str | None = None) -> Served:
+    """`zstalk serve` with the pass keys and `config_text` (by default a room of
+    FUNCTION with that rate and concurrency) in tmp_path/zstalk.toml."""
     keys = tmp_path / "passes"
     keys.write_text(f"k1:{KEY.decode()}\n")
     keys.chmod(0o400)
     config = tmp_path / "zstalk.toml"
-    config.write_text(f'[functions.{FUNCTION}]\nonline = "only"\nconcurrency = {concurrency}\n'
-                      f'rate = "{rate}"\npass_ttl = "60s"\nonline_heartbeat = "30s"\n'
-                      'max_waiting_per_client = 1000\n')
+    config.write_text(config_text or (
+        f'[functions.{FUNCTION}]\nonline = "only"\nconcurrency = {concurrency}\n'
+        f'rate = "{rate}"\npass_ttl = "60s"\nonline_heartbeat = "30s"\n'
+        'max_waiting_per_client = 1000\n'))
     port, http = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config",

@@ -238,7 +238,7 @@ class Broker:
     def settings(self) -> Settings:
         c, api = self.config, self.tasking.api
         return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                        api.public_enqueue, api.private_results)
+                        api.public_enqueue, api.private_results, *self.tasking.cross_origin())
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and

@@ -18,6 +18,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http_room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
+    OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
+                                  functions allow: protocol/fronts/http_cors.py
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
@@ -65,6 +67,7 @@ from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, 
                        parse_enqueue, parse_listing, refuse, reply_problem, schedule_json,
                        task_json)
 from .http_schedules import parse_page, parse_pause, parse_schedule
+from .http_cors import ROUTES as CORS_ROUTES, Cors, note
 from .http_room import Room
 from .pass_check import find_pass
 from .http_site import GuardedSite, close_after_408
@@ -249,6 +252,7 @@ class HttpFront(LinkOwner):
                  pass_key_file: str | None = None) -> None:
         self.master_key = master_key.encode() if master_key else None
         self.room = Room(pass_key_file)
+        self.cors = Cors(lambda: self.link.settings)
         self.connected = False      # the link has a broker now (verify asks it, or not)
         self.limits = limits
         self.tls = tls              # an ssl.SSLContext: serve HTTPS
@@ -263,14 +267,16 @@ class HttpFront(LinkOwner):
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.counted, close_after_408, json_errors,
-                                           self.loopback_only])
+        app = web.Application(middlewares=[self.counted, close_after_408, self.cors.middleware,
+                                           json_errors, self.loopback_only])
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         app.router.add_post("/v1/tasks/{uniqueId}/done", self.done)
         app.router.add_get("/v1/passes/verify", self.verify_pass)
+        for path in CORS_ROUTES:
+            app.router.add_route("OPTIONS", path, self.cors.preflight)
         app.router.add_post("/v1/schedules", self.schedule)
         app.router.add_get("/v1/schedules", self.schedules)
         app.router.add_get("/v1/schedules/{name}", self.schedule_info)
@@ -346,6 +352,8 @@ class HttpFront(LinkOwner):
                     task if isinstance(task, Problem) or task.online else NEEDS_KEY)
         if isinstance(task, Problem):
             return problem_response(task)
+        tasks = task if isinstance(task, list) else [task]
+        note(request, *(t.function for t in tasks if isinstance(t, Enqueue)))
         if isinstance(task, list):
             return web.json_response(await self.enqueue_many(task, key, client_of(request)))
         reply = await self.call(enqueue_op(task, key, client_of(request)))
@@ -405,6 +413,7 @@ class HttpFront(LinkOwner):
             return problem_response(key)
         reply = await self.call((_T_INFO, CONN, request.match_info["uniqueId"], key))
         if reply[1] == R.T_TASK:
+            note(request, reply[2]["function"])
             reply = (*reply[:2], self.room.with_pass(reply[2]))
         return reply_response(reply)
 
@@ -419,7 +428,10 @@ class HttpFront(LinkOwner):
                 request, uid, key is True and self.master_key is not None)
         if denied:
             return problem_response(denied)
-        return reply_response(await self.call((_T_DONE, CONN, uid)))
+        reply = await self.call((_T_DONE, CONN, uid))
+        if reply[1] == R.T_TASK:
+            note(request, reply[2]["function"])
+        return reply_response(reply)
 
     async def verify_pass(self, request: web.Request) -> web.Response:
         return await self.room.verify(request, self.connected, lambda uid: self.call(

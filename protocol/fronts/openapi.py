@@ -23,6 +23,7 @@ from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_
 from ...broker.core.tasks import requests
 from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
 from .http_api import MAX_BATCH, PAGE_LIMIT
+from .http_cors import MAX_AGE_S, ROUTES
 
 OPENAPI_VERSION = "3.1.0"
 PATH = "/v1/openapi.json"
@@ -577,6 +578,45 @@ def verify_pass() -> dict:
     }
 
 
+def preflight(path: str, operation_id: str) -> dict:
+    """OPTIONS on a route a page may call (protocol/fronts/http_cors.py)."""
+    route, plain = ROUTES[path], {"schema": {"type": "string"}}
+
+    def header(name: str, description: str) -> dict:
+        return {"name": name, "in": "header", "required": False,
+                "schema": {"type": "string"}, "description": description}
+    judged = ("the origins of the functions a request without the master key can enqueue "
+              "to" if route.enqueue else "any function's origins")
+    return {
+        "operationId": operation_id,
+        "summary": f"CORS preflight: may a page {route.method} here?",
+        "description": f"A browser asks before a page at another origin may {route.method} "
+                       f"here. Allowed when the Origin is among {judged} (each function's "
+                       "`allow_origins` in the config; the request itself is then judged by "
+                       "its function's), the method is "
+                       f"{route.method} and the headers are among {', '.join(route.headers)}. "
+                       "Without Origin and Access-Control-Request-Method: a plain OPTIONS, "
+                       "answered 204 with Allow.",
+        "security": [],
+        "parameters": [header("Origin", "The page's origin, as the browser sends it."),
+                       header("Access-Control-Request-Method", "The method it will use."),
+                       header("Access-Control-Request-Headers", "The headers it will send, "
+                                                                "comma-separated.")],
+        "responses": {
+            "204": {"description": "Allowed (the browser keeps the answer for Max-Age "
+                                   "seconds); or a plain OPTIONS.",
+                    "headers": {"Access-Control-Allow-Origin": plain,
+                                "Access-Control-Allow-Methods": plain,
+                                "Access-Control-Allow-Headers": plain,
+                                "Access-Control-Max-Age": {"schema": {
+                                    "type": "string", "enum": [str(MAX_AGE_S)]}},
+                                "Allow": plain}},
+            "403": _json(_ref("Error"), "Not an origin, method or header this route allows: "
+                                        "no CORS headers, so the browser stops there."),
+        },
+    }
+
+
 # -- functions (broker/core/tasks/views.py function_stats) -------------------------------------
 def function_stats() -> dict:
     count = {"type": "integer", "minimum": 0}
@@ -674,12 +714,20 @@ def document() -> dict:
             "description": "Enqueue a function call; zstalk makes it over HTTP with retries, "
                            "delays, priorities and deduplication, and keeps its result. Times "
                            "are RFC 3339 UTC with milliseconds, durations integer "
-                           "milliseconds. Every error is JSON {\"error\", \"message\"}.",
+                           "milliseconds. Every error is JSON {\"error\", \"message\"}. "
+                           "A web page at another origin may enqueue, read and end the tasks "
+                           "of a function whose `allow_origins` (in the config) lists it "
+                           "(CORS: the OPTIONS operations).",
         },
         "paths": {
-            "/v1/tasks": {"post": enqueue(), "get": listing()},
-            "/v1/tasks/{uniqueId}": {"get": get_task(), "delete": cancel()},
-            "/v1/tasks/{uniqueId}/done": {"post": done()},
+            "/v1/tasks": {"post": enqueue(), "get": listing(),
+                          "options": preflight("/v1/tasks", "preflightEnqueue")},
+            "/v1/tasks/{uniqueId}": {
+                "get": get_task(), "delete": cancel(),
+                "options": preflight("/v1/tasks/{uniqueId}", "preflightGetTask")},
+            "/v1/tasks/{uniqueId}/done": {
+                "post": done(),
+                "options": preflight("/v1/tasks/{uniqueId}/done", "preflightTaskDone")},
             "/v1/passes/verify": {"get": verify_pass()},
             **schedule_paths(),
             **function_paths(),

@@ -29,6 +29,8 @@ MAX_RESULT_HEADERS, MAX_RESULT_HEADER_BYTES = 64, 64 << 10
 MAX_SLOTS = 1 << 16
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
 NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
+#: a function's `online` that lets a request without the master key enqueue online tasks
+PUBLIC_ONLINE = ("public", "only")
 
 
 class TaskSession:
@@ -121,7 +123,7 @@ class TaskCommands:
         if keyed is not True:
             if online:          # the function's `online` decides, not [api] public_enqueue
                 spec = self.store.function(function)
-                allowed = spec is not None and spec.online in ("public", "only")
+                allowed = spec is not None and spec.online in PUBLIC_ONLINE
             else:
                 allowed = self.api.public_enqueue
             if not allowed:
@@ -147,6 +149,26 @@ class TaskCommands:
         info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
         self.feed(now)
         return (conn, R.T_TASK, info)
+
+    def cross_origin(self) -> tuple[dict[str, list[str]], list[str]]:
+        """What the HTTP fronts' CORS needs (Settings): each function's allow_origins
+        ("" for any other name under base_url), and the origins a page may enqueue from,
+        those of the functions a request without the master key may enqueue to (a
+        preflight names no function, so the front answers it from these)."""
+        specs, base = dict(self.store.functions), self.store.base
+        if base is not None:
+            specs[""] = base
+        # with origins for "", a function not listed would be taken for a name under it
+        every = base is not None and bool(base.allow_origins)
+        origins = {name: list(spec.allow_origins) for name, spec in specs.items()
+                   if spec.allow_origins or every}
+        enqueue = [origin for spec in specs.values() if self._keyless_enqueue(spec)
+                   for origin in spec.allow_origins]
+        return origins, list(dict.fromkeys(enqueue))
+
+    def _keyless_enqueue(self, spec) -> bool:
+        """Whether a request without the master key can enqueue any task of `spec`."""
+        return spec.online in PUBLIC_ONLINE or (self.api.public_enqueue and spec.online != "only")
 
     def _client_ip(self, said: dict) -> str | None:
         """The enqueuer's address the HTTP front saw, or the first X-Forwarded-For hop it

@@ -152,6 +152,9 @@ class FunctionSpec(NamedTuple):
     path: str = ""                  # ... at this path
     next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
     connect_timeout_ms: int = 5000
+    # origins ("https://shop.example", or "*") whose pages may enqueue, read and end its
+    # tasks from the browser (CORS, protocol/fronts/http_cors.py); () none, as before
+    allow_origins: tuple[str, ...] = ()
 
     @property
     def interval(self) -> float:

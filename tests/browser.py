@@ -1,0 +1,42 @@
+# A real browser for the tests of what only a browser enforces (CORS): Debian's chromium,
+# headless, which scripts/test installs.
+#
+# page_text(url, element_id) opens the page in a fresh profile, lets its scripts run until
+# nothing is left to do (virtual time: a page's timers fire at once, while its fetches are
+# waited for, within a budget), and gives back the text of that element in the DOM as the
+# scripts left it.  No WebDriver: `--dump-dom` is all the tests need, and one process per
+# page starts in about a second.  Without chromium the test is skipped, or fails under
+# CI=true (servers.unavailable).
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+import tempfile
+
+from servers import unavailable
+
+BUDGET_MS = 20_000      # virtual time a page may take (its timers' waits count, not real time)
+TIMEOUT_S = 60
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    unavailable("needs a headless browser: Debian's chromium (apt-get install chromium)")
+
+
+def page_text(url: str, element_id: str) -> str:
+    """The text of `element_id` once the page at `url` has done all it will."""
+    with tempfile.TemporaryDirectory(prefix="zstalk-browser-") as profile:
+        # (--no-sandbox: tests run as root, where chromium's sandbox will not start)
+        out = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                              "--no-first-run", f"--user-data-dir={profile}",
+                              f"--virtual-time-budget={BUDGET_MS}", "--dump-dom", url],
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+    match = re.search(rf'<(\w+) id="{re.escape(element_id)}"[^>]*>(.*?)</\1>', out.stdout, re.S)
+    assert match, f"no #{element_id} in the page's DOM:\n{out.stdout}\n{out.stderr[-2000:]}"
+    return html.unescape(match[2])
