@@ -23,6 +23,7 @@ import weakref
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from zstalk.protocol.codecs import beanstalk as beanstalk_codec
 from zstalk.protocol.codecs.beanstalk import (COMMANDS, NEED_DATA, Command, Parser, Reject,
                                               which_cmd, which_cmd_by_prefix)
 
@@ -519,3 +520,22 @@ def test_every_command_sent_gives_exactly_one_event(items, chunk):
     assert len(got) == len(items)
     for event, (_, expected) in zip(got, items):
         assert expected is None or event == expected
+
+
+PUT_NUMBERS = [b"0", b"00", b"7", b"60", b"65535", b"4294967295", b"4294967296",
+               b"18446744073709551616", b"+1", b"-1", b"1_0", b"", b"x", b"\t1"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PUT_NUMBERS), min_size=4, max_size=4))
+def test_a_put_line_parses_the_same_whether_its_numbers_were_seen_before_or_not(numbers):
+    line = b"put " + b" ".join(numbers) + b"\r\n" + b"x" * 7 + b"\r\n"
+
+    def events() -> list:
+        parser = Parser(max_job_size=16)
+        parser.receive_data(line)
+        return drain_events(parser)
+
+    beanstalk_codec._SPELLED.clear()
+    first = events()                    # the spellings not known yet
+    assert events() == first            # now known (if they were all digits)

@@ -295,21 +295,22 @@ class Broker:
                         if refused:
                             out.append((op[1], refused))
                         continue
+                code = op[0]
                 s = sessions.get(op[1])
                 if s is None:
-                    if op[0] == Op.OPEN:
+                    if code == Op.OPEN:
                         self._open(front, op[1])
-                    elif op[0] not in SILENT_OPS:
+                    elif code not in SILENT_OPS:
                         out.append((op[1], R.INTERNAL_ERROR))
                     continue
-                if (op[0] > _HALF_CLOSE and _FAMILY[op[0]] != s.family
-                        or s.is_pool and op[0] not in POOL_OPS):
+                if (code > _HALF_CLOSE and _FAMILY[code] != s.family
+                        or s.is_pool and code not in POOL_OPS):
                     out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
-                if s.behind is not None and op[0] != _CLOSE and op[0] != _HALF_CLOSE:
+                if s.behind is not None and code != _CLOSE and code != _HALF_CLOSE:
                     self._hold(s, op, out)
                     continue
-                reply = handlers[op[0]](s, op, now)
+                reply = handlers[code](s, op, now)
             except Exception as exc:
                 # a malformed op from a buggy front must not take the broker down
                 log.warning("bad op %.60r from front %016x: %r", op, front.front_id, exc)

@@ -123,6 +123,22 @@ class Job:
             self.counts = [0] * len(COUNTERS) + [None, 0.0]
         self.counts[_HOLDER] = session
 
+    def hold(self, session, now: float) -> None:
+        """Reserved by `session` at `now`: its holder, one more reserve (the holder
+        setter and `bump` in one, for the hot path)."""
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = [0] * len(COUNTERS) + [None, 0.0]
+        counts[_HOLDER] = session
+        counts[RESERVES] += 1
+        counts[RESERVED_AT] = now
+
+    def unhold(self):
+        """No longer reserved: the session that held it."""
+        counts = self.counts
+        session, counts[_HOLDER] = counts[_HOLDER], None
+        return session
+
     def set_counts(self, counts) -> None:
         """Counters from a binlog record (never held: nothing is reserved at start)."""
         self.counts = [*counts, None, 0.0]
@@ -180,7 +196,7 @@ class ReadySet:
         else:
             ids.add(job_id)
         self.n += 1
-        key = ready_key(pri, job_id)
+        key = (pri << _ID_BITS) | job_id     # (ready_key, inlined: every put)
         if self.top is None or key < self.top:
             self.top = key
             return True
@@ -203,14 +219,16 @@ class ReadySet:
             by_pri[pri] = SortedList(ids)
             by_pri[pri].remove(job_id)
         self.n -= 1
-        if self.top != ready_key(pri, job_id):
+        if self.top != (pri << _ID_BITS) | job_id:
             return False
-        if self.n:
-            first = self.pris[0]
-            ids = by_pri[first]
-            self.top = ready_key(first, ids if type(ids) is int else ids[0])
-        else:
+        if not self.n:
             self.top = None
+            return True
+        ids = by_pri.get(pri)       # (the first priority still, unless it just emptied)
+        if ids is None:
+            pri = self.pris[0]
+            ids = by_pri[pri]
+        self.top = (pri << _ID_BITS) | (ids if type(ids) is int else ids[0])
         return True
 
     def fill(self, jobs: list) -> None:

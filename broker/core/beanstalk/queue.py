@@ -37,7 +37,7 @@ from sortedcontainers import SortedList
 from ....protocol.codecs.prometheus import WAIT_BUCKETS
 from ..labels import Labelled
 
-from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVED_AT, RESERVES, TIMEOUTS,
+from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVED_AT, TIMEOUTS,
                    URGENT_PRI, Job, Session, Tube, TubeMetrics, key_id)
 
 SAFETY_MARGIN_S = 1.0   # beanstalkd's DEADLINE_SOON margin
@@ -194,8 +194,7 @@ class Queue:
             del t.buried[job.id]
         elif job.state == RESERVED:
             self.ttr_due.discard()
-            del job.holder.reserved[job.id]
-            job.holder = None
+            del job.unhold().reserved[job.id]
             t.reserved -= 1
 
     # -- entering a state ----------------------------------------------------------
@@ -203,7 +202,10 @@ class Queue:
         """A new job enters its tube (put)."""
         self.jobs[job.id] = job
         job.tube.total_jobs += 1
-        self.place(job, delay_s, now)
+        if delay_s > 0:
+            self.place(job, delay_s, now)
+        else:
+            self.make_ready(job, now)       # (what place does, one call fewer per put)
 
     def load(self, jobs: list[Job], now: float) -> None:
         """Bulk-enter recovered jobs (binlog) into an empty queue, each in its state and key.
@@ -256,10 +258,8 @@ class Queue:
             h.counts[bisect_left(WAIT_BUCKETS, waited)] += 1    # the call was half its cost)
             h.sum += waited
         job.state = RESERVED
-        job.holder = session
-        job.bump(RESERVES)
-        job.counts[RESERVED_AT] = now
-        job.deadline = now + job.ttr_s
+        job.hold(session, now)
+        job.deadline = now + job.times[1]       # (its ttr_s)
         t.reserved += 1
         t.reserves += 1
         session.reserved[job.id] = job
