@@ -49,10 +49,10 @@ at once elsewhere).  Every run checks that each task was admitted once and ended
       `X-Zstalk-Pass-Check: broker`;
   (b) broker away: the broker is killed (SIGKILL) after the passes are read, and the
       front left to notice (no word from it for 2 s); then every answer must be 204
-      with `X-Zstalk-Pass-Check: offline`: signature and expiry only.  (Not SIGTERM: a
-      broker that stops gracefully tells the front to hold its requests for the next
-      broker, and each verify then waits the front's --hold-s, 5 s, before it answers
-      offline, for as long as the broker is away: a wait, not a rate.)
+      with `X-Zstalk-Pass-Check: offline`: signature and expiry only.  (A broker that
+      stops gracefully, SIGTERM, gives the same answers: the front asks only a broker
+      its link is READY with, so verify does not wait for the next one;
+      tests/test_waiting_room_end_to_end.py checks that.)
   Rows: verifies/s (answers / time from the first send to the last answer; target >=
   5,000), the front's CPU-microseconds per verify (utime + stime of its process tree
   over the timed part), what that makes per second of one core (1e6 / it: what a front

@@ -198,3 +198,57 @@ def test_the_broker_tells_fronts_each_functions_origins_and_which_a_page_may_enq
     # (names under base_url have origins: every named function is listed, "none" without)
     assert b.broker.settings()[5:] == ({"master": [A], "only": [B], "none": [], "": [D]},
                                        [A, B, D])
+
+
+# -- the ETA of online tasks ----------------------------------------------------------------------
+def hold_slots(room: Room, users: list, holds_s: list[float], until: float) -> dict:
+    """Users who call done `holds_s[i % len]` seconds after their admission, on a clock
+    going second by second to `until`; each task's admission time (fake clock)."""
+    admitted_at: dict = {}
+    while room.now < until:
+        for i, task in enumerate(users):
+            if task.status == ADMITTED:
+                admitted_at.setdefault(task.uid, room.now)
+                if room.now - admitted_at[task.uid] >= holds_s[i % len(holds_s)]:
+                    room.store.done(task.uid, room.now)
+        room.store.admit(room.now)
+        for task in users:
+            if task.status == ADMITTED:
+                admitted_at.setdefault(task.uid, room.now)
+        room.advance(1.0)
+    return admitted_at
+
+
+def test_behind_a_full_concurrency_an_online_task_waits_about_as_long_as_users_hold_their_slot():
+    room = Room(concurrency=2)                      # no rate: the concurrency holds the line
+    users = [room.join() for _ in range(16)]
+    hold_slots(room, users, [9.0, 11.0], room.now + 65)     # 12 through: the minute's holds
+    newcomer, joined = room.join(), room.now
+    info = views.info(room.store, newcomer.uid, room.now)
+    assert info["waitNum"] == 2 and "waitTime" in info, info
+    admitted_at = hold_slots(room, users + [newcomer], [9.0, 11.0], joined + 60)
+    waited = admitted_at[newcomer.uid] - joined
+    assert info["waitTime"] / 1000 == pytest.approx(waited, abs=3.0), (info, waited)
+
+
+def test_calls_and_admissions_turn_the_same_slots_over_but_show_their_durations_apart():
+    from zstalk.broker.core.tasks.store import Outcome
+    room = Room(concurrency=2, online="master", pass_ttl_ms=40_000)
+    for i in range(9):                              # calls of 80 ms
+        room.store.enqueue("shop", b"{}", None, room.now, uid=f"call{i}")
+        task = room.store.take("d", room.now)
+        room.store.outcome(task.uid, task.attempt, Outcome("success", 200, b"{}"), room.now + 0.08)
+    done, expired = room.join(), room.join()
+    room.advance(20)
+    room.store.done(done.uid, room.now)             # held 20 s
+    cancelled = room.join()
+    room.advance(5)
+    room.store.cancel(cancelled.uid, room.now)      # held 5 s: a cancel frees a slot too
+    room.advance(15)                                # the pass expires: held 40 s
+    assert expired.ended_by == "expired"
+    stats = views.function_stats(room.store, "shop", room.now)
+    assert stats["callP50Ms"] <= 100 and stats["callP90Ms"] <= 100, "calls only"
+    assert 5_000 <= stats["holdP50Ms"] <= 30_000 and stats["holdP90Ms"] <= 60_000
+    waiting = [room.join() for _ in range(3)]       # 2 admitted, 1 in line: a round's wait
+    mean_s = (9 * 0.08 + 20 + 5 + 40) / 12
+    assert views.info(room.store, waiting[2].uid, room.now)["waitTime"] == round(mean_s * 1000)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,11 +16,13 @@ from typing import NamedTuple
 
 import aiohttp
 import pytest
+import zmq
 
 from nginx import Backend
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_pass_gateway_nginx import forge, get, start_gateway
 from zstalk.protocol.codecs.passes import PassKeys, sign_pass
+from zstalk.protocol.schema import Heartbeat, Hello, Welcome, decode, encode
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 KEY = b"room-" + b"0123456789abcdef" * 2
@@ -35,10 +40,10 @@ class Served(NamedTuple):
         return f"{LOOPBACK}:{self.port}"
 
 
-def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str,
-          config_text: str | None = None) -> Served:
-    """`zstalk serve` with the pass keys and `config_text` (by default a room of
-    FUNCTION with that rate and concurrency) in tmp_path/zstalk.toml."""
+def room_files(tmp_path, rate: str = "100/s", concurrency: int = 5,
+               config_text: str | None = None) -> tuple[str, str]:
+    """The pass key file and `config_text` (by default a room of FUNCTION with that rate
+    and concurrency) in tmp_path/zstalk.toml."""
     keys = tmp_path / "passes"
     keys.write_text(f"k1:{KEY.decode()}\n")
     keys.chmod(0o400)
@@ -47,10 +52,17 @@ def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str,
         f'[functions.{FUNCTION}]\nonline = "only"\nconcurrency = {concurrency}\n'
         f'rate = "{rate}"\npass_ttl = "60s"\nonline_heartbeat = "30s"\n'
         'max_waiting_per_client = 1000\n'))
+    return str(keys), str(config)
+
+
+def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str,
+          config_text: str | None = None) -> Served:
+    """`zstalk serve` with the pass keys and `config_text` (room_files)."""
+    keys, config = room_files(tmp_path, rate, concurrency, config_text)
     port, http = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config",
-                            str(config), "--http-port", str(http), "--pass-key-file", str(keys),
+                            config, "--http-port", str(http), "--pass-key-file", keys,
                             *extra],
                            (LOOPBACK, port), name="zstalk-room").start()
     base = f"http://{LOOPBACK}:{http}"
@@ -228,3 +240,100 @@ def test_a_new_key_put_first_in_the_key_file_signs_from_then_on_and_old_passes_s
     code, _, body = call("GET", f"{room.base}/v1/passes/verify",
                          headers={"Authorization": f"Bearer {old}"})
     assert (code, body["error"]) == (403, "unknown_kid")
+
+
+# -- a rolling restart: `zstalk broker` and `zstalk front http` apart ---------------------------
+def split(tmp_path, hold_s: float) -> tuple[ServerProcess, ServerProcess, str]:
+    """A broker with a binlog and an HTTP front holding requests `hold_s` for a broker."""
+    keys, config = room_files(tmp_path)
+    port, http = free_port(), free_port()
+    broker = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}",
+                            "--config", config, "-b", str(tmp_path / "wal")],
+                           (LOOPBACK, port), name="zstalk-broker").start()
+    front = ServerProcess([find_zstalk(), "front", "http", "--broker", f"tcp://{LOOPBACK}:{port}",
+                           "--listen", f"{LOOPBACK}:{http}", "--pass-key-file", keys,
+                           "--hold-s", str(hold_s)], (LOOPBACK, http), name="zstalk-front-http")
+    base = f"http://{LOOPBACK}:{http}"
+    try:
+        front.start()
+        assert wait_for(lambda: call("GET", f"{base}/v1/tasks/nosuch")[0] == 404, 20), \
+            front.output()
+    except BaseException:
+        broker.stop()
+        raise
+    return broker, front, base
+
+
+def pass_of(base: str, uid: str) -> str:
+    """The pass of task `uid` once it is admitted (100/s: the second waits 10 ms)."""
+    info: dict = {}
+
+    def admitted() -> bool:
+        info.update(call("GET", f"{base}/v1/tasks/{uid}")[2])
+        return "pass" in info
+    assert wait_for(admitted, 5), info
+    return info["pass"]
+
+
+def verify(base: str, token: str) -> tuple[int, str | None, dict, float]:
+    """GET /v1/passes/verify: its status, X-Zstalk-Pass-Check, body, and seconds taken."""
+    started = time.monotonic()
+    code, headers, body = call("GET", f"{base}/v1/passes/verify?function={FUNCTION}",
+                               headers={"Authorization": f"Bearer {token}"})
+    return code, headers.get("X-Zstalk-Pass-Check"), body, time.monotonic() - started
+
+
+class SlowFront:
+    """A front that registers with the broker and heartbeats but never answers Stopping,
+    so a broker told SIGTERM stays in its stop (test_graceful_stop: up to STOP_WAIT_S)."""
+
+    def __init__(self, broker_endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(broker_endpoint)
+        self.sock.send(encode(Hello(12345, "beanstalk", os.getpid(), 0, [])))
+        assert self.sock.poll(5000) and isinstance(decode(self.sock.recv()), Welcome)
+        self.quiet = threading.Event()
+        self.beats = threading.Thread(target=self._beat, daemon=True)
+        self.beats.start()
+
+    def _beat(self) -> None:
+        while not self.quiet.wait(0.3):
+            self.sock.send(encode(Heartbeat(12345)))
+
+    def close(self) -> None:
+        self.quiet.set()            # (silent, it is dropped and the broker's stop ends)
+        self.beats.join()
+        self.sock.close()
+
+
+def test_while_the_broker_stops_and_is_away_verify_answers_offline_at_once_then_asks_the_next(
+        tmp_path):
+    broker, front, base = split(tmp_path, hold_s=5.0)
+    slow = None
+    try:
+        good, revoked = join(base), join(base)
+        passes = {uid: pass_of(base, uid) for uid in (good, revoked)}
+        call("POST", f"{base}/v1/tasks/{revoked}/done", {},
+             {"Authorization": f"Bearer {passes[revoked]}"})
+        assert verify(base, passes[revoked])[:2] == (403, None)
+        slow = SlowFront(f"tcp://{LOOPBACK}:{broker.address[1]}")
+        broker.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "holding commands" in front.output(), 5), front.output()
+        code, checked, _, took = verify(base, passes[good])          # the broker is stopping
+        assert (code, checked, broker.running) == (204, "offline", True) and took < 2.0, took
+        slow.close()
+        assert broker.process.wait(10) == 0, broker.output()         # ... and is gone
+        for uid in (good, good, revoked):   # (offline, a revoked pass holds until it expires)
+            code, checked, _, took = verify(base, passes[uid])
+            assert (code, checked) == (204, "offline") and took < 2.0, (uid, code, took)
+        broker.start()                                               # the next broker
+        assert wait_for(lambda: verify(base, passes[good])[:2] == (204, "broker"), 15), \
+            front.output()
+        code, _, body, _ = verify(base, passes[revoked])
+        assert (code, body["error"]) == (403, "revoked")
+    finally:
+        if slow is not None:
+            slow.close()
+        front.stop()
+        broker.stop()

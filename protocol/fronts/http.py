@@ -73,7 +73,7 @@ from .pass_check import find_pass
 from .http_site import GuardedSite, close_after_408
 from ..transport.listen import HttpLimits
 from ..transport.links import open_link
-from ..transport.owner import LinkOwner
+from ..transport.owner import READY, LinkOwner
 from ..schema import Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.http")
@@ -253,7 +253,6 @@ class HttpFront(LinkOwner):
         self.master_key = master_key.encode() if master_key else None
         self.room = Room(pass_key_file)
         self.cors = Cors(lambda: self.link.settings)
-        self.connected = False      # the link has a broker now (verify asks it, or not)
         self.limits = limits
         self.tls = tls              # an ssl.SSLContext: serve HTTPS
         # (reply future, op) of each op sent or held, in order: replies come in that order
@@ -434,7 +433,10 @@ class HttpFront(LinkOwner):
         return reply_response(reply)
 
     async def verify_pass(self, request: web.Request) -> web.Response:
-        return await self.room.verify(request, self.connected, lambda uid: self.call(
+        # the broker is asked only while the link is READY: one stopping (SIGTERM: HOLDING,
+        # then LOST) or gone would have the question held for the next broker, hold_s per
+        # request; meanwhile the pass's signature and expiry decide at once (http_room.py)
+        return await self.room.verify(request, self.link.state is READY, lambda uid: self.call(
             (_T_INFO, CONN, uid, True)))
 
     async def cancel(self, request: web.Request) -> web.Response:
@@ -567,10 +569,9 @@ class HttpFront(LinkOwner):
 
     def on_welcome(self, w: Welcome) -> None:
         self.link.submit((_OPEN, CONN))     # before the requests the link held
-        self.opened = self.connected = True
+        self.opened = True
 
     def on_lost(self) -> None:
-        self.connected = False
         self._fail_waiting("lost the broker; the request may or may not have taken effect")
 
     def on_stopped(self) -> list[tuple]:
@@ -579,7 +580,7 @@ class HttpFront(LinkOwner):
         return [op for _, op in self.waiting]
 
     def on_fenced(self) -> None:
-        self.opened = self.connected = False    # the broker dropped our session
+        self.opened = False     # the broker dropped our session
         self._fail_waiting("the broker dropped this front; try again")
 
     def session_states(self) -> list[SessionState]:

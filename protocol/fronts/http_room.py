@@ -15,8 +15,9 @@ TaskInfo says so), and verify refuses every pass (403 no_keys).
                                 the user is through, the slot goes to the next in line
     GET  /v1/passes/verify      protocol/fronts/pass_check.py: 204, 401 or 403 as nginx's
                                 auth_request wants; revocation (done, cancelled) is asked
-                                of the broker, and while it is away the signature and the
-                                expiry decide (X-Zstalk-Pass-Check: offline)
+                                of the broker, and while it is away (not reached yet,
+                                stopping on SIGTERM, stopped or lost) the signature and
+                                the expiry decide at once (X-Zstalk-Pass-Check: offline)
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ class Room:
             return refuse(403, f"the pass is no good: {exc.reason}")
         return refuse(403, "the pass is another task's")
 
-    async def verify(self, request: web.Request, connected: bool,
+    async def verify(self, request: web.Request, broker_ready: bool,
                      ask: Callable[[str], Awaitable[tuple]]) -> web.Response:
         keys = self.keys()
         if keys is None:            # (no pass can be good here: fail closed, and say why)
@@ -87,7 +88,7 @@ class Room:
         verdict = pass_check.check_request(request.headers, request.query, keys, time.time())
         if verdict.uid_to_check is not None:
             admitted = None
-            if connected:
+            if broker_ready:            # (else a question would wait for the next broker)
                 reply = await ask(verdict.uid_to_check)
                 if reply[1] == R.T_TASK:
                     admitted = reply[2].get("status") == "admitted"

@@ -245,8 +245,9 @@ def _wait_time() -> dict:
             "description": "About how many ms until it starts (queued only): the latest of "
                            "its delay, what its function's rate allows for the tasks ahead "
                            "of it and what its concurrency does at the last minute's mean "
-                           "call duration. Absent with no delay, no rate and no calls in "
-                           "the last minute to go by."}
+                           "time a slot is held (a call, or an admitted online task until "
+                           "done, expiry or cancel). Absent with no delay, no rate and no "
+                           "such ends in the last minute to go by."}
 
 
 def enqueued() -> dict:
@@ -665,7 +666,14 @@ def function_stats() -> dict:
             "pauseReason": {"type": "string"},
             "startRate": {"type": "number", "minimum": 0,
                           "description": "Calls started per second over the last minute."},
-            "callP50Ms": count, "callP90Ms": count,
+            "callP50Ms": {**count, "description": "Its calls' durations over the last "
+                                                "minute: median (absent: none ended)."},
+            "callP90Ms": {**count, "description": "... and 90th percentile."},
+            "holdP50Ms": {**count, "description": "How long its admitted online tasks held "
+                                                "their slot (admission to done, expiry or "
+                                                "cancel) over the last minute: median "
+                                                "(absent: none ended)."},
+            "holdP90Ms": {**count, "description": "... and 90th percentile."},
             "waitTime": {**_wait_time(), "description": "The waitTime a task enqueued now "
                                                         "would get."},
         },

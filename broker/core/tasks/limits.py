@@ -31,10 +31,16 @@ refusing double it once, not once each), capped by the function's max_pause, and
 by the next success (a pause is kept in memory only: a restart ends it).  No pause is
 shorter than max(1 s, T): `Retry-After: 0` must not become a tight loop.
 
-`Recent` keeps the last minute of a function's starts and call durations in six
-10-second slots of fixed buckets (bounded memory whatever the rate): the measured start
-rate, the mean call duration (the ETA's d, with at least MIN_SAMPLES calls) and its
-p50 / p90.
+`Recent` keeps the last minute of a function's starts and slot holds in six 10-second
+slots of fixed buckets (bounded memory whatever the rate): the measured start rate, the
+mean hold (the ETA's d, with at least MIN_SAMPLES holds ended), and the p50 / p90 of the
+calls and, apart, of the admissions.  A hold is a dispatcher's call, or an admitted online
+task from its admission to done, its pass's expiry or a cancel (the waiting room).  The
+mean takes both: offline and online tasks of a function wait in one line for one set of
+slots, and a task in it waits for slots to turn over, whoever holds them (by Little's law
+the slots turn over at concurrency / the mean hold per end, of whatever kind).  The
+quantiles keep them apart: a call's p90 is the function's latency, an admission's is how
+long users stay, minutes perhaps, and one figure of both would say neither.
 """
 from __future__ import annotations
 
@@ -114,19 +120,20 @@ class Gate:
 
 
 class Recent:
-    """The last minute of one function's starts and call durations."""
+    """The last minute of one function's starts and slot holds (calls, admissions)."""
     __slots__ = ("slots",)
 
     def __init__(self) -> None:
-        # slot index (time // SLOT_S) -> [starts, calls, sum of durations, bucket counts,
-        # online tasks abandoned]
+        # slot index (time // SLOT_S) -> [starts, holds ended, sum of their durations,
+        # calls' bucket counts, online tasks abandoned, admissions' bucket counts]
         self.slots: dict[int, list] = {}
 
     def _slot(self, now: float) -> list:
         i = int(now // SLOT_S)
         slot = self.slots.get(i)
         if slot is None:
-            slot = self.slots[i] = [0, 0, 0.0, [0] * (len(CALL_BUCKETS) + 1), 0]
+            slot = self.slots[i] = [0, 0, 0.0, [0] * (len(CALL_BUCKETS) + 1), 0,
+                                    [0] * (len(CALL_BUCKETS) + 1)]
             for old in [k for k in self.slots if k <= i - SLOTS]:
                 del self.slots[old]
         return slot
@@ -134,11 +141,12 @@ class Recent:
     def started(self, now: float) -> None:
         self._slot(now)[0] += 1
 
-    def ended(self, now: float, seconds: float) -> None:
+    def ended(self, now: float, seconds: float, admission: bool = False) -> None:
+        """A slot held `seconds` is free again: a call ended, or an admission did."""
         slot = self._slot(now)
         slot[1] += 1
         slot[2] += seconds
-        slot[3][bisect_left(CALL_BUCKETS, seconds)] += 1
+        slot[5 if admission else 3][bisect_left(CALL_BUCKETS, seconds)] += 1
 
     def _live(self, now: float) -> list[list]:
         first = int(now // SLOT_S) - SLOTS + 1
@@ -156,17 +164,19 @@ class Recent:
         return sum(slot[0] for slot in self._live(now)) / (SLOT_S * SLOTS)
 
     def mean_s(self, now: float) -> float | None:
-        """The mean call duration over the last minute (None: under MIN_SAMPLES calls)."""
+        """The mean hold over the last minute, calls and admissions together (None: under
+        MIN_SAMPLES ended)."""
         live = self._live(now)
-        calls = sum(slot[1] for slot in live)
-        return sum(slot[2] for slot in live) / calls if calls >= MIN_SAMPLES else None
+        ends = sum(slot[1] for slot in live)
+        return sum(slot[2] for slot in live) / ends if ends >= MIN_SAMPLES else None
 
-    def quantile_s(self, now: float, q: float) -> float | None:
-        """The q-quantile of the last minute's call durations, interpolated within its
-        bucket (None: no call ended)."""
+    def quantile_s(self, now: float, q: float, admissions: bool = False) -> float | None:
+        """The q-quantile of the last minute's call durations (`admissions`: of the
+        admissions' holds), interpolated within its bucket (None: none ended)."""
         counts = [0] * (len(CALL_BUCKETS) + 1)
+        which = 5 if admissions else 3
         for slot in self._live(now):
-            for i, n in enumerate(slot[3]):
+            for i, n in enumerate(slot[which]):
                 counts[i] += n
         total = sum(counts)
         if not total:

@@ -679,11 +679,17 @@ class Tasks:
         return task
 
     def _end_admission(self, task: Task, now: float) -> None:
+        """An admitted task's slot is free (done, its pass expired, cancelled).  How long
+        it was held goes into the record a call's end feeds (limits.Recent), so waitTime
+        behind a full concurrency knows how fast the slots turn over; a cancel counts too,
+        as it frees the slot as early as a done would."""
         self.passes.discard((task.pass_exp, task.seq))
         self._room_count(task.function, 1, -1)
         self.running[task.function] -= 1
         if not self.running[task.function]:
             del self.running[task.function]
+        if task.started is not None:
+            self._recent(task.function).ended(now, now - task.started, admission=True)
         self._offer(task.function, now)
 
     def _room_expire(self, now: float) -> None:

@@ -11,12 +11,14 @@ bounds, each on its own a time the task cannot start before:
   the k due tasks ahead of it (its waitNum) takes one emission interval T, so it starts
   k x T after the opening at the earliest;
 * its function's concurrency: with `free` slots now and c in all, the k tasks ahead take
-  the free slots and then ceil((k + 1 - free) / c) rounds of the last minute's mean call
-  duration (limits.Recent): a rough bound, since calls end at spread-out times.  Slots
-  counter clients hold (fn:NAME) are not free, and do not turn over with the calls: c
-  is then the slots they leave (at least one).
+  the free slots and then ceil((k + 1 - free) / c) rounds of the last minute's mean hold
+  of a slot (limits.Recent: a call, or an admitted online task until done, its pass's
+  expiry or a cancel, both together since they share the line and the slots): a rough
+  bound, since holds end at spread-out times.  Slots counter clients hold (fn:NAME) are
+  not free, and do not turn over with the calls: c is then the slots they leave (at
+  least one).
 
-A bound with no basis (no rate and no pause, no call in the last minute) is left out;
+A bound with no basis (no rate and no pause, no hold ended in the last minute) is left out;
 with none at all there is no estimate (None: the API leaves the field out).  The bounds
 are taken as a maximum, not a sum: a rate slower than the calls' pace is the only limit
 that counts, and a delay runs while the tasks ahead start.
@@ -124,8 +126,9 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
 
 def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     """What GET /v1/functions/{name} shows: queued (due, delayed), running, the oldest
-    queued task's age, the limits, a pause, the last minute's start rate and call
-    durations, and the waitTime a task enqueued now would get (last in line, due now).
+    queued task's age, the limits, a pause, the last minute's start rate, call durations
+    and admissions' holds (apart: limits.Recent says why), and the waitTime a task
+    enqueued now would get (last in line, due now).
     A function gone from the config that tasks still use shows its counts only; None:
     no such function."""
     spec = store.specs.get(name) or store.function(name)
@@ -164,8 +167,9 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     recent = store.recent.get(name)
     if recent is not None:
         out["startRate"] = round(recent.start_rate(now), 3)
-        for key, q in (("callP50Ms", 0.5), ("callP90Ms", 0.9)):
-            seconds = recent.quantile_s(now, q)
+        for key, q, admissions in (("callP50Ms", 0.5, False), ("callP90Ms", 0.9, False),
+                                   ("holdP50Ms", 0.5, True), ("holdP90Ms", 0.9, True)):
+            seconds = recent.quantile_s(now, q, admissions)
             if seconds is not None:
                 out[key] = round(seconds * 1000)
     wait = _wait(store, spec, due, now, now)
