@@ -193,6 +193,30 @@ def test_the_oldest_ready_job_age_counts_from_when_it_became_ready_not_from_its_
         pytest.approx(age + 5))
 
 
+def test_a_put_job_released_again_is_as_old_as_its_release_and_a_delayed_one_as_its_due():
+    h = Metered(top=10)
+    age = ("zstalk_tube_oldest_ready_age_seconds", (("tube", "mixed"),))
+    h.send((Op.USE, 1, "mixed"), (Op.WATCH, 1, "mixed"), (Op.PUT, 1, 0, 0, 60, b"first"),
+           (Op.PUT, 1, 5, 10, 60, b"later"))       # ready now; ready 10 s from now
+    h.advance(4)
+    assert h.scrape()[age] == pytest.approx(4)     # the first, ready since its put
+    [(_, _, first, *_)] = h.send((Op.RESERVE, 1, 0))
+    h.advance(6)                                   # t=10: the delayed one is ready
+    h.advance(2)
+    h.send((Op.RELEASE, 1, first, 0, 0))           # t=12: the first is ready again
+    h.advance(3)
+    assert h.scrape()[age] == pytest.approx(5)     # t=15: the delayed one's 5 s
+    [(_, _, again, *_)] = h.send((Op.RESERVE, 1, 0))
+    h.send((Op.BURY, 1, again, 0), (Op.KICK, 1, 1))     # the first: ready since t=15
+    assert again == first and h.scrape()[age] == pytest.approx(5)
+    [(_, _, taken, *_)] = h.send((Op.RESERVE, 1, 0))
+    h.send((Op.DELETE, 1, taken))                  # the first goes (pri 0)
+    assert taken == first and h.scrape()[age] == pytest.approx(5)
+    h.advance(1)
+    h.send((Op.DELETE, 1, h.send((Op.RESERVE, 1, 0))[0][2]))   # and the delayed one
+    assert h.scrape()[age] == 0
+
+
 def test_wait_and_run_histograms_count_each_reserve_and_delete_per_tube():
     h = Metered(top=10)
     h.put_into("work", 2)

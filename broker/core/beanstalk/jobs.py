@@ -263,54 +263,77 @@ class TubeMetrics:
 
 class ReadySince:
     """When a tube's ready jobs became ready, oldest first, for the metrics' oldest ready
-    age: two FIFOs, of job ids and of when each became ready, in that order (the clock
-    only moves forward); both hold references to the job's own objects, so an entry
-    costs 16 bytes and no allocation.  Nothing is done when a job stops being ready, so
-    the hot path pays two appends per job made ready: an entry is stale once its job is
-    gone, not READY, or READY since another time (a job's `deadline` is when it became
-    ready, while READY).  Stale entries go from the front when the oldest is asked for,
-    and in a sweep once the FIFOs hold more than twice the tube's ready jobs plus SLACK
-    (`limit` is that bound as of the last look: below it nothing is checked), so a sweep
-    drops at least half of what it looks at."""
-    __slots__ = ("ids", "sinces", "limit", "jobs", "ready")
+    age.  Two FIFOs, each in the order its jobs became ready (the clock only moves
+    forward), both holding references to the jobs' own objects, so an entry costs no
+    allocation:
+    * `fresh`, the ids of jobs put with no delay, the common case: 8 bytes an entry, as
+      such a job is ready since it was made (its `created`) for as long as it stays ready
+      and has never been reserved (a reserve gives it its `counts`);
+    * `again_ids` and `again_sinces` (16 bytes an entry), jobs made ready any other way,
+      with when (a delay that ran out, a release, a kick, a TTR, a restart).
+    Nothing is done when a job stops being ready, so the hot path pays one append per
+    job put: an entry is stale once its job is gone, not READY, or ready since another
+    time (while READY, a job's `deadline` is when it became so).  Stale entries go from
+    the fronts when the oldest is asked for, and in a sweep once the FIFOs hold more than
+    twice the tube's ready jobs plus SLACK (`limit` is that bound as of the last look:
+    below it nothing is checked), so a sweep drops at least half of what it looks at."""
+    __slots__ = ("fresh", "again_ids", "again_sinces", "limit", "jobs", "ready")
     SLACK = 64
 
     def __init__(self, jobs: dict, ready) -> None:
-        self.ids: collections.deque = collections.deque()
-        self.sinces: collections.deque = collections.deque()
+        self.fresh: collections.deque = collections.deque()
+        self.again_ids: collections.deque = collections.deque()
+        self.again_sinces: collections.deque = collections.deque()
         self.limit = self.SLACK
         self.jobs = jobs                # the queue's: id -> Job
         self.ready = ready              # the tube's ReadySet (its len: the live bound)
 
-    def add(self, since: float, job_id: int) -> None:
-        self.ids.append(job_id)
-        self.sinces.append(since)
-        if len(self.ids) > self.limit:
+    def add(self, job: "Job") -> None:
+        """`job` has just become READY (its `deadline` says since when)."""
+        if job.counts is None and job.deadline == job.created:
+            self.fresh.append(job.id)           # put ready: ready since it was made
+        else:
+            self.again_ids.append(job.id)
+            self.again_sinces.append(job.deadline)
+        if len(self.fresh) + len(self.again_ids) > self.limit:
             self.sweep()
 
-    def _live(self, job_id: int, since: float) -> bool:
+    def _fresh_since(self, job_id: int) -> float | None:
+        """When a `fresh` entry's job became ready, None if the entry is stale."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state != READY or job.counts is not None:
+            return None
+        return job.created
+
+    def _again_live(self, job_id: int, since: float) -> bool:
         job = self.jobs.get(job_id)
         return job is not None and job.state == READY and job.deadline == since
 
     def sweep(self) -> None:
         bound = 2 * len(self.ready) + self.SLACK
-        if len(self.ids) > bound:               # (else: a tube filling up, nothing stale)
-            live = self._live
-            kept = [(i, t) for i, t in zip(self.ids, self.sinces) if live(i, t)]
-            self.ids = collections.deque(i for i, _ in kept)
-            self.sinces = collections.deque(t for _, t in kept)
-        self.limit = max(bound, 2 * len(self.ids) + self.SLACK)
+        if len(self) > bound:                   # (else: a tube filling up, nothing stale)
+            fresh_since, live = self._fresh_since, self._again_live
+            self.fresh = collections.deque(i for i in self.fresh if fresh_since(i) is not None)
+            kept = [(i, t) for i, t in zip(self.again_ids, self.again_sinces) if live(i, t)]
+            self.again_ids = collections.deque(i for i, _ in kept)
+            self.again_sinces = collections.deque(t for _, t in kept)
+        self.limit = max(bound, 2 * len(self) + self.SLACK)
 
     def oldest(self) -> float | None:
         """When the oldest ready job became ready (None: none is)."""
-        ids, sinces, live = self.ids, self.sinces, self._live
-        while ids and not live(ids[0], sinces[0]):
+        fresh, ids, sinces = self.fresh, self.again_ids, self.again_sinces
+        while fresh and self._fresh_since(fresh[0]) is None:
+            fresh.popleft()
+        while ids and not self._again_live(ids[0], sinces[0]):
             ids.popleft()
             sinces.popleft()
-        return sinces[0] if ids else None
+        first = self._fresh_since(fresh[0]) if fresh else None
+        if ids and (first is None or sinces[0] < first):
+            return sinces[0]
+        return first
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.fresh) + len(self.again_ids)
 
 
 class Tube:

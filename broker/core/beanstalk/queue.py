@@ -126,12 +126,7 @@ class Queue:
         if job.pri < URGENT_PRI:
             t.urgent += 1
         job.state = READY
-        since = t.ready_since                   # (ReadySince.add, inlined: the hot path)
-        ids = since.ids
-        ids.append(job.id)
-        since.sinces.append(job.deadline)       # (make_ready set it: ready since then)
-        if len(ids) > since.limit:
-            since.sweep()
+        t.ready_since.add(job)                  # (make_ready set its deadline: since when)
         if ready.add(job.pri, job.id):
             self.stale_tops[t] = None
 
@@ -230,7 +225,7 @@ class Queue:
         for t, tube_jobs in ready.items():
             t.ready.fill(tube_jobs)
             for job in tube_jobs:
-                t.ready_since.add(now, job.id)
+                t.ready_since.add(job)
             self.stale_tops[t] = None
         for key in delayed:
             self.jobs[key[1]].tube.delayed.add(key)
