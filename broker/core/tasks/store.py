@@ -357,7 +357,7 @@ class Tasks:
         task.client_ip = client_ip
         if online:
             task.online, task.last_seen = True, now
-        if spec.upstream is not None:
+        if spec.upstream in self.upstream.keyed:
             task.balance_key = self.upstream.balance_key(spec.upstream, uid, params, client_ip)
         task.place(parsed.get("level", 0), priority)
         if queue_timeout_ms:
@@ -755,10 +755,10 @@ class Tasks:
             spec = self.specs.get(task.function) or self.function(task.function)
             counted = spec is not None and server_failed(
                 spec.next_upstream, result.kind, result.status_code)
-        self.upstream.done(upstream, peer, counted, result.error if counted else None, now)
         if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
-        again = self.upstream.ended(upstream)
+        again = self.upstream.done(upstream, peer, counted,
+                                   result.error if counted else None, now)
         if self.blocked:
             again = {*again, *(n for n in self.blocked
                                if getattr(self.specs.get(n) or self.function(n), "upstream",

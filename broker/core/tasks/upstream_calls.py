@@ -8,8 +8,9 @@ The task store asks this at three points:
   its url + the function's path), or an `Unavailable`: BUSY (every server failed, at
   max_conns or paused: the function is held back until `until`, or until a call on the
   upstream ends) or NO_LIVE_UPSTREAMS (every server is down: the attempt fails).
-* `done(task, outcome_failed, error, now)` when the call ends: nginx's accounting, with
-  what counts as a failure decided by the function's `next_upstream` (`failed`).
+* `done(upstream, peer, failed, error, now)` when the call ends: nginx's accounting, with
+  what counts as a failure decided by the function's `next_upstream` (`failed`); it
+  gives the functions a full upstream held back, to be offered again (`ended`).
 * `pause(task, until)` for a 429 / 503 with Retry-After: that server only.
 
 An upstream may also have a `concurrency` and a `rate` of its own (zstalk's, not
@@ -17,9 +18,10 @@ nginx's), which every function on it shares beside its own: `full` and `opens_at
 whether one more call may start, `started` and `ended` count them, and the functions a
 full upstream held back (`waiting`) are offered again when a call on it ends.
 
-The hash key of a task is taken at enqueue (`balance_key`): its uniqueId, a top-level
-field of its params, or its client's address (`client_ip`, also ip_hash's key); a task
-without one is balanced by round robin, as nginx does with an empty key.
+The hash key of a task is taken at enqueue (`balance_key`, for the upstreams in
+`keyed`): its uniqueId, a top-level field of its params, or its client's address
+(`client_ip`, also ip_hash's key); a task without one is balanced by round robin, as
+nginx does with an empty key.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class UpstreamCalls:
         # the upstreams with a concurrency or a rate of their own: only they are counted
         # (a call on another costs no lookup for them)
         self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
+        self.keyed = _keyed(specs)          # ... and those whose calls are hashed by a key
         self.last_error: dict[tuple[str, str], str] = {}    # (upstream, url) -> last error
         self.running: dict[str, int] = {}   # upstream -> calls in flight on it
         self.gates: dict[str, Gate] = {}    # upstream -> its own rate
@@ -55,6 +58,7 @@ class UpstreamCalls:
         specs = list(specs)
         self.groups = reload_groups(self.groups, specs, self.rand)
         self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
+        self.keyed = _keyed(specs)
         for spec in specs:
             gate = self.gates.get(spec.name)
             if gate is not None:
@@ -65,8 +69,9 @@ class UpstreamCalls:
     # -- at enqueue ----------------------------------------------------------------------
     def balance_key(self, upstream: str | None, uid: str, params: bytes,
                     client_ip: str | None) -> str | None:
-        """What the task's calls are hashed by (None: round robin)."""
-        group = self.groups.get(upstream) if upstream else None
+        """What the task's calls are hashed by (None: round robin; or an upstream that
+        hashes nothing, which `keyed` says without the call)."""
+        group = self.groups.get(upstream) if upstream in self.keyed else None
         if group is None:
             return None
         spec = group.spec
@@ -87,7 +92,9 @@ class UpstreamCalls:
         return peer if peer is not None else group.unavailable(now)
 
     def done(self, upstream: str, peer: Peer, failed: bool, error: str | None,
-             now: float) -> None:
+             now: float) -> set[str] | tuple:
+        """A call on `peer` ended: nginx's accounting, and the upstream's own count; the
+        functions its concurrency held back (`ended`)."""
         group = self.groups.get(upstream)
         if group is not None and peer in group.peers:
             group.done(peer, failed, now)
@@ -95,6 +102,7 @@ class UpstreamCalls:
             peer.conns = max(0, peer.conns - 1)     # (a server reloaded away meanwhile)
         if error:
             self.last_error[upstream, peer.url] = error[:ERROR_CHARS]
+        return self.ended(upstream)
 
     def pause(self, upstream: str, peer: Peer, until: float) -> None:
         group = self.groups.get(upstream)
@@ -164,6 +172,11 @@ class UpstreamCalls:
                 server["lastError"] = error
             out.append(server)
         return out
+
+
+def _keyed(specs: Iterable[UpstreamSpec]) -> frozenset[str]:
+    """The upstreams whose calls are hashed by a key taken at enqueue."""
+    return frozenset(s.name for s in specs if s.balance in ("ip_hash", "hash"))
 
 
 def failed(next_upstream: frozenset, kind: str, status_code: int | None) -> bool:

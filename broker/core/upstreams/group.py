@@ -59,6 +59,9 @@ class UpstreamGroup:
         self.peers = tuple(self._peer(server, keep) for server in spec.servers)
         self._set = Peers(self.peers, rand, consistent=spec.consistent)
         self._method = method(spec.balance, spec.consistent, spec.two)
+        # a group of one server (nginx's peers->single) is picked the same way whatever
+        # its method: that server unless it is down, full or paused, failures ignored
+        self._only = self.peers[0] if self._set.single else None
 
     @staticmethod
     def _peer(server: ServerSpec, keep: Mapping[str, Peer]) -> Peer:
@@ -71,7 +74,11 @@ class UpstreamGroup:
     def pick(self, key: str | None, now: float) -> Peer | None:
         """The server for a call (its conns + 1), or None when none is usable.  `key`:
         the hash key, or the client's address for ip_hash; ignored by the others."""
-        peer = self._method(self._set, key, now)
+        only = self._only
+        if only is not None:
+            peer = only if only.usable(now, single=True) else None
+        else:
+            peer = self._method(self._set, key, now)
         if peer is not None:
             peer.take(now, self._set.single)
         return peer
