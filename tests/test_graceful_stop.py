@@ -1,9 +1,11 @@
 """A broker stopped with SIGTERM and started again from its binlog (a rolling update) fails
 no command: it tells its fronts first (Stopping), they hold what their clients send for
 the next broker, and what it left unanswered (a waiting reserve) goes to the next one.
-Real processes on loopback: `zstalk broker` and `zstalk front beanstalk`, raw clients."""
+Real processes on loopback: `zstalk broker` and `zstalk front beanstalk` (or `http`), raw
+clients."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import time
@@ -11,8 +13,9 @@ import time
 import pytest
 import zmq
 
-from servers import RawClient, self_check
+from servers import LOOPBACK, RawClient, self_check, wait_for
 from test_binlog_end_to_end import Pipeline, check_durable
+from test_waiting_room_end_to_end import SlowFront, call, join, split
 from zstalk.protocol.schema import Heartbeat, Hello, Stopping, Welcome, decode, encode
 
 pytestmark = pytest.mark.skipif(self_check(), reason="stops zstalk's own broker")
@@ -74,6 +77,38 @@ def test_a_front_that_never_answers_delays_the_stop_by_5_s_at_most(cluster):
         assert told == [False, True] and 4.0 < time.monotonic() - started < 10.0
     finally:
         sock.close()
+
+
+def test_a_request_held_while_a_slow_front_keeps_the_stop_open_is_answered_by_the_next_broker(
+        tmp_path):
+    """The HTTP front answers Holding at once; another front (heartbeating, never answering)
+    keeps the broker in its stop for STOP_WAIT_S, longer than PEER_TIMEOUT_S (2 s).  The
+    front and the broker must not give up on each other meanwhile: the request waits for
+    the next broker and is answered, not failed with 503, and the front is not fenced."""
+    broker, front, base = split(tmp_path, hold_s=60.0)
+    slow = None
+    try:
+        uid = join(base)
+        slow = SlowFront(f"tcp://{LOOPBACK}:{broker.address[1]}")
+        started = time.monotonic()
+        broker.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "holding commands" in front.output(), 5), front.output()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(call, "GET", f"{base}/v1/tasks/{uid}", timeout=60)
+            assert broker.process.wait(20) == 0, broker.output()
+            stopped_after = time.monotonic() - started
+            assert not asked.done(), asked.result()      # held, not failed, for that long
+            broker.start()                                  # the next broker, same binlog
+            code, _, info = asked.result(60)
+        assert stopped_after > 4.0, stopped_after           # (STOP_WAIT_S is 5 s)
+        assert (code, info.get("uniqueId")) == (200, uid), info
+        assert "fenced" not in front.output() and "silent for" not in front.output(), \
+            front.output()
+    finally:
+        if slow is not None:
+            slow.close()
+        front.stop()
+        broker.stop()
 
 
 def test_a_broker_stopped_together_with_its_fronts_does_not_wait_for_them(cluster):

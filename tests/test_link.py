@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
+
+import zmq
 
 from zstalk.protocol.transport.link import BrokerLink
 from zstalk.protocol.transport.owner import LinkOwner
-from zstalk.protocol.schema import Op, R, Settings, Stopping, Welcome, decode, encode
+from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding, Op,
+                                    R, Settings, Stopping, Welcome, decode, encode)
 
 
 class Recorder(LinkOwner):
@@ -135,3 +139,48 @@ def test_an_owner_that_takes_everything_as_lost_gets_no_held_op_sent_behind_its_
         link._handle(Stopping(7, True))
         assert owner.lost == 1 and [op for _, op in link.held] == [(int(Op.OPEN), 2)]
     run_with_link(tmp_path, body, owner=Forgetful())
+
+
+async def _receive(router, timeout_s: float = 5.0) -> tuple[bytes, object]:
+    """The next message to the fake broker (a ROUTER): (peer, decoded)."""
+    deadline = time.monotonic() + timeout_s
+    while not router.poll(0):
+        assert time.monotonic() < deadline, "nothing came from the link"
+        await asyncio.sleep(0.01)
+    peer, data = router.recv_multipart()
+    return peer, decode(data)
+
+
+def test_a_holding_link_goes_on_heartbeating_while_the_broker_waits_for_other_fronts(tmp_path):
+    """The stopping broker may wait STOP_WAIT_S (5 s) for other fronts' Holding, longer than
+    PEER_TIMEOUT_S: a link that answered must not fall silent meanwhile, or the broker drops
+    it, stops heartbeating it, and the link in turn gives up on the broker (503s, fenced)."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/broker"
+    router.bind(endpoint)
+
+    async def main():
+        link = BrokerLink(endpoint, "http", Recorder(), keys=None)
+        link.start()
+        try:
+            peer, hello = await _receive(router)
+            assert isinstance(hello, Hello)
+            router.send_multipart([peer, encode(Welcome(7, 9, Settings(), True))])
+            router.send_multipart([peer, encode(Stopping(7, False))])
+            assert isinstance((await _receive(router))[1], Holding)
+            beats, until = 0, time.monotonic() + PEER_TIMEOUT_S + 1.0
+            while time.monotonic() < until:
+                router.send_multipart([peer, encode(Heartbeat(7))])
+                if router.poll(0):
+                    assert isinstance((await _receive(router))[1], Heartbeat)
+                    beats += 1
+                await asyncio.sleep(HEARTBEAT_S / 5)
+            assert link.state == "holding"
+            assert beats >= 3, beats       # one every HEARTBEAT_S (0.5 s): about 6
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        router.close()

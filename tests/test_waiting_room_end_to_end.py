@@ -78,12 +78,13 @@ def room(tmp_path):
     served.server.stop()
 
 
-def call(method: str, url: str, body=None, headers: dict | None = None) -> tuple[int, dict, dict]:
+def call(method: str, url: str, body=None, headers: dict | None = None,
+         timeout: float = 10) -> tuple[int, dict, dict]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data, {"Content-Type": "application/json",
                                              **(headers or {})}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
             return resp.status, dict(resp.headers), json.loads(raw) if raw else {}
     except urllib.error.HTTPError as err:

@@ -9,16 +9,19 @@ Life cycle: CONNECTING (Hello sent, waiting for Welcome) -> READY -> LOST when n
 has come from the broker for PEER_TIMEOUT_S, or a heartbeat names another broker
 incarnation.  A broker stopping on SIGTERM says so first (`Stopping`): READY -> HOLDING,
 where ops are held as while LOST but the replies to those already sent still come; the
-link answers `Holding` (nothing follows it), and the broker's final Stopping, after its
+link answers `Holding` (no op follows it), and the broker's final Stopping, after its
 last reply, makes it LOST: what is still unanswered then never ran (a waiting reserve and
 what waits behind it), so the owner may hand it back to be sent to the next broker first
-(`on_stopped`).  So a rolling restart of the broker holds commands for the next one and
-fails none.  On LOST the socket is thrown away with everything still queued in it, so
-nothing is replayed to a new broker; the owner answers INTERNAL_ERROR for every op
-already sent (`on_lost`).  Ops submitted while not READY are held (bounded count,
-`hold_s` timeout) and sent after Welcome, or answered INTERNAL_ERROR when the time
-runs out.  `Fenced` means the broker gave up on this incarnation: the owner closes
-every client connection and the link starts over under a new incarnation.
+(`on_stopped`).  Heartbeats go on while HOLDING: the broker may wait STOP_WAIT_S (5 s) for
+other fronts' Holding, longer than PEER_TIMEOUT_S, and must not take us for dead meanwhile
+(it would fence us and stop heartbeating, so we would give up on it too).  So a rolling
+restart of the broker holds commands for the next one and fails none.  On LOST the socket
+is thrown away with everything still queued in it, so nothing is replayed to a new
+broker; the owner answers INTERNAL_ERROR for every op already sent (`on_lost`).  Ops
+submitted while not READY are held (bounded count, `hold_s` timeout) and sent after
+Welcome, or answered INTERNAL_ERROR when the time runs out.  `Fenced` means the broker
+gave up on this incarnation: the owner closes every client connection and the link
+starts over under a new incarnation.
 """
 from __future__ import annotations
 
@@ -325,8 +328,8 @@ class BrokerLink:
     def _tick(self) -> None:
         now = time.monotonic()
         if self.state is READY or self.state is HOLDING:
+            self._send(Heartbeat(self.front_id))    # (HOLDING too: module comment)
             if self.state is READY:
-                self._send(Heartbeat(self.front_id))
                 self.stats.armed = True
             if now - self.last_heard > PEER_TIMEOUT_S:
                 self._lose(f"silent for {now - self.last_heard:.1f} s")
