@@ -16,14 +16,20 @@ armed (not from the turn's start: a long turn would make every next timer late b
 length, as 1,000 schedules firing each second showed: 16 ms), remote
 fronts get a Heartbeat every HEARTBEAT_S, and in-process fronts are never declared dead
 for silence: they share our loop, so a long GC pause or a slow disk write stalls them
-exactly as long as it stalls us.
+exactly as long as it stalls us; nor, while we stop, is a remote front that answered
+Holding (below).
 
 Stopping (SIGTERM): with fronts or pools in other processes, the broker first tells them
 (`Stopping`, schema.py) and keeps serving what they already sent until each has answered
 `Holding`, or has gone, or STOP_WAIT_S has passed; then it writes its binlog to disk, sends the last
 replies and a final Stopping, and closes, giving those STOP_LINGER_MS to leave.  A front
 holds what its clients send meanwhile for the next broker, so a rolling restart fails no
-command.  A second SIGTERM stops at once.
+command.  A second SIGTERM stops at once.  A front that answered Holding waits for our
+final Stopping however long a slower one keeps us (STOP_WAIT_S, more than PEER_TIMEOUT_S)
+and sends no op meanwhile (nor a heartbeat, if its link is older than link.py's heartbeats
+while holding): it is kept alive until we exit, so that we neither fence it nor stop
+heartbeating it, which would make it give up on us and fail what it holds.  A front that
+has not answered is dropped for silence as ever, and then no longer waited for.
 
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
 dropping it; the core then treats that front as dead.  With a binlog (binlog.py) each turn
@@ -119,6 +125,7 @@ class BrokerActor:
         self._stop_requested = False
         self._told: list[bytes] = []            # peers told Stopping
         self._awaiting: set[bytes] | None = None    # ... that have not answered Holding
+        self._holding: set[bytes] = set()           # ... that have: kept alive (_keep_alive)
         self.closed = False
         self._refusal_watch = None      # with CURVE: the ROUTER's monitor (_watch_refusals)
         if bind is not None or also_bind:
@@ -283,8 +290,9 @@ class BrokerActor:
         self._wait_for(set())
 
     def _on_holding(self, peer: bytes) -> None:
-        """A front sends nothing after Holding: all it sent is handled (this turn)."""
+        """A front sends no op after Holding: all it sent is handled (this turn)."""
         if self._awaiting is not None and peer in self._awaiting:
+            self._holding.add(peer)
             self._wait_for({peer})
 
     def _wait_for(self, answered: set[bytes]) -> None:
@@ -397,7 +405,7 @@ class BrokerActor:
                 if now >= self._timer_at:
                     if not expired:
                         self.metrics.timer_lateness.observe(now - self._timer_at)
-                    self._keep_local_alive(now)
+                    self._keep_alive(now)
                     if core.schedules.by_name:
                         core.observe_wall(time.time(), now)
                     core.expire(now)
@@ -411,12 +419,15 @@ class BrokerActor:
         self._arm(now, expired)
         self._check_socket()
 
-    def _keep_local_alive(self, now: float) -> None:
+    def _keep_alive(self, now: float) -> None:
+        """Fronts not declared dead for silence: those in this process, and while we stop
+        those that answered Holding (module comment)."""
         fronts = self.core.fronts
-        for peer in self.local:
-            front = fronts.get(peer)
-            if front is not None:
-                front.last_seen = now
+        for peers in (self.local, self._holding):
+            for peer in peers:
+                front = fronts.get(peer)
+                if front is not None:
+                    front.last_seen = now
 
     def _arm(self, now: float, expired: bool) -> None:
         """Make sure a timer fires at the core's (or the binlog's) next deadline."""

@@ -16,7 +16,8 @@ import zmq
 from servers import LOOPBACK, RawClient, self_check, wait_for
 from test_binlog_end_to_end import Pipeline, check_durable
 from test_waiting_room_end_to_end import SlowFront, call, join, split
-from zstalk.protocol.schema import Heartbeat, Hello, Stopping, Welcome, decode, encode
+from zstalk.protocol.schema import (PEER_TIMEOUT_S, Fenced, Heartbeat, Hello, Holding, Stopping,
+                                    Welcome, decode, encode)
 
 pytestmark = pytest.mark.skipif(self_check(), reason="stops zstalk's own broker")
 
@@ -109,6 +110,72 @@ def test_a_request_held_while_a_slow_front_keeps_the_stop_open_is_answered_by_th
             slow.close()
         front.stop()
         broker.stop()
+
+
+class RawFront:
+    """A front as a raw DEALER that says Hello, is welcomed, and then says only what a test
+    makes it say."""
+
+    def __init__(self, broker_endpoint: str, front_id: int) -> None:
+        self.front_id = front_id
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(broker_endpoint)
+        self.say(Hello(front_id, "beanstalk", os.getpid(), 0, []))
+        assert isinstance(self.receive(5.0), Welcome)
+
+    def say(self, msg) -> None:
+        self.sock.send(encode(msg))
+
+    def receive(self, timeout_s: float):
+        """The broker's next message, or None after `timeout_s`."""
+        return decode(self.sock.recv()) if self.sock.poll(int(timeout_s * 1000)) else None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_front_silent_after_its_holding_is_heartbeaten_to_the_broker_s_last_word(cluster):
+    """A front that answers Holding and then says nothing, not even heartbeats (as links did
+    before they heartbeated while holding), while another keeps the stop open STOP_WAIT_S:
+    the broker keeps it to the end, so it hears from the broker at least every
+    PEER_TIMEOUT_S until the final Stopping and is never fenced."""
+    quiet = RawFront(cluster.broker_address, 777)
+    slow = SlowFront(cluster.broker_address)
+    try:
+        started = time.monotonic()
+        cluster.broker.process.send_signal(signal.SIGTERM)
+        heard: list[tuple[float, object]] = []
+        final = False
+        while not final:
+            msg = quiet.receive(15.0)
+            assert msg is not None, heard
+            heard.append((time.monotonic(), msg))
+            if isinstance(msg, Stopping):
+                final = msg.final
+                if not final:
+                    quiet.say(Holding(quiet.front_id))
+        assert cluster.broker.process.wait(10) == 0, cluster.broker.output()
+        assert heard[-1][0] - started > 4.0, heard      # (the slow front: STOP_WAIT_S, 5 s)
+        assert not any(isinstance(msg, Fenced) for _, msg in heard), heard
+        times = [started] + [at for at, _ in heard]
+        assert max(b - a for a, b in zip(times, times[1:])) < PEER_TIMEOUT_S, heard
+    finally:
+        slow.close()
+        quiet.close()
+
+
+def test_a_front_silent_before_its_holding_is_dropped_and_not_waited_for(cluster):
+    """... whereas one that falls silent without answering is taken for dead after
+    PEER_TIMEOUT_S (2 s), as ever: it does not keep the broker for STOP_WAIT_S (5 s)."""
+    started = time.monotonic()
+    mute = RawFront(cluster.broker_address, 778)        # welcomed, then never says a word
+    try:
+        cluster.broker.process.send_signal(signal.SIGTERM)
+        assert cluster.broker.process.wait(10) == 0, cluster.broker.output()
+        assert time.monotonic() - started < 4.5
+    finally:
+        mute.close()
 
 
 def test_a_broker_stopped_together_with_its_fronts_does_not_wait_for_them(cluster):
