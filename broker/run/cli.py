@@ -406,7 +406,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
            also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
     """Run the broker actor: all tube, job, session and task state."""
     from ...protocol.transport.curve import CurveError
-    from .serve import tune_gc
+    from .fronts import tune_gc
     tune_gc()
     from ..actor import BrokerActor
     from ..wal.binlog import BinlogError, Options

@@ -27,7 +27,7 @@ import signal
 import socket
 import sys
 
-from .fronts import beanstalk_front, counter_front, start_front
+from .fronts import beanstalk_front, counter_front, start_front, tune_gc
 from ...protocol.transport.loop import run
 from .. import VERSION
 from .logs import start_line
@@ -47,21 +47,6 @@ def run_server(listeners, opts: ServeOptions, counter_listeners=()) -> int:
         return serve_here(listeners, opts, counter_listeners)
     from .supervisor import serve
     return serve(listeners, opts, counter_listeners)
-
-
-#: the cyclic garbage collector's thresholds in a broker's process (gc.set_threshold)
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def tune_gc() -> None:
-    """A broker's heap is mostly jobs, which never form reference cycles, and a process
-    that holds a million of them spent a fifth of its CPU on pipelined puts walking them
-    in the collector (CPython collects the young generation every 700 allocations, and
-    the whole heap every 100 young collections once it has grown by a quarter). Cycles
-    among the broker's own objects are broken where they end (a closed session leaves
-    its front), so collecting every 50,000 allocations instead costs a few MiB at most."""
-    import gc
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def serve_here(listeners: list[socket.socket], opts: ServeOptions,

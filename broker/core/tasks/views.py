@@ -131,7 +131,7 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     enqueued now would get (last in line, due now).
     A function gone from the config that tasks still use shows its counts only; None:
     no such function."""
-    spec = store.specs.get(name) or store.function(name)
+    spec = store.function(name)
     if spec is None and name not in store.specs:
         return None
     delayed = store.queued.delayed.get(name, 0)
