@@ -204,6 +204,9 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     too_large = refuse(413, f"the body is over {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         return too_large
+    if request.content.is_eof():        # (all of it came with the headers, as most do:
+        body = await request.content.read()     # no timer to arm and cancel)
+        return too_large if len(body) > limit else body
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
