@@ -24,12 +24,14 @@ Stopping (SIGTERM): with fronts or pools in other processes, the broker first te
 `Holding`, or has gone, or STOP_WAIT_S has passed; then it writes its binlog to disk, sends the last
 replies and a final Stopping, and closes, giving those STOP_LINGER_MS to leave.  A front
 holds what its clients send meanwhile for the next broker, so a rolling restart fails no
-command.  A second SIGTERM stops at once.  A front that answered Holding waits for our
-final Stopping however long a slower one keeps us (STOP_WAIT_S, more than PEER_TIMEOUT_S)
-and sends no op meanwhile (nor a heartbeat, if its link is older than link.py's heartbeats
-while holding): it is kept alive until we exit, so that we neither fence it nor stop
-heartbeating it, which would make it give up on us and fail what it holds.  A front that
-has not answered is dropped for silence as ever, and then no longer waited for.
+command.  A front welcomed meanwhile (it connected, restarted or re-registered) is told
+right after its Welcome and waited for as well, until the same deadline.  A second SIGTERM
+stops at once.  A front that answered Holding waits for our final Stopping however long
+a slower one keeps us (STOP_WAIT_S, more than PEER_TIMEOUT_S) and sends no op meanwhile
+(nor a heartbeat, if its link is older than link.py's heartbeats while holding): it is
+kept alive until we exit, so that we neither fence it nor stop heartbeating it, which
+would make it give up on us and fail what it holds.  A front that has not answered is
+dropped for silence as ever, and then no longer waited for.
 
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
 dropping it; the core then treats that front as dead.  With a binlog (binlog.py) each turn
@@ -58,7 +60,7 @@ from ..protocol.transport import curve
 from ..protocol.transport.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
                                decode_peer, encode)
-from .core.broker import Broker, Config
+from .core.broker import Broker, Config, Front
 from .core.beanstalk.stats import SysInfo
 from .metrics import DEFAULT_TOP, BrokerMetrics
 
@@ -274,20 +276,39 @@ class BrokerActor:
         if self._awaiting is not None or self.closed:
             self._finish()                              # a second SIGTERM: now
             return
-        version = self.old_peers.get
-        self._told = [peer for peer, front in self.core.fronts.items()
-                      if peer not in self.local and front.kind in _HOLDING_KINDS
-                      and version(peer, SCHEMA_VERSION) >= 3]
+        self._told = [front.peer for front in self.core.fronts.values() if self._holds(front)]
+        self._awaiting = set(self._told)
+        self.core.after_welcome = self._tell_newcomer
         if not self._told:
             self._finish()
             return
         log.warning("stopping: telling %d fronts and pools to hold their commands",
                     len(self._told))
-        self._awaiting = set(self._told)
         self._send([(peer, Stopping(self.core.broker_id, False)) for peer in self._told])
         self._check_socket()
-        self.loop.call_later(STOP_WAIT_S, self._finish)
+        self.loop.call_later(STOP_WAIT_S, self._finish)     # (newcomers too: no later)
         self._wait_for(set())
+
+    def _holds(self, front: Front) -> bool:
+        """A front that takes Stopping: in another process, on a link (not a producer),
+        of schema version 3 or later."""
+        return (front.peer not in self.local and front.kind in _HOLDING_KINDS
+                and self.old_peers.get(front.peer, SCHEMA_VERSION) >= 3)
+
+    def _tell_newcomer(self, front: Front) -> Stopping | None:
+        """A front welcomed while we stop (it connected, restarted or re-registered
+        meanwhile) is told as the others were, right after its Welcome (core.after_welcome),
+        and waited for until the same deadline: else it would go on sending us commands
+        and fail what is unanswered when we exit."""
+        if not self._holds(front):
+            return None
+        if front.peer not in self._told:
+            self._told.append(front.peer)       # (so it gets the final Stopping too)
+        self._holding.discard(front.peer)       # a link started over answers again
+        self._awaiting.add(front.peer)
+        log.info("stopping: telling front %016x, welcomed meanwhile, to hold its commands",
+                 front.front_id)
+        return Stopping(self.core.broker_id, False)
 
     def _on_holding(self, peer: bytes) -> None:
         """A front sends no op after Holding: all it sent is handled (this turn)."""
@@ -300,7 +321,11 @@ class BrokerActor:
         self._awaiting -= answered
         self._awaiting.intersection_update(self.core.fronts)
         if not self._awaiting:
-            self.loop.call_soon(self._finish)           # after this turn's replies
+            self.loop.call_soon(self._finish_if_answered)   # after this turn's replies
+
+    def _finish_if_answered(self) -> None:
+        if not self._awaiting:      # (a front welcomed since is waited for too)
+            self._finish()
 
     def _finish(self) -> None:
         if self._stopped is not None and not self._stopped.done():

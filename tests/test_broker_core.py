@@ -425,6 +425,20 @@ def test_a_dead_front_that_speaks_again_is_fenced(h):
     assert isinstance(out[0][1], Welcome)
 
 
+def test_a_word_after_welcome_follows_each_welcome_and_no_fenced_hello(h):
+    """The actor's after_welcome hook (a stopping broker's Stopping to a newcomer) goes
+    right after the Welcome of a new, replaced or returning front; a fenced one gets none."""
+    told = []
+    h.broker.after_welcome = lambda front: told.append(front.front_id) or "hold"
+    for peer, front_id in ((b"front-b", 2), (b"front-b", 2), (b"front-b", 3)):
+        out = h.hello(peer, front_id)
+        assert [m for _, m in out][1:] == ["hold"] and isinstance(out[0][1], Welcome), out
+    assert h.hello(b"front-c", 2) == [(b"front-c", Fenced(2, h.broker.broker_id))]
+    h.broker.after_welcome = lambda front: None
+    assert len(h.hello(b"front-d", 4)) == 1
+    assert told == [2, 2, 3]
+
+
 def test_hello_from_a_known_front_reconciles_its_sessions(h):
     j = h.put(1)
     h.send((Op.RESERVE, 2, 0))

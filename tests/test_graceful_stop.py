@@ -122,7 +122,8 @@ class RawFront:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(broker_endpoint)
         self.say(Hello(front_id, "beanstalk", os.getpid(), 0, []))
-        assert isinstance(self.receive(5.0), Welcome)
+        self.welcome = self.receive(5.0)
+        assert isinstance(self.welcome, Welcome), self.welcome
 
     def say(self, msg) -> None:
         self.sock.send(encode(msg))
@@ -176,6 +177,77 @@ def test_a_front_silent_before_its_holding_is_dropped_and_not_waited_for(cluster
         assert time.monotonic() - started < 4.5
     finally:
         mute.close()
+
+
+def hear_until(front: RawFront, until: float) -> list[tuple[float, object]]:
+    """What the broker says to `front` until the final Stopping or `until` (monotonic),
+    the front heartbeating every 0.3 s meanwhile, so that it is not dropped for silence."""
+    heard: list[tuple[float, object]] = []
+    while time.monotonic() < until:
+        front.say(Heartbeat(front.front_id))
+        beat_again = min(until, time.monotonic() + 0.3)
+        while (msg := front.receive(max(0.001, beat_again - time.monotonic()))) is not None:
+            heard.append((time.monotonic(), msg))
+            if isinstance(msg, Stopping) and msg.final:
+                return heard
+    return heard
+
+
+def test_a_front_welcomed_while_the_broker_stops_is_told_to_hold_and_told_it_stopped(cluster):
+    """A front that says Hello while a slower front keeps the stop open (it restarted, or
+    lost the broker and registered again) is told Stopping right after its Welcome and the
+    final Stopping before the broker exits, which is no later for it (STOP_WAIT_S, 5 s,
+    from the SIGTERM): else it would send the stopping broker commands that then fail."""
+    slow = SlowFront(cluster.broker_address)            # never answers Holding
+    late = None
+    try:
+        started = time.monotonic()
+        cluster.broker.process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "stopping: telling" in cluster.broker.output(), 5), \
+            cluster.broker.output()
+        time.sleep(max(0.0, started + 2.5 - time.monotonic()))     # halfway through the stop
+        late = RawFront(cluster.broker_address, 779)                # (welcomed: asserted)
+        broker_id = late.welcome.broker_id
+        assert late.receive(5.0) == Stopping(broker_id, False)      # next, and never answered
+        heard = hear_until(late, started + 15.0)
+        assert heard and heard[-1][1] == Stopping(broker_id, True), heard
+        assert cluster.broker.process.wait(10) == 0, cluster.broker.output()
+        assert 4.0 < heard[-1][0] - started < 7.5, heard    # not 2.5 s + STOP_WAIT_S
+    finally:
+        slow.close()
+        if late is not None:
+            late.close()
+
+
+def test_a_front_welcomed_while_the_broker_stops_is_waited_for_until_it_answers_holding(
+        cluster):
+    """The late front is awaited like the others: once the early one (and the cluster's
+    front) have answered, the broker still waits for it, and stops as soon as it answers,
+    well before STOP_WAIT_S."""
+    early = RawFront(cluster.broker_address, 780)
+    late = None
+    try:
+        started = time.monotonic()
+        cluster.broker.process.send_signal(signal.SIGTERM)
+        broker_id = early.welcome.broker_id
+        assert early.receive(5.0) == Stopping(broker_id, False)    # the stop has begun
+        late = RawFront(cluster.broker_address, 781)
+        assert late.receive(5.0) == Stopping(broker_id, False)
+        early.say(Holding(early.front_id))
+        heard = hear_until(late, time.monotonic() + 1.0)           # the late one is slow
+        assert cluster.broker.process.poll() is None, (heard, cluster.broker.output())
+        assert not any(isinstance(msg, Stopping) for _, msg in heard), heard
+        late.say(Holding(late.front_id))
+        answered = time.monotonic()
+        heard = hear_until(late, answered + 10.0)
+        assert heard and heard[-1][1] == Stopping(broker_id, True), heard
+        assert cluster.broker.process.wait(10) == 0, cluster.broker.output()
+        assert heard[-1][0] - answered < 1.5 and heard[-1][0] - started < 4.5, \
+            (started, answered, heard)                      # (STOP_WAIT_S is 5 s)
+    finally:
+        early.close()
+        if late is not None:
+            late.close()
 
 
 def test_a_broker_stopped_together_with_its_fronts_does_not_wait_for_them(cluster):

@@ -116,6 +116,9 @@ class Broker:
         self.fenced: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.out = Out()
         self.control: list[tuple[bytes, object]] = []
+        # the actor's word to a front right after its Welcome, or None: a broker stopping
+        # tells a front welcomed meanwhile to hold (actor.py), and owns that stop, not us
+        self.after_welcome: Callable[[Front], object | None] | None = None
         self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
         self.admission = Admission(config.max_jobs_bytes)
         self._build(config, now, sysinfo)
@@ -234,6 +237,10 @@ class Broker:
             self._reconcile(front, hello.sessions, now)
         self.control.append((peer, Welcome(self.broker_id, self.state_id, self.settings(),
                                            restored)))
+        if self.after_welcome is not None:
+            word = self.after_welcome(front)
+            if word is not None:
+                self.control.append((peer, word))
 
     def settings(self) -> Settings:
         c, api = self.config, self.tasking.api
