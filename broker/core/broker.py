@@ -65,7 +65,7 @@ _FAMILY = [0 if code < Op.C_NOOP else 1 if code < Op.T_ENQUEUE else 2
 #: Fenced) and re-register; until then new Acquires could overcommit, so they are refused
 RECOVERY_GRACE_S = PEER_TIMEOUT_S + 1.0
 _FENCE_MEMORY = 4096          # how many dead front incarnations we remember
-_PUT, _CLOSE, _HALF_CLOSE = int(Op.PUT), int(Op.CLOSE), int(Op.HALF_CLOSE)
+_PUT, _CLOSE, _HALF_CLOSE = Op.PUT, Op.CLOSE, Op.HALF_CLOSE
 
 
 class Config(NamedTuple):

@@ -23,7 +23,7 @@ from ..transport.links import open_link
 from ..transport.owner import LinkOwner
 from ..schema import Op, SessionState, Welcome
 
-_OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
+_OPEN, _CLOSE = Op.OPEN, Op.CLOSE
 
 
 WRITE_HIGH = 1024 * 1024    # unwritten reply bytes per connection before we stop reading

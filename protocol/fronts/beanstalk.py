@@ -44,9 +44,8 @@ _SIMPLE = {  # command name -> op code, for commands whose args map straight ont
     "list-tube-used": Op.LIST_TUBE_USED, "list-tubes-watched": Op.LIST_TUBES_WATCHED,
     "pause-tube": Op.PAUSE_TUBE, "reserve-with-timeout": Op.RESERVE,
 }
-_SIMPLE = {k: int(v) for k, v in _SIMPLE.items()}
-_PUT, _RESERVE, _OPEN, _CLOSE = int(Op.PUT), int(Op.RESERVE), int(Op.OPEN), int(Op.CLOSE)
-_COUNT, _HALF_CLOSE = int(Op.COUNT), int(Op.HALF_CLOSE)
+_PUT, _RESERVE, _OPEN, _CLOSE = Op.PUT, Op.RESERVE, Op.OPEN, Op.CLOSE
+_COUNT, _HALF_CLOSE = Op.COUNT, Op.HALF_CLOSE
 _RELEASING = frozenset({R.DELETED, R.RELEASED, R.BURIED})
 
 

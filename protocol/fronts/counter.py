@@ -63,11 +63,11 @@ MAX_IN_FLIGHT = 8192
 #: a slot's content when no yrmcds reply fits: the connection closes at that point
 CLOSE_HERE = object()
 
-_OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
+_OPEN, _CLOSE = Op.OPEN, Op.CLOSE
 _ACQUIRE, _RELEASE, _GET = int(Opcode.ACQUIRE), int(Opcode.RELEASE), int(Opcode.GET)
-_NO_ARGS = {int(Opcode.NOOP): int(Op.C_NOOP), int(Opcode.STATS): int(Op.C_STATS),
-            int(Opcode.DUMP): int(Op.C_DUMP)}
-_C_ACQUIRE, _C_RELEASE, _C_GET = int(Op.C_ACQUIRE), int(Op.C_RELEASE), int(Op.C_GET)
+_NO_ARGS = {int(Opcode.NOOP): Op.C_NOOP, int(Opcode.STATS): Op.C_STATS,
+            int(Opcode.DUMP): Op.C_DUMP}
+_C_ACQUIRE, _C_RELEASE, _C_GET = Op.C_ACQUIRE, Op.C_RELEASE, Op.C_GET
 
 # R.C_OK value -> reply, per request opcode (value: int, or None for no body)
 _OK = {

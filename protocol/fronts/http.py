@@ -85,12 +85,12 @@ CONN = 1                    # the front's one broker session
 #: how long close() lets requests in flight finish before failing them
 SHUTDOWN_GRACE_S = 5.0
 
-_OPEN, _CLOSE = int(Op.OPEN), int(Op.CLOSE)
-_T_ENQUEUE, _T_INFO, _T_CANCEL = int(Op.T_ENQUEUE), int(Op.T_INFO), int(Op.T_CANCEL)
-_T_LIST = int(Op.T_LIST)
-_T_FUNCTIONS, _T_FUNCTION = int(Op.T_FUNCTIONS), int(Op.T_FUNCTION)
-_T_DONE = int(Op.T_DONE)
-_T_SCHEDULE_INFO, _T_UNSCHEDULE = int(Op.T_SCHEDULE_INFO), int(Op.T_UNSCHEDULE)
+_OPEN, _CLOSE = Op.OPEN, Op.CLOSE
+_T_ENQUEUE, _T_INFO, _T_CANCEL = Op.T_ENQUEUE, Op.T_INFO, Op.T_CANCEL
+_T_LIST = Op.T_LIST
+_T_FUNCTIONS, _T_FUNCTION = Op.T_FUNCTIONS, Op.T_FUNCTION
+_T_DONE = Op.T_DONE
+_T_SCHEDULE_INFO, _T_UNSCHEDULE = Op.T_SCHEDULE_INFO, Op.T_UNSCHEDULE
 
 
 def problem_response(problem: Problem) -> web.Response:

@@ -39,11 +39,11 @@ def parse_schedule(doc: Any, conn: int) -> tuple | str:
     if options is not None and not isinstance(options, dict):
         return "options must be an object"
     params = json.dumps(doc.get("params"), separators=(",", ":")).encode()
-    return (int(Op.T_SCHEDULE), conn, doc["name"], doc["cron"], zone, doc["function"], params,
+    return (Op.T_SCHEDULE, conn, doc["name"], doc["cron"], zone, doc["function"], params,
             options)
 
 
-def parse_page(query, conn: int, opcode: int = int(Op.T_SCHEDULES)) -> tuple | str:
+def parse_page(query, conn: int, opcode: int = Op.T_SCHEDULES) -> tuple | str:
     unknown = [key for key in query if key not in ("after", "limit")]
     if unknown:
         return f"unknown parameter {unknown[0]!r}"
@@ -57,4 +57,4 @@ def parse_page(query, conn: int, opcode: int = int(Op.T_SCHEDULES)) -> tuple | s
 def parse_pause(doc: Any, conn: int, name: str) -> tuple | str:
     if not isinstance(doc, dict) or set(doc) != {"paused"} or type(doc["paused"]) is not bool:
         return 'the body must be {"paused": true} or {"paused": false}'
-    return (int(Op.T_SCHEDULE_PAUSE), conn, name, doc["paused"])
+    return (Op.T_SCHEDULE_PAUSE, conn, name, doc["paused"])

@@ -19,7 +19,7 @@ NATIVE_KINDS = frozenset({"pool", "client"})
 _U32 = 1 << 32
 _U64 = 1 << 64
 MAX_SUBSCRIBED_TUBES = 1024
-_DELETE, _CREDIT = int(Op.DELETE), int(Op.CREDIT)
+_DELETE, _CREDIT = Op.DELETE, Op.CREDIT
 
 
 def u32(x) -> bool:
