@@ -159,10 +159,13 @@ def function_host_main(port: int) -> None:
 
 
 class FunctionHost:
-    def __init__(self) -> None:
+    """The function host process: `script --function-host PORT` (a benchmark that serves
+    calls its own way passes its own script)."""
+
+    def __init__(self, script: str = __file__) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
-        self.proc = Proc("function host", [sys.executable, __file__, "--function-host",
+        self.proc = Proc("function host", [sys.executable, script, "--function-host",
                                            self.port], cwd=str(REPO))
         wait_until(lambda: http_status(f"{self.url}/_calls/x") == 200, "function host",
                    [self.proc])

@@ -97,12 +97,12 @@ import tempfile
 import time
 import urllib.request
 
+import bench_tasks
 from bench_limits import Placement, Session, seconds, statuses
 from bench_tasks import RESULT, zstalk_e2e
-from harness.builds import REPO
 from harness.cli import Run, ints, parser, sized
-from harness.http import JSON_HEADERS, client, http_status, run_async
-from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
+from harness.http import JSON_HEADERS, client, run_async
+from harness.procs import HOST, Proc, ShareMeter, free_port
 from harness.runs import Runs, run_parts
 from harness.stats import Figure, median, per_1k
 from harness.table import Table, cpu_shares
@@ -193,14 +193,11 @@ def function_host_main(ctl_port: int) -> None:
     run_async(serve())
 
 
-class FunctionHost:
+class FunctionHost(bench_tasks.FunctionHost):
+    """This script's host: many ports, opened on request (`open`)."""
+
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.proc = Proc("function host", [sys.executable, __file__, "--function-host",
-                                           self.port], cwd=str(REPO))
-        wait_until(lambda: http_status(f"{self.url}/_calls/x") == 200, "function host",
-                   [self.proc])
+        super().__init__(__file__)
         self.taken: set[int] = {self.port}
 
     def _json(self, path: str, doc=None) -> dict:
