@@ -284,15 +284,17 @@ def test_wait_time_follows_the_concurrency_bound_from_the_last_minutes_mean_dura
         0, 3000, 3000, 6000, 6000]
 
 
-def test_recent_forgets_what_is_older_than_a_minute():
+def test_recent_forgets_what_is_older_than_a_minute_but_the_mean_of_its_last_ten_holds():
     recent = Recent()
     for i in range(20):
         recent.started(float(i))
-        recent.ended(float(i), 0.2)
-    assert recent.mean_s(19.0) == pytest.approx(0.2)
+        recent.ended(float(i), 0.2 if i < 10 else 0.4)
+    assert recent.mean_s(19.0) == pytest.approx(0.3)
     assert recent.start_rate(19.0) == pytest.approx(20 / 60)
-    assert 0.1 <= recent.quantile_s(19.0, 0.5) <= 0.25
-    assert recent.mean_s(100.0) is None and recent.quantile_s(100.0, 0.5) is None
+    assert 0.1 <= recent.quantile_s(19.0, 0.5) <= 0.45
+    assert recent.start_rate(100.0) == 0 and recent.quantile_s(100.0, 0.5) is None
+    assert recent.mean_s(100.0) == pytest.approx(0.4), "the last ten, within the hour"
+    assert recent.mean_s(10.0 + 3600.5) is None, "the oldest of them over an hour ago"
 
 
 # -- queue timeout ----------------------------------------------------------------------------------

@@ -252,3 +252,23 @@ def test_calls_and_admissions_turn_the_same_slots_over_but_show_their_durations_
     waiting = [room.join() for _ in range(3)]       # 2 admitted, 1 in line: a round's wait
     mean_s = (9 * 0.08 + 20 + 5 + 40) / 12
     assert views.info(room.store, waiting[2].uid, room.now)["waitTime"] == round(mean_s * 1000)
+
+
+def test_a_room_whose_users_stay_minutes_still_gets_an_eta_from_its_last_ten_holds():
+    room = Room(concurrency=2, pass_ttl_ms=7_200_000, heartbeat_ms=7_200_000)
+    users = [room.join() for _ in range(16)]
+    hold_slots(room, users, [300.0], room.now + 31 * 60)   # 12 through, 2 of them this minute
+    newcomer = room.join()
+    info = views.info(room.store, newcomer.uid, room.now)
+    assert (info["waitNum"], info["waitTime"]) == (2, 2 * 300_000), \
+        "ceil(3 / 2) rounds of the last ten holds' mean"
+
+
+def test_holds_older_than_the_hour_are_no_basis_for_an_eta():
+    room = Room(concurrency=2, pass_ttl_ms=7_200_000, heartbeat_ms=7_200_000)
+    users = [room.join() for _ in range(16)]
+    hold_slots(room, users, [300.0], room.now + 31 * 60)
+    newcomer = room.join()
+    assert "waitTime" in views.info(room.store, newcomer.uid, room.now)
+    room.advance(3600)                              # the two admitted hold their slots on
+    assert "waitTime" not in views.info(room.store, newcomer.uid, room.now)

@@ -244,10 +244,11 @@ def _wait_time() -> dict:
     return {"type": "integer", "minimum": 0,
             "description": "About how many ms until it starts (queued only): the latest of "
                            "its delay, what its function's rate allows for the tasks ahead "
-                           "of it and what its concurrency does at the last minute's mean "
-                           "time a slot is held (a call, or an admitted online task until "
-                           "done, expiry or cancel). Absent with no delay, no rate and no "
-                           "such ends in the last minute to go by."}
+                           "of it and what its concurrency does at the mean time a slot "
+                           "is held (a call, or an admitted online task until done, expiry "
+                           "or cancel): the last minute's, or the last ten holds' within "
+                           "the hour when fewer ended in the minute. Absent with no delay, "
+                           "no rate and no such holds to go by."}
 
 
 def enqueued() -> dict:

@@ -34,7 +34,10 @@ shorter than max(1 s, T): `Retry-After: 0` must not become a tight loop.
 `Recent` keeps the last minute of a function's starts and slot holds in six 10-second
 slots of fixed buckets (bounded memory whatever the rate): the measured start rate, the
 mean hold (the ETA's d, with at least MIN_SAMPLES holds ended), and the p50 / p90 of the
-calls and, apart, of the admissions.  A hold is a dispatcher's call, or an admitted online
+calls and, apart, of the admissions.  Where fewer than MIN_SAMPLES holds ended in the
+last minute, the mean is that of the last MIN_SAMPLES holds, kept apart, if they all
+ended within the last HOLDS_HORIZON_S: a room of 20 slots whose users stay 5 minutes ends
+4 holds a minute, and its line should still get an ETA.  A hold is a dispatcher's call, or an admitted online
 task from its admission to done, its pass's expiry or a cancel (the waiting room).  The
 mean takes both: offline and online tasks of a function wait in one line for one set of
 slots, and a task in it waits for slots to turn over, whoever holds them (by Little's law
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import deque
 
 from ....protocol.codecs.prometheus import CALL_BUCKETS
 
@@ -55,7 +59,8 @@ MIN_PAUSE_S = 1.0
 FIRST_BACKOFF_S = 1.0
 SLOT_S = 10.0
 SLOTS = 6                   # x SLOT_S: the last minute
-MIN_SAMPLES = 10            # calls in the last minute before their mean is trusted
+MIN_SAMPLES = 10            # holds ended before their mean is trusted
+HOLDS_HORIZON_S = 3600.0    # how old the last MIN_SAMPLES holds may be, the minute short
 
 
 class Gate:
@@ -120,13 +125,15 @@ class Gate:
 
 
 class Recent:
-    """The last minute of one function's starts and slot holds (calls, admissions)."""
-    __slots__ = ("slots",)
+    """The last minute of one function's starts and slot holds (calls, admissions), and
+    its last MIN_SAMPLES holds whenever they ended."""
+    __slots__ = ("slots", "last")
 
     def __init__(self) -> None:
         # slot index (time // SLOT_S) -> [starts, holds ended, sum of their durations,
         # calls' bucket counts, online tasks abandoned, admissions' bucket counts]
         self.slots: dict[int, list] = {}
+        self.last: deque[tuple[float, float]] = deque(maxlen=MIN_SAMPLES)  # (ended, held)
 
     def _slot(self, now: float) -> list:
         i = int(now // SLOT_S)
@@ -147,6 +154,7 @@ class Recent:
         slot[1] += 1
         slot[2] += seconds
         slot[5 if admission else 3][bisect_left(CALL_BUCKETS, seconds)] += 1
+        self.last.append((now, seconds))
 
     def _live(self, now: float) -> list[list]:
         first = int(now // SLOT_S) - SLOTS + 1
@@ -164,11 +172,17 @@ class Recent:
         return sum(slot[0] for slot in self._live(now)) / (SLOT_S * SLOTS)
 
     def mean_s(self, now: float) -> float | None:
-        """The mean hold over the last minute, calls and admissions together (None: under
-        MIN_SAMPLES ended)."""
+        """The mean hold, calls and admissions together, over the last minute; with under
+        MIN_SAMPLES ended in it, over the last MIN_SAMPLES if none is older than
+        HOLDS_HORIZON_S (None: no such basis)."""
         live = self._live(now)
         ends = sum(slot[1] for slot in live)
-        return sum(slot[2] for slot in live) / ends if ends >= MIN_SAMPLES else None
+        if ends >= MIN_SAMPLES:
+            return sum(slot[2] for slot in live) / ends
+        last = self.last
+        if len(last) < MIN_SAMPLES or last[0][0] < now - HOLDS_HORIZON_S:
+            return None
+        return sum(held for _, held in last) / MIN_SAMPLES
 
     def quantile_s(self, now: float, q: float, admissions: bool = False) -> float | None:
         """The q-quantile of the last minute's call durations (`admissions`: of the

@@ -11,14 +11,15 @@ bounds, each on its own a time the task cannot start before:
   the k due tasks ahead of it (its waitNum) takes one emission interval T, so it starts
   k x T after the opening at the earliest;
 * its function's concurrency: with `free` slots now and c in all, the k tasks ahead take
-  the free slots and then ceil((k + 1 - free) / c) rounds of the last minute's mean hold
-  of a slot (limits.Recent: a call, or an admitted online task until done, its pass's
-  expiry or a cancel, both together since they share the line and the slots): a rough
-  bound, since holds end at spread-out times.  Slots counter clients hold (fn:NAME) are
-  not free, and do not turn over with the calls: c is then the slots they leave (at
-  least one).
+  the free slots and then ceil((k + 1 - free) / c) rounds of the mean hold of a slot
+  (limits.Recent: a call, or an admitted online task until done, its pass's expiry or a
+  cancel, both together since they share the line and the slots; the last minute's, or
+  the last ten holds' within the hour where the minute ended fewer): a rough bound,
+  since holds end at spread-out times.  Slots counter clients hold (fn:NAME) are not
+  free, and do not turn over with the calls: c is then the slots they leave (at least
+  one).
 
-A bound with no basis (no rate and no pause, no hold ended in the last minute) is left out;
+A bound with no basis (no rate and no pause, too few holds ended lately) is left out;
 with none at all there is no estimate (None: the API leaves the field out).  The bounds
 are taken as a maximum, not a sum: a rate slower than the calls' pace is the only limit
 that counts, and a delay runs while the tasks ahead start.
