@@ -1,7 +1,7 @@
 # The house rules, read from the code with ast (no module is imported): which room each
 # module lives in, which way the arrows between modules point, and what the pure core may
-# use. An import counts wherever it is written (at a module's top or inside a function);
-# one under `if TYPE_CHECKING:` does not, as it never runs.
+# use. An import counts wherever it is written: at a module's top, inside a function, and
+# under `if TYPE_CHECKING:` too (a circle a type checker walks is still one a reader does).
 #
 #   * no import circles among zstalk's modules;
 #   * no module reachable from the one that defines Broker imports the I/O and process
@@ -43,7 +43,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], se
     """(zstalk modules, other top-level modules) that `name` imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     ours, others = set(), set()
-    for node in _executed(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 _sort(alias.name, ours, others, known)
@@ -66,18 +66,6 @@ def _sort(module: str, ours: set, others: set, known: dict) -> None:
         ours.add(module)
     else:
         others.add(module.partition(".")[0])
-
-
-def _executed(tree: ast.AST):
-    """Every node that can run: `if TYPE_CHECKING:` bodies left out."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import zmq
 
@@ -40,13 +40,11 @@ from ..protocol.codecs.prometheus import Sample
 from ..protocol.transport.link import BrokerLink
 from ..protocol.transport.owner import READY, LinkOwner
 from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
+from .codecs import Codec
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError
-from .job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome, decide
+from .job import BURY, DELETE, EXPIRED, RELEASE, Backoff, Job, Outcome, decide
 from .metrics import BURIED, DELETED, LOST, REFUSED, RELEASED, PoolMetrics
 from .runners import AsyncRunner, Result, ThreadRunner
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 CONN = 1
 #: auto prefetch (Worker(prefetch=None)): work held beyond the running handlers, in
@@ -63,8 +61,23 @@ Callback = Callable[[tuple, tuple], None]
 _CHOSEN = (Retry, Bury)       # the handler chose the outcome itself: not a failure
 
 
+class Settings(Protocol):
+    """What a pool reads of the worker.Worker that runs it (its constructor's arguments
+    and its handlers by tube)."""
+    handlers: dict[str, Callable[..., Any]]
+    concurrency: int
+    prefetch: int | None
+    codec: Codec
+    max_attempts: int
+    backoff: Backoff
+    grace_s: float
+    auto_touch: bool
+    keys: Any
+    logger: logging.Logger
+
+
 class Pool(LinkOwner):
-    def __init__(self, worker: "Worker", endpoint: str, ctx: zmq.Context | None = None) -> None:
+    def __init__(self, worker: Settings, endpoint: str, ctx: zmq.Context | None = None) -> None:
         self.worker = worker
         self.endpoint = endpoint
         self.ctx = ctx
