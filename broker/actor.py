@@ -431,8 +431,8 @@ class BrokerActor:
                     if not expired:
                         self.metrics.timer_lateness.observe(now - self._timer_at)
                     self._keep_alive(now)
-                    if core.schedules.by_name:
-                        core.observe_wall(time.time(), now)
+                    if core.schedules.by_name:     # (a pair read now: the inbox took time)
+                        core.observe_wall(time.time(), time.monotonic())
                     core.expire(now)
                     expired = True
                 self._commit(core.flush(), now)

@@ -211,3 +211,14 @@ def test_a_slewing_wall_clock_just_moves_the_fires(node):
     first = node.ask(Op.T_SCHEDULE_INFO, "s1")[2]["nextFireAt"]
     node.broker.observe_wall(node.wall + 0.3, node.now)
     assert node.broker.schedules.next_deadline() == pytest.approx(first - node.wall - 0.3 + node.now)
+
+
+def test_a_wall_clock_read_under_a_millisecond_off_moves_no_fire_so_none_is_early(node):
+    node.schedule(expr="* * * * * ?")
+    first = next_multiple(node.wall, 1)
+    node.broker.observe_wall(node.wall + 0.0009, node.now)      # (the spread of two reads)
+    node.advance(first - node.wall - 0.0005)
+    assert node.tasks() == [], "half a millisecond before its time"
+    node.advance(0.0005)
+    [task] = node.tasks()
+    assert task.created + node.broker.tasks.wall_offset >= first

@@ -21,6 +21,9 @@ from .store import MAX_PAGE, Task, TaskError
 log = logging.getLogger("zstalk.broker")
 #: a wall clock that moved this much against the monotonic one was stepped
 WALL_STEP_S = 1.0
+#: a smaller difference than this is the spread of reading the two clocks, not a clock
+#: that moved (both are slewed alike by NTP; only a step moves one against the other)
+WALL_JITTER_S = 0.001
 
 
 class ScheduleCommands:
@@ -73,15 +76,17 @@ class ScheduleCommands:
         return (s.conn, R.T_SCHEDULE, self.store.info(result))
 
     def observe_wall(self, wall: float, now: float) -> None:
-        """The wall clock read at monotonic `now`.  A step (WALL_STEP_S or more) makes every
-        schedule compute its next fire again from the new time (no burst, no repeat);
-        a smaller difference (NTP slewing) just moves the fires with it."""
+        """The wall clock read at monotonic `now` (the two read together).  A step
+        (WALL_STEP_S or more) makes every schedule compute its next fire again from the
+        new time (no burst, no repeat); a smaller move just moves the fires with it; under
+        WALL_JITTER_S nothing moves, so while the clock keeps its offset a schedule fires
+        on the offset its task's createdAt is counted with: never before its fire time."""
         offset = wall - now
         drift = offset - self.store.wall_offset
         if abs(drift) >= WALL_STEP_S:
             log.warning("the wall clock moved %+.3f s: schedules recomputed", drift)
             self.store.reclock(offset, now)
-        elif drift:
+        elif abs(drift) >= WALL_JITTER_S:
             self.store.wall_offset = offset
 
     # -- timers and firing ---------------------------------------------------------------
