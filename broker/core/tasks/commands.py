@@ -146,7 +146,7 @@ class TaskCommands:
                                   client_ip=self._client_ip(said), online=online)
         if isinstance(task, TaskError):
             return (conn, R.T_ERROR, *task)
-        info = views.info(self.store, task.uid, now)     # as enqueued, before a dispatcher takes it
+        info = views.enqueued(self.store, task, now)     # before a dispatcher takes it
         self.feed(now)
         return (conn, R.T_TASK, info)
 

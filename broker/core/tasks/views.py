@@ -79,6 +79,19 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
     return out
 
 
+def enqueued(store: Tasks, task: Task, now: float) -> dict:
+    """What an enqueue answers, the fields of the 201 (protocol/fronts/http_api.py
+    ENQUEUED_FIELDS): the id, the status and, queued, the place and the wait; not the
+    whole TaskInfo, which the front would decode to throw away."""
+    out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status}
+    if task.status == QUEUED:
+        out["waitNum"] = store.wait_num(task)
+        wait = wait_time(store, task, now)
+        if wait is not None:
+            out["waitTime"] = round(wait * 1000)
+    return out
+
+
 def page(store: Tasks, function: str | None, status: str | None, limit: int, after: int,
          now: float) -> tuple[list[dict], int | None]:
     """Tasks enqueued after cursor `after` (a seq), oldest first, that match; and the
