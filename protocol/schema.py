@@ -190,7 +190,7 @@ class R(Codes):
     C_OK = 30           # (value)  counter op succeeded; value: int, or None for no body
     C_ERROR = 31        # (status) a yrmcds status code (0x01 not found, 0x21, 0x22, ...)
     C_DUMP = 32         # (records)  [(name, current, max_in_interval)]
-    T_TASK = 40         # (info)  a TaskInfo dict (times: wall-clock seconds, result: bytes)
+    T_TASK = 40         # (info)  a TaskInfo dict (an enqueue's: its 201 fields; times: wall s)
     T_ERROR = 41        # (code, message)  a refusal: a stable name (broker/core/tasks/store.py) and a sentence
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms, ext)  pushed to a dispatcher
     # ext (version 4): None for a plain call (POST params as JSON), or {"result_headers":
@@ -223,11 +223,12 @@ class R(Codes):
 # Cloud tasks: an HTTP front (kind "http") sends T_ENQUEUE / T_INFO / T_CANCEL, each
 # answered T_TASK or T_ERROR (a T_ENQUEUE's T_TASK holds what the 201 shows: uniqueId,
 # status, waitNum, waitTime; T_INFO's the whole TaskInfo); the unique id of a task
-# enqueued without one is made by the front (the broker core has no randomness).  A dispatcher (kind "dispatcher") OPENs and
-# T_SUBSCRIBEs with its free slots: the broker pushes `R.T_CALL` while it has some, and
-# every T_OUTCOME (kind "success" | "failure" | "unknown" | "fatal" | "declined") frees
-# one; T_SUBSCRIBE again sets the count (after a reconnect: the slots no running call will
-# free; `stopping`: 0, and outcomes free none).  broker/core/tasks/store.py says what the outcomes do.
+# enqueued without one is made by the front (the broker core has no randomness).  A
+# dispatcher (kind "dispatcher") OPENs and T_SUBSCRIBEs with its free slots: the broker
+# pushes `R.T_CALL` while it has some, and every T_OUTCOME (kind "success" | "failure" |
+# "unknown" | "fatal" | "declined") frees one; T_SUBSCRIBE again sets the count (after a
+# reconnect: the slots no running call will free; `stopping`: 0, and outcomes free none).
+# broker/core/tasks/store.py says what the outcomes do.
 # Each T_OUTCOME is answered T_NOTED: a dispatcher keeps a report until then and sends it
 # again after losing the broker (a report on a call the broker no longer waits for is
 # ignored).  Its SessionState lists, in `holds`, the calls ([unique_id, attempt]) it is

@@ -109,9 +109,10 @@ def task_info(uid: str, **fields) -> dict:
 
 
 def enqueued(op: tuple) -> tuple:
-    """As the broker: the task under options.uniqueId, else under the front's uid."""
+    """As the broker: the task under options.uniqueId, else under the front's uid, with
+    the fields an enqueue is answered with (views.enqueued)."""
     uid = (op[4] or {}).get("uniqueId", op[5])
-    return (1, R.T_TASK, task_info(uid, function=op[2]))
+    return (1, R.T_TASK, {"uniqueId": uid, "status": "queued", "waitNum": 3})
 
 
 def info_of(op: tuple, **fields) -> tuple:

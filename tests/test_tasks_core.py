@@ -303,6 +303,16 @@ def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     assert code == R.T_TASK and info["status"] == SUCCESS and info["result"] == b'"ok"'
 
 
+def test_an_enqueue_is_answered_with_the_fields_of_the_201_only():
+    from zstalk.protocol.fronts.http_api import ENQUEUED_FIELDS
+    b = BrokerClock(concurrency=1)
+    first, second = b.enqueue("t1"), b.enqueue("t2", options={"delay": 60_000})
+    assert first[2] == {"uniqueId": "t1", "status": QUEUED, "waitNum": 0}
+    assert second[2] == {"uniqueId": "t2", "status": QUEUED, "waitNum": 1, "waitTime": 60_000}
+    assert set(first[2]) | set(second[2]) <= set(ENQUEUED_FIELDS)
+    assert {"createdAt", "function"} <= set(b.info("t1")[2]), "T_INFO: the whole TaskInfo"
+
+
 def test_enqueue_errors_come_back_as_error_codes():
     b = BrokerClock()
     assert b.enqueue("t1")[1] == R.T_TASK

@@ -22,7 +22,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
                                   functions allow: protocol/fronts/http_cors.py
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
-it answers `R.T_TASK` with a TaskInfo dict, or `R.T_ERROR` with an error code and
+it answers `R.T_TASK` with a TaskInfo dict (an enqueue's: only the 201's fields,
+ENQUEUED_FIELDS), or `R.T_ERROR` with an error code and
 message, which STATUS maps to the HTTP status to send.  The front checks only the shape of
 a request body (a JSON object with known keys of the right types) and makes the random
 uniqueId the broker core cannot (`secrets.token_hex(16)`; the broker prefers

@@ -70,10 +70,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         if task.ended_by:
             out["endedBy"] = task.ended_by
     if task.status == QUEUED:
-        out["waitNum"] = store.wait_num(task)
-        wait = wait_time(store, task, now)
-        if wait is not None:
-            out["waitTime"] = round(wait * 1000)
+        _place(store, task, now, out)
         if task.attempt and task.due > now:
             out["retryAt"] = task.due + wall
     return out
@@ -85,11 +82,16 @@ def enqueued(store: Tasks, task: Task, now: float) -> dict:
     whole TaskInfo, which the front would decode to throw away."""
     out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status}
     if task.status == QUEUED:
-        out["waitNum"] = store.wait_num(task)
-        wait = wait_time(store, task, now)
-        if wait is not None:
-            out["waitTime"] = round(wait * 1000)
+        _place(store, task, now, out)
     return out
+
+
+def _place(store: Tasks, task: Task, now: float, out: dict) -> None:
+    """A queued task's waitNum, and its waitTime (ms) if there is an estimate."""
+    out["waitNum"] = store.wait_num(task)
+    wait = wait_time(store, task, now)
+    if wait is not None:
+        out["waitTime"] = round(wait * 1000)
 
 
 def page(store: Tasks, function: str | None, status: str | None, limit: int, after: int,
