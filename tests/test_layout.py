@@ -120,9 +120,20 @@ def test_no_zstalk_modules_import_each_other_in_a_circle(graph):
     assert circles({m: ours for m, (ours, _) in graph.items()}) == []
 
 
-def test_the_circle_finder_finds_a_circle_through_a_function_level_import():
+def test_the_circle_finder_finds_a_circle_of_three():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_in_a_function_and_under_type_checking_count(tmp_path):
+    module = tmp_path / "pool.py"
+    module.write_text("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    from .worker import Worker\n"
+                      "def run():\n    from . import job\n")
+    known = {name: tmp_path / "x.py" for name in
+             ("zstalk.workers.pool", "zstalk.workers.worker", "zstalk.workers.job")}
+    ours, others = imports("zstalk.workers.pool", module, known)
+    assert ours == {"zstalk.workers.worker", "zstalk.workers.job"} and others == {"typing"}
 
 
 def test_nothing_the_broker_core_reaches_imports_sockets_event_loops_or_processes(graph):

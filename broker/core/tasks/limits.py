@@ -37,8 +37,9 @@ mean hold (the ETA's d, with at least MIN_SAMPLES holds ended), and the p50 / p9
 calls and, apart, of the admissions.  Where fewer than MIN_SAMPLES holds ended in the
 last minute, the mean is that of the last MIN_SAMPLES holds, kept apart, if they all
 ended within the last HOLDS_HORIZON_S: a room of 20 slots whose users stay 5 minutes ends
-4 holds a minute, and its line should still get an ETA.  A hold is a dispatcher's call, or an admitted online
-task from its admission to done, its pass's expiry or a cancel (the waiting room).  The
+4 holds a minute, and its line should still get an ETA.  A hold is a dispatcher's call,
+or an admitted online task from its admission to done, its pass's expiry or a cancel
+(the waiting room).  The
 mean takes both: offline and online tasks of a function wait in one line for one set of
 slots, and a task in it waits for slots to turn over, whoever holds them (by Little's law
 the slots turn over at concurrency / the mean hold per end, of whatever kind).  The
