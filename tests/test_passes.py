@@ -1,6 +1,6 @@
 """The waiting room's signed passes (issue 31): the format (protocol/codecs/passes.py), each
 reason a pass is refused and the order they are checked in, every one-byte change of a
-good pass refused, key files and rotation, the SDK's verify_pass (workers/passes.py) and
+good pass refused, key files and rotation, the SDK's verify_pass (workers/signing.py) and
 the verify endpoint's decisions (protocol/fronts/pass_check.py).  Hypothesis: any str,
 bytes or other object given as a pass only ever gets a PassError."""
 from __future__ import annotations
@@ -279,7 +279,7 @@ def test_the_sdk_takes_a_mapping_of_keys_and_reads_the_clock_itself():
 
 
 def test_the_sdk_docstring_gateway_lets_good_passes_through_and_refuses_the_rest(tmp_path):
-    from zstalk.workers import passes as sdk
+    from zstalk.workers import signing as sdk
     code = "\n".join(line[4:] for line in sdk.__doc__.split("(WSGI):\n", 1)[1].splitlines())
     namespace: dict = {}
     exec(code, namespace)

@@ -26,13 +26,14 @@ __all__ = ["AsyncTaskClient", "Backoff", "Bury", "Client", "CounterClient", "Cou
 
 #: imported on first use, each from its module: aiohttp takes a worker process's start-up
 #: longer than the rest of this package together, and a worker needs none of these
-_LAZY = {"AsyncTaskClient": "cloud", "Functions": "cloud", "TaskApiError": "cloud",
-         "TaskClient": "cloud", "CounterClient": "counters", "CounterError": "counters",
-         "NotAvailable": "counters", "PassError": "passes", "verify_pass": "passes"}
+_LAZY = {"AsyncTaskClient": ".cloud", "Functions": ".cloud", "TaskApiError": ".cloud",
+         "TaskClient": ".cloud", "CounterClient": ".counters", "CounterError": ".counters",
+         "NotAvailable": ".counters", "PassError": "..protocol.codecs.passes",
+         "verify_pass": ".signing"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -155,7 +155,7 @@ def _use_pass_key_file(ctx, param, value):
     """The waiting room's pass keys (protocol/fronts/http_room.py): checked now, then
     named to the HTTP front (and any process serve starts) by the environment."""
     if value:
-        from ...workers.passes import as_pass_keys
+        from ...workers.signing import as_pass_keys
         try:
             as_pass_keys(value)
         except (OSError, ValueError) as exc:

@@ -45,7 +45,7 @@ class Room:
     def keys(self) -> PassKeys | None:
         if not self.key_file:
             return None
-        from ...workers.passes import as_pass_keys      # (it caches by the file's stat)
+        from ...workers.signing import as_pass_keys      # (it caches by the file's stat)
         return as_pass_keys(self.key_file)
 
     def with_pass(self, info: dict) -> dict:
