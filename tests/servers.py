@@ -15,6 +15,7 @@
 # replies are cut at 12 bytes + the header's body length.
 from __future__ import annotations
 
+import collections
 import os
 import random
 import re
@@ -59,8 +60,13 @@ def wait_for(predicate: Callable[[], object], timeout: float, step: float = 0.05
     return False
 
 
+#: the ports free_port handed out lately: a test that takes several before any server binds
+#: them must not get one twice (the JSON-logs test, ten roles at once, once did in CI)
+_GIVEN: collections.deque[int] = collections.deque(maxlen=512)
+
+
 def free_port() -> int:
-    """A loopback TCP port that is free right now.
+    """A loopback TCP port that is free right now, and not one of the last 512 given.
 
     Ports come from just below the kernel's ephemeral range: a port from
     inside it (what binding port 0 gives) can be taken by any client socket's
@@ -69,11 +75,13 @@ def free_port() -> int:
     low = _ephemeral_range_start()
     for _ in range(200):
         port = random.randrange(max(1024, low - 12000), low)
-        if _bindable(port):
+        if port not in _GIVEN and _bindable(port):
+            _GIVEN.append(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
+        _GIVEN.append(probe.getsockname()[1])
+        return _GIVEN[-1]
 
 
 def _ephemeral_range_start() -> int:

@@ -218,12 +218,7 @@ def find_yrmcdsd() -> str | None:
 
 
 def free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+    return [free_port() for _ in range(count)]     # (free_port gives none twice)
 
 
 def yrmcds_config(*, counter_port: int, port: int, repl_port: int, temp_dir: Path,

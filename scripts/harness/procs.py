@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import random
 import re
@@ -42,25 +43,34 @@ def zstalk_keep(line: str) -> bool:
 
 # --------------------------------------------------------------------------- ports
 
+#: ports handed out lately: a run takes several before its servers bind them
+_GIVEN: collections.deque[int] = collections.deque(maxlen=512)
+
+
 def free_port() -> int:
-    """A loopback port that is free now, from just below the kernel's ephemeral range (a
-    port inside it, what binding port 0 gives, can be taken by any client's connect()
-    before the server binds it; the load generators open hundreds of connections)."""
+    """A loopback port that is free now and not one of the last 512 given, from just
+    below the kernel's ephemeral range (a port inside it, what binding port 0 gives, can
+    be taken by any client's connect() before the server binds it; the load generators
+    open hundreds of connections)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     for _ in range(200):
         port = random.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((HOST, port))
-                return port
             except OSError:
                 continue
+        _GIVEN.append(port)
+        return port
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        _GIVEN.append(s.getsockname()[1])
+        return _GIVEN[-1]
 
 
 # --------------------------------------------------------------------------- /proc
