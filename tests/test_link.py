@@ -184,3 +184,45 @@ def test_a_holding_link_goes_on_heartbeating_while_the_broker_waits_for_other_fr
         asyncio.run(main())
     finally:
         router.close()
+
+
+def _socket_with_no_connection_to_queue_on(tmp_path) -> zmq.Socket:
+    """A real DEALER in the state a failed handshake leaves the link's in for a moment:
+    no connection to queue a message on, so a non-blocking send raises zmq.Again."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect(f"ipc://{tmp_path}/nobody-listens-either")
+    return sock
+
+
+def test_a_hello_that_finds_no_connection_is_said_again_later_instead_of_crashing_the_front(
+        tmp_path):
+    """A CURVE broker refusing a keyless front's handshake drops the connection's queue, and
+    under load the front's Hello could find none (zmq.Again killed the front)."""
+    async def body(link, owner):
+        real = link.sock
+        link.sock = _socket_with_no_connection_to_queue_on(tmp_path)
+        try:
+            link._send(Hello(link.front_id, "beanstalk", 1, 0, []))
+            assert link.state == "connecting" and owner.replies == []
+        finally:
+            link.sock.close(linger=0)
+            link.sock = real
+    run_with_link(tmp_path, body)
+
+
+def test_a_batch_that_finds_no_connection_loses_the_broker_and_its_commands_are_answered(
+        tmp_path):
+    """...as if the broker had gone silent: the owner answers what it awaits (on_lost) and
+    the link says Hello again on a fresh socket."""
+    async def body(link, owner):
+        link._handle(Welcome(7, 9, Settings(), True))
+        real, link.sock = link.sock, _socket_with_no_connection_to_queue_on(tmp_path)
+        real.close(linger=0)
+        unusable = link.sock
+        link.submit((int(Op.PEEK), 1, 3))
+        link.flush_now()
+        assert owner.lost == 1 and link.state == "connecting"
+        assert link.sock is not unusable and unusable.closed
+    run_with_link(tmp_path, body, owner=Forgetful())

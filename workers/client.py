@@ -183,6 +183,7 @@ class Client:
         if self.keys is not None:
             curve.secure_client(s, self.keys)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout_s * 1000)))
         s.connect(self.broker)
         self.sock, self.opened, self.using = s, False, "default"
         self._send(Hello(front_id, "client", os.getpid(), 0, []))
@@ -194,8 +195,15 @@ class Client:
                 return
 
     def _send(self, msg: Any) -> None:
+        """Send, waiting up to timeout_s for a connection to queue on (ZeroMQ has none for
+        a while after a failed handshake: a CURVE mismatch, a refused key)."""
         assert self.sock is not None
-        self.sock.send(encode(msg))
+        try:
+            self.sock.send(encode(msg))
+        except zmq.Again:
+            self._reset()
+            raise TimeoutError(f"cannot send to the broker at {self.broker}: no connection "
+                               f"within {self.timeout_s} s") from None
 
     def _receive(self, expected: int) -> list[tuple] | None:
         deadline = time.monotonic() + self.timeout_s

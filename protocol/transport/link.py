@@ -149,8 +149,21 @@ class BrokerLink:
     def _send(self, msg) -> None:
         if self.sock is None:       # closed: the front is shutting down
             return
-        self.sock.send(encode(msg), _NOBLOCK)
+        try:
+            self.sock.send(encode(msg), _NOBLOCK)
+        except zmq.Again:
+            self._unsent(msg)
+            return
         self._drain()
+
+    def _unsent(self, msg) -> None:
+        """The socket has no connection to queue on: ZeroMQ drops a connection's queue when
+        its handshake fails (a CURVE mismatch, a refused key), and a send right after that
+        finds none.  A Hello or a Heartbeat is said again on the next tick; a Batch is lost
+        with the connection, so a READY link takes the broker as lost (its owner answers
+        what it awaits), exactly as if the broker had gone silent."""
+        if self.state is READY and isinstance(msg, Batch):
+            self._lose("cannot send to it: ZeroMQ has no connection to queue on")
 
     def _drain(self) -> None:
         """Take every message waiting on the socket (edge-triggered FD: loop until empty)."""
