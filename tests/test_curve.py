@@ -4,20 +4,24 @@ endpoints beyond this host.  Real processes on loopback; a raw ZeroMQ peer plays
 intruder."""
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import zmq
 
 from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check,
                      wait_for)
-from zstalk.protocol.transport import curve
+from zstalk.protocol.transport import curve, handshakes
 from zstalk.protocol.schema import Hello, Welcome, decode, encode
 from zstalk.workers import Client
 
@@ -346,3 +350,70 @@ def test_a_refusal_log_says_each_host_and_reason_once_a_minute_with_the_count_si
         "such line)",
         "refused a peer from 10.0.0.5: it has no CURVE keys",
         "refused a peer from 10.0.0.6: its key is not admitted"]
+
+
+# -- asking an endpoint what answers there (handshakes.probe) ---------------------------------
+def probe(endpoint: str) -> str | None:
+    return asyncio.run(handshakes.probe(endpoint))
+
+
+@pytest.mark.parametrize("uses_curve", [True, False])
+def test_a_probe_reads_the_mechanism_a_zeromq_peer_greets_with(uses_curve):
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if uses_curve:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    try:
+        port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+        assert probe(f"tcp://{LOOPBACK}:{port}") == ("CURVE" if uses_curve else "NULL")
+    finally:
+        sock.close()
+
+
+def test_a_probe_of_a_port_where_nothing_listens_finds_it_refused(tmp_path):
+    assert probe(f"tcp://{LOOPBACK}:{free_port()}") == handshakes.REFUSED
+    assert probe(f"ipc://{tmp_path}/nobody") == handshakes.REFUSED
+
+
+def _one_shot_server(answer: bytes | None) -> tuple[int, threading.Thread]:
+    """A TCP server that takes one connection and closes it at once (answer None) or after
+    writing `answer`."""
+    listener = socket.create_server((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                if answer is not None:
+                    conn.recv(64)
+                    conn.sendall(answer)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return port, thread
+
+
+def test_a_probe_tells_a_peer_that_closes_at_once_from_one_that_is_not_zeromq():
+    port, thread = _one_shot_server(None)
+    assert probe(f"tcp://{LOOPBACK}:{port}") == handshakes.CLOSED
+    thread.join(5)
+    port, thread = _one_shot_server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert probe(f"tcp://{LOOPBACK}:{port}") == handshakes.NOT_ZMTP
+    thread.join(5)
+
+
+def test_what_a_probe_finds_settles_the_cause_before_the_monitors_guess():
+    assert "the broker uses CURVE and this process has no keys" in handshakes.probed_cause(
+        "CURVE", has_keys=False, guess="a guess")
+    assert "this process has CURVE keys" in handshakes.probed_cause("NULL", has_keys=True)
+    assert "nothing listens there" in handshakes.probed_cause(handshakes.REFUSED, False)
+    assert handshakes.probed_cause("CURVE", has_keys=True, guess="a guess") == "a guess"
+    assert "does not admit this process's key" in handshakes.probed_cause("CURVE", True)
+    assert handshakes.probed_cause(None, False) is None
+
+
+def test_a_front_pointed_where_nothing_listens_says_so():
+    said = front_saying(SimpleNamespace(endpoint=f"tcp://{LOOPBACK}:{free_port()}"),
+                        keyless_env(), "has not welcomed")
+    assert "nothing listens there (connection refused)" in said

@@ -19,15 +19,28 @@ The monitor is an inproc PAIR socket; its FD signals edges like any ZeroMQ socke
 its owner drains it (`events()`) when the FD wakes it and once right after watching it
 (the broker, which needs each connection's address before it closes), or on a timer it
 has anyway (the link, when it says it is waiting).
+
+The monitor alone cannot always tell a keyless client why: both sides read each other's
+greeting at once, and when the broker reads first and closes, the client's engine may see
+only the connection go.  So a link that has no certain cause when it says it is waiting
+asks the endpoint itself (`probe`): it connects, sends ZMTP 3's signature and major
+version, and reads the 64-byte greeting a ZeroMQ peer then sends (RFC 23, ZMTP 3.0; libzmq's
+zmtp_engine sends the rest of its greeting once it has read those 11 bytes), which names
+the peer's mechanism (`mechanism`), and closes before sending its own.  What the probe
+found becomes the sentence (`probed_cause`): a mechanism mismatch either way, nothing
+listening, no answer, a peer that closed at once (outside ZSTALK_CURVE_ACCEPT), or one
+that does not speak ZeroMQ.  The broker sees a peer gone mid-handshake, which it does not
+log.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
 import zmq
 
-from .curve import ENV_CLIENTS, ENV_KEY, ENV_SERVER, RefusalLog
+from .curve import ENV_ACCEPT, ENV_CLIENTS, ENV_KEY, ENV_SERVER, RefusalLog
 
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -79,6 +92,84 @@ def cause(event: int, value: int, has_keys: bool) -> tuple[str, bool] | None:
     if event & _FAILED and has_keys:
         return (f"the CURVE handshake failed: {ENV_SERVER} is likely not the broker's "
                 f"public key"), False
+    return None
+
+
+#: what a probe sends: ZMTP 3's signature (0xFF, 8 bytes of a ZMTP 1.0 length, 0x7F) and its
+#: major version; a ZeroMQ peer answers with its whole 64-byte greeting
+PROBE = b"\xff" + (1).to_bytes(8, "big") + b"\x7f\x03"
+GREETING_BYTES = 64
+PROBE_TIMEOUT_S = 1.0
+#: what a probe can find, beside a mechanism's name ("NULL", "CURVE", ...)
+REFUSED, NO_ANSWER, CLOSED, NOT_ZMTP = "refused", "no answer", "closed", "not ZeroMQ"
+
+
+def mechanism(greeting: bytes) -> str | None:
+    """The security mechanism a ZMTP 3 greeting names, or None for bytes that are not the
+    start of one (RFC 23: signature, version, then the mechanism's name, NUL-padded to 20)."""
+    if (len(greeting) < 32 or greeting[0] != 0xFF or greeting[9] != 0x7F
+            or greeting[10] < 3):
+        return None
+    return greeting[12:32].rstrip(b"\0").decode("ascii", "replace")
+
+
+async def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """What answers at a tcp:// or ipc:// endpoint: the mechanism its ZMTP greeting names,
+    or REFUSED, NO_ANSWER, CLOSED or NOT_ZMTP; None for an endpoint it cannot try."""
+    scheme, _, where = endpoint.partition("://")
+    try:
+        if scheme == "tcp":
+            host, _, port = where.rpartition(":")
+            opening = asyncio.open_connection(host.strip("[]"), int(port))
+        elif scheme == "ipc":
+            opening = asyncio.open_unix_connection(where)
+        else:
+            return None
+        reader, writer = await asyncio.wait_for(opening, timeout_s)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return REFUSED
+    except (asyncio.TimeoutError, OSError, ValueError):
+        return NO_ANSWER
+    try:
+        writer.write(PROBE)
+        got = await asyncio.wait_for(reader.readexactly(GREETING_BYTES), timeout_s)
+    except asyncio.IncompleteReadError as exc:
+        got = exc.partial
+        if not got:
+            return CLOSED
+    except asyncio.TimeoutError:
+        return NO_ANSWER
+    except OSError:
+        return CLOSED
+    finally:
+        writer.close()
+    return mechanism(got) or NOT_ZMTP
+
+
+def probed_cause(found: str | None, has_keys: bool, guess: str | None = None) -> str | None:
+    """Why a client is not welcomed, from what `probe` found: a finding that settles it
+    first, then `guess` (the monitor's uncertain cause), then what the mechanism says."""
+    if found == "CURVE" and not has_keys or found == "NULL" and has_keys:
+        return cause(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, _MISMATCH, has_keys)[0]
+    settled = {
+        REFUSED: "nothing listens there (connection refused): is the broker running, and "
+                 "bound to that address and port?",
+        NO_ANSWER: f"no answer from there within {PROBE_TIMEOUT_S:.0f} s: the host is down or "
+                   "unreachable, or a firewall drops the connection",
+        CLOSED: "it closed the connection before greeting: this host is likely outside the "
+                f"broker's {ENV_ACCEPT} networks",
+        NOT_ZMTP: "what answers there does not speak ZeroMQ: give the broker's worker "
+                  "endpoint (its --bind or --worker-bind), not a client port",
+    }.get(found)
+    if settled is not None or guess is not None:
+        return settled or guess
+    if found == "CURVE":
+        return (f"the broker uses CURVE as this process does: it does not admit this process's "
+                f"key ({ENV_CLIENTS}), or {ENV_SERVER} is not its public key")
+    if found == "NULL":
+        return ("a ZeroMQ peer without CURVE answers there but has not welcomed this process: a "
+                "broker too busy to answer, one of a schema this process does not speak (its "
+                "log says), or another ZeroMQ service")
     return None
 
 

@@ -94,7 +94,9 @@ class BrokerLink:
         self._waiting_said = -WAITING_LOG_S
         self._schema_said = -WAITING_LOG_S
         self._watch: handshakes.HandshakeWatch | None = None
-        self._refused_because: str | None = None    # the last failed handshake's cause
+        # the last failed handshake's cause, and whether it is certain (handshakes.cause)
+        self._refused_because: tuple[str, bool] | None = None
+        self._probing: asyncio.Task | None = None   # asking the endpoint what it is
 
     # -- socket ------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +107,8 @@ class BrokerLink:
         """Stop; `linger_ms` gives ops already sent (a goodbye CLOSE) time to leave."""
         if self._ticker:
             self._ticker.cancel()
+        if self._probing is not None:
+            self._probing.cancel()
         self._drop_socket(linger_ms)
 
     def _connect(self) -> None:
@@ -134,7 +138,7 @@ class BrokerLink:
         for event, value in self._watch.events() if self._watch else ():
             found = handshakes.cause(event, value, self.keys is not None)
             if found is not None and (found[1] or self._refused_because is None):
-                self._refused_because = found[0]
+                self._refused_because = found
 
     def _drop_socket(self, linger_ms: int = 0) -> None:
         if self._watch is not None:
@@ -360,8 +364,21 @@ class BrokerLink:
             self._waiting_since = self.hello_at
         self._waiting_said = now
         self._read_handshakes()
-        log.warning("%s: %s", self.kind, handshakes.unwelcomed(
-            self.endpoint, now - self._waiting_since, self._refused_because))
+        known, seconds = self._refused_because, now - self._waiting_since
+        if known is not None and known[1]:
+            self._say_unwelcomed(seconds, known[0])
+        elif self._probing is None or self._probing.done():
+            self._probing = self.loop.create_task(self._probe_then_say(seconds, known))
+
+    async def _probe_then_say(self, seconds: float, known: tuple[str, bool] | None) -> None:
+        """Without a certain cause, ask the endpoint what answers there (handshakes.probe)."""
+        found = await handshakes.probe(self.endpoint)
+        if self.state is CONNECTING:        # (not welcomed meanwhile)
+            self._say_unwelcomed(seconds, handshakes.probed_cause(
+                found, self.keys is not None, guess=known[0] if known else None))
+
+    def _say_unwelcomed(self, seconds: float, why: str | None) -> None:
+        log.warning("%s: %s", self.kind, handshakes.unwelcomed(self.endpoint, seconds, why))
 
     def _expire_held(self, now: float) -> None:
         if not self.held or now - self.held[0][0] < self.hold_s:
