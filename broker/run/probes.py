@@ -82,6 +82,8 @@ class SupervisorProbes:
         self.not_ready: str | None = "children not asked yet"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: HealthServer | None = None
+        self._thread: threading.Thread | None = None
+        self._watching: asyncio.Task | None = None
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -101,8 +103,10 @@ class SupervisorProbes:
                 return
             done.set()
             self.loop.run_forever()
+            self.loop.close()
 
-        threading.Thread(target=run, name="zstalk-probes", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="zstalk-probes", daemon=True)
+        self._thread.start()
         done.wait()
         if started:
             raise started[0]
@@ -111,13 +115,26 @@ class SupervisorProbes:
         from ...protocol.transport.health import start_health
         server = await start_health(self.health, self.ready, self.alive)
         server.gather = self.gather
-        asyncio.ensure_future(self._watch_readiness())
+        self._watching = asyncio.ensure_future(self._watch_readiness())
         return server
 
     def close(self) -> None:
-        if self.loop is not None and self.server is not None:
-            self.loop.call_soon_threadsafe(self.server.close)
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop serving and end the loop's thread, its tasks ended first (a pending task
+        left to the interpreter's exit is logged as destroyed)."""
+        if self.loop is None or self.server is None:
+            return
+        stopped = asyncio.run_coroutine_threadsafe(self._stop(), self.loop)
+        try:
+            stopped.result(FETCH_TIMEOUT_S + 1.0)
+        except Exception:       # (a stuck loop: the daemon thread ends with the process)
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(FETCH_TIMEOUT_S)
+
+    async def _stop(self) -> None:
+        self.server.close()
+        self._watching.cancel()
+        await asyncio.gather(self._watching, return_exceptions=True)
 
     # -- probes --------------------------------------------------------------------------
     def alive(self) -> str | None:
