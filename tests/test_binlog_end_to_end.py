@@ -318,6 +318,55 @@ def test_each_disk_full_episode_warns_once_and_ends_with_one_info(tmp_path, capl
     assert len(said) == 4 and all(map(str.startswith, said, expected)), said
 
 
+def test_a_restart_on_a_full_disk_exits_10_saying_what_space_it_needs_where(tmp_path):
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        wal = disk / "wal"
+        server = verbose_server(wal, "-s", "16384").start()
+        try:
+            assert ask(server.address, b"put 0 0 60 2\r\nhi\r\n") == b"INSERTED 1\r\n"
+            filler = fill(disk)
+            server.kill()
+        finally:
+            server.stop()
+        again = subprocess.run(server.argv, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 10, again.stderr
+        assert re.search(rf"{wal}: no space to start the binlog \(No space left on device\): its "
+                         r"first segment needs 16384 bytes and \d+ are free there; free some "
+                         r"space there, move the directory to a disk with room \(-b/--binlog\), "
+                         r"or lower -s/--binlog-size \(not below 4096, the least it takes\)",
+                         again.stderr), again.stderr
+        assert "Errno" not in again.stderr
+        filler.unlink()
+        with server:                    # the advice works: with room, the job is back
+            assert ask(server.address, b"peek 1\r\n") == b"FOUND 1 2\r\nhi\r\n"
+
+
+def test_a_start_on_a_full_disk_says_how_low_the_segment_size_may_go(tmp_path):
+    from zstalk.broker.wal import format as wf
+    from zstalk.broker.wal.binlog import Binlog, BinlogError, Options
+
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        wal = str(disk / "wal")
+        big = Binlog(Options(wal, 4096, None))
+        big.open(65535)
+        assert big.log_image(wf.Image(1, "default", 0, 0, 60, time.time(), wf.S_READY, 0.0,
+                                      (0,) * 5, b"x" * 20000))
+        big.write({}, 2)
+        big.close()
+        fill(disk)
+        with pytest.raises(BinlogError) as lower:
+            Binlog(Options(wal, 65536, None)).open(65535)
+        least = re.search(r"needs 65536 bytes and \d+ are free there; .*, or lower "
+                          r"-s/--binlog-size \(not below (\d+), what the largest record here "
+                          r"needs\)$", str(lower.value))
+        assert least and 20000 < int(least[1]) <= 24576, str(lower.value)
+        fill(disk, "more")              # (that start removed the spares nothing was written to)
+        with pytest.raises(BinlogError) as cannot:
+            Binlog(Options(wal, 4096, None)).open(65535)
+        assert str(cannot.value).endswith(" (-s/--binlog-size cannot lower it: the largest "
+                                          "record here needs it)"), str(cannot.value)
+
+
 DIFF_SCRIPT = [
     b"use mail", b"put 10 0 60 5\r\nfirst", b"put 5 0 60 6\r\nsecond", b"put 7 3600 60 7\r\ndelayed",
     b"put 1 0 60 4\r\nbury", b"reserve-job 4", b"bury 4 77",
