@@ -5,6 +5,7 @@ disk (a small tmpfs the test mounts), and the same script against `beanstalkd -b
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from servers import LOOPBACK, RawClient, children_of, free_port, self_check, wait_for
+from servers import (LOOPBACK, RawClient, ServerProcess, children_of, free_port, self_check,
+                     wait_for)
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own binlog")
 
@@ -200,10 +202,12 @@ def small_tmpfs(path: Path, size: str):
     path.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                              capture_output=True, text=True)
-    if mounted.returncode != 0:
-        if os.environ.get("CI") == "true" and os.geteuid() == 0:
-            pytest.fail(f"cannot mount a tmpfs as root on CI: {mounted.stderr}")
-        pytest.skip(f"mounting a small tmpfs is not permitted here: {mounted.stderr.strip()}")
+    if mounted.returncode != 0:     # (mount needs root; CI=true must run these tests)
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot mount a small tmpfs on CI (uid {os.geteuid()}; mount needs "
+                        f"root): {mounted.stderr.strip()}")
+        pytest.skip(f"mounting a small tmpfs is not permitted here (uid {os.geteuid()}): "
+                    f"{mounted.stderr.strip()}")
     try:
         yield path
     finally:
@@ -238,6 +242,129 @@ def test_a_full_disk_refuses_put_keeps_delete_and_recovers(zstalk_factory, tmp_p
         assert set(acked[-5:]) <= set(jobs), "acknowledged jobs survived the full disk"
         assert not set(acked[:-5]) & set(jobs)
         server.stop()
+
+
+def fill(disk: Path, name: str = "filler") -> Path:
+    """Write a file on `disk` until its filesystem is full (returned: remove it to free it)."""
+    filler = disk / name
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+def verbose_server(wal: Path, *extra: str) -> ServerProcess:
+    """`zstalk -V serve -b WAL` (INFO lines too) on a free port, not yet started."""
+    port = free_port()
+    return ServerProcess([zstalk_path(), "-V", "serve", "-l", LOOPBACK, "-p", str(port),
+                          "--counter-port", "0", "--worker-bind", "none", "-b", str(wal),
+                          *extra], (LOOPBACK, port), name="zstalk-full", probe=b"stats\r\n")
+
+
+def test_a_full_disk_is_logged_once_as_it_begins_and_once_when_space_returns(tmp_path):
+    with small_tmpfs(tmp_path / "disk", "256k") as disk, \
+            verbose_server(disk / "wal", "-s", "16384", "-f", "0") as server:
+        filler = fill(disk)
+        body = b"b" * 900
+        with RawClient(server.address, 10) as c:
+            replies = []
+            for _ in range(40):         # (16 KiB of segment takes a few, then none)
+                c.send(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))
+                replies.append(c.read_reply())
+            assert replies[0].startswith(b"INSERTED")
+            assert replies[-10:] == [b"OUT_OF_MEMORY\r\n"] * 10
+            full = [ln for ln in server.output().splitlines() if "out of space" in ln]
+            assert len(full) == 1, full
+            assert " WARNING " in full[0]
+            assert re.search(rf"binlog: {disk / 'wal'} is out of space "
+                             r"\(No space left on device\): "
+                             r"\d+ bytes free, and a put needs a new segment of 16384 bytes "
+                             r"\(-s/--binlog-size sets it\)", full[0]), full[0]
+            filler.unlink()
+            c.send(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))
+            assert c.read_reply().startswith(b"INSERTED"), "space came back, put did not"
+        assert wait_for(lambda: "has space again" in server.output(), 10)
+        back = [ln for ln in server.output().splitlines() if "has space again" in ln]
+        assert len(back) == 1 and " INFO " in back[0], back
+        refused = re.search(r"\(\d+ bytes free\): puts are accepted again \((\d+) "
+                            r"reservations were refused", back[0])
+        assert refused and int(refused[1]) >= 10, back[0]
+        assert len([ln for ln in server.output().splitlines() if "out of space" in ln]) == 1
+
+
+def test_each_disk_full_episode_warns_once_and_ends_with_one_info(tmp_path, caplog):
+    from zstalk.broker.wal.binlog import Binlog, Options
+
+    caplog.set_level("INFO", "zstalk.binlog")
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        wal = Binlog(Options(str(disk / "wal"), 8192, None))
+        wal.open(65535)
+        try:
+            for episode in (1, 2):
+                filler = fill(disk, f"filler{episode}")
+                while wal.reserve_put("default", 900):
+                    pass
+                assert not any(wal.reserve_put("default", 900) for _ in range(20))
+                filler.unlink()
+                assert wal.reserve_put("default", 900), "space came back"
+        finally:
+            wal.close()
+    said = [f"{r.levelname} {r.getMessage()}" for r in caplog.records]
+    expected = [f"WARNING binlog: {disk / 'wal'} is out of space (",
+                f"INFO binlog: {disk / 'wal'} has space again ("] * 2
+    assert len(said) == 4 and all(map(str.startswith, said, expected)), said
+
+
+def test_a_restart_on_a_full_disk_exits_10_saying_what_space_it_needs_where(tmp_path):
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        wal = disk / "wal"
+        server = verbose_server(wal, "-s", "16384").start()
+        try:
+            assert ask(server.address, b"put 0 0 60 2\r\nhi\r\n") == b"INSERTED 1\r\n"
+            filler = fill(disk)
+            server.kill()
+        finally:
+            server.stop()
+        again = subprocess.run(server.argv, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 10, again.stderr
+        assert re.search(rf"{wal}: no space to start the binlog \(No space left on device\): its "
+                         r"first segment needs 16384 bytes and \d+ are free there; free some "
+                         r"space there, move the directory to a disk with room \(-b/--binlog\), "
+                         r"or lower -s/--binlog-size \(not below 4096, the least it takes\)",
+                         again.stderr), again.stderr
+        assert "Errno" not in again.stderr
+        filler.unlink()
+        with server:                    # the advice works: with room, the job is back
+            assert ask(server.address, b"peek 1\r\n") == b"FOUND 1 2\r\nhi\r\n"
+
+
+def test_a_start_on_a_full_disk_says_how_low_the_segment_size_may_go(tmp_path):
+    from zstalk.broker.wal import format as wf
+    from zstalk.broker.wal.binlog import Binlog, BinlogError, Options
+
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        wal = str(disk / "wal")
+        big = Binlog(Options(wal, 4096, None))
+        big.open(65535)
+        assert big.log_image(wf.Image(1, "default", 0, 0, 60, time.time(), wf.S_READY, 0.0,
+                                      (0,) * 5, b"x" * 20000))
+        big.write({}, 2)
+        big.close()
+        fill(disk)
+        with pytest.raises(BinlogError) as lower:
+            Binlog(Options(wal, 65536, None)).open(65535)
+        least = re.search(r"needs 65536 bytes and \d+ are free there; .*, or lower "
+                          r"-s/--binlog-size \(not below (\d+), what the largest record here "
+                          r"needs\)$", str(lower.value))
+        assert least and 20000 < int(least[1]) <= 24576, str(lower.value)
+        fill(disk, "more")              # (that start removed the spares nothing was written to)
+        with pytest.raises(BinlogError) as cannot:
+            Binlog(Options(wal, 4096, None)).open(65535)
+        assert str(cannot.value).endswith(" (-s/--binlog-size cannot lower it: the largest "
+                                          "record here needs it)"), str(cannot.value)
 
 
 DIFF_SCRIPT = [

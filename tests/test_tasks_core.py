@@ -222,6 +222,62 @@ def test_a_lost_dispatcher_gives_its_calls_unknown_outcomes_and_spares_the_other
     assert c.status(theirs.uid) == RUNNING
 
 
+# -- failed calls are logged, rate-limited by function ---------------------------------------
+def failed_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "zstalk.tasks" and r.levelname == "WARNING"]
+
+
+def test_a_failed_call_is_logged_with_its_function_url_status_and_what_comes_next(caplog):
+    c = Clock(f={"concurrency": 2})
+    retried = c.enqueue(options={"attempts": 1, "backoff": 2000})
+    c.report(c.take(), "failure", status_code=404, error="HTTP 404 Not Found")
+    assert failed_lines(caplog) == [
+        "function f: a call to http://fn/f failed: HTTP 404 Not Found "
+        f"(task {retried.uid}, attempt 1: retried in 2 s)"]
+    c.advance(10.0)
+    c.report(c.take(), "unknown", error="no answer from http://fn/f within 15000 ms")
+    assert failed_lines(caplog)[1] == (
+        "function f: a call to http://fn/f failed: no answer from http://fn/f within 15000 ms "
+        f"(task {retried.uid}, attempt 2: the task failed)")
+
+
+def test_failed_calls_of_a_function_are_logged_once_per_ten_seconds_with_the_count_since(caplog):
+    c = Clock(f={"concurrency": 100}, g={})
+    for t in (0.0, 1.0, 2.0, 9.9, 10.0, 10.5):
+        c.now = T0 + t
+        c.enqueue(options={"attempts": 0})
+        c.report(c.take(), "failure", status_code=500, error="HTTP 500 Internal Server Error")
+    c.enqueue("g", options={"attempts": 0})
+    c.report(c.take(), "failure", error="could not connect to http://fn/g: refused")
+    lines = failed_lines(caplog)
+    assert [line.split(" (task")[0] for line in lines] == [
+        "function f: a call to http://fn/f failed: HTTP 500 Internal Server Error",
+        "function f: a call to http://fn/f failed: HTTP 500 Internal Server Error",
+        "function g: a call to http://fn/g failed: could not connect to http://fn/g: refused"]
+    assert lines[1].endswith("(task t5, attempt 1: the task failed) "
+                             "(3 more failed since the last such line)")
+
+
+def test_successful_and_declined_calls_are_not_logged(c, caplog):
+    c.enqueue(), c.enqueue()
+    c.report(c.take(), "declined", error="the dispatcher is stopping")
+    c.report(c.take(), "success", status_code=200)
+    c.report(c.take(), "success", status_code=200)
+    assert failed_lines(caplog) == []
+
+
+def test_a_failed_call_kept_quiet_makes_no_line_not_even_its_url(caplog, monkeypatch):
+    c = Clock(f={"concurrency": 10})
+    made = []
+    url = c.store._url
+    monkeypatch.setattr(c.store, "_url", lambda *a: made.append(1) or url(*a))
+    for _ in range(5):
+        c.enqueue(options={"attempts": 0})
+        c.report(c.take(), "failure", status_code=500, error="HTTP 500")
+    assert len(made) == 1 and len(failed_lines(caplog)) == 1
+
+
 # -- cancel and memory -----------------------------------------------------------------------------
 def test_cancel_takes_a_queued_or_retrying_task_and_refuses_a_running_one(c):
     queued, delayed, running = c.enqueue(), c.enqueue(options={"delay": 5000}), c.enqueue()

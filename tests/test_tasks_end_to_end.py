@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from app_thread import AppThread
-from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
+from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from zstalk.workers import signing
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
@@ -192,6 +192,25 @@ def test_an_unknown_function_is_a_404_when_only_named_functions_are_configured(s
     assert code == 404 and "unknown" in body["message"]
     _, body = api.request("POST", "/v1/tasks", {"function": "known"})
     assert api.wait_status(body["uniqueId"], "success")["result"]["function"] == "known"
+
+
+def test_a_misspelled_function_under_base_url_any_is_logged_once_with_its_url_and_404(
+        serve, host):
+    api = serve(config=f'[functions]\nbase_url = "http://{LOOPBACK}:{host.port}/fn"\n'
+                       'base_url_any = true\n[functions.closeOrder]\n')
+    host.script["closeOrdr"] = [{"status": 404}] * 3
+    started = time.monotonic()
+    code, body = api.enqueue("closeOrdr", uniqueId="typo", attempts=2, backoff=50)
+    assert code == 201, "any name is accepted under base_url_any"
+    assert api.wait_status("typo", "failed")["statusCode"] == 404
+    took = time.monotonic() - started
+    assert wait_for(lambda: "function closeOrdr" in api.server.output(), WAIT_S)
+    lines = [ln for ln in api.server.output().splitlines() if "function closeOrdr" in ln]
+    assert " WARNING " in lines[0], lines
+    assert (f"a call to http://{LOOPBACK}:{host.port}/fn/closeOrdr failed: HTTP 404 Not Found "
+            "(task typo, attempt 1: retried in 0.05 s)") in lines[0]
+    if took < 9.0:                      # (three calls in 10 s: one line, at the default level)
+        assert len(lines) == 1, lines
 
 
 def test_with_a_master_key_enqueue_needs_it_and_reading_a_task_does_not(serve, host):

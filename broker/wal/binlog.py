@@ -15,6 +15,9 @@ twice its size plus a frame header before it is accepted - the second half pays 
 tail a record can leave unused when it does not fit in a segment - and a put reserves
 its future delete as well, so deletes always find room.  When the reserve runs short a
 new segment is allocated; if that fails, put answers OUT_OF_MEMORY until space returns.
+Such an episode is logged once, as it begins (the directory, its free bytes, what a new
+segment needs), and once more when an allocation succeeds again; a start that cannot
+allocate its first segment exits saying the same and what the operator can change.
 
 Compaction (beanstalkd #599/#570/#622): a segment lives while a live job's latest full
 record is in it.  Segments are removed oldest first (a newer one may hold the delete
@@ -158,6 +161,9 @@ class Binlog:
         self.syncer = Syncer() if opts.fsync_ms is not None else None
         self._lock_fd = -1
         self._dir_fd = -1
+        # a disk-full episode: reservations refused since an allocation failed (-1: none)
+        self.refused = -1
+        self.least_seg_size = 0             # what the largest record replayed needs
 
     # -- opening -------------------------------------------------------------------
     def open(self, max_job_size: int, beside_beanstalkd: bool = False) -> wf.Replayed:
@@ -182,7 +188,12 @@ class Binlog:
         self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         replayed = self._replay(path, max_job_size)._replace(gates=self._load_gates(path))
         self.state_id = replayed.state_id or random.getrandbits(63) or 1
-        first = self._allocate(replayed.next_id)
+        try:
+            first = self._allocate(replayed.next_id)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise BinlogError(self._no_room_to_start(exc)) from None
         self.segments.append(first)
         self.by_seq[first.seq] = first
         self._restore_reserve()
@@ -232,6 +243,7 @@ class Binlog:
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
+            self._out_of_space(exc, self.seg_size)
             log.warning("binlog: disk full at start: deletes of recovered jobs may fail")
 
     def _lock(self, path: str) -> None:
@@ -308,7 +320,8 @@ class Binlog:
             self.live_bytes += size
             biggest = max(biggest, size)
             self.promised += self._reservation(len(wf.encode_schedule_gone(fields[0])))
-        self.seg_size = max(self.seg_size, wf.HEADER_SIZE + _FRAME + biggest)
+        self.least_seg_size = wf.HEADER_SIZE + _FRAME + biggest
+        self.seg_size = max(self.seg_size, self.least_seg_size)
         return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules)
 
     @staticmethod
@@ -367,7 +380,52 @@ class Binlog:
         self.dir_dirty = True
         seg = Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
         self.dirty[seq] = seg           # its header must reach the disk too
+        if self.refused >= 0:
+            self._space_back()
         return seg
+
+    # -- disk full -----------------------------------------------------------------------
+    def free_bytes(self) -> int:
+        """What the directory's filesystem lets us allocate now (-1: it cannot say)."""
+        try:
+            st = os.statvfs(self.opts.path)
+        except OSError:
+            return -1
+        return st.f_bavail * st.f_frsize
+
+    def _out_of_space(self, exc: OSError, need: int) -> None:
+        """An allocation of `need` bytes failed: a disk-full episode begins (logged once)
+        or goes on (counted)."""
+        if self.refused >= 0:
+            self.refused += 1
+            return
+        self.refused = 1
+        log.warning("binlog: %s is out of space (%s): %d bytes free, and a put needs a new "
+                    "segment of %d bytes (%s); puts answer OUT_OF_MEMORY and task enqueues "
+                    "503 out_of_space until space returns", self.opts.path,
+                    os.strerror(exc.errno), self.free_bytes(), need,
+                    "-s/--binlog-size sets it" if need == self.seg_size else
+                    "a record bigger than -s/--binlog-size")
+
+    def _space_back(self) -> None:
+        log.info("binlog: %s has space again (%d bytes free): puts are accepted again "
+                 "(%d reservations were refused for space meanwhile)", self.opts.path,
+                 self.free_bytes(), self.refused)
+        self.refused = -1
+
+    def _no_room_to_start(self, exc: OSError) -> str:
+        """Why a start cannot allocate its first segment, and what the operator can do:
+        free space, move the directory, or lower -s (not below what the largest record
+        replayed needs: `seg_size` never is)."""
+        least = _round_segment(self.least_seg_size)
+        why = "what the largest record here needs" if least > 4096 else "the least it takes"
+        lower = (f", or lower -s/--binlog-size (not below {least}, {why})"
+                 if self.seg_size > least else
+                 " (-s/--binlog-size cannot lower it: the largest record here needs it)")
+        return (f"{self.opts.path}: no space to start the binlog ({os.strerror(exc.errno)}): "
+                f"its first segment needs {self.seg_size} bytes and "
+                f"{max(self.free_bytes(), 0)} are free there; free some space there, move "
+                f"the directory to a disk with room (-b/--binlog){lower}")
 
     @staticmethod
     def _reservation(record_size: int) -> int:
@@ -389,6 +447,7 @@ class Binlog:
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
+                self._out_of_space(exc, self.seg_size)
                 return False
         self.promised += amount
         self.room = self._capacity() - self.promised
@@ -418,6 +477,7 @@ class Binlog:
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
+            self._out_of_space(exc, need)
             return False
         self.seg_size = need
         self.room = self._capacity() - self.promised

@@ -32,6 +32,8 @@ import os
 import time
 from typing import NamedTuple
 
+from ..ratelog import RateLog
+
 log = logging.getLogger("zstalk.curve")
 
 ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_INSECURE, ENV_ACCEPT = (
@@ -39,9 +41,9 @@ ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_INSECURE, ENV_ACCEPT = (
     "ZSTALK_CURVE_ACCEPT")
 ZAP_DOMAIN = "zstalk"
 FINGERPRINT_BYTES = 8
-#: a refused host is logged at most this often (each line counts those not logged)
+#: a refused host is logged at most this often (each line counts those not logged; at most
+#: ratelog.REMEMBERED hosts are kept for that, beyond it the oldest are forgotten)
 REFUSAL_LOG_S = 60.0
-_REMEMBERED = 4096          # hosts kept for that; beyond it, the oldest are forgotten
 FROM_ENV = object()         # a `keys` argument's default: read them from the environment
 
 
@@ -196,25 +198,16 @@ def secure_client(sock, keys: ClientKeys) -> None:
     sock.curve_serverkey = keys.server
 
 
-class RefusalLog:
+class RefusalLog(RateLog):
     """Refused peers, logged once per host and reason per REFUSAL_LOG_S with the count of
     refusals since (a misconfigured peer reconnects every few hundred ms)."""
 
     def __init__(self, clock=time.monotonic) -> None:
+        super().__init__(log, REFUSAL_LOG_S, "refused")
         self.clock = clock
-        self.said: dict[tuple, tuple[float, int]] = {}  # (host, why) -> (logged at, since)
 
     def refused(self, host: str, text: str, why: str = "") -> None:
-        now, key = self.clock(), (host, why or text)
-        logged_at, since = self.said.get(key, (-REFUSAL_LOG_S, 0))
-        if now - logged_at < REFUSAL_LOG_S:
-            self.said[key] = (logged_at, since + 1)
-            return
-        if len(self.said) >= _REMEMBERED:
-            del self.said[next(iter(self.said))]
-        self.said[key] = (now, 0)
-        log.warning("refused a peer from %s: %s%s", host, text,
-                    f" ({since} more refused since the last such line)" if since else "")
+        self.say((host, why or text), self.clock(), "refused a peer from %s: %s", host, text)
 
 
 class Admitted:

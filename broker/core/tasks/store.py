@@ -53,6 +53,12 @@ the attempt as any failure does, so a server answering 503 forever cannot hold t
 forever.  A task still queued `queueTimeout` after its createdAt fails ("queue timeout")
 and is never called.
 
+Every call that did not succeed (a failure, fatal or unknown outcome, also one the broker
+decides: no report in time, a dispatcher gone) is logged with its function, URL, status or
+error and the task's fate, at most once per FAILED_CALL_LOG_S per function with the count
+since (protocol/ratelog.py): only the broker knows a call's function, and it sees every
+dispatcher's outcomes, so the limit holds across them.
+
 Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
 nothing is changed when an error is returned.  The HTTP front maps each code to its
 status in one table (protocol/fronts/http.py, STATUS).
@@ -68,6 +74,7 @@ from __future__ import annotations
 
 import heapq
 import ipaddress
+import logging
 import math
 import random
 import re
@@ -75,6 +82,7 @@ from typing import Any, Callable, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
 
+from ....protocol.ratelog import RateLog
 from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
 from ..labels import Labelled
 from . import requests
@@ -119,6 +127,13 @@ PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart (binlog.py)
 DURABLE_RATE_S = 1.0
 QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
+#: a function's failed calls are logged at most this often (each line counts those not
+#: logged since): a misspelled name under base_url fails every call, and said nothing
+FAILED_CALL_LOG_S = 10.0
+#: the outcomes of a call that did not succeed ("declined": it was never made)
+FAILED_KINDS = frozenset({"failure", "unknown", "fatal"})
+
+log = logging.getLogger("zstalk.tasks")
 
 
 class TaskError(NamedTuple):
@@ -310,6 +325,7 @@ class Tasks:
         self.counts: Labelled[FunctionCounts] = Labelled(FunctionCounts)
         self.queued = Queued(self._still_queued)
         self.activity: dict[str, int] = {}          # events per function since last asked
+        self.failed_calls = RateLog(log, FAILED_CALL_LOG_S, "failed")   # by function
 
     def _still_queued(self, seq: int) -> bool:
         task = self.by_seq.get(seq)
@@ -776,7 +792,11 @@ class Tasks:
     def call_url(self, task: Task, spec: FunctionSpec) -> str:
         """Where a call of running `task` goes: its function's url or its server's and
         the function's path; then a request task's path and query."""
-        base = spec.url if task.peer is None else task.peer[1].url + spec.path
+        return self._url(task, spec, task.peer)
+
+    @staticmethod
+    def _url(task: Task, spec: FunctionSpec, peer) -> str:
+        base = spec.url if peer is None else peer[1].url + spec.path
         return base if task.request is None else requests.url(base, task.request)
 
     # -- looking -------------------------------------------------------------------------
@@ -867,7 +887,8 @@ class Tasks:
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
-        if task.peer is not None:
+        peer = task.peer                        # (where the call went: for the log)
+        if peer is not None:
             self._server_done(task, result, now)
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
@@ -875,11 +896,30 @@ class Tasks:
             self.counts.of(task.function).calls.observe(took)
             self._recent(task.function).ended(now, took)
         self._apply(task, result, now)
+        if result.kind in FAILED_KINDS and self.failed_calls.due(task.function, now):
+            self._say_failed(task, attempt, result, peer, now)
         if self.wal is not None and not self.wal.log_task_end(task):
             self._set_result(task, None)
             task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
             self.wal.log_task_state(task)
         return True
+
+    def _say_failed(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
+        """A failed call: its function, URL, status or error, and what happens to the task
+        (logged at most once per FAILED_CALL_LOG_S per function)."""
+        spec = self.function(task.function)
+        url = "(its function is no longer configured)" if spec is None else \
+            self._url(task, spec, peer)
+        if task.status == FAILED:
+            then = "the task failed"
+        elif result.status_code == 429:
+            then = "the task keeps its place while the function pauses"
+        else:
+            then = f"retried in {round(max(0.0, task.due - now), 3):g} s"
+        self.failed_calls.say(
+            task.function, now, "function %s: a call to %s failed: %s (task %s, attempt %d: %s)",
+            task.function, url, result.error or f"HTTP {result.status_code}", task.uid,
+            attempt, then)
 
     def _apply(self, task: Task, result: Outcome, now: float) -> None:
         if result.kind == "declined":
