@@ -54,4 +54,3 @@ class RateLog:
             args += (since, self.verb)
         self.logger.log(self.level, msg, *args)
         return True
-
