@@ -31,6 +31,7 @@ current() {     # every needed extra's stamp names these sources, and pyproject 
     [ -x "$VENV/bin/python" ] || return 1
     for extra in $needed; do
         why="the $extra extra is new here"
+        [ "$extra" = base ] && why="first run"      # (a first install that failed)
         [ -f "$VENV/.zstalk-installed-$extra" ] || return 1
         why="pyproject.toml changed"
         [ "$ROOT/pyproject.toml" -nt "$VENV/.zstalk-installed-$extra" ] && return 1
