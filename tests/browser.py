@@ -5,28 +5,24 @@
 # nothing is left to do (virtual time: a page's timers fire at once, while its fetches are
 # waited for, within a budget), and gives back the text of that element in the DOM as the
 # scripts left it.  No WebDriver: `--dump-dom` is all the tests need, and one process per
-# page starts in about a second.  Without chromium the test is skipped, or fails under
-# CI=true (servers.unavailable).
+# page starts in about a second.  Without chromium, or with ZSTALK_TEST_SKIP=browser, the test
+# is skipped, or fails under CI=true (servers.needs_group).
 from __future__ import annotations
 
 import html
 import re
-import shutil
 import subprocess
 import tempfile
 
-from servers import unavailable
+from servers import needs_group
 
 BUDGET_MS = 20_000      # virtual time a page may take (its timers' waits count, not real time)
 TIMEOUT_S = 60
 
 
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    unavailable("needs a headless browser: Debian's chromium (apt-get install chromium)")
+    """Debian's chromium (scripts/test's browser group), or its name elsewhere."""
+    return needs_group("browser", "chromium", "chromium-browser", "google-chrome")
 
 
 def page_text(url: str, element_id: str) -> str:

@@ -5,7 +5,7 @@
 # failed or not. Servers bind a free loopback port and are ready when it accepts.
 #
 #   beanstalkd_server / beanstalkd_factory  the reference beanstalkd (1.12 on
-#       Debian). Missing → skip locally, fail when CI=true.
+#       Debian, scripts/test's reference group). Missing → skip locally, fail when CI=true.
 #   zstalk_server / zstalk_factory          `zstalk serve` (its counter front off, or
 #       on a free port with counter=True: then server.counter_address).
 #   zstalk_cluster                          `zstalk broker` + N × `zstalk front beanstalk`
@@ -30,8 +30,8 @@ import pytest
 
 from servers import (
     BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, counter_probe,
-    find_beanstalkd, find_zstalk, free_port, reference_required, self_check, start_on_a_free_port,
-    wait_counter_ready, wait_for,
+    find_beanstalkd, find_zstalk, free_port, not_installed, self_check, start_on_a_free_port,
+    unavailable, wait_counter_ready, wait_for,
 )
 
 
@@ -48,10 +48,7 @@ def require_beanstalkd() -> str:
     """Path of the reference server; skip without it, or fail on CI."""
     path = find_beanstalkd()
     if path is None:
-        message = "reference server beanstalkd is not installed"
-        if reference_required():
-            pytest.fail(f"{message} (CI=true: reference tests must not be skipped)")
-        pytest.skip(message)
+        unavailable(not_installed("reference", ["beanstalkd"]))
     return path
 
 

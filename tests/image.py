@@ -10,8 +10,9 @@ tests REF instead (e.g. an image built from the Dockerfile). `podman_args()` are
 `podman run` flags this machine needs: runc where installed (crun cannot run containers on a
 host with hybrid cgroups) and ulimits below the host's, since podman's defaults raise them
 and a sandbox without CAP_SYS_RESOURCE refuses that; lower limits are harmless elsewhere.
-Without root, podman, buildah or mmdebstrap the fixture skips, and fails when CI=true, as a
-missing reference server does.
+Without root, podman, buildah or mmdebstrap (scripts/test's image group), or with
+ZSTALK_TEST_SKIP=image, the fixture skips, and fails when CI=true, as a missing reference
+server does.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import unavailable
+from servers import group_missing, group_skipped, unavailable
 
 BUILD_IMAGE = Path(__file__).resolve().parent.parent / "scripts" / "build-image"
 TOOLS = ("podman", "buildah", "mmdebstrap")
@@ -32,10 +33,9 @@ TOOLS = ("podman", "buildah", "mmdebstrap")
 
 def image_missing() -> str | None:
     """Why the image cannot be built and run here, or None."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not group_skipped("image"):
         return "building and running the image needs root"
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    return f"not installed: {', '.join(missing)}" if missing else None
+    return group_missing("image", TOOLS)
 
 
 def require_image() -> None:

@@ -18,16 +18,18 @@ Code reaches a host in two ways:
 `host.mend()` sets it up again.  `Lan.close()` deletes every namespace; processes still
 inside one keep running in it, so callers stop theirs first.
 
-Needs root and iproute2 (`ip`); `netns_missing()` says why not, for a skip or a CI failure.
+Needs root and iproute2 (`ip`, in scripts/test's image group); `netns_missing()` says why not
+(ZSTALK_TEST_SKIP=image too), for a skip or a CI failure.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
-import shutil
 import subprocess
 from typing import Iterator, Sequence
+
+from servers import group_missing, group_skipped
 
 CLONE_NEWNET = 0x40000000
 SUBNET = "10.77.0"
@@ -36,10 +38,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def netns_missing() -> str | None:
     """Why network namespaces cannot be made here, or None."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not group_skipped("image"):
         return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 (ip) is not installed"
+    missing = group_missing("image", ["ip"])
+    if missing:
+        return missing
     probe = f"zs-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:

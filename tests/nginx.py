@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import os
-import shutil
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from servers import LOOPBACK, ServerProcess, free_port, start_on_a_free_port, unavailable
+from servers import LOOPBACK, ServerProcess, free_port, needs_group, start_on_a_free_port
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -62,17 +60,9 @@ PROXY_LOCATION = """\
 """
 
 
-def find_nginx() -> str | None:
-    """Path of the nginx binary (Debian installs it in /usr/sbin, not on every PATH)."""
-    return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None)
-
-
 def require_nginx() -> str:
-    path = find_nginx()
-    if path is None:
-        unavailable("nginx is not installed (Debian: apt-get install nginx; scripts/test does)")
-    return path
+    """Path of the nginx binary (Debian installs it in /usr/sbin, not on every PATH)."""
+    return needs_group("reference", "nginx")
 
 
 def upstream_block(name: str, spec, hash_key: str = "$arg_key") -> str:

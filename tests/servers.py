@@ -13,6 +13,10 @@
 # CounterClient speaks yrmcds' binary counter protocol: requests are packed with
 # the structs of zstalk.protocol.codecs.yrmcds (a 12-byte header, then the body), and
 # replies are cut at 12 bytes + the header's body length.
+#
+# needs_group("browser", "chromium") is how a test asks for a program that scripts/test
+# installs from Debian in one of its named groups: it skips, naming the group, when the
+# program is missing or ZSTALK_TEST_SKIP names the group, and fails instead under CI=true.
 from __future__ import annotations
 
 import collections
@@ -121,6 +125,51 @@ def unavailable(reason: str) -> NoReturn:
     if reference_required():
         pytest.fail(f"{reason} (CI=true: this test must not be skipped)")
     pytest.skip(reason)
+
+
+#: scripts/test's groups of Debian packages that ZSTALK_TEST_SKIP may name (its `reference`
+#: group, the servers most tests compare against, cannot be skipped)
+SKIPPABLE_GROUPS = ("browser", "image", "prometheus", "terminal")
+_SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def find_program(name: str) -> str | None:
+    """The path of a program, also in the sbin directories (Debian puts nginx, yrmcdsd and
+    runc there, and a user's PATH may not name them)."""
+    return shutil.which(name) or shutil.which(name, path=_SBIN)
+
+
+def group_skipped(group: str) -> bool:
+    """Whether ZSTALK_TEST_SKIP names scripts/test's `group` (whose tests then skip)."""
+    return group in re.split(r"[,\s]+", os.environ.get("ZSTALK_TEST_SKIP", ""))
+
+
+def group_missing(group: str, programs: Sequence[str]) -> str | None:
+    """Why a test cannot have all of `programs`, which scripts/test installs from Debian with
+    its `group` of packages: ZSTALK_TEST_SKIP names the group, or some are not installed."""
+    if group_skipped(group):
+        value = os.environ["ZSTALK_TEST_SKIP"].strip()
+        return f"needs {', '.join(programs)} (the {group} group): ZSTALK_TEST_SKIP={value} " \
+               f"skipped its install"
+    missing = [program for program in programs if find_program(program) is None]
+    return not_installed(group, missing) if missing else None
+
+
+def not_installed(group: str, programs: Sequence[str]) -> str:
+    """The reason for a skip (or a CI failure) when `programs` of `group` are missing."""
+    return (f"needs {', '.join(programs)} (the {group} group), which is not installed: "
+            f"scripts/test installs it from Debian when run as root")
+
+
+def needs_group(group: str, program: str, *elsewhere: str) -> str:
+    """The path of `program` (or of the first of its names `elsewhere` found), which scripts/test
+    installs with its `group` of Debian packages; skips when it is missing or ZSTALK_TEST_SKIP
+    names the group, and fails instead under CI=true (unavailable)."""
+    found = None if group_skipped(group) else next(
+        filter(None, map(find_program, (program, *elsewhere))), None)
+    if found is None:
+        unavailable(group_missing(group, [program]))
+    return found
 
 
 def self_check() -> bool:

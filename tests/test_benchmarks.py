@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import self_check, unavailable
+from servers import needs_group, self_check
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -88,8 +88,7 @@ NEEDS = {"bench_beanstalk": ["beanstalkd"], "bench_binlog": ["beanstalkd"],
 
 def need(tools: list[str]) -> None:
     for tool in tools:
-        if not (shutil.which(tool) or os.path.exists(f"/usr/sbin/{tool}")):
-            unavailable(f"reference server {tool} is not installed")
+        needs_group("reference", tool)
 
 
 def run_bench(script: str, tmp_path: Path, *args: str, python: str = sys.executable,

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from servers import Address, ReplyTimeout, reference_required, self_check, silence_on_all
+from servers import Address, ReplyTimeout, not_installed, self_check, silence_on_all, unavailable
 from yrmcds_servers import (
     OPAQUE, CounterClient, ProcessGroup, acquire, dump, find_yrmcdsd, get, noop, release, request,
     stats, start_zstalk_counter_cluster, yrmcds_process, zstalk_counter_front_missing,
@@ -608,10 +608,7 @@ def require_yrmcdsd() -> str:
     """Path of the reference server; skip without it, or fail on CI."""
     path = find_yrmcdsd()
     if path is None:
-        message = "reference server yrmcdsd is not installed (apt package yrmcds)"
-        if reference_required():
-            pytest.fail(f"{message} (CI=true: reference tests must not be skipped)")
-        pytest.skip(message)
+        unavailable(not_installed("reference", ["yrmcdsd (Debian's yrmcds)"]))
     return path
 
 

@@ -4,7 +4,6 @@ here on loopback) whose HTTP API must give back the values the run produced."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -13,23 +12,13 @@ import urllib.request
 
 import pytest
 
-from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port,
-                     readme_block, reference_required, self_check, wait_for)
+from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, needs_group,
+                     readme_block, self_check, wait_for)
 from test_metrics import label_values, parse, values
 from test_tasks_end_to_end import host  # noqa: F401 (the function host fixture)
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 TOKEN = "scrape-me-3141"
-
-
-def needs(program: str) -> str:
-    """The path of a Debian program the test needs: skipped where missing, except on CI."""
-    path = shutil.which(program)
-    if path is None:
-        if reference_required():
-            pytest.fail(f"{program} is missing, and CI must run this (scripts/test installs it)")
-        pytest.skip(f"{program} is not installed (scripts/test installs Debian's prometheus)")
-    return path
 
 
 def scrape_text(port: int, token: str | None = None) -> tuple[int, bytes]:
@@ -74,7 +63,7 @@ def beanstalk(port: int, *commands: bytes) -> list[bytes]:
 
 
 def promtool_accepts(text: bytes) -> None:
-    out = subprocess.run([needs("promtool"), "check", "metrics"], input=text,
+    out = subprocess.run([needs_group("prometheus", "promtool"), "check", "metrics"], input=text,
                          capture_output=True, timeout=30)
     assert out.returncode == 0, (out.stdout + out.stderr).decode()
 
@@ -296,7 +285,7 @@ def query(port: int, promql: str) -> list:
 
 
 def test_a_real_prometheus_scrapes_serve_and_answers_the_readmes_queries(tmp_path):
-    prometheus = needs("prometheus")
+    prometheus = needs_group("prometheus", "prometheus")
     port, health, web = free_port(), free_port(), free_port()
     (tmp_path / "token").write_text(TOKEN)
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),

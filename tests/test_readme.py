@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import pytest
 
-from servers import LOOPBACK, RawClient, self_check, wait_for
+from servers import LOOPBACK, RawClient, needs_group, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,6 +192,7 @@ def json_documents(text: str) -> list:
 
 # -- the examples --------------------------------------------------------------------------
 def test_the_cloud_task_examples_run_as_written(shell):
+    needs_group("reference", "curl")
     free(11300, 11215, 11400, 8080, 3000)
     for marker in ("# zstalk.toml", "# functions.py", "# enqueue.py"):
         shell.write(block(marker))
@@ -273,6 +274,7 @@ def test_the_upstream_example_runs_as_written(shell):
 
 
 def test_the_waiting_room_example_runs_as_written(shell):
+    needs_group("reference", "curl")
     free(11300, 11215, 11400, 8080)
     for marker in ("# room.toml", "# passes.keys", "# room.py"):
         shell.write(block(marker))
@@ -430,6 +432,7 @@ def test_the_kustomize_line_renders_the_readme_overlay(shell):
 
 
 def test_the_metrics_example_runs_as_written(shell):
+    needs_group("reference", "curl")
     free(11300, 11215, 11400, 8081)
     out = shell.run(block("curl -s http://127.0.0.1:8081/metrics").text, timeout=60)
     assert out.returncode == 0, out.stderr
