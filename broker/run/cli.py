@@ -28,6 +28,7 @@ from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen
 from .. import VERSION
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, where, worker_endpoint
+from .ports import PORT, Endpoint, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -68,8 +69,7 @@ def health_options(f):
                                              token, metrics_top, metrics_token_file), **kwargs)
 
     for opt in reversed([
-        click.option("--health-port", default=0, show_default=True,
-                     type=click.IntRange(0, 65535),
+        click.option("--health-port", default=0, show_default=True, type=PORT,
                      help="Serve GET /healthz, /readyz and /metrics (plain HTTP) on this "
                           "port; 0: none."),
         click.option("--health-listen", default="0.0.0.0", show_default=True,
@@ -288,8 +288,8 @@ def main(ctx: click.Context, verbose: int) -> None:
 
 @main.command()
 @click.option("-l", "--listen", "addr", default="0.0.0.0", show_default=True,
-              help="Address to listen on, or unix:/path.")
-@click.option("-p", "--port", default=11300, show_default=True)
+              type=ListenAddress(), help="Address to listen on, or unix:/path.")
+@click.option("-p", "--port", default=11300, show_default=True, type=PORT)
 @click.option("--fronts", default=0, show_default=True, type=click.IntRange(min=0),
               help="0: the fronts run in the broker's process; N: N beanstalk front "
                    "processes share the port (supervised, as are the broker, the counter "
@@ -297,9 +297,9 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
 @click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
-@click.option("--counter-port", default=COUNTER_PORT, show_default=True,
+@click.option("--counter-port", default=COUNTER_PORT, show_default=True, type=PORT,
               help="Port of the yrmcds counter front; 0: no counter front.")
-@click.option("--counter-listen", default=None,
+@click.option("--counter-listen", default=None, type=ListenAddress(),
               help="Address of the counter front (HOST, HOST:PORT or unix:/path). "
                    "Default: the -l address, or 127.0.0.1 when -l is a unix socket.")
 @click.option("--counter-max-connections", default=0,
@@ -307,13 +307,13 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--stat-interval", default=86400, show_default=True,
               help="Counters: seconds between epoch-aligned collections of zero counters.")
 @click.option("--worker-bind", default=WORKER_ENDPOINT, show_default=True,
-              envvar="ZSTALK_WORKER_BIND",
+              envvar="ZSTALK_WORKER_BIND", type=Endpoint(bare=True),
               help="ZeroMQ endpoint (tcp://HOST:PORT, HOST:PORT or ipc://PATH) where native "
                    "workers and producers (zstalk.workers) reach the broker; 'none': no such "
                    "endpoint.")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
-@click.option("--http-port", default=None, type=click.IntRange(min=0),
+@click.option("--http-port", default=None, type=PORT,
               help="Port of the HTTP task API (default 8080 when --config names functions; "
                    "0: none).")
 @master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
@@ -381,7 +381,7 @@ def load_config_or_exit(path: str | None):
 
 
 @main.command()
-@click.option("--bind", default="tcp://127.0.0.1:11400", show_default=True,
+@click.option("--bind", default="tcp://127.0.0.1:11400", show_default=True, type=Endpoint(),
               help="ZeroMQ endpoint for fronts (tcp://HOST:PORT or ipc://PATH).")
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="0: no limit.")
@@ -394,7 +394,7 @@ def load_config_or_exit(path: str | None):
                    "time to re-register their holdings.")
 @click.option("--ready-fd", type=int, default=None,
               help="Write a byte to this fd once the binlog is replayed and the socket bound.")
-@click.option("--also-bind", multiple=True, metavar="ENDPOINT",
+@click.option("--also-bind", multiple=True, metavar="ENDPOINT", type=Endpoint(),
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
@@ -499,8 +499,10 @@ def front():
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True, help="HOST:PORT or unix:/path (repeatable).")
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
+              help="HOST:PORT or unix:/path (repeatable).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0, help="0: no limit.")
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
@@ -520,8 +522,9 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True,
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 11215 by default).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0,
@@ -542,8 +545,9 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True,
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
@@ -574,7 +578,8 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
 
 
 @main.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
 @health_options
@@ -594,7 +599,7 @@ def dispatcher(broker_ep, slots, health):
               help="Handlers running at once per process (default: the Worker's).")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pool processes, each with its own connection (supervised).")
-@click.option("--broker", "broker_ep", default=None,
+@click.option("--broker", "broker_ep", default=None, type=Endpoint(),
               help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
