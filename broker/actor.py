@@ -238,20 +238,22 @@ class BrokerActor:
 
     def reload(self) -> None:
         """SIGHUP: read the admitted keys and the config file again; a config file with an
-        error changes nothing."""
+        error, or with a waiting room this process has no pass keys for
+        (config_file.check_passes), changes nothing."""
         if self.admitted is not None:
             log.warning("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
                         self.admitted.directory)
         if self.config_path is None:
             log.warning("SIGHUP: no --config file to read again")
             return
-        from .config_file import ConfigError, load
+        from .config_file import ConfigError, check_passes, load
         try:
             fns = load(self.config_path)
+            warnings = fns.warnings + check_passes(fns, self.config_path)
         except ConfigError as exc:
             log.warning("SIGHUP: kept the config in use: %s", exc)
             return
-        for warning in fns.warnings:
+        for warning in warnings:
             log.warning("SIGHUP: %s", warning)
         self.core.configure_functions(fns, time.monotonic())
         log.warning("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),

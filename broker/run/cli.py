@@ -18,6 +18,7 @@ before any of them are loaded.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 
@@ -168,7 +169,7 @@ pass_key_option = click.option(
     "--pass-key-file", metavar="FILE", default=None, envvar=PASS_KEY_FILE_ENV,
     expose_value=False, callback=_use_pass_key_file,
     help="The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
-         "read again when the file changes).")
+         "read again when the file changes). A --config with `online` set needs it.")
 
 
 def master_key_options(help_key: str):
@@ -265,15 +266,16 @@ def log_format_option(f):
 
 
 def insecure_option(f):
-    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys (children inherit
-    it through the environment, as they do the keys)."""
+    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys, and a waiting room
+    without pass keys (children inherit it through the environment, as they do the keys)."""
     def allow(ctx, param, value):
         if value:
             os.environ["ZSTALK_INSECURE"] = "1"
         return value
     return click.option("--insecure", is_flag=True, expose_value=False, callback=allow,
                         is_eager=True, help="Allow a ZeroMQ endpoint beyond this host without "
-                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen).")(f)
+                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen), and a waiting "
+                        "room (--config, `online`) without --pass-key-file: no passes.")(f)
 
 
 @click.group(cls=_Main)
@@ -367,16 +369,21 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
 
 
 def load_config_or_exit(path: str | None):
+    """The --config file read and checked (a waiting room needs --pass-key-file, or
+    --insecure: config_file.check_passes), or exit 2 naming the file and the key; its
+    warnings are logged (by the supervisor only, not again by its broker child)."""
     if path is None:
         return None
-    from ..config_file import ConfigError, load
+    from ..config_file import ConfigError, check_passes, load
     try:
         loaded = load(path)
+        warnings = loaded.warnings + check_passes(loaded, path)
     except ConfigError as exc:
         click.echo(f"zstalk: {exc}", err=True)
         sys.exit(2)
-    for warning in loaded.warnings:
-        click.echo(f"zstalk: warning: {warning}", err=True)
+    if not os.environ.get("ZSTALK_SUPERVISOR_PID"):
+        for warning in warnings:
+            logging.getLogger("zstalk.config").warning("%s", warning)
     return loaded
 
 
@@ -398,6 +405,7 @@ def load_config_or_exit(path: str | None):
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
+@pass_key_option
 @binlog_options
 @health_options
 @log_format_option
