@@ -241,10 +241,11 @@ class BrokerActor:
         error, or with a waiting room this process has no pass keys for
         (config_file.check_passes), changes nothing."""
         if self.admitted is not None:
-            log.warning("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
-                        self.admitted.directory)
-        if self.config_path is None:
-            log.warning("SIGHUP: no --config file to read again")
+            log.info("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
+                     self.admitted.directory)
+        if self.config_path is None:     # (a signal that read nothing at all: say so)
+            (log.info if self.admitted is not None else log.warning)(
+                "SIGHUP: no --config file to read again")
             return
         from .config_file import ConfigError, check_passes, load
         try:
@@ -256,8 +257,8 @@ class BrokerActor:
         for warning in warnings:
             log.warning("SIGHUP: %s", warning)
         self.core.configure_functions(fns, time.monotonic())
-        log.warning("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
-                    ", and any under base_url" if fns.base else "")
+        log.info("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
+                 ", and any under base_url" if fns.base else "")
         self._again = True
         if not self._busy:
             self._turn()
@@ -284,8 +285,8 @@ class BrokerActor:
         if not self._told:
             self._finish()
             return
-        log.warning("stopping: telling %d fronts and pools to hold their commands",
-                    len(self._told))
+        log.info("stopping: telling %d fronts and pools to hold their commands",
+                 len(self._told))
         self._send([(peer, Stopping(self.core.broker_id, False)) for peer in self._told])
         self._check_socket()
         self.loop.call_later(STOP_WAIT_S, self._finish)     # (newcomers too: no later)

@@ -258,7 +258,8 @@ def split(tmp_path, hold_s: float) -> tuple[ServerProcess, ServerProcess, str]:
                             "--config", config, "--pass-key-file", keys,
                             "-b", str(tmp_path / "wal")],
                            (LOOPBACK, port), name="zstalk-broker").start()
-    front = ServerProcess([find_zstalk(), "front", "http", "--broker", f"tcp://{LOOPBACK}:{port}",
+    front = ServerProcess([find_zstalk(), "-V", "front", "http", "--broker",
+                           f"tcp://{LOOPBACK}:{port}",
                            "--listen", f"{LOOPBACK}:{http}", "--pass-key-file", keys,
                            "--hold-s", str(hold_s)], (LOOPBACK, http), name="zstalk-front-http")
     base = f"http://{LOOPBACK}:{http}"
