@@ -103,6 +103,9 @@ class BrokerActor:
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
             self.core = self._make_core(config, recovered)
+        #: what the binlog's replay brought back, (jobs, tasks, schedules), for the start line
+        self.restored: tuple[int, int, int] | None = None if recovered is None else (
+            len(recovered.jobs), len(recovered.tasks), len(recovered.schedules))
         self.old_peers = self.core.old_peers    # (shared: the core asks it too)
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again

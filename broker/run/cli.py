@@ -28,7 +28,8 @@ from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen
                                           describe_listen, parse_listen)
 from .. import VERSION
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
-from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, where, worker_endpoint
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
+                      health_said, where, worker_endpoint)
 from .ports import PORT, Endpoint, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
@@ -89,6 +90,13 @@ def health_options(f):
     ]):
         command = opt(command)
     return command
+
+
+def with_health(text: str, health: HealthOptions) -> str:
+    """A role's start line: `text`, and its health port when it has one (every port a
+    role listens on is said)."""
+    said = health_said(health)
+    return f"{text}; {said}" if said else text
 
 
 def read_token(path: str) -> str:
@@ -400,7 +408,8 @@ def load_config_or_exit(path: str | None):
               help="Started again after a crash: Acquire answers 0x21 until fronts had "
                    "time to re-register their holdings.")
 @click.option("--ready-fd", type=int, default=None,
-              help="Write a byte to this fd once the binlog is replayed and the socket bound.")
+              help="Write a byte to this fd once the binlog is replayed and the socket bound "
+                   "(then, with a binlog, ' JOBS TASKS SCHEDULES' it restored).")
 @click.option("--also-bind", multiple=True, metavar="ENDPOINT", type=Endpoint(),
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
@@ -444,13 +453,14 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         sys.exit(111)
     actor.core.draining = drain
     if ready_fd is not None:
-        os.write(ready_fd, b"1")
+        counts = "" if actor.restored is None else " %d %d %d" % actor.restored
+        os.write(ready_fd, b"1" + counts.encode())     # (one write: the reader takes it whole)
         os.close(ready_fd)
     from ...protocol.transport.loop import run
-    said = "listening on " + ", ".join(actor.endpoints) + (
-        f"; binlog {binlog_dir}" if binlog_dir else "") + (
-        f"; config {config_path}" if config_path else "") + (
-        "; CURVE" if actor.keys is not None else "") + ("; draining" if drain else "")
+    said = "; ".join(part for part in (
+        "listening on " + ", ".join(actor.endpoints), health_said(health),
+        binlog_said(binlog_dir, actor.restored), f"config {config_path}" if config_path else "",
+        "CURVE" if actor.keys is not None else "", "draining" if drain else "") if part)
     run(serve_with_probes(actor, health, said))
     actor.let_last_replies_leave()
 
@@ -524,8 +534,8 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
     exit_with_parent()
     sockets = front_sockets(fds, listens, 11300)
     from .fronts import run_beanstalk_front
-    start_line("front beanstalk", f"listening on {', '.join(map(where, sockets))}; "
-                                  f"broker {broker_ep}")
+    start_line("front beanstalk", with_health(f"listening on {', '.join(map(where, sockets))}; "
+                                              f"broker {broker_ep}", health))
     run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s, health)
 
 
@@ -547,8 +557,8 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
     exit_with_parent()
     sockets = front_sockets(fds, listens, COUNTER_PORT)
     from .fronts import run_counter_front
-    start_line("front counter", f"listening on {', '.join(map(where, sockets))}; "
-                                f"broker {broker_ep}")
+    start_line("front counter", with_health(f"listening on {', '.join(map(where, sockets))}; "
+                                            f"broker {broker_ep}", health))
     run_counter_front(broker_ep, sockets, max_connections, hold_s, health)
 
 
@@ -579,9 +589,10 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from .fronts import run_http_front
-    start_line("front http", f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
-                             f"{'' if master_key else ' (no --master-key: loopback only)'}; "
-                             f"broker {broker_ep}")
+    start_line("front http", with_health(
+        f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
+        f"{'' if master_key else ' (no --master-key: loopback only)'}; broker {broker_ep}",
+        health))
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
 
 
@@ -597,7 +608,8 @@ def dispatcher(broker_ep, slots, health):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
     exit_with_parent()
     from .fronts import run_dispatcher
-    start_line("dispatcher", f"connecting to {broker_ep}; {slots} calls at once")
+    start_line("dispatcher", with_health(f"connecting to {broker_ep}; {slots} calls at once",
+                                         health))
     run_dispatcher(broker_ep, slots, health)
 
 
@@ -630,8 +642,9 @@ def worker(spec, concurrency, processes, broker_ep, prefetch, health):
         w.prefetch = prefetch
     if broker_ep is not None:
         w.broker = broker_ep
-    start_line("worker", f"connecting to {w.broker}; {spec}, {processes} "
-                         f"process{'es' if processes > 1 else ''} of {w.concurrency} handlers")
+    start_line("worker", with_health(f"connecting to {w.broker}; {spec}, {processes} process"
+                                     f"{'es' if processes > 1 else ''} of {w.concurrency} "
+                                     f"handlers", health))
     try:
         w.run(processes=processes, spec=spec, health=health)
     except WorkerVersionError as exc:
