@@ -19,6 +19,7 @@ signals with sigtimedwait and runs no event loop):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -82,6 +83,7 @@ class SupervisorProbes:
         self.not_ready: str | None = "children not asked yet"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: HealthServer | None = None
+        self.watch: asyncio.Task | None = None     # _watch_readiness
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -111,13 +113,25 @@ class SupervisorProbes:
         from ...protocol.transport.health import start_health
         server = await start_health(self.health, self.ready, self.alive)
         server.gather = self.gather
-        asyncio.ensure_future(self._watch_readiness())
+        self.watch = asyncio.ensure_future(self._watch_readiness())
         return server
 
     def close(self) -> None:
+        """Stop serving, the readiness watch ended first: a task still pending when the
+        loop stops is logged at exit as an ERROR ("Task was destroyed but it is pending")
+        on every normal stop."""
         if self.loop is not None and self.server is not None:
-            self.loop.call_soon_threadsafe(self.server.close)
+            stopped = asyncio.run_coroutine_threadsafe(self._stop(), self.loop)
+            with contextlib.suppress(Exception):        # (a loop that no longer runs)
+                stopped.result(FETCH_TIMEOUT_S + 1.0)
             self.loop.call_soon_threadsafe(self.loop.stop)
+
+    async def _stop(self) -> None:
+        self.server.close()
+        if self.watch is not None:
+            self.watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watch
 
     # -- probes --------------------------------------------------------------------------
     def alive(self) -> str | None:
