@@ -103,6 +103,9 @@ class BrokerActor:
         with no_gc():       # a million recovered jobs: the collector would double the time
             self.wal, recovered = open_binlog(binlog, config)
             self.core = self._make_core(config, recovered)
+        #: what the binlog's replay brought back, (jobs, tasks, schedules), for the start line
+        self.restored: tuple[int, int, int] | None = None if recovered is None else (
+            len(recovered.jobs), len(recovered.tasks), len(recovered.schedules))
         self.old_peers = self.core.old_peers    # (shared: the core asks it too)
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again
@@ -238,24 +241,27 @@ class BrokerActor:
 
     def reload(self) -> None:
         """SIGHUP: read the admitted keys and the config file again; a config file with an
-        error changes nothing."""
+        error, or with a waiting room this process has no pass keys for
+        (config_file.check_passes), changes nothing."""
         if self.admitted is not None:
-            log.warning("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
-                        self.admitted.directory)
-        if self.config_path is None:
-            log.warning("SIGHUP: no --config file to read again")
+            log.info("SIGHUP: %d client keys admitted from %s", self.admitted.reload(),
+                     self.admitted.directory)
+        if self.config_path is None:     # (a signal that read nothing at all: say so)
+            (log.info if self.admitted is not None else log.warning)(
+                "SIGHUP: no --config file to read again")
             return
-        from .config_file import ConfigError, load
+        from .config_file import ConfigError, check_passes, load
         try:
             fns = load(self.config_path)
+            warnings = fns.warnings + check_passes(fns, self.config_path)
         except ConfigError as exc:
             log.warning("SIGHUP: kept the config in use: %s", exc)
             return
-        for warning in fns.warnings:
+        for warning in warnings:
             log.warning("SIGHUP: %s", warning)
         self.core.configure_functions(fns, time.monotonic())
-        log.warning("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
-                    ", and any under base_url" if fns.base else "")
+        log.info("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
+                 ", and any under base_url" if fns.base else "")
         self._again = True
         if not self._busy:
             self._turn()
@@ -282,8 +288,8 @@ class BrokerActor:
         if not self._told:
             self._finish()
             return
-        log.warning("stopping: telling %d fronts and pools to hold their commands",
-                    len(self._told))
+        log.info("stopping: telling %d fronts and pools to hold their commands",
+                 len(self._told))
         self._send([(peer, Stopping(self.core.broker_id, False)) for peer in self._told])
         self._check_socket()
         self.loop.call_later(STOP_WAIT_S, self._finish)     # (newcomers too: no later)

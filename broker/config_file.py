@@ -41,9 +41,12 @@ is half applied.  tomllib is Python's own (3.11+).
 """
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from typing import Any, NamedTuple
+
+from ..protocol.transport.curve import insecure
 
 from .core.tasks import requests
 from .core.upstreams import ServerSpec, UpstreamSpec, validate
@@ -74,6 +77,8 @@ _ORIGIN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[^\s/?#@:\[\]*]+)(
 _DEFAULT_PORT = {"http": "80", "https": "443"}
 _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
 _PER_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+#: the waiting room's pass key file, as --pass-key-file names it to every process
+PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
 
 
 class ConfigError(Exception):
@@ -89,6 +94,7 @@ class TaskConfig(NamedTuple):
     max_result_bytes: int = DEFAULT_SIZE
     max_body_bytes: int = DEFAULT_SIZE
     warnings: tuple[str, ...] = ()       # said at start and on SIGHUP; nothing refused
+    online_keys: tuple[str, ...] = ()    # where `online` is set ("[functions.NAME] online")
 
 
 def load(path: str) -> TaskConfig:
@@ -150,9 +156,12 @@ def functions(table: Any, path: str = "config", upstreams: dict | None = None) -
     if any_name is None:
         any_name = base_url is not None and not named
     max_result = size_bytes(defaults.get("max_result", DEFAULT_SIZE), f"{where} max_result")
+    online_keys = (("[functions] online",) if "online" in defaults else ()) + tuple(
+        f"[functions.{name}] online" for name, entry in tables.items() if "online" in entry)
     return TaskConfig(tuple(named.values()), template if any_name else None,
                       max_result_bytes=max_result,
-                      warnings=_old_rule(path, base_url, tables, defaults))
+                      warnings=_old_rule(path, base_url, tables, defaults),
+                      online_keys=online_keys)
 
 
 def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
@@ -252,6 +261,25 @@ def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, .
             f"{', '.join(sorted(tables))}{' and the names in functions' if defaults.get('functions') else ''} "
             f"can be called (before 0.2: any name under base_url); set base_url_any = true "
             f"to call any name, or base_url_any = false to say this is meant",)
+
+
+def check_passes(fns: TaskConfig, path: str, env=os.environ) -> tuple[str, ...]:
+    """A waiting room (a function that sets `online`) gives its admitted users passes
+    signed with the HTTP fronts' pass key file.  Without one (--pass-key-file,
+    PASS_KEY_FILE_ENV) the file is refused, naming the key (ConfigError), unless insecure
+    is allowed (--insecure, ZSTALK_INSECURE=1): then the warning returned says so.
+    (`online` left unset is "master": online tasks with the master key only, and no room
+    is asked for, so a file of offline functions needs no key file.)"""
+    if not fns.online_keys or env.get(PASS_KEY_FILE_ENV):
+        return ()
+    keys = " and ".join(fns.online_keys)
+    if insecure(env):
+        return (f"{path}: {keys}: no --pass-key-file ({PASS_KEY_FILE_ENV}), so passes are "
+                f"not issued: admitted users get none, and the gateway's verify refuses "
+                f"every pass (--insecure)",)
+    raise ConfigError(f"{path}: {keys} makes a waiting room, whose admitted users need "
+                      f"passes: give --pass-key-file ({PASS_KEY_FILE_ENV}), or --insecure "
+                      f"to run it without passes")
 
 
 def core_fields(fns: TaskConfig | None) -> dict:

@@ -256,7 +256,8 @@ class Cluster:
 def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
                    max_job_size: int | None = None, unix: bool = False,
                    broker_args: Sequence[str] = (), front_args: Sequence[str] = (),
-                   counter_fronts: int = 0, counter_front_args: Sequence[str] = ()) -> Cluster:
+                   counter_fronts: int = 0, counter_front_args: Sequence[str] = (),
+                   verbose: bool = False) -> Cluster:
     if self_check():
         if counter_fronts:
             pytest.skip("counter fronts have no beanstalkd stand-in")
@@ -267,13 +268,14 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
     # The broker owns the job size limit; a front's -z only holds until the
     # broker tells it, so both get it.
     size_args = [] if max_job_size is None else ["-z", str(max_job_size)]
+    zstalk = [zstalk, *(["-V"] if verbose else [])]     # -V: INFO lines too (normal events)
 
     health = free_port()
 
     def build_broker() -> ServerProcess:
         port = free_port()
         return ServerProcess(
-            [zstalk, "broker", "--bind", f"tcp://{LOOPBACK}:{port}", *size_args, *broker_args,
+            [*zstalk, "broker", "--bind", f"tcp://{LOOPBACK}:{port}", *size_args, *broker_args,
              "--health-port", str(health), "--health-listen", LOOPBACK],
             (LOOPBACK, port), name="zstalk-broker")
 
@@ -283,14 +285,14 @@ def _start_cluster(processes: _Processes, socket_dir: Path, *, fronts: int = 2,
     def build_front(index: int) -> ServerProcess:
         address, _ = _listen(socket_dir, unix, f"front{index}")
         listen = f"unix:{address}" if unix else f"{LOOPBACK}:{address[1]}"
-        argv = [zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen,
+        argv = [*zstalk, "front", "beanstalk", "--broker", broker_address, "--listen", listen,
                 *size_args, *front_args]
         return ServerProcess(argv, address, name=f"zstalk-front{index}",
                              probe=BEANSTALK_PROBE)
 
     def build_counter_front(index: int) -> ServerProcess:
         address = (LOOPBACK, free_port())
-        argv = [zstalk, "front", "counter", "--broker", broker_address,
+        argv = [*zstalk, "front", "counter", "--broker", broker_address,
                 "--listen", f"{LOOPBACK}:{address[1]}", *counter_front_args]
         return ServerProcess(argv, address, name=f"zstalk-counter{index}", probe=counter_probe)
 
@@ -320,7 +322,7 @@ def _client_sessions(health_port: int) -> float | None:
 @pytest.fixture
 def zstalk_cluster(_processes, _socket_dir) -> Callable[..., Cluster]:
     """start(fronts=2, max_job_size=None, unix=False, broker_args=(), front_args=(),
-    counter_fronts=0, counter_front_args=()) -> Cluster."""
+    counter_fronts=0, counter_front_args=(), verbose=False) -> Cluster."""
 
     def start(**options) -> Cluster:
         return _start_cluster(_processes, _socket_dir, **options)

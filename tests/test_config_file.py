@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zstalk.broker.config_file import ConfigError, duration_ms, load
+from zstalk.broker.config_file import ConfigError, check_passes, duration_ms, load
 from zstalk.broker.core.tasks.store import ApiPolicy, FunctionSpec
 
 
@@ -149,3 +149,39 @@ def test_a_missing_file_says_so():
                                       ("1h", 3_600_000), (" 3 s ", 3000)])
 def test_durations_are_strings_with_units(text, ms):
     assert duration_ms(text, "x") == ms
+
+
+# -- a waiting room needs the fronts' pass keys (check_passes) -----------------------------
+ROOM = '[functions.checkout]\nonline = "only"\n[functions.mail]\nurl = "http://m:3000"\n'
+
+
+def test_a_function_that_sets_online_needs_a_pass_key_file_named_with_the_file_and_key(
+        tmp_path):
+    path = write(tmp_path, ROOM)
+    with pytest.raises(ConfigError) as err:
+        check_passes(load(path), path, env={})
+    assert str(err.value) == (
+        f"{path}: [functions.checkout] online makes a waiting room, whose admitted users "
+        "need passes: give --pass-key-file (ZSTALK_PASS_KEY_FILE), or --insecure to run it "
+        "without passes")
+
+
+def test_online_in_the_functions_defaults_makes_every_function_a_room(tmp_path):
+    path = write(tmp_path, '[functions]\nbase_url = "http://h:3000"\nonline = "public"\n')
+    with pytest.raises(ConfigError, match=r": \[functions\] online makes a waiting room"):
+        check_passes(load(path), path, env={})
+
+
+def test_a_pass_key_file_or_no_online_function_needs_nothing_more(tmp_path):
+    path = write(tmp_path, ROOM)
+    assert check_passes(load(path), path, env={"ZSTALK_PASS_KEY_FILE": "/keys"}) == ()
+    offline = write(tmp_path, '[functions.mail]\nurl = "http://m:3000"\n')
+    assert check_passes(load(offline), offline, env={}) == ()
+
+
+def test_insecure_runs_a_room_without_passes_and_says_none_are_issued(tmp_path):
+    path = write(tmp_path, ROOM)
+    assert check_passes(load(path), path, env={"ZSTALK_INSECURE": "1"}) == (
+        f"{path}: [functions.checkout] online: no --pass-key-file (ZSTALK_PASS_KEY_FILE), so "
+        "passes are not issued: admitted users get none, and the gateway's verify refuses "
+        "every pass (--insecure)",)

@@ -59,7 +59,7 @@ def client_keys(keys, name: str) -> curve.ClientKeys:
 @pytest.fixture
 def broker(keys):
     port = free_port()
-    proc = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}"],
+    proc = ServerProcess([find_zstalk(), "-V", "broker", "--bind", f"tcp://{LOOPBACK}:{port}"],
                          (LOOPBACK, port), env=server_env(keys), name="curve-broker").start()
     proc.endpoint = f"tcp://{LOOPBACK}:{port}"
     yield proc

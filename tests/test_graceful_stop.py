@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(self_check(), reason="stops zstalk's own broker"
 @pytest.fixture
 def cluster(zstalk_cluster, tmp_path):
     return zstalk_cluster(fronts=1, broker_args=["-b", str(tmp_path / "wal"), "-f", "0"],
-                          front_args=["--hold-s", "15"])
+                          front_args=["--hold-s", "15"], verbose=True)    # (stops are INFO)
 
 
 def restart(cluster) -> None:

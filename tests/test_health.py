@@ -242,3 +242,17 @@ def test_a_health_port_in_use_ends_the_process_with_111_naming_it(procs, command
         proc = procs.start(*args, *health_args(port))
         assert proc.wait(30) == 111
         assert f"bind health port 127.0.0.1:{port}" in proc.stderr.read().decode()
+
+
+@needs_programs
+def test_a_supervisor_with_a_health_port_stops_as_it_should_without_an_error_line(procs):
+    """Its readiness watch was left pending when its probes' loop stopped, and every normal
+    stop ended with asyncio's ERROR 'Task was destroyed but it is pending!'."""
+    health = free_port()
+    proc = procs.start("serve", "--fronts", "1", "-l", "127.0.0.1", "-p", str(free_port()),
+                       "--counter-port", "0", "--worker-bind", "none", *health_args(health))
+    assert wait_for(lambda: get(health, "/readyz") == (200, "ok"), 30)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    said = proc.stderr.read().decode()
+    assert "ERROR" not in said and "Traceback" not in said, said

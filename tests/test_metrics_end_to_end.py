@@ -236,23 +236,6 @@ def test_serve_with_front_processes_serves_one_metrics_with_each_child_as_a_role
         server.stop()
 
 
-def test_serve_with_front_processes_and_a_health_port_stops_without_an_error_line():
-    """Its probes' loop ran in a thread that ended with the process, a task still pending
-    in it: asyncio logged 'Task was destroyed but it is pending!' at every stop."""
-    port, health = free_port(), free_port()
-    server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
-                            "--fronts", "1", "--counter-port", "0", "--worker-bind", "none",
-                            *health_args(health)], (LOOPBACK, port), name="zstalk-stop").start()
-    try:
-        assert wait_for(lambda: probe(health, "/readyz") == (200, b"ok\n"), 20), \
-            server.output()
-    finally:
-        assert server.stop() == 0
-    said = server.output()
-    assert "Task was destroyed" not in said and " ERROR " not in said, said
-    assert "Traceback" not in said, said
-
-
 # -- bounded labels -----------------------------------------------------------------------------
 def test_ten_thousand_tubes_through_a_real_server_keep_the_label_set_bounded():
     port, health = free_port(), free_port()

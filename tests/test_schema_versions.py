@@ -194,9 +194,13 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
     config = tmp_path / "zstalk.toml"
     room = '[functions.shop]\nonline = "only"\n'
     config.write_text(room + 'allow_origins = ["https://shop.example"]\n')
+    keys = tmp_path / "passes"          # (a room's passes: the fronts', checked here too)
+    keys.write_text(f"k1:{'k' * 40}\n")
+    keys.chmod(0o400)
     port = free_port()
     broker = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}",
-                            "--config", str(config)], (LOOPBACK, port),
+                            "--config", str(config), "--pass-key-file", str(keys)],
+                           (LOOPBACK, port),
                            name="versions-broker").start()
     old, new = peer(f"tcp://{LOOPBACK}:{port}"), peer(f"tcp://{LOOPBACK}:{port}")
     try:

@@ -333,3 +333,49 @@ def test_serve_restarts_a_front_killed_with_9(start):
     p.wait_answering(address)
     # the dead front's session is closed by heartbeat: its job is ready again
     assert wait_until(lambda: ask(address, b"reserve-with-timeout 0\r\n").startswith(b"RESERVED 1"), 8)
+
+
+# -- ports: 0 to 65535, or exit 2 naming the flag (getaddrinfo and ZeroMQ would wrap them) --
+RANGE = "is not in the range 0<=x<=65535."
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["serve", "-p", "99999"], "Invalid value for '-p' / '--port': 99999 " + RANGE),
+    (["serve", "--counter-port", "70000"], "Invalid value for '--counter-port': 70000 " + RANGE),
+    (["serve", "--http-port", "99999"], "Invalid value for '--http-port': 99999 " + RANGE),
+    (["serve", "--health-port", "65536"], "Invalid value for '--health-port': 65536 " + RANGE),
+    (["serve", "-l", "127.0.0.1:99999"],
+     "Invalid value for '-l' / '--listen': 127.0.0.1:99999: the port 99999 " + RANGE),
+    (["serve", "--counter-listen", "[::1]:99999"],
+     "Invalid value for '--counter-listen': [::1]:99999: the port 99999 " + RANGE),
+    (["serve", "--worker-bind", "127.0.0.1:99999"],
+     "Invalid value for '--worker-bind': 127.0.0.1:99999: the port 99999 " + RANGE),
+    (["broker", "--bind", "tcp://127.0.0.1:99999"],
+     "Invalid value for '--bind': tcp://127.0.0.1:99999: the port 99999 " + RANGE),
+    (["broker", "--also-bind", "tcp://127.0.0.1:port"],
+     "Invalid value for '--also-bind': tcp://127.0.0.1:port: the port 'port' is not a number."),
+    (["front", "beanstalk", "--listen", "127.0.0.1:99999"],
+     "Invalid value for '--listen': 127.0.0.1:99999: the port 99999 " + RANGE),
+    (["front", "counter", "--listen", "127.0.0.1:abc"],
+     "Invalid value for '--listen': 127.0.0.1:abc: the port is not a number."),
+    (["front", "http", "--broker", "tcp://127.0.0.1:99999"],
+     "Invalid value for '--broker': tcp://127.0.0.1:99999: the port 99999 " + RANGE),
+    (["dispatcher", "--health-port", "99999"],
+     "Invalid value for '--health-port': 99999 " + RANGE),
+    (["worker", "tests.workers_app:shared", "--broker", "tcp://127.0.0.1:99999"],
+     "Invalid value for '--broker': tcp://127.0.0.1:99999: the port 99999 " + RANGE),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_port_above_65535_ends_the_command_with_exit_2_naming_the_flag(argv, said):
+    done = subprocess.run([ZSTALK, *argv], capture_output=True, text=True, timeout=30,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (2, f"Error: {said}")
+
+
+@pytest.mark.reference
+def test_zstalkd_wraps_a_port_above_65535_as_beanstalkd_does(start):
+    from conftest import require_beanstalkd
+    for server in (require_beanstalkd(), ZSTALKD):
+        port = free_port()
+        p = start([server, "-l", "127.0.0.1", "-p", str(port + 65536)])
+        p.wait_answering(("127.0.0.1", port))
+        p.stop()

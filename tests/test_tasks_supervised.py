@@ -71,7 +71,7 @@ def test_sighup_to_the_supervisor_makes_the_broker_child_read_the_config_again(
     (tmp_path / "zstalk.toml").write_text(
         only_f + f'[functions.g]\nurl = "http://{LOOPBACK}:{host.port}/fn/g"\n')
     api.server.process.send_signal(signal.SIGHUP)
-    wait_until(lambda: "SIGHUP: read" in api.server.output(), "the broker's reload")
+    wait_until(lambda: api.request("GET", "/v1/functions/g")[0] == 200, "the broker's reload")
     assert enqueue_and_finish(api, "g", [1])["status"] == "success"
     assert api.server.running
 

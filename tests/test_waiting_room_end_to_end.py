@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 KEY = b"room-" + b"0123456789abcdef" * 2
 KEYS = PassKeys([("k1", KEY)])
 FUNCTION = "checkout"
+#: this environment without a pass key file or --insecure
+NO_KEYS_ENV = {k: v for k, v in os.environ.items()
+               if k not in ("ZSTALK_PASS_KEY_FILE", "ZSTALK_INSECURE")}
 
 
 class Served(NamedTuple):
@@ -56,15 +60,17 @@ def room_files(tmp_path, rate: str = "100/s", concurrency: int = 5,
 
 
 def serve(tmp_path, rate: str = "100/s", concurrency: int = 5, *extra: str,
-          config_text: str | None = None) -> Served:
-    """`zstalk serve` with the pass keys and `config_text` (room_files)."""
+          config_text: str | None = None, keyed: bool = True) -> Served:
+    """`zstalk serve` with `config_text` (room_files) and the pass keys (unless not
+    `keyed`: then none, not even from the environment)."""
     keys, config = room_files(tmp_path, rate, concurrency, config_text)
     port, http = free_port(), free_port()
     server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                             "--counter-port", "0", "--worker-bind", "none", "--config",
-                            config, "--http-port", str(http), "--pass-key-file", keys,
-                            *extra],
-                           (LOOPBACK, port), name="zstalk-room").start()
+                            config, "--http-port", str(http),
+                            *(["--pass-key-file", keys] if keyed else []), *extra],
+                           (LOOPBACK, port), name="zstalk-room",
+                           env=None if keyed else NO_KEYS_ENV).start()
     base = f"http://{LOOPBACK}:{http}"
     assert wait_for(lambda: call("GET", f"{base}/v1/tasks/nosuch")[0] == 404, 20), \
         server.output()
@@ -249,9 +255,11 @@ def split(tmp_path, hold_s: float) -> tuple[ServerProcess, ServerProcess, str]:
     keys, config = room_files(tmp_path)
     port, http = free_port(), free_port()
     broker = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}",
-                            "--config", config, "-b", str(tmp_path / "wal")],
+                            "--config", config, "--pass-key-file", keys,
+                            "-b", str(tmp_path / "wal")],
                            (LOOPBACK, port), name="zstalk-broker").start()
-    front = ServerProcess([find_zstalk(), "front", "http", "--broker", f"tcp://{LOOPBACK}:{port}",
+    front = ServerProcess([find_zstalk(), "-V", "front", "http", "--broker",
+                           f"tcp://{LOOPBACK}:{port}",
                            "--listen", f"{LOOPBACK}:{http}", "--pass-key-file", keys,
                            "--hold-s", str(hold_s)], (LOOPBACK, http), name="zstalk-front-http")
     base = f"http://{LOOPBACK}:{http}"
@@ -338,3 +346,54 @@ def test_while_the_broker_stops_and_is_away_verify_answers_offline_at_once_then_
             slow.close()
         front.stop()
         broker.stop()
+
+
+# -- a room without pass keys: refused at start and on SIGHUP, or run with --insecure ---------
+@pytest.mark.parametrize("role", ["serve", "broker"])
+def test_a_room_without_a_pass_key_file_does_not_start_and_names_the_file_and_its_key(
+        tmp_path, role):
+    _, config = room_files(tmp_path)
+    argv = {"serve": ["serve", "-l", LOOPBACK, "-p", str(free_port()), "--counter-port", "0",
+                      "--worker-bind", "none"],
+            "broker": ["broker", "--bind", f"tcp://{LOOPBACK}:{free_port()}"]}[role]
+    done = subprocess.run([find_zstalk(), *argv, "--config", config], capture_output=True,
+                          text=True, timeout=30, env=NO_KEYS_ENV)
+    assert (done.returncode, done.stderr) == (2, (
+        f"zstalk: {config}: [functions.{FUNCTION}] online makes a waiting room, whose admitted "
+        "users need passes: give --pass-key-file (ZSTALK_PASS_KEY_FILE), or --insecure to run "
+        "it without passes\n"))
+
+
+def test_with_insecure_a_room_admits_without_passes_and_a_warning_says_none_are_issued(
+        tmp_path):
+    served = serve(tmp_path, "100/s", 5, "--insecure", keyed=False)
+    try:
+        config = str(tmp_path / "zstalk.toml")
+        assert (f"zstalk.config[{served.server.pid}] WARNING {config}: [functions.{FUNCTION}] "
+                f"online: no --pass-key-file (ZSTALK_PASS_KEY_FILE), so passes are not "
+                f"issued") in served.server.output()
+        uid = join(served.base)
+        info: dict = {}
+        assert wait_for(lambda: info.update(call("GET", f"{served.base}/v1/tasks/{uid}")[2])
+                        or info["status"] == "admitted", 10), info
+        assert "pass" not in info and info["passError"].startswith("no pass key file")
+    finally:
+        served.server.stop()
+
+
+def test_sighup_keeps_the_config_in_use_when_the_new_one_adds_a_room_without_pass_keys(
+        tmp_path):
+    served = serve(tmp_path, config_text='[functions.mail]\nurl = "http://127.0.0.1:9/m"\n',
+                   keyed=False)
+    try:
+        config = tmp_path / "zstalk.toml"
+        config.write_text(f'[functions.{FUNCTION}]\nonline = "only"\n')
+        served.server.process.send_signal(signal.SIGHUP)
+        said = (f"zstalk.broker[{served.server.pid}] WARNING SIGHUP: kept the config in use: "
+                f"{config}: [functions.{FUNCTION}] online makes a waiting room")
+        assert wait_for(lambda: said in served.server.output(), 10), served.server.output()
+        code, _, body = call("POST", f"{served.base}/v1/tasks",
+                             {"function": FUNCTION, "type": "online"})
+        assert code == 404, body            # (the function the refused file would add)
+    finally:
+        served.server.stop()

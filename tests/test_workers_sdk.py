@@ -16,6 +16,8 @@ from zstalk.workers.runners import ThreadRunner
 from zstalk.workers.testing import LocalBroker
 from zstalk.workers.worker import load_worker
 
+from servers import wait_for
+
 
 def make_job(attempt: int = 1, pri: int = 100, raw: bytes = b"{}", codec=codecs.json,
              touched: list | None = None) -> Job:
@@ -104,6 +106,75 @@ def test_a_handler_can_serve_several_tubes_but_a_tube_has_one_handler():
 def test_prefetch_adapts_by_default_and_can_be_fixed():
     assert Worker(concurrency=4).prefetch is None
     assert Worker(concurrency=4, prefetch=0).prefetch == 0
+
+
+@pytest.mark.parametrize("settings, said", [
+    ({"prefetch": -2}, "prefetch must be None (adapt) or a whole number of jobs from 0 "
+                       "(none held beyond the running handlers) up, not -2"),
+    ({"prefetch": 1.5}, "prefetch must be None (adapt) or a whole number of jobs from 0 "
+                        "(none held beyond the running handlers) up, not 1.5"),
+    ({"concurrency": 0}, "concurrency must be at least 1, not 0"),
+    ({"max_attempts": 0}, "max_attempts must be at least 1, not 0"),
+    ({"grace_s": -1}, "grace_s must be 0 or more seconds, not -1"),
+    ({"grace_s": float("nan")}, "grace_s must be 0 or more seconds, not nan"),
+])
+def test_a_worker_refuses_a_number_out_of_its_range_when_made(settings, said):
+    with pytest.raises(ValueError) as err:
+        Worker(**settings)
+    assert str(err.value) == said
+
+
+def test_a_prefetch_set_later_is_checked_too_and_processes_when_run():
+    w = Worker()
+    with pytest.raises(ValueError, match="^prefetch must be None"):
+        w.prefetch = -1         # (as `zstalk worker --prefetch` sets it)
+    assert w.prefetch is None
+    with pytest.raises(ValueError, match="^processes must be at least 1, not 0$"):
+        w.run(processes=0)
+
+
+def test_a_pool_still_working_when_its_local_broker_closes_is_stopped_without_a_traceback(
+        caplog):
+    """LocalBroker.close destroys the ZeroMQ context it shares with its pools (so that a
+    socket a test left open cannot hang it).  It destroyed it under a pool still working
+    in another thread, as one that never gets idle does (Worker(prefetch=-2) did), and
+    every later touch of its closed sockets raised ZMQError there; now it stops the pool
+    first, and `work` says why it ended."""
+    w = Worker()
+    w.handler("later")(lambda job: None)
+    ended: list[BaseException] = []
+
+    def work(broker):
+        try:
+            broker.work(w, timeout_s=60, wait_delayed=True)
+        except BaseException as exc:
+            ended.append(exc)
+
+    broker = LocalBroker()
+    client = broker.client()
+    client.put(b"x", tube="later", delay_s=600)         # never idle
+    thread = threading.Thread(target=work, args=(broker,))
+    thread.start()
+    assert wait_for(lambda: client.stats()["current-workers"] == 1, 10)
+    started = time.monotonic()
+    broker.close()
+    thread.join(20)
+    assert time.monotonic() - started < 10.0
+    assert [str(exc) for exc in ended] == [
+        f"the LocalBroker at {broker.endpoint} closed while this pool still worked on later"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("inf"), float("nan")])
+def test_a_client_refuses_a_timeout_that_would_never_wait_or_never_end(timeout_s):
+    with pytest.raises(ValueError, match="^timeout_s must be a number of seconds above 0"):
+        Client("tcp://127.0.0.1:1", timeout_s=timeout_s)
+
+
+def test_a_counter_client_refuses_a_port_that_would_wrap():
+    from zstalk.workers.counters import CounterClient
+    with pytest.raises(ValueError, match=r"^port must be 1 to 65535, not 99999 \(host 127.0.0.1\)$"):
+        CounterClient("127.0.0.1", 99999)
 
 
 def test_a_worker_spec_must_name_a_worker():

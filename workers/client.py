@@ -10,6 +10,7 @@ so a late reply can never be taken for the answer to the next call.
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -37,7 +38,10 @@ class Client:
     def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
                  timeout_s: float = 5.0, ctx: zmq.Context | None = None, keys=FROM_ENV) -> None:
         """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
-        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
+        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER).  `timeout_s` is above 0
+        and finite (else ValueError: 0 or less gave up on every call before asking)."""
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a number of seconds above 0, not {timeout_s!r}")
         self.keys = curve.given_or_env(keys)
         curve.check_local(broker, self.keys, "client")
         self.broker = broker

@@ -46,6 +46,8 @@ class NotAvailable(CounterError):
 
 class CounterClient:
     def __init__(self, host: str = "127.0.0.1", port: int = PORT, timeout: float = 10.0) -> None:
+        if not 0 < port <= 65535:       # (getaddrinfo would take 99999 as 34463)
+            raise ValueError(f"port must be 1 to 65535, not {port!r} (host {host})")
         self.address = (host, port)
         self.sock = socket.create_connection(self.address, timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -2,7 +2,10 @@
 
 `LocalBroker()` binds the actor (broker/actor.py) to `inproc://zstalk-<random>` on a
 zmq Context it shares with the clients and workers it hands out, and runs its loop in
-a daemon thread (no signal handlers) until the context manager exits.
+a daemon thread (no signal handlers) until the context manager exits.  A pool still
+working on it then (`work` in another thread) is stopped first, and `work` raises there:
+the context must not be destroyed under a pool's sockets, each later touch of which
+would raise ZMQError in that thread.
 
     with LocalBroker() as broker:
         broker.client().put(b"hello", tube="emails")
@@ -10,6 +13,7 @@ a daemon thread (no signal handlers) until the context manager exits.
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 from typing import Any
@@ -33,6 +37,8 @@ class LocalBroker:
         self.thread = threading.Thread(target=self.actor.run, kwargs={"signals": False},
                                        name="zstalk-local-broker", daemon=True)
         self.clients: list[Client] = []
+        self.pools: set = set()         # pools working here (Worker.run_until_idle's `track`)
+        self._pools_changed = threading.Condition()
         self.thread.start()
 
     def client(self, codec: Codec | None = None, timeout_s: float = 5.0) -> Client:
@@ -49,12 +55,30 @@ class LocalBroker:
             raise ValueError("LocalBroker.work only runs until idle (use a thread for more)")
         return worker.run_until_idle(self, timeout_s=timeout_s, wait_delayed=wait_delayed)
 
+    def track(self, pool: Any, working: bool) -> None:
+        """A pool starts or stops working on this broker (called in the pool's thread)."""
+        with self._pools_changed:
+            (self.pools.add if working else self.pools.discard)(pool)
+            self._pools_changed.notify_all()
+
     def close(self) -> None:
         for c in self.clients:
             c.close()
+        self._stop_pools()
         self.actor.stop()
         self.thread.join(timeout=5.0)
         self.ctx.destroy(linger=0)      # a socket left open by a test must not hang us
+
+    def _stop_pools(self, wait_s: float = 5.0) -> None:
+        """Pools still working here (in other threads) fail, and close their own sockets,
+        before the context goes."""
+        with self._pools_changed:
+            for pool in self.pools:
+                error = RuntimeError(f"the LocalBroker at {self.endpoint} closed while this "
+                                     f"pool still worked on {', '.join(pool.tubes)}")
+                with contextlib.suppress(RuntimeError):     # (its loop closed meanwhile)
+                    pool.loop.call_soon_threadsafe(pool.fail, error)
+            self._pools_changed.wait_for(lambda: not self.pools, wait_s)
 
     def __enter__(self) -> "LocalBroker":
         return self

@@ -51,12 +51,19 @@ class Worker:
                  backoff: Backoff = Backoff(), grace_s: float = 30.0, auto_touch: bool = False,
                  logger: logging.Logger | None = None, keys=FROM_ENV) -> None:
         """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
-        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER)."""
+        by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER).  A number out of its range
+        is a ValueError here: a pool would otherwise start and never run a job
+        (prefetch=-2: its credits, concurrency + prefetch, are below 1), or do what
+        another number says (max_attempts=0 buries as 1 does, grace_s=-1 waits as 0)."""
         if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+            raise ValueError(f"concurrency must be at least 1, not {concurrency!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s must be 0 or more seconds, not {grace_s!r}")
         self.broker = broker
         self.concurrency = concurrency
-        self._prefetch = prefetch
+        self.prefetch = prefetch
         self.codec = codec
         self.max_attempts = max_attempts
         self.backoff = backoff
@@ -75,6 +82,9 @@ class Worker:
 
     @prefetch.setter
     def prefetch(self, value: int | None) -> None:
+        if value is not None and not (isinstance(value, int) and value >= 0):
+            raise ValueError(f"prefetch must be None (adapt) or a whole number of jobs from 0 "
+                             f"(none held beyond the running handlers) up, not {value!r}")
         self._prefetch = value
 
     def handler(self, *tubes: str) -> Callable[[H], H]:
@@ -103,6 +113,8 @@ class Worker:
         (protocol/transport/curve.py)."""
         if isinstance(self.broker, str):
             curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, not {processes!r}")
         if isinstance(health, int):
             health = HealthOptions(health)
         if processes > 1:
@@ -146,12 +158,16 @@ class Worker:
         Raises TimeoutError when the tubes are still busy after timeout_s."""
         endpoint = getattr(broker, "endpoint", broker) or self.broker
         ctx = getattr(broker, "ctx", None)
-        return asyncio.run(self._until_idle(endpoint, ctx, timeout_s, wait_delayed))
+        track = getattr(broker, "track", None)      # (a LocalBroker stops us before it closes)
+        return asyncio.run(self._until_idle(endpoint, ctx, timeout_s, wait_delayed, track))
 
     async def _until_idle(self, endpoint: str, ctx: zmq.Context | None, timeout_s: float,
-                          wait_delayed: bool) -> dict[str, int]:
+                          wait_delayed: bool, track: Callable[[Pool, bool], None] | None = None
+                          ) -> dict[str, int]:
         pool = Pool(self, endpoint, ctx)
         pool.start()
+        if track is not None:
+            track(pool, True)
         idle = asyncio.ensure_future(pool.until_idle(timeout_s, wait_delayed))
         try:
             await asyncio.wait({idle, pool.done}, return_when=asyncio.FIRST_COMPLETED)
@@ -163,6 +179,8 @@ class Worker:
         finally:
             idle.cancel()
             pool.close()
+            if track is not None:
+                track(pool, False)
         self.last_counts = dict(pool.counts)
         return self.last_counts
 

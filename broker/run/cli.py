@@ -18,6 +18,7 @@ before any of them are loaded.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 
@@ -27,7 +28,9 @@ from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen
                                           describe_listen, parse_listen)
 from .. import VERSION
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
-from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, where, worker_endpoint
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
+                      health_said, where, worker_endpoint)
+from .ports import PORT, Endpoint, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
@@ -68,8 +71,7 @@ def health_options(f):
                                              token, metrics_top, metrics_token_file), **kwargs)
 
     for opt in reversed([
-        click.option("--health-port", default=0, show_default=True,
-                     type=click.IntRange(0, 65535),
+        click.option("--health-port", default=0, show_default=True, type=PORT,
                      help="Serve GET /healthz, /readyz and /metrics (plain HTTP) on this "
                           "port; 0: none."),
         click.option("--health-listen", default="0.0.0.0", show_default=True,
@@ -88,6 +90,13 @@ def health_options(f):
     ]):
         command = opt(command)
     return command
+
+
+def with_health(text: str, health: HealthOptions) -> str:
+    """A role's start line: `text`, and its health port when it has one (every port a
+    role listens on is said)."""
+    said = health_said(health)
+    return f"{text}; {said}" if said else text
 
 
 def read_token(path: str) -> str:
@@ -168,7 +177,7 @@ pass_key_option = click.option(
     "--pass-key-file", metavar="FILE", default=None, envvar=PASS_KEY_FILE_ENV,
     expose_value=False, callback=_use_pass_key_file,
     help="The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
-         "read again when the file changes).")
+         "read again when the file changes). A --config with `online` set needs it.")
 
 
 def master_key_options(help_key: str):
@@ -265,15 +274,16 @@ def log_format_option(f):
 
 
 def insecure_option(f):
-    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys (children inherit
-    it through the environment, as they do the keys)."""
+    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys, and a waiting room
+    without pass keys (children inherit it through the environment, as they do the keys)."""
     def allow(ctx, param, value):
         if value:
             os.environ["ZSTALK_INSECURE"] = "1"
         return value
     return click.option("--insecure", is_flag=True, expose_value=False, callback=allow,
                         is_eager=True, help="Allow a ZeroMQ endpoint beyond this host without "
-                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen).")(f)
+                        "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen), and a waiting "
+                        "room (--config, `online`) without --pass-key-file: no passes.")(f)
 
 
 @click.group(cls=_Main)
@@ -288,8 +298,8 @@ def main(ctx: click.Context, verbose: int) -> None:
 
 @main.command()
 @click.option("-l", "--listen", "addr", default="0.0.0.0", show_default=True,
-              help="Address to listen on, or unix:/path.")
-@click.option("-p", "--port", default=11300, show_default=True)
+              type=ListenAddress(), help="Address to listen on, or unix:/path.")
+@click.option("-p", "--port", default=11300, show_default=True, type=PORT)
 @click.option("--fronts", default=0, show_default=True, type=click.IntRange(min=0),
               help="0: the fronts run in the broker's process; N: N beanstalk front "
                    "processes share the port (supervised, as are the broker, the counter "
@@ -297,9 +307,9 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="Memory for jobs; past it put answers OUT_OF_MEMORY (0: no limit).")
 @click.option("--max-connections", default=0, help="Per beanstalk front; 0: no limit.")
-@click.option("--counter-port", default=COUNTER_PORT, show_default=True,
+@click.option("--counter-port", default=COUNTER_PORT, show_default=True, type=PORT,
               help="Port of the yrmcds counter front; 0: no counter front.")
-@click.option("--counter-listen", default=None,
+@click.option("--counter-listen", default=None, type=ListenAddress(),
               help="Address of the counter front (HOST, HOST:PORT or unix:/path). "
                    "Default: the -l address, or 127.0.0.1 when -l is a unix socket.")
 @click.option("--counter-max-connections", default=0,
@@ -307,13 +317,13 @@ def main(ctx: click.Context, verbose: int) -> None:
 @click.option("--stat-interval", default=86400, show_default=True,
               help="Counters: seconds between epoch-aligned collections of zero counters.")
 @click.option("--worker-bind", default=WORKER_ENDPOINT, show_default=True,
-              envvar="ZSTALK_WORKER_BIND",
+              envvar="ZSTALK_WORKER_BIND", type=Endpoint(bare=True),
               help="ZeroMQ endpoint (tcp://HOST:PORT, HOST:PORT or ipc://PATH) where native "
                    "workers and producers (zstalk.workers) reach the broker; 'none': no such "
                    "endpoint.")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
-@click.option("--http-port", default=None, type=click.IntRange(min=0),
+@click.option("--http-port", default=None, type=PORT,
               help="Port of the HTTP task API (default 8080 when --config names functions; "
                    "0: none).")
 @master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
@@ -367,21 +377,26 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
 
 
 def load_config_or_exit(path: str | None):
+    """The --config file read and checked (a waiting room needs --pass-key-file, or
+    --insecure: config_file.check_passes), or exit 2 naming the file and the key; its
+    warnings are logged (by the supervisor only, not again by its broker child)."""
     if path is None:
         return None
-    from ..config_file import ConfigError, load
+    from ..config_file import ConfigError, check_passes, load
     try:
         loaded = load(path)
+        warnings = loaded.warnings + check_passes(loaded, path)
     except ConfigError as exc:
         click.echo(f"zstalk: {exc}", err=True)
         sys.exit(2)
-    for warning in loaded.warnings:
-        click.echo(f"zstalk: warning: {warning}", err=True)
+    if not os.environ.get("ZSTALK_SUPERVISOR_PID"):
+        for warning in warnings:
+            logging.getLogger("zstalk.config").warning("%s", warning)
     return loaded
 
 
 @main.command()
-@click.option("--bind", default="tcp://127.0.0.1:11400", show_default=True,
+@click.option("--bind", default="tcp://127.0.0.1:11400", show_default=True, type=Endpoint(),
               help="ZeroMQ endpoint for fronts (tcp://HOST:PORT or ipc://PATH).")
 @click.option("-z", "--max-job-size", default=65535, show_default=True)
 @click.option("--max-jobs-bytes", default=0, help="0: no limit.")
@@ -393,11 +408,13 @@ def load_config_or_exit(path: str | None):
               help="Started again after a crash: Acquire answers 0x21 until fronts had "
                    "time to re-register their holdings.")
 @click.option("--ready-fd", type=int, default=None,
-              help="Write a byte to this fd once the binlog is replayed and the socket bound.")
-@click.option("--also-bind", multiple=True, metavar="ENDPOINT",
+              help="Write a byte to this fd once the binlog is replayed and the socket bound "
+                   "(then, with a binlog, ' JOBS TASKS SCHEDULES' it restored).")
+@click.option("--also-bind", multiple=True, metavar="ENDPOINT", type=Endpoint(),
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="TOML config file: the functions cloud tasks call ([functions]).")
+@pass_key_option
 @binlog_options
 @health_options
 @log_format_option
@@ -436,13 +453,14 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         sys.exit(111)
     actor.core.draining = drain
     if ready_fd is not None:
-        os.write(ready_fd, b"1")
+        counts = "" if actor.restored is None else " %d %d %d" % actor.restored
+        os.write(ready_fd, b"1" + counts.encode())     # (one write: the reader takes it whole)
         os.close(ready_fd)
     from ...protocol.transport.loop import run
-    said = "listening on " + ", ".join(actor.endpoints) + (
-        f"; binlog {binlog_dir}" if binlog_dir else "") + (
-        f"; config {config_path}" if config_path else "") + (
-        "; CURVE" if actor.keys is not None else "") + ("; draining" if drain else "")
+    said = "; ".join(part for part in (
+        "listening on " + ", ".join(actor.endpoints), health_said(health),
+        binlog_said(binlog_dir, actor.restored), f"config {config_path}" if config_path else "",
+        "CURVE" if actor.keys is not None else "", "draining" if drain else "") if part)
     run(serve_with_probes(actor, health, said))
     actor.let_last_replies_leave()
 
@@ -499,8 +517,10 @@ def front():
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True, help="HOST:PORT or unix:/path (repeatable).")
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
+              help="HOST:PORT or unix:/path (repeatable).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0, help="0: no limit.")
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
@@ -514,14 +534,15 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
     exit_with_parent()
     sockets = front_sockets(fds, listens, 11300)
     from .fronts import run_beanstalk_front
-    start_line("front beanstalk", f"listening on {', '.join(map(where, sockets))}; "
-                                  f"broker {broker_ep}")
+    start_line("front beanstalk", with_health(f"listening on {', '.join(map(where, sockets))}; "
+                                              f"broker {broker_ep}", health))
     run_beanstalk_front(broker_ep, sockets, max_connections, max_job_size, hold_s, health)
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True,
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 11215 by default).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0,
@@ -536,14 +557,15 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
     exit_with_parent()
     sockets = front_sockets(fds, listens, COUNTER_PORT)
     from .fronts import run_counter_front
-    start_line("front counter", f"listening on {', '.join(map(where, sockets))}; "
-                                f"broker {broker_ep}")
+    start_line("front counter", with_health(f"listening on {', '.join(map(where, sockets))}; "
+                                            f"broker {broker_ep}", health))
     run_counter_front(broker_ep, sockets, max_connections, hold_s, health)
 
 
 @front.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
-@click.option("--listen", "listens", multiple=True,
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
+@click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
@@ -567,14 +589,16 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from .fronts import run_http_front
-    start_line("front http", f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
-                             f"{'' if master_key else ' (no --master-key: loopback only)'}; "
-                             f"broker {broker_ep}")
+    start_line("front http", with_health(
+        f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
+        f"{'' if master_key else ' (no --master-key: loopback only)'}; broker {broker_ep}",
+        health))
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
 
 
 @main.command()
-@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True)
+@click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
+              type=Endpoint())
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
 @health_options
@@ -584,7 +608,8 @@ def dispatcher(broker_ep, slots, health):
     """Make the broker's cloud-task calls over HTTP until SIGTERM."""
     exit_with_parent()
     from .fronts import run_dispatcher
-    start_line("dispatcher", f"connecting to {broker_ep}; {slots} calls at once")
+    start_line("dispatcher", with_health(f"connecting to {broker_ep}; {slots} calls at once",
+                                         health))
     run_dispatcher(broker_ep, slots, health)
 
 
@@ -594,7 +619,7 @@ def dispatcher(broker_ep, slots, health):
               help="Handlers running at once per process (default: the Worker's).")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pool processes, each with its own connection (supervised).")
-@click.option("--broker", "broker_ep", default=None,
+@click.option("--broker", "broker_ep", default=None, type=Endpoint(),
               help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
@@ -617,8 +642,9 @@ def worker(spec, concurrency, processes, broker_ep, prefetch, health):
         w.prefetch = prefetch
     if broker_ep is not None:
         w.broker = broker_ep
-    start_line("worker", f"connecting to {w.broker}; {spec}, {processes} "
-                         f"process{'es' if processes > 1 else ''} of {w.concurrency} handlers")
+    start_line("worker", with_health(f"connecting to {w.broker}; {spec}, {processes} process"
+                                     f"{'es' if processes > 1 else ''} of {w.concurrency} "
+                                     f"handlers", health))
     try:
         w.run(processes=processes, spec=spec, health=health)
     except WorkerVersionError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from ...protocol.transport.listen import HealthOptions, HttpLimits
+from ...protocol.transport.listen import HealthOptions, HttpLimits, describe_listen
 
 MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
 MASTER_KEY_FILE_ENV = "ZSTALK_MASTER_KEY_FILE"   # --master-key-file (a mounted Secret)
@@ -107,8 +107,9 @@ def where(sock) -> str:
 
 def announcement(listeners, counter_listeners, worker_endpoint: str | None,
                  http_listeners=(), master_key: str | None = None, tls: bool = False,
-                 functions: bool = True) -> str:
-    """What `zstalk serve` says it listens on, once everything listens (logs.start_line)."""
+                 functions: bool = True, health: str = "", binlog: str = "") -> str:
+    """What `zstalk serve` says it listens on, once everything listens (logs.start_line);
+    `health` and `binlog`: health_said's and binlog_said's parts, if any."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
@@ -117,7 +118,36 @@ def announcement(listeners, counter_listeners, worker_endpoint: str | None,
                      + ", ".join(where(s) for s in http_listeners)
                      + _http_notes(master_key, functions))
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
-    return "; ".join(parts)
+    return "; ".join(parts + [p for p in (health, binlog) if p])
+
+
+def health_said(health: HealthOptions, children: dict[str, int] | None = None) -> str:
+    """A start line's part for --health-port ('' without one); `children`: a supervisor's
+    children's own health ports on loopback (broker/run/probes.py), by child."""
+    if not health.port:
+        return ""
+    said = f"health on {describe_listen(health.host, health.port)}"
+    if children:
+        said += " (children's on 127.0.0.1: " + ", ".join(
+            f"{name} {port}" for name, port in children.items()) + ")"
+    return said
+
+
+def binlog_said(directory: str | None, restored: tuple[int, int, int] | None) -> str:
+    """A start line's part for the binlog ('' without one), with what its replay brought
+    back: 'binlog /var/lib/zstalk (restored 12 jobs, 3 tasks)' (and schedules, if any)."""
+    if not directory:
+        return ""
+    if restored is None:
+        return f"binlog {directory}"
+    jobs, tasks, schedules = restored
+    counts = [_count(jobs, "job"), _count(tasks, "task")] + (
+        [_count(schedules, "schedule")] if schedules else [])
+    return f"binlog {directory} (restored {', '.join(counts)})"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def _http_notes(master_key: str | None, functions: bool) -> str:

@@ -31,7 +31,7 @@ from .fronts import beanstalk_front, counter_front, start_front, tune_gc
 from ...protocol.transport.loop import run
 from .. import VERSION
 from .logs import start_line
-from .options import ServeOptions, announcement, no_endpoint
+from .options import ServeOptions, announcement, binlog_said, health_said, no_endpoint
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
 BIND_EXIT = 111         # and for an address it cannot bind
@@ -102,7 +102,9 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
         if opts.announce:
             start_line(opts.role, announcement(listeners, counter_listeners, actor.endpoint,
                                                opts.http_listeners, opts.master_key,
-                                               bool(opts.tls_files), opts.functions is not None))
+                                               bool(opts.tls_files), opts.functions is not None,
+                                               health_said(opts.health),
+                                               binlog_said(opts.binlog_dir, actor.restored)))
         await actor.wait_stopped()
     if probes is not None:
         probes.close()

@@ -40,7 +40,8 @@ import tempfile
 import time
 
 from .logs import log_format, start_line
-from .options import MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement
+from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement,
+                      binlog_said, health_said)
 
 STOP_GRACE_S = 3.0
 BIND_EXIT = 111         # beanstalkd's exit code for an address it cannot bind
@@ -83,6 +84,7 @@ class Supervisor:
         self.broker_restarts = 0    # a restarted broker starts --recovering
         self.health_ports: dict[str, int] = {}  # child -> its health port (--health-port)
         self.probes = None          # probes.SupervisorProbes, with --health-port
+        self.restored = None        # what the broker's binlog replay brought back (ready fd)
 
     def _command(self, name: str) -> list[str]:
         """A child's command line: this process's verbosity and log format, its role."""
@@ -152,7 +154,9 @@ class Supervisor:
             os.close(ready_w)
             while True:
                 if select.select([ready_r], [], [], 0.05)[0]:
-                    if os.read(ready_r, 1):
+                    said = os.read(ready_r, 64)     # b"1", and " JOBS TASKS SCHEDULES"
+                    if said:
+                        self.restored = restored(said[1:])
                         return None
                 broker = self.children["broker"]
                 if broker.poll() is not None:
@@ -185,7 +189,9 @@ class Supervisor:
                 start_line(self.opts.role, announcement(
                     self.listeners, self.counter_listeners, self.opts.worker_bind,
                     self.opts.http_listeners, self.opts.master_key, bool(self.opts.tls_files),
-                    self.opts.functions is not None))
+                    self.opts.functions is not None,
+                    health_said(self.opts.health, self.health_ports),
+                    binlog_said(self.opts.binlog_dir, self.restored)))
             return self._loop()
         finally:
             if self.probes is not None:
@@ -257,6 +263,15 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def restored(said: bytes) -> tuple[int, int, int] | None:
+    """The counts a broker child wrote after its ready byte (cli.py `broker --ready-fd`)."""
+    try:
+        jobs, tasks, schedules = map(int, said.split())
+    except ValueError:
+        return None
+    return jobs, tasks, schedules
 
 
 def serve(listeners: list[socket.socket], opts: ServeOptions,

@@ -316,8 +316,8 @@ class BrokerLink:
             self.state = HOLDING
             self.down_since = time.monotonic()
             self._send(Holding(self.front_id))
-            log.warning("%s: the broker is stopping: holding commands for the next one",
-                        self.kind)
+            log.info("%s: the broker is stopping: holding commands for the next one",
+                     self.kind)
 
     def _lose(self, why: str, stopped: bool = False) -> None:
         """`stopped`: after the broker's final Stopping, which came after its last reply,
@@ -326,7 +326,8 @@ class BrokerLink:
         awaits as lost (on_lost: it fails or re-sends it itself), so ops held while
         HOLDING are dropped here, but for the silent ones (OPEN, CLOSE, ...), which it
         does not await."""
-        log.warning("lost the broker: %s", why)
+        # (a broker that said it stops, after its last reply, is no failure of it)
+        (log.info if stopped else log.warning)("lost the broker: %s", why)
         self.state = LOST
         self.batch = []
         on_stopped = getattr(self.owner, "on_stopped", None)    # (optional: mailbox.py)
