@@ -471,3 +471,13 @@ def test_welcome_hands_the_front_the_brokers_job_size_limit():
     h = Harness(max_job_size=10)
     out = h.hello(b"front-z", 3)
     assert out[0][1].settings.max_job_size == 10
+
+
+def test_a_deadline_set_this_turn_reads_one_second_less_whatever_the_clock_reads():
+    """beanstalkd's nanosecond clock has always moved on since a reservation: `ttr - 1`.
+    In floats `now + 10 - now` is a hair above 10 for some `now` (it showed 10 in CI)."""
+    from zstalk.broker.core.beanstalk.stats import seconds_left
+    nows = [3000.0 + i * 0.0137 for i in range(100_000)]
+    assert {seconds_left(now + 10, now) for now in nows} == {9}
+    assert seconds_left(100.5, 100.0) == 0 and seconds_left(99.0, 100.0) == 0
+    assert seconds_left(109.5, 100.0) == 9 and seconds_left(110.000001, 100.0) == 10
