@@ -121,3 +121,31 @@ def _compiled(source: Path) -> bool:
             and int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
             and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
 
+
+
+def test_the_loop_goes_on_turning_while_the_rest_of_the_start_up_loads(tmp_path, monkeypatch):
+    """What `zstalk serve` starts after its first turns (the counter front, ZeroMQ, aiohttp)
+    is imported on a thread: a module that takes 0.3 s to load stops the loop for none of
+    it (imported on the loop, it would turn 0 times meanwhile)."""
+    import asyncio
+    from zstalk.broker.run.serve import load_on_a_thread
+    (tmp_path / "slow_to_load.py").write_text("import time\ntime.sleep(0.3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    interval = sys.getswitchinterval()
+
+    async def main() -> int:
+        turns = 0
+
+        async def count() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0.01)
+                turns += 1
+        counting = asyncio.ensure_future(count())
+        await asyncio.sleep(0)
+        await load_on_a_thread(["slow_to_load"])
+        counting.cancel()
+        return turns
+
+    assert asyncio.run(main()) >= 5
+    assert "slow_to_load" in sys.modules and sys.getswitchinterval() == interval

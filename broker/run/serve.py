@@ -10,7 +10,8 @@ Start-up is ordered for the first reply.  The CLI has already bound the client p
 binlog, its replay finishes first, while clients wait in the listen backlog, as with
 beanstalkd), the beanstalk front starts accepting, and only after its first loop turns
 (a client already waiting has its first command answered) do the counter front start and
-ZeroMQ load to bind the endpoint for native workers; a failure there still stops the
+ZeroMQ load to bind the endpoint for native workers, their modules imported on a thread
+(`load_on_a_thread`) so that the loop goes on answering meanwhile; a failure there still stops the
 server with exit 111 and the endpoint's name.  One line on stderr then says what listens
 where.
 
@@ -90,6 +91,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     loop.add_signal_handler(signal.SIGHUP, actor.reload)
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
+    await load_on_a_thread(_the_rest(opts, counter_listeners))
     if counter_listeners:
         fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
@@ -117,6 +119,35 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
     for running in fronts:
         running.front.close()
     return code or 0
+
+
+def _the_rest(opts: ServeOptions, counter_listeners) -> list[str]:
+    """The modules the rest of the start-up imports, by what it starts."""
+    modules = ["zstalk.protocol.fronts.counter"] if counter_listeners else []
+    if opts.http_listeners:
+        modules.append("zstalk.protocol.fronts.http")           # (aiohttp)
+    if opts.functions is not None:
+        modules.append("zstalk.workers.dispatcher")
+    if not no_endpoint(opts.worker_bind):
+        modules += ["zmq", "zstalk.protocol.transport.handshakes"]
+    return modules
+
+
+async def load_on_a_thread(modules: list[str]) -> None:
+    """Import `modules` on a thread while the loop goes on answering the clients already
+    connected: an import on the loop stops it for as long as it takes (ZeroMQ ~17 ms here,
+    aiohttp ~100 ms), inside the first timed command of a client that came early (a test
+    suite that starts the server and times its first `put` with a delay).  The thread
+    holds the GIL while a module runs, so the switch interval is cut to 1 ms meanwhile:
+    the loop waits at most about that for it."""
+    if not modules:
+        return
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, 0.001))
+    try:        # (__import__, as an import statement: -X importtime logs it, import_module not)
+        await asyncio.to_thread(lambda: [__import__(m) for m in modules])
+    finally:
+        sys.setswitchinterval(interval)
 
 
 async def _start_tasks(address: str, opts: ServeOptions) -> list:
