@@ -2,4 +2,6 @@
 state core it drives (core/), durability (wal/), and the commands that wire the actors
 together (run/)."""
 
-VERSION = "0.1.0"
+from ..protocol.schema.version import VERSION     # (zstalk.broker.VERSION, as before)
+
+__all__ = ["VERSION"]

@@ -69,6 +69,7 @@ import yarl
 from ..protocol.transport.links import open_link
 from ..protocol.transport.owner import LinkOwner
 from ..protocol.schema import Op, R, SessionState, Welcome
+from ..protocol.schema.tasks import CONNECT_TIMEOUT_MS
 from . import signing
 
 log = logging.getLogger("zstalk.dispatcher")
@@ -82,9 +83,8 @@ CLOSE_GRACE_S = 10.0
 #: a longer Retry-After is taken as this: it is the function's wish, not a reason to park
 #: a task for years (and the value must fit the wire's 64-bit ints)
 RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
-#: how long a connect may take unless the function's `connect_timeout` says otherwise (the
-#: broker sends it in the call's ext only then: broker/core/tasks/requests.py call_ext)
-CONNECT_TIMEOUT_MS = 5000
+#: (CONNECT_TIMEOUT_MS: how long a connect may take unless the function's `connect_timeout`
+#: says otherwise; the broker sends it in the call's ext only then: requests.call_ext)
 #: raised before the request left this process: the function surely did not run
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.InvalidURL)
 

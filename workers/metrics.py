@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..broker import VERSION
+from ..protocol.schema.version import VERSION
 from ..protocol.codecs.prometheus import CALL_BUCKETS, Histogram, Sample, render
 from .job import EXPIRED
 

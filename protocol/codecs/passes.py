@@ -58,6 +58,8 @@ import hmac
 import re
 from typing import Iterable, Iterator, Mapping
 
+from ..schema.tasks import FUNCTION_NAME, UNIQUE_ID
+
 VERSION = "zp1"
 
 #: the longest pass is 207 characters (16-character kid, 32-character uniqueId, 64-character
@@ -66,10 +68,8 @@ MAX_PASS_LENGTH = 256
 
 KEY_MIN_BYTES = 32
 
-#: the task store's own rules (broker/core/tasks/store.py UNIQUE_ID, FUNCTION_NAME), copied
-#: so the codec stays self-contained; tests/test_passes.py checks that they are the same
-UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
-FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
+#: a key's id (the task's uniqueId and function follow the task API's own rules,
+#: protocol/schema/tasks.py UNIQUE_ID and FUNCTION_NAME)
 KID = re.compile(r"[A-Za-z0-9_-]{1,16}")
 _KEY = re.compile(r"[!-~]+")            # printable ASCII, no blanks
 

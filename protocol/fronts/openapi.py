@@ -16,12 +16,10 @@ being documented here fails the tests.
 """
 from __future__ import annotations
 
-from ...broker import VERSION
-from ...broker.core.tasks.store import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
-                                        MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, QUEUE_TIMEOUT,
-                                        STATUSES, UNIQUE_ID)
-from ...broker.core.tasks import requests
-from ...broker.core.tasks.schedules import NAME as SCHEDULE_NAME
+from ..schema import VERSION
+from ..schema.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_LEVEL,
+                            MAX_PAGE, MAX_TIMEOUT_MS, METHODS, QUEUE_TIMEOUT, SAFE_HEADERS,
+                            SCHEDULE_NAME, STATUSES, UNIQUE_ID)
 from .http_api import MAX_BATCH, PAGE_LIMIT
 from .http_cors import MAX_AGE_S, ROUTES
 
@@ -162,14 +160,14 @@ def call_request() -> dict:
                        "hold '..', '//', '\\', a percent-encoded '.' or '/', a line break, "
                        "'?' or '#', nor characters RFC 3986 does not allow in a path.",
         "properties": {
-            "method": {"type": "string", "enum": list(requests.METHODS), "default": "POST"},
+            "method": {"type": "string", "enum": list(METHODS), "default": "POST"},
             "path": {"type": "string", "default": "",
                      "pattern": r"^(/[A-Za-z0-9\-._~!$&'()*+,;=:@%]*)*$"},
             "query": {"type": "object", "additionalProperties": {
                 "oneOf": [{"type": "string"}, strings]},
                 "description": "Sent in the order given, percent-encoded."},
             "headers": {"type": "object", "additionalProperties": {"type": "string"},
-                        "description": "Only " + ", ".join(requests.SAFE_HEADERS) + ", and "
+                        "description": "Only " + ", ".join(SAFE_HEADERS) + ", and "
                                        "those the function's request_headers lists."},
             "body": {"description": "null (no body), a string (text), {\"base64\": "
                                     "\"...\"} (bytes) or any other JSON value (sent as "

@@ -16,6 +16,7 @@ one: `old_peers`, filled by the actor as it decodes, says who speaks what.
 from __future__ import annotations
 
 from ....protocol.schema import Op, R
+from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from .store import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
                     ApiPolicy, Outcome, TaskError, Tasks)
@@ -27,7 +28,6 @@ REQUEST_TASKS_SCHEMA = 4
 MAX_RESULT_HEADERS, MAX_RESULT_HEADER_BYTES = 64, 64 << 10
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
-OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
 NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
 #: a function's `online` that lets a request without the master key enqueue online tasks
 PUBLIC_ONLINE = ("public", "only")

@@ -39,20 +39,11 @@ import re
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote_to_bytes
 
-METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-#: the headers any request task may set (a function's `request_headers` adds to them)
-SAFE_HEADERS = ("Accept", "Accept-Language", "Content-Type", "If-None-Match",
-                "If-Modified-Since", "Idempotency-Key")
-#: never a request's to set, whatever the config says: framing, hop-by-hop, routing, ours
-FORBIDDEN_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-    "te", "trailer", "proxy-authorization", "proxy-authenticate", "proxy-connection",
-    "expect"})
-OWN_PREFIX = "x-zstalk-"
-FIELDS = ("method", "path", "query", "headers", "body")
-MAX_TARGET = 8192           # path and query together, bytes
-MAX_HEADER_VALUE = 8192
-MAX_HEADERS = 64
+from ....protocol.schema.tasks import (CONNECT_TIMEOUT_MS, FORBIDDEN_HEADERS, MAX_HEADER_VALUE,
+                                       MAX_HEADERS, MAX_TARGET, METHODS, OWN_PREFIX,
+                                       REQUEST_FIELDS, SAFE_HEADERS)
+
+FIELDS = REQUEST_FIELDS
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")         # RFC 9110 §5.6.2
 _PATH_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")  # RFC 3986 pchar and "/"
@@ -235,11 +226,6 @@ def url(base: str, request: Request) -> str:
     target = base.rstrip("/") + request.path if request.path else base
     query = "&".join(q for q in (fixed, request.query) if q)
     return f"{target}?{query}" if query else target
-
-
-#: the connect timeout a dispatcher uses unless a call's ext names another
-#: (workers/dispatcher.py CONNECT_TIMEOUT_MS: one value, on both sides)
-CONNECT_TIMEOUT_MS = 5000
 
 
 def call_ext(request: Request | None, result_headers: tuple[str, ...],

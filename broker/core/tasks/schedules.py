@@ -22,15 +22,15 @@ Errors are data: TaskError(code, message), as the task store's (tasks.py).
 """
 from __future__ import annotations
 
-import re
 from typing import Any, NamedTuple
 
 from sortedcontainers import SortedList
 
+from ....protocol.schema.tasks import SCHEDULE_NAME
 from .store import ERROR_CHARS, TaskError, Tasks, parse_options
 
 #: a schedule's name: the characters of a task's uniqueId, up to 64
-NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+NAME = SCHEDULE_NAME
 MAX_SCHEDULES = 100_000
 #: what one schedule costs beyond its params, for --max-jobs-bytes
 SCHEDULE_OVERHEAD_BYTES = 1024

@@ -77,12 +77,16 @@ import ipaddress
 import logging
 import math
 import random
-import re
 from typing import Any, Callable, NamedTuple
 
 from sortedcontainers import SortedDict, SortedList
 
 from ....protocol.ratelog import RateLog
+from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CANCELLED, FAILED,
+                                       FINISHED, FUNCTION_NAME, INT64, MAX_ATTEMPTS,
+                                       MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS,
+                                       OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
+                                       SUCCESS, UNIQUE_ID)
 from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
 from ..labels import Labelled
 from . import requests
@@ -93,12 +97,7 @@ from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from .stats import FunctionCounts, Queued
 
 
-QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
-ADMITTED = "admitted"       # an online task whose turn came: it holds a slot, its user a pass
-FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
-STATUSES = frozenset({QUEUED, RUNNING, ADMITTED}) | FINISHED
 ABANDONED = "abandoned"     # the error of an online task not looked at within its heartbeat
-AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 
 #: how long past its timeout a running task waits for its dispatcher's report
 CALL_GRACE_S = 5.0
@@ -107,26 +106,14 @@ CALL_GRACE_S = 5.0
 CLAIM_S = 5.0
 #: the holder of a call the broker was running when it stopped, until it is claimed
 RESTARTED = "restarted"
-MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
-MAX_ATTEMPTS = 1000
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
-MAX_PAGE = 1000             # tasks one listing request may return
 #: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
 #: its id, its places in the index and the timer lists)
 TASK_OVERHEAD_BYTES = 512
-MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
 ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
-INT64 = (-(1 << 63), (1 << 63) - 1)
-UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
-#: a function name is a URL path segment under base_url: no leading dot (no "..")
-FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
-OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level", "priority",
-           "queueTimeout", "timeout", "uniqueId")
-MAX_LEVEL = 9
 PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart (binlog.py)
 DURABLE_RATE_S = 1.0
-QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
 #: a function's failed calls are logged at most this often (each line counts those not
 #: logged since): a misspelled name under base_url fails every call, and said nothing
 FAILED_CALL_LOG_S = 10.0

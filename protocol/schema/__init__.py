@@ -1,0 +1,28 @@
+"""The vocabulary every zstalk actor speaks, at the bottom of the house: it imports nothing
+of zstalk, and everything else may import it.
+
+    ops.py       the ops a session asks of the broker and the reply codes (Op, R), what
+                 each family's ops carry, the limits of a connection in flight
+    messages.py  the messages between actors (Hello, Batch, Replies, ...) and the one
+                 place they are encoded and decoded (msgpack, schema versions)
+    tasks.py     the task API's names, patterns, ranges, statuses and error codes, which
+                 the broker core checks and the HTTP front and its OpenAPI document show
+    version.py   zstalk's version
+
+`zstalk.protocol.schema` gives every name of ops and messages, as the module of that name
+did before it became this package.
+"""
+from .messages import (HEARTBEAT_S, OLDEST_PEER_VERSION, PEER_TIMEOUT_S, SCHEMA_VERSION,
+                       V1_ERROR_STATUS, Batch, Fenced, Heartbeat, Hello, Holding, Message,
+                       Replies, SchemaError, SessionState, Settings, Stopping, Welcome,
+                       decode, decode_peer, encodable, encode)
+from .ops import (SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS, WORKER_VERSIONS, Codes, Op,
+                  R)
+from .version import VERSION
+
+__all__ = ["Batch", "Codes", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
+           "Message", "OLDEST_PEER_VERSION", "Op", "PEER_TIMEOUT_S", "R", "Replies",
+           "SCHEMA_VERSION", "SESSION_BYTES_MAX", "SESSION_OPS_MAX", "SILENT_OPS",
+           "SchemaError", "SessionState", "Settings", "Stopping", "V1_ERROR_STATUS",
+           "VERSION", "WORKER_VERSIONS", "Welcome", "decode", "decode_peer", "encodable",
+           "encode"]

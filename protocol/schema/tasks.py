@@ -1,0 +1,53 @@
+"""The task API's vocabulary: what a task, a function and a schedule may be called, the
+ranges of their numbers, the statuses a task goes through, and what a request task may
+carry.  The broker core checks enqueues against these (broker/core/tasks/), the waiting
+room's pass codec reads ids with them (protocol/codecs/passes.py), the HTTP front and its
+OpenAPI document show them (protocol/fronts/http/), and the dispatcher calls with them:
+one definition, so the document cannot drift from what is enforced.
+"""
+from __future__ import annotations
+
+import re
+
+# -- names ---------------------------------------------------------------------------------
+UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
+#: a function name is a URL path segment under base_url: no leading dot (no "..")
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
+SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+# -- a task's life -------------------------------------------------------------------------
+QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
+ADMITTED = "admitted"       # an online task whose turn came: it holds a slot, its user a pass
+FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
+STATUSES = frozenset({QUEUED, RUNNING, ADMITTED}) | FINISHED
+AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
+QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
+#: how a dispatcher reports a call (T_OUTCOME's kind)
+OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
+
+# -- ranges --------------------------------------------------------------------------------
+OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level", "priority",
+           "queueTimeout", "timeout", "uniqueId")
+MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
+MAX_ATTEMPTS = 1000
+MAX_PAGE = 1000             # tasks one listing request may return
+MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
+CONNECT_TIMEOUT_MS = 5000   # a call's connect timeout unless its function sets one
+MAX_LEVEL = 9
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+# -- request tasks (a call that is a whole HTTP request: broker/core/tasks/requests.py) -----
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+#: the headers any request task may set (a function's `request_headers` adds to them)
+SAFE_HEADERS = ("Accept", "Accept-Language", "Content-Type", "If-None-Match",
+                "If-Modified-Since", "Idempotency-Key")
+#: never a request's to set, whatever the config says: framing, hop-by-hop, routing, ours
+FORBIDDEN_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+    "te", "trailer", "proxy-authorization", "proxy-authenticate", "proxy-connection",
+    "expect"})
+OWN_PREFIX = "x-zstalk-"
+REQUEST_FIELDS = ("method", "path", "query", "headers", "body")
+MAX_TARGET = 8192           # path and query together, bytes
+MAX_HEADER_VALUE = 8192
+MAX_HEADERS = 64
