@@ -5,7 +5,7 @@ Peers reach the core two ways, and the core cannot tell them apart (each is a ro
   FD is watched with `add_reader`.  That FD only signals edges, so after every send and
   every turn `ZMQ_EVENTS` is checked again and a read is scheduled if anything waits.
 * **through the in-process mailbox** (fronts placed beside the broker, `local:` links in
-  protocol/transport/mailbox.py): a front hands its batch to `post()`, the core handles it and the
+  protocol/links/mailbox.py): a front hands its batch to `post()`, the core handles it and the
   replies are delivered back to the front's link in the same call: no socket, no
   encoding, no extra loop turn.
 
@@ -56,8 +56,8 @@ import resource
 import signal
 import time
 
-from ..protocol.transport import curve
-from ..protocol.transport.mailbox import register_mailbox, unregister_mailbox
+from ..protocol.network import curve
+from ..protocol.links.mailbox import register_mailbox, unregister_mailbox
 from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
                                decode_peer, encode)
 from .core.broker import Broker, Config, Front
@@ -75,7 +75,7 @@ WALL_CHECK_S = 1.0
 STOP_WAIT_S = 5.0
 #: ... and gives its last replies this long to leave
 STOP_LINGER_MS = 1000
-#: the peers on a BrokerLink (protocol/transport/link.py), which take Stopping (producers do not)
+#: the peers on a BrokerLink (protocol/links/zeromq.py), which take Stopping (producers do not)
 _HOLDING_KINDS = frozenset({"beanstalk", "counter", "http", "dispatcher", "pool"})
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
 # enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
@@ -91,7 +91,7 @@ class BrokerActor:
                  also_bind: tuple[str, ...] = (), config_path: str | None = None,
                  keys=curve.FROM_ENV, metrics_top: int = DEFAULT_TOP) -> None:
         self.config_path = config_path      # the --config file SIGHUP reads again
-        # CURVE (protocol/transport/curve.py): our keys and the admitted clients' directory, by
+        # CURVE (protocol/network/curve.py): our keys and the admitted clients' directory, by
         # default from the environment; the ZAP handler starts with the socket
         self.keys = curve.server_keys() if keys is curve.FROM_ENV else keys
         self.admitted: curve.Admitted | None = None
@@ -184,8 +184,8 @@ class BrokerActor:
             self.endpoint = self.endpoint or bound
 
     def _watch_refusals(self) -> None:
-        """With CURVE, say which peers are refused and why (protocol/transport/handshakes.py)."""
-        from ..protocol.transport import handshakes
+        """With CURVE, say which peers are refused and why (protocol/links/handshakes.py)."""
+        from ..protocol.links import handshakes
         events = (self._zmq.EVENT_ACCEPTED | self._zmq.EVENT_DISCONNECTED
                   | self._zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                   | self._zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -200,7 +200,7 @@ class BrokerActor:
             self.refusals.on_event(event, value)
 
     def expose(self, name: str) -> str:
-        """Let fronts in this process reach us at `local:NAME` (protocol/transport/mailbox.py)."""
+        """Let fronts in this process reach us at `local:NAME` (protocol/links/mailbox.py)."""
         address = register_mailbox(name, self)
         self.local_names.append(address)
         return address
@@ -272,7 +272,7 @@ class BrokerActor:
 
     def stop(self) -> None:
         """End serve(), once the remote fronts hold (module comment); callable from any
-        thread (in-process use: zstalk.workers.testing)."""
+        thread (in-process use: zstalk.broker.testing)."""
         self._stop_requested = True
         if self._stopped is not None:
             with contextlib.suppress(RuntimeError):     # the loop already closed
@@ -373,7 +373,7 @@ class BrokerActor:
 
     def run(self, signals: bool = True) -> None:
         """Run on a loop of our own until stopped; `signals=False` in a thread."""
-        from ..protocol.transport.loop import run
+        from ..protocol.network.loop import run
         run(self.serve(signals))
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ import re
 import tomllib
 from typing import Any, NamedTuple
 
-from ..protocol.transport.curve import insecure
+from ..protocol.network.curve import insecure
 
 from .core.tasks import requests
 from .core.upstreams import ServerSpec, UpstreamSpec, validate

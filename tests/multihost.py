@@ -29,7 +29,7 @@ from netns import Lan
 from pods import PodData, config_maps, workloads
 from servers import readme_block, wait_for
 from test_k8s_manifests import rendered
-from zstalk.protocol.transport import curve
+from zstalk.protocol.network import curve
 from zstalk.workers import signing
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""CORS for the waiting room (protocol/fronts/http_cors.py): the rules on their own, then
+"""CORS for the waiting room (protocol/fronts/http/cors.py): the rules on their own, then
 a real `zstalk serve` answering preflights and actual requests with and without an
 Origin, a 429 a page can read, and a SIGHUP that changes the origins.  What a real
 browser makes of it: tests/test_readme.py's shop page, and test_a_browser_page_* below."""
@@ -11,7 +11,7 @@ import pytest
 
 from servers import self_check
 from test_waiting_room_end_to_end import FUNCTION, call, serve
-from zstalk.protocol.fronts.http_cors import ROUTES, allowed, preflight_refusal
+from zstalk.protocol.fronts.http.cors import ROUTES, allowed, preflight_refusal
 from zstalk.protocol.schema import Settings
 
 SHOP, ADMIN, ELSEWHERE = "https://shop.example", "https://admin.example", "https://else.example"

@@ -10,7 +10,7 @@ import pytest
 
 from servers import acquire_request, counter_request, get_request, release_request
 from zstalk.protocol.fronts.counter import CounterFront
-from zstalk.protocol.transport.owner import CONNECTING, READY
+from zstalk.protocol.links.owner import CONNECTING, READY
 from zstalk.protocol.schema import Op, R, SessionState
 from zstalk.protocol.codecs.yrmcds import (HEADER, Opcode, Status, acquire_response,
                                            dump_response, error_response, get_response,

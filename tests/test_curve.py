@@ -21,7 +21,8 @@ import zmq
 
 from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check,
                      wait_for)
-from zstalk.protocol.transport import curve, handshakes
+from zstalk.protocol.network import curve
+from zstalk.protocol.links import handshakes
 from zstalk.protocol.schema import Hello, Welcome, decode, encode
 from zstalk.workers import Client
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servers import free_port, self_check, wait_for
-from zstalk.protocol.transport.health import (BadRequest, HealthRequest, TooLong, answer,
-                                              health_state, link_state)
+from zstalk.protocol.network.health import (BadRequest, HealthRequest, TooLong, answer,
+                                            health_state, link_state)
 
 BIN = Path(__file__).resolve().parents[1] / ".venv" / "bin"
 ZSTALK = str(BIN / "zstalk") if (BIN / "zstalk").exists() else "zstalk"
@@ -49,7 +49,7 @@ def test_a_request_keeps_its_authorization_header_whatever_its_case():
 
 
 def test_metrics_need_the_bearer_token_when_one_is_set():
-    from zstalk.protocol.transport.health import Request, answer_metrics
+    from zstalk.protocol.network.health import Request, answer_metrics
     text = lambda: b"zstalk_jobs 1\n"     # noqa: E731
     status = lambda reply: int(reply.split(b" ", 2)[1])     # noqa: E731
     assert status(answer_metrics(Request("GET", "/metrics"), None, text)) == 200

@@ -1,6 +1,6 @@
 """The HTTP front over real HTTP on loopback: aiohttp's client talks to the front, and a
 fake link stands in for the broker, recording every op and answering each with the reply
-a test chooses.  So each rule of protocol/fronts/http.py is checked end to end at the HTTP
+a test chooses.  So each rule of protocol/fronts/http/front.py is checked end to end at the HTTP
 level (status, JSON body, the op sent), without a broker."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from zstalk.protocol.fronts.http import HttpFront
-from zstalk.protocol.fronts.http_api import Enqueue, Problem, parse_enqueue
+from zstalk.protocol.fronts.http.front import HttpFront
+from zstalk.protocol.fronts.http.api import Enqueue, Problem, parse_enqueue
 from zstalk.protocol.schema import SILENT_OPS, Op, R, SessionState, Settings, Welcome
 
 CREATED = datetime.datetime(2026, 11, 24, 20, 30, 0, 123000, datetime.timezone.utc).timestamp()

@@ -1,4 +1,4 @@
-"""The HTTP front's own limits (protocol/fronts/http_site.py): TLS, the header and body timeouts
+"""The HTTP front's own limits (protocol/fronts/http/site.py): TLS, the header and body timeouts
 against slow clients, the connection limit.
 
 Each rule is checked in process, with the harness of test_http_front.py (a FakeLink for
@@ -25,8 +25,8 @@ from servers import LOOPBACK, find_zstalk, self_check
 from test_http_front import FakeLink, enqueued, listening_socket
 from test_tasks_end_to_end import host, serve  # noqa: F401 (fixtures)
 from test_tasks_supervised import child
-from zstalk.protocol.fronts.http import HttpFront
-from zstalk.protocol.transport.listen import HttpLimits, TlsError, tls_context
+from zstalk.protocol.fronts.http.front import HttpFront
+from zstalk.protocol.network.listen import HttpLimits, TlsError, tls_context
 
 SHORT_S = 1.0               # the timeouts under test
 CUT_WITHIN_S = 5.0          # ... and how late a cut may come on a busy machine

@@ -29,7 +29,7 @@ import yaml
 from servers import readme_block, unavailable
 from zstalk.broker.run.cli import main as zstalk_cli
 from zstalk.broker.run.options import MASTER_KEY_FILE_ENV
-from zstalk.protocol.transport import curve
+from zstalk.protocol.network import curve
 from zstalk.workers import signing
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -149,7 +149,7 @@ def test_the_core_reaches_its_families_and_not_the_actor_or_the_fronts(graph):
     assert {"zstalk.broker.core.beanstalk.commands", "zstalk.broker.core.counters",
             "zstalk.broker.core.tasks.commands"} <= reached
     assert not [m for m in reached if m.startswith(("zstalk.broker.actor", "zstalk.broker.wal.binlog",
-                                                     "zstalk.protocol.fronts", "zstalk.protocol.transport",
+                                                     "zstalk.protocol.fronts", "zstalk.protocol.network",
                                                      "zstalk.workers", WIRING))]
 
 

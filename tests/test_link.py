@@ -6,8 +6,8 @@ import time
 
 import zmq
 
-from zstalk.protocol.transport.link import BrokerLink
-from zstalk.protocol.transport.owner import LinkOwner
+from zstalk.protocol.links.zeromq import BrokerLink
+from zstalk.protocol.links.owner import LinkOwner
 from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding, Op,
                                     R, Settings, Stopping, Welcome, decode, encode)
 

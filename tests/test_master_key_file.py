@@ -1,5 +1,5 @@
 """The master key from a file (--master-key-file / ZSTALK_MASTER_KEY_FILE, a mounted
-Kubernetes Secret), read by protocol/transport/secret.py as the signing key's file is: real `zstalk
+Kubernetes Secret), read by protocol/network/secret.py as the signing key's file is: real `zstalk
 serve` and `zstalk front http` processes on 127.0.0.1, and the reader on its own."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from servers import find_zstalk, free_port, self_check
 from test_tasks_end_to_end import Api, host, serve  # noqa: F401 (fixtures)
 from test_tasks_supervised import child, enqueue_and_finish
-from zstalk.protocol.transport.secret import SecretError, read_secret_file
+from zstalk.protocol.network.secret import SecretError, read_secret_file
 
 
 # -- the reader -----------------------------------------------------------------------------

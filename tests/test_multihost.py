@@ -207,7 +207,7 @@ def test_a_rolling_restart_of_the_broker_keeps_connections_reservations_and_ackn
 STRANGER = r'''
 import json, os, sys
 import zmq
-from zstalk.protocol.transport import curve
+from zstalk.protocol.network import curve
 from zstalk.protocol.schema import Hello, decode, encode
 
 endpoint, given, mine = sys.argv[1:4]      # given: the worker's Secret; mine: for new keys

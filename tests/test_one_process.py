@@ -52,7 +52,7 @@ class Owner:
 def _with_local_broker(body):
     from zstalk.broker.actor import BrokerActor
     from zstalk.broker.core.broker import Config
-    from zstalk.protocol.transport.links import open_link
+    from zstalk.protocol.links import open_link
 
     async def main():
         actor = BrokerActor(None, Config())
@@ -184,7 +184,7 @@ def test_a_local_front_is_never_declared_dead_however_long_the_loop_stalls():
 
 
 def test_a_local_address_nobody_registered_is_an_error_that_names_it():
-    from zstalk.protocol.transport.links import open_link
+    from zstalk.protocol.links import open_link
 
     async def main():
         with pytest.raises(ValueError, match="local:nobody"):

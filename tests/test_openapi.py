@@ -1,4 +1,4 @@
-"""The OpenAPI document (protocol/fronts/openapi.py) is kept true three ways: it is valid OpenAPI
+"""The OpenAPI document (protocol/fronts/http/openapi.py) is kept true three ways: it is valid OpenAPI
 3.1 and names exactly the routes the front serves; its option schemas accept exactly what
 broker/tasks.parse_options accepts (a property test); and schemathesis drives a real
 `zstalk serve --master-key` from the document that server serves, with no 5xx and every
@@ -27,8 +27,8 @@ from test_tasks_end_to_end import FunctionHost as TaskFunctionHost
 from zstalk.broker.core.tasks.store import (INT64, MAX_ATTEMPTS, MAX_DURATION_MS,
                                             MAX_TIMEOUT_MS, OPTIONS, STATUSES, FunctionSpec,
                                             TaskError, parse_options)
-from zstalk.protocol.fronts.http import HttpFront
-from zstalk.protocol.fronts.openapi import PATH, document
+from zstalk.protocol.fronts.http.front import HttpFront
+from zstalk.protocol.fronts.http.openapi import PATH, document
 
 KEY = "openapi-test-key"
 WAIT_S = 10.0

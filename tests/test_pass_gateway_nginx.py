@@ -1,7 +1,7 @@
 """The waiting room's gateway in real nginx (Debian's, issue 31): k8s/gateway/nginx-auth-request.conf
 itself, its ${NAME}s filled in, runs in front of a recording API, and its auth_request asks a
 stand-in for zstalk's GET /v1/passes/verify.  The stand-in is the endpoint's own logic
-(protocol/fronts/pass_check.py) on a fixed key set, with a set of revoked task ids for the
+(protocol/fronts/http/pass_check.py) on a fixed key set, with a set of revoked task ids for the
 broker's answer (or no answer: the broker away), until the HTTP front serves it.
 
 No pass or not a pass: 401 from nginx, WWW-Authenticate passed on; a good pass: the API's 200,
@@ -21,7 +21,7 @@ import pytest
 from nginx import NGINX_CONF, Backend, Nginx, Recorded, Reply, require_nginx
 from servers import LOOPBACK, free_port, start_on_a_free_port
 from zstalk.protocol.codecs.passes import PassKeys, sign_pass
-from zstalk.protocol.fronts.pass_check import check_request, settle
+from zstalk.protocol.fronts.http.pass_check import check_request, settle
 
 pytestmark = pytest.mark.reference
 

@@ -1,7 +1,7 @@
 """The waiting room's signed passes (issue 31): the format (protocol/codecs/passes.py), each
 reason a pass is refused and the order they are checked in, every one-byte change of a
 good pass refused, key files and rotation, the SDK's verify_pass (workers/signing.py) and
-the verify endpoint's decisions (protocol/fronts/pass_check.py).  Hypothesis: any str,
+the verify endpoint's decisions (protocol/fronts/http/pass_check.py).  Hypothesis: any str,
 bytes or other object given as a pass only ever gets a PassError."""
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import zstalk.workers
 from zstalk.broker.core.tasks import store
 from zstalk.protocol.codecs import passes
 from zstalk.protocol.codecs.passes import (MAX_PASS_LENGTH, PassError, PassKeyError, PassKeys,
-                                           parse_pass_keys, sign_pass, verify_pass)
-from zstalk.protocol.fronts.pass_check import check_request, settle
-from zstalk.protocol.transport.pass_keys import read_pass_keys
-from zstalk.protocol.transport.secret import SecretError
+                                           check_pass as verify_pass, parse_pass_keys, sign_pass)
+from zstalk.protocol.fronts.http.pass_check import check_request, settle
+from zstalk.protocol.network.pass_keys import read_pass_keys
+from zstalk.protocol.network.secret import SecretError
 
 KEY1 = b"k1-0123456789abcdef0123456789abcdef"
 KEY2 = b"k2-fedcba9876543210fedcba9876543210"

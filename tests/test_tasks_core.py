@@ -7,7 +7,8 @@ import pytest
 from zstalk.broker.config_file import TaskConfig
 from zstalk.broker.core.tasks import views
 from zstalk.broker.core.tasks.store import (CALL_GRACE_S, CANCELLED, FAILED, QUEUED, RUNNING,
-                                            SUCCESS, TASK_OVERHEAD_BYTES, ApiPolicy, Backoff,
+                                            SUCCESS, TASK_OVERHEAD_BYTES, ApiPolicy,
+                                            TaskBackoff as Backoff,
                                             FunctionSpec, Outcome, Task, TaskError, Tasks)
 
 T0 = 1000.0
@@ -360,7 +361,7 @@ def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
 
 
 def test_an_enqueue_is_answered_with_the_fields_of_the_201_only():
-    from zstalk.protocol.fronts.http_api import ENQUEUED_FIELDS
+    from zstalk.protocol.fronts.http.api import ENQUEUED_FIELDS
     b = BrokerClock(concurrency=1)
     first, second = b.enqueue("t1"), b.enqueue("t2", options={"delay": 60_000})
     assert first[2] == {"uniqueId": "t1", "status": QUEUED, "waitNum": 0}

@@ -177,7 +177,7 @@ def test_an_online_task_behind_an_offline_head_is_admitted_in_the_same_turn():
     assert b.broker.tasks.tasks[online[2]["uniqueId"]].status == ADMITTED
 
 
-# -- CORS: what the broker tells the HTTP fronts (protocol/fronts/http_cors.py) ----------------
+# -- CORS: what the broker tells the HTTP fronts (protocol/fronts/http/cors.py) ----------------
 def test_the_broker_tells_fronts_each_functions_origins_and_which_a_page_may_enqueue_from():
     from test_tasks_core import HTTP, BrokerClock
     from zstalk.broker.config_file import TaskConfig

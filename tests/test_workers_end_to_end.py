@@ -23,7 +23,7 @@ import pytest
 from servers import free_port
 from zstalk.workers import Backoff, Bury, Client, Job, Retry, Worker, WorkerVersionError, codecs
 from zstalk.workers import pool as pool_module
-from zstalk.workers.testing import LocalBroker
+from zstalk.broker.testing import LocalBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 

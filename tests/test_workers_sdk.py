@@ -13,7 +13,7 @@ import pytest
 from zstalk.workers import Backoff, Bury, Client, Job, Retry, Worker, ZstalkError, codecs
 from zstalk.workers.job import BURY, DELETE, RELEASE, Outcome, decide
 from zstalk.workers.runners import ThreadRunner
-from zstalk.workers.testing import LocalBroker
+from zstalk.broker.testing import LocalBroker
 from zstalk.workers.worker import load_worker
 
 from servers import wait_for
@@ -428,3 +428,10 @@ def test_auto_touch_keeps_a_prefetched_job_that_waits_longer_than_its_ttr():
         counts = broker.work(w, timeout_s=15)
     assert counts.get("deleted") == 2 and not counts.get("expired") and not counts.get("stale")
     assert len(ids) == 2
+
+
+def test_the_old_path_of_local_broker_still_gives_it_for_one_release_and_warns():
+    import importlib
+    old = importlib.import_module("zstalk.workers.testing")
+    with pytest.warns(DeprecationWarning, match="zstalk.broker.testing"):
+        assert old.LocalBroker is LocalBroker

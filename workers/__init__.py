@@ -1,5 +1,5 @@
 """zstalk native workers: a Worker pool that the broker pushes jobs to, a producer
-Client, codecs, and an in-process broker for tests (zstalk.workers.testing); and the
+Client, codecs (an in-process broker for tests is zstalk.broker.testing); and the
 cloud-task SDK (zstalk.workers.cloud: TaskClient, AsyncTaskClient, Functions), a client of
 the counters (CounterClient), and the waiting room's pass check (verify_pass).
 

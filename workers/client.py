@@ -18,8 +18,8 @@ from typing import Any, Iterable
 
 import zmq
 
-from ..protocol.transport import curve
-from ..protocol.transport.curve import FROM_ENV
+from ..protocol.network import curve
+from ..protocol.network.curve import FROM_ENV
 from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies, SchemaError,
                                Settings, Welcome, decode, encode)
 from . import codecs
@@ -37,7 +37,7 @@ class Client:
 
     def __init__(self, broker: str = DEFAULT_BROKER, codec: Codec = codecs.raw,
                  timeout_s: float = 5.0, ctx: zmq.Context | None = None, keys=FROM_ENV) -> None:
-        """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
+        """`keys`: CURVE keys for a broker beyond this host (protocol/network/curve.py ClientKeys;
         by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER).  `timeout_s` is above 0
         and finite (else ValueError: 0 or less gave up on every call before asking)."""
         if not 0 < timeout_s < math.inf:

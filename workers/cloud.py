@@ -1,6 +1,6 @@
 """The Python SDK for cloud tasks: clients of the HTTP task API, and a function host.
 
-A client enqueues calls, reads their outcome and cancels them (protocol/fronts/http.py
+A client enqueues calls, reads their outcome and cancels them (protocol/fronts/http/front.py
 has the API; options are named as there, or in snake_case: unique_id=, keep_result=):
 
     from zstalk.workers.cloud import TaskClient
@@ -390,10 +390,10 @@ class Functions:
 
 def exception_text(exc: BaseException) -> str:
     """`Type: message`, on one line of printable ASCII (a header value), at most
-    signing.ERROR_CHARS long; no traceback."""
+    signing.FUNCTION_ERROR_CHARS long; no traceback."""
     text = f"{type(exc).__name__}: {exc}".encode("ascii", "backslashreplace").decode()
     text = "".join(c if c.isprintable() else " " for c in text)
-    return text[:signing.ERROR_CHARS]
+    return text[:signing.FUNCTION_ERROR_CHARS]
 
 
 async def _run(fn: Callable[[Any], Any], params: Any) -> Any:

@@ -1,7 +1,7 @@
 """A dispatcher: makes the broker's cloud-task calls over HTTP and reports each outcome.
 
 The dispatcher is a front of kind "dispatcher" with one session (conn 1) over a link,
-which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/transport/mailbox.py:
+which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/links/mailbox.py:
 a BrokerLink over ZeroMQ or a LocalLink beside the broker).  After Welcome it OPENs and
 T_SUBSCRIBEs with its slots; the broker pushes `R.T_CALL`s while it has free slots, each
 becomes an asyncio task that POSTs the task's params to its function's URL, and the
@@ -66,8 +66,8 @@ from typing import NamedTuple
 import aiohttp
 import yarl
 
-from ..protocol.transport.links import open_link
-from ..protocol.transport.owner import LinkOwner
+from ..protocol.links import open_link
+from ..protocol.links.owner import LinkOwner
 from ..protocol.schema import Op, R, SessionState, Welcome
 from ..protocol.schema.tasks import CONNECT_TIMEOUT_MS
 from . import signing
@@ -293,7 +293,7 @@ class Dispatcher(LinkOwner):
             body = await _read_up_to(resp.content, limit + 1)
             if len(body) <= limit:
                 declared = resp.headers.get("Content-Type")
-                result = result_json(body, resp.content_type if declared else None,
+                result = body_as_result(body, resp.content_type if declared else None,
                                      resp.charset)
                 if result is None or len(result) <= limit:
                     return Outcome(SUCCESS, resp.status, result,
@@ -363,7 +363,7 @@ _BINARY_TYPES = frozenset({"application/pdf", "application/zip", "application/gz
                            "application/msword", "application/x-msgpack", "application/cbor"})
 
 
-def result_json(body: bytes, content_type: str | None, charset: str | None) -> bytes | None:
+def body_as_result(body: bytes, content_type: str | None, charset: str | None) -> bytes | None:
     """A 2xx body as the JSON the task keeps (see the module's docstring).  `content_type`
     None: the response declared none."""
     if not body:
@@ -418,7 +418,7 @@ def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
     error = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
     said = resp.headers.get(signing.ERROR_HEADER)
     if said:                            # the Functions helper's (cloud.py): type: message
-        error += f": {said[:signing.ERROR_CHARS]}"
+        error += f": {said[:signing.FUNCTION_ERROR_CHARS]}"
     if 300 <= resp.status < 400:
         error += f" to {resp.headers.get('Location')} (redirects are not followed)"
     wait_ms = (retry_after_ms(resp.headers.get("Retry-After"), now)

@@ -37,8 +37,8 @@ from typing import Any, Callable, Protocol
 import zmq
 
 from ..protocol.codecs.prometheus import Sample
-from ..protocol.transport.link import BrokerLink
-from ..protocol.transport.owner import READY, LinkOwner
+from ..protocol.links.zeromq import BrokerLink
+from ..protocol.links.owner import READY, LinkOwner
 from ..protocol.schema import SILENT_OPS, WORKER_VERSIONS, Op, R, SessionState, Welcome
 from .codecs import Codec
 from .errors import Bury, Retry, WorkerVersionError, ZstalkError

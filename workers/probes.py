@@ -1,4 +1,4 @@
-"""A worker pool's probes: `zstalk worker --health-port` (protocol/transport/health.py serves them).
+"""A worker pool's probes: `zstalk worker --health-port` (protocol/network/health.py serves them).
 
 One process: the pool's own loop answers, as a front's does.  Ready while its link to
 the broker is READY or has been down for less than READY_HOLD_S (the pool's link holds
@@ -28,7 +28,7 @@ import math
 import time
 from typing import Any, Callable, NamedTuple
 
-from ..protocol.transport.health import BEAT_S, health_state, link_state
+from ..protocol.network.health import BEAT_S, health_state, link_state
 from .metrics import WIDTH, PoolMetrics, publish
 
 READY_HOLD_S = 5.0      # as a front's --hold-s: a broker restart is not an outage
@@ -90,7 +90,7 @@ def pool_live(slots: list[tuple[float, float]], now: float, stall_s: float) -> s
 
 def parent_checks(slots: Slots, stall_s: float) -> tuple[Callable[[], str | None],
                                                          Callable[[], str | None]]:
-    """The parent's (ready, alive) functions for protocol/transport/health.py."""
+    """The parent's (ready, alive) functions for protocol/network/health.py."""
     return (lambda: pool_ready(slots.read(), time.monotonic(), READY_HOLD_S),
             lambda: pool_live(slots.read(), time.monotonic(), stall_s))
 

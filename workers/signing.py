@@ -75,10 +75,9 @@ import os
 import time
 from typing import Mapping, NamedTuple
 
-from ..protocol.codecs.passes import PassKeys
-from ..protocol.codecs.passes import verify_pass as _verify_pass
-from ..protocol.transport.pass_keys import read_pass_keys
-from ..protocol.transport.secret import read_secret_file
+from ..protocol.codecs.passes import check_pass
+from ..protocol.network.pass_keys import KeysLike, as_pass_keys
+from ..protocol.network.secret import read_secret_file
 
 HEADER = "X-Zstalk-Signature"
 #: the call's other headers between a dispatcher and the Functions helper (cloud.py): the
@@ -86,7 +85,7 @@ HEADER = "X-Zstalk-Signature"
 #: ([api] private_results), and the helper answers one there
 EXPOSE_HEADER = "X-Zstalk-Expose-Errors"
 ERROR_HEADER = "X-Zstalk-Error"
-ERROR_CHARS = 1024          # what of an exception's type and message may travel
+FUNCTION_ERROR_CHARS = 1024     # what of an exception's type and message may travel
 ENV_KEY = "ZSTALK_SIGNING_KEY"
 ENV_KEY_FILE = "ZSTALK_SIGNING_KEY_FILE"
 WINDOW_S = 300
@@ -199,7 +198,7 @@ def parse(header: str) -> Signature | None:
 def signing_key(value: str | bytes | None = None) -> bytes | None:
     """The secret: `value` if given, else $ZSTALK_SIGNING_KEY, else the contents of the file
     $ZSTALK_SIGNING_KEY_FILE names (less one trailing newline,
-    protocol/transport/secret.py), else None (calls go unsigned).
+    protocol/network/secret.py), else None (calls go unsigned).
 
     An empty variable counts as unset; an explicit empty value, or a key file that is
     empty or cannot be read, is an error: running unsigned by mistake is worse."""
@@ -222,37 +221,9 @@ def _nonempty(key: bytes, what: str) -> bytes:
 
 
 # -- the waiting room's passes ---------------------------------------------------------
-KeysLike = PassKeys | Mapping[str, bytes | str] | str | os.PathLike
-
-_files: dict[str, tuple[tuple[int, int, int, int], PassKeys]] = {}
-
 
 def verify_pass(token: str | bytes, keys: KeysLike, function: str | None = None,
                 now: float | None = None) -> str:
     """The task id of a good pass for `function` (None: any) at `now` (default: the
     clock); else PassError.  A key file that cannot be used raises ValueError."""
-    return _verify_pass(token, as_pass_keys(keys), time.time() if now is None else now, function)
-
-
-def as_pass_keys(keys: KeysLike) -> PassKeys:
-    if isinstance(keys, PassKeys):
-        return keys
-    if isinstance(keys, (str, os.PathLike)):
-        return _key_file(os.fspath(keys))
-    return PassKeys(keys)
-
-
-def _key_file(path: str) -> PassKeys:
-    """The keys of `path`, read again only when the file changed."""
-    try:
-        st = os.stat(path)
-        stamp = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
-    except OSError:
-        stamp = None
-    cached = _files.get(path)
-    if stamp is not None and cached is not None and cached[0] == stamp:
-        return cached[1]
-    keys = read_pass_keys(path, "the pass key file")
-    if stamp is not None:
-        _files[path] = (stamp, keys)     # a file changed since the stat is read again next time
-    return keys
+    return check_pass(token, as_pass_keys(keys), time.time() if now is None else now, function)

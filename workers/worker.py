@@ -31,10 +31,10 @@ from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
 from ..protocol.codecs.prometheus import render
-from ..protocol.transport import curve
-from ..protocol.transport.curve import FROM_ENV
-from ..protocol.transport.health import link_ready, start_health
-from ..protocol.transport.listen import HealthOptions
+from ..protocol.network import curve
+from ..protocol.network.curve import FROM_ENV
+from ..protocol.network.health import link_ready, start_health
+from ..protocol.network.listen import HealthOptions
 from .job import Backoff
 from .metrics import render_totals, resume
 from .pool import Pool
@@ -50,7 +50,7 @@ class Worker:
                  prefetch: int | None = None, codec: Codec = codecs.raw, max_attempts: int = 5,
                  backoff: Backoff = Backoff(), grace_s: float = 30.0, auto_touch: bool = False,
                  logger: logging.Logger | None = None, keys=FROM_ENV) -> None:
-        """`keys`: CURVE keys for a broker beyond this host (protocol/transport/curve.py ClientKeys;
+        """`keys`: CURVE keys for a broker beyond this host (protocol/network/curve.py ClientKeys;
         by default from ZSTALK_CURVE_KEY / ZSTALK_CURVE_SERVER).  A number out of its range
         is a ValueError here: a pool would otherwise start and never run a job
         (prefetch=-2: its credits, concurrency + prefetch, are below 1), or do what
@@ -110,7 +110,7 @@ class Worker:
         a port (or HealthOptions) for GET /healthz, /readyz and /metrics; a port that cannot be
         bound raises protocol.health.HealthBindError before any work starts.  A broker
         beyond this host without CURVE keys is refused here, before any process starts
-        (protocol/transport/curve.py)."""
+        (protocol/network/curve.py)."""
         if isinstance(self.broker, str):
             curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
         if processes < 1:

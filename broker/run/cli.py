@@ -24,8 +24,8 @@ import sys
 
 import click
 
-from ...protocol.transport.listen import (HealthOptions, HttpLimits, bind_listen,
-                                          describe_listen, parse_listen)
+from ...protocol.network.listen import (HealthOptions, HttpLimits, bind_listen, describe_listen,
+                                        parse_listen)
 from .. import VERSION
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
@@ -57,7 +57,7 @@ def binlog_options(f):
 def health_options(f):
     """--health-port/--health-listen/--health-stall-s and the metrics' --metrics-token-file
     and --metrics-top, given to the command as one `health` argument (a
-    listen.HealthOptions; the probes and /metrics are protocol/transport/health.py)."""
+    listen.HealthOptions; the probes and /metrics are protocol/network/health.py)."""
     @functools.wraps(f)
     def command(*args, health_port, health_listen, health_stall_s, metrics_token_file,
                 metrics_top, **kwargs):
@@ -101,7 +101,7 @@ def with_health(text: str, health: HealthOptions) -> str:
 
 def read_token(path: str) -> str:
     """--metrics-token-file's token (a usage error, naming the file, if it cannot be read)."""
-    from ...protocol.transport.secret import SecretError, read_secret_file
+    from ...protocol.network.secret import SecretError, read_secret_file
     try:
         return read_secret_file(path, "--metrics-token-file").decode("latin-1")
     except SecretError as exc:
@@ -148,7 +148,7 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
         raise click.UsageError(f"{missing} is missing: give --tls-cert and --tls-key together")
     tls = None
     if tls_cert:
-        from ...protocol.transport.listen import TlsError, tls_context
+        from ...protocol.network.listen import TlsError, tls_context
         try:
             tls = tls_context(tls_cert, tls_key)
         except TlsError as exc:
@@ -161,7 +161,7 @@ PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
 
 
 def _use_pass_key_file(ctx, param, value):
-    """The waiting room's pass keys (protocol/fronts/http_room.py): checked now, then
+    """The waiting room's pass keys (protocol/fronts/http/room.py): checked now, then
     named to the HTTP front (and any process serve starts) by the environment."""
     if value:
         from ...workers.signing import as_pass_keys
@@ -196,7 +196,7 @@ def master_key_options(help_key: str):
 def master_key_from(value: str | None, path: str | None) -> str | None:
     """The master key given, or read from its file; both is a usage error, and a file
     that is empty, unreadable or not UTF-8 ends the command with exit 2, naming it."""
-    from ...protocol.transport.secret import SecretError, read_secret_file
+    from ...protocol.network.secret import SecretError, read_secret_file
     if value and path:
         raise click.UsageError(f"give --master-key ({MASTER_KEY_ENV}) or --master-key-file "
                                f"({MASTER_KEY_FILE_ENV}), not both")
@@ -249,10 +249,10 @@ def counter_host(addr: str) -> str:
 
 class _Main(click.Group):
     """Keys that cannot be used, or a non-local endpoint without them, end any command
-    with the reason and exit status 2 (protocol/transport/curve.py)."""
+    with the reason and exit status 2 (protocol/network/curve.py)."""
 
     def invoke(self, ctx: click.Context):
-        from ...protocol.transport.curve import CurveError
+        from ...protocol.network.curve import CurveError
         try:
             return super().invoke(ctx)
         except CurveError as exc:
@@ -422,7 +422,7 @@ def load_config_or_exit(path: str | None):
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
            also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
     """Run the broker actor: all tube, job, session and task state."""
-    from ...protocol.transport.curve import CurveError
+    from ...protocol.network.curve import CurveError
     from .fronts import tune_gc
     tune_gc()
     from ..actor import BrokerActor
@@ -456,7 +456,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         counts = "" if actor.restored is None else " %d %d %d" % actor.restored
         os.write(ready_fd, b"1" + counts.encode())     # (one write: the reader takes it whole)
         os.close(ready_fd)
-    from ...protocol.transport.loop import run
+    from ...protocol.network.loop import run
     said = "; ".join(part for part in (
         "listening on " + ", ".join(actor.endpoints), health_said(health),
         binlog_said(binlog_dir, actor.restored), f"config {config_path}" if config_path else "",
@@ -468,7 +468,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
 async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:
     """The broker actor until stopped; its probes listen only now that the binlog is
     replayed and the endpoint bound, so a broker still replaying answers no probe."""
-    from ...protocol.transport.health import HealthBindError, start_health
+    from ...protocol.network.health import HealthBindError, start_health
     from ..metrics import build_info
     try:
         probes = await start_health(
@@ -580,7 +580,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
          header_timeout, body_timeout, http_max_connections, hold_s, health):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
-    from ...protocol.transport.listen import is_loopback
+    from ...protocol.network.listen import is_loopback
     exit_with_parent()
     master_key = master_key_from(master_key, master_key_file)
     limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
@@ -628,7 +628,7 @@ def dispatcher(broker_ep, slots, health):
 @insecure_option
 def worker(spec, concurrency, processes, broker_ep, prefetch, health):
     """Run the native worker MODULE:WORKER (a zstalk.workers.Worker) until SIGTERM."""
-    from ...protocol.transport.health import HealthBindError
+    from ...protocol.network.health import HealthBindError
     from ...workers.errors import WorkerVersionError
     from ...workers.worker import VERSION_EXIT, load_worker
 
@@ -661,7 +661,7 @@ def worker(spec, concurrency, processes, broker_ep, prefetch, health):
 @click.argument("name")
 def keygen(directory, name):
     """Write a CURVE key pair: DIRECTORY/NAME.key (public) and NAME.key_secret (0600)."""
-    from ...protocol.transport.curve import keygen as write_keys
+    from ...protocol.network.curve import keygen as write_keys
     public, secret = write_keys(directory, name)
     click.echo(f"public key {public} (give it to the broker's ZSTALK_CURVE_CLIENTS directory, "
                f"or to clients as ZSTALK_CURVE_SERVER)\nsecret key {secret} (ZSTALK_CURVE_KEY of "

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts["version"]:
         print(f"{prog} {VERSION}")
         return 0
-    from ...protocol.transport.listen import bind_listen, describe_listen, systemd_sockets
+    from ...protocol.network.listen import bind_listen, describe_listen, systemd_sockets
     listeners = systemd_sockets()
     if not listeners:
         try:

@@ -19,8 +19,8 @@ from typing import Callable
 from ..metrics import build_info
 from ...protocol.codecs.prometheus import render
 from ...protocol.fronts.base import LinkedFront
-from ...protocol.transport.health import HealthBindError, HealthOptions, link_ready, start_health
-from ...protocol.transport.loop import run
+from ...protocol.network.health import HealthBindError, HealthOptions, link_ready, start_health
+from ...protocol.network.loop import run
 
 
 #: the cyclic garbage collector's thresholds in zstalk's processes (gc.set_threshold)
@@ -83,7 +83,7 @@ async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.soc
 
 
 async def _probes(health: HealthOptions | None, ready, source):
-    """The process's probes and /metrics (protocol/transport/health.py; `source` has
+    """The process's probes and /metrics (protocol/network/health.py; `source` has
     samples() and a role); a port it cannot bind ends it (exit 111)."""
     def metrics() -> bytes:
         return render([build_info(ROLES.get(source.kind, source.kind)), *source.samples()])
@@ -140,7 +140,7 @@ def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | 
     """The HTTP front until SIGTERM: `limits` a listen.HttpLimits, `tls` an ssl.SSLContext,
     requests held up to `hold_s` while no broker answers."""
     tune_gc()
-    from ...protocol.fronts.http import HttpFront
+    from ...protocol.fronts.http.front import HttpFront
 
     async def main() -> None:
         front = HttpFront(broker, master_key=master_key, limits=limits, tls=tls, hold_s=hold_s)

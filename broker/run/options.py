@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from ...protocol.transport.listen import HealthOptions, HttpLimits, describe_listen
+from ...protocol.network.listen import HealthOptions, HttpLimits, describe_listen
 
 MASTER_KEY_ENV = "ZSTALK_MASTER_KEY"    # --master-key from the environment (out of `ps`)
 MASTER_KEY_FILE_ENV = "ZSTALK_MASTER_KEY_FILE"   # --master-key-file (a mounted Secret)
@@ -71,7 +71,7 @@ class ServeOptions(NamedTuple):
         """The HTTP front's ssl.SSLContext, or None (the CLI has checked the files)."""
         if not self.tls_files:
             return None
-        from ...protocol.transport.listen import tls_context
+        from ...protocol.network.listen import tls_context
         return tls_context(*self.tls_files)
 
     def binlog(self):

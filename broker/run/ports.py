@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from ...protocol.transport.listen import parse_listen
+from ...protocol.network.listen import parse_listen
 
 PORT = click.IntRange(0, 65535)
 _RANGE = "0<=x<=65535"      # (click's own wording of an IntRange)

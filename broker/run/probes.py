@@ -26,8 +26,8 @@ from typing import Callable
 
 from ..metrics import build_info
 from ...protocol.codecs.prometheus import Sample, merge, render, with_label
-from ...protocol.transport.health import BEAT_S, HealthServer, health_state
-from ...protocol.transport.listen import HealthOptions
+from ...protocol.network.health import BEAT_S, HealthServer, health_state
+from ...protocol.network.listen import HealthOptions
 
 FETCH_TIMEOUT_S = 2.0
 
@@ -89,7 +89,7 @@ class SupervisorProbes:
         self.last_beat = time.monotonic()
 
     def start(self) -> None:
-        """Bind and serve; raises protocol.transport.health.HealthBindError (exit 111)."""
+        """Bind and serve; raises protocol.network.health.HealthBindError (exit 111)."""
         started: list = []
         done = threading.Event()
 
@@ -112,7 +112,7 @@ class SupervisorProbes:
             raise started[0]
 
     async def _start(self) -> HealthServer:
-        from ...protocol.transport.health import start_health
+        from ...protocol.network.health import start_health
         server = await start_health(self.health, self.ready, self.alive)
         server.gather = self.gather
         self._watching = asyncio.ensure_future(self._watch_readiness())

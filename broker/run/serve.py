@@ -2,7 +2,7 @@
 
 The fronts are the same classes a front process runs; they are given the broker's
 `local:` address, so their links hand batches to the broker actor through the in-process
-mailbox (protocol/transport/mailbox.py) instead of ZeroMQ, and a client's command is answered in
+mailbox (protocol/links/mailbox.py) instead of ZeroMQ, and a client's command is answered in
 the event-loop turn that read it.
 
 Start-up is ordered for the first reply.  The CLI has already bound the client ports
@@ -29,7 +29,7 @@ import socket
 import sys
 
 from .fronts import beanstalk_front, counter_front, start_front, tune_gc
-from ...protocol.transport.loop import run
+from ...protocol.network.loop import run
 from .. import VERSION
 from .logs import start_line
 from .options import ServeOptions, announcement, binlog_said, health_said, no_endpoint
@@ -125,11 +125,11 @@ def _the_rest(opts: ServeOptions, counter_listeners) -> list[str]:
     """The modules the rest of the start-up imports, by what it starts."""
     modules = ["zstalk.protocol.fronts.counter"] if counter_listeners else []
     if opts.http_listeners:
-        modules.append("zstalk.protocol.fronts.http")           # (aiohttp)
+        modules.append("zstalk.protocol.fronts.http.front")           # (aiohttp)
     if opts.functions is not None:
         modules.append("zstalk.workers.dispatcher")
     if not no_endpoint(opts.worker_bind):
-        modules += ["zmq", "zstalk.protocol.transport.handshakes"]
+        modules += ["zmq", "zstalk.protocol.links.handshakes"]
     return modules
 
 
@@ -154,7 +154,7 @@ async def _start_tasks(address: str, opts: ServeOptions) -> list:
     """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then)."""
     started = []
     if opts.http_listeners:
-        from ...protocol.fronts.http import HttpFront
+        from ...protocol.fronts.http.front import HttpFront
         front = HttpFront(address, master_key=opts.master_key, limits=opts.http_limits,
                           tls=opts.http_tls())
         await front.start(opts.http_listeners)
@@ -183,7 +183,7 @@ def metrics(actor, fronts: list, tasks: list):
 async def _start_probes(opts: ServeOptions, metrics=None):
     """--health-port, once the binlog is replayed and every endpoint bound: (probes, None),
     or (None, BIND_EXIT) when its port cannot be bound."""
-    from ...protocol.transport.health import HealthBindError, start_health
+    from ...protocol.network.health import HealthBindError, start_health
     try:
         return await start_health(opts.health, metrics=metrics), None
     except HealthBindError as exc:
@@ -194,7 +194,7 @@ async def _start_probes(opts: ServeOptions, metrics=None):
 def _bind_workers(actor, opts: ServeOptions) -> int | None:
     if no_endpoint(opts.worker_bind):
         return None
-    from ...protocol.transport.curve import CurveError
+    from ...protocol.network.curve import CurveError
     from ..actor import BindError
     try:
         actor.bind(opts.worker_bind)

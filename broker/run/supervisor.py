@@ -200,7 +200,7 @@ class Supervisor:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _start_probes(self) -> int | None:
-        from ...protocol.transport.health import HealthBindError
+        from ...protocol.network.health import HealthBindError
         from .probes import SupervisorProbes
         self.probes = SupervisorProbes(self.opts.health, lambda: dict(self.health_ports))
         try:

@@ -69,7 +69,7 @@ from .beanstalkd import is_beanstalkd_dir
 from .fsync import Syncer, preallocate
 from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
 from ..core.tasks.schedules import Schedule
-from ..core.tasks.store import ERROR_CHARS, Task
+from ..core.tasks.store import TASK_ERROR_CHARS, Task
 from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 
 log = logging.getLogger("zstalk.binlog")
@@ -592,8 +592,8 @@ class Binlog:
                 task.due + wall, task.expires + wall, task.status_code, task.error]
 
     def _task_state_reservation(self, uid: str) -> int:
-        """Room for any TASK_STATE of this task (its error text is cut to ERROR_CHARS)."""
-        return self._reservation(_TASK_STATE_FIXED + len(uid.encode()) + 4 * ERROR_CHARS)
+        """Room for any TASK_STATE of this task (its error text is cut to TASK_ERROR_CHARS)."""
+        return self._reservation(_TASK_STATE_FIXED + len(uid.encode()) + 4 * TASK_ERROR_CHARS)
 
     def reserve_task(self, task: Task) -> bool:
         """Room for a new task's TASK record and its TASK_GONE."""
@@ -657,11 +657,11 @@ class Binlog:
     @staticmethod
     def _schedule_max(s: Schedule) -> int:
         """The largest record the schedule can have: what changes (times, the last error,
-        cut to ERROR_CHARS) at its largest, so a reservation made before a change covers
+        cut to TASK_ERROR_CHARS) at its largest, so a reservation made before a change covers
         the record written after it."""
         fixed = wf.encode_schedule([s.name, s.expr, s.zone.key, s.function, s.params,
                                     s.options, False, 1.0, 1.0, None, s.created])
-        return len(fixed) + 4 * ERROR_CHARS + 5
+        return len(fixed) + 4 * TASK_ERROR_CHARS + 5
 
     def reserve_schedule(self, s: Schedule, first: bool = False) -> bool:
         """Room for the schedule's next record (and, `first`, its SCHEDULE_GONE)."""

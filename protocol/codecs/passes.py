@@ -19,7 +19,7 @@ A pass is canonical: base64url fields must be what encoding their bytes gives (n
 low bits in the last character), and the MAC is compared as text, in constant time
 (hmac.compare_digest).  So changing any one byte of a good pass gets it refused.
 
-`verify_pass` checks in this order, and stops at the first refusal:
+`check_pass` checks in this order, and stops at the first refusal:
 
     malformed       not str or bytes, longer than MAX_PASS_LENGTH, not ASCII, not the
                     grammar above, or a uid or function that zstalk would not accept: a
@@ -35,11 +35,11 @@ low bits in the last character), and the MAC is compared as text, in constant ti
                     expiry, as an expired pass is no good anywhere
 
 Revocation (a task done or cancelled before its pass expires) is not in the pass: only
-the broker knows it, and fronts/pass_check.py asks.  Keys are `PassKeys`, kid -> key in
+the broker knows it, and protocol/fronts/http/pass_check.py asks.  Keys are `PassKeys`, kid -> key in
 the key file's order: the first signs, every one verifies, so a rotation puts the new
 key first and removes the old key's line once its passes have expired.
 
-The key file (parse_pass_keys; transport/pass_keys.py reads it) holds one `kid:key` per
+The key file (parse_pass_keys; protocol/network/pass_keys.py reads it) holds one `kid:key` per
 line; blank lines and lines starting with '#' are skipped; blanks around the kid and
 the key are dropped (a CRLF file reads like an LF one).  The key is the text as written,
 used as its ASCII bytes, not decoded from base64 or hex: that is how zstalk's other
@@ -79,7 +79,7 @@ _PASS = re.compile(
     r"zp1\.([A-Za-z0-9_-]{1,16})\.([A-Za-z0-9_-]{2,43})\.([A-Za-z0-9_-]{2,86})"
     r"\.(0|[1-9][0-9]{0,10})\.([A-Za-z0-9_-]{43})")
 
-#: every reason verify_pass refuses a pass for, in the order it checks them, with a
+#: every reason check_pass refuses a pass for, in the order it checks them, with a
 #: message that says no more than the reason
 REASONS = {
     "malformed": "not a zstalk pass",
@@ -175,8 +175,10 @@ def sign_pass(keys: PassKeys, uid: str, function: str, exp: int) -> str:
     return f"{signed}.{_mac(keys[kid], signed)}"
 
 
-def verify_pass(token: object, keys: PassKeys, now: float, function: str | None = None) -> str:
-    """The task id a good pass is for; else PassError, checked in the module's order."""
+def check_pass(token: object, keys: PassKeys, now: float, function: str | None = None) -> str:
+    """The task id a good pass is for; else PassError, checked in the module's order.
+    (The clock is the caller's: `zstalk.workers.verify_pass` is this with keys from a file
+    and the time now.)"""
     kid, uid, signed_function, exp, signed, mac = _parse(token)
     key = keys.get(kid)
     if key is None:

@@ -19,8 +19,8 @@ import collections
 import socket
 
 from ..codecs.prometheus import Sample
-from ..transport.links import open_link
-from ..transport.owner import LinkOwner
+from ..links import open_link
+from ..links.owner import LinkOwner
 from ..schema import Op, SessionState, Welcome
 
 _OPEN, _CLOSE = Op.OPEN, Op.CLOSE

@@ -56,7 +56,7 @@ class Settings(NamedTuple):
     max_result_bytes: int = 1 << 20     # a function's result ([functions] max_result)
     public_enqueue: bool = False        # the [api] policy (the broker decides; the front
     private_results: bool = False       # uses it to refuse early, before reading a body)
-    # CORS (version 5; protocol/fronts/http_cors.py): function -> its allow_origins ("":
+    # CORS (version 5; protocol/fronts/http/cors.py): function -> its allow_origins ("":
     # any other name under base_url; "*": any origin), and the origins a page may enqueue
     # from (those of the functions a request without the master key can enqueue to).
     # Built by the broker, never changed in place.

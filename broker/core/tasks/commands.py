@@ -18,7 +18,7 @@ from __future__ import annotations
 from ....protocol.schema import Op, R
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
-from .store import (ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
+from .store import (TASK_ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
                     ApiPolicy, Outcome, TaskError, Tasks)
 from . import requests, views
 
@@ -263,7 +263,8 @@ class TaskCommands:
                 and (result is None or type(result) is bytes)
                 and (status_code is None or type(status_code) is int and 100 <= status_code <= 599)):
             if error is not None:       # text that can travel on to any front
-                error = str(error)[:ERROR_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+                error = str(error)[:TASK_ERROR_CHARS].encode(
+                    "utf-8", "backslashreplace").decode("utf-8")
             # (-1: no Retry-After; an older dispatcher sent 0 for none)
             wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
             said = ext[0] if ext and isinstance(ext[0], dict) else {}

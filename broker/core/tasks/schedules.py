@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from sortedcontainers import SortedList
 
 from ....protocol.schema.tasks import SCHEDULE_NAME
-from .store import ERROR_CHARS, TaskError, Tasks, parse_options
+from .store import TASK_ERROR_CHARS, TaskError, Tasks, parse_options
 
 #: a schedule's name: the characters of a task's uniqueId, up to 64
 NAME = SCHEDULE_NAME
@@ -207,7 +207,7 @@ class Schedules:
         moves on to its first time after the fire and after now.  `log` False: there was
         no room in the binlog to say so (the fire enqueued nothing then)."""
         s = fire.schedule
-        s.last_fire, s.last_error = fire.at, None if error is None else error[:ERROR_CHARS]
+        s.last_fire, s.last_error = fire.at, None if error is None else error[:TASK_ERROR_CHARS]
         self._arm(s, max(fire.at, now + self.wall_offset))
         if log:
             self._log(s)

@@ -61,7 +61,7 @@ dispatcher's outcomes, so the limit holds across them.
 
 Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
 nothing is changed when an error is returned.  The HTTP front maps each code to its
-status in one table (protocol/fronts/http.py, STATUS).
+status in one table (protocol/fronts/http/front.py, STATUS).
 
 Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
 its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
@@ -110,7 +110,7 @@ PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.p
 #: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
 #: its id, its places in the index and the timer lists)
 TASK_OVERHEAD_BYTES = 512
-ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
+TASK_ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
 PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart (binlog.py)
 DURABLE_RATE_S = 1.0
@@ -155,7 +155,7 @@ class FunctionSpec(NamedTuple):
     next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
     connect_timeout_ms: int = 5000
     # origins ("https://shop.example", or "*") whose pages may enqueue, read and end its
-    # tasks from the browser (CORS, protocol/fronts/http_cors.py); () none, as before
+    # tasks from the browser (CORS, protocol/fronts/http/cors.py); () none, as before
     allow_origins: tuple[str, ...] = ()
 
     @property
@@ -171,7 +171,7 @@ class ApiPolicy(NamedTuple):
     trust_forwarded: bool = False   # clientIp: the first X-Forwarded-For hop, not the peer
 
 
-class Backoff(NamedTuple):
+class TaskBackoff(NamedTuple):
     kind: str = "fixed"         # "fixed" | "exponential"
     delay_ms: int = 60000
     max_delay_ms: int = MAX_DURATION_MS
@@ -215,7 +215,7 @@ class Task:
         self.status = QUEUED
         self.attempt = 0                # calls made so far
         self.attempts = 1               # retries allowed after the first call
-        self.backoff = Backoff()
+        self.backoff = TaskBackoff()
         self.timeout_ms = 15000
         self.delivery = AT_LEAST_ONCE
         self.keep_result_ms = 300000
@@ -366,7 +366,7 @@ class Tasks:
         if queue_timeout_ms:
             task.queue_deadline = now + queue_timeout_ms / 1000
         task.attempts = parsed.get("attempts", 1)
-        task.backoff = parsed.get("backoff", Backoff())
+        task.backoff = parsed.get("backoff", TaskBackoff())
         task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
         task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
         task.keep_result_ms = parsed.get("keepResult", 300000)
@@ -922,7 +922,7 @@ class Tasks:
             if gate is not None:
                 gate.succeeded()
             return
-        task.error = (result.error or "the call failed")[:ERROR_CHARS]
+        task.error = (result.error or "the call failed")[:TASK_ERROR_CHARS]
         if result.status_code in SLOW_DOWN and result.kind == "failure":
             self._slow_down(task, result, now)
             if result.status_code == 429:       # back in its place, no attempt spent
@@ -932,7 +932,8 @@ class Tasks:
         if result.kind == "fatal":
             self._finish(task, FAILED, now)
         elif result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
-            task.error = f"outcome unknown, not retried (atMostOnce): {task.error}"[:ERROR_CHARS]
+            task.error = (f"outcome unknown, not retried (atMostOnce): "
+                          f"{task.error}")[:TASK_ERROR_CHARS]
             self._finish(task, FAILED, now)
         elif task.attempt <= task.attempts:
             self.counts.of(task.function).retries += 1
@@ -1145,7 +1146,8 @@ class Tasks:
                 task.queue_deadline = deadline - wall
                 if status in (QUEUED, RUNNING):
                     self.timeouts.add((task.queue_deadline, seq))
-            task.attempts, task.backoff, task.timeout_ms = attempts, Backoff(*backoff), timeout_ms
+            task.attempts, task.backoff = attempts, TaskBackoff(*backoff)
+            task.timeout_ms = timeout_ms
             task.delivery, task.keep_result_ms, task.attempt = delivery, keep_ms, attempt
             task.started = None if started is None else started - wall
             task.finished = None if finished is None else finished - wall
@@ -1248,10 +1250,10 @@ def _int(name: str, value: Any, low: int, high: int) -> int | TaskError:
     return value
 
 
-def _backoff(value: Any, spec: FunctionSpec) -> Backoff | TaskError:
+def _backoff(value: Any, spec: FunctionSpec) -> TaskBackoff | TaskError:
     if not isinstance(value, dict):
         ms = _int("backoff", value, 0, MAX_DURATION_MS)
-        return ms if isinstance(ms, TaskError) else Backoff("fixed", ms)
+        return ms if isinstance(ms, TaskError) else TaskBackoff("fixed", ms)
     unknown = set(value) - {"type", "delay", "maxDelay", "jitter"}
     if unknown:
         return _bad(f"unknown backoff field {sorted(unknown)[0]!r}")
@@ -1266,7 +1268,7 @@ def _backoff(value: Any, spec: FunctionSpec) -> Backoff | TaskError:
     for checked in (delay, cap):
         if isinstance(checked, TaskError):
             return checked
-    return Backoff(kind, delay, cap, jitter)
+    return TaskBackoff(kind, delay, cap, jitter)
 
 
 def _delivery(value: Any, spec: FunctionSpec) -> str | TaskError:

@@ -33,7 +33,7 @@ from ..upstreams import NO_LIVE_UPSTREAMS, Peer, Unavailable, UpstreamGroup, rel
 from ..upstreams.spec import UpstreamSpec
 from .limits import Gate
 
-ERROR_CHARS = 200           # a server's last error, as shown
+SERVER_ERROR_CHARS = 200    # a server's last error, as shown
 
 
 class UpstreamCalls:
@@ -101,7 +101,7 @@ class UpstreamCalls:
         else:
             peer.conns = max(0, peer.conns - 1)     # (a server reloaded away meanwhile)
         if error:
-            self.last_error[upstream, peer.url] = error[:ERROR_CHARS]
+            self.last_error[upstream, peer.url] = error[:SERVER_ERROR_CHARS]
         return self.ended(upstream)
 
     def pause(self, upstream: str, peer: Peer, until: float) -> None:

@@ -77,7 +77,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
 
 
 def enqueued(store: Tasks, task: Task, now: float) -> dict:
-    """What an enqueue answers, the fields of the 201 (protocol/fronts/http_api.py
+    """What an enqueue answers, the fields of the 201 (protocol/fronts/http/api.py
     ENQUEUED_FIELDS): the id, the status and, queued, the place and the wait; not the
     whole TaskInfo, which the front would decode to throw away."""
     out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status}

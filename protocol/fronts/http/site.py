@@ -1,7 +1,7 @@
 """How the HTTP front listens: TLS, time limits against slow clients, a connection limit.
 
 aiohttp's SockSite serves a socket bound by the caller but takes none of these, so the
-front uses `GuardedSite` and the limits of `HttpLimits` (protocol/transport/listen.py):
+front uses `GuardedSite` and the limits of `HttpLimits` (protocol/network/listen.py):
 
 * Headers: aiohttp's keep-alive timer (the runner's `keepalive_timeout`) closes a
   connection that is waiting for a request.  Since aiohttp 3.14.5 it is armed when the
@@ -33,7 +33,7 @@ import socket
 
 from aiohttp import web
 
-from ..transport.listen import BACKLOG, HttpLimits
+from ...network.listen import BACKLOG, HttpLimits
 
 
 class Refused(asyncio.Protocol):

@@ -41,8 +41,8 @@ from typing import Callable, Iterable, NamedTuple
 
 from aiohttp import web
 
-from ..schema import Settings
-from .http_api import Problem, refuse
+from ...schema import Settings
+from .api import Problem, refuse
 
 MAX_AGE_S = 600     # an origin dropped by SIGHUP may still send (not read) for this long
 EXPOSED = "Location, WWW-Authenticate"      # what a page may read beside the safe headers

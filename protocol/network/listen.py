@@ -100,14 +100,14 @@ def is_loopback(sock: socket.socket) -> bool:
 
 
 class HttpLimits(NamedTuple):
-    """What the HTTP front allows a client (protocol/fronts/http_site.py enforces it)."""
+    """What the HTTP front allows a client (protocol/fronts/http/site.py enforces it)."""
     header_timeout_s: float = 10.0  # a request's headers, from connect or the last response
     body_timeout_s: float = 30.0    # its body, from the end of its headers
     max_connections: int = 1000     # 0: no limit
 
 
 class HealthOptions(NamedTuple):
-    """--health-port, --health-listen, --health-stall-s (protocol/transport/health.py; port
+    """--health-port, --health-listen, --health-stall-s (protocol/network/health.py; port
     0: none), and what its /metrics needs: the bearer token of --metrics-token-file (None:
     open) and --metrics-top (how many tube and function names may be labels)."""
     port: int = 0

@@ -136,7 +136,7 @@ def link_state(state: str, down_since: float | None, now: float, hold_s: float) 
 
 
 def link_ready(link, hold_s: float | None = None) -> Callable[[], str | None]:
-    """The readiness function of an actor with a BrokerLink (protocol/transport/link.py); `hold_s`
+    """The readiness function of an actor with a BrokerLink (protocol/links/zeromq.py); `hold_s`
     instead of the link's own hold time (a worker pool's link holds acks forever)."""
     hold_s = link.hold_s if hold_s is None else hold_s
     return lambda: link_state(link.state, getattr(link, "down_since", None),

@@ -13,7 +13,7 @@ TaskInfo says so), and verify refuses every pass (403 no_keys).
                                 fragment does not leave the browser in Referer or logs)
     POST /v1/tasks/{id}/done    with its pass (Bearer or X-Zstalk-Pass) or the master key:
                                 the user is through, the slot goes to the next in line
-    GET  /v1/passes/verify      protocol/fronts/pass_check.py: 204, 401 or 403 as nginx's
+    GET  /v1/passes/verify      protocol/fronts/http/pass_check.py: 204, 401 or 403 as nginx's
                                 auth_request wants; revocation (done, cancelled) is asked
                                 of the broker, and while it is away (not reached yet,
                                 stopping on SIGTERM, stopped or lost) the signature and
@@ -27,10 +27,11 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from ..codecs.passes import PassError, PassKeys, sign_pass, verify_pass
-from ..schema import R
+from ...codecs.passes import PassError, PassKeys, check_pass, sign_pass
+from ...network.pass_keys import as_pass_keys
+from ...schema import R
 from . import pass_check
-from .http_api import Problem, refuse
+from .api import Problem, refuse
 
 ENV_PASS_KEY_FILE = "ZSTALK_PASS_KEY_FILE"
 NO_KEYS = "no pass key file: give --pass-key-file (or ZSTALK_PASS_KEY_FILE)"
@@ -45,8 +46,7 @@ class Room:
     def keys(self) -> PassKeys | None:
         if not self.key_file:
             return None
-        from ...workers.signing import as_pass_keys      # (it caches by the file's stat)
-        return as_pass_keys(self.key_file)
+        return as_pass_keys(self.key_file)      # (read again only when the file changed)
 
     def with_pass(self, info: dict) -> dict:
         """A TaskInfo as its user sees it: an admitted task's pass, if keys are set."""
@@ -69,14 +69,14 @@ class Room:
         keys = self.keys()
         token = pass_check.find_pass(request.headers)
         if keys is None or not token:
-            return refuse(401, "done needs the task's pass (Authorization: Bearer) or the "
-                               "master key")
+            return refuse(pass_check.STATUS["missing"], "done needs the task's pass "
+                                                       "(Authorization: Bearer) or the master key")
         try:
-            if verify_pass(token, keys, time.time()) == uid:
+            if check_pass(token, keys, time.time()) == uid:
                 return None
-        except PassError as exc:
-            return refuse(403, f"the pass is no good: {exc.reason}")
-        return refuse(403, "the pass is another task's")
+        except PassError as exc:        # (the statuses of pass_check's one table)
+            return refuse(pass_check.STATUS[exc.reason], f"the pass is no good: {exc.reason}")
+        return refuse(pass_check.STATUS["wrong_task"], pass_check.MESSAGES["wrong_task"])
 
     async def verify(self, request: web.Request, broker_ready: bool,
                      ask: Callable[[str], Awaitable[tuple]]) -> web.Response:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..schema import Op
+from ...schema import Op
 
 SCHEDULE_KEYS = ("name", "cron", "timezone", "function", "params", "options")
 SCHEDULE_TIMES = ("createdAt", "nextFireAt", "lastFireAt")

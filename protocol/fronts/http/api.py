@@ -5,7 +5,7 @@ arguments) or refused with a `Problem` (an HTTP status, an error code, a message
 broker reply is turned into the JSON the API shows (TaskInfo times as RFC 3339, a
 function's result as JSON or text).  STATUS is the one table of the API's refusals: every
 error code, the front's own and the broker's T_ERROR ones, with the status it is
-answered with.  The aiohttp handlers (http.py) only move bytes between these and the
+answered with.  The aiohttp handlers (front.py) only move bytes between these and the
 broker; the OpenAPI document (openapi.py) reads its bounds from the constants here.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import logging
 import math
 from typing import Any, NamedTuple
 
-from ..schema import R, encodable
-from .http_schedules import SCHEDULE_TIMES
+from ...schema import R, encodable
+from .schedules import SCHEDULE_TIMES
 
 log = logging.getLogger("zstalk.http")
 
@@ -81,7 +81,7 @@ class Enqueue(NamedTuple):
     params: bytes               # compact JSON, the body the function will be POSTed
     options: dict | None        # checked by the broker (broker/tasks.parse_options)
     request: dict | None = None     # a request task's, checked by the broker (requests.py)
-    online: bool = False            # "type": "online": the waiting room (http_room.py)
+    online: bool = False            # "type": "online": the waiting room (room.py)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def rfc3339(seconds: float) -> str:
     return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
-def result_json(result: bytes) -> Any:
+def stored_json(result: bytes) -> Any:
     """A function's response body: its JSON value when it is JSON, else its text."""
     try:
         return loads_strict(result)
@@ -199,7 +199,7 @@ def task_json(info: dict) -> dict:
         if out.get(name) is not None:
             out[name] = rfc3339(out[name])
     if isinstance(out.get("result"), (bytes, bytearray)):
-        out["result"] = result_json(out["result"])
+        out["result"] = stored_json(out["result"])
     return out
 
 
@@ -209,7 +209,7 @@ def schedule_json(info: dict) -> dict:
     for name in SCHEDULE_TIMES:
         if out.get(name) is not None:
             out[name] = rfc3339(out[name])
-    out["params"] = result_json(out["params"])
+    out["params"] = stored_json(out["params"])
     return out
 
 

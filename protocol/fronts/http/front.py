@@ -12,14 +12,14 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
     DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
-    GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/openapi.py)   -> 200
-    /v1/schedules[/{name}]       cron schedules: protocol/fronts/http_schedules.py
+    GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/http/openapi.py)   -> 200
+    /v1/schedules[/{name}]       cron schedules: protocol/fronts/http/schedules.py
     GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
-    POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http_room.py
+    POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
     OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
-                                  functions allow: protocol/fronts/http_cors.py
+                                  functions allow: protocol/fronts/http/cors.py
 
 The broker owns the rules (which functions exist, what the options mean, statuses):
 it answers `R.T_TASK` with a TaskInfo dict (an enqueue's: only the 201's fields,
@@ -35,7 +35,7 @@ named in `CODES`, including aiohttp's own (unknown path 404, wrong method 405), 
 middleware turns into JSON.  A body over the broker's `max_body_bytes` (Settings: the
 config's [api] max_body, taken again on SIGHUP) is 413, read no further than one byte
 past it; one that has not all come within the body timeout is 408, and the
-connection closed (protocol/fronts/http_site.py has that and the other limits: TLS, the header
+connection closed (protocol/fronts/http/site.py has that and the other limits: TLS, the header
 timeout, the connection limit).  With a master key, cancel, listing and the functions
 need `Authorization: Bearer <key>` (missing 401, wrong 403).  Enqueue and reading
 a task tell the broker whether the request had the key (`keyed`), and the broker's [api]
@@ -64,18 +64,17 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from .http_api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, loads_strict,
-                       parse_enqueue, parse_listing, refuse, reply_problem, schedule_json,
-                       task_json)
-from .http_schedules import parse_page, parse_pause, parse_schedule
-from .http_cors import ROUTES as CORS_ROUTES, Cors, note
-from .http_room import Room
+from .api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, loads_strict,
+                  parse_enqueue, parse_listing, refuse, reply_problem, schedule_json, task_json)
+from .schedules import parse_page, parse_pause, parse_schedule
+from .cors import ROUTES as CORS_ROUTES, Cors, note
+from .room import Room
 from .pass_check import find_pass
-from .http_site import GuardedSite, close_after_408
-from ..transport.listen import HttpLimits
-from ..transport.links import open_link
-from ..transport.owner import READY, LinkOwner
-from ..schema import Op, R, SessionState, Welcome
+from .site import GuardedSite, close_after_408
+from ...network.listen import HttpLimits
+from ...links import open_link
+from ...links.owner import READY, LinkOwner
+from ...schema import Op, R, SessionState, Welcome
 
 log = logging.getLogger("zstalk.http")
 #: whether the request being handled (each has its own task, so its own context) sent an
@@ -286,7 +285,7 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         app.router.add_post("/v1/tasks/{uniqueId}/done", self.done)
-        app.router.add_get("/v1/passes/verify", self.verify_pass)
+        app.router.add_get("/v1/passes/verify", self.passes_verify)
         for path in CORS_ROUTES:
             app.router.add_route("OPTIONS", path, self.cors.preflight)
         app.router.add_post("/v1/schedules", self.schedule)
@@ -296,7 +295,7 @@ class HttpFront(LinkOwner):
         app.router.add_delete("/v1/schedules/{name}", self.unschedule)
         app.router.add_get("/v1/functions", self.functions)
         app.router.add_get("/v1/functions/{name}", self.function)
-        from .openapi import PATH, document     # (loaded with the app, not before)
+        from .openapi import PATH, document  # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
         return app
@@ -317,7 +316,7 @@ class HttpFront(LinkOwner):
 
     def samples(self) -> list:
         """/metrics (base.front_samples)."""
-        from .base import front_samples
+        from ..base import front_samples
         return front_samples(self)
 
     @web.middleware
@@ -446,10 +445,10 @@ class HttpFront(LinkOwner):
             note(request, reply[2]["function"])
         return reply_response(reply)
 
-    async def verify_pass(self, request: web.Request) -> web.Response:
+    async def passes_verify(self, request: web.Request) -> web.Response:
         # the broker is asked only while the link is READY: one stopping (SIGTERM: HOLDING,
         # then LOST) or gone would have the question held for the next broker, hold_s per
-        # request; meanwhile the pass's signature and expiry decide at once (http_room.py)
+        # request; meanwhile the pass's signature and expiry decide at once (room.py)
         return await self.room.verify(request, self.link.state is READY, lambda uid: self.call(
             (_T_INFO, CONN, uid, True)))
 
@@ -459,7 +458,7 @@ class HttpFront(LinkOwner):
             return problem_response(denied)
         return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
 
-    # -- schedules (protocol/fronts/http_schedules.py): the master key for all -------------------
+    # -- schedules (protocol/fronts/http/schedules.py): the master key for all -------------------
     async def schedule(self, request: web.Request) -> web.Response:
         doc = await self._json_body(request)
         if isinstance(doc, Problem):

@@ -40,7 +40,7 @@ import socket
 
 import zmq
 
-from .curve import ENV_ACCEPT, ENV_CLIENTS, ENV_KEY, ENV_SERVER, RefusalLog
+from ..network.curve import ENV_ACCEPT, ENV_CLIENTS, ENV_KEY, ENV_SERVER, RefusalLog
 
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)

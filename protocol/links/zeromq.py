@@ -34,11 +34,12 @@ import time
 
 import zmq
 
-from . import curve, handshakes
+from ..network import curve
+from . import handshakes
 from .owner import CONNECTING, READY, LinkOwner, LinkStats  # shared by both links
 from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
-                      Holding, Op, Replies, R, SchemaError, Settings, Stopping,
-                      Welcome, decode, encode)
+                      Holding, Op, Replies, R, SchemaError, Settings, Stopping, Welcome, decode,
+                      encode)
 
 log = logging.getLogger("zstalk.front")
 
@@ -62,7 +63,7 @@ class BrokerLink:
     def __init__(self, endpoint: str, kind: str, owner: LinkOwner,
                  hold_s: float = 5.0, max_held: int = 100_000,
                  ctx: zmq.Context | None = None, keys=curve.FROM_ENV) -> None:
-        """`keys`: CURVE keys (protocol/transport/curve.py), by default from the environment; a
+        """`keys`: CURVE keys (protocol/network/curve.py), by default from the environment; a
         non-local endpoint without them is refused (curve.CurveError)."""
         self.keys = curve.given_or_env(keys)
         curve.check_local(endpoint, self.keys, kind)

@@ -25,7 +25,7 @@ that prefers to fail closed can refuse `offline` (nginx: auth_request_set, then 
 
 Every answer is uncacheable (no-store); a 204 names the task (X-Zstalk-Task-Id), for the
 gateway to hand to the API; a refusal carries a JSON body in the API's error shape
-({"error", "message"}, as protocol/fronts/http.py answers) and its reason in
+({"error", "message"}, as protocol/fronts/http/front.py answers) and its reason in
 X-Zstalk-Pass-Error, since nginx drops an auth subrequest's body but can copy a header.
 A 401 says `WWW-Authenticate: Bearer` (RFC 6750 section 3), with error="invalid_token"
 when a pass was given.
@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, NamedTuple
 
-from ..codecs.passes import REASONS, PassError, PassKeys, verify_pass
+from ...codecs.passes import REASONS, PassError, PassKeys, check_pass
 
 PASS_HEADER = "X-Zstalk-Pass"
 TASK_HEADER = "X-Zstalk-Task-Id"
@@ -51,11 +51,13 @@ STATUS = {
     "forged": 403,
     "expired": 403,
     "wrong_function": 403,
+    "wrong_task": 403,      # (POST /v1/tasks/{uniqueId}/done: room.py)
     "revoked": 403,
 }
 
 MESSAGES = {**REASONS, "missing": "a pass is needed (Authorization: Bearer, or X-Zstalk-Pass)",
-            "revoked": "the pass's task is done or cancelled"}
+            "revoked": "the pass's task is done or cancelled",
+            "wrong_task": "the pass is another task's"}
 
 
 class Verdict(NamedTuple):
@@ -74,7 +76,7 @@ def check_request(headers: Mapping[str, str], query: Mapping[str, str], keys: Pa
     if token is None:
         return refusal("missing")
     try:
-        uid = verify_pass(token, keys, now, query.get("function"))
+        uid = check_pass(token, keys, now, query.get("function"))
     except PassError as exc:
         return refusal(exc.reason)
     return Verdict(204, b"", {"Cache-Control": "no-store", TASK_HEADER: uid}, uid)

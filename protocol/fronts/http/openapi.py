@@ -16,12 +16,12 @@ being documented here fails the tests.
 """
 from __future__ import annotations
 
-from ..schema import VERSION
-from ..schema.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_LEVEL,
-                            MAX_PAGE, MAX_TIMEOUT_MS, METHODS, QUEUE_TIMEOUT, SAFE_HEADERS,
-                            SCHEDULE_NAME, STATUSES, UNIQUE_ID)
-from .http_api import MAX_BATCH, PAGE_LIMIT
-from .http_cors import MAX_AGE_S, ROUTES
+from ...schema import VERSION
+from ...schema.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_LEVEL,
+                             MAX_PAGE, MAX_TIMEOUT_MS, METHODS, QUEUE_TIMEOUT, SAFE_HEADERS,
+                             SCHEDULE_NAME, STATUSES, UNIQUE_ID)
+from .api import MAX_BATCH, PAGE_LIMIT
+from .cors import MAX_AGE_S, ROUTES
 
 OPENAPI_VERSION = "3.1.0"
 PATH = "/v1/openapi.json"
@@ -554,7 +554,7 @@ def done() -> dict:
     }
 
 
-def verify_pass() -> dict:
+def passes_verify() -> dict:
     plain = {"schema": {"type": "string"}}
     return {
         "operationId": "verifyPass",
@@ -579,7 +579,7 @@ def verify_pass() -> dict:
 
 
 def preflight(path: str, operation_id: str) -> dict:
-    """OPTIONS on a route a page may call (protocol/fronts/http_cors.py)."""
+    """OPTIONS on a route a page may call (protocol/fronts/http/cors.py)."""
     route, plain = ROUTES[path], {"schema": {"type": "string"}}
 
     def header(name: str, description: str) -> dict:
@@ -735,7 +735,7 @@ def document() -> dict:
             "/v1/tasks/{uniqueId}/done": {
                 "post": done(),
                 "options": preflight("/v1/tasks/{uniqueId}/done", "preflightTaskDone")},
-            "/v1/passes/verify": {"get": verify_pass()},
+            "/v1/passes/verify": {"get": passes_verify()},
             **schedule_paths(),
             **function_paths(),
             PATH: {"get": openapi()},
