@@ -1,4 +1,4 @@
-"""The broker actor: the pure core (core.py) driven by an asyncio loop, for every placement.
+"""The broker actor: the pure core (core/broker.py) driven by an asyncio loop, for every placement.
 
 Peers reach the core two ways, and the core cannot tell them apart (each is a routing id):
 * **over ZeroMQ** (remote fronts, native worker pools, producers): one ROUTER socket whose
@@ -20,7 +20,7 @@ exactly as long as it stalls us; nor, while we stop, is a remote front that answ
 Holding (below).
 
 Stopping (SIGTERM): with fronts or pools in other processes, the broker first tells them
-(`Stopping`, schema.py) and keeps serving what they already sent until each has answered
+(`Stopping`, protocol/schema/messages.py) and keeps serving what they already sent until each has answered
 `Holding`, or has gone, or STOP_WAIT_S has passed; then it writes its binlog to disk, sends the last
 replies and a final Stopping, and closes, giving those STOP_LINGER_MS to leave.  A front
 holds what its clients send meanwhile for the next broker, so a rolling restart fails no
@@ -28,7 +28,7 @@ command.  A front welcomed meanwhile (it connected, restarted or re-registered) 
 right after its Welcome and waited for as well, until the same deadline.  A second SIGTERM
 stops at once.  A front that answered Holding waits for our final Stopping however long
 a slower one keeps us (STOP_WAIT_S, more than PEER_TIMEOUT_S) and sends no op meanwhile
-(nor a heartbeat, if its link is older than link.py's heartbeats while holding): it is
+(nor a heartbeat, if its link is older than protocol/links/zeromq.py's heartbeats while holding): it is
 kept alive until we exit, so that we neither fence it nor stop heartbeating it, which
 would make it give up on us and fail what it holds.  A front that has not answered is
 dropped for silence as ever, and then no longer waited for.
@@ -205,7 +205,7 @@ class BrokerActor:
         self.local_names.append(address)
         return address
 
-    # -- the in-process mailbox (protocol/mailbox.Mailbox) -------------------------------
+    # -- the in-process mailbox (protocol/links/mailbox.py, Mailbox) -------------------------------
     def attach(self, peer: bytes, link) -> None:
         self.local[peer] = link
 

@@ -20,7 +20,7 @@ from typing import Iterable
 
 from . import VERSION
 from ..protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample, render
-from .core.labels import OTHER
+from .core.shared.labels import OTHER
 
 ACTIVITY_S = 60.0
 IDLE_S = 3600.0

@@ -17,7 +17,7 @@ Everything runs on 127.0.0.1.  Keys are made with `zstalk keygen` in a temp dire
 broker's, and one each for the front, the worker pools and the producer, whose public keys
 are copied into the directory the broker admits (ZSTALK_CURVE_CLIENTS); a "stranger" key is
 made the same way and never admitted.  "CURVE on" starts every process with the
-environment of protocol/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
+environment of protocol/network/curve.py (the broker: ZSTALK_CURVE_KEY + ZSTALK_CURVE_CLIENTS; the
 front, the workers and the producer: ZSTALK_CURVE_KEY + ZSTALK_CURVE_SERVER, which the
 SDK's Client reads); "CURVE off" runs the same commands with those variables unset.
 
@@ -64,7 +64,7 @@ handshake; the good clients are on 127.0.0.1), or aimed at a decoy ("decoy", unl
 * The decoy is the broker's handshake work in another process: a second `zstalk broker`
   of the same tree with the broker's keys (so the same ZAP handler), bound to the decoy's
   endpoint and sent nothing but the flood (before the harness it was a bare ROUTER built
-  from protocol/curve.py; a benchmark no longer imports zstalk's modules).  A flood
+  from protocol/network/curve.py; a benchmark no longer imports zstalk's modules).  A flood
   at it costs the machine what a flood at the broker does (the flooder and the
   handshakes), so "decoy" against "flood" separates the broker's own slow-down from this
   2-core machine's CPU being shared with the test rig.
@@ -104,7 +104,7 @@ LOADS = {   # part 2's good loads
     "front": "pipelined put through a remote front, {conns} conn (puts/s)",
     "native": "native: put → handled → deleted, 1 producer + 1 worker process (jobs/s)",
     "one": "put one at a time through a remote front, 1 conn (puts/s)"}
-ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_ACCEPT = (   # protocol/curve.py's variables
+ENV_KEY, ENV_CLIENTS, ENV_SERVER, ENV_ACCEPT = (   # protocol/network/curve.py's variables
     "ZSTALK_CURVE_KEY", "ZSTALK_CURVE_CLIENTS", "ZSTALK_CURVE_SERVER", "ZSTALK_CURVE_ACCEPT")
 GOOD_CLIENTS = ("front", "worker", "producer")
 OUTSIDE = "127.0.0.3"        # the "filtered" flood's source address (not accepted)

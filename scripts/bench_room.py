@@ -52,7 +52,7 @@ at once elsewhere).  Every run checks that each task was admitted once and ended
       with `X-Zstalk-Pass-Check: offline`: signature and expiry only.  (A broker that
       stops gracefully, SIGTERM, gives the same answers: the front asks only a broker
       its link is READY with, so verify does not wait for the next one;
-      tests/test_waiting_room_end_to_end.py checks that.)
+      tests/end_to_end/test_waiting_room_end_to_end.py checks that.)
   Rows: verifies/s (answers / time from the first send to the last answer; target >=
   5,000), the front's CPU-microseconds per verify (utime + stime of its process tree
   over the timed part), what that makes per second of one core (1e6 / it: what a front

@@ -12,6 +12,12 @@
 #       (+ M × `zstalk front counter` with counter_fronts=M).
 #   raw_client                              RawClient connections, closed at teardown.
 #
+# The tests live in folders by what they test (core, codecs, fronts, wal, workers,
+# end_to_end, differential, deploy, project); the helpers they share are in support/.
+# Every one of those folders is put on sys.path here, so a test imports a helper, or
+# another test's fixtures, by its module name (`from servers import ...`, `from
+# test_tasks_end_to_end import serve`) wherever either lives (the names are unique).
+#
 # ZSTALK_TEST_SELF_CHECK=1 swaps zstalk for a second beanstalkd (a cluster then
 # becomes one beanstalkd that every "front" points at). Differential tests must
 # pass in that mode: it proves the scripts and the normalisation are stable.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
@@ -28,7 +35,10 @@ from typing import Callable, Sequence
 
 import pytest
 
-from servers import (
+sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir())
+                if folder.is_dir() and folder.name not in ("greenstalk", "__pycache__")]
+
+from servers import (  # noqa: E402 (the path above first)
     BEANSTALK_PROBE, LOOPBACK, Address, RawClient, ServerProcess, beanstalkd_version, counter_probe,
     find_beanstalkd, find_zstalk, free_port, not_installed, self_check, start_on_a_free_port,
     unavailable, wait_counter_ready, wait_for,

@@ -5,7 +5,7 @@ which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/links/ma
 a BrokerLink over ZeroMQ or a LocalLink beside the broker).  After Welcome it OPENs and
 T_SUBSCRIBEs with its slots; the broker pushes `R.T_CALL`s while it has free slots, each
 becomes an asyncio task that POSTs the task's params to its function's URL, and the
-task's T_OUTCOME frees the slot again (protocol/schema.py, "Cloud tasks").  Every call
+task's T_OUTCOME frees the slot again (protocol/schema/ops.py, "Cloud tasks").  Every call
 goes through one aiohttp ClientSession, whose keep-alive pool holds at most `slots`
 connections.
 

@@ -1,7 +1,7 @@
 """`zstalk.workers.testing` before 0.2: kept one release for the tests that import
 LocalBroker from here; it lives in zstalk.broker.testing now (the workers package knows
 only the protocol, and an in-process broker is the broker's).  The one upward import the
-layers table allows (tests/test_layout.py), marked to go.
+layers table allows (tests/project/test_layout.py), marked to go.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ Components: each protocol family's state and rules live in a component of its ow
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
 restores the sessions of the front kinds it owns.  Components share only what
-shared.py lists (the out-queue, the admission gate, the binlog writer, the clock as
+shared/ lists (the out-queue, the admission gate, the binlog writer, the clock as
 `now`), handed to them here.
 
 Fronts: a front introduces itself with Hello (its incarnation `front_id`) and must then

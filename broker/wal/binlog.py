@@ -1,4 +1,4 @@
-"""The broker's write-ahead log: a directory of preallocated segments (walformat.py).
+"""The broker's write-ahead log: a directory of preallocated segments (format.py).
 
 How it is used: the broker core calls `reserve_*` before a change it will log (a refusal
 is beanstalkd's disk-full answer), then `log_put` / `log_update` / `log_delete`, which
@@ -517,7 +517,7 @@ class Binlog:
         self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
 
     def log_reserved(self, job: Job) -> bool:
-        """A graceful stop: `job` is held by a client (walformat's S_RESERVED); False
+        """A graceful stop: `job` is held by a client (format.py's S_RESERVED); False
         when the disk has no room for the record (the job then comes back ready)."""
         if not self.reserve_update():
             return False

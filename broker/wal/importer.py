@@ -1,6 +1,6 @@
 """`zstalk import-binlog DIR`: carry a beanstalkd binlog over into a zstalk one.
 
-beanstalkd_binlog.py replays beanstalkd's files exactly as a restarted beanstalkd would;
+beanstalkd.py replays beanstalkd's files exactly as a restarted beanstalkd would;
 this module writes the jobs it finds as full records of a fresh zstalk binlog, keeping
 ids, tubes, priorities, delays (absolute due times), TTRs, ages, counters, bodies and
 the order beanstalkd would re-bury them in, and the next id.

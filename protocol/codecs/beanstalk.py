@@ -268,7 +268,7 @@ COMMANDS = tuple(Entry(*row) for row in (
 
 # Fast path: the line's first word (with its space, if any) looked up directly. This
 # agrees with the prefix walk because no prefix is a proper prefix of an earlier one's
-# word (tests/test_beanstalk_parser.py checks the two against each other).
+# word (tests/codecs/test_beanstalk_parser.py checks the two against each other).
 BY_WORD = {entry.prefix: entry for entry in COMMANDS}
 
 

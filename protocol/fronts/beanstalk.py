@@ -202,7 +202,7 @@ class BeanstalkFront(LinkedFront):
         self.max_job_size = max_job_size
 
     def on_stopped(self) -> list[tuple]:
-        """After a graceful stop: every connection's unanswered ops, in order (link.py
+        """After a graceful stop: every connection's unanswered ops, in order (protocol/links/zeromq.py
         sends again those it had sent, and keeps those it holds)."""
         ops: list[tuple] = []
         for c in list(self.conns.values()):

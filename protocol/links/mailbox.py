@@ -1,7 +1,7 @@
 """In-process links: a front beside the broker reaches it through a mailbox, not ZeroMQ.
 
 A front never knows where its broker runs.  It is given a broker address and calls
-`open_link(address, ...)` (links.py): `tcp://…` or `ipc://…` give a `BrokerLink` (link.py,
+`open_link(address, ...)` (protocol/links/__init__.py): `tcp://…` or `ipc://…` give a `BrokerLink` (zeromq.py,
 a ZeroMQ DEALER socket), `local:NAME` gives a `LocalLink` to the broker actor that registered
 NAME in this process (`register_mailbox`), in the way ZeroMQ's `inproc://` names a
 socket in the same context.  Both links take the same calls from the front (`submit`,

@@ -4,7 +4,7 @@ A link (an in-process `mailbox.LocalLink` or a ZeroMQ `link.BrokerLink`) calls i
 back on the event loop with the schema's messages: replies to the ops it submitted, a
 Welcome, the loss of its broker, a fence.  The owner tells it, for a re-registration,
 what its sessions are.  A link is CONNECTING (Hello sent, no Welcome yet) or READY;
-a BrokerLink has states of its own beyond these (link.py).
+a BrokerLink has states of its own beyond these (zeromq.py).
 
 Both kinds keep a `LinkStats` for their front's /metrics: ops held while no broker
 answered, held ops failed when their time ran out, and the round trip to the broker,

@@ -2,10 +2,10 @@
 
 Running
 -------
-`scripts/bench_x.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
+`scripts/bench_<name>.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
 [--json PATH]`.  The files are executable and re-exec themselves under the project's
 .venv/bin/python (made first if missing, by scripts/_venv.sh; venv.py), so
-`python3 scripts/bench_x.py` works too.  `scripts/bench_readme` runs the README's whole
+`python3 scripts/bench_<name>.py` works too.  `scripts/bench_readme` runs the README's whole
 set and rewrites its tables between their markers (readme.py).
 
 Method shared by every row

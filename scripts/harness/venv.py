@@ -1,5 +1,5 @@
 # Every benchmark runs under the project's .venv/bin/python, however it is started
-# (`scripts/bench_x.py`, `python3 scripts/bench_x.py`, or that python itself).
+# (`scripts/bench_<name>.py`, `python3 scripts/bench_<name>.py`, or that python itself).
 #
 # use_project_venv() is the first thing a benchmark does, before it imports anything
 # beyond the standard library: when the running interpreter is not the project's .venv,

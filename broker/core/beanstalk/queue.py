@@ -35,7 +35,7 @@ from typing import Callable
 from sortedcontainers import SortedList
 
 from ....protocol.codecs.prometheus import WAIT_BUCKETS
-from ..labels import Labelled
+from ..shared.labels import Labelled
 
 from .jobs import (BURIED, DELAYED, KICKS, READY, RESERVED, RESERVED_AT, TIMEOUTS,
                    URGENT_PRI, Job, Session, Tube, TubeMetrics, key_id)

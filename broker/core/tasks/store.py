@@ -88,7 +88,7 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
                                        SUCCESS, UNIQUE_ID)
 from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
-from ..labels import Labelled
+from ..shared.labels import Labelled
 from . import requests
 from .limits import Gate, Recent
 from .requests import Request

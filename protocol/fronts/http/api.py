@@ -65,7 +65,7 @@ TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt", "passExpiresAt
 
 
 class Problem(NamedTuple):
-    """A refusal: the HTTP status and JSON error to answer (as broker/tasks.TaskError)."""
+    """A refusal: the HTTP status and JSON error to answer (as broker/core/tasks/store.py TaskError)."""
     status: int
     code: str
     message: str
@@ -79,7 +79,7 @@ class Enqueue(NamedTuple):
     """A checked POST /v1/tasks body."""
     function: str
     params: bytes               # compact JSON, the body the function will be POSTed
-    options: dict | None        # checked by the broker (broker/tasks.parse_options)
+    options: dict | None        # checked by the broker (broker/core/tasks/store.py parse_options)
     request: dict | None = None     # a request task's, checked by the broker (requests.py)
     online: bool = False            # "type": "online": the waiting room (room.py)
 

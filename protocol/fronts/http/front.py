@@ -589,7 +589,7 @@ class HttpFront(LinkOwner):
 
     def on_stopped(self) -> list[tuple]:
         """After a graceful stop no request is lost: those it left unanswered never ran, so
-        they go to the next broker (link.py), and their requests wait on."""
+        they go to the next broker (protocol/links/zeromq.py), and their requests wait on."""
         return [op for _, op in self.waiting]
 
     def on_fenced(self) -> None:

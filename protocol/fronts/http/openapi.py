@@ -1,9 +1,9 @@
 """The OpenAPI document of the cloud-task HTTP API, served at GET /v1/openapi.json.
 
 How it works: `document()` builds the whole document as a plain dict in this one place.
-Every bound in it comes from the constant the rule is enforced with (broker/core/tasks/store.py: the
-option ranges, statuses, the uniqueId and function-name patterns; http_front.py: the
-batch and page sizes), so a rule changed there changes here too.  tests/test_openapi.py
+Every bound in it comes from the constant the rule is enforced with (the task API's
+vocabulary, protocol/schema/tasks.py: the option ranges, statuses, the uniqueId and
+function-name patterns; api.py: the batch and page sizes), so a rule changed there changes here too.  tests/fronts/test_openapi.py
 keeps the rest true: the document is checked against OpenAPI's own schema, the option
 schemas are checked against `parse_options` on the same values, and schemathesis drives
 a real `zstalk serve` from the document it serves (no 5xx; every status, content type and
@@ -48,7 +48,7 @@ def _ms(description: str, default: int | None = None, low: int = 0,
     return schema
 
 
-# -- request schemas (what broker/tasks.parse_options and http_front.parse_task take) -------
+# -- request schemas (what broker/core/tasks/store.py parse_options and api.py parse_task take) -------
 def task_options() -> dict:
     year = f"{MAX_DURATION_MS} ms is {MAX_DURATION_MS // _DAY_MS} days"
     return {

@@ -1,0 +1,181 @@
+# Every role says on start, in one line of one format, what it listens on or connects to:
+# `zstalk <role> <version>: ...` (`zstalkd <version>: ...` with -V; silent without, as
+# beanstalkd), every port it listens on (its health port too) and its binlog directory
+# with what the binlog's replay restored. Real processes on loopback ports; each is
+# stopped once it has spoken.
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servers import LOOPBACK, RawClient, find_zstalk, free_port, self_check, wait_for
+from zstalk.broker import VERSION
+
+pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own programs")
+ZSTALK = find_zstalk()
+ZSTALKD = str(Path(ZSTALK).parent / "zstalkd")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def first_line(*argv: str, env: dict | None = None) -> str:
+    """The first line a command writes on stderr (then it is stopped)."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=env)
+    try:
+        return proc.stderr.readline().rstrip("\n")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_serve_says_what_listens_where_and_that_an_http_port_without_config_has_no_functions():
+    port, http = free_port(), free_port()
+    assert first_line(ZSTALK, "serve", "-l", LOOPBACK, "-p", str(port), "--counter-port", "0",
+                      "--worker-bind", "none", "--http-port", str(http)) == (
+        f"zstalk serve {VERSION}: beanstalk on {LOOPBACK}:{port}; http on 127.0.0.1:{http} "
+        "(no --master-key: loopback only; no --config: no functions, every task answers 404); "
+        "no worker endpoint")
+
+
+def test_zstalkd_is_silent_as_beanstalkd_and_says_where_it_listens_with_v():
+    port = free_port()
+    said = f"zstalkd {VERSION}: beanstalk on {LOOPBACK}:{port}; no worker endpoint"
+    proc = subprocess.Popen([ZSTALKD, "-V", "-l", LOOPBACK, "-p", str(port)],
+                            stderr=subprocess.PIPE, text=True)
+    try:                                                      # (-V: INFO lines come too)
+        assert wait_for(lambda: select.select([proc.stderr], [], [], 0.5)[0]
+                        and proc.stderr.readline().rstrip("\n") == said, 10)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    proc = subprocess.Popen([ZSTALKD, "-l", LOOPBACK, "-p", str(free_port())],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1.0)
+    finally:
+        proc.terminate()
+        assert proc.communicate(timeout=10)[1] == ""
+
+
+def test_the_broker_says_its_endpoint():
+    endpoint = f"tcp://{LOOPBACK}:{free_port()}"
+    assert first_line(ZSTALK, "broker", "--bind", endpoint) == (
+        f"zstalk broker {VERSION}: listening on {endpoint}")
+
+
+def health(port: int) -> tuple[str, ...]:
+    return ("--health-port", str(port), "--health-listen", LOOPBACK)
+
+
+def test_the_broker_says_its_health_port_and_its_binlog_with_what_it_restored(tmp_path):
+    endpoint, port = f"tcp://{LOOPBACK}:{free_port()}", free_port()
+    assert first_line(ZSTALK, "broker", "--bind", endpoint, "-b", str(tmp_path),
+                      *health(port)) == (
+        f"zstalk broker {VERSION}: listening on {endpoint}; health on {LOOPBACK}:{port}; "
+        f"binlog {tmp_path} (restored 0 jobs, 0 tasks)")
+
+
+@pytest.mark.parametrize("kind", ["beanstalk", "counter", "http"])
+def test_a_front_says_where_it_listens_and_which_broker_it_reaches(kind):
+    port, broker = free_port(), f"tcp://{LOOPBACK}:{free_port()}"
+    line = first_line(ZSTALK, "front", kind, "--broker", broker, "--listen",
+                      f"{LOOPBACK}:{port}")
+    listens = {"http": f"http on {LOOPBACK}:{port} (no --master-key: loopback only)"}.get(
+        kind, f"listening on {LOOPBACK}:{port}")
+    assert line == f"zstalk front {kind} {VERSION}: {listens}; broker {broker}"
+
+
+@pytest.mark.parametrize("kind", ["beanstalk", "counter", "http"])
+def test_a_front_with_a_health_port_says_it_too(kind):
+    port, broker, probes = free_port(), f"tcp://{LOOPBACK}:{free_port()}", free_port()
+    line = first_line(ZSTALK, "front", kind, "--broker", broker, "--listen",
+                      f"{LOOPBACK}:{port}", *health(probes))
+    assert line.endswith(f"; broker {broker}; health on {LOOPBACK}:{probes}"), line
+
+
+def test_the_dispatcher_says_which_broker_it_connects_to_and_its_health_port():
+    broker, probes = f"tcp://{LOOPBACK}:{free_port()}", free_port()
+    assert first_line(ZSTALK, "dispatcher", "--broker", broker, "--slots", "3") == (
+        f"zstalk dispatcher {VERSION}: connecting to {broker}; 3 calls at once")
+    assert first_line(ZSTALK, "dispatcher", "--broker", broker, "--slots", "3",
+                      *health(probes)) == (
+        f"zstalk dispatcher {VERSION}: connecting to {broker}; 3 calls at once; "
+        f"health on {LOOPBACK}:{probes}")
+
+
+def test_a_worker_pool_says_which_broker_it_connects_to_what_it_runs_and_its_health_port():
+    broker, probes = f"tcp://{LOOPBACK}:{free_port()}", free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert first_line(ZSTALK, "worker", "tests.support.workers_app:shared", "--broker", broker,
+                      "--processes", "2", *health(probes), env=env) == (
+        f"zstalk worker {VERSION}: connecting to {broker}; tests.support.workers_app:shared, "
+        f"2 processes of 1 handlers; health on {LOOPBACK}:{probes}")
+
+
+def test_serve_says_its_health_port_and_binlog_and_after_a_restart_the_jobs_it_restored(
+        tmp_path):
+    port, probes, wal = free_port(), free_port(), str(tmp_path / "wal")
+    argv = [ZSTALK, "serve", "-l", LOOPBACK, "-p", str(port), "--counter-port", "0",
+            "--worker-bind", "none", "-b", wal, *health(probes)]
+    said = (f"zstalk serve {VERSION}: beanstalk on {LOOPBACK}:{port}; no worker endpoint; "
+            f"health on {LOOPBACK}:{probes}; binlog {wal}")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline() == f"{said} (restored 0 jobs, 0 tasks)\n"
+        with RawClient((LOOPBACK, port)) as client:
+            client.send(b"put 0 0 60 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
+            assert client.read_replies(2) == [b"INSERTED 1\r\n", b"INSERTED 2\r\n"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    assert first_line(*argv) == f"{said} (restored 2 jobs, 0 tasks)"
+    # supervised (--fronts 1), the broker child replays it and tells its supervisor
+    line = first_line(*argv, "--fronts", "1")
+    assert re.fullmatch(rf"zstalk serve {re.escape(VERSION)}: beanstalk on {LOOPBACK}:{port}; "
+                        rf"no worker endpoint; health on {LOOPBACK}:{probes} \(children's on "
+                        rf"127\.0\.0\.1: broker \d+, front-0 \d+\); binlog {re.escape(wal)} "
+                        rf"\(restored 2 jobs, 0 tasks\)", line), line
+
+
+def test_zstalkd_with_v_says_its_binlog_and_what_it_restored(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([ZSTALKD, "-V", "-l", LOOPBACK, "-p", str(port), "-b", str(tmp_path)],
+                            stderr=subprocess.PIPE, text=True)
+    try:                                                      # (-V: INFO lines come too)
+        line = next(line for line in proc.stderr if line.startswith("zstalkd "))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    assert line == (f"zstalkd {VERSION}: beanstalk on {LOOPBACK}:{port}; no worker endpoint; "
+                    f"binlog {tmp_path} (restored 0 jobs, 0 tasks)\n")
+
+
+def test_the_children_of_a_supervisor_leave_the_saying_to_it():
+    port = free_port()
+    proc = subprocess.Popen([ZSTALK, "serve", "--fronts", "1", "-l", LOOPBACK, "-p", str(port),
+                             "--counter-port", "0", "--worker-bind", "none"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith(f"zstalk serve {VERSION}: beanstalk on {LOOPBACK}:{port}")
+    finally:
+        proc.terminate()
+        rest = proc.communicate(timeout=20)[1]
+    assert "zstalk broker" not in rest and "zstalk front" not in rest
+
+
+def test_a_master_key_without_the_http_api_is_a_usage_error():
+    done = subprocess.run([ZSTALK, "serve", "-l", LOOPBACK, "-p", str(free_port()),
+                           "--counter-port", "0", "--worker-bind", "none", "--master-key", "k"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.endswith(
+        "Error: --master-key (ZSTALK_MASTER_KEY, --master-key-file) is the HTTP API's: give "
+        "--http-port, or --config with [functions]\n")
+
