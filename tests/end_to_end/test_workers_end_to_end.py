@@ -315,7 +315,7 @@ def test_two_processes_share_the_jobs_and_both_stop_on_sigterm(broker, client, p
     if how == "spawned by the CLI":
         parent = start_worker(processes, "shared", broker, log, "--processes", "2")
     else:
-        code = ("import tests.workers_app as app; app.shared.broker = %r; "
+        code = ("import tests.support.workers_app as app; app.shared.broker = %r; "
                 "app.shared.run(processes=2)" % broker)
         parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
                                   env=dict(os.environ, ZSTALK_TEST_LOG=str(log)))

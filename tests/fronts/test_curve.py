@@ -77,9 +77,15 @@ def hello(endpoint: str, keys: curve.ClientKeys | None, ident: bytes | None = No
     sock.setsockopt(zmq.IDENTITY, ident or curve.identity(front_id, keys))
     if keys is not None:
         curve.secure_client(sock, keys)
+    # a refused handshake drops the connection's queue, and a send that finds none waits
+    # for the next: at most wait_s (it hung the whole suite once)
+    sock.setsockopt(zmq.SNDTIMEO, int(wait_s * 1000))
     sock.connect(endpoint)
     try:
-        sock.send(encode(Hello(front_id, "client", os.getpid(), 0, [])))
+        try:
+            sock.send(encode(Hello(front_id, "client", os.getpid(), 0, [])))
+        except zmq.Again:
+            return None
         if sock.poll(int(wait_s * 1000)):
             return decode(sock.recv())
         return None

@@ -120,7 +120,7 @@ def test_a_worker_health_port_in_use_ends_it_with_111_naming_it(procs, processes
 def test_processes_forked_by_worker_run_hold_no_copy_of_the_parents_health_port(procs):
     endpoint, _ = start_broker(procs)
     health = free_port()
-    code = ("import tests.workers_app as app; from zstalk.protocol.network.listen import "
+    code = ("import tests.support.workers_app as app; from zstalk.protocol.network.listen import "
             "HealthOptions; app.shared.broker = %r; "
             "app.shared.run(processes=2, health=HealthOptions(%d, '127.0.0.1'))"
             % (endpoint, health))
