@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # One image for every zstalk role: `zstalk serve|broker|front|dispatcher|worker ...`.
 #
-#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t zstalk:0.1.0 .
-#   docker run --rm -p 11300:11300 --read-only --tmpfs /tmp zstalk:0.1.0    # zstalk serve
-#   docker run --rm -p 11300:11300 -v zstalk-data:/data zstalk:0.1.0 serve --binlog /data
+#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t zstalk:0.2.0 .
+#   docker run --rm -p 11300:11300 --read-only --tmpfs /tmp zstalk:0.2.0    # zstalk serve
+#   docker run --rm -p 11300:11300 -v zstalk-data:/data zstalk:0.2.0 serve --binlog /data
 #
 # Without a registry, scripts/build-image builds the same image from Debian packages and
 # PyPI wheels (mmdebstrap + buildah). It reads the last stage's Debian packages (its
@@ -27,7 +27,7 @@ RUN /build/bin/pip wheel --no-cache-dir --wheel-dir /wheelhouse /src \
 
 # -- the image: Debian's python3, the venv at /opt/zstalk, nothing to build or install with ---
 FROM debian:bookworm-slim
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG REVISION=unknown
 ARG SOURCE=
 LABEL org.opencontainers.image.title="zstalk" \

@@ -406,6 +406,6 @@ def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functi
         if pod:
             images[obj["metadata"]["name"]] = {c["image"] for c in pod["containers"]}
     assert images.pop("zstalk-worker") == {"registry.example.com/my-workers:1.0"}
-    assert set().union(*images.values()) == {"registry.example.com/zstalk:0.1.0"}
+    assert set().union(*images.values()) == {"registry.example.com/zstalk:0.2.0"}
     assert len(images) == 5          # broker, three fronts, dispatcher
     assert configs == [{"zstalk.toml": functions}]

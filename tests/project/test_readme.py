@@ -428,7 +428,7 @@ def test_the_kustomize_line_renders_the_readme_overlay(shell):
     out = shell.run(kustomize)
     assert out.returncode == 0, out.stderr
     assert "image: registry.example.com/my-workers:1.0" in out.stdout
-    assert "image: registry.example.com/zstalk:0.1.0" in out.stdout
+    assert "image: registry.example.com/zstalk:0.2.0" in out.stdout
 
 
 def test_the_metrics_example_runs_as_written(shell):

@@ -18,6 +18,7 @@ from servers import free_port, wait_for
 from test_health import ZSTALK, health_args, needs_programs, probe, procs  # noqa: F401
 from test_worker_health import pool_processes
 from zstalk.protocol.schema import Op, R
+from zstalk.protocol.schema.version import VERSION
 from zstalk.workers import Client, Worker, codecs
 from zstalk.workers.job import BURY, DELETE, EXPIRED, RELEASE, Job, Outcome
 from zstalk.workers.metrics import OUTCOMES, PoolMetrics, publish, resume, totals
@@ -188,7 +189,7 @@ def test_a_one_process_pool_counts_its_jobs_by_outcome_and_times_its_handlers(pr
     start_pool(procs, broker, health, tmp_path / "log")
     put_orders(broker)
     found = reaches(health, expected(1))
-    assert found[("zstalk_build_info", (("role", "pool"), ("version", "0.1.0")))] == 1
+    assert found[("zstalk_build_info", (("role", "pool"), ("version", VERSION)))] == 1
     assert found[("zstalk_pool_handler_seconds_bucket", (("le", "0.025"),))] <= 3   # not 50 ms
     assert found[("zstalk_pool_handler_seconds_bucket", (("le", "+Inf"),))] == 4
     assert 0.05 <= found[("zstalk_pool_handler_seconds_sum", ())] < 5
