@@ -1,38 +1,25 @@
 """The TOML config file (`zstalk serve --config zstalk.toml`): where cloud tasks call.
 
     [functions]
-    base_url = "http://127.0.0.1:3000"   # optional: function F is called at base_url/F
-    # functions = ["a", "b"]             # with base_url: these names (and the tables below)
-    # base_url_any = true                # with base_url: any name at all
-    concurrency = 1                      # defaults for every function (optional)
-    timeout = "15s"
-    max_timeout = "15m"
-    max_result = "1MiB"                  # a bigger 2xx body fails the task (sizes: B KiB MiB)
-    rate = "300/s"                       # at most N calls per s, m or h, over every dispatcher
-    burst = 0                            # calls that may start at once beyond the rate
-    queue_timeout = "30m"                # a task still queued this long after it was made fails
-    max_pause = "60s"                    # the longest backoff after 429 / 503 without Retry-After
-    request_headers = ["X-Tenant"]       # request tasks may set these too (beside the safe ones)
-    result_headers = ["ETag"]            # response headers a task keeps (beside Content-Type)
-    allow_origins = ["https://shop.example"]   # pages that may call the API from the
-                                         # browser for this function's tasks (CORS), or "*"
+    base_url = "http://127.0.0.1:3000"   # function F is called at base_url/F
+    concurrency = 2                      # defaults for every function
+    timeout = "10s"
 
     [functions.closeOrder]               # one table per named function (optional)
     url = "http://orders:3000/closeOrder"   # without base_url, required; with it, optional
-    concurrency = 4
-    timeout = "30s"
+    rate = "5/s"
+
+KEYS below is every key of every table, with where it may be written, its type, default,
+unit and one line of help: the reader refuses a key it does not list there and takes its
+defaults from it, and docs/reference/config.md is made from it (scripts/docs_reference.py;
+tests/project/test_docs.py fails when the two differ).
 
 Which names can be called: without base_url, the [functions.NAME] tables.  With it,
 those (a table without `url` is NAME at base_url/NAME) and the names in `functions`; and
 with neither tables nor a list, or with `base_url_any = true`, any name under base_url (a
 misspelled name is then called, and retried until its attempts run out).  A file with
 base_url and tables but no base_url_any was "any name" before 0.2: it gets a warning
-(TaskConfig.warnings) naming the key, as the README's upgrade note says.
-
-    [api]                                # what a request without the master key may do
-    public_enqueue = false               # true: enqueue, without options
-    private_results = false              # true: reading a task needs the key too
-    max_body = "1MiB"                    # a bigger request body answers 413
+(TaskConfig.warnings) naming the key, as the upgrade note says.
 
 Durations are strings with a unit (`"500ms"`, `"10s"`, `"2m"`, `"1h"`); sizes are bytes,
 or strings with a binary unit (`"512KiB"`, `"4MiB"`), at most MAX_SIZE.  Everything is
@@ -54,20 +41,10 @@ from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_LIMIT_KEYS = {"rate", "burst", "queue_timeout", "max_pause", "request_headers",
-               "result_headers", "next_upstream", "connect_timeout", "online", "pass_ttl",
-               "online_heartbeat", "max_waiting_per_client", "admit_url", "allow_origins"}
-_DEFAULT_KEYS = {"base_url", "base_url_any", "functions", "concurrency", "timeout",
-                 "max_timeout", "max_result", "upstream", *_LIMIT_KEYS}
 _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep it sane
 DEFAULT_SIZE = 1 << 20
-_FUNCTION_KEYS = {"url", "upstream", "path", "concurrency", "timeout", "max_timeout",
-                  *_LIMIT_KEYS}
-_UPSTREAM_KEYS = {"balance", "key", "consistent", "two", "servers", "rate", "burst",
-                  "concurrency"}
-_SERVER_KEYS = {"url", "weight", "max_fails", "fail_timeout", "max_conns", "backup", "down"}
 #: what may count as a server's failure (nginx's proxy_next_upstream, less what needs a
 #: second try: non_idempotent, invalid_header, off)
 NEXT_UPSTREAM = ("error", "timeout", "http_500", "http_502", "http_503", "http_504",
@@ -79,6 +56,129 @@ _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
 _PER_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 #: the waiting room's pass key file, as --pass-key-file names it to every process
 PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
+
+
+# -- the keys ------------------------------------------------------------------------------
+API, FUNCTIONS, FUNCTION = "[api]", "[functions]", "[functions.NAME]"
+UPSTREAM, SERVER = "[upstreams.NAME]", "[upstreams.NAME] servers"
+EVERY = (FUNCTIONS, FUNCTION)       # a default for every function, or one function's own
+
+
+class Key(NamedTuple):
+    """A key of the file: the tables it may be written in, its TOML type, its default as
+    it would be written (None: none, or one the help describes) and the unit of a number."""
+    tables: tuple[str, ...]
+    name: str
+    type: str
+    default: Any
+    unit: str
+    help: str
+
+
+KEYS: tuple[Key, ...] = (
+    Key((API,), "public_enqueue", "boolean", False, "",
+        "true: a request without the master key may enqueue (without options)"),
+    Key((API,), "private_results", "boolean", False, "",
+        "true: reading a task needs the master key too"),
+    Key((API,), "trust_forwarded", "boolean", False, "",
+        "true: a client's address is the first X-Forwarded-For hop (ip_hash, "
+        "max_waiting_per_client)"),
+    Key((API,), "max_body", "size", "1MiB", "bytes",
+        "a bigger request body answers 413"),
+    Key((FUNCTIONS,), "base_url", "URL", None, "",
+        "a function F is called at base_url/F"),
+    Key((FUNCTIONS,), "base_url_any", "boolean", None, "",
+        "with base_url: true, any name may be called; false, only the tables' and "
+        "functions' names (unset: any name while there are no tables, with a warning "
+        "once there are)"),
+    Key((FUNCTIONS,), "functions", "list of names", [], "",
+        "with base_url: names that may be called, beside the tables'"),
+    Key((FUNCTIONS,), "max_result", "size", "1MiB", "bytes",
+        "a bigger 2xx body fails the task (no retry)"),
+    Key((FUNCTION,), "url", "URL", None, "",
+        "where the function is called (needed without base_url or upstream)"),
+    Key(EVERY, "upstream", "string", None, "",
+        "an [upstreams.NAME] whose servers take the calls, instead of a url"),
+    Key((FUNCTION,), "path", "string", None, "",
+        "on an upstream: the path after each server's url (default /NAME)"),
+    Key(EVERY, "concurrency", "integer", 1, "calls",
+        "calls at once (1 to 100000), across dispatchers; also the counter fn:NAME"),
+    Key(EVERY, "timeout", "duration", "15s", "ms, s, m, h",
+        "per call, unless a task's timeout option says otherwise"),
+    Key(EVERY, "max_timeout", "duration", "15m", "ms, s, m, h",
+        "the longest timeout a task may ask for"),
+    Key(EVERY, "rate", "rate", None, "calls per s, m or h",
+        "\"N/s\", \"N/m\" or \"N/h\": at most N calls start per interval, over every "
+        "dispatcher (GCRA)"),
+    Key(EVERY, "burst", "integer", 0, "calls",
+        "calls that may start at once beyond the rate after a quiet spell"),
+    Key(EVERY, "queue_timeout", "duration", None, "ms, s, m, h",
+        "a task still queued this long after its enqueue fails, uncalled"),
+    Key(EVERY, "max_pause", "duration", "60s", "ms, s, m, h",
+        "the longest pause after a 429 or 503 without Retry-After"),
+    Key(EVERY, "request_headers", "list of header names", [], "",
+        "headers a request task may set, beside the safe ones"),
+    Key(EVERY, "result_headers", "list of header names", [], "",
+        "response headers a task keeps, beside Content-Type"),
+    Key(EVERY, "next_upstream", "list of strings", ["error", "timeout"], "",
+        "what counts as a server's failure: " + ", ".join(NEXT_UPSTREAM)),
+    Key(EVERY, "connect_timeout", "duration", "5s", "ms, s, m, h",
+        "the longest connect of a call to a server"),
+    Key(EVERY, "online", "string", "master", "",
+        "online tasks (a waiting room): \"public\", \"master\" (with the master key) or "
+        "\"only\" (online only, public, no url needed)"),
+    Key(EVERY, "pass_ttl", "duration", "5m", "ms, s, m, h",
+        "how long an admitted user's pass is good (no renewal)"),
+    Key(EVERY, "online_heartbeat", "duration", "5m", "ms, s, m, h",
+        "a waiting user who does not look (GET the task) this often loses the place"),
+    Key(EVERY, "max_waiting_per_client", "integer", 20, "tasks",
+        "online tasks that may wait per client address (IPv6 by /64), 1 to 1000000"),
+    Key(EVERY, "admit_url", "URL", "", "",
+        "where an admitted user goes: admitUrl, with the pass in its fragment"),
+    Key(EVERY, "allow_origins", "list of origins", [], "",
+        "pages (scheme://host[:port], or \"*\") that may call the API from a browser (CORS)"),
+    Key((UPSTREAM,), "balance", "string", "round_robin", "",
+        "round_robin, least_conn, ip_hash, hash or random, as nginx's upstream module"),
+    Key((UPSTREAM,), "key", "string", None, "",
+        "for hash: uniqueId, clientIp or params.NAME"),
+    Key((UPSTREAM,), "consistent", "boolean", False, "",
+        "for hash: ketama consistent hashing"),
+    Key((UPSTREAM,), "two", "boolean", False, "",
+        "for random: the less loaded of two picks"),
+    Key((UPSTREAM,), "servers", "list of tables", None, "",
+        "the servers, each { url = \"http://host:port\", ... } with the keys below"),
+    Key((UPSTREAM,), "rate", "rate", None, "calls per s, m or h",
+        "a rate every function on the upstream shares"),
+    Key((UPSTREAM,), "burst", "integer", 0, "calls",
+        "the burst of the upstream's rate"),
+    Key((UPSTREAM,), "concurrency", "integer", 0, "calls",
+        "calls at once on the upstream, every function's together (0: no limit)"),
+    Key((SERVER,), "url", "URL", None, "",
+        "scheme://host[:port]; host[:port] as written is nginx's server string"),
+    Key((SERVER,), "weight", "integer", 1, "",
+        "the server's share of the calls"),
+    Key((SERVER,), "max_fails", "integer", 1, "calls",
+        "failures within fail_timeout that make the server failed"),
+    Key((SERVER,), "fail_timeout", "duration", "10s", "ms, s, m, h",
+        "the window of max_fails, and how long a failed server is skipped"),
+    Key((SERVER,), "max_conns", "integer", 0, "calls",
+        "calls at once on this server (0: no limit)"),
+    Key((SERVER,), "backup", "boolean", False, "",
+        "called only while no other server is usable"),
+    Key((SERVER,), "down", "boolean", False, "",
+        "never called"),
+)
+_DEFAULT = {(table, key.name): key.default for key in KEYS for table in key.tables}
+
+
+def keys_of(table: str) -> frozenset[str]:
+    """The keys a table may hold (a `table` of KEYS, like FUNCTION)."""
+    return frozenset(key.name for key in KEYS if table in key.tables)
+
+
+def _get(entry: dict, table: str, name: str) -> Any:
+    """entry[name], or KEYS' default for it in `table`."""
+    return entry.get(name, _DEFAULT[table, name])
 
 
 class ConfigError(Exception):
@@ -112,15 +212,16 @@ def load(path: str) -> TaskConfig:
     table = doc.get("api", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [api] must be a table")
-    _no_unknown(table, {*ApiPolicy._fields, "max_body"}, f"{path}: [api]")
+    _no_unknown(table, keys_of(API), f"{path}: [api]")
     flags = {k: v for k, v in table.items() if k != "max_body"}
     for key, value in flags.items():
         if type(value) is not bool:
             raise ConfigError(f"{path}: [api] {key} must be true or false")
-    max_body = size_bytes(table.get("max_body", DEFAULT_SIZE), f"{path}: [api] max_body")
+    max_body = size_bytes(_get(table, API, "max_body"), f"{path}: [api] max_body")
     upstreams = _upstreams(doc.get("upstreams", {}), path)
+    api = ApiPolicy(**{k: _get(flags, API, k) for k in ApiPolicy._fields})
     return functions(doc.get("functions", {}), path, upstreams)._replace(
-        api=ApiPolicy(**flags), max_body_bytes=max_body, upstreams=tuple(upstreams.values()))
+        api=api, max_body_bytes=max_body, upstreams=tuple(upstreams.values()))
 
 
 def functions(table: Any, path: str = "config", upstreams: dict | None = None) -> TaskConfig:
@@ -129,7 +230,7 @@ def functions(table: Any, path: str = "config", upstreams: dict | None = None) -
     where = f"{path}: [functions]"
     upstreams = upstreams or {}
     defaults = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    _no_unknown(defaults, _DEFAULT_KEYS, where)
+    _no_unknown(defaults, keys_of(FUNCTIONS), where)
     if "upstream" in defaults:
         if "base_url" in defaults:
             raise ConfigError(f"{where}: base_url and upstream exclude each other")
@@ -140,7 +241,7 @@ def functions(table: Any, path: str = "config", upstreams: dict | None = None) -
     spec_keys = {k: v for k, v in defaults.items() if k not in ("functions", "base_url_any")}
     template = _spec("", {**spec_keys, "url": base_url or "http://unset"}, where)
     tables = {name: entry for name, entry in table.items() if isinstance(entry, dict)}
-    listed = _listed(defaults.get("functions", []), base_url, where)
+    listed = _listed(_get(defaults, FUNCTIONS, "functions"), base_url, where)
     named = {name: _named(name, entry, spec_keys, base_url, f"{path}: [functions.{name}]")
              for name, entry in tables.items()}
     for name in listed:
@@ -155,7 +256,7 @@ def functions(table: Any, path: str = "config", upstreams: dict | None = None) -
         raise ConfigError(f"{where}: base_url_any is true or false, and only with base_url")
     if any_name is None:
         any_name = base_url is not None and not named
-    max_result = size_bytes(defaults.get("max_result", DEFAULT_SIZE), f"{where} max_result")
+    max_result = size_bytes(_get(defaults, FUNCTIONS, "max_result"), f"{where} max_result")
     online_keys = (("[functions] online",) if "online" in defaults else ()) + tuple(
         f"[functions.{name}] online" for name, entry in tables.items() if "online" in entry)
     return TaskConfig(tuple(named.values()), template if any_name else None,
@@ -169,7 +270,7 @@ def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
     if not FUNCTION_NAME.fullmatch(name):
         raise ConfigError(f"{where}: a function name is 1 to 64 of A-Z a-z 0-9 _ . : - "
                           "(not starting with a dot)")
-    _no_unknown(entry, _FUNCTION_KEYS, where)
+    _no_unknown(entry, keys_of(FUNCTION), where)
     if "url" in entry and "upstream" in entry:
         raise ConfigError(f"{where}: url and upstream exclude each other")
     if "path" in entry and "upstream" not in entry and defaults.get("upstream") is None:
@@ -220,18 +321,19 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         where = f"{path}: [upstreams.{name}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        _no_unknown(entry, _UPSTREAM_KEYS, where)
-        concurrency = _integer(entry, "concurrency", 0, 0, 100_000, where, "0 (none)")
+        _no_unknown(entry, keys_of(UPSTREAM), where)
+        concurrency = _integer(entry, "concurrency", _DEFAULT[UPSTREAM, "concurrency"], 0,
+                               100_000, where, "0 (none)")
         rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
-        burst = _integer(entry, "burst", 0, 0, 1_000_000, where)
+        burst = _integer(entry, "burst", _DEFAULT[UPSTREAM, "burst"], 0, 1_000_000, where)
         servers = entry.get("servers")
         if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
             raise ConfigError(f"{where}: servers must be a list of server tables "
                               "({ url = \"http://10.0.0.1:8000\", weight = 5 })")
         spec = UpstreamSpec(name, tuple(_server(s, f"{where} servers[{i}]")
                                         for i, s in enumerate(servers)),
-                            entry.get("balance", "round_robin"), entry.get("key"),
-                            entry.get("consistent", False), entry.get("two", False),
+                            _get(entry, UPSTREAM, "balance"), _get(entry, UPSTREAM, "key"),
+                            _get(entry, UPSTREAM, "consistent"), _get(entry, UPSTREAM, "two"),
                             concurrency, rate, per_s, burst)
         errors = validate(spec)
         if errors:
@@ -245,12 +347,10 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
 
 
 def _server(entry: dict, where: str) -> ServerSpec:
-    _no_unknown(entry, _SERVER_KEYS, where)
-    fail_timeout = entry.get("fail_timeout", "10s")
-    seconds = duration_ms(fail_timeout, f"{where}: fail_timeout") / 1000
-    return ServerSpec(entry.get("url"), entry.get("weight", 1), entry.get("max_fails", 1),
-                      seconds, entry.get("max_conns", 0), entry.get("backup", False),
-                      entry.get("down", False))
+    _no_unknown(entry, keys_of(SERVER), where)
+    seconds = duration_ms(_get(entry, SERVER, "fail_timeout"), f"{where}: fail_timeout") / 1000
+    return ServerSpec(entry.get("url"), *(_get(entry, SERVER, k) for k in ("weight", "max_fails")),
+                      seconds, *(_get(entry, SERVER, k) for k in ("max_conns", "backup", "down")))
 
 
 def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:
@@ -309,42 +409,46 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                               f"({problem or 'empty'})")
     elif not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
         raise ConfigError(f"{where}: url must be an http:// or https:// URL, not {url!r}")
-    concurrency = _integer(entry, "concurrency", 1, 1, 100_000, where)
-    max_timeout = duration_ms(entry.get("max_timeout", "15m"), f"{where}: max_timeout")
-    timeout = duration_ms(entry.get("timeout", "15s"), f"{where}: timeout")
+    concurrency = _integer(entry, "concurrency", _DEFAULT[FUNCTION, "concurrency"], 1, 100_000,
+                           where)
+    max_timeout = duration_ms(_get(entry, FUNCTION, "max_timeout"), f"{where}: max_timeout")
+    timeout = duration_ms(_get(entry, FUNCTION, "timeout"), f"{where}: timeout")
     if not 0 < timeout <= max_timeout:
         raise ConfigError(f"{where}: timeout must be above 0 and at most max_timeout")
     rate, per_s = _rate(entry.get("rate"), f"{where}: rate")
-    burst = _integer(entry, "burst", 0, 0, 1_000_000, where)
+    burst = _integer(entry, "burst", _DEFAULT[FUNCTION, "burst"], 0, 1_000_000, where)
     queue_timeout = entry.get("queue_timeout")
     queue_timeout_ms = 0 if queue_timeout is None else duration_ms(
         queue_timeout, f"{where}: queue_timeout")
-    max_pause_ms = duration_ms(entry.get("max_pause", "60s"), f"{where}: max_pause")
+    max_pause_ms = duration_ms(_get(entry, FUNCTION, "max_pause"), f"{where}: max_pause")
     if queue_timeout is not None and not queue_timeout_ms or not max_pause_ms:
         raise ConfigError(f"{where}: queue_timeout and max_pause must be above 0")
-    request_headers = _header_names(entry.get("request_headers", []), f"{where}: request_headers",
-                                    requests.header_problem)
-    result_headers = _header_names(entry.get("result_headers", []), f"{where}: result_headers",
-                                   _token_problem)
-    next_upstream = entry.get("next_upstream", ["error", "timeout"])
+    request_headers = _header_names(_get(entry, FUNCTION, "request_headers"),
+                                    f"{where}: request_headers", requests.header_problem)
+    result_headers = _header_names(_get(entry, FUNCTION, "result_headers"),
+                                   f"{where}: result_headers", _token_problem)
+    next_upstream = _get(entry, FUNCTION, "next_upstream")
     if not isinstance(next_upstream, list) or not all(
             isinstance(n, str) and n in NEXT_UPSTREAM for n in next_upstream):
         raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
-    connect_ms = duration_ms(entry.get("connect_timeout", "5s"), f"{where}: connect_timeout")
-    online = entry.get("online", "master")
+    connect_ms = duration_ms(_get(entry, FUNCTION, "connect_timeout"),
+                             f"{where}: connect_timeout")
+    online = _get(entry, FUNCTION, "online")
     if online not in _ONLINE:
         raise ConfigError(f"{where}: online is \"public\", \"master\" or \"only\", not {online!r}")
-    pass_ttl = duration_ms(entry.get("pass_ttl", "5m"), f"{where}: pass_ttl")
-    heartbeat = duration_ms(entry.get("online_heartbeat", "5m"), f"{where}: online_heartbeat")
+    pass_ttl = duration_ms(_get(entry, FUNCTION, "pass_ttl"), f"{where}: pass_ttl")
+    heartbeat = duration_ms(_get(entry, FUNCTION, "online_heartbeat"),
+                            f"{where}: online_heartbeat")
     if not pass_ttl or not heartbeat:
         raise ConfigError(f"{where}: pass_ttl and online_heartbeat must be above 0")
-    most_waiting = _integer(entry, "max_waiting_per_client", 20, 1, 1_000_000, where)
-    admit_url = entry.get("admit_url", "")
+    most_waiting = _integer(entry, "max_waiting_per_client",
+                            _DEFAULT[FUNCTION, "max_waiting_per_client"], 1, 1_000_000, where)
+    admit_url = _get(entry, FUNCTION, "admit_url")
     if admit_url and (not isinstance(admit_url, str) or not re.match(r"https?://[^/\s]+", admit_url)
                       or "#" in admit_url):
         raise ConfigError(f"{where}: admit_url must be an http:// or https:// URL without a "
                           f"fragment (the pass goes there), not {admit_url!r}")
-    origins = _origins(entry.get("allow_origins", []), f"{where}: allow_origins")
+    origins = _origins(_get(entry, FUNCTION, "allow_origins"), f"{where}: allow_origins")
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
