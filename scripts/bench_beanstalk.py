@@ -9,7 +9,7 @@ Usage:
 
 --fronts 0 (the default, as for `zstalk serve`) runs zstalk's fronts in the broker's
 process; --fronts N runs N front processes; --fronts 0,1 runs both, side by side, as
-columns of their own (the README's placement table).  Row 9 runs --fronts 0 and 1
+columns of their own (the placement table of docs/performance.md).  Row 9 runs --fronts 0 and 1
 whatever --fronts says.
 
 Method

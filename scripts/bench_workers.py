@@ -38,7 +38,7 @@ with the raw codec).
   --against compares the SDK of each tree with its own broker; the producer is a process
   of its own (beanstalkd's is this process: both are one process beside the server and
   the workers).
-  The README row uses this script's defaults, --concurrency 1 --prefetch auto --handler
+  The docs/performance.md row uses this script's defaults, --concurrency 1 --prefetch auto --handler
   sync: the Worker's own defaults (a trivial handler gains nothing from more threads
   under the GIL; the auto prefetch holds about 20 ms of work, which for this handler is
   its cap of 256 jobs, so jobs stay queued in the worker while earlier acks travel).

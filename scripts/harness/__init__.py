@@ -5,8 +5,8 @@ Running
 `scripts/bench_<name>.py [--quick | --smoke] [--repeats N] [--warmup N] [--against REF]
 [--json PATH]`.  The files are executable and re-exec themselves under the project's
 .venv/bin/python (made first if missing, by scripts/_venv.sh; venv.py), so
-`python3 scripts/bench_<name>.py` works too.  `scripts/bench_readme` runs the README's whole
-set and rewrites its tables between their markers (readme.py).
+`python3 scripts/bench_<name>.py` works too.  `scripts/bench_readme` runs the manual's whole
+set and rewrites docs/performance.md's tables between their markers (readme.py).
 
 Method shared by every row
 --------------------------
@@ -59,6 +59,6 @@ loadgen    the pipelined beanstalk load generators (put, worker cycle, D in flig
 probes     one command at a time: rates, per-request round trips, a background load
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
-readme     rewrites the README's tables between <!-- bench:NAME --> markers
+readme     rewrites docs/performance.md's tables between <!-- bench:NAME --> markers
 venv       the re-exec under the project's .venv
 """

@@ -1,5 +1,5 @@
-# The README's benchmark tables, rewritten from a benchmark's JSON, so they never drift
-# from the code that measures them.
+# The benchmark tables of docs/performance.md (once the README's), rewritten from a
+# benchmark's JSON, so they never drift from the code that measures them.
 #
 # Each table sits between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` on lines of
 # their own; NAME is a table's name in the JSON (bench_beanstalk writes "beanstalk" or,
@@ -17,7 +17,7 @@ class MarkerError(ValueError):
 
 
 def markers(text: str) -> list[str]:
-    """The NAMEs of the README's bench blocks, in order."""
+    """The NAMEs of a page's bench blocks, in order."""
     return re.findall(r"^<!-- bench:([\w.-]+) -->$", text, re.M)
 
 
@@ -39,6 +39,6 @@ def replace(text: str, name: str, body: str) -> str:
                          rf"{re.escape(name)} -->$)", re.M | re.S)
     found = pattern.findall(text)
     if len(found) != 1:
-        raise MarkerError(f"README: {len(found)} blocks <!-- bench:{name} --> ... "
+        raise MarkerError(f"{len(found)} blocks <!-- bench:{name} --> ... "
                           f"<!-- /bench:{name} --> (need exactly one)")
     return pattern.sub(lambda mo: mo.group(1) + body.rstrip("\n") + "\n" + mo.group(3), text)

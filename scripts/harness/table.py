@@ -4,7 +4,7 @@
 # --against ref...), ratio columns (num / den of two columns' medians), and rows.  A row's
 # cell per column is a Figure (median, min-max, n); a row may carry a target on a ratio
 # or on a column's median, and then says PASS or MISS.  The same rows give all three
-# renderings, so the terminal, the README and the JSON never disagree.
+# renderings, so the terminal, the manual and the JSON never disagree.
 from __future__ import annotations
 
 from .stats import Figure, is_number

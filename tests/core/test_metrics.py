@@ -1,6 +1,6 @@
 """Metrics without processes: the exposition format, the one table of metrics (and the
-README's list made from it), and the broker's bounded labels over the pure core with a
-clock that moves only when told (10,000 client-named tubes and functions)."""
+list in docs/operations/metrics.md made from it), and the broker's bounded labels over the
+pure core with a clock that moves only when told (10,000 client-named tubes and functions)."""
 from __future__ import annotations
 
 import re
@@ -17,7 +17,7 @@ from zstalk.protocol.codecs.prometheus import (METRICS, Histogram, Sample, merge
                                                readme_table, render, with_label)
 from zstalk.protocol.schema import Op  # noqa: E402
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations" / "metrics.md"
 #: the only label names any metric has: never a job's or a task's id
 LABEL_NAMES = {"version", "role", "state", "tube", "command", "kind", "function", "outcome"}
 
@@ -95,13 +95,13 @@ def test_every_metric_follows_prometheus_naming(metric):
         assert not metric.buckets
 
 
-def test_the_readme_lists_exactly_the_metrics_of_the_table():
-    text = README.read_text()
+def test_the_metrics_page_lists_exactly_the_metrics_of_the_table():
+    text = PAGE.read_text()
     start, end = "<!-- metrics:begin -->\n", "<!-- metrics:end -->"
-    assert start in text, "the README has no generated metric list"
+    assert start in text, "docs/operations/metrics.md has no generated metric list"
     listed = text[text.index(start) + len(start):text.index(end)]
     assert listed == readme_table(), (
-        "the README's metric list is out of date: put the output of .venv/bin/python -c "
+        "docs/operations/metrics.md's metric list is out of date: put the output of .venv/bin/python -c "
         "'from zstalk.protocol.codecs.prometheus import readme_table; print(readme_table(), "
         "end=\"\")' between its <!-- metrics:begin --> and <!-- metrics:end --> lines")
 

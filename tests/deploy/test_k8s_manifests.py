@@ -389,7 +389,7 @@ def test_the_k8s_readme_overlay_moves_the_metrics_rule_to_another_namespace(tmp_
 
 
 def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functions(tmp_path):
-    """README, "Deploy on Kubernetes", step 3: its overlay, beside the shipped ones, renders
+    """docs/kubernetes.md, step 3: its overlay, beside the shipped ones, renders
     with the pushed zstalk image everywhere, the user's worker image for the pool, and the
     user's zstalk.toml as the one config."""
     block = readme_block("yaml", "# k8s/overlays/mine/kustomization.yaml")

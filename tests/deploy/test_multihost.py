@@ -10,7 +10,7 @@ README says (`zstalk keygen` for every role), so CURVE is on for every link to t
   broker     the StatefulSet: `zstalk broker --binlog /data -f 0 ...`, /data kept on the host
   front-a    zstalk-front-beanstalk       front-b   zstalk-front-beanstalk (a second pod)
   http       zstalk-front-http            dispatcher  zstalk-dispatcher
-  worker     zstalk-worker, in an image built FROM zstalk's with the README's
+  worker     zstalk-worker, in an image built FROM zstalk's with docs/kubernetes.md's
              Dockerfile.worker and this test's app/jobs.py (buildah)
   client     producers and consumers (greenstalk, HTTP), and the function host the rendered
              zstalk.toml names (http://functions:3000)

@@ -300,7 +300,7 @@ def test_a_real_prometheus_scrapes_serve_and_answers_the_readmes_queries(tmp_pat
         assert ready["value"][1] in ("6", "7")      # (the reserve, then its release on close)
         for promql in readme_block("promql", "zstalk_tube_oldest_ready_age_seconds").splitlines():
             if promql.strip():
-                query(web, promql)                  # each README query is valid and answers
+                query(web, promql)                  # each query of the manual answers
         [age] = query(web, 'max by (tube) (zstalk_tube_oldest_ready_age_seconds{tube="reports"})')
         assert float(age["value"][1]) > 0
     finally:

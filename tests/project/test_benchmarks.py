@@ -4,7 +4,7 @@ python, writing --json; the JSON must parse and hold each of the benchmark's row
 figure for zstalk.  Then the harness's own promises: --against HEAD runs a second tree's
 zstalk beside this one (built once into ~/.cache/zstalk-bench and cached by commit;
 skipped, with the reason, when git or pip cannot build it), scripts/bench_readme rewrites
-a README block from a run, and a benchmark started with the system's python3 re-execs
+a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
 bench_room's 17 s."""
@@ -163,11 +163,11 @@ def test_against_head_runs_the_built_tree_beside_this_one(tmp_path):
 
 def test_bench_readme_rewrites_the_block_of_a_benchmark_it_ran(tmp_path):
     need(["yrmcdsd"])
-    readme = tmp_path / "README.md"
-    original = (ROOT / "README.md").read_text()
+    readme = tmp_path / "performance.md"
+    original = (ROOT / "docs" / "performance.md").read_text()
     readme.write_text(original)
     done = subprocess.run([sys.executable, str(SCRIPTS / "bench_readme"), "--smoke", "--only",
-                           "counter", "--readme", str(readme)], cwd=ROOT, capture_output=True,
+                           "counter", "--page", str(readme)], cwd=ROOT, capture_output=True,
                           text=True, timeout=RUN_CAP_S)
     assert done.returncode == 0, done.stderr[-3000:]
     text = readme.read_text()

@@ -1,9 +1,14 @@
-"""The references under docs/reference/ are what scripts/docs_reference.py makes from the code
-(the config reader's KEYS, the click commands), and every key of KEYS is one the reader takes
-at the default the table gives."""
+"""The manual (docs/, mkdocs.yml) and what it is made from: MkDocs builds it in strict mode
+(a broken link or anchor, a page left out of the nav, fails), the references under
+docs/reference/ are what scripts/docs_reference.py makes from the code (the config reader's
+KEYS, the click commands), every key of KEYS is one the reader takes at the default the
+table gives, and the README stays a front door whose links reach their files.  Its examples
+run in test_readme.py, beside the manual's."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import pytest
 
 from zstalk.broker import config_file as cf
 from zstalk.broker.core.tasks.store import ApiPolicy
+from zstalk.protocol.schema.version import VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +29,14 @@ def reference():
         yield docs_reference
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_mkdocs_builds_the_manual_in_strict_mode(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "reference" / "config.html").exists()
 
 
 @pytest.mark.parametrize("page", ["docs/reference/config.md", "docs/reference/cli.md"])
@@ -68,3 +82,33 @@ def test_the_api_keys_are_the_api_policy_and_its_defaults_the_policy_defaults():
     assert cf.keys_of(cf.API) == {*ApiPolicy._fields, "max_body"}
     assert {k.name: k.default for k in cf.KEYS if cf.API in k.tables and k.name != "max_body"} \
         == ApiPolicy._field_defaults
+
+
+def links(path: Path) -> list[str]:
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text())
+            if not re.match(r"[a-z]+:", target)]
+
+
+def test_every_link_of_the_readme_reaches_a_file():
+    missing = [t for t in links(ROOT / "README.md")
+               if not (ROOT / t.partition("#")[0]).exists()]
+    assert missing == []
+
+
+def test_the_readme_is_a_front_door_of_about_250_lines_that_links_every_feature_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 275
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")}
+    assert pages - {"docs/index.md"} <= {t.partition("#")[0] for t in links(ROOT / "README.md")}
+
+
+def moved_paths(text: str) -> str:
+    """The table of module paths that moved, `| was | now |` to its last row."""
+    return re.search(r"^\| was \| now \|\n(?:\|.*\n)+", text, re.M)[0]
+
+
+def test_the_changelog_starts_at_this_version_with_the_upgrade_pages_table_of_moves():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.findall(r"^## (\S+)", changelog, re.M)[0] == VERSION
+    assert moved_paths(changelog) == moved_paths(
+        (ROOT / "docs" / "operations" / "upgrades.md").read_text())

@@ -1,6 +1,6 @@
 # The house rules, read from the code with ast (no module is imported): which room each
-# module lives in, which rooms each room may import (LAYERS, the table the README's map is
-# drawn from), and what the pure core may use. An import counts wherever it is written: at
+# module lives in, which rooms each room may import (LAYERS, the table docs/architecture.md's
+# map is drawn from), and what the pure core may use. An import counts wherever it is written: at
 # a module's top, inside a function, and under `if TYPE_CHECKING:` too (a circle a type
 # checker walks is still one a reader does).
 #
@@ -12,7 +12,7 @@
 #     machinery itself (what the standard library imports internally does not count);
 #   * the wiring (zstalk.broker.run) is imported only by its own modules; click and
 #     subprocess only by the wiring;
-#   * pyproject lists every package; the README's map is LAYERS, rendered;
+#   * pyproject lists every package; docs/architecture.md's map is LAYERS, rendered;
 #   * every module path a comment or docstring names exists.
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ ONLY_FOR_THE_WIRING = {"click", "subprocess"}
 
 #: the rooms (folders of code), bottom first: each with what it holds and the rooms it may
 #: import (its own modules always).  A room above another may use it; nothing below may
-#: reach up.  The README's map is this table, rendered (`render_layers`).
+#: reach up.  docs/architecture.md's map is this table, rendered (`render_layers`).
 LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "protocol/schema": ("the vocabulary: ops and replies, the messages between actors and "
                         "their encoding, the task API's names and ranges, the version", ()),
@@ -295,7 +295,7 @@ def test_the_checker_refuses_an_upward_import(tmp_path):
 
 
 def render_layers() -> str:
-    """LAYERS as the README shows it: the top room first."""
+    """LAYERS as docs/architecture.md shows it: the top room first."""
     lines = ["| room | what it holds | may import |", "|---|---|---|"]
     order = list(LAYERS)
     for room, (holds, allowed) in reversed(LAYERS.items()):
@@ -312,9 +312,9 @@ def render_layers() -> str:
     return "\n".join(lines)
 
 
-def test_the_readme_map_is_the_table_of_layers():
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- rooms -->", 1)[1].split("<!-- /rooms -->", 1)[0]
+def test_the_architecture_page_map_is_the_table_of_layers():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    block = page.split("<!-- rooms -->", 1)[1].split("<!-- /rooms -->", 1)[0]
     assert block.strip() == render_layers(), "\n" + render_layers()
 
 

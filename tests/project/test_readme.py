@@ -1,16 +1,18 @@
-# Every README example runs as written, in a fresh shell: `env -i HOME=<new> PATH=/usr/bin:
-# /bin bash` in a directory that holds what a clone holds after the two set-up commands
-# (scripts/ and .venv, linked; k8s/ copied, since an example writes an overlay into it),
-# after the one line the README says to run first (`source .venv/bin/activate`).
+# Every example of the README and of the manual (docs/**/*.md) runs as written, in a fresh
+# shell: `env -i HOME=<new> PATH=/usr/bin:/bin bash` in a directory that holds what a clone
+# holds after the two set-up commands (scripts/ and .venv, linked; k8s/ copied, since an
+# example writes an overlay into it), after the one line the README says to run first
+# (`source .venv/bin/activate`).
 #
 # A block is code unless it is `text` or has no language (diagrams, the synopsis). A code
 # block whose first line is `# NAME` is a file the example writes (`# zstalk.toml`, `#
 # emails.py`); the others run. Every code block is either run by a test here (RUN_BY says
 # which) or marked `<!-- not run: reason -->` on the line above it, and then still checked:
-# `bash -n` for a shell block, and the check its test names. The examples use the ports the
-# README names (11300, 11215, 11400, 8080, 3000, 11500, 11301, 8000): a test skips when one
-# is taken here, as none is on CI.  An HTML block (`<!-- NAME -->` first) is a page a
-# real browser opens (tests/support/browser.py).
+# `bash -n` for a shell block, and the check its test names; their number may not grow
+# (NOT_RUN).  The examples use the ports the pages name (11300, 11215, 11400, 8080, 3000,
+# 11500, 11301, 8000, 8081, 8090, 9090): a test skips when one is taken here, as none is on
+# CI.  An HTML block (`<!-- NAME -->` first) is a page a real browser opens
+# (tests/support/browser.py).
 from __future__ import annotations
 
 import datetime
@@ -22,20 +24,41 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import zoneinfo
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-from servers import LOOPBACK, RawClient, needs_group, self_check, wait_for
+from servers import LOOPBACK, RawClient, free_port, needs_group, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
 ROOT = Path(__file__).resolve().parents[2]
+#: where the examples are: the README, then the manual's pages
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: the blocks marked not run, which only a test of their own may change: the two set-up
+#: commands, pushing an image, building and pushing a worker image, applying to a cluster,
+#: installing the gateway into this machine's nginx
+NOT_RUN = 5
 CODE = {"sh", "python", "toml", "yaml", "dockerfile", "json", "promql", "html"}
 #: a marker found in each run block -> the test that runs it (or the test file elsewhere)
 RUN_BY = {
     "source .venv/bin/activate": "every test here (the first line of each shell)",
+    "# greet.py": "test_the_hello_world_runs_as_written",
+    "# hello_worker.py": "test_the_hello_world_runs_as_written",
+    "# hello.toml": "test_the_hello_world_runs_as_written",
+    "zstalk worker hello_worker:worker": "test_the_hello_world_runs_as_written",
+    "# hello.py": "test_the_hello_world_runs_as_written",
+    "/v1/tasks/hello-1": "test_the_hello_world_runs_as_written",
+    "zstalk keygen secrets broker": "test_the_keys_example_makes_keys_a_server_takes",
+    "--master-key-file secrets/master-key": "test_the_keys_example_makes_keys_a_server_takes",
+    "envsubst '${GATEWAY_LISTEN}": "test_the_gateway_steps_run_in_nginx_before_a_real_room",
+    "python -m http.server 3000": "test_the_gateway_steps_run_in_nginx_before_a_real_room",
+    "gate=http://127.0.0.1:8090": "test_the_gateway_steps_run_in_nginx_before_a_real_room",
+    "# prometheus.yml": "test_the_prometheus_config_scrapes_zstalk_in_a_real_prometheus",
     "# zstalk.toml": "test_the_cloud_task_examples_run_as_written",
     "# functions.py": "test_the_cloud_task_examples_run_as_written",
     "/v1/tasks/close-1234": "test_the_cloud_task_examples_run_as_written",
@@ -78,14 +101,20 @@ class Block(NamedTuple):
     text: str
     not_run: str | None     # the reason, for a block marked not run
     line: int
+    page: str = "README.md"
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
 def blocks() -> list[Block]:
-    readme = (ROOT / "README.md").read_text()
     found = []
-    for m in re.finditer(r"(?:<!-- not run: (.*?) -->\n)?( *)```(\w*)\n(.*?)\n\2```", readme, re.S):
-        text = "\n".join(line[len(m[2]):] for line in m[4].split("\n"))
-        found.append(Block(m[3], text + "\n", m[1], readme[:m.start()].count("\n") + 1))
+    for path in PAGES:
+        page, text = str(path.relative_to(ROOT)), path.read_text()
+        for m in re.finditer(r"(?:<!-- not run: (.*?) -->\n)?( *)```(\w*)\n(.*?)\n\2```", text,
+                             re.S):
+            code = "\n".join(line[len(m[2]):] for line in m[4].split("\n"))
+            found.append(Block(m[3], code + "\n", m[1], text[:m.start()].count("\n") + 1, page))
     return found
 
 
@@ -144,9 +173,21 @@ class Shell:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+            # what it left running in the background (`zstalk serve &`) stops after the
+            # shell, and holds its ports until it has: the next test needs them free
+            if not wait_for(lambda: not group_alive(proc.pid), 20):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _env(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.env.items()]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -166,7 +207,7 @@ def free(*ports: int) -> None:
             try:
                 s.bind((LOOPBACK, port))
             except OSError:
-                pytest.skip(f"the README's port {port} is taken on this machine")
+                pytest.skip(f"the examples' port {port} is taken on this machine")
 
 
 def listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -191,6 +232,36 @@ def json_documents(text: str) -> list:
 
 
 # -- the examples --------------------------------------------------------------------------
+def test_the_hello_world_runs_as_written(shell):
+    needs_group("reference", "curl")
+    free(11300, 11215, 11400, 8080, 3000)
+    for marker in ("# greet.py", "# hello_worker.py", "# hello.toml", "# hello.py"):
+        shell.write(block(marker))
+    three = shell.start(block("zstalk worker hello_worker:worker").text + "wait\n")
+    for port in (3000, 8080, 11300):
+        listening(port, three)
+    out = shell.run("python hello.py")
+    assert (out.returncode, out.stdout) == (0, "reserved hello\n"), out.stderr
+
+    def handled() -> bool:
+        with RawClient((LOOPBACK, 11300), 10) as c:
+            c.send(b"stats-tube hello\r\n")
+            return b"\ncmd-delete: 1\n" in c.read_reply()
+    assert wait_for(handled, 30), "the worker pool did not delete the job of tube hello"
+    out = shell.run(block("/v1/tasks/hello-1").text)
+    assert out.returncode == 0, out.stderr
+    enqueued, info = json_documents(out.stdout)
+    assert enqueued == {"uniqueId": "hello-1", "status": "queued", "waitNum": 0}
+    get = block("/v1/tasks/hello-1").text.strip().splitlines()[-1]
+    deadline = time.monotonic() + 20
+    while info["status"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        [info] = json_documents(shell.run(get).stdout)
+    assert (info["status"], info["result"]) == ("success", {"greeting": "hello, world"})
+    shell.stop()
+    assert "handled world\n" in three.stdout.read()
+
+
 def test_the_cloud_task_examples_run_as_written(shell):
     needs_group("reference", "curl")
     free(11300, 11215, 11400, 8080, 3000)
@@ -440,7 +511,7 @@ def test_the_metrics_example_runs_as_written(shell):
 
 
 def test_every_readme_code_block_is_run_or_marked_not_run():
-    unrun = [(b.line, b.text.splitlines()[0]) for b in blocks() if b.lang in CODE
+    unrun = [(str(b), b.text.splitlines()[0]) for b in blocks() if b.lang in CODE
              and b.not_run is None and not any(marker in b.text for marker in RUN_BY)]
     assert unrun == []
     for marker in RUN_BY:           # each marker names exactly one block
@@ -448,7 +519,7 @@ def test_every_readme_code_block_is_run_or_marked_not_run():
 
 
 @pytest.mark.parametrize("b", [b for b in blocks() if b.not_run and b.lang == "sh"],
-                         ids=lambda b: f"line {b.line}")
+                         ids=str)
 def test_a_shell_block_that_is_not_run_is_still_valid_bash(b):
     out = subprocess.run(["bash", "-n"], input=b.text, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -456,3 +527,86 @@ def test_a_shell_block_that_is_not_run_is_still_valid_bash(b):
 
 def test_the_readme_has_no_code_block_in_a_language_nobody_checks():
     assert {b.lang for b in blocks()} <= CODE | {"text", ""}
+
+
+def test_the_number_of_examples_not_run_does_not_grow():
+    """A new example runs in a test here: one marked not run needs a reason this cannot."""
+    not_run = [f"{b}: {b.not_run}" for b in blocks() if b.not_run]
+    assert len(not_run) <= NOT_RUN, "\n".join(not_run)
+
+
+def test_the_keys_example_makes_keys_a_server_takes(shell):
+    from zstalk.workers import verify_pass
+    free(11300, 11215, 11400, 8080)
+    out = shell.run(block("zstalk keygen secrets broker").text)
+    assert out.returncode == 0, out.stderr
+    secrets = shell.where / "secrets"
+    assert sorted(p.name for p in secrets.iterdir()) == [
+        "broker.key", "broker.key_secret", "master-key", "passes.keys", "signing-key"]
+    for name in ("broker.key_secret", "master-key", "passes.keys", "signing-key"):
+        assert (secrets / name).stat().st_mode & 0o077 == 0, name       # (umask 077)
+    for marker in ("# room.toml", "# passes.keys"):
+        shell.write(block(marker))
+    listening(8080, shell.start(block("--master-key-file secrets/master-key").text + "wait\n"))
+    api, key = "http://127.0.0.1:8080", (secrets / "master-key").read_text().strip()
+    joined = http_json("POST", f"{api}/v1/tasks", {"function": "checkout", "type": "online"})
+    task = http_json("GET", f"{api}/v1/tasks/{joined['uniqueId']}")
+    assert task["status"] == "admitted"
+    assert verify_pass(task["pass"], str(secrets / "passes.keys"), "checkout") == task["uniqueId"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        http_json("GET", f"{api}/v1/tasks")
+    assert refused.value.code == 401
+    assert "tasks" in http_json("GET", f"{api}/v1/tasks", token=key)
+
+
+def http_json(method: str, url: str, body=None, token: str | None = None):
+    request = urllib.request.Request(url, json.dumps(body).encode() if body else None,
+                                     {"Content-Type": "application/json"}, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+def test_the_gateway_steps_run_in_nginx_before_a_real_room(shell):
+    from nginx import NGINX_CONF, Nginx, require_nginx
+    binary = require_nginx()
+    needs_group("reference", "curl")
+    free(11300, 11215, 11400, 8080, 3000, 8090)
+    out = shell.run(block("envsubst '${GATEWAY_LISTEN}").text)
+    assert (out.returncode, out.stdout) == (0, "2\n"), out.stderr
+    # step 3 in an nginx of its own: the page's block installs the file in the machine's
+    prefix, port = shell.where / "nginx", free_port()
+    prefix.mkdir()
+    conf = NGINX_CONF.format(prefix=prefix, host=LOOPBACK, port=port, locations="",
+                             http=f"    include {shell.where / 'zstalk-gateway.conf'};")
+    nginx = Nginx(binary, prefix, conf, port).start()
+    try:
+        for marker in ("# room.toml", "# passes.keys"):
+            shell.write(block(marker))
+        listening(8080, shell.start("zstalk serve --config room.toml --pass-key-file passes.keys"))
+        listening(3000, shell.start(block("python -m http.server 3000").text + "wait\n"))
+        out = shell.run(block("gate=http://127.0.0.1:8090").text)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["401", "the protected API", "200", "403"], out.stdout
+    finally:
+        nginx.stop()
+
+
+def test_the_prometheus_config_scrapes_zstalk_in_a_real_prometheus(shell):
+    prometheus = needs_group("prometheus", "prometheus")
+    free(11300, 11215, 11400, 8081, 9090)
+    config = shell.write(block("# prometheus.yml"))
+    out = subprocess.run([needs_group("prometheus", "promtool"), "check", "config", str(config)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listening(8081, shell.start("zstalk serve --health-port 8081"))
+    scraper = shell.start(f"{prometheus} --config.file=prometheus.yml --storage.tsdb.path=data "
+                          f"--web.listen-address=127.0.0.1:9090 --log.level=warn")
+    listening(9090, scraper)
+
+    def up() -> bool:
+        query = urllib.parse.quote('up{job="zstalk"}')
+        answer = http_json("GET", f"http://127.0.0.1:9090/api/v1/query?query={query}")
+        return [r["value"][1] for r in answer["data"]["result"]] == ["1"]
+    assert wait_for(up, 45, step=1), "Prometheus did not scrape zstalk's health port"

@@ -118,7 +118,7 @@ class Cluster:
         return made
 
     def build_worker_image(self, context: Path) -> None:
-        """The README's Dockerfile.worker, FROM this image, with WORKER_APP as app/jobs.py."""
+        """docs/kubernetes.md's Dockerfile.worker, FROM this image, with WORKER_APP as app/jobs.py."""
         (context / "app").mkdir(parents=True)
         (context / "app" / "__init__.py").write_text("")
         (context / "app" / "jobs.py").write_text(WORKER_APP)

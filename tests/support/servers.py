@@ -110,11 +110,13 @@ def reference_required() -> bool:
 
 
 def readme_block(language: str, marker: str) -> str:
-    """The one fenced `language` block of the README that holds `marker` (the suite runs
-    the README's examples as written)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    found = [b for b in re.findall(rf"```{language}\n(.*?)```", readme, re.S) if marker in b]
-    assert len(found) == 1, f"one README {language} block holds {marker!r}"
+    """The one fenced `language` block of the README or the manual (docs/) that holds
+    `marker` (the suite runs their examples as written)."""
+    root = Path(__file__).resolve().parents[2]
+    found = [b for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+             for b in re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.S)
+             if marker in b]
+    assert len(found) == 1, f"one {language} block of the README and docs/ holds {marker!r}"
     return found[0]
 
 
