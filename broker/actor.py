@@ -34,11 +34,13 @@ would make it give up on us and fail what it holds.  A front that has not answer
 dropped for silence as ever, and then no longer waited for.
 
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
-dropping it; the core then treats that front as dead.  With a binlog (binlog.py) each turn
-writes the records the core appended before any reply of that turn leaves, so a crash
-loses nothing acknowledged; fsync runs on the binlog's thread, which wakes the loop
-through its notify FD, and under `fsync_ms == 0` the replies of every turn wait in `held`
-until an fsync covers the write that preceded them (group commit).
+dropping it; the core then treats that front as dead.  The core appends its records to a
+journal (core/shared/journal.py: with --binlog, wal/binlog.py; else the null journal); each
+turn ends the journal's turn, which writes them, before any reply of that turn leaves, so
+a crash loses nothing acknowledged.  A journal that holds replies (the binlog under
+`fsync_ms == 0`) makes them wait in `held` until its `durable` ticket covers their turn's
+(group commit); it tells the loop when that moves (the binlog's fsync thread, through
+its notify FD).
 
 zmq is imported only when an endpoint is bound, so a server whose fronts all live in this
 process answers its first client before the ZeroMQ machinery has loaded.
@@ -101,8 +103,9 @@ class BrokerActor:
         self._said: dict[bytes, float] = {}     # peer -> when a problem with it was logged
         # the binlog first: a locked or foreign directory fails before we take the endpoint
         with no_gc():       # a million recovered jobs: the collector would double the time
-            self.wal, recovered = open_binlog(binlog, config)
+            self.journal, recovered = open_journal(binlog, config)
             self.core = self._make_core(config, recovered)
+        self.journal = self.core.journal        # (the null one without --binlog)
         #: what the binlog's replay brought back, (jobs, tasks, schedules), for the start line
         self.restored: tuple[int, int, int] | None = None if recovered is None else (
             len(recovered.jobs), len(recovered.tasks), len(recovered.schedules))
@@ -110,7 +113,7 @@ class BrokerActor:
         if recovered is not None:
             gc.freeze()     # and later full collections need not walk them again
         self.metrics = BrokerMetrics(self.core, metrics_top)    # read at a scrape
-        self.held: collections.deque = collections.deque()   # (write_seq, messages)
+        self.held: collections.deque = collections.deque()   # (ticket, messages)
         self.ctx = ctx
         self.sock = None
         self.endpoint: str | None = None
@@ -143,7 +146,7 @@ class BrokerActor:
     def _make_core(self, config: Config, recovered) -> Broker:
         now = time.monotonic()
         return Broker(config, now, process_sysinfo, wall_offset=time.time() - now,
-                      wal=self.wal, recovered=recovered)
+                      journal=self.journal, restored=recovered)
 
     # -- endpoints -----------------------------------------------------------------------
     def bind(self, *endpoints: str) -> None:
@@ -346,8 +349,7 @@ class BrokerActor:
             self._finish()
         if self.sock is not None:
             self._watch_socket()
-        if self.wal is not None and self.wal.notify_fd is not None:
-            self.loop.add_reader(self.wal.notify_fd, self._on_synced)
+        self.journal.start(self.loop, self._turn)
         self._beat()
         self._turn()
         log.info("broker %016x listening on %s", self.core.broker_id,
@@ -385,13 +387,9 @@ class BrokerActor:
             if handle is not None:
                 handle.cancel()
         self._timer = self._heartbeat = None
-        self._shutdown_binlog()
+        self._shutdown_journal()
         if self._told:              # after the last replies: go to the next broker
             self._send([(peer, Stopping(self.core.broker_id, True)) for peer in self._told])
-        if self.loop is not None and self.wal is not None and self.wal.notify_fd is not None:
-            self.loop.remove_reader(self.wal.notify_fd)
-        if self.wal is not None:
-            self.wal.close()
         if self._refusal_watch is not None:
             if self.loop is not None:
                 self.loop.remove_reader(self._refusal_watch.fd)
@@ -465,7 +463,7 @@ class BrokerActor:
         wake = self.core.next_deadline()
         if self.core.schedules.by_name:     # look at the wall clock now and then (steps)
             wake = min(wake, now + WALL_CHECK_S)
-        sync = self.wal.sync_due() if self.wal is not None else None
+        sync = self.journal.due()
         if sync is not None and (wake is None or sync < wake):
             wake = sync
         if expired:         # what was due has fired: an armed timer still pending is stale
@@ -497,10 +495,6 @@ class BrokerActor:
             self._wait_for(set())
         self._heartbeat = self.loop.call_later(HEARTBEAT_S, self._beat)
         self._check_socket()
-
-    def _on_synced(self) -> None:
-        self.wal.on_synced(time.monotonic())
-        self._turn()
 
     # -- ZeroMQ --------------------------------------------------------------------------
     def _watch_socket(self) -> None:
@@ -601,39 +595,27 @@ class BrokerActor:
 
     # -- replies -------------------------------------------------------------------------
     def _commit(self, messages: list, now: float) -> None:
-        """Write this turn's records, then send its replies, or hold them for the fsync."""
-        wal = self.wal
-        if wal is None:
-            self._send(messages)
-            return
-        core = self.core
-        wal.maintain(core.queue.jobs, core.tasks.tasks, core.schedules.by_name)
-        wal.write(core.queue.jobs, core.next_id, core.tasks.tasks, core.schedules.by_name)
-        wal.after_write(now)
-        if core.tasks.gates_changed:    # (before this turn's calls leave: see binlog.py)
-            wal.save_gates(core.tasks.durable_gates(now))
-        if wal.opts.fsync_ms != 0:
+        """End the journal's turn (its records written), then send the turn's replies, or
+        hold them until the journal says the turn is durable."""
+        core, journal = self.core, self.journal
+        core.end_turn(now)
+        journal.maintain(core.live)
+        ticket = journal.end_turn(now, core.live)
+        if not journal.hold_replies:
             self._send(messages)
             return
         if messages:
-            self.held.append((wal.write_seq, messages))
-        while self.held and self.held[0][0] <= wal.synced:
+            self.held.append((ticket, messages))
+        durable = journal.durable
+        while self.held and self.held[0][0] <= durable:
             self._send(self.held.popleft()[1])
 
-    def _shutdown_binlog(self) -> None:
-        """Stopping: everything written reaches the disk before we exit, and which jobs
-        clients hold (walformat S_RESERVED), so the next broker keeps them for them."""
-        if self.wal is None:
-            return
+    def _shutdown_journal(self) -> None:
+        """Stopping: which jobs clients hold (the journal's JOB_HELD), so the next broker
+        keeps them for them, and everything made durable before the held replies leave."""
         self.core.log_holdings()
-        self.wal.write(self.core.queue.jobs, self.core.next_id, self.core.tasks.tasks,
-                       self.core.schedules.by_name)
-        if self.core.tasks.gates_changed:
-            self.wal.save_gates(self.core.tasks.durable_gates(time.monotonic()))
-        if self.wal.syncer is not None:
-            self.wal.syncer.stop()      # no fsync of ours may run beside the last one
-            self.wal.syncer = None
-        self.wal.sync_all()
+        self.core.end_turn(time.monotonic())
+        self.journal.close(time.monotonic(), self.core.live)
         while self.held:
             self._send(self.held.popleft()[1])
 
@@ -686,17 +668,18 @@ def no_gc():
             gc.enable()
 
 
-def open_binlog(opts, config: Config):
-    """Open and replay the binlog directory: (Binlog, Replayed) or (None, None)."""
+def open_journal(opts, config: Config):
+    """The journal for --binlog's directory, replayed: (Binlog, Restored); without one,
+    (None, None): the core makes its null journal."""
     if opts is None:
         return None, None
     from .wal.binlog import Binlog, BinlogError
     started = time.monotonic()
-    wal = Binlog(opts)
+    journal = Binlog(opts)
     try:
-        recovered = wal.open(config.max_job_size)
+        restored = journal.restore(config.max_job_size)
     except OSError as exc:      # disk full or unreadable at start: not a bind problem
         raise BinlogError(f"{opts.path}: {exc}") from exc
     log.info("binlog %s: %d jobs and %d tasks recovered in %.2f s", opts.path,
-             len(recovered.jobs), len(recovered.tasks), time.monotonic() - started)
-    return wal, recovered
+             len(restored.jobs), len(restored.tasks), time.monotonic() - started)
+    return journal, restored

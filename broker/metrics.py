@@ -191,12 +191,7 @@ class BrokerMetrics:
                 Sample("zstalk_counters_held", (), sum(c.consumption for c in store.table.values()))]
 
     def binlog(self) -> list[Sample]:
-        wal = self.core.wal
-        if wal is None:
-            return []
-        return [Sample("zstalk_binlog_bytes", (), wal.live_bytes),
-                Sample("zstalk_binlog_fsync_seconds", (), wal.fsync_seconds),
-                Sample("zstalk_binlog_compaction_copies_total", (), wal.records_migrated)]
+        return self.core.journal.samples()
 
     def tasks(self, now: float) -> list[Sample]:
         store, scheduling = self.core.tasks, self.core.scheduling

@@ -19,7 +19,7 @@ Components: each protocol family's state and rules live in a component of its ow
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
 restores the sessions of the front kinds it owns.  Components share only what
-shared/ lists (the out-queue, the admission gate, the binlog writer, the clock as
+shared/ lists (the out-queue, the admission gate, the journal, the clock as
 `now`), handed to them here.
 
 Fronts: a front introduces itself with Hello (its incarnation `front_id`) and must then
@@ -50,6 +50,7 @@ from .beanstalk.checks import NATIVE_KINDS, check
 from .beanstalk.commands import BeanstalkCommands
 from .beanstalk.pools import POOL_OPS, PoolCommands
 from .counters import CounterCommands
+from .shared.journal import GATES, Journal, NullJournal, Restored
 from .shared import Admission, Identity, Out
 from .tasks.commands import TaskCommands
 from .tasks.schedule_commands import ScheduleCommands
@@ -98,17 +99,19 @@ class Front:
 class Broker:
     def __init__(self, config: Config, now: float,
                  sysinfo: Callable[[], stats.SysInfo] = stats.no_sysinfo,
-                 wall_offset: float = 0.0, wal=None, recovered=None) -> None:
+                 wall_offset: float = 0.0, journal: Journal | None = None,
+                 restored: Restored | None = None) -> None:
+        """`journal`: what keeps the changes (journal.py; None: nothing kept), and
+        `restored` what it gave back, to rebuild from."""
         self.config = config
         self.wall_offset = wall_offset    # wall clock = now + offset (counter intervals)
         self.started = now
         self.broker_id = random.getrandbits(64)
-        self.state_id = random.getrandbits(64) or 1
-        # the binlog (wal/binlog.Binlog) or None; the components only append records to it
-        self.wal = wal
-        if wal is not None:
-            wal.wall_offset = wall_offset
-            self.state_id = wal.state_id    # fronts' reservations survive our restart
+        # the components only ask the journal for room and append records to it
+        self.journal = journal if journal is not None else NullJournal(config.binlog_max_size)
+        self.journal.wall_offset = wall_offset
+        # a restored state keeps its id: fronts' reservations survive our restart
+        self.state_id = self.journal.state_id or random.getrandbits(64) or 1
         self.fronts: dict[bytes, Front] = {}
         # peer -> the older schema version it speaks: the actor fills it as it decodes
         # (a dispatcher older than version 4 is handed no request task)
@@ -122,19 +125,20 @@ class Broker:
         self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
         self.admission = Admission(config.max_jobs_bytes)
         self._build(config, now, sysinfo)
-        if recovered is not None:
-            self.beanstalk.load(recovered.jobs.values(), recovered.next_id, now, wall_offset)
-            self.tasks.restore_gates(recovered.gates, now)
-            self.tasks.restore(recovered.tasks, now)
+        self.live = _Live(self)
+        if restored is not None:
+            self.beanstalk.load(restored.jobs, restored.next_id, now, wall_offset)
+            self.tasks.restore_gates(restored.gates, now)
+            self.tasks.restore(restored.tasks, now)
             # a time missed while we were down fires once, now
-            self.scheduling.fire(self.schedules.restore(recovered.schedules, now), now)
+            self.scheduling.fire(self.schedules.restore(restored.schedules, now), now)
 
     def _build(self, config: Config, now: float, sysinfo) -> None:
         """The components, what they share, and the one op table."""
         me = Identity(self.broker_id, now, sysinfo, config.version, config.max_job_size,
                       config.binlog_max_size)
-        out, admission, wal = self.out, self.admission, self.wal
-        self.beanstalk = BeanstalkCommands(out, admission, wal, me, self._answered, now)
+        out, admission, journal = self.out, self.admission, self.journal
+        self.beanstalk = BeanstalkCommands(out, admission, journal, me, self._answered, now)
         self.pools = PoolCommands(self.beanstalk, out)
         # after a restart, Acquire waits until the fronts had time to re-register holdings
         self.counting = CounterCommands(now, self.wall_offset, config.stat_interval_s,
@@ -142,9 +146,9 @@ class Broker:
         tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
                       base=config.base_function, started_at=now, upstreams=config.upstreams)
         schedules = Schedules(tasks, self.wall_offset)
-        tasks.wal = schedules.wal = wal
+        tasks.journal = schedules.journal = journal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
-        self.scheduling = ScheduleCommands(schedules, self.tasking, wal)
+        self.scheduling = ScheduleCommands(schedules, self.tasking, journal)
         self.counting.functions = self.tasking      # fn:NAME counters (core/counters.py)
         admission.holders = (self.beanstalk, tasks, schedules)
         #: the session owner of each family (Session.family) and of each front kind
@@ -159,7 +163,7 @@ class Broker:
                 table[code] = handler
         self._handlers = table
 
-    # -- what the actor and the binlog read --------------------------------------------
+    # -- what the actor and the journal read -------------------------------------------
     @property
     def queue(self):
         return self.beanstalk.queue
@@ -264,6 +268,12 @@ class Broker:
 
     def log_holdings(self) -> None:
         self.beanstalk.log_holdings()
+
+    def end_turn(self, now: float) -> None:
+        """The turn's last record, before the journal ends the turn: the slow rates' TATs,
+        once a turn, when one moved (its calls leave with the turn's replies)."""
+        if self.tasking.store.gates_changed:
+            self.journal.append(GATES, self.tasks.durable_gates(now))
 
     def _reconcile(self, front: Front, states, now: float) -> None:
         """Make the front's sessions what it says they are (after either side lost the
@@ -431,3 +441,28 @@ def _error_reply(op) -> tuple | None:
     except TypeError:       # not a sequence, or an unhashable opcode
         pass
     return None
+
+
+class _Live:
+    """The core's state as the journal reads it (journal.LiveView): the same dicts the
+    components hold, never copied."""
+    __slots__ = ("_broker",)
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    @property
+    def jobs(self) -> dict:
+        return self._broker.beanstalk.queue.jobs
+
+    @property
+    def next_id(self) -> int:
+        return self._broker.beanstalk.next_id
+
+    @property
+    def tasks(self) -> dict:
+        return self._broker.tasking.store.tasks
+
+    @property
+    def schedules(self) -> dict:
+        return self._broker.scheduling.store.by_name

@@ -1,13 +1,19 @@
 """The broker's write-ahead log: a directory of preallocated segments (format.py).
 
-How it is used: the broker core calls `reserve_*` before a change it will log (a refusal
-is beanstalkd's disk-full answer), then `log_put` / `log_update` / `log_delete`, which
-only append bytes to a pending list.  At the end of each event-loop turn the actor calls
-`write()` (one frame per segment touched, written before any reply of that turn leaves),
-then `after_write(now)` to start an fsync on the sync thread when the policy says so,
-and `maintain()` for compaction.  Under `fsync_ms == 0` the actor holds every reply
-until `synced` covers the write that preceded it: one fsync covers a whole batch (group
-commit), and no other session can see a job before its record is on disk.
+How it is used: it is the broker core's journal (core/shared/journal.py).  The core asks
+`room(kind, subject)` before a change it will log (a refusal is beanstalkd's disk-full
+answer), then `append(kind, subject)`, which encodes the record at once and only adds
+its bytes to a pending list (`reserve_*` and `log_*` below do the work, one pair per
+record kind: `_tables`).  At the end of each event-loop turn the actor calls `maintain`
+(compaction) and `end_turn(now)`: `write()` (one frame per segment touched, written
+before any reply of that turn leaves), then `after_write(now)` to start an fsync on the
+sync thread when the policy says so; the ticket is the write's number.  Under
+`fsync_ms == 0` (`hold_replies`) the actor holds every reply until `durable` (`synced`)
+covers the write that preceded it: one fsync covers a whole batch (group commit), and no
+other session can see a job before its record is on disk.  `restore()` replays the
+directory into the core's images (journal.TaskImage, ...); this module and format.py own
+every record's bytes both ways, and the books on where each live record is: a job's
+segment is its `file` (stats-job shows it), a task's and a schedule's are kept here.
 
 Space (disk full must never cost an acknowledged change): segments are preallocated
 with posix_fallocate, so writes into them cannot fail for space.  Every record reserves
@@ -40,8 +46,8 @@ Slow rates (a function's rate of one call a second or slower, limits.py) keep th
 TAT across a restart, so a crash loop cannot exceed them: it is not a record but a small
 file beside the segments, GATES_NAME, {function: TAT as wall-clock seconds}, replaced
 whole (written to a temporary name, then renamed) in the turn a slow function starts a
-call, before that call leaves (`save_gates`; such a function starts at most one call a
-second, or its burst in one turn).  It is not fsynced: a killed process loses nothing
+call, before that call leaves (the core appends a GATES record then, `save_gates` at
+end_turn; such a function starts at most one call a second, or its burst in one turn).  It is not fsynced: a killed process loses nothing
 the kernel holds; after a power loss the last second of it may be lost (one more call
 then).  A missing or unreadable file means no TAT to keep (a warning); a TAT further
 ahead than the rate allows (a clock stepped back, a hand edit) is cut to what it allows.
@@ -62,15 +68,17 @@ import os
 import random
 import re
 import struct
+import time
 from typing import NamedTuple
 
 from . import format as wf
 from .beanstalkd import is_beanstalkd_dir
 from .fsync import Syncer, preallocate
+from ..core.shared import journal as J
 from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
 from ..core.tasks.schedules import Schedule
 from ..core.tasks.store import TASK_ERROR_CHARS, Task
-from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
+from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample
 
 log = logging.getLogger("zstalk.binlog")
 SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
@@ -79,6 +87,15 @@ GATES_NAME = "zstalk.gates.json"
 _SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
 _MIGRATE_SCAN_PER_TURN = 4096
 _NO_COUNTS = (0,) * len(COUNTERS)
+# what the core reads of a replayed job is the JOB record's own fields, in its own places
+# (journal.py): a JOB record unpacks to kind, id, pri, delay, ttr, created, key, state, and
+# the five counts; its state codes are the core's
+assert (J.JOB_ID, J.JOB_PRI, J.JOB_DELAY, J.JOB_TTR, J.JOB_CREATED, J.JOB_KEY, J.JOB_STATE,
+        J.JOB_COUNTS) == (1, 2, 3, 4, 5, 6, 7, slice(8, 13))
+assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DELAYED, J.BURIED,
+                                                                J.HELD)
+#: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
+_NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
 _FRAME = wf.FRAME.size
 # a TASK_STATE without its uid and error: the longest status, an attempt, four times, a
 # status code, as msgpack encodes them at most (see _task_state_reservation)
@@ -136,13 +153,13 @@ class Binlog:
         self.segments: list[Segment] = []   # oldest first; [-1] is the one being written
         self.by_seq: dict[int, Segment] = {}
         self.spares: list[Segment] = []     # preallocated, not yet written
-        self.pending: list = []             # (record bytes, job or None) not yet written
+        self.pending: list = []             # (record bytes, _PLACE_*, subject) not written
         self.pending_reserve = 0            # reservation the pending records consume
         self.promised = 0                   # reserved, not yet written
         self.live_bytes = 0
-        # room = capacity - promised, kept up to date so reserving is one comparison; it
+        # headroom = capacity - promised, kept up to date so reserving is one comparison; it
         # only shrinks between recomputations (writes and rolls never raise it)
-        self.room = 0
+        self.headroom = 0
         self._tube_bytes: dict[str, bytes] = {}
         self.records_written = 0
         self.records_migrated = 0
@@ -164,6 +181,21 @@ class Binlog:
         # a disk-full episode: reservations refused since an allocation failed (-1: none)
         self.refused = -1
         self.least_seg_size = 0             # what the largest record replayed needs
+        # the journal's own books on tasks and schedules: the segment of each one's latest
+        # full record, that record's size, and a task's optional fields this zstalk does not
+        # know (kept and written again, so a compaction here loses nothing a newer one wrote);
+        # a job's segment is its `file` (beanstalkd's stats-job shows it), set here
+        self.task_file: dict[str, int] = {}
+        self.task_size: dict[str, int] = {}
+        self.task_extra: dict[str, dict] = {}
+        self.schedule_file: dict[str, int] = {}
+        self.schedule_size: dict[str, int] = {}
+        self.wholly: set[str] = set()       # tasks whose call ends with a whole record
+        self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
+        self.hold_replies = opts.fsync_ms == 0
+        self._room = self._appends = None   # (tables by record kind: _tables)
+        self._loop = None
+        self._tables()
 
     # -- opening -------------------------------------------------------------------
     def open(self, max_job_size: int, beside_beanstalkd: bool = False) -> wf.Replayed:
@@ -352,7 +384,7 @@ class Binlog:
             warnings.append(f"{name}: {why}: the rest of this segment is skipped; "
                             "you may be missing data")
 
-    def close(self) -> None:
+    def _close_files(self) -> None:
         if self.syncer is not None:
             self.syncer.stop()
         for seg in self.segments + self.spares + [seg for _, seg in self.doomed]:
@@ -437,8 +469,8 @@ class Binlog:
 
     def reserve(self, amount: int) -> bool:
         """Promise `amount` bytes of log space, allocating a segment if needed."""
-        if self.room >= amount:               # the common case, no arithmetic over segments
-            self.room -= amount
+        if self.headroom >= amount:           # the common case, no arithmetic over segments
+            self.headroom -= amount
             self.promised += amount
             return True
         while self._capacity() - self.promised < amount:
@@ -450,7 +482,7 @@ class Binlog:
                 self._out_of_space(exc, self.seg_size)
                 return False
         self.promised += amount
-        self.room = self._capacity() - self.promised
+        self.headroom = self._capacity() - self.promised
         return True
 
     def _tube_size(self, tube: str) -> int:
@@ -480,7 +512,7 @@ class Binlog:
             self._out_of_space(exc, need)
             return False
         self.seg_size = need
-        self.room = self._capacity() - self.promised
+        self.headroom = self._capacity() - self.promised
         return True
 
     def reserve_update(self) -> bool:
@@ -507,13 +539,14 @@ class Binlog:
                                    job.deadline + self.wall_offset if job.state == DELAYED else 0.0,
                                    job.body)
         self.live_bytes += len(record)
-        self.pending.append((record, job))
+        self.pending.append((record, _JOB, job))
         self.pending_reserve += 2 * (len(record) + _FRAME)
 
     def log_update(self, job: Job) -> None:
         """bury / kick / release with a delay (space reserved by reserve_update)."""
         i = self.image(job)
-        self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts), None))
+        self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts),
+                             _NOWHERE, None))
         self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
 
     def log_reserved(self, job: Job) -> bool:
@@ -523,17 +556,17 @@ class Binlog:
             return False
         i = self.image(job)
         self.pending.append((wf.encode_update(i.id, wf.S_RESERVED, i.pri, i.delay_s, 0.0,
-                                              i.counts), None))
+                                              i.counts), _NOWHERE, None))
         self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
         return True
 
     def log_delete(self, job: Job) -> None:
         """The job is gone (its space was reserved when it was put)."""
         self.live_bytes -= wf.job_record_size(job.tube.name, len(job.body))
-        if job.seg:
-            self._segment(job.seg).live -= 1
-            job.seg = 0
-        self.pending.append((wf.encode_delete(job.id), None))
+        if job.file:
+            self._segment(job.file).live -= 1
+            job.file = 0
+        self.pending.append((wf.encode_delete(job.id), _NOWHERE, None))
         self.pending_reserve += self._reservation(wf.DELETE_SIZE)
 
     def _segment(self, seq: int) -> Segment:
@@ -544,7 +577,7 @@ class Binlog:
         size = wf.job_record_size(image.tube, len(image.body))
         if not self._fits(size) or not self.reserve(self._reservation(size)):
             return False
-        self.pending.append((wf.encode_job(image), None))
+        self.pending.append((wf.encode_job(image), _NOWHERE, None))
         self.pending_reserve += self._reservation(size)
         return True
 
@@ -560,7 +593,8 @@ class Binlog:
     def task_optional(self, task: Task) -> dict:
         """A TASK record's map of optional fields (format 4): only what is not a default,
         and what a newer zstalk wrote that this one does not know, as it was."""
-        out = dict(task.extra) if task.extra else {}
+        extra = self.task_extra.get(task.uid)
+        out = dict(extra) if extra else {}
         if task.level:
             out["level"] = task.level
         if task.queue_deadline:
@@ -613,14 +647,15 @@ class Binlog:
     def log_task(self, task: Task) -> None:
         """The whole task (enqueue; its space was reserved by reserve_task)."""
         record = self._task_record(task, task.result)
-        self.live_bytes += len(record) - task.logged
-        task.logged = len(record)
-        self.pending.append((record, task))
+        self.live_bytes += len(record) - self.task_size.get(task.uid, 0)
+        self.task_size[task.uid] = len(record)
+        self.pending.append((record, _TASK, task))
         self.pending_reserve += self._reservation(len(record))
 
     def log_task_state(self, task: Task) -> None:
         """A start, retry, failure or cancel (reserved by reserve_call / reserve_task_state)."""
-        self.pending.append((wf.encode_task_state(task.uid, self._task_state(task)), None))
+        self.pending.append((wf.encode_task_state(task.uid, self._task_state(task)), _NOWHERE,
+                             None))
         self.pending_reserve += self._task_state_reservation(task.uid)
 
     def log_task_end(self, task: Task) -> bool:
@@ -636,17 +671,19 @@ class Binlog:
         self.log_task(task)
         # the TASK_STATE reserved for this end was not needed
         self.promised -= self._task_state_reservation(task.uid)
-        self.room += self._task_state_reservation(task.uid)
+        self.headroom += self._task_state_reservation(task.uid)
         return True
 
     def log_task_gone(self, task: Task) -> None:
         """keepResult passed (its space was reserved with the task)."""
-        self.live_bytes -= task.logged
-        if task.seg:
-            self._segment(task.seg).live -= 1
-            task.seg = 0
-        record = wf.encode_task_gone(task.uid)
-        self.pending.append((record, None))
+        uid = task.uid
+        self.live_bytes -= self.task_size.pop(uid, 0)
+        seq = self.task_file.pop(uid, 0)
+        if seq:
+            self._segment(seq).live -= 1
+        self.task_extra.pop(uid, None)
+        record = wf.encode_task_gone(uid)
+        self.pending.append((record, _NOWHERE, None))
         self.pending_reserve += self._reservation(len(record))
 
     # -- schedule records (called by schedules.Schedules) -----------------------------------
@@ -674,18 +711,18 @@ class Binlog:
     def log_schedule(self, s: Schedule) -> None:
         """The whole schedule, as it is now (reserved by reserve_schedule)."""
         record = wf.encode_schedule(self.schedule_fields(s))
-        self.live_bytes += len(record) - s.logged
-        s.logged = len(record)
-        self.pending.append((record, s))
+        self.live_bytes += len(record) - self.schedule_size.get(s.name, 0)
+        self.schedule_size[s.name] = len(record)
+        self.pending.append((record, _SCHEDULE, s))
         self.pending_reserve += self._reservation(self._schedule_max(s))
 
     def log_schedule_gone(self, s: Schedule) -> None:
-        self.live_bytes -= s.logged
-        if s.seg:
-            self._segment(s.seg).live -= 1
-            s.seg = 0
+        self.live_bytes -= self.schedule_size.pop(s.name, 0)
+        seq = self.schedule_file.pop(s.name, 0)
+        if seq:
+            self._segment(seq).live -= 1
         record = wf.encode_schedule_gone(s.name)
-        self.pending.append((record, None))
+        self.pending.append((record, _NOWHERE, None))
         self.pending_reserve += self._reservation(len(record))
 
     def mark_next_id(self, next_id: int) -> None:
@@ -712,22 +749,22 @@ class Binlog:
             return False
         chunk: list[bytes] = []
         size = 0
-        for record, job in self.pending:
+        for record, place, owner in self.pending:
             if _FRAME + size + len(record) > self.segments[-1].free:
                 self._write_frame(chunk, size)
                 chunk, size = [], 0
                 self._roll(next_id)
             chunk.append(record)
             size += len(record)
-            if job is not None:
-                if type(job) is Job:
-                    if jobs.get(job.id) is job:
-                        self._place(job).ids.append(job.id)
-                elif type(job) is Task:
-                    if tasks is not None and tasks.get(job.uid) is job:
-                        self._place(job).uids.append(job.uid)
-                elif schedules is not None and schedules.get(job.name) is job:
-                    self._place(job).names.append(job.name)
+            if place:           # a full record: its segment holds the owner's latest one
+                if place == _JOB:
+                    if jobs.get(owner.id) is owner:
+                        self._place_job(owner)
+                elif place == _TASK:
+                    if tasks is not None and tasks.get(owner.uid) is owner:
+                        self._place(self.task_file, owner.uid).uids.append(owner.uid)
+                elif schedules is not None and schedules.get(owner.name) is owner:
+                    self._place(self.schedule_file, owner.name).names.append(owner.name)
         self._write_frame(chunk, size)
         self.records_written += len(self.pending)
         self.promised -= self.pending_reserve
@@ -739,12 +776,22 @@ class Binlog:
             self.dirty = {}
         return True
 
-    def _place(self, owner: Job | Task) -> Segment:
-        """`owner`'s latest full record went to the segment being written (returned)."""
+    def _place_job(self, job: Job) -> None:
+        """`job`'s latest full record went to the segment being written."""
         cur = self.segments[-1]
-        if owner.seg:
-            self._segment(owner.seg).live -= 1
-        owner.seg = cur.seq
+        if job.file:
+            self._segment(job.file).live -= 1
+        job.file = cur.seq
+        cur.live += 1
+        cur.ids.append(job.id)
+
+    def _place(self, files: dict, key: str) -> Segment:
+        """A task's or schedule's latest full record went to the segment being written."""
+        cur = self.segments[-1]
+        seq = files.get(key, 0)
+        if seq:
+            self._segment(seq).live -= 1
+        files[key] = cur.seq
         cur.live += 1
         return cur
 
@@ -806,8 +853,8 @@ class Binlog:
     def disk_bytes(self) -> int:
         return sum(s.size for s in self.segments) + sum(s.size for s in self.spares)
 
-    def maintain(self, jobs: dict, tasks: dict | None = None,
-                 schedules: dict | None = None) -> None:
+    def compact(self, jobs: dict, tasks: dict | None = None,
+                schedules: dict | None = None) -> None:
         """Unlink dead segments oldest first; copy live jobs forward when the log is 2x live."""
         self._unlink_doomed()
         while len(self.segments) > 1:
@@ -830,11 +877,11 @@ class Binlog:
         stop = min(len(seg.ids), seg.cursor + _MIGRATE_SCAN_PER_TURN)
         while seg.cursor < stop:
             job = jobs.get(seg.ids[seg.cursor])
-            if job is not None and job.seg == seg.seq:
+            if job is not None and job.file == seg.seq:
                 size = wf.job_record_size(job.tube.name, len(job.body))
                 if not self._fits(size) or not self.reserve(self._reservation(size)):
                     return                  # disk full: try again next turn
-                self.pending.append((wf.encode_job(self.image(job)), job))
+                self.pending.append((wf.encode_job(self.image(job)), _JOB, job))
                 self.pending_reserve += self._reservation(size)
                 self.records_migrated += 1
             seg.cursor += 1
@@ -843,11 +890,11 @@ class Binlog:
         stop = min(len(seg.uids), seg.task_cursor + _MIGRATE_SCAN_PER_TURN)
         while seg.task_cursor < stop:
             task = tasks.get(seg.uids[seg.task_cursor])
-            if task is not None and task.seg == seg.seq:
+            if task is not None and self.task_file.get(task.uid) == seg.seq:
                 record = self._task_record(task, task.result)
                 if not self._fits(len(record)) or not self.reserve(self._reservation(len(record))):
                     return                  # disk full: try again next turn
-                self.pending.append((record, task))
+                self.pending.append((record, _TASK, task))
                 self.pending_reserve += self._reservation(len(record))
                 self.records_migrated += 1
             seg.task_cursor += 1
@@ -856,7 +903,7 @@ class Binlog:
         stop = min(len(seg.names), seg.name_cursor + _MIGRATE_SCAN_PER_TURN)
         while seg.name_cursor < stop:
             s = schedules.get(seg.names[seg.name_cursor])
-            if s is not None and s.seg == seg.seq:
+            if s is not None and self.schedule_file.get(s.name) == seg.seq:
                 if not self.reserve_schedule(s):
                     return                  # disk full: try again next turn
                 self.log_schedule(s)
@@ -882,3 +929,167 @@ class Binlog:
 
     def current_index(self) -> int:
         return self.segments[-1].seq if self.segments else 0
+
+    # -- the journal the core is handed (broker/core/shared/journal.py) -------------------------
+    def _tables(self) -> None:
+        """`room` and `append` by record kind (a list lookup: a put costs two calls)."""
+        ok = _always
+        room = [ok] * len(J.KINDS)
+        room[J.JOB_PUT] = lambda job: self.reserve_put(job.tube.name, len(job.body))
+        room[J.JOB_UPDATE] = room[J.JOB_HELD] = lambda job: self.reserve_update()
+        room[J.TASK_NEW] = self.reserve_task
+        room[J.TASK_CALL] = self.reserve_call
+        room[J.TASK_STATE] = self.reserve_task_state
+        room[J.TASK_END] = self._room_task_end
+        room[J.SCHEDULE_NEW] = lambda s: self.reserve_schedule(s, first=True)
+        room[J.SCHEDULE] = self.reserve_schedule
+        appends = [None] * len(J.KINDS)
+        appends[J.JOB_PUT] = self.log_put
+        appends[J.JOB_UPDATE] = self.log_update
+        appends[J.JOB_HELD] = self._log_held
+        appends[J.JOB_DELETE] = self.log_delete
+        appends[J.TASK_NEW] = self.log_task
+        appends[J.TASK_STATE] = self.log_task_state
+        appends[J.TASK_END] = self._log_task_end
+        appends[J.TASK_GONE] = self.log_task_gone
+        appends[J.SCHEDULE] = self.log_schedule
+        appends[J.SCHEDULE_GONE] = self.log_schedule_gone
+        appends[J.GATES] = self._keep_gates
+        self._room, self._appends = room, appends
+
+    def room(self, kind: int, subject) -> bool:
+        return self._room[kind](subject)
+
+    def append(self, kind: int, subject) -> None:
+        self._appends[kind](subject)
+
+    def _log_held(self, job: Job) -> None:
+        """A graceful stop: `job` is held by a client (its room: JOB_HELD's)."""
+        i = self.image(job)
+        self.pending.append((wf.encode_update(i.id, wf.S_RESERVED, i.pri, i.delay_s, 0.0,
+                                              i.counts), _NOWHERE, None))
+        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
+
+    def _room_task_end(self, task: Task) -> bool:
+        """A call's end was reserved as a TASK_STATE with the call; a result needs the
+        whole record: its room now, the reserved state given back (False: no room, and
+        the state is still there for the caller to log without the result)."""
+        if task.result is None and not task.result_headers:
+            return True
+        size = len(self._task_record(task, task.result))
+        if not self._fits(size) or not self.reserve(self._reservation(size)):
+            return False
+        self.promised -= self._task_state_reservation(task.uid)
+        self.headroom += self._task_state_reservation(task.uid)
+        self.wholly.add(task.uid)
+        return True
+
+    def _log_task_end(self, task: Task) -> None:
+        if task.uid in self.wholly:
+            self.wholly.discard(task.uid)
+            self.log_task(task)
+        else:
+            self.log_task_state(task)
+
+    def _keep_gates(self, tats: dict) -> None:
+        self.gates = tats               # (the side file is replaced once, at end_turn)
+
+    @property
+    def durable(self) -> int:
+        return self.synced
+
+    def stats(self) -> J.JournalStats:
+        return J.JournalStats(self.oldest_index(), self.current_index(), self.records_written,
+                              self.records_migrated, self.opts.segment_size)
+
+    def samples(self) -> list[Sample]:
+        return [Sample("zstalk_binlog_bytes", (), self.live_bytes),
+                Sample("zstalk_binlog_fsync_seconds", (), self.fsync_seconds),
+                Sample("zstalk_binlog_compaction_copies_total", (), self.records_migrated)]
+
+    def restore(self, max_job_size: int = 65535) -> J.Restored:
+        """Lock and replay the directory (open), as the core's images; this journal keeps
+        its own books (segments, sizes, unknown fields) from the same replay."""
+        replayed = self.open(max_job_size)
+        jobs = [(rec, tube, body, seq) for rec, tube, body, seq in replayed.jobs.values()]
+        tasks = []
+        for uid, (fields, seq) in replayed.tasks.items():
+            tasks.append(self._task_image(fields))
+            self.task_file[uid], self.task_size[uid] = seq, len(wf.encode_task(fields))
+            optional = fields[wf.T_OPTIONAL] if len(fields) > wf.T_OPTIONAL else {}
+            extra = {k: v for k, v in optional.items() if k not in wf.TASK_OPTIONAL}
+            if extra:
+                self.task_extra[uid] = extra
+        schedules = []
+        for name, (fields, seq) in replayed.schedules.items():
+            schedules.append(J.ScheduleImage(*fields))
+            self.schedule_file[name] = seq
+            self.schedule_size[name] = len(wf.encode_schedule(fields))
+        return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
+                          replayed.warnings)
+
+    @staticmethod
+    def _task_image(fields: list) -> J.TaskImage:
+        """A TASK record's list (its result after the fields, format 4's optional map after
+        that) as the core's image: what it cannot be is left at the image's default."""
+        optional = fields[wf.T_OPTIONAL] if len(fields) > wf.T_OPTIONAL else {}
+        named = {k: optional[k] for k in wf.TASK_OPTIONAL if k in optional}
+        for name in ("balance_key", "client_ip", "ended_by"):
+            if type(named.get(name)) is not str:
+                named.pop(name, None)
+        named["online"] = optional.get("online") is True
+        for name in ("queue_deadline", "pass_exp"):
+            if not isinstance(named.get(name), (int, float)) or isinstance(named[name], bool):
+                named.pop(name, None)
+        if type(named.get("level")) is not int:
+            named.pop("level", None)
+        return J.TaskImage(*fields[:wf.T_OPTIONAL], **named)
+
+    def start(self, loop, on_durable) -> None:
+        """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""
+        if self.notify_fd is None:
+            return
+        self._loop = loop
+
+        def synced() -> None:
+            self.on_synced(time.monotonic())
+            on_durable()
+        loop.add_reader(self.notify_fd, synced)
+
+    def end_turn(self, now: float, live: J.LiveView) -> int:
+        """The turn's records as one write, an fsync started if the policy says so, and the
+        gates' side file replaced if they changed (before the turn's calls leave); the
+        ticket is the write that holds them."""
+        self.write(live.jobs, live.next_id, live.tasks, live.schedules)
+        self.after_write(now)
+        if self.gates is not None:
+            self.save_gates(self.gates)
+            self.gates = None
+        return self.write_seq
+
+    def due(self) -> float | None:
+        return self.sync_due()
+
+    def maintain(self, live: J.LiveView) -> None:
+        self.compact(live.jobs, live.tasks, live.schedules)
+
+    def close(self, now: float | None = None, live: J.LiveView | None = None) -> None:
+        """A graceful stop with `live`: what the turn appended last (the held jobs) is
+        written and every segment made durable on this thread; then the files close."""
+        if live is not None and self.segments:
+            self.write(live.jobs, live.next_id, live.tasks, live.schedules)
+            if self.gates is not None:
+                self.save_gates(self.gates)
+                self.gates = None
+            if self.syncer is not None:
+                self.syncer.stop()      # no fsync of ours may run beside the last one
+                self.syncer = None
+            self.sync_all()
+        if self._loop is not None and self.notify_fd is not None:
+            self._loop.remove_reader(self.notify_fd)
+        self._loop = None
+        self._close_files()
+
+
+def _always(subject) -> bool:
+    return True

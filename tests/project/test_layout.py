@@ -59,7 +59,8 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                 ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                  "protocol/links")),
     "broker/core/shared": ("what the core's components share: the out-queue, the admission "
-                           "gate, bounded labels", ("protocol/schema", "protocol",
+                           "gate, bounded labels, the journal they append their records to",
+                           ("protocol/schema", "protocol",
                                                     "protocol/codecs")),
     "broker/core/upstreams": ("nginx's upstream balancing, pure (spec, hashing, peer, "
                               "balance, group)", ("protocol/schema", "protocol",
@@ -98,10 +99,6 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
 EXCEPTIONS = {
     ("zstalk.workers.testing", "zstalk.broker.testing"):
         "LocalBroker's old path, kept for 0.2 only (a DeprecationWarning says so)",
-    ("zstalk.broker.core.beanstalk.commands", "zstalk.broker.wal.format"):
-        "the core encodes its records: goes with the journal seam (issue 38)",
-    ("zstalk.broker.core.tasks.store", "zstalk.broker.wal.format"):
-        "the core encodes its records: goes with the journal seam (issue 38)",
 }
 
 

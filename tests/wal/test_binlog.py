@@ -28,9 +28,9 @@ class Node(Harness):
         self.now = now
         self.path = str(path)
         self.wal = Binlog(Options(self.path, segment_size, None))
-        self.replayed = self.wal.open(max_job_size)
+        self.replayed = self.wal.restore(max_job_size)
         self.broker = Broker(Config(max_job_size=max_job_size), now, wall_offset=WALL_OFFSET,
-                             wal=self.wal, recovered=self.replayed)
+                             journal=self.wal, restored=self.replayed)
         self.hello(FRONT, random.getrandbits(32) + 1)
         self.open(1, 2)
 
@@ -41,7 +41,7 @@ class Node(Harness):
 
     def turn(self) -> None:
         jobs = self.broker.queue.jobs
-        self.wal.maintain(jobs)
+        self.wal.compact(jobs)
         self.wal.write(jobs, self.broker.next_id)
 
     def restart(self, later_s: float = 0.0) -> "Node":
@@ -292,7 +292,7 @@ def test_under_fsync_0_replies_wait_for_the_fsync_that_covers_them(tmp_path):
     from zstalk.protocol.schema import Batch, Hello
 
     actor = BrokerActor("inproc://fsync-hold", Config(), binlog=Options(str(tmp_path), 1 << 20, 0))
-    core, wal = actor.core, actor.wal
+    core, wal = actor.core, actor.journal
     try:
         core.handle(FRONT, Hello(7, "beanstalk", 1, 0, []), time.monotonic())
         with wal.syncer._cond:

@@ -31,9 +31,9 @@ class Node:
         self.now, self.path, self.functions = now, str(path), functions
         self.calls: list[tuple] = []    # handed to the dispatcher, not yet looked at
         self.wal = Binlog(Options(self.path, segment_size, None))
-        self.replayed = self.wal.open(65535)
+        self.replayed = self.wal.restore(65535)
         self.broker = Broker(Config(functions=functions), now, wall_offset=WALL_OFFSET,
-                             wal=self.wal, recovered=self.replayed)
+                             journal=self.wal, restored=self.replayed)
         self.broker.handle(HTTP, Hello(1, "http", 1, 0, []), now)
         self.send(HTTP, (Op.OPEN, 1))
         if claims is None:
@@ -55,7 +55,7 @@ class Node:
                 out.setdefault(p, []).extend(msg.items)
         self.calls += [tuple(c[2:]) for c in out.get(D1, []) if c[1] == R.T_CALL]
         tasks, schedules = self.broker.tasks.tasks, self.broker.schedules.by_name
-        self.wal.maintain(self.broker.queue.jobs, tasks, schedules)
+        self.wal.compact(self.broker.queue.jobs, tasks, schedules)
         self.wal.write(self.broker.queue.jobs, self.broker.next_id, tasks, schedules)
         return out
 
@@ -311,7 +311,7 @@ def test_a_segment_of_an_unknown_newer_format_is_refused_by_name(tmp_path):
 def test_a_full_disk_refuses_an_enqueue_with_503_and_keeps_the_task_queue_consistent(node):
     node.enqueue("t1")
     node.wal.reserve = lambda amount: False       # as when no segment can be allocated
-    node.wal.room = 0
+    node.wal.headroom = 0
     reply = node.enqueue("t2")
     assert reply[1:3] == (R.T_ERROR, "out_of_space")
     assert node.subscribe(1) == []                # no room to log a start: t1 waits

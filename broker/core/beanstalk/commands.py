@@ -24,7 +24,10 @@ import collections
 from typing import Callable
 
 from ....protocol.schema import Op, R
-from ...wal.format import S_DELAYED, S_READY, S_RESERVED
+from ..shared.journal import (DELAYED as J_DELAYED, HELD as J_HELD, JOB_COUNTS, JOB_CREATED,
+                              JOB_DELAY, JOB_DELETE, JOB_HELD, JOB_ID, JOB_KEY, JOB_PRI,
+                              JOB_PUT, JOB_STATE, JOB_TTR, JOB_UPDATE, READY as J_READY,
+                              Journal)
 from ..shared import Admission, Identity, Out
 from . import stats
 from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, READY, RELEASES, RESERVED,
@@ -33,18 +36,21 @@ from .pools import PoolSession
 from .queue import Queue
 
 DEFAULT_TUBE = "default"
-#: a job its holder had when the broker stopped gracefully (wal/format S_RESERVED) is kept
+#: a job its holder had when the broker stopped gracefully (the journal's JOB_HELD) is kept
 #: from other clients this long after the restart, for the holder's front to re-register
 #: it: fronts say Hello again within PEER_TIMEOUT_S of the broker's return
 RECLAIM_S = 5.0
 
 
+assert JOB_COUNTS == slice(8, 13)       # (load reads them one by one: a million jobs)
+
+
 class BeanstalkCommands:
-    def __init__(self, out: Out, admission: Admission, wal, identity: Identity,
+    def __init__(self, out: Out, admission: Admission, journal: Journal, identity: Identity,
                  answered: Callable[[Session], None], now: float) -> None:
         self.out = out
         self.admission = admission
-        self.wal = wal
+        self.journal = journal
         self.identity = identity
         self.answered = answered            # a waiting session got its reply
         self.pool_granted: Callable | None = None   # set by the pools component
@@ -148,31 +154,33 @@ class BeanstalkCommands:
 
     # -- the binlog ----------------------------------------------------------------------
     def load(self, lives, next_id: int, now: float, wall_offset: float) -> None:
-        """Rebuild the jobs a binlog replayed (wall-clock times back to our clock).
+        """Rebuild the jobs a journal restored, (rec, tube, body, file) each, `rec`'s
+        fields where journal.py places them (wall-clock times back to our clock).
 
-        Written for a million jobs: plain loops over wal/format's replay tuples."""
+        Written for a million jobs: plain loops over tuples, no name looked up per job."""
         q, off = self.queue, wall_offset
         tubes: dict = {}
         jobs = []
         size = 0
-        for rec, name, body, seq in lives:
+        for rec, name, body, file in lives:
             t = tubes.get(name) or tubes.setdefault(name, q.tube(name))
-            job = Job(rec[1], t, rec[2], rec[3], rec[4], body, rec[5] - off)
-            state = rec[7]
-            if state != S_READY:            # (most are: one compare for them)
-                if state == S_DELAYED:
+            job = Job(rec[JOB_ID], t, rec[JOB_PRI], rec[JOB_DELAY], rec[JOB_TTR], body,
+                      rec[JOB_CREATED] - off)
+            state = rec[JOB_STATE]
+            if state != J_READY:            # (most are: one compare for them)
+                if state == J_DELAYED:
                     # (one already due is ready now, before a front re-registering a
                     # session that reserved it since can ask for it: see restore)
-                    if rec[6] - off > now:
-                        job.state, job.deadline = DELAYED, rec[6] - off
-                elif state == S_RESERVED:   # held when we stopped: kept for its holder
+                    if rec[JOB_KEY] - off > now:
+                        job.state, job.deadline = DELAYED, rec[JOB_KEY] - off
+                elif state == J_HELD:       # held when we stopped: kept for its holder
                     job.state, job.deadline = DELAYED, now + RECLAIM_S
                     self.reclaimable.add(job.id)
                 else:
-                    job.state, job.deadline = BURIED, rec[6]
-            job.seg = seq
-            if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:
-                job.set_counts(rec[8:13])
+                    job.state, job.deadline = BURIED, rec[JOB_KEY]
+            job.file = file
+            if rec[8] or rec[9] or rec[10] or rec[11] or rec[12]:   # (JOB_COUNTS, unsliced)
+                job.set_counts(rec[JOB_COUNTS])
             size += len(body)
             jobs.append(job)
         q.load(jobs, now)
@@ -180,12 +188,15 @@ class BeanstalkCommands:
         self.next_id = max(self.next_id, next_id)
 
     def log_holdings(self) -> None:
-        """A graceful stop: log which jobs clients hold (wal/format S_RESERVED), so the
-        next broker keeps them for their holders; with no room they come back ready, as
-        after a crash."""
+        """A graceful stop: log which jobs clients hold (JOB_HELD), so the next broker
+        keeps them for their holders; with no room they come back ready, as after a
+        crash."""
+        journal = self.journal
         for job in self.queue.jobs.values():
-            if job.state == RESERVED and not self.wal.log_reserved(job):
-                return
+            if job.state == RESERVED:
+                if not journal.room(JOB_HELD, job):
+                    return
+                journal.append(JOB_HELD, job)
 
     # -- timers, and the queue's answers to waiting sessions ----------------------------
     def next_deadline(self) -> float | None:
@@ -242,17 +253,16 @@ class BeanstalkCommands:
         cost = len(body) + JOB_OVERHEAD_BYTES
         if admission.limit and not admission.room_for(cost):
             return (conn, R.OUT_OF_MEMORY)
-        wal = self.wal
-        if wal is not None and not wal.reserve_put(s.use.name, len(body)):
-            return (conn, R.OUT_OF_MEMORY)       # binlog space (disk full), as beanstalkd
         job_id = self.next_id
-        self.next_id += 1
+        job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (prot.c)
+        journal = self.journal
+        if not journal.room(JOB_PUT, job):
+            return (conn, R.OUT_OF_MEMORY)       # binlog space (disk full), as beanstalkd
+        self.next_id = job_id + 1
         self.bytes += cost
         self.total_jobs += 1
-        job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (prot.c)
         self.queue.add(job, delay_s, now)
-        if wal is not None:
-            wal.log_put(job)
+        journal.append(JOB_PUT, job)
         return (conn, R.INSERTED, job_id)
 
     def use(self, s: Session, op, now):
@@ -307,8 +317,7 @@ class BeanstalkCommands:
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
         self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
-        if self.wal is not None:
-            self.wal.log_delete(job)    # its space was reserved by its put
+        self.journal.append(JOB_DELETE, job)    # (its room came with its put)
         self.queue.delete(job, now)
         return (s.conn, R.DELETED)
 
@@ -318,8 +327,8 @@ class BeanstalkCommands:
         job = self._held(s, job_id)
         if job is None:
             return (conn, R.NOT_FOUND)
-        logged = delay_s > 0 and self.wal is not None    # beanstalkd logs only these (prot.c)
-        if logged and not self.wal.reserve_update():
+        logged = delay_s > 0                # beanstalkd logs only these (prot.c)
+        if logged and not self.journal.room(JOB_UPDATE, job):
             return (conn, R.OUT_OF_MEMORY)
         self.queue.take(job)
         job.pri = pri
@@ -327,7 +336,7 @@ class BeanstalkCommands:
         job.bump(RELEASES)
         self.queue.place(job, delay_s, now)
         if logged:
-            self.wal.log_update(job)
+            self.journal.append(JOB_UPDATE, job)
         return (conn, R.RELEASED)
 
     def bury(self, s: Session, op, now):
@@ -335,14 +344,13 @@ class BeanstalkCommands:
         job = self._held(s, op[2])
         if job is None:
             return (s.conn, R.NOT_FOUND)
-        if self.wal is not None and not self.wal.reserve_update():
+        if not self.journal.room(JOB_UPDATE, job):
             return (s.conn, R.INTERNAL_ERROR)     # no binlog space: beanstalkd's answer
         self.queue.take(job)
         job.pri = op[3]
         job.bump(BURIES)
         self.queue.bury(job)
-        if self.wal is not None:
-            self.wal.log_update(job)
+        self.journal.append(JOB_UPDATE, job)
         return (s.conn, R.BURIED)
 
     def touch(self, s: Session, op, now):
@@ -419,11 +427,10 @@ class BeanstalkCommands:
         return (s.conn, R.KICKED_JOB)
 
     def _kick_logged(self, job: Job, now) -> bool:
-        if self.wal is not None and not self.wal.reserve_update():
+        if not self.journal.room(JOB_UPDATE, job):
             return False
         self.queue.kick_job(job, now)
-        if self.wal is not None:
-            self.wal.log_update(job)
+        self.journal.append(JOB_UPDATE, job)
         return True
 
     # -- stats and lists ---------------------------------------------------------------

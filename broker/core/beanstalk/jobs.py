@@ -79,7 +79,7 @@ class Job:
     job live in one list made on first use (`counts`), and delay and ttr in a pair
     shared by all jobs put with the same ones (`times`)."""
     __slots__ = ("id", "tube", "pri", "times", "body", "state", "created", "deadline",
-                 "counts", "seg")
+                 "counts", "file")
 
     def __init__(self, job_id: int, tube: "Tube", pri: int, delay_s: int, ttr_s: int,
                  body: bytes, now: float) -> None:
@@ -95,7 +95,9 @@ class Job:
         self.deadline = 0.0
         # COUNTERS, the holder, when it was reserved (None: all 0, never reserved)
         self.counts: list | None = None
-        self.seg = 0            # binlog segment holding its latest full record (0: none)
+        # beanstalkd's stats-job `file`: the journal's file holding its latest full record
+        # (0: none), kept by the journal (a slot, not the journal's own map: 8 bytes a job)
+        self.file = 0
 
     @property
     def delay_s(self) -> int:

@@ -72,7 +72,7 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
         ("rusage-utime", si.utime_s),
         ("rusage-stime", si.stime_s),
         ("uptime", int(now - me.started)),
-        *binlog_stats(b.wal, me.binlog_max_size),
+        *binlog_stats(b.journal),
         ("draining", b.admission.draining),
         ("id", f"{me.broker_id:016x}"),
         ("hostname", si.hostname),
@@ -82,17 +82,12 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
     return pairs
 
 
-def binlog_stats(wal, max_size: int) -> list[tuple[str, object]]:
-    """beanstalkd's binlog-* fields; zeros without a binlog (max-size is -s as given)."""
-    if wal is None:
-        return [("binlog-oldest-index", 0), ("binlog-current-index", 0),
-                ("binlog-records-migrated", 0), ("binlog-records-written", 0),
-                ("binlog-max-size", max_size)]
-    return [("binlog-oldest-index", wal.oldest_index()),
-            ("binlog-current-index", wal.current_index()),
-            ("binlog-records-migrated", wal.records_migrated),
-            ("binlog-records-written", wal.records_written),
-            ("binlog-max-size", wal.opts.segment_size)]
+def binlog_stats(journal) -> list[tuple[str, object]]:
+    """beanstalkd's binlog-* fields, as the journal counts them (journal.JournalStats)."""
+    j = journal.stats()
+    return [("binlog-oldest-index", j.oldest_index), ("binlog-current-index", j.current_index),
+            ("binlog-records-migrated", j.records_migrated),
+            ("binlog-records-written", j.records_written), ("binlog-max-size", j.max_size)]
 
 
 def seconds_left(deadline: float, now: float) -> int:
@@ -111,7 +106,7 @@ def job_stats(job: Job, now: float) -> list[tuple[str, object]]:
     return [
         ("id", job.id), ("tube", job.tube.name), ("state", job.state), ("pri", job.pri),
         ("age", int(now - job.created)), ("delay", job.delay_s), ("ttr", job.ttr_s),
-        ("time-left", time_left), ("file", job.seg),
+        ("time-left", time_left), ("file", job.file),
     ] + [(name, job.count(i)) for i, name in enumerate(COUNTERS)]
 
 

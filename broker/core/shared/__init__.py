@@ -10,7 +10,7 @@ Broker builds them:
   batch (a waiting reserve's job, a pushed call) with `reply(session, code, ...)`;
 * `Admission`: whether new work may come in at all: drain mode (SIGUSR1) and the memory
   budget of --max-jobs-bytes, one limit over what jobs, tasks and schedules hold;
-* the binlog writer (`wal`, broker/wal/binlog.py, or None), passed as it is;
+* the journal (broker/core/shared/journal.py: a binlog, or the null journal), passed as it is;
 * the clock: `now`, a parameter of every call, never read here.
 """
 from __future__ import annotations

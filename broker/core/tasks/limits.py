@@ -10,8 +10,8 @@ function over its rate loses nothing: its tasks wait in their places until the m
 `opens_at` names, which the store arms its timer for.  A gate has its burst at once
 (TAT = now), but for the time before the broker started: the store makes its gates with
 TAT at least its start + tau, so right after a restart there is no burst credit.  A slow
-rate's TAT (T of a second or more) is kept across a restart by the binlog, so a crash
-loop cannot exceed it (store.durable_gates, binlog.save_gates).  A new rate (SIGHUP)
+rate's TAT (T of a second or more) is kept across a restart by the journal, so a crash
+loop cannot exceed it (store.durable_gates, a GATES record).  A new rate (SIGHUP)
 keeps the TAT and applies from the next start.
 
 One allowance for the event loop: its timer fires a little after the moment `opens_at`

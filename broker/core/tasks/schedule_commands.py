@@ -15,6 +15,7 @@ import logging
 
 from ....protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 from ....protocol.schema import Op, R
+from ..shared.journal import SCHEDULE, Journal
 from .schedules import Fire, Schedules, fire_id
 from .store import MAX_PAGE, Task, TaskError
 
@@ -30,10 +31,10 @@ class ScheduleCommands:
     """The schedules component: the schedule store, its ops, and the firing of due
     schedules into tasks through the tasks component, as a request would enqueue them."""
 
-    def __init__(self, store: Schedules, tasks, wal) -> None:
+    def __init__(self, store: Schedules, tasks, journal: Journal) -> None:
         self.store = store
         self.tasks = tasks              # commands.TaskCommands: admit, the store, feed
-        self.wal = wal
+        self.journal = journal
         self.fires = 0                  # (the metrics)
         self.lateness = Histogram(LATENCY_BUCKETS)
 
@@ -102,7 +103,7 @@ class ScheduleCommands:
             self.fires += 1
             self.lateness.observe(max(0.0, now + self.store.wall_offset - fire.at))
             sched = fire.schedule
-            logged = self.wal is None or self.wal.reserve_schedule(sched)
+            logged = self.journal.room(SCHEDULE, sched)
             error = self._fire(fire, now) if logged else "the binlog's disk is full"
             self.store.fired(fire, error, now, log=logged)
         if fires:

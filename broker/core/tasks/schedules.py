@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from sortedcontainers import SortedList
 
 from ....protocol.schema.tasks import SCHEDULE_NAME
+from ..shared.journal import SCHEDULE, SCHEDULE_GONE, SCHEDULE_NEW, Journal, NullJournal
 from .store import TASK_ERROR_CHARS, TaskError, Tasks, parse_options
 
 #: a schedule's name: the characters of a task's uniqueId, up to 64
@@ -38,7 +39,7 @@ SCHEDULE_OVERHEAD_BYTES = 1024
 
 class Schedule:
     __slots__ = ("name", "expr", "cron", "zone", "function", "params", "options", "paused",
-                 "next_fire", "last_fire", "last_error", "created", "seg", "logged")
+                 "next_fire", "last_fire", "last_error", "created")
 
     def __init__(self, name: str, expr: str, parsed, zone, function: str, params: bytes,
                  options: dict, created: float) -> None:
@@ -54,8 +55,6 @@ class Schedule:
         self.last_fire: float | None = None
         self.last_error: str | None = None      # why the last fire enqueued nothing
         self.created = created          # wall clock
-        self.seg = 0                    # binlog: the segment of its latest record
-        self.logged = 0                 # binlog: that record's size
 
 
 class Fire(NamedTuple):
@@ -76,7 +75,7 @@ class Schedules:
         self.by_name: dict[str, Schedule] = {}
         self.timers = SortedList()      # (next_fire, name) of schedules that will fire
         self.bytes = 0
-        self.wal = None                 # the binlog (binlog.Binlog), set by the core
+        self.journal: Journal = NullJournal()     # what is kept of changes (set by the core)
 
     # -- making and changing -------------------------------------------------------------
     def create(self, name: Any, expr: Any, zone_name: Any, function: Any, params: bytes,
@@ -109,7 +108,7 @@ class Schedules:
             return TaskError("out_of_memory", f"{MAX_SCHEDULES} schedules at most")
         s = Schedule(name, expr, parsed, zone, function, params, options or {},
                      now + self.wall_offset)
-        if self.wal is not None and not self.wal.reserve_schedule(s, first=True):
+        if not self.journal.room(SCHEDULE_NEW, s):
             return _NO_SPACE
         self._add(s)
         self._arm(s, now + self.wall_offset)
@@ -127,8 +126,7 @@ class Schedules:
         self._disarm(s)
         del self.by_name[s.name]
         self.bytes -= SCHEDULE_OVERHEAD_BYTES + len(s.params)
-        if self.wal is not None:
-            self.wal.log_schedule_gone(s)
+        self.journal.append(SCHEDULE_GONE, s)
         return s
 
     def pause(self, name: Any, paused: Any, now: float) -> Schedule | TaskError:
@@ -139,7 +137,7 @@ class Schedules:
             return _bad("paused must be true or false")
         if paused == s.paused:
             return s
-        if self.wal is not None and not self.wal.reserve_schedule(s):
+        if not self.journal.room(SCHEDULE, s):
             return _NO_SPACE
         s.paused = paused
         self._disarm(s)
@@ -161,8 +159,7 @@ class Schedules:
             s.next_fire = None
 
     def _log(self, s: Schedule) -> None:
-        if self.wal is not None:
-            self.wal.log_schedule(s)
+        self.journal.append(SCHEDULE, s)
 
     # -- looking ---------------------------------------------------------------------------
     def info(self, s: Schedule) -> dict:
@@ -223,28 +220,25 @@ class Schedules:
             self._arm(s, after)
 
     # -- restart ---------------------------------------------------------------------------
-    def restore(self, replayed: dict, now: float) -> list[Fire]:
-        """The schedules a binlog replayed (name -> (SCHEDULE list, seq)); returns the
+    def restore(self, images: list, now: float) -> list[Fire]:
+        """The schedules a journal restored (journal.ScheduleImage each); returns the
         fires missed while the broker was down: at most one per schedule, at the first
         time it missed, for the core to fire now (`fired` then moves it past now)."""
         from . import cron
         missed = []
         wall = now + self.wall_offset
-        for fields, seg in replayed.values():
-            (name, expr, zone_name, function, params, options, paused, next_fire, last_fire,
-             last_error, created) = fields
-            s = Schedule(name, expr, cron.parse(expr), cron.zone(zone_name), function, params,
-                         options, created)
-            s.paused, s.last_fire, s.last_error = paused, last_fire, last_error
-            s.seg = seg
+        for i in images:
+            s = Schedule(i.name, i.cron, cron.parse(i.cron), cron.zone(i.timezone), i.function,
+                         i.params, i.options, i.created)
+            s.paused, s.last_fire, s.last_error = i.paused, i.last_fire, i.last_error
             self._add(s)
-            if paused or next_fire is None:
+            if i.paused or i.next_fire is None:
                 continue
-            if next_fire > wall:
-                s.next_fire = next_fire
-                self.timers.add((next_fire, name))
+            if i.next_fire > wall:
+                s.next_fire = i.next_fire
+                self.timers.add((i.next_fire, i.name))
                 continue
-            missed.append(Fire(s, next_fire))  # the first time it missed, once
+            missed.append(Fire(s, i.next_fire))  # the first time it missed, once
         return missed
 
 

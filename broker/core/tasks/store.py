@@ -63,9 +63,9 @@ Errors are data: `TaskError(code, message)`, a stable name and a sentence for pe
 nothing is changed when an error is returned.  The HTTP front maps each code to its
 status in one table (protocol/fronts/http/front.py, STATUS).
 
-Durability: with a binlog (`wal`, binlog.py) every change is logged as it is made, and
-its space reserved before (enqueue and cancel answer 503 when the disk is full; a task
-is not handed out then).  `restore` rebuilds the tasks a binlog replayed.  A call that
+Durability: every change is appended to the journal as it is made (broker/core/shared/journal.py),
+its room asked for before (enqueue and cancel answer 503 when the disk is full; a task
+is not handed out then).  `restore` rebuilds the tasks a journal restored.  A call that
 was running when the broker stopped may still be running: its dispatcher, re-registering
 within CLAIM_S, claims it (`claim`) and reports as usual; an unclaimed one has an unknown
 outcome then, decided by its deliveryMode.
@@ -87,7 +87,8 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS,
                                        OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
                                        SUCCESS, UNIQUE_ID)
-from ...wal.format import T_OPTIONAL, T_SEQ, TASK_OPTIONAL, encode_task
+from ..shared.journal import (TASK_CALL, TASK_END, TASK_GONE, TASK_NEW, TASK_STATE, Journal,
+                              NullJournal)
 from ..shared.labels import Labelled
 from . import requests
 from .limits import Gate, Recent
@@ -202,7 +203,6 @@ class Task:
         self.level = 0                  # 0-9, higher first
         self.key = (0, priority, seq)   # its place in its function's queue (`place`)
         self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
-        self.extra: dict | None = None  # binlog optional fields this version does not know
         self.request: Request | None = None     # a request task's method, path, ... (params: body)
         self.result_headers: dict | None = None
         self.peer = None                # running on an upstream: the server it was given
@@ -229,8 +229,6 @@ class Task:
         self.result: bytes | None = None    # the function's response body
         self.error: str | None = None
         self.holder = None              # the dispatcher session running it
-        self.seg = 0                    # binlog: the segment of its latest full record
-        self.logged = 0                 # binlog: that record's size
 
     def place(self, level: int, priority: int) -> None:
         self.level, self.priority = level, priority
@@ -307,7 +305,7 @@ class Tasks:
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
-        self.wal = None                 # the binlog (binlog.Binlog), set by the core
+        self.journal: Journal = NullJournal()     # what is kept of changes (set by the core)
         # the metrics' counts by function (core/labels.py), and the queued tasks by function
         self.counts: Labelled[FunctionCounts] = Labelled(FunctionCounts)
         self.queued = Queued(self._still_queued)
@@ -371,7 +369,7 @@ class Tasks:
         task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
         task.keep_result_ms = parsed.get("keepResult", 300000)
         task.due = now + parsed.get("delay", 0) / 1000
-        if self.wal is not None and not self.wal.reserve_task(task):
+        if not self.journal.room(TASK_NEW, task):
             return _NO_SPACE            # (the record it sized is the one log_task writes)
         self.next_seq += 1
         self._add(task, spec)
@@ -381,8 +379,7 @@ class Tasks:
         if task.queue_deadline:
             self.timeouts.add((task.queue_deadline, task.seq))
         self._queue(task, task.due, now)
-        if self.wal is not None:
-            self.wal.log_task(task)
+        self.journal.append(TASK_NEW, task)
         return task
 
     def _add(self, task: Task, spec: FunctionSpec | None) -> None:
@@ -639,7 +636,7 @@ class Tasks:
                 if not task.online:
                     passed.append(heapq.heappop(heads))
                     continue
-                if self.wal is not None and not self.wal.reserve_call(task):
+                if not self.journal.room(TASK_CALL, task):
                     break                   # (the disk is full: it waits, queued)
                 heapq.heappop(heads)
                 del offered[name]
@@ -669,8 +666,7 @@ class Tasks:
         self._room_count(name, 1, 1)
         self.running[name] = self.running.get(name, 0) + 1
         self._peak(name)
-        if self.wal is not None:
-            self.wal.log_task_state(task)
+        self.journal.append(TASK_STATE, task)
         self._offer(name, now)
 
     def done(self, uid: str, now: float) -> Task | TaskError:
@@ -684,8 +680,7 @@ class Tasks:
         self._end_admission(task, now)      # (its end was reserved when it was admitted)
         task.ended_by = "done"
         self._finish(task, SUCCESS, now)
-        if self.wal is not None:
-            self.wal.log_task_state(task)
+        self.journal.append(TASK_STATE, task)
         return task
 
     def _end_admission(self, task: Task, now: float) -> None:
@@ -710,8 +705,7 @@ class Tasks:
             self._end_admission(task, now)      # (its end was reserved at admission)
             task.ended_by = "expired"
             self._finish(task, SUCCESS, now)
-            if self.wal is not None:
-                self.wal.log_task_state(task)
+            self.journal.append(TASK_STATE, task)
         while self.liveness and self.liveness[0][0] <= now:
             _, seq = self.liveness.pop(0)
             task = self.by_seq.get(seq)
@@ -722,7 +716,7 @@ class Tasks:
             if task.last_seen + heartbeat > now:        # looked at since: check again then
                 self.liveness.add((task.last_seen + heartbeat, seq))
                 continue
-            if self.wal is not None and not self.wal.reserve_task_state(task):
+            if not self.journal.room(TASK_STATE, task):
                 self.liveness.add((now + 1.0, seq))
                 break
             self._dequeue(task, now)
@@ -730,8 +724,7 @@ class Tasks:
             self._counted(task.function).abandoned += 1
             self._recent(task.function).abandoned(now)
             self._finish(task, CANCELLED, now)
-            if self.wal is not None:
-                self.wal.log_task_state(task)
+            self.journal.append(TASK_STATE, task)
 
     # -- upstreams -------------------------------------------------------------------------
     def _unavailable(self, task: Task, why: Unavailable, now: float) -> None:
@@ -739,15 +732,14 @@ class Tasks:
         fails this attempt; otherwise the function waits, its tasks in their places."""
         name = task.function
         if why.reason == NO_LIVE_UPSTREAMS:
-            if self.wal is None or self.wal.reserve_task_state(task):
+            if self.journal.room(TASK_STATE, task):
                 del self.by_key[task.key]
                 self._unready(task)
                 self.queued.discard(name)
                 task.attempt += 1
                 task.started = now
                 self._apply(task, Outcome("failure", error=NO_LIVE_UPSTREAMS), now)
-                if self.wal is not None:
-                    self.wal.log_task_state(task)
+                self.journal.append(TASK_STATE, task)
                 self._offer(name, now)
                 return
             why = Unavailable(why.reason, now + 1.0)    # (disk full: look again later)
@@ -821,7 +813,7 @@ class Tasks:
                         del offered[name]
                         self._unavailable(task, peer, now)
                         continue
-                if self.wal is not None and not self.wal.reserve_call(task):
+                if not self.journal.room(TASK_CALL, task):
                     if peer is not None:
                         peer.conns -= 1
                     return None             # the binlog's disk is full: it waits, queued
@@ -853,8 +845,7 @@ class Tasks:
         self.calls.add((task.deadline, task.seq))
         self.running[task.function] = self.running.get(task.function, 0) + 1
         self._peak(task.function)
-        if self.wal is not None:
-            self.wal.log_task_state(task)
+        self.journal.append(TASK_STATE, task)
         self._offer(name, now)                  # its next head, if it may go on
         return task
 
@@ -885,10 +876,12 @@ class Tasks:
         self._apply(task, result, now)
         if result.kind in FAILED_KINDS and self.failed_calls.due(task.function, now):
             self._say_failed(task, attempt, result, peer, now)
-        if self.wal is not None and not self.wal.log_task_end(task):
+        if self.journal.room(TASK_END, task):
+            self.journal.append(TASK_END, task)
+        else:
             self._set_result(task, None)
             task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
-            self.wal.log_task_state(task)
+            self.journal.append(TASK_STATE, task)   # (its room came with the call)
         return True
 
     def _say_failed(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
@@ -1008,16 +1001,15 @@ class Tasks:
             return TaskError("not_found", f"no task {uid!r}")
         if task.status not in (QUEUED, ADMITTED):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
-        if task.status == QUEUED and self.wal is not None and not (
-                self.wal.reserve_task_state(task)):     # (an admission's end is reserved)
+        if task.status == QUEUED and not self.journal.room(TASK_STATE, task):
+            # (an admission's end is reserved)
             return _NO_SPACE
         if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
             self._end_admission(task, now)
         else:
             self._dequeue(task, now)
         self._finish(task, CANCELLED, now)
-        if self.wal is not None:
-            self.wal.log_task_state(task)
+        self.journal.append(TASK_STATE, task)
         return task
 
     def _open_gates(self, now: float) -> None:
@@ -1035,15 +1027,14 @@ class Tasks:
             task = self.by_seq[seq]         # (finished tasks leave `timeouts`: _finish)
             if task.status != QUEUED:
                 continue                    # running: a retry would fail instead (_queue)
-            if self.wal is not None and not self.wal.reserve_task_state(task):
+            if not self.journal.room(TASK_STATE, task):
                 task.queue_deadline = now + 1.0     # the binlog's disk is full: try again
                 self.timeouts.add((task.queue_deadline, seq))
                 return
             self._dequeue(task, now)
             task.error = QUEUE_TIMEOUT
             self._finish(task, FAILED, now)
-            if self.wal is not None:
-                self.wal.log_task_state(task)
+            self.journal.append(TASK_STATE, task)
 
     def _dequeue(self, task: Task, now: float) -> None:
         """Take a queued task out of its queue (cancel, queue timeout)."""
@@ -1095,8 +1086,7 @@ class Tasks:
             if not self.uses[task.function]:
                 self._forget_function(task.function, now)
             self.bytes -= held_bytes(task)
-            if self.wal is not None:
-                self.wal.log_task_gone(task)
+            self.journal.append(TASK_GONE, task)
 
     def _forget_function(self, name: str, now: float) -> None:
         """No task uses `name` any more: drop what is kept for it, but a gate that still
@@ -1115,47 +1105,40 @@ class Tasks:
                 heapq.heappush(self.idle_gates, (until, name))
 
     # -- restart -------------------------------------------------------------------------
-    def restore(self, replayed, now: float) -> None:
-        """The tasks a binlog replayed (walformat.Replayed.tasks: uid -> (TASK list, seq)),
-        wall-clock times back to our clock.  A call running when the broker stopped waits
-        CLAIM_S for its dispatcher to claim it, then ends with an unknown outcome."""
+    def restore(self, images: list, now: float) -> None:
+        """The tasks a journal restored (journal.TaskImage each), wall-clock times back to
+        our clock.  A call running when the broker stopped waits CLAIM_S for its
+        dispatcher to claim it, then ends with an unknown outcome."""
         wall = self.wall_offset
-        for fields, seg in sorted(replayed.values(), key=lambda t: t[0][T_SEQ]):
-            (uid, function, params, priority, seq, attempts, backoff, timeout_ms, delivery,
-             keep_ms, created, status, attempt, started, finished, due, expires, code,
-             error, result) = fields[:T_OPTIONAL]
-            optional = fields[T_OPTIONAL] if len(fields) > T_OPTIONAL else {}
-            task = Task(uid, function, params, priority, seq, created - wall)
-            # (kept, and written again, so a compaction by an older broker loses nothing)
-            task.extra = {k: v for k, v in optional.items() if k not in TASK_OPTIONAL} or None
-            level = optional.get("level", 0)
-            task.place(level if type(level) is int and 0 <= level <= MAX_LEVEL else 0, priority)
-            task.request = requests.Request.from_fields(optional.get("request"))
-            for name in ("balance_key", "client_ip", "ended_by"):
-                value = optional.get(name)
-                setattr(task, name, value if type(value) is str else None)
-            task.online = optional.get("online") is True
-            pass_exp = optional.get("pass_exp")
-            task.pass_exp = pass_exp - wall if isinstance(pass_exp, (int, float)) else 0.0
-            kept = optional.get("result_headers")
+        for i in sorted(images, key=lambda image: image.seq):
+            task = Task(i.uid, i.function, i.params, i.priority, i.seq, i.created - wall)
+            level = i.level
+            task.place(level if 0 <= level <= MAX_LEVEL else 0, i.priority)
+            task.request = requests.Request.from_fields(i.request)
+            task.balance_key, task.client_ip, task.ended_by = (i.balance_key, i.client_ip,
+                                                               i.ended_by)
+            task.online = i.online
+            task.pass_exp = i.pass_exp - wall if i.pass_exp is not None else 0.0
+            kept = i.result_headers
             if isinstance(kept, dict) and all(type(k) is str and type(v) is str
                                               for k, v in kept.items()):
                 task.result_headers = kept
-            deadline = optional.get("queue_deadline")
-            if isinstance(deadline, (int, float)):
-                task.queue_deadline = deadline - wall
+            status = i.status
+            if i.queue_deadline is not None:
+                task.queue_deadline = i.queue_deadline - wall
                 if status in (QUEUED, RUNNING):
-                    self.timeouts.add((task.queue_deadline, seq))
-            task.attempts, task.backoff = attempts, TaskBackoff(*backoff)
-            task.timeout_ms = timeout_ms
-            task.delivery, task.keep_result_ms, task.attempt = delivery, keep_ms, attempt
-            task.started = None if started is None else started - wall
-            task.finished = None if finished is None else finished - wall
-            task.status_code, task.error, task.result = code, error, result
-            task.seg, task.logged = seg, len(encode_task(fields))
+                    self.timeouts.add((task.queue_deadline, i.seq))
+            task.attempts, task.backoff = i.attempts, TaskBackoff(*i.backoff)
+            task.timeout_ms = i.timeout_ms
+            task.delivery, task.keep_result_ms, task.attempt = (i.delivery, i.keep_result_ms,
+                                                                i.attempt)
+            task.started = None if i.started is None else i.started - wall
+            task.finished = None if i.finished is None else i.finished - wall
+            task.status_code, task.error, task.result = i.status_code, i.error, i.result
+            function, seq = i.function, i.seq
             self._add(task, self.function(function))
             if status == QUEUED:
-                self._queue(task, due - wall, now, restoring=True)
+                self._queue(task, i.due - wall, now, restoring=True)
                 if task.online:             # (last seen: the restart)
                     task.last_seen = now
                     self._join_line(task, self.specs.get(function), now)
@@ -1174,9 +1157,9 @@ class Tasks:
                 self.calls.add((task.deadline, seq))
                 self.running[function] = self.running.get(function, 0) + 1
             else:
-                task.status, task.expires = status, expires - wall
+                task.status, task.expires = status, i.expires - wall
                 self.keeping.add((task.expires, seq))
-        if replayed:
+        if images:
             self.next_seq = max(t.seq for t in self.by_seq.values()) + 1
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
