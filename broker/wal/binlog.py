@@ -38,19 +38,11 @@ segment like a job's JOB record, TASK_STATE records (start, retry, failure, canc
 nothing, TASK_GONE ends it, and compaction copies live tasks forward.  A task's space is
 reserved in steps: its record and its TASK_GONE at enqueue, two states (the start and the
 call's end) when a dispatcher takes it; a success whose result needs a whole record
-reserves that when it comes (see `log_task_end`).  Cron schedules (schedules.py) are
+reserves that when it comes (TASK_END's room, `_room_task_end`).  Cron schedules (schedules.py) are
 logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
 segment the same way; each record is reserved when it is made, the GONE with the first.
 
-Slow rates (a function's rate of one call a second or slower, limits.py) keep their GCRA
-TAT across a restart, so a crash loop cannot exceed them: it is not a record but a small
-file beside the segments, GATES_NAME, {function: TAT as wall-clock seconds}, replaced
-whole (written to a temporary name, then renamed) in the turn a slow function starts a
-call, before that call leaves (the core appends a GATES record then, `save_gates` at
-end_turn; such a function starts at most one call a second, or its burst in one turn).  It is not fsynced: a killed process loses nothing
-the kernel holds; after a power loss the last second of it may be lost (one more call
-then).  A missing or unreadable file means no TAT to keep (a warning); a TAT further
-ahead than the rate allows (a clock stepped back, a hand edit) is cut to what it allows.
+Slow rates keep their last start across a restart in a side file (directory.py).
 
 Ids: each segment header carries the broker's next id when it became the one being
 written, and the segment being written is never removed, so recovery continues after
@@ -60,33 +52,24 @@ from __future__ import annotations
 
 import collections
 import errno
-import fcntl
-import json
-import math
 import logging
 import os
 import random
-import re
-import struct
 import time
-from typing import NamedTuple
 
-from . import format as wf
+from . import directory, format as wf, records
 from .beanstalkd import is_beanstalkd_dir
+from .directory import (GATES_NAME, LOCK_NAME, SEGMENT_SIZE, BinlogError, Options,  # noqa: F401
+                        Segment, round_segment, segment_name)
 from .fsync import Syncer, preallocate
 from ..core.shared import journal as J
-from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
+from ..core.beanstalk.jobs import Job
 from ..core.tasks.schedules import Schedule
-from ..core.tasks.store import TASK_ERROR_CHARS, Task
+from ..core.tasks.store import Task
 from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample
 
 log = logging.getLogger("zstalk.binlog")
-SEGMENT_SIZE = 10 * 1024 * 1024        # beanstalkd's -s default
-LOCK_NAME = "zstalk.lock"
-GATES_NAME = "zstalk.gates.json"
-_SEGMENT_RE = re.compile(r"zstalk\.(\d{8,})\.wal")
 _MIGRATE_SCAN_PER_TURN = 4096
-_NO_COUNTS = (0,) * len(COUNTERS)
 # what the core reads of a replayed job is the JOB record's own fields, in its own places
 # (journal.py): a JOB record unpacks to kind, id, pri, delay, ttr, created, key, state, and
 # the five counts; its state codes are the core's
@@ -97,59 +80,13 @@ assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DEL
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
 _NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
 _FRAME = wf.FRAME.size
-# a TASK_STATE without its uid and error: the longest status, an attempt, four times, a
-# status code, as msgpack encodes them at most (see _task_state_reservation)
-_TASK_STATE_FIXED = len(wf.encode_task_state("", ["cancelled", 1 << 62, 1e18, 1e18, 1e18, 1e18,
-                                                  1 << 62, ""]))
-
-
-def _round_segment(size: int) -> int:
-    """-s as beanstalkd takes it: up to whole 4 KiB blocks, never below one."""
-    return max(4096, -(-size // 4096) * 4096)
-
-
-class BinlogError(Exception):
-    """The directory cannot be used (locked, beanstalkd's, damaged header): exit 10."""
-
-
-class Options(NamedTuple):
-    path: str
-    segment_size: int = SEGMENT_SIZE
-    fsync_ms: int | None = 50           # None: never fsync (-F)
-
-
-def segment_name(seq: int) -> str:
-    return f"zstalk.{seq:08d}.wal"
-
-
-class Segment:
-    __slots__ = ("seq", "path", "fd", "size", "pos", "live", "ids", "cursor", "uids",
-                 "task_cursor", "names", "name_cursor")
-
-    def __init__(self, seq: int, path: str, fd: int, size: int, pos: int) -> None:
-        self.seq = seq
-        self.path = path
-        self.fd = fd
-        self.size = size            # bytes allocated on disk
-        self.pos = pos              # where the next frame goes
-        self.live = 0               # live jobs and tasks whose latest full record is here
-        self.ids: list[int] = []    # ids of the full records written here, in order
-        self.cursor = 0             # compaction's progress through `ids`
-        self.uids: list[str] = []   # the same for tasks
-        self.task_cursor = 0
-        self.names: list[str] = []  # and for schedules
-        self.name_cursor = 0
-
-    @property
-    def free(self) -> int:
-        return self.size - self.pos
 
 
 class Binlog:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         # grows past -s only when a record would not fit in one segment (a big -z)
-        self.seg_size = _round_segment(opts.segment_size)
+        self.seg_size = round_segment(opts.segment_size)
         self.segments: list[Segment] = []   # oldest first; [-1] is the one being written
         self.by_seq: dict[int, Segment] = {}
         self.spares: list[Segment] = []     # preallocated, not yet written
@@ -178,8 +115,7 @@ class Binlog:
         self.syncer = Syncer() if opts.fsync_ms is not None else None
         self._lock_fd = -1
         self._dir_fd = -1
-        # a disk-full episode: reservations refused since an allocation failed (-1: none)
-        self.refused = -1
+        self.disk_full = directory.DiskFull(opts.path)     # an episode, logged once
         self.least_seg_size = 0             # what the largest record replayed needs
         # the journal's own books on tasks and schedules: the segment of each one's latest
         # full record, that record's size, and a task's optional fields this zstalk does not
@@ -209,7 +145,7 @@ class Binlog:
             raise BinlogError(
                 f"{path} holds a beanstalkd binlog (binlog.N files), not a zstalk one; "
                 f"import it first with: zstalk import-binlog {path}")
-        self._lock(path)
+        self._lock_fd = directory.lock(path)
         try:
             return self._open_locked(path, max_job_size)
         except BaseException:
@@ -218,7 +154,11 @@ class Binlog:
 
     def _open_locked(self, path: str, max_job_size: int) -> wf.Replayed:
         self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        replayed = self._replay(path, max_job_size)._replace(gates=self._load_gates(path))
+        found = directory.replay(path, max_job_size)
+        self.segments, self.last_seq = found.segments, found.last_seq
+        self.by_seq = {seg.seq: seg for seg in found.segments}
+        replayed = found.replayed
+        self._account(replayed)
         self.state_id = replayed.state_id or random.getrandbits(63) or 1
         try:
             first = self._allocate(replayed.next_id)
@@ -234,38 +174,8 @@ class Binlog:
         self.sync_all()
         return replayed
 
-    @staticmethod
-    def _load_gates(path: str) -> dict[str, float]:
-        full = os.path.join(path, GATES_NAME)
-        try:
-            with open(full, encoding="utf-8") as f:
-                gates = json.load(f)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("binlog: %s could not be read (%s): slow rates start afresh", full, exc)
-            return {}
-        if not isinstance(gates, dict):
-            log.warning("binlog: %s is not an object: slow rates start afresh", full)
-            return {}
-        kept = {k: float(v) for k, v in gates.items()
-                if type(v) in (int, float) and abs(v) < 1e15 and math.isfinite(v)}
-        if len(kept) < len(gates):
-            log.warning("binlog: %s: %d entries are not times, their rates start afresh",
-                        full, len(gates) - len(kept))
-        return kept
-
     def save_gates(self, gates: dict[str, float]) -> None:
-        """Replace GATES_NAME with `gates` (function -> wall-clock TAT); a failure (disk
-        full) is logged and costs only the TATs, not the broker."""
-        full = os.path.join(self.opts.path, GATES_NAME)
-        try:
-            with open(full + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(gates, f)
-            os.replace(full + ".tmp", full)
-        except OSError as exc:
-            log.warning("binlog: %s could not be written (%s): a restart would forget the "
-                        "slow rates' last starts", full, exc)
+        directory.save_gates(self.opts.path, gates)
 
     def _restore_reserve(self) -> None:
         """Back the deletes promised to the replayed jobs with allocated space."""
@@ -275,62 +185,15 @@ class Binlog:
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self._out_of_space(exc, self.seg_size)
+            self.disk_full.refused(os.strerror(exc.errno), self.seg_size, self.seg_size)
             log.warning("binlog: disk full at start: deletes of recovered jobs may fail")
 
-    def _lock(self, path: str) -> None:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise BinlogError(f"{path} is locked by another zstalk broker (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-
-    def _replay(self, path: str, max_job_size: int) -> wf.Replayed:
-        names = sorted((int(m.group(1)), n) for n in os.listdir(path)
-                       if (m := _SEGMENT_RE.fullmatch(n)))
-        jobs: dict = {}
-        tasks: dict = {}
-        schedules: dict = {}
-        tubes: dict = {}
-        warnings: list[str] = []
-        next_id = state_id = 0
-        last_with_data = self._last_with_data(path, names)
-        self.last_seq = names[-1][0] if names else 0
-        for seq, name in names:
-            full = os.path.join(path, name)
-            with open(full, "rb") as f:
-                data = f.read()
-            try:
-                header = wf.decode_header(data)
-            except wf.BadSegment as exc:
-                if seq > last_with_data:      # a spare whose header never reached the disk
-                    warnings.append(f"{name}: {exc}; an empty segment, removed")
-                    os.unlink(full)
-                    continue
-                raise BinlogError(f"{full}: {exc}") from None
-            state_id = header.state_id
-            next_id = max(next_id, header.next_id)
-            if seq > last_with_data:          # a spare never written: nothing to keep
-                os.unlink(full)
-                continue
-            seg = self._adopt(seq, full, len(data))
-            spans, end, why = wf.scan(data)
-            try:
-                for start, stop in spans:
-                    top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
-                                           tasks, seg.uids, schedules, seg.names)
-                    next_id = max(next_id, top + 1)
-            except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
-                raise BinlogError(f"{full}: {exc}") from None
-            if why:
-                self._torn(seg, end, why, seq == last_with_data, warnings)
-        for w in warnings:
-            log.warning("binlog: %s", w)
+    def _account(self, replayed: wf.Replayed) -> None:
+        """What the replayed records hold and promise: each segment's live records, the
+        live bytes, the room their ends need (a job's delete, a task's TASK_GONE and the
+        end of a call a restart cut short, a schedule's SCHEDULE_GONE), and the segment
+        size the largest of them needs."""
+        jobs, tasks, schedules = replayed.jobs, replayed.tasks, replayed.schedules
         for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
             self.by_seq[seq].live = live
         for seq, live in collections.Counter(
@@ -343,7 +206,6 @@ class Binlog:
             size = len(wf.encode_task(fields))
             self.live_bytes += size
             biggest = max(biggest, size)
-            # its TASK_GONE, and the end of a call the restart cut short (tasks.py)
             self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
             if fields[wf.T_STATUS] in ("running", "admitted"):     # (its end, reserved)
                 self.promised += self._task_state_reservation(fields[wf.T_UID])
@@ -354,35 +216,6 @@ class Binlog:
             self.promised += self._reservation(len(wf.encode_schedule_gone(fields[0])))
         self.least_seg_size = wf.HEADER_SIZE + _FRAME + biggest
         self.seg_size = max(self.seg_size, self.least_seg_size)
-        return wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules)
-
-    @staticmethod
-    def _last_with_data(path: str, names) -> int:
-        """The newest segment that has at least one frame (spares after it are empty)."""
-        for seq, name in reversed(names):
-            with open(os.path.join(path, name), "rb") as f:
-                f.seek(wf.HEADER_SIZE)
-                if f.read(4) not in (b"", b"\0\0\0\0"):
-                    return seq
-        return 0
-
-    def _adopt(self, seq: int, full: str, size: int) -> Segment:
-        """An existing segment: kept for its live jobs, never written again."""
-        seg = Segment(seq, full, os.open(full, os.O_RDWR), size, size)
-        self.segments.append(seg)
-        self.by_seq[seq] = seg
-        return seg
-
-    def _torn(self, seg: Segment, end: int, why: str, is_tail: bool, warnings: list) -> None:
-        name = os.path.basename(seg.path)
-        if is_tail:
-            warnings.append(f"{name}: {why}: torn tail truncated at {end}")
-            os.ftruncate(seg.fd, end)
-            os.fsync(seg.fd)
-            seg.size = seg.pos = end
-        else:
-            warnings.append(f"{name}: {why}: the rest of this segment is skipped; "
-                            "you may be missing data")
 
     def _close_files(self) -> None:
         if self.syncer is not None:
@@ -412,52 +245,15 @@ class Binlog:
         self.dir_dirty = True
         seg = Segment(seq, full, fd, self.seg_size, wf.HEADER_SIZE)
         self.dirty[seq] = seg           # its header must reach the disk too
-        if self.refused >= 0:
-            self._space_back()
+        if self.disk_full.refusals >= 0:
+            self.disk_full.ended()
         return seg
 
     # -- disk full -----------------------------------------------------------------------
-    def free_bytes(self) -> int:
-        """What the directory's filesystem lets us allocate now (-1: it cannot say)."""
-        try:
-            st = os.statvfs(self.opts.path)
-        except OSError:
-            return -1
-        return st.f_bavail * st.f_frsize
-
-    def _out_of_space(self, exc: OSError, need: int) -> None:
-        """An allocation of `need` bytes failed: a disk-full episode begins (logged once)
-        or goes on (counted)."""
-        if self.refused >= 0:
-            self.refused += 1
-            return
-        self.refused = 1
-        log.warning("binlog: %s is out of space (%s): %d bytes free, and a put needs a new "
-                    "segment of %d bytes (%s); puts answer OUT_OF_MEMORY and task enqueues "
-                    "503 out_of_space until space returns", self.opts.path,
-                    os.strerror(exc.errno), self.free_bytes(), need,
-                    "-s/--binlog-size sets it" if need == self.seg_size else
-                    "a record bigger than -s/--binlog-size")
-
-    def _space_back(self) -> None:
-        log.info("binlog: %s has space again (%d bytes free): puts are accepted again "
-                 "(%d reservations were refused for space meanwhile)", self.opts.path,
-                 self.free_bytes(), self.refused)
-        self.refused = -1
-
     def _no_room_to_start(self, exc: OSError) -> str:
-        """Why a start cannot allocate its first segment, and what the operator can do:
-        free space, move the directory, or lower -s (not below what the largest record
-        replayed needs: `seg_size` never is)."""
-        least = _round_segment(self.least_seg_size)
-        why = "what the largest record here needs" if least > 4096 else "the least it takes"
-        lower = (f", or lower -s/--binlog-size (not below {least}, {why})"
-                 if self.seg_size > least else
-                 " (-s/--binlog-size cannot lower it: the largest record here needs it)")
-        return (f"{self.opts.path}: no space to start the binlog ({os.strerror(exc.errno)}): "
-                f"its first segment needs {self.seg_size} bytes and "
-                f"{max(self.free_bytes(), 0)} are free there; free some space there, move "
-                f"the directory to a disk with room (-b/--binlog){lower}")
+        return directory.no_room_to_start(self.opts.path, os.strerror(exc.errno), self.seg_size,
+                                          self.least_seg_size,
+                                          max(directory.free_bytes(self.opts.path), 0))
 
     @staticmethod
     def _reservation(record_size: int) -> int:
@@ -479,7 +275,7 @@ class Binlog:
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                self._out_of_space(exc, self.seg_size)
+                self.disk_full.refused(os.strerror(exc.errno), self.seg_size, self.seg_size)
                 return False
         self.promised += amount
         self.headroom = self._capacity() - self.promised
@@ -509,7 +305,7 @@ class Binlog:
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self._out_of_space(exc, need)
+            self.disk_full.refused(os.strerror(exc.errno), need, self.seg_size)
             return False
         self.seg_size = need
         self.headroom = self._capacity() - self.promised
@@ -520,24 +316,13 @@ class Binlog:
 
     # -- records (called by the core) -------------------------------------------------
     def image(self, job: Job) -> wf.Image:
-        state, key = wf.S_READY, 0.0
-        if job.state == DELAYED:
-            state, key = wf.S_DELAYED, job.deadline + self.wall_offset
-        elif job.state == BURIED:
-            state, key = wf.S_BURIED, job.deadline
-        return wf.Image(job.id, job.tube.name, job.pri, job.delay_s, job.ttr_s,
-                        job.created + self.wall_offset, state, key,
-                        tuple(job.counts[:len(COUNTERS)]) if job.counts else _NO_COUNTS,
-                        job.body)
+        return records.job_image(job, self.wall_offset)
 
     def log_put(self, job: Job) -> None:
         """A new job (its space was reserved by reserve_put)."""
         tube = job.tube.name
         self._tube_size(tube)
-        record = wf.encode_new_job(job.id, self._tube_bytes[tube], job.pri, job.delay_s,
-                                   job.ttr_s, job.created + self.wall_offset,
-                                   job.deadline + self.wall_offset if job.state == DELAYED else 0.0,
-                                   job.body)
+        record = records.new_job(job, self._tube_bytes[tube], self.wall_offset)
         self.live_bytes += len(record)
         self.pending.append((record, _JOB, job))
         self.pending_reserve += 2 * (len(record) + _FRAME)
@@ -548,17 +333,6 @@ class Binlog:
         self.pending.append((wf.encode_update(i.id, i.state, i.pri, i.delay_s, i.key, i.counts),
                              _NOWHERE, None))
         self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
-
-    def log_reserved(self, job: Job) -> bool:
-        """A graceful stop: `job` is held by a client (format.py's S_RESERVED); False
-        when the disk has no room for the record (the job then comes back ready)."""
-        if not self.reserve_update():
-            return False
-        i = self.image(job)
-        self.pending.append((wf.encode_update(i.id, wf.S_RESERVED, i.pri, i.delay_s, 0.0,
-                                              i.counts), _NOWHERE, None))
-        self.pending_reserve += self._reservation(wf.UPDATE_SIZE)
-        return True
 
     def log_delete(self, job: Job) -> None:
         """The job is gone (its space was reserved when it was put)."""
@@ -582,52 +356,17 @@ class Binlog:
         return True
 
     # -- task records (called by tasks.Tasks) ----------------------------------------------
-    def task_fields(self, task: Task) -> list:
-        """A TASK record's list (wall-clock times), without the result."""
-        wall = self.wall_offset
-        b = task.backoff
-        return [task.uid, task.function, task.params, task.priority, task.seq, task.attempts,
-                [b.kind, b.delay_ms, b.max_delay_ms, b.jitter], task.timeout_ms, task.delivery,
-                task.keep_result_ms, task.created + wall, *self._task_state(task)]
-
     def task_optional(self, task: Task) -> dict:
-        """A TASK record's map of optional fields (format 4): only what is not a default,
-        and what a newer zstalk wrote that this one does not know, as it was."""
-        extra = self.task_extra.get(task.uid)
-        out = dict(extra) if extra else {}
-        if task.level:
-            out["level"] = task.level
-        if task.queue_deadline:
-            out["queue_deadline"] = task.queue_deadline + self.wall_offset
-        if task.request is not None:
-            out["request"] = task.request.fields()
-        if task.result_headers:
-            out["result_headers"] = task.result_headers
-        if task.balance_key is not None:
-            out["balance_key"] = task.balance_key
-        if task.client_ip is not None:
-            out["client_ip"] = task.client_ip
-        if task.online:
-            out["online"] = True
-            if task.pass_exp:
-                out["pass_exp"] = task.pass_exp + self.wall_offset
-            if task.ended_by:
-                out["ended_by"] = task.ended_by
-        return out
+        """What a TASK record of `task` holds in its optional map (for the tests)."""
+        return records.task_optional(task, self.task_extra.get(task.uid), self.wall_offset)
 
     def _task_record(self, task: Task, result: bytes | None) -> bytes:
-        return wf.encode_task([*self.task_fields(task), result, self.task_optional(task)])
-
-    def _task_state(self, task: Task) -> list:
-        wall = self.wall_offset
-        return [task.status, task.attempt,
-                None if task.started is None else task.started + wall,
-                None if task.finished is None else task.finished + wall,
-                task.due + wall, task.expires + wall, task.status_code, task.error]
+        return records.task_record(task, result, self.task_extra.get(task.uid),
+                                   self.wall_offset)
 
     def _task_state_reservation(self, uid: str) -> int:
-        """Room for any TASK_STATE of this task (its error text is cut to TASK_ERROR_CHARS)."""
-        return self._reservation(_TASK_STATE_FIXED + len(uid.encode()) + 4 * TASK_ERROR_CHARS)
+        """Room for any TASK_STATE of this task (records.task_state_max)."""
+        return self._reservation(records.task_state_max(uid))
 
     def reserve_task(self, task: Task) -> bool:
         """Room for a new task's TASK record and its TASK_GONE."""
@@ -654,25 +393,9 @@ class Binlog:
 
     def log_task_state(self, task: Task) -> None:
         """A start, retry, failure or cancel (reserved by reserve_call / reserve_task_state)."""
-        self.pending.append((wf.encode_task_state(task.uid, self._task_state(task)), _NOWHERE,
-                             None))
+        self.pending.append((wf.encode_task_state(task.uid, records.task_state(
+            task, self.wall_offset)), _NOWHERE, None))
         self.pending_reserve += self._task_state_reservation(task.uid)
-
-    def log_task_end(self, task: Task) -> bool:
-        """The end of a call, reserved as a TASK_STATE by reserve_call.  A result needs the
-        whole record: False if there is no room for it (then nothing is logged, and the
-        reserved state is still there for the caller to log without the result)."""
-        if task.result is None and not task.result_headers:
-            self.log_task_state(task)
-            return True
-        size = len(self._task_record(task, task.result))
-        if not self._fits(size) or not self.reserve(self._reservation(size)):
-            return False
-        self.log_task(task)
-        # the TASK_STATE reserved for this end was not needed
-        self.promised -= self._task_state_reservation(task.uid)
-        self.headroom += self._task_state_reservation(task.uid)
-        return True
 
     def log_task_gone(self, task: Task) -> None:
         """keepResult passed (its space was reserved with the task)."""
@@ -687,22 +410,9 @@ class Binlog:
         self.pending_reserve += self._reservation(len(record))
 
     # -- schedule records (called by schedules.Schedules) -----------------------------------
-    def schedule_fields(self, s: Schedule) -> list:
-        return [s.name, s.expr, s.zone.key, s.function, s.params, s.options, s.paused,
-                s.next_fire, s.last_fire, s.last_error, s.created]
-
-    @staticmethod
-    def _schedule_max(s: Schedule) -> int:
-        """The largest record the schedule can have: what changes (times, the last error,
-        cut to TASK_ERROR_CHARS) at its largest, so a reservation made before a change covers
-        the record written after it."""
-        fixed = wf.encode_schedule([s.name, s.expr, s.zone.key, s.function, s.params,
-                                    s.options, False, 1.0, 1.0, None, s.created])
-        return len(fixed) + 4 * TASK_ERROR_CHARS + 5
-
     def reserve_schedule(self, s: Schedule, first: bool = False) -> bool:
         """Room for the schedule's next record (and, `first`, its SCHEDULE_GONE)."""
-        size = self._schedule_max(s)
+        size = records.schedule_max(s)
         if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
             return False
         gone = self._reservation(len(wf.encode_schedule_gone(s.name))) if first else 0
@@ -710,11 +420,11 @@ class Binlog:
 
     def log_schedule(self, s: Schedule) -> None:
         """The whole schedule, as it is now (reserved by reserve_schedule)."""
-        record = wf.encode_schedule(self.schedule_fields(s))
+        record = wf.encode_schedule(records.schedule_fields(s))
         self.live_bytes += len(record) - self.schedule_size.get(s.name, 0)
         self.schedule_size[s.name] = len(record)
         self.pending.append((record, _SCHEDULE, s))
-        self.pending_reserve += self._reservation(self._schedule_max(s))
+        self.pending_reserve += self._reservation(records.schedule_max(s))
 
     def log_schedule_gone(self, s: Schedule) -> None:
         self.live_bytes -= self.schedule_size.pop(s.name, 0)
@@ -1011,39 +721,21 @@ class Binlog:
         """Lock and replay the directory (open), as the core's images; this journal keeps
         its own books (segments, sizes, unknown fields) from the same replay."""
         replayed = self.open(max_job_size)
-        jobs = [(rec, tube, body, seq) for rec, tube, body, seq in replayed.jobs.values()]
+        jobs = replayed.jobs.values()       # (rec, tube, body, seq): as the core reads them
         tasks = []
         for uid, (fields, seq) in replayed.tasks.items():
-            tasks.append(self._task_image(fields))
+            tasks.append(records.task_image(fields))
             self.task_file[uid], self.task_size[uid] = seq, len(wf.encode_task(fields))
-            optional = fields[wf.T_OPTIONAL] if len(fields) > wf.T_OPTIONAL else {}
-            extra = {k: v for k, v in optional.items() if k not in wf.TASK_OPTIONAL}
+            extra = records.unknown_optional(fields)
             if extra:
                 self.task_extra[uid] = extra
         schedules = []
         for name, (fields, seq) in replayed.schedules.items():
-            schedules.append(J.ScheduleImage(*fields))
+            schedules.append(records.schedule_image(fields))
             self.schedule_file[name] = seq
             self.schedule_size[name] = len(wf.encode_schedule(fields))
         return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
                           replayed.warnings)
-
-    @staticmethod
-    def _task_image(fields: list) -> J.TaskImage:
-        """A TASK record's list (its result after the fields, format 4's optional map after
-        that) as the core's image: what it cannot be is left at the image's default."""
-        optional = fields[wf.T_OPTIONAL] if len(fields) > wf.T_OPTIONAL else {}
-        named = {k: optional[k] for k in wf.TASK_OPTIONAL if k in optional}
-        for name in ("balance_key", "client_ip", "ended_by"):
-            if type(named.get(name)) is not str:
-                named.pop(name, None)
-        named["online"] = optional.get("online") is True
-        for name in ("queue_deadline", "pass_exp"):
-            if not isinstance(named.get(name), (int, float)) or isinstance(named[name], bool):
-                named.pop(name, None)
-        if type(named.get("level")) is not int:
-            named.pop("level", None)
-        return J.TaskImage(*fields[:wf.T_OPTIONAL], **named)
 
     def start(self, loop, on_durable) -> None:
         """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""

@@ -34,7 +34,7 @@ stats-job shows it; 0 is fine) kept on the Job.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Collection, NamedTuple, Protocol
 
 # -- record kinds: (kind, subject) ---------------------------------------------------------
 JOB_PUT = 0         # Job: a new job (room: its record and its future delete)
@@ -115,7 +115,7 @@ class ScheduleImage(NamedTuple):
 
 
 class Restored(NamedTuple):
-    jobs: list                  # (rec, tube, body, file) of each live job
+    jobs: Collection            # (rec, tube, body, file) of each live job (a million: not copied)
     next_id: int                # ids continue from here
     tasks: list                 # TaskImage of each live task
     schedules: list             # ScheduleImage of each live schedule
