@@ -273,7 +273,7 @@ class Broker:
         """The turn's last record, before the journal ends the turn: the slow rates' TATs,
         once a turn, when one moved (its calls leave with the turn's replies)."""
         if self.tasking.store.gates_changed:
-            self.journal.append(GATES, self.tasks.durable_gates(now))
+            self.journal.append[GATES](self.tasks.durable_gates(now))
 
     def _reconcile(self, front: Front, states, now: float) -> None:
         """Make the front's sessions what it says they are (after either side lost the
@@ -445,24 +445,15 @@ def _error_reply(op) -> tuple | None:
 
 class _Live:
     """The core's state as the journal reads it (journal.LiveView): the same dicts the
-    components hold, never copied."""
-    __slots__ = ("_broker",)
+    components hold (made once, never replaced), never copied."""
+    __slots__ = ("jobs", "tasks", "schedules", "_beanstalk")
 
     def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-
-    @property
-    def jobs(self) -> dict:
-        return self._broker.beanstalk.queue.jobs
+        self.jobs = broker.beanstalk.queue.jobs
+        self.tasks = broker.tasking.store.tasks
+        self.schedules = broker.scheduling.store.by_name
+        self._beanstalk = broker.beanstalk
 
     @property
     def next_id(self) -> int:
-        return self._broker.beanstalk.next_id
-
-    @property
-    def tasks(self) -> dict:
-        return self._broker.tasking.store.tasks
-
-    @property
-    def schedules(self) -> dict:
-        return self._broker.scheduling.store.by_name
+        return self._beanstalk.next_id

@@ -129,7 +129,7 @@ class Binlog:
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
-        self._room = self._appends = None   # (tables by record kind: _tables)
+        self.room = self.append = ()        # by record kind: _tables
         self._loop = None
         self._tables()
 
@@ -642,36 +642,38 @@ class Binlog:
 
     # -- the journal the core is handed (broker/core/shared/journal.py) -------------------------
     def _tables(self) -> None:
-        """`room` and `append` by record kind (a list lookup: a put costs two calls)."""
-        ok = _always
-        room = [ok] * len(J.KINDS)
-        room[J.JOB_PUT] = lambda job: self.reserve_put(job.tube.name, len(job.body))
-        room[J.JOB_UPDATE] = room[J.JOB_HELD] = lambda job: self.reserve_update()
+        """`room` and `append` by record kind (journal.py: a put costs two calls)."""
+        room: list = [_always] * len(J.KINDS)
+        room[J.JOB_PUT] = self._room_put
+        room[J.JOB_UPDATE] = room[J.JOB_HELD] = self._room_update
         room[J.TASK_NEW] = self.reserve_task
         room[J.TASK_CALL] = self.reserve_call
         room[J.TASK_STATE] = self.reserve_task_state
         room[J.TASK_END] = self._room_task_end
-        room[J.SCHEDULE_NEW] = lambda s: self.reserve_schedule(s, first=True)
+        room[J.SCHEDULE_NEW] = self._room_new_schedule
         room[J.SCHEDULE] = self.reserve_schedule
-        appends = [None] * len(J.KINDS)
-        appends[J.JOB_PUT] = self.log_put
-        appends[J.JOB_UPDATE] = self.log_update
-        appends[J.JOB_HELD] = self._log_held
-        appends[J.JOB_DELETE] = self.log_delete
-        appends[J.TASK_NEW] = self.log_task
-        appends[J.TASK_STATE] = self.log_task_state
-        appends[J.TASK_END] = self._log_task_end
-        appends[J.TASK_GONE] = self.log_task_gone
-        appends[J.SCHEDULE] = self.log_schedule
-        appends[J.SCHEDULE_GONE] = self.log_schedule_gone
-        appends[J.GATES] = self._keep_gates
-        self._room, self._appends = room, appends
+        append: list = [None] * len(J.KINDS)
+        append[J.JOB_PUT] = self.log_put
+        append[J.JOB_UPDATE] = self.log_update
+        append[J.JOB_HELD] = self._log_held
+        append[J.JOB_DELETE] = self.log_delete
+        append[J.TASK_NEW] = self.log_task
+        append[J.TASK_STATE] = self.log_task_state
+        append[J.TASK_END] = self._log_task_end
+        append[J.TASK_GONE] = self.log_task_gone
+        append[J.SCHEDULE] = self.log_schedule
+        append[J.SCHEDULE_GONE] = self.log_schedule_gone
+        append[J.GATES] = self._keep_gates
+        self.room, self.append = tuple(room), tuple(append)
 
-    def room(self, kind: int, subject) -> bool:
-        return self._room[kind](subject)
+    def _room_put(self, job: Job) -> bool:
+        return self.reserve_put(job.tube.name, len(job.body))
 
-    def append(self, kind: int, subject) -> None:
-        self._appends[kind](subject)
+    def _room_update(self, job: Job) -> bool:
+        return self.reserve(self._reservation(wf.UPDATE_SIZE))
+
+    def _room_new_schedule(self, s: Schedule) -> bool:
+        return self.reserve_schedule(s, first=True)
 
     def _log_held(self, job: Job) -> None:
         """A graceful stop: `job` is held by a client (its room: JOB_HELD's)."""

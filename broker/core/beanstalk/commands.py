@@ -194,9 +194,9 @@ class BeanstalkCommands:
         journal = self.journal
         for job in self.queue.jobs.values():
             if job.state == RESERVED:
-                if not journal.room(JOB_HELD, job):
+                if not journal.room[JOB_HELD](job):
                     return
-                journal.append(JOB_HELD, job)
+                journal.append[JOB_HELD](job)
 
     # -- timers, and the queue's answers to waiting sessions ----------------------------
     def next_deadline(self) -> float | None:
@@ -256,13 +256,13 @@ class BeanstalkCommands:
         job_id = self.next_id
         job = Job(job_id, s.use, pri, delay_s, ttr_s or 1, body, now)   # ttr 0 is 1 (prot.c)
         journal = self.journal
-        if not journal.room(JOB_PUT, job):
+        if not journal.room[JOB_PUT](job):
             return (conn, R.OUT_OF_MEMORY)       # binlog space (disk full), as beanstalkd
         self.next_id = job_id + 1
         self.bytes += cost
         self.total_jobs += 1
         self.queue.add(job, delay_s, now)
-        journal.append(JOB_PUT, job)
+        journal.append[JOB_PUT](job)
         return (conn, R.INSERTED, job_id)
 
     def use(self, s: Session, op, now):
@@ -317,7 +317,7 @@ class BeanstalkCommands:
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
         self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
-        self.journal.append(JOB_DELETE, job)    # (its room came with its put)
+        self.journal.append[JOB_DELETE](job)    # (its room came with its put)
         self.queue.delete(job, now)
         return (s.conn, R.DELETED)
 
@@ -328,7 +328,7 @@ class BeanstalkCommands:
         if job is None:
             return (conn, R.NOT_FOUND)
         logged = delay_s > 0                # beanstalkd logs only these (prot.c)
-        if logged and not self.journal.room(JOB_UPDATE, job):
+        if logged and not self.journal.room[JOB_UPDATE](job):
             return (conn, R.OUT_OF_MEMORY)
         self.queue.take(job)
         job.pri = pri
@@ -336,7 +336,7 @@ class BeanstalkCommands:
         job.bump(RELEASES)
         self.queue.place(job, delay_s, now)
         if logged:
-            self.journal.append(JOB_UPDATE, job)
+            self.journal.append[JOB_UPDATE](job)
         return (conn, R.RELEASED)
 
     def bury(self, s: Session, op, now):
@@ -344,13 +344,13 @@ class BeanstalkCommands:
         job = self._held(s, op[2])
         if job is None:
             return (s.conn, R.NOT_FOUND)
-        if not self.journal.room(JOB_UPDATE, job):
+        if not self.journal.room[JOB_UPDATE](job):
             return (s.conn, R.INTERNAL_ERROR)     # no binlog space: beanstalkd's answer
         self.queue.take(job)
         job.pri = op[3]
         job.bump(BURIES)
         self.queue.bury(job)
-        self.journal.append(JOB_UPDATE, job)
+        self.journal.append[JOB_UPDATE](job)
         return (s.conn, R.BURIED)
 
     def touch(self, s: Session, op, now):
@@ -427,10 +427,10 @@ class BeanstalkCommands:
         return (s.conn, R.KICKED_JOB)
 
     def _kick_logged(self, job: Job, now) -> bool:
-        if not self.journal.room(JOB_UPDATE, job):
+        if not self.journal.room[JOB_UPDATE](job):
             return False
         self.queue.kick_job(job, now)
-        self.journal.append(JOB_UPDATE, job)
+        self.journal.append[JOB_UPDATE](job)
         return True
 
     # -- stats and lists ---------------------------------------------------------------

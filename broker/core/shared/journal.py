@@ -4,17 +4,18 @@ The core never imports a journal's implementation (tests/project/test_layout.py 
 that); it is handed one (`Journal`), and `NullJournal` stands in when nothing is kept, so
 no component asks whether there is one.  How a change reaches it:
 
-    if not journal.room(kind, subject):    # may this change be accepted?  (a full disk,
+    if not journal.room[kind](subject):    # may this change be accepted?  (a full disk,
         return OUT_OF_MEMORY               #  a full stream: refuse, change nothing)
     ... change the state ...
-    journal.append(kind, subject)          # the record, as the subject is now
+    journal.append[kind](subject)          # the record, as the subject is now
 
 A record is a kind (below) and its subject, the live object it is about (a Job, a Task,
 a Schedule, the gates' TATs): the journal encodes it at once, so a later change of the
-subject is a later record.  `room` reserves what the record needs and what it promises
-later (a put reserves its delete; a new task its TASK_GONE; a call its start and its
-end), so an acknowledged change never waits for space it was not given.  Passing the kind
-and the subject, not an object made per record, keeps a put's cost at two calls.
+subject is a later record.  `room[kind]` reserves what the record needs and what it
+promises later (a put reserves its delete; a new task its TASK_GONE; a call its start
+and its end), so an acknowledged change never waits for space it was not given.  `room`
+and `append` are tables of functions by kind, not methods taking the kind, and no object
+is made per record: a put costs the journal two calls, whatever the journal.
 
 Once per turn the actor calls `end_turn(now, live)`, which writes the turn's records as
 one unit and returns its ticket; `durable` is the highest ticket whose records are
@@ -27,14 +28,14 @@ is made durable.  A broker restarts from `restore()`: the replayed state as imag
 jobs, tasks and schedules, in the vocabulary below, so the core rebuilds its objects
 without knowing any record's bytes; `state_id` says which state that is.
 
-What a second implementation (a replicated log) must provide: the same methods, each
-record kind round-tripped into the same images, `room` refusing when it cannot promise
-the record, tickets and `durable` as above, `stats`, and a job's `file` (beanstalkd's
+What a second implementation (a replicated log) must provide: the same tables and
+methods, each record kind round-tripped into the same images, `room` refusing when it
+cannot promise the record, tickets and `durable` as above, `stats`, and a job's `file` (beanstalkd's
 stats-job shows it; 0 is fine) kept on the Job.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, NamedTuple, Protocol
+from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence
 
 # -- record kinds: (kind, subject) ---------------------------------------------------------
 JOB_PUT = 0         # Job: a new job (room: its record and its future delete)
@@ -148,8 +149,8 @@ class Journal(Protocol):
     hold_replies: bool
     durable: int
 
-    def room(self, kind: int, subject) -> bool: ...
-    def append(self, kind: int, subject) -> None: ...
+    room: Sequence[Callable[[Any], bool]]       # by record kind: may it be accepted?
+    append: Sequence[Callable[[Any], None]]     # by record kind: the record
     def stats(self) -> JournalStats: ...
     def samples(self) -> list: ...         # what /metrics shows of it (codecs/prometheus)
     def restore(self, max_job_size: int) -> Restored: ...
@@ -171,11 +172,8 @@ class NullJournal:
     def __init__(self, max_size: int = 10485760) -> None:
         self.max_size = max_size
 
-    def room(self, kind: int, subject) -> bool:
-        return True
-
-    def append(self, kind: int, subject) -> None:
-        pass
+    room = (lambda subject: True,) * len(KINDS)
+    append = (lambda subject: None,) * len(KINDS)
 
     def stats(self) -> JournalStats:
         return JournalStats(0, 0, 0, 0, self.max_size)

@@ -103,7 +103,7 @@ class ScheduleCommands:
             self.fires += 1
             self.lateness.observe(max(0.0, now + self.store.wall_offset - fire.at))
             sched = fire.schedule
-            logged = self.journal.room(SCHEDULE, sched)
+            logged = self.journal.room[SCHEDULE](sched)
             error = self._fire(fire, now) if logged else "the binlog's disk is full"
             self.store.fired(fire, error, now, log=logged)
         if fires:

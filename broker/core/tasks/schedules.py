@@ -108,7 +108,7 @@ class Schedules:
             return TaskError("out_of_memory", f"{MAX_SCHEDULES} schedules at most")
         s = Schedule(name, expr, parsed, zone, function, params, options or {},
                      now + self.wall_offset)
-        if not self.journal.room(SCHEDULE_NEW, s):
+        if not self.journal.room[SCHEDULE_NEW](s):
             return _NO_SPACE
         self._add(s)
         self._arm(s, now + self.wall_offset)
@@ -126,7 +126,7 @@ class Schedules:
         self._disarm(s)
         del self.by_name[s.name]
         self.bytes -= SCHEDULE_OVERHEAD_BYTES + len(s.params)
-        self.journal.append(SCHEDULE_GONE, s)
+        self.journal.append[SCHEDULE_GONE](s)
         return s
 
     def pause(self, name: Any, paused: Any, now: float) -> Schedule | TaskError:
@@ -137,7 +137,7 @@ class Schedules:
             return _bad("paused must be true or false")
         if paused == s.paused:
             return s
-        if not self.journal.room(SCHEDULE, s):
+        if not self.journal.room[SCHEDULE](s):
             return _NO_SPACE
         s.paused = paused
         self._disarm(s)
@@ -159,7 +159,7 @@ class Schedules:
             s.next_fire = None
 
     def _log(self, s: Schedule) -> None:
-        self.journal.append(SCHEDULE, s)
+        self.journal.append[SCHEDULE](s)
 
     # -- looking ---------------------------------------------------------------------------
     def info(self, s: Schedule) -> dict:

@@ -369,7 +369,7 @@ class Tasks:
         task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
         task.keep_result_ms = parsed.get("keepResult", 300000)
         task.due = now + parsed.get("delay", 0) / 1000
-        if not self.journal.room(TASK_NEW, task):
+        if not self.journal.room[TASK_NEW](task):
             return _NO_SPACE            # (the record it sized is the one log_task writes)
         self.next_seq += 1
         self._add(task, spec)
@@ -379,7 +379,7 @@ class Tasks:
         if task.queue_deadline:
             self.timeouts.add((task.queue_deadline, task.seq))
         self._queue(task, task.due, now)
-        self.journal.append(TASK_NEW, task)
+        self.journal.append[TASK_NEW](task)
         return task
 
     def _add(self, task: Task, spec: FunctionSpec | None) -> None:
@@ -636,7 +636,7 @@ class Tasks:
                 if not task.online:
                     passed.append(heapq.heappop(heads))
                     continue
-                if not self.journal.room(TASK_CALL, task):
+                if not self.journal.room[TASK_CALL](task):
                     break                   # (the disk is full: it waits, queued)
                 heapq.heappop(heads)
                 del offered[name]
@@ -666,7 +666,7 @@ class Tasks:
         self._room_count(name, 1, 1)
         self.running[name] = self.running.get(name, 0) + 1
         self._peak(name)
-        self.journal.append(TASK_STATE, task)
+        self.journal.append[TASK_STATE](task)
         self._offer(name, now)
 
     def done(self, uid: str, now: float) -> Task | TaskError:
@@ -680,7 +680,7 @@ class Tasks:
         self._end_admission(task, now)      # (its end was reserved when it was admitted)
         task.ended_by = "done"
         self._finish(task, SUCCESS, now)
-        self.journal.append(TASK_STATE, task)
+        self.journal.append[TASK_STATE](task)
         return task
 
     def _end_admission(self, task: Task, now: float) -> None:
@@ -705,7 +705,7 @@ class Tasks:
             self._end_admission(task, now)      # (its end was reserved at admission)
             task.ended_by = "expired"
             self._finish(task, SUCCESS, now)
-            self.journal.append(TASK_STATE, task)
+            self.journal.append[TASK_STATE](task)
         while self.liveness and self.liveness[0][0] <= now:
             _, seq = self.liveness.pop(0)
             task = self.by_seq.get(seq)
@@ -716,7 +716,7 @@ class Tasks:
             if task.last_seen + heartbeat > now:        # looked at since: check again then
                 self.liveness.add((task.last_seen + heartbeat, seq))
                 continue
-            if not self.journal.room(TASK_STATE, task):
+            if not self.journal.room[TASK_STATE](task):
                 self.liveness.add((now + 1.0, seq))
                 break
             self._dequeue(task, now)
@@ -724,7 +724,7 @@ class Tasks:
             self._counted(task.function).abandoned += 1
             self._recent(task.function).abandoned(now)
             self._finish(task, CANCELLED, now)
-            self.journal.append(TASK_STATE, task)
+            self.journal.append[TASK_STATE](task)
 
     # -- upstreams -------------------------------------------------------------------------
     def _unavailable(self, task: Task, why: Unavailable, now: float) -> None:
@@ -732,14 +732,14 @@ class Tasks:
         fails this attempt; otherwise the function waits, its tasks in their places."""
         name = task.function
         if why.reason == NO_LIVE_UPSTREAMS:
-            if self.journal.room(TASK_STATE, task):
+            if self.journal.room[TASK_STATE](task):
                 del self.by_key[task.key]
                 self._unready(task)
                 self.queued.discard(name)
                 task.attempt += 1
                 task.started = now
                 self._apply(task, Outcome("failure", error=NO_LIVE_UPSTREAMS), now)
-                self.journal.append(TASK_STATE, task)
+                self.journal.append[TASK_STATE](task)
                 self._offer(name, now)
                 return
             why = Unavailable(why.reason, now + 1.0)    # (disk full: look again later)
@@ -813,7 +813,7 @@ class Tasks:
                         del offered[name]
                         self._unavailable(task, peer, now)
                         continue
-                if not self.journal.room(TASK_CALL, task):
+                if not self.journal.room[TASK_CALL](task):
                     if peer is not None:
                         peer.conns -= 1
                     return None             # the binlog's disk is full: it waits, queued
@@ -845,7 +845,7 @@ class Tasks:
         self.calls.add((task.deadline, task.seq))
         self.running[task.function] = self.running.get(task.function, 0) + 1
         self._peak(task.function)
-        self.journal.append(TASK_STATE, task)
+        self.journal.append[TASK_STATE](task)
         self._offer(name, now)                  # its next head, if it may go on
         return task
 
@@ -876,12 +876,12 @@ class Tasks:
         self._apply(task, result, now)
         if result.kind in FAILED_KINDS and self.failed_calls.due(task.function, now):
             self._say_failed(task, attempt, result, peer, now)
-        if self.journal.room(TASK_END, task):
-            self.journal.append(TASK_END, task)
+        if self.journal.room[TASK_END](task):
+            self.journal.append[TASK_END](task)
         else:
             self._set_result(task, None)
             task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
-            self.journal.append(TASK_STATE, task)   # (its room came with the call)
+            self.journal.append[TASK_STATE](task)   # (its room came with the call)
         return True
 
     def _say_failed(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
@@ -1001,7 +1001,7 @@ class Tasks:
             return TaskError("not_found", f"no task {uid!r}")
         if task.status not in (QUEUED, ADMITTED):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
-        if task.status == QUEUED and not self.journal.room(TASK_STATE, task):
+        if task.status == QUEUED and not self.journal.room[TASK_STATE](task):
             # (an admission's end is reserved)
             return _NO_SPACE
         if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
@@ -1009,7 +1009,7 @@ class Tasks:
         else:
             self._dequeue(task, now)
         self._finish(task, CANCELLED, now)
-        self.journal.append(TASK_STATE, task)
+        self.journal.append[TASK_STATE](task)
         return task
 
     def _open_gates(self, now: float) -> None:
@@ -1027,14 +1027,14 @@ class Tasks:
             task = self.by_seq[seq]         # (finished tasks leave `timeouts`: _finish)
             if task.status != QUEUED:
                 continue                    # running: a retry would fail instead (_queue)
-            if not self.journal.room(TASK_STATE, task):
+            if not self.journal.room[TASK_STATE](task):
                 task.queue_deadline = now + 1.0     # the binlog's disk is full: try again
                 self.timeouts.add((task.queue_deadline, seq))
                 return
             self._dequeue(task, now)
             task.error = QUEUE_TIMEOUT
             self._finish(task, FAILED, now)
-            self.journal.append(TASK_STATE, task)
+            self.journal.append[TASK_STATE](task)
 
     def _dequeue(self, task: Task, now: float) -> None:
         """Take a queued task out of its queue (cancel, queue timeout)."""
@@ -1086,7 +1086,7 @@ class Tasks:
             if not self.uses[task.function]:
                 self._forget_function(task.function, now)
             self.bytes -= held_bytes(task)
-            self.journal.append(TASK_GONE, task)
+            self.journal.append[TASK_GONE](task)
 
     def _forget_function(self, name: str, now: float) -> None:
         """No task uses `name` any more: drop what is kept for it, but a gate that still
