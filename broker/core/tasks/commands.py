@@ -285,13 +285,13 @@ class TaskCommands:
         return self.store.function(name) is not None
 
     def in_use(self, name: str) -> int:
-        return self.store.in_use(name)
+        return self.store.limits.in_use(name)
 
     def hold(self, name: str, slots: int) -> bool:
-        return self.store.hold(name, slots)
+        return self.store.limits.hold(name, slots)
 
     def rehold(self, name: str, slots: int) -> None:
-        self.store.rehold(name, slots)
+        self.store.limits.rehold(name, slots)
 
     def unhold(self, name: str, slots: int, now: float, feed: bool = True) -> None:
         self.store.unhold(name, slots, now)

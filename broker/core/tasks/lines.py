@@ -116,6 +116,10 @@ class Lines:
                 reoffer(name)
         return None
 
+    def passing(self) -> "Passing":
+        """A look through the candidates that passes some over (`with lines.passing()`)."""
+        return Passing(self)
+
     def forget_offer(self, name: str) -> None:
         """A config read again: every function is offered afresh."""
         self.offered.pop(name, None)
@@ -131,3 +135,31 @@ class Lines:
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()
+
+
+class Passing:
+    """Candidate heads `take` or `admit` passed over (online ones for take, offline ones
+    for admit, request tasks for an old dispatcher): popped from the heap while looking,
+    pushed back when done, so the best head of another kind keeps its place."""
+
+    def __init__(self, lines: Lines) -> None:
+        self.lines = lines
+        self.passed: list = []
+
+    def __enter__(self) -> "Passing":
+        return self
+
+    def pop(self) -> None:
+        """Pass over the top entry (it goes back at the end)."""
+        self.passed.append(heapq.heappop(self.lines.heads))
+
+    def drop(self, keep_offer: bool = False) -> None:
+        """Take the top entry for good: its function is no longer offered, unless
+        `keep_offer` (its task is leaving the line: Lines.started ends the offer)."""
+        _, name = heapq.heappop(self.lines.heads)
+        if not keep_offer:
+            del self.lines.offered[name]
+
+    def __exit__(self, *exc) -> None:
+        for entry in self.passed:
+            heapq.heappush(self.lines.heads, entry)

@@ -4,53 +4,32 @@ Pure, like the rest of the core: every method that depends on time takes `now`
 (monotonic seconds); wall-clock values (createdAt, the default priority) are
 `now + wall_offset`.  The HTTP front turns requests into calls of this store and its
 answers into JSON; dispatchers are handed tasks with `take` and report each call with
-`outcome`.  Nothing here knows HTTP or sockets.
+`outcome`; nothing here knows HTTP or sockets.
 
 This is the coordinator: it owns the tasks (by uid and by enqueue order), their
 functions' specs, their calls' and results' timers, and it is the only writer of a
-task's status (task.py's MOVES).  What it coordinates owns the rest, and calls nothing
-back:
+task's status (task.py: the statuses, their moves, what a task is).  What it coordinates
+owns the rest and calls nothing back: options.py checks an enqueue; lines.py keeps each
+function's line and the order of hand-outs; limiter.py says whether and when a function
+may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
+slots); upstream_calls.py picks a call's server; room.py keeps the waiting room;
+outcomes.py says what a call's outcome does; deadlines.py holds every timer.
 
-    task.py        a task, its statuses and their moves, an outcome, an error
-    spec.py        a function's spec and the API policy, from the config file
-    options.py     an enqueue's options, checked
-    lines.py       each function's line of queued tasks, and the order of hand-outs
-    limiter.py     whether a function may start a call, and when: concurrency, its rate
-                   and pauses (limits.py), its upstream's limits, counter clients' slots
-    room.py        the waiting room: online tasks, passes, liveness
-    outcomes.py    what a call's outcome does to its task (`decide`, pure)
-    upstream_calls.py  which server of its upstream a call goes to
-    deadlines.py   the timers, in lanes, that never read a clock
-
-A "fatal" outcome (the call ran but its result cannot be kept: over the size limit)
-fails the task at once, since calling again would run the function again; a "declined"
-one (a stopping dispatcher did not make the call) puts the task back as it was.
-`attempts` counts *retries* (the Cloud Queue's 最大重试次数): with the default 1 a failing
-task is called twice.  An outcome is "unknown" when the request may have reached the
-function (a timeout after sending, a connection lost mid-call, a dispatcher that
-vanished): `atLeastOnce` (the default) retries it, `atMostOnce` fails the task saying so.
-A running task also has a deadline (its timeout plus CALL_GRACE_S): a dispatcher that
-dies mid-call gives an unknown outcome then.  Running tasks count against their
-function's concurrency, which holds across every dispatcher because only the broker
-hands tasks out.  A task still queued `queueTimeout` after its createdAt fails ("queue
-timeout") and is never called.
-
-Every call that did not succeed (a failure, fatal or unknown outcome, also one the broker
-decides: no report in time, a dispatcher gone) is logged with its function, URL, status or
-error and the task's fate, at most once per FAILED_CALL_LOG_S per function with the count
-since (protocol/ratelog.py): only the broker knows a call's function, and it sees every
-dispatcher's outcomes, so the limit holds across them.
+A running task has a deadline (its timeout plus CALL_GRACE_S): a dispatcher that dies
+mid-call gives an unknown outcome then.  A task still queued `queueTimeout` after its
+createdAt fails ("queue timeout") and is never called.  Every call that did not succeed
+(a failure, fatal or unknown outcome, also one the broker decides) is logged with its
+function, URL, status or error and the task's fate, at most once per FAILED_CALL_LOG_S
+per function with the count since (protocol/ratelog.py): only the broker knows a call's
+function, and it sees every dispatcher's outcomes, so the limit holds across them.
 
 Errors are data: `TaskError(code, message)`, a stable name and a sentence for people;
-nothing is changed when an error is returned.  The HTTP front maps each code to its
-status in one table (protocol/fronts/http/front.py, STATUS).
-
-Durability: every change is appended to the journal as it is made (core/shared/journal.py),
-its room asked for before (enqueue and cancel answer 503 when the disk is full; a task
-is not handed out then).  `restore` rebuilds the tasks a journal restored.  A call that
-was running when the broker stopped may still be running: its dispatcher, re-registering
-within CLAIM_S, claims it (`claim`) and reports as usual; an unclaimed one has an unknown
-outcome then, decided by its deliveryMode.
+nothing is changed when an error is returned (the HTTP front's STATUS table gives each
+its status).  Every change is appended to the journal as it is made (core/shared/journal.py),
+its room asked for first (enqueue and cancel answer 503 when the disk is full; a task is
+not handed out then).  `restore` rebuilds the tasks a journal kept; a call running when
+the broker stopped may still be running: its dispatcher, re-registering within CLAIM_S,
+claims it (`claim`), else its outcome is unknown, decided by its deliveryMode.
 """
 from __future__ import annotations
 
@@ -83,7 +62,7 @@ from .spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .stats import FunctionCounts
 from .task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED, TASK_ERROR_CHARS,  # noqa: F401
                    TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff, TaskError, client_group,
-                   held_bytes, move)
+                   held_bytes, move, restored)
 from .upstream_calls import UpstreamCalls, failed as server_failed
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
@@ -288,7 +267,7 @@ class Tasks:
         the functions whose head is not a request task."""
         self._open_gates(now)       # (an op may come in a turn before its timer fires)
         lines = self.lines
-        with _Passing(lines) as passed:
+        with lines.passing() as passed:
             while True:
                 while (top := self._top(now)) is not None:
                     key, name = top
@@ -536,7 +515,7 @@ class Tasks:
         a slot of its function and a pass until done, cancelled or expired."""
         self._open_gates(now)
         admitted = 0
-        with _Passing(self.lines) as passed:
+        with self.lines.passing() as passed:
             while (top := self._top(now)) is not None:
                 task = self.lines.by_key[top[0]]
                 if not task.online:
@@ -606,16 +585,7 @@ class Tasks:
             self._finish(task, "abandon", now)
             self.journal.append[TASK_STATE](task)
 
-    # -- counter clients (fn:NAME, counters.py) -------------------------------------------
-    def in_use(self, name: str) -> int:
-        return self.limits.in_use(name)
-
-    def hold(self, name: str, slots: int) -> bool:
-        return self.limits.hold(name, slots)
-
-    def rehold(self, name: str, slots: int) -> None:
-        self.limits.rehold(name, slots)
-
+    # -- counter clients (fn:NAME, counters.py: the limiter's slots) ----------------------
     def unhold(self, name: str, slots: int, now: float) -> None:
         """A counter client gave `slots` back: a task waiting for one may start now."""
         self.limits.unhold(name, slots)
@@ -706,7 +676,7 @@ class Tasks:
         our clock, each where its status says (restoring sets it, no move: the journal
         holds what it was)."""
         for image in sorted(images, key=lambda image: image.seq):
-            task = _restored(image, self.wall_offset)
+            task = restored(image, self.wall_offset, MAX_LEVEL)
             self._add(task, self.function(task.function))
             self._resume(task, image, now)
         if images:
@@ -754,55 +724,3 @@ class Tasks:
         task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
         self.timers.add("calls", task.deadline, task.seq)
         return True
-
-
-def _restored(image, wall: float) -> Task:
-    """A task as a journal kept it (journal.TaskImage), our clock's times."""
-    task = Task(image.uid, image.function, image.params, image.priority, image.seq,
-                image.created - wall)
-    task.place(image.level if 0 <= image.level <= MAX_LEVEL else 0, image.priority)
-    task.request = requests.Request.from_fields(image.request)
-    task.balance_key, task.client_ip, task.ended_by = (image.balance_key, image.client_ip,
-                                                       image.ended_by)
-    task.online = image.online
-    task.pass_exp = image.pass_exp - wall if image.pass_exp is not None else 0.0
-    kept = image.result_headers
-    if isinstance(kept, dict) and all(type(k) is str and type(v) is str for k, v in kept.items()):
-        task.result_headers = kept
-    if image.queue_deadline is not None:
-        task.queue_deadline = image.queue_deadline - wall
-    task.attempts, task.backoff = image.attempts, TaskBackoff(*image.backoff)
-    task.timeout_ms, task.delivery = image.timeout_ms, image.delivery
-    task.keep_result_ms, task.attempt = image.keep_result_ms, image.attempt
-    task.started = None if image.started is None else image.started - wall
-    task.finished = None if image.finished is None else image.finished - wall
-    task.status_code, task.error, task.result = image.status_code, image.error, image.result
-    return task
-
-
-class _Passing:
-    """Candidate heads `take` or `admit` passed over (online ones for take, offline ones
-    for admit, request tasks for an old dispatcher): popped from the heap while looking,
-    pushed back when done, so the best head of another kind keeps its place."""
-
-    def __init__(self, lines: Lines) -> None:
-        self.lines = lines
-        self.passed: list = []
-
-    def __enter__(self) -> "_Passing":
-        return self
-
-    def pop(self) -> None:
-        """Pass over the top entry (it goes back at the end)."""
-        self.passed.append(heapq.heappop(self.lines.heads))
-
-    def drop(self, keep_offer: bool = False) -> None:
-        """Take the top entry for good: its function is no longer offered, unless
-        `keep_offer` (its task is leaving the line: Lines.started ends the offer)."""
-        _, name = heapq.heappop(self.lines.heads)
-        if not keep_offer:
-            del self.lines.offered[name]
-
-    def __exit__(self, *exc) -> None:
-        for entry in self.passed:
-            heapq.heappush(self.lines.heads, entry)

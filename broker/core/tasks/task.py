@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 
 from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, FAILED, MAX_DURATION_MS,
                                        QUEUED, RUNNING, SUCCESS)
+from .requests import Request
 
 #: how long past its timeout a running task waits for its dispatcher's report
 CALL_GRACE_S = 5.0
@@ -165,3 +166,28 @@ def client_group(ip: str | None) -> str | None:
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     except ValueError:
         return ip
+
+
+def restored(image, wall: float, max_level: int) -> Task:
+    """A task as a journal kept it (core/shared/journal.py TaskImage), our clock's times;
+    its status is the store's to set (restore)."""
+    task = Task(image.uid, image.function, image.params, image.priority, image.seq,
+                image.created - wall)
+    task.place(image.level if 0 <= image.level <= max_level else 0, image.priority)
+    task.request = Request.from_fields(image.request)
+    task.balance_key, task.client_ip, task.ended_by = (image.balance_key, image.client_ip,
+                                                       image.ended_by)
+    task.online = image.online
+    task.pass_exp = image.pass_exp - wall if image.pass_exp is not None else 0.0
+    kept = image.result_headers
+    if isinstance(kept, dict) and all(type(k) is str and type(v) is str for k, v in kept.items()):
+        task.result_headers = kept
+    if image.queue_deadline is not None:
+        task.queue_deadline = image.queue_deadline - wall
+    task.attempts, task.backoff = image.attempts, TaskBackoff(*image.backoff)
+    task.timeout_ms, task.delivery = image.timeout_ms, image.delivery
+    task.keep_result_ms, task.attempt = image.keep_result_ms, image.attempt
+    task.started = None if image.started is None else image.started - wall
+    task.finished = None if image.finished is None else image.finished - wall
+    task.status_code, task.error, task.result = image.status_code, image.error, image.result
+    return task

@@ -134,7 +134,7 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
     recent = store.limits.recent.get(name)
     mean = recent.mean_s(now) if recent is not None else None
     if mean is not None:
-        free = max(0, spec.concurrency - store.in_use(name))
+        free = max(0, spec.concurrency - store.limits.in_use(name))
         turning = max(1, spec.concurrency - store.limits.held.get(name, 0))   # (holds do not end)
         bounds.append(0.0 if ahead < free else
                       math.ceil((ahead + 1 - free) / turning) * mean)
