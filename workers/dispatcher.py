@@ -69,6 +69,7 @@ import yarl
 from ..protocol.links import open_link
 from ..protocol.links.owner import LinkOwner
 from ..protocol.schema import Op, R, SessionState, Welcome
+from ..protocol.schema.outcome import Outcome
 from ..protocol.schema.tasks import CONNECT_TIMEOUT_MS
 from . import signing
 
@@ -87,16 +88,6 @@ RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
 #: says otherwise; the broker sends it in the call's ext only then: requests.call_ext)
 #: raised before the request left this process: the function surely did not run
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.InvalidURL)
-
-
-class Outcome(NamedTuple):
-    """One call's report: the fields of T_OUTCOME after (conn, unique_id, attempt)."""
-    kind: str                       # SUCCESS | FAILURE | UNKNOWN
-    status_code: int | None = None
-    result: bytes | None = None     # the body of a success
-    error: str | None = None
-    retry_after_ms: int = -1        # a 429 / 503's Retry-After (-1: none, or none readable)
-    ext: dict | None = None         # {"headers": {...}}: the response headers kept
 
 
 class Dispatcher(LinkOwner):
@@ -164,7 +155,7 @@ class Dispatcher(LinkOwner):
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
                 self._report((Op.T_OUTCOME, CONN, item[2], item[3],
-                              *Outcome(DECLINED, error="the dispatcher is stopping")))
+                              *Outcome(DECLINED, error="the dispatcher is stopping").fields()))
             else:
                 self._start_call(*item[2:7], item[7] if len(item) > 7 else None)
 
@@ -224,7 +215,7 @@ class Dispatcher(LinkOwner):
         # no longer a running call: a Welcome between now and the done callback must
         # count it once, as a report to resend
         self.calls.pop(asyncio.current_task(), None)
-        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome))
+        self._report((Op.T_OUTCOME, CONN, uid, attempt, *outcome.fields()))
 
     def _report(self, report: tuple) -> None:
         """Send a report now, kept until the broker notes it; or after the next Welcome."""
@@ -237,22 +228,22 @@ class Dispatcher(LinkOwner):
     async def _call(self, uid: str, attempt: int, url: str, params: bytes,
                     timeout_ms: int, call: "Call") -> Outcome:
         """The call's outcome; only errors no outcome describes are raised.  A failure
-        says how (T_OUTCOME's ext): "error" or "timeout", and whether the request was
-        sent whole (an upstream's server is judged by it: broker/core/tasks)."""
+        says how, "error" or "timeout" (an upstream's server is judged by it:
+        broker/core/tasks)."""
         try:
             return await self._send(uid, attempt, url, params, timeout_ms, call)
         except aiohttp.ConnectionTimeoutError:
             return Outcome(FAILURE, error=f"could not connect to {url} within "
-                           f"{call.connect_timeout_ms} ms", ext=_FAILED_UNSENT_TIMEOUT)
+                           f"{call.connect_timeout_ms} ms", failure="timeout")
         except _NOT_SENT as exc:
             return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}",
-                           ext=_FAILED_UNSENT)
+                           failure="error")
         except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
             return Outcome(UNKNOWN, error=f"no answer from {url} within {timeout_ms} ms",
-                           ext=_TIMED_OUT)
+                           failure="timeout")
         except aiohttp.ClientError as exc:
             return Outcome(UNKNOWN, error=f"the connection to {url} failed after the "
-                                          f"request was sent: {_say(exc)}", ext=_BROKE)
+                                          f"request was sent: {_say(exc)}", failure="error")
 
     async def _send(self, uid: str, attempt: int, url: str, params: bytes,
                     timeout_ms: int, call: "Call") -> Outcome:
@@ -297,7 +288,7 @@ class Dispatcher(LinkOwner):
                                      resp.charset)
                 if result is None or len(result) <= limit:
                     return Outcome(SUCCESS, resp.status, result,
-                                   ext=_kept_headers(resp, call, result))
+                                   result_headers=_kept_headers(resp, call, result))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit ([functions] max_result)")
 
@@ -326,15 +317,10 @@ class Call(NamedTuple):
 
 
 PLAIN = Call()
-#: how a call failed, for the broker's view of an upstream's servers (T_OUTCOME's ext)
-_FAILED_UNSENT = {"failure": "error", "sent": False}
-_FAILED_UNSENT_TIMEOUT = {"failure": "timeout", "sent": False}
-_TIMED_OUT = {"failure": "timeout", "sent": True}
-_BROKE = {"failure": "error", "sent": True}
 
 
 def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None) -> dict | None:
-    """T_OUTCOME's ext: the response headers the task keeps (its Content-Type, and those
+    """The response headers the task keeps (its Content-Type, and those
     its function's result_headers lists) for a request task or a function that lists
     some, and a binary result's Content-Type always (it says what the bytes are)."""
     binary = result is not None and result.startswith(b'{"base64":')
@@ -345,7 +331,7 @@ def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None
         values = resp.headers.getall(name, ())
         if values:
             kept[name] = ", ".join(values)
-    return {"headers": kept} if kept else None
+    return kept or None
 
 
 #: content types kept as text although not text/*: they are text by definition

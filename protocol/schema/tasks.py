@@ -22,6 +22,7 @@ FINISHED = frozenset({SUCCESS, FAILED, CANCELLED})
 STATUSES = frozenset({QUEUED, RUNNING, ADMITTED}) | FINISHED
 AT_LEAST_ONCE, AT_MOST_ONCE = "atLeastOnce", "atMostOnce"
 QUEUE_TIMEOUT = "queue timeout"     # the error of a task that waited past its queueTimeout
+TASK_ERROR_CHARS = 1000     # a task's error text is cut to this (it travels and is logged)
 #: how a dispatcher reports a call (T_OUTCOME's kind)
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
 

@@ -46,7 +46,7 @@ class FakeLink:
         self.closed = True
 
     def outcomes(self) -> dict[str, Outcome]:
-        return {op[2]: Outcome(*op[4:10]) for op in self.ops if op[0] == Op.T_OUTCOME}
+        return {op[2]: Outcome.read(*op[4:10]) for op in self.ops if op[0] == Op.T_OUTCOME}
 
     async def outcome(self, uid: str) -> Outcome:
         await until(lambda: uid in self.outcomes())
@@ -385,8 +385,8 @@ def test_a_result_is_kept_as_json_by_its_content_type(content_type, body, result
             d.on_replies([(1, R.T_CALL, "t1", 1, url, body, 1000)])
             return await link.outcome("t1")
     # bytes are never garbled into text: base64, with the type that says what they are
-    ext = {"headers": {"Content-Type": content_type}} if b"base64" in (result or b"") else None
-    assert asyncio.run(main()) == Outcome("success", 200, result, None, -1, ext)
+    kept = {"Content-Type": content_type} if b"base64" in (result or b"") else None
+    assert asyncio.run(main()) == Outcome("success", 200, result, None, -1, kept)
 
 
 def test_a_500_is_a_failure_naming_the_status() -> None:

@@ -16,16 +16,14 @@ one: `old_peers`, filled by the actor as it decodes, says who speaks what.
 from __future__ import annotations
 
 from ....protocol.schema import Op, R
+from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
-from .store import (TASK_ERROR_CHARS, MAX_DURATION_MS, MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES,
-                    ApiPolicy, Outcome, TaskError, Tasks)
+from .store import MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, ApiPolicy, TaskError, Tasks
 from . import requests, views
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
-#: a success's response headers kept, at most (a dispatcher sends only those asked for)
-MAX_RESULT_HEADERS, MAX_RESULT_HEADER_BYTES = 64, 64 << 10
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
 NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
@@ -253,25 +251,15 @@ class TaskCommands:
             self.feed(now)
 
     def t_outcome(self, s, op, now):
-        _, conn, uid, attempt, kind, status_code, result, error, retry_after_ms, *ext = op
+        _, conn, uid, attempt, *fields = op
         noted = (conn, R.T_NOTED, uid, attempt)
-        if s not in self.dispatchers or kind not in OUTCOME_KINDS:
+        if s not in self.dispatchers or fields[0] not in OUTCOME_KINDS:
             return noted
         if not s.draining:
             s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
-        if (type(uid) is str and type(attempt) is int and type(retry_after_ms) is int
-                and (result is None or type(result) is bytes)
-                and (status_code is None or type(status_code) is int and 100 <= status_code <= 599)):
-            if error is not None:       # text that can travel on to any front
-                error = str(error)[:TASK_ERROR_CHARS].encode(
-                    "utf-8", "backslashreplace").decode("utf-8")
-            # (-1: no Retry-After; an older dispatcher sent 0 for none)
-            wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
-            said = ext[0] if ext and isinstance(ext[0], dict) else {}
-            headers = _result_headers(said) if kind == "success" else None
-            failure = said.get("failure")
-            outcome = Outcome(kind, status_code, result, error, wait_ms, headers,
-                              failure if failure in ("error", "timeout") else None)
+        # (fields after ext, from a newer dispatcher, are not ours to read)
+        outcome = Outcome.read(*fields[:6]) if len(fields) >= 5 else None
+        if type(uid) is str and type(attempt) is int and outcome is not None:
             self.store.outcome(uid, attempt, outcome, now, holder=s)
         self.feed(now)
         return noted
@@ -341,15 +329,3 @@ class TaskCommands:
                                                  spec.connect_timeout_ms))
             if not handed:
                 return
-
-
-def _result_headers(ext) -> dict | None:
-    """T_OUTCOME's ext {"headers": {name: value}}, if it is one of a sane size."""
-    headers = ext.get("headers") if isinstance(ext, dict) else None
-    if not isinstance(headers, dict) or not headers or len(headers) > MAX_RESULT_HEADERS:
-        return None
-    if not all(type(k) is str and type(v) is str for k, v in headers.items()):
-        return None
-    if sum(len(k) + len(v) for k, v in headers.items()) > MAX_RESULT_HEADER_BYTES:
-        return None
-    return headers

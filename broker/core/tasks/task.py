@@ -25,8 +25,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable, NamedTuple
 
+from ....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
 from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, FAILED, MAX_DURATION_MS,
-                                       QUEUED, RUNNING, SUCCESS)
+                                       QUEUED, RUNNING, SUCCESS, TASK_ERROR_CHARS)
 from .requests import Request
 
 #: how long past its timeout a running task waits for its dispatcher's report
@@ -39,7 +40,6 @@ RESTARTED = "restarted"
 #: what one task costs beyond its params and result, for --max-jobs-bytes (the object,
 #: its id, its places in the index and the timer lists)
 TASK_OVERHEAD_BYTES = 512
-TASK_ERROR_CHARS = 1000      # a task's error text is cut to this (it travels and is logged)
 ABANDONED = "abandoned"     # the error of an online task not looked at within its heartbeat
 
 MOVES: dict[tuple[str, str], str] = {
@@ -81,20 +81,6 @@ class TaskBackoff(NamedTuple):
         wait = self.delay_ms if self.kind == "fixed" else self.delay_ms * 2 ** (retry - 1)
         wait = min(wait, self.max_delay_ms)
         return int(wait * rand()) if self.jitter else int(wait)    # "full jitter"
-
-
-class Outcome(NamedTuple):
-    """What a dispatcher reports for one call."""
-    kind: str                   # "success" | "failure" | "unknown" | "fatal" | "declined"
-    status_code: int | None = None
-    result: bytes | None = None
-    error: str | None = None
-    retry_after_ms: int = -1    # a 429 / 503's Retry-After, ms (-1: none was sent)
-    result_headers: dict | None = None  # a success's kept response headers (resultHeaders)
-    # how the call failed, as the dispatcher says: "error" (no connection, or it broke),
-    # "timeout"; None: not said (an older dispatcher: judged by kind and status); "": the
-    # broker's own verdict (a dispatcher gone, no report in time): not the server's fault
-    failure: str | None = None
 
 
 class Task:
