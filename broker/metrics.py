@@ -198,17 +198,18 @@ class BrokerMetrics:
         counts = store.counts
         gauges: dict[str, list] = {name: [0, 0, 0, None] for name in counts.by_name}
         other = gauges[OTHER] = [0, 0, 0, None]
-        names = {*store.ready, *store.running, *store.queued.delayed, *store.queued.counts}
+        lines, running = store.lines, store.limits.running
+        names = {*lines.ready, *running, *lines.queued.delayed, *lines.queued.counts}
         for name in names:
             row = gauges.get(name)
             if row is None:
                 if name in counts.retired:
                     continue
                 row = other
-            row[0] += len(store.ready.get(name, ()))
-            row[1] += store.queued.delayed.get(name, 0)
-            row[2] += store.running.get(name, 0)
-            seq = store.queued.oldest(name)
+            row[0] += lines.due_count(name)
+            row[1] += lines.queued.delayed.get(name, 0)
+            row[2] += running.get(name, 0)
+            seq = lines.queued.oldest(name)
             if seq is not None:
                 created = store.by_seq[seq].created
                 row[3] = created if row[3] is None else min(row[3], created)

@@ -285,13 +285,13 @@ class TaskCommands:
         return self.store.function(name) is not None
 
     def in_use(self, name: str) -> int:
-        return self.store.in_use(name)
+        return self.store.limits.in_use(name)
 
     def hold(self, name: str, slots: int) -> bool:
-        return self.store.hold(name, slots)
+        return self.store.limits.hold(name, slots)
 
     def rehold(self, name: str, slots: int) -> None:
-        self.store.rehold(name, slots)
+        self.store.limits.rehold(name, slots)
 
     def unhold(self, name: str, slots: int, now: float, feed: bool = True) -> None:
         self.store.unhold(name, slots, now)
@@ -302,13 +302,14 @@ class TaskCommands:
         """(function, in use, most in use this interval) of the configured functions and
         those in use."""
         store = self.store
-        names = sorted({*store.functions, *store.running, *store.held})
-        return [(n, store.in_use(n), max(store.peaks.get(n, 0), store.in_use(n)))
+        limits = store.limits
+        names = sorted({*store.functions, *limits.running, *limits.held})
+        return [(n, limits.in_use(n), max(limits.peaks.get(n, 0), limits.in_use(n)))
                 for n in names]
 
     def reset_peaks(self) -> None:
         """A new counter interval: the most in use starts from what is in use now."""
-        self.store.peaks = {}
+        self.store.limits.peaks = {}
 
     def feed(self, now: float) -> None:
         """Admit the online tasks whose turn came; hand due tasks to dispatchers with free
@@ -316,7 +317,7 @@ class TaskCommands:
         over dispatchers."""
         old = self.old_peers
         while True:
-            while self.store.liveness and self.store.admit(now):   # (online tasks wait)
+            while self.store.has_online() and self.store.admit(now):   # (online tasks wait)
                 pass
             handed = False
             for d in list(self.dispatchers):

@@ -29,7 +29,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .store import ADMITTED, PER_UNIT, PAGE_SCAN, QUEUED, FunctionSpec, Task, Tasks
+from ....protocol.schema.tasks import ADMITTED, QUEUED
+from .spec import PER_UNIT, FunctionSpec
+from .store import PAGE_SCAN, Tasks
+from .task import Task
 
 
 def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
@@ -124,15 +127,15 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
     """The latest of the bounds on a start with `ahead` due tasks before it."""
     name = spec.name
     bounds = [due - now]
-    gate = store.gates.get(name)
+    gate = store.limits.gates.get(name)
     if spec.rate or (gate is not None and gate.paused(now)):
         opens = gate.opens_at() if gate is not None else now
         bounds.append(opens - now + ahead * spec.interval)
-    recent = store.recent.get(name)
+    recent = store.limits.recent.get(name)
     mean = recent.mean_s(now) if recent is not None else None
     if mean is not None:
-        free = max(0, spec.concurrency - store.in_use(name))
-        turning = max(1, spec.concurrency - store.held.get(name, 0))   # (holds do not end)
+        free = max(0, spec.concurrency - store.limits.in_use(name))
+        turning = max(1, spec.concurrency - store.limits.held.get(name, 0))   # (holds do not end)
         bounds.append(0.0 if ahead < free else
                       math.ceil((ahead + 1 - free) / turning) * mean)
     if len(bounds) == 1 and due <= now:
@@ -150,20 +153,20 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     spec = store.function(name)
     if spec is None and name not in store.specs:
         return None
-    delayed = store.queued.delayed.get(name, 0)
-    due = len(store.ready.get(name, ()))
-    oldest = store.queued.oldest(name)
+    delayed = store.lines.queued.delayed.get(name, 0)
+    due = store.lines.due_count(name)
+    oldest = store.lines.queued.oldest(name)
     out: dict[str, Any] = {
         "name": name, "queued": due + delayed, "due": due, "delayed": delayed,
-        "running": store.running.get(name, 0),
+        "running": store.limits.running.get(name, 0),
         "oldestQueuedAgeMs": 0 if oldest is None else max(0, round(
             (now - store.by_seq[oldest].created) * 1000))}
-    if store.held.get(name):
-        out["heldByCounters"] = store.held[name]
-    room = store.room.get(name)
+    if store.limits.held.get(name):
+        out["heldByCounters"] = store.limits.held[name]
+    room = store.room.counts.get(name)
     if room is not None or (spec is not None and spec.online == "only"):
         out["waitingOnline"], out["admitted"] = room or (0, 0)
-        recent = store.recent.get(name)
+        recent = store.limits.recent.get(name)
         if recent is not None:          # (admissions are starts)
             out["admissionsPerMinute"] = round(recent.start_rate(now) * 60, 1)
             out["abandonedPerMinute"] = round(recent.abandon_rate(now) * 60, 1)
@@ -176,11 +179,11 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst
-    gate = store.gates.get(name)
+    gate = store.limits.gates.get(name)
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset
         out["pauseReason"] = gate.pause_reason
-    recent = store.recent.get(name)
+    recent = store.limits.recent.get(name)
     if recent is not None:
         out["startRate"] = round(recent.start_rate(now), 3)
         for key, q, admissions in (("callP50Ms", 0.5, False), ("callP90Ms", 0.9, False),

@@ -1,0 +1,238 @@
+"""Whether a function may start a call now, and when it may: its concurrency (calls in
+flight, and the slots counter clients hold through fn:NAME, counters.py), its gate (a
+rate and the pauses a 429 or 503 asked for: limits.py's Gate, GCRA), its upstream's own
+concurrency and rate (upstream_calls.py), and whether its upstream has a usable server at
+all (`blocked`).  `opens_at` folds them into one answer for the lines (lines.py): now, a
+time (the limiter's timer says when that comes: `opened`), or None (the function is
+offered again when a call ends: a slot frees, a server comes back).
+
+It also keeps what the estimates read (`recent`: starts and ends of the last minutes,
+limits.Recent), the most in use per counters' interval (`peaks`), and which slow rates'
+TATs must survive a restart (`durable_gates`, DURABLE_RATE_S: a crash loop must not
+exceed a rate of one call a minute; the journal keeps them, core/shared/journal.py GATES).
+A new rate (SIGHUP) keeps the TAT and applies from the next start; a gate no task uses is
+dropped once it holds nothing back.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .deadlines import Deadlines
+from .limits import Gate, Recent
+from .spec import DEFAULTS, FunctionSpec
+from .upstream_calls import UpstreamCalls
+
+#: a rate this slow or slower (its T, seconds) keeps its TAT across a restart
+DURABLE_RATE_S = 1.0
+
+
+class Limiter:
+    def __init__(self, upstream: UpstreamCalls, spec_of: Callable[[str], FunctionSpec | None],
+                 started_at: float = -math.inf) -> None:
+        self.upstream = upstream
+        self.spec_of = spec_of              # name -> its spec now (None: not configured)
+        # when the broker started: a gate gets no burst credit for the time before it, so
+        # a crash loop cannot exceed a rate (limits.py)
+        self.started_at = started_at
+        self.gates: dict[str, Gate] = {}
+        self.recent: dict[str, Recent] = {}
+        self.running: dict[str, int] = {}   # function -> calls in flight, admitted tasks
+        self.held: dict[str, int] = {}      # function -> slots counter clients hold
+        self.peaks: dict[str, int] = {}     # most in use since the counters' interval began
+        # functions no server of their upstream can take now: until when (inf: until a
+        # call on that upstream ends)
+        self.blocked: dict[str, float] = {}
+        self.gates_changed = False          # a slow rate's TAT moved since durable_gates()
+        self.timers = Deadlines("shut", "idle")     # (opens at | drop at, function)
+        self.shut_at: dict[str, float] = {}         # function -> its timer in "shut"
+
+    # -- what holds a function back ------------------------------------------------------
+    def in_use(self, name: str) -> int:
+        """What counts against a function's concurrency: its calls in flight (and admitted
+        online tasks) and the slots counter clients hold."""
+        used = self.running.get(name, 0)
+        return used + self.held.get(name, 0) if self.held else used
+
+    def opens_at(self, name: str, spec: FunctionSpec, now: float) -> float | None:
+        """When function `name` may start a call: now or earlier (0: no gate), a later
+        time, or None when only a call's end (a slot, a server) can open it."""
+        if self.in_use(name) >= spec.concurrency:
+            return None
+        gate = self.gates.get(name)
+        opens = gate.opens_at() if gate is not None else 0.0
+        upstream = spec.upstream
+        if upstream is not None and upstream in self.upstream.limited:
+            if self.upstream.full(upstream):        # its upstream's own limits
+                self.upstream.waiting.setdefault(upstream, set()).add(name)
+                return None                         # (offered again when a call there ends)
+            opens = max(opens, self.upstream.opens_at(upstream, now))
+        if self.blocked:                            # no server of its upstream is usable
+            blocked = self.blocked.get(name, 0.0)
+            if blocked > now:
+                if blocked == math.inf:
+                    return None
+                opens = max(opens, blocked)
+            else:
+                self.blocked.pop(name, None)
+        return opens
+
+    def may_start(self, name: str, spec: FunctionSpec | None, now: float) -> bool:
+        if spec is None or self.in_use(name) >= spec.concurrency:
+            return False
+        upstream = spec.upstream
+        if upstream is not None and upstream in self.upstream.limited and (
+                self.upstream.full(upstream) or self.upstream.opens_at(upstream, now) > now):
+            return False
+        gate = self.gates.get(name)
+        return gate is None or gate.opens_at() <= now
+
+    def shut(self, name: str, opens: float) -> None:
+        """`name` waits for its gate to open at `opens` (the earliest such time is kept)."""
+        if self.shut_at.get(name, math.inf) > opens:
+            old = self.shut_at.get(name)
+            if old is not None:
+                self.timers.discard("shut", old, name)
+            self.shut_at[name] = opens
+            self.timers.add("shut", opens, name)
+
+    def opened(self, now: float) -> list[str]:
+        """The functions whose gate has opened by `now` (to be offered again)."""
+        names = []
+        while self.timers.due("shut", now):
+            _, name = self.timers.pop("shut")
+            self.shut_at.pop(name, None)
+            names.append(name)
+        return names
+
+    def block(self, name: str, until: float) -> None:
+        """No server of its upstream can take `name` until then (inf: until a call ends)."""
+        self.blocked[name] = until
+
+    # -- calls -----------------------------------------------------------------------------
+    def gate(self, name: str, now: float) -> Gate:
+        gate = self.gates.get(name)
+        if gate is None:
+            spec = self.spec_of(name)
+            interval, burst = (spec.interval, spec.burst) if spec else (0.0, 0)
+            gate = self.gates[name] = Gate(interval, burst, now,
+                                           tat=self.started_at + interval * burst)
+        return gate
+
+    def started(self, name: str, spec: FunctionSpec, now: float) -> None:
+        """A call of `name` starts (or an online task is admitted): it takes a slot, its
+        gate's turn, and counts as a start."""
+        if name in self.gates or spec.rate:
+            gate = self.gate(name, now)
+            gate.start(now)
+            if gate.interval >= DURABLE_RATE_S:
+                self.gates_changed = True
+        self.recent_of(name).started(now)
+        self.running[name] = self.running.get(name, 0) + 1
+        self._peak(name)
+
+    def ended(self, name: str) -> None:
+        """A call of `name` ended (or an admitted task's slot is free)."""
+        self.running[name] -= 1
+        if not self.running[name]:
+            del self.running[name]
+
+    def succeeded(self, name: str) -> None:
+        gate = self.gates.get(name)
+        if gate is not None:
+            gate.succeeded()
+
+    def pause(self, name: str, spec: FunctionSpec | None, now: float, started: float,
+              retry_after_s: float | None, why: str) -> None:
+        """A 429 or 503: the function pauses (limits.Gate.pause)."""
+        self.gate(name, now).pause(now, started, retry_after_s,
+                                   (spec or DEFAULTS).max_pause_ms / 1000, why)
+
+    def recent_of(self, name: str) -> Recent:
+        recent = self.recent.get(name)
+        if recent is None:
+            recent = self.recent[name] = Recent()
+        return recent
+
+    # -- counter clients (fn:NAME) ---------------------------------------------------------
+    def hold(self, name: str, slots: int) -> bool:
+        """A counter client takes `slots` of function `name`: all of them if its
+        concurrency has room, else none (nothing waits)."""
+        spec = self.spec_of(name)
+        if spec is None or self.in_use(name) + slots > spec.concurrency:
+            return False
+        self.rehold(name, slots)
+        return True
+
+    def rehold(self, name: str, slots: int) -> None:
+        """Slots a counter client holds, unchecked (its front re-registered them)."""
+        self.held[name] = self.held.get(name, 0) + slots
+        self._peak(name)
+
+    def unhold(self, name: str, slots: int) -> None:
+        left = self.held.get(name, 0) - slots
+        if left > 0:
+            self.held[name] = left
+        else:
+            self.held.pop(name, None)
+
+    def _peak(self, name: str) -> None:
+        used = self.in_use(name)
+        if used > self.peaks.get(name, 0):
+            self.peaks[name] = used
+
+    # -- config, restarts, idle gates ------------------------------------------------------
+    def configure(self) -> None:
+        """A new config: every gate takes its function's new rate (keeping its TAT)."""
+        self.blocked.clear()
+        for name, gate in self.gates.items():
+            spec = self.spec_of(name)
+            if spec is not None:
+                gate.configure(spec.interval, spec.burst)
+
+    def restore_gates(self, saved: dict[str, float], wall_offset: float, now: float) -> None:
+        """The slow rates' TATs a journal kept (function -> wall-clock seconds): each
+        function still rated gets its gate from there, so a restart gives no call its rate
+        would not (a gate no task uses is dropped once it has nothing to hold back)."""
+        for name, tat in saved.items():
+            spec = self.spec_of(name)
+            if spec is None or not spec.rate:
+                continue
+            gate = self.gate(name, now)
+            most = now + spec.interval * (spec.burst + 1)   # the furthest GCRA can set it
+            gate.tat = max(gate.tat, min(tat - wall_offset, most))
+            self.timers.add("idle", gate.holds_until(spec.max_pause_ms / 1000), name)
+
+    def durable_gates(self, wall_offset: float, now: float) -> dict[str, float]:
+        """What the journal keeps of the gates: each slow rate's TAT (T >= DURABLE_RATE_S)
+        still ahead of now, as wall-clock seconds."""
+        self.gates_changed = False
+        return {name: gate.tat + wall_offset for name, gate in self.gates.items()
+                if gate.interval >= DURABLE_RATE_S and gate.tat > now}
+
+    def forget(self, name: str, spec: FunctionSpec | None, now: float) -> None:
+        """No task uses `name` any more: drop what is kept for it, but a gate that still
+        holds something back (a TAT ahead of now, a pause, a backoff to double)."""
+        self.recent.pop(name, None)
+        if name not in self.held:
+            self.peaks.pop(name, None)
+        gate = self.gates.get(name)
+        if gate is not None:
+            until = gate.holds_until((spec or DEFAULTS).max_pause_ms / 1000)
+            if until <= now:
+                del self.gates[name]
+            else:                           # (dropped then, unless used again: expire)
+                self.timers.add("idle", until, name)
+
+    def drop_idle(self, now: float, in_use: Callable[[str], bool]) -> None:
+        """Drop the gates whose time to go has come, of functions no task uses now."""
+        while self.timers.due("idle", now):
+            _, name = self.timers.pop("idle")
+            gate = self.gates.get(name)
+            if not in_use(name) and gate is not None:
+                spec = self.spec_of(name)
+                if gate.holds_until((spec or DEFAULTS).max_pause_ms / 1000) <= now:
+                    del self.gates[name]
+
+    def next_deadline(self) -> float | None:
+        return self.timers.next_deadline()

@@ -1,0 +1,58 @@
+"""What a call's outcome does to its task: one pure rule, `decide`, in the manner of
+workers/job.py's (the store carries it out).
+
+    declined                    back in line as it was, due now, no attempt spent
+    success                     succeed, keeping the result
+    a 429                       back in its place, no attempt spent; the function pauses
+    a 503 (a failure)           the function pauses; the attempt is spent as any failure's
+    fatal                       fail: the call ran, its result cannot be kept, so calling
+                                again would run the function again
+    unknown, atMostOnce         fail, saying the outcome was unknown
+    a failure or unknown with   retry: after its backoff, or the server's Retry-After if
+    attempts left               that is later (`attempts` counts retries)
+    otherwise                   fail
+
+A 429 or 503 on a function behind an upstream pauses that server, not the function
+(upstream_calls.py), when it came with a Retry-After.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ....protocol.schema.tasks import AT_MOST_ONCE
+from .task import TASK_ERROR_CHARS, Outcome, Task
+
+#: status codes that say "slow down": the function pauses (see the module's comment)
+SLOW_DOWN = frozenset({429, 503})
+#: the outcomes of a call that did not succeed ("declined": it was never made)
+FAILED_KINDS = frozenset({"failure", "unknown", "fatal"})
+#: what `decide` says to do
+SUCCEED, REQUEUE, RETRY, FAIL = "succeed", "requeue", "retry", "fail"
+
+
+class Action(NamedTuple):
+    do: str                     # SUCCEED, REQUEUE (no attempt spent), RETRY or FAIL
+    error: str | None = None    # the task's error from now on
+    wait_ms: int = 0            # RETRY: after this long
+    pause: bool = False         # the function (or its server) was told to slow down
+
+
+def decide(result: Outcome, task: Task, rand: Callable[[], float]) -> Action:
+    """What `result` of `task`'s current call does to it (`rand`: a backoff's jitter)."""
+    if result.kind == "declined":
+        return Action(REQUEUE, task.error)
+    if result.kind == "success":
+        return Action(SUCCEED)
+    error = (result.error or "the call failed")[:TASK_ERROR_CHARS]
+    pause = result.status_code in SLOW_DOWN and result.kind == "failure"
+    if pause and result.status_code == 429:
+        return Action(REQUEUE, error, pause=True)
+    if result.kind == "fatal":
+        return Action(FAIL, error, pause=pause)
+    if result.kind == "unknown" and task.delivery == AT_MOST_ONCE:
+        return Action(FAIL, f"outcome unknown, not retried (atMostOnce): {error}"[
+            :TASK_ERROR_CHARS], pause=pause)
+    if task.attempt <= task.attempts:
+        wait_ms = max(task.backoff.wait_ms(task.attempt, rand), max(result.retry_after_ms, 0))
+        return Action(RETRY, error, wait_ms, pause)
+    return Action(FAIL, error, pause=pause)

@@ -1,0 +1,60 @@
+"""What the config file says of a function and of the API: a function's spec (where its
+calls go, its limits, its waiting room) and what a request without the master key may
+do.  Its defaults are the config's (broker/config_file.py reads the file into these);
+`DEFAULTS` is a spec of nothing but them, for a task whose function left the config.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ....protocol.schema.tasks import CONNECT_TIMEOUT_MS, MAX_TIMEOUT_MS
+
+#: a rate's period as its config spells it: "10/s", "600/m", "2/h"
+PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
+
+
+class FunctionSpec(NamedTuple):
+    """A function tasks may call (from the config file)."""
+    name: str
+    url: str
+    concurrency: int = 1
+    timeout_ms: int = 15000
+    max_timeout_ms: int = MAX_TIMEOUT_MS
+    rate: int = 0                   # calls per `per_s` seconds (0: no rate)
+    per_s: float = 1.0
+    burst: int = 0
+    queue_timeout_ms: int = 0       # 0: none
+    max_pause_ms: int = 60000
+    request_headers: tuple[str, ...] = ()   # request tasks may set these too (requests.py)
+    result_headers: tuple[str, ...] = ()    # response headers a task keeps (resultHeaders)
+    # the waiting room (online tasks, room.py): who may enqueue them ("public", "master" or
+    # "only": online tasks only, public), how long a pass lasts, how often a waiting user
+    # must look, how many may wait per client address
+    online: str = "master"
+    pass_ttl_ms: int = 300_000
+    heartbeat_ms: int = 300_000
+    max_waiting_per_client: int = 20
+    admit_url: str = ""
+    upstream: str | None = None     # its calls go to a server of this upstream (url unused)
+    path: str = ""                  # ... at this path
+    next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS
+    # origins ("https://shop.example", or "*") whose pages may enqueue, read and end its
+    # tasks from the browser (CORS, protocol/fronts/http/cors.py); () none, as before
+    allow_origins: tuple[str, ...] = ()
+
+    @property
+    def interval(self) -> float:
+        """GCRA's T: seconds between calls at the rate (0: no rate)."""
+        return self.per_s / self.rate if self.rate else 0.0
+
+
+#: the config's defaults, for a function tasks use that the config no longer names
+DEFAULTS = FunctionSpec("", "")
+
+
+class ApiPolicy(NamedTuple):
+    """What a request without the master key may do (the config's [api] table)."""
+    public_enqueue: bool = False    # enqueue, without options (the Cloud Queue's client enqueue)
+    private_results: bool = False   # False: a task's id is enough to read it
+    trust_forwarded: bool = False   # clientIp: the first X-Forwarded-For hop, not the peer
