@@ -77,6 +77,7 @@ class Reserver:
     def __init__(self, address) -> None:
         self.address = address
         self.held: set[int] = set()          # reserved, not (yet) deleted
+        self.delete_sent: set[int] = set()   # acknowledged or not: the job may be gone
         self.deleted: set[int] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -93,6 +94,7 @@ class Reserver:
                     job_id = int(reply.split()[1])
                     self.held.add(job_id)
                     if job_id % 3:          # a third stay reserved when the kill comes
+                        self.delete_sent.add(job_id)
                         c.send(b"delete %d\r\n" % job_id)
                         if c.read_reply() == b"DELETED\r\n":
                             self.held.discard(job_id)
@@ -117,7 +119,7 @@ class Enqueuer:
             except Exception:
                 return
             if code in (200, 201):
-                self.acked.append(task["id"])
+                self.acked.append(task["uniqueId"])
             time.sleep(0.01)
 
 
@@ -148,6 +150,8 @@ def test_kill_9_rounds_lose_nothing_acknowledged_and_keep_held_jobs(cluster, nam
                 acked_tasks += enqueuer.acked
                 server.start()
                 api.wait_listening()
+                p.acked_deletes |= reserver.deleted     # (deleted by the other connection)
+                p.delete_sent |= reserver.delete_sent
                 check_durable(server.address, p)
                 jobs = job_map(server.address, max(p.acked_puts) + 200)
                 assert not reserver.deleted & jobs.keys(), "a deleted job came back"
