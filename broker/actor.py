@@ -35,12 +35,15 @@ dropped for silence as ever, and then no longer waited for.
 
 ROUTER_MANDATORY makes a send to a front that has gone raise EHOSTUNREACH instead of
 dropping it; the core then treats that front as dead.  The core appends its records to a
-journal (core/shared/journal.py: with --binlog, wal/binlog.py; else the null journal); each
-turn ends the journal's turn, which writes them, before any reply of that turn leaves, so
-a crash loses nothing acknowledged.  A journal that holds replies (the binlog under
-`fsync_ms == 0`) makes them wait in `held` until its `durable` ticket covers their turn's
-(group commit); it tells the loop when that moves (the binlog's fsync thread, through
-its notify FD).
+journal (core/shared/journal.py: with --binlog, wal/binlog.py; with --journal, NATS
+JetStream, wal/jetstream.py; else the null journal); each turn ends the journal's turn,
+which writes them, before any reply of that turn leaves, so a crash loses nothing
+acknowledged.  A journal that holds replies (the binlog under `fsync_ms == 0`, the stream
+always) makes them wait in `held` until its `durable` ticket covers their turn's (group
+commit); it tells the loop when that moves (the binlog's fsync thread, through its notify
+FD; the stream's acknowledgements, on our loop).  A journal that fails (`failed`: deposed
+by another writer, NATS out of reach too long) has what is held dropped, never sent, its
+fronts Fenced (they close their clients), and the process exits with its code.
 
 zmq is imported only when an endpoint is bound, so a server whose fronts all live in this
 process answers its first client before the ZeroMQ machinery has loaded.
@@ -60,8 +63,8 @@ import time
 
 from ..protocol.network import curve
 from ..protocol.links.mailbox import register_mailbox, unregister_mailbox
-from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Holding, SchemaError, Stopping,
-                               decode_peer, encode)
+from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Fenced, Holding, SchemaError,
+                               Stopping, decode_peer, encode)
 from .core.broker import Broker, Config, Front
 from .core.beanstalk.stats import SysInfo
 from .metrics import DEFAULT_TOP, BrokerMetrics
@@ -135,6 +138,7 @@ class BrokerActor:
         self._awaiting: set[bytes] | None = None    # ... that have not answered Holding
         self._holding: set[bytes] = set()           # ... that have: kept alive (_keep_alive)
         self.closed = False
+        self.exit_code: int | None = None   # the journal failed: the process exits so
         self._refusal_watch = None      # with CURVE: the ROUTER's monitor (_watch_refusals)
         if bind is not None or also_bind:
             self.bind(*((bind,) if bind is not None else ()), *also_bind)
@@ -349,7 +353,7 @@ class BrokerActor:
             self._finish()
         if self.sock is not None:
             self._watch_socket()
-        self.journal.start(self.loop, self._turn)
+        self.journal.start(self.loop, self._on_journal)
         self._beat()
         self._turn()
         log.info("broker %016x listening on %s", self.core.broker_id,
@@ -606,18 +610,47 @@ class BrokerActor:
             return
         if messages:
             self.held.append((ticket, messages))
+            if ticket > journal.durable:
+                journal.wait_for(ticket)
         durable = journal.durable
         while self.held and self.held[0][0] <= durable:
             self._send(self.held.popleft()[1])
 
     def _shutdown_journal(self) -> None:
         """Stopping: which jobs clients hold (the journal's JOB_HELD), so the next broker
-        keeps them for them, and everything made durable before the held replies leave."""
-        self.core.log_holdings()
-        self.core.end_turn(time.monotonic())
-        self.journal.close(time.monotonic(), self.core.live)
-        while self.held:
+        keeps them for them, and everything made durable before the held replies leave
+        (a journal that could not make them durable: they are dropped, never sent)."""
+        journal = self.journal
+        if journal.failed is None:
+            self.core.log_holdings()
+            self.core.end_turn(time.monotonic())
+        journal.close(time.monotonic(), self.core.live)
+        while self.held and self.held[0][0] <= journal.durable and journal.failed is None:
             self._send(self.held.popleft()[1])
+        self.held.clear()
+
+    def _on_journal(self) -> None:
+        """The journal's durable ticket moved (held replies may leave), or it failed."""
+        if self.journal.failed is not None:
+            self._journal_failed(*self.journal.failed)
+        elif not self._busy and not self.closed:
+            self._turn()
+
+    def _journal_failed(self, code: int, why: str) -> None:
+        """The journal can make nothing durable any more (another broker writes it, or it
+        was out of reach for too long): what is held was never acknowledged and is
+        dropped, nothing more is answered, every front is told to close its clients
+        (Fenced), and the process stops with `code`."""
+        if self.exit_code is not None or self.closed:
+            return
+        log.error("%s", why)
+        self.exit_code = code
+        self.held.clear()
+        fenced = [(front.peer, Fenced(front.front_id, self.core.broker_id))
+                  for front in self.core.fronts.values()]
+        self._send(fenced)
+        self._inbox.clear()
+        self._finish()
 
     def _send(self, messages) -> None:
         local, sock = self.local, self.sock
@@ -669,10 +702,14 @@ def no_gc():
 
 
 def open_journal(opts, config: Config):
-    """The journal for --binlog's directory, replayed: (Binlog, Restored); without one,
-    (None, None): the core makes its null journal."""
+    """The journal for --binlog's directory or --journal's stream (wal/stream.py's
+    Options), replayed: (the journal, Restored); without one, (None, None): the core
+    makes its null journal."""
     if opts is None:
         return None, None
+    from .wal import stream
+    if isinstance(opts, stream.Options):
+        return open_stream_journal(opts, config)
     from .wal.binlog import Binlog, BinlogError
     started = time.monotonic()
     journal = Binlog(opts)
@@ -681,5 +718,17 @@ def open_journal(opts, config: Config):
     except OSError as exc:      # disk full or unreadable at start: not a bind problem
         raise BinlogError(f"{opts.path}: {exc}") from exc
     log.info("binlog %s: %d jobs and %d tasks recovered in %.2f s", opts.path,
+             len(restored.jobs), len(restored.tasks), time.monotonic() - started)
+    return journal, restored
+
+
+def open_stream_journal(opts, config: Config):
+    """The journal on NATS JetStream (wal/jetstream.py: nats loads only now), its stream
+    checked and replayed: raises stream.JournalError with the exit code to use."""
+    from .wal.jetstream import JetStreamJournal
+    started = time.monotonic()
+    journal = JetStreamJournal(opts)
+    restored = journal.restore(config.max_job_size)
+    log.info("journal %s: %d jobs and %d tasks recovered in %.2f s", opts.stream,
              len(restored.jobs), len(restored.tasks), time.monotonic() - started)
     return journal, restored

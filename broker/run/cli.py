@@ -27,6 +27,7 @@ import click
 from ...protocol.network.listen import (HealthOptions, HttpLimits, bind_listen, describe_listen,
                                         parse_listen)
 from .. import VERSION
+from .journal_flags import journal_options, journal_said
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
                       health_said, where, worker_endpoint)
@@ -331,6 +332,7 @@ def main(ctx: click.Context, verbose: int) -> None:
 @pass_key_option
 @http_options("http-")
 @binlog_options
+@journal_options
 @health_options
 @log_format_option
 @click.pass_obj
@@ -339,7 +341,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
           config_path, http_port, master_key, master_key_file, tls_cert, tls_key,
           header_timeout, body_timeout, http_max_connections, binlog_dir, fsync_ms, no_fsync,
-          binlog_size, health):
+          binlog_size, journal, health):
     """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
     --config, the HTTP task API (port 8080) and a dispatcher."""
     http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
@@ -371,7 +373,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                         master_key_file=master_key_file,
                         http_limits=http_limits,
                         tls_files=(tls_cert, tls_key) if tls_cert else None,
-                        health=health)
+                        health=health, journal=journal)
     from .serve import run_server
     sys.exit(run_server([listener], opts, counter_listeners))
 
@@ -416,11 +418,13 @@ def load_config_or_exit(path: str | None):
               help="TOML config file: the functions cloud tasks call ([functions]).")
 @pass_key_option
 @binlog_options
+@journal_options
 @health_options
 @log_format_option
 @insecure_option
 def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering, ready_fd,
-           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, health):
+           also_bind, config_path, binlog_dir, fsync_ms, no_fsync, binlog_size, journal,
+           health):
     """Run the broker actor: all tube, job, session and task state."""
     from ...protocol.network.curve import CurveError
     from .fronts import tune_gc
@@ -437,7 +441,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
                     binlog_max_size=binlog_size,
                     stat_interval_s=stat_interval, recovering=recovering,
                     **core_fields(fns))
-    wal = None
+    wal = journal
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     try:
@@ -449,8 +453,9 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     except CurveError:
         raise                     # (said by _Main: exit 2)
     except Exception as exc:      # BindError: address in use, bad endpoint
-        click.echo(f"zstalk broker: cannot bind {exc}", err=True)
-        sys.exit(111)
+        code = journal_exit(exc)
+        click.echo(f"zstalk broker: {'' if code else 'cannot bind '}{exc}", err=True)
+        sys.exit(code or 111)
     actor.core.draining = drain
     if ready_fd is not None:
         counts = "" if actor.restored is None else " %d %d %d" % actor.restored
@@ -459,10 +464,21 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     from ...protocol.network.loop import run
     said = "; ".join(part for part in (
         "listening on " + ", ".join(actor.endpoints), health_said(health),
-        binlog_said(binlog_dir, actor.restored), f"config {config_path}" if config_path else "",
+        binlog_said(binlog_dir, actor.restored),
+        journal_said(journal, actor.restored, getattr(actor.journal, "sync_said", "")),
+        f"config {config_path}" if config_path else "",
         "CURVE" if actor.keys is not None else "", "draining" if drain else "") if part)
     run(serve_with_probes(actor, health, said))
     actor.let_last_replies_leave()
+    if actor.exit_code is not None:
+        sys.exit(actor.exit_code)
+
+
+def journal_exit(exc: BaseException) -> int | None:
+    """The exit code for a journal on NATS that cannot be used at start (stream.py's
+    JournalError: 10, or 2 for refused settings), else None."""
+    from ..wal.stream import JournalError
+    return exc.code if isinstance(exc, JournalError) else None
 
 
 async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:

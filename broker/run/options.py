@@ -41,6 +41,7 @@ class ServeOptions(NamedTuple):
     http_limits: HttpLimits = HttpLimits()
     tls_files: tuple[str, str] | None = None    # the HTTP front's --tls-cert and --tls-key
     health: HealthOptions = HealthOptions()     # --health-port ..., --metrics-...
+    journal: object = None              # --journal: wal/stream.py's Options (NATS JetStream)
 
     def broker_args(self) -> list[str]:
         """These options as `zstalk broker` arguments (the supervisor's child)."""
@@ -53,6 +54,9 @@ class ServeOptions(NamedTuple):
             args += ["--binlog", os.path.abspath(self.binlog_dir), "--fsync-ms",
                      str(self.fsync_ms), "--binlog-size", str(self.binlog_size),
                      *(["--no-fsync"] if self.no_fsync else [])]
+        if self.journal is not None:
+            from .journal_flags import journal_args
+            args += journal_args(self.journal)
         return args
 
     def http_args(self) -> list[str]:
@@ -75,7 +79,10 @@ class ServeOptions(NamedTuple):
         return tls_context(*self.tls_files)
 
     def binlog(self):
-        """The binlog's Options, or None (imports the binlog only when there is one)."""
+        """The binlog's Options, or the journal's (--journal), or None (imports the binlog
+        only when there is one)."""
+        if self.journal is not None:
+            return self.journal
         if not self.binlog_dir:
             return None
         from ..wal.binlog import Options

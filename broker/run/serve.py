@@ -32,6 +32,7 @@ from .fronts import beanstalk_front, counter_front, start_front, tune_gc
 from ...protocol.network.loop import run
 from .. import VERSION
 from .logs import start_line
+from .journal_flags import journal_said
 from .options import ServeOptions, announcement, binlog_said, health_said, no_endpoint
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
@@ -70,13 +71,14 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
                             metrics_top=opts.health.metrics_top)
     except Exception as exc:
         from ..wal.binlog import BinlogError
-        if not isinstance(exc, BinlogError):
+        from ..wal.stream import JournalError
+        if not isinstance(exc, (BinlogError, JournalError)):
             raise
         print(f"zstalk: {exc}", file=sys.stderr)
-        return BINLOG_EXIT
+        return exc.code if isinstance(exc, JournalError) else BINLOG_EXIT
     code = run(_main(actor, listeners, list(counter_listeners), opts))
     actor.let_last_replies_leave()
-    return code
+    return actor.exit_code if actor.exit_code is not None else code
 
 
 async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
@@ -106,7 +108,10 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
                                                opts.http_listeners, opts.master_key,
                                                bool(opts.tls_files), opts.functions is not None,
                                                health_said(opts.health),
-                                               binlog_said(opts.binlog_dir, actor.restored)))
+                                               binlog_said(opts.binlog_dir, actor.restored)
+                                               or journal_said(opts.journal, actor.restored,
+                                                               getattr(actor.journal,
+                                                                       "sync_said", ""))))
         await actor.wait_stopped()
     if probes is not None:
         probes.close()

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 
+from .journal_flags import journal_said
 from .logs import log_format, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement,
                       binlog_said, health_said)
@@ -49,9 +50,11 @@ BIND_EXIT = 111         # beanstalkd's exit code for an address it cannot bind
 DISPATCHER_GRACE_S = 12.0
 RESTART_DELAY_S = 0.5
 #: a broker exiting with these cannot succeed by trying again (locked or foreign binlog
-#: directory, endpoint in use, keys missing for a non-local endpoint): the supervisor stops
+#: directory, endpoint in use, keys missing for a non-local endpoint; a journal on NATS it
+#: cannot use, that another broker writes now (12), or that was out of reach for
+#: --journal-timeout (13): a new broker would depose the other): the supervisor stops
 #: and exits with the same code
-FATAL_EXITS = {2, 10, 111}
+FATAL_EXITS = {2, 10, 12, 13, 111}
 #: signals the broker child is given in turn: drain mode, read --config again
 _PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}
@@ -191,7 +194,8 @@ class Supervisor:
                     self.opts.http_listeners, self.opts.master_key, bool(self.opts.tls_files),
                     self.opts.functions is not None,
                     health_said(self.opts.health, self.health_ports),
-                    binlog_said(self.opts.binlog_dir, self.restored)))
+                    binlog_said(self.opts.binlog_dir, self.restored)
+                    or journal_said(self.opts.journal, self.restored)))
             return self._loop()
         finally:
             if self.probes is not None:

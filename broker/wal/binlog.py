@@ -129,6 +129,8 @@ class Binlog:
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
+        self.logs_reserves = False          # (held jobs only at a graceful stop, JOB_HELD)
+        self.failed = None                  # (a write or fsync that fails raises instead)
         self.room = self.append = ()        # by record kind: _tables
         self._loop = None
         self._tables()
@@ -760,6 +762,10 @@ class Binlog:
             self.save_gates(self.gates)
             self.gates = None
         return self.write_seq
+
+    def wait_for(self, ticket: int) -> None:
+        """(Replies wait for `ticket`: the write that holds their turn's records, or the
+        one before, is on its way to the disk already.)"""
 
     def due(self) -> float | None:
         return self.sync_due()

@@ -39,15 +39,21 @@ def job_map(address, upto: int) -> dict[int, tuple]:
     """Every job with an id below `upto`: id -> (tube, state, pri, body)."""
     jobs = {}
     with RawClient(address, 10) as c:
-        for job_id in range(1, upto):
-            c.send(b"stats-job %d\r\npeek %d\r\n" % (job_id, job_id))
-            stats, peek = c.read_replies(2)
-            if stats.startswith(b"NOT_FOUND"):
-                continue
-            fields = dict(re.findall(rb"\n([a-z-]+): ([^\n]*)", stats))
-            body = peek.split(b"\r\n", 1)[1][:-2]
-            jobs[job_id] = (fields[b"tube"].strip(b'"'), fields[b"state"], int(fields[b"pri"]), body)
+        for first in range(1, upto, 256):      # pipelined: each turn may wait for a journal
+            ids = range(first, min(first + 256, upto))
+            c.send(b"".join(b"stats-job %d\r\npeek %d\r\n" % (i, i) for i in ids))
+            replies = c.read_replies(2 * len(ids))
+            for job_id, stats, peek in zip(ids, replies[::2], replies[1::2]):
+                if not stats.startswith(b"NOT_FOUND"):
+                    jobs[job_id] = _job_fields(stats, peek)
     return jobs
+
+
+def _job_fields(stats: bytes, peek: bytes) -> tuple:
+    """(tube, state, pri, body) from a stats-job reply and a peek reply."""
+    fields = dict(re.findall(rb"\n([a-z-]+): ([^\n]*)", stats))
+    body = peek.split(b"\r\n", 1)[1][:-2]
+    return (fields[b"tube"].strip(b'"'), fields[b"state"], int(fields[b"pri"]), body)
 
 
 class Pipeline:

@@ -55,6 +55,8 @@ class BeanstalkCommands:
         self.answered = answered            # a waiting session got its reply
         self.pool_granted: Callable | None = None   # set by the pools component
         self.queue = Queue(self._granted, self._deadline_soon, self._timed_out)
+        if getattr(journal, "logs_reserves", False):    # (a replicated journal: every
+            self.queue.held = journal.append[JOB_HELD]  # reserve is kept for its holder)
         self.counters = stats.new_counters()
         self.sessions: dict[Session, None] = {}
         self.next_id = 1

@@ -71,6 +71,8 @@ class Queue:
         # what the metrics count by tube name (core/labels.py; broker/metrics.py labels)
         self.metrics: Labelled[TubeMetrics] = Labelled(TubeMetrics)
         self._seq = itertools.count(1)
+        #: a replicated journal's JOB_HELD, told of every reserve (journal.logs_reserves)
+        self.held: Callable[[Job], None] | None = None
 
     def _reserved_until(self, deadline: float, job_id: int) -> bool:
         """Whether a ttr_due entry is live: its job is still reserved until then."""
@@ -259,6 +261,8 @@ class Queue:
         t.reserves += 1
         session.reserved[job.id] = job
         self.ttr_due.add(job.deadline, job.id)
+        if self.held is not None:
+            self.held(job)
 
     def bury(self, job: Job) -> None:
         self.bury_seq += 1

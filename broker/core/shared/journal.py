@@ -20,13 +20,23 @@ is made per record: a put costs the journal two calls, whatever the journal.
 Once per turn the actor calls `end_turn(now, live)`, which writes the turn's records as
 one unit and returns its ticket; `durable` is the highest ticket whose records are
 durable (it only grows); when `hold_replies` is true no reply of a turn leaves before its
-ticket is durable (`-f 0`, and a replicated journal).  `start(loop, on_durable)` lets a
+ticket is durable (`-f 0`, and a replicated journal), and the actor says so with
+`wait_for(ticket)`: a journal whose turn without records would otherwise never become
+durable (a replicated one: a deposed writer must not answer from memory) appends an
+empty barrier then.  `start(loop, on_durable)` lets a
 journal work on the actor's loop and call back when `durable` moved.  `maintain(live)`
 compacts, reading the state through `live` (a LiveView, read-only by convention).
 `close(now)` is a graceful stop: after the held-jobs records the core appends, everything
 is made durable.  A broker restarts from `restore()`: the replayed state as images of
 jobs, tasks and schedules, in the vocabulary below, so the core rebuilds its objects
 without knowing any record's bytes; `state_id` says which state that is.
+
+A replicated journal (wal/jetstream.py) sets `logs_reserves`: every reserve appends the
+job's JOB_HELD then, so a broker that takes over keeps the job for its holder (the queue
+calls it, `Queue.held`); the binlog logs them only at a graceful stop, as beanstalkd logs
+no reserve.  `failed`, once not None, is (exit code, why): the journal can no longer make
+anything durable (another writer deposed it, it was unreachable too long); the actor then
+drops the replies it holds and stops with that code.
 
 What a second implementation (a replicated log) must provide: the same tables and
 methods, each record kind round-tripped into the same images, `room` refusing when it
@@ -147,7 +157,9 @@ class Journal(Protocol):
     state_id: int               # the state restored (0: a fresh one: the core picks one)
     wall_offset: float          # wall clock = monotonic + this (set by the core)
     hold_replies: bool
+    logs_reserves: bool         # a reserve appends JOB_HELD (a replicated journal)
     durable: int
+    failed: tuple[int, str] | None  # (exit code, why): it can make nothing durable now
 
     room: Sequence[Callable[[Any], bool]]       # by record kind: may it be accepted?
     append: Sequence[Callable[[Any], None]]     # by record kind: the record
@@ -156,6 +168,7 @@ class Journal(Protocol):
     def restore(self, max_job_size: int) -> Restored: ...
     def start(self, loop, on_durable: Callable[[], None]) -> None: ...
     def end_turn(self, now: float, live: LiveView) -> int: ...
+    def wait_for(self, ticket: int) -> None: ...    # replies wait for `ticket`
     def due(self) -> float | None: ...
     def maintain(self, live: LiveView) -> None: ...
     def close(self, now: float | None = None, live: LiveView | None = None) -> None: ...
@@ -167,7 +180,9 @@ class NullJournal:
     state_id = 0
     wall_offset = 0.0
     hold_replies = False
+    logs_reserves = False
     durable = 0
+    failed = None
 
     def __init__(self, max_size: int = 10485760) -> None:
         self.max_size = max_size
@@ -189,6 +204,9 @@ class NullJournal:
 
     def end_turn(self, now: float, live: LiveView) -> int:
         return 0
+
+    def wait_for(self, ticket: int) -> None:
+        pass
 
     def due(self) -> float | None:
         return None

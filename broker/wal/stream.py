@@ -1,0 +1,377 @@
+"""The journal's stream on NATS JetStream: the options, the connection, the stream's
+settings checked (or the stream made), and the replay that reads it back.  jetstream.py
+owns what is appended when; this module what a start finds and refuses.
+
+Names: the stream `ZSTALK_<name>` holds the subject `zstalk.<name>.journal` (`--journal-name`,
+default `zstalk`).  One message is one append of the broker: a binlog frame (format.py's
+`encode_frame`: length, crc32, the records as the binlog writes them) and headers:
+
+    Nats-Msg-Id                  <writer>-<ticket>: a retried append is recognised (dedup)
+    Nats-Expected-Last-Sequence  the sequence the writer believes is last: fencing
+    Zstalk-State                 the state id (fronts' re-registered sessions keep theirs)
+    Zstalk-Next-Id               the next job id when it was appended (ids never go back)
+    Zstalk-Gates                 the slow rates' TATs, JSON, when they moved (a GATES record)
+
+The settings a stream must have (issue 42; a stream made here has them): file storage,
+replicas 3 (1 allowed with a warning: a local try), limits retention, discard new (with
+`old`, or a max_age, NATS drops the oldest records silently: data loss), no message
+limit, deny_delete, a duplicate window of at least 2 minutes (the retry of an append
+whose acknowledgement was lost is recognised only inside it), and a max_msg_size that
+takes the largest record.  A setting that differs is refused naming it (exit 2);
+`sync_interval: always` is server config, seen only through the monitoring endpoint
+(`--journal-monitor`), else the start line says it is not verified.
+
+nats is imported only here and in jetstream.py, and only with --journal: a server without
+one never loads it.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import struct
+import urllib.parse
+import urllib.request
+from typing import NamedTuple
+
+from . import format as wf
+
+log = logging.getLogger("zstalk.journal")
+
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: the least duplicate window: a retry of an append whose acknowledgement was lost must
+#: come within it (appends are retried for at most --journal-timeout, 30 s by default)
+MIN_DUPLICATE_WINDOW_S = 120.0
+#: what a message carries beyond its records: the frame header, and headers (generous)
+MESSAGE_OVERHEAD = wf.FRAME.size + 1024
+H_ID, H_EXPECT = "Nats-Msg-Id", "Nats-Expected-Last-Sequence"
+H_STATE, H_NEXT, H_GATES = "Zstalk-State", "Zstalk-Next-Id", "Zstalk-Gates"
+#: exit codes: a journal that cannot be used at start (as a binlog directory, beanstalkd's
+#: 10), refused settings (2, a usage error), deposed by another writer, NATS gone too long
+UNUSABLE_EXIT, SETTINGS_EXIT, DEPOSED_EXIT, UNAVAILABLE_EXIT = 10, 2, 12, 13
+
+
+class JournalError(Exception):
+    """The journal cannot be used: exit with `code` (UNUSABLE_EXIT unless said)."""
+
+    def __init__(self, message: str, code: int = UNUSABLE_EXIT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Options(NamedTuple):
+    urls: tuple[str, ...]               # nats://H:P of each server
+    name: str = "zstalk"
+    creds: str | None = None            # --journal-creds FILE (a NATS .creds file)
+    user: str | None = None             # or a user and password (--journal-user-file)
+    password: str | None = None
+    user_file: str | None = None        # (where they were read: a supervised child reads it)
+    tls_ca: str | None = None           # --journal-tls-ca FILE
+    timeout_s: float = 30.0             # --journal-timeout: no acknowledged append for this long
+    replicas: int = 3                   # --journal-replicas (1: a local try)
+    monitor: tuple[str, ...] = ()       # --journal-monitor URLs (sync_interval checked there)
+    inflight: int = 4                   # appends in flight at most
+
+    @property
+    def stream(self) -> str:
+        return f"ZSTALK_{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return f"zstalk.{self.name}.journal"
+
+    def said(self) -> str:
+        return f"journal {','.join(self.urls)} stream {self.stream}"
+
+
+def parse_urls(spec: str) -> tuple[str, ...]:
+    """--journal's value: nats://H:P[,H:P…] (a bare H:P is taken as nats://); raises
+    ValueError naming what is wrong."""
+    urls = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "://" not in part:
+            part = "nats://" + part
+        u = urllib.parse.urlsplit(part)
+        if u.scheme not in ("nats", "tls") or not u.hostname:
+            raise ValueError(f"{part!r} is not nats://HOST:PORT")
+        try:
+            u.port
+        except ValueError:
+            raise ValueError(f"{part!r}: the port is not a number from 0 to 65535") from None
+        urls.append(part)
+    if not urls:
+        raise ValueError("no NATS URL given (nats://HOST:PORT[,HOST:PORT…])")
+    return tuple(urls)
+
+
+def loopback_only(urls) -> bool:
+    """Whether every URL names this machine (a NATS elsewhere needs credentials)."""
+    for url in urls:
+        host = urllib.parse.urlsplit(url).hostname or ""
+        if host == "localhost":
+            continue
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+# -- connecting -------------------------------------------------------------------------------
+async def connect(opts: Options, retry: bool = False, **callbacks):
+    """A NATS connection to any of opts.urls, reconnecting for ever once made; without
+    `retry` each server is tried twice and JournalError names them all if none answers
+    (a start), with it the first connect tries for ever too (the actor's loop: the
+    journal's timeout decides)."""
+    import nats
+    kwargs: dict = dict(servers=list(opts.urls), name="zstalk-broker", connect_timeout=2,
+                        reconnect_time_wait=0.25, allow_reconnect=True, ping_interval=5,
+                        max_outstanding_pings=2, max_reconnect_attempts=-1 if retry else 1)
+    if opts.creds:
+        kwargs["user_credentials"] = opts.creds
+    if opts.user:
+        kwargs["user"], kwargs["password"] = opts.user, opts.password or ""
+    if opts.tls_ca:
+        import ssl
+        kwargs["tls"] = ssl.create_default_context(cafile=opts.tls_ca)
+    failed: list[str] = []
+
+    async def said(exc) -> None:          # (nats-py reports each failed try here)
+        failed.append(str(exc) or type(exc).__name__)
+    callbacks.setdefault("error_cb", said)
+    try:
+        nc = await nats.connect(**kwargs, **callbacks)
+    except Exception as exc:
+        why = failed[-1] if failed else (str(exc) or type(exc).__name__)
+        raise JournalError(f"cannot reach NATS at {', '.join(opts.urls)}: {why}") from None
+    nc.options["max_reconnect_attempts"] = -1       # (once made: reconnect for ever)
+    return nc
+
+
+# -- the stream's settings ---------------------------------------------------------------------
+def wanted_config(opts: Options, max_msg_size: int):
+    from nats.js import api
+    return api.StreamConfig(
+        name=opts.stream, subjects=[opts.subject], storage=api.StorageType.FILE,
+        num_replicas=opts.replicas, retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.NEW, max_age=0, max_msgs=-1, max_msgs_per_subject=-1,
+        deny_delete=True, deny_purge=False, duplicate_window=MIN_DUPLICATE_WINDOW_S,
+        description="zstalk's journal (do not change: zstalk refuses a stream that can "
+                    "lose records)")
+
+
+def refusals(config, opts: Options, need_msg_size: int) -> list[str]:
+    """What in an existing stream's config would lose records or cannot carry them."""
+    def value(v):
+        return getattr(v, "value", v)
+    out = []
+    if value(config.storage) != "file":
+        out.append(f"storage is {value(config.storage)}, not file")
+    if config.num_replicas not in (opts.replicas, None):
+        out.append(f"replicas is {config.num_replicas}, not {opts.replicas} "
+                   f"(--journal-replicas)")
+    if value(config.retention) != "limits":
+        out.append(f"retention is {value(config.retention)}, not limits")
+    if value(config.discard) != "new":
+        out.append(f"discard is {value(config.discard)}, not new (NATS would drop the "
+                   f"oldest records)")
+    if config.max_age:
+        out.append(f"max_age is {config.max_age:g} s, not 0 (NATS would drop records "
+                   f"older than that)")
+    for field in ("max_msgs", "max_msgs_per_subject"):
+        limit = getattr(config, field)
+        if limit not in (None, -1, 0):
+            out.append(f"{field} is {limit}, not unlimited")
+    if not config.deny_delete:
+        out.append("deny_delete is false, not true")
+    if config.deny_purge:
+        out.append("deny_purge is true: compaction purges the records it copied forward")
+    if (config.duplicate_window or 0) < MIN_DUPLICATE_WINDOW_S:
+        out.append(f"duplicate_window is {config.duplicate_window or 0:g} s, below "
+                   f"{MIN_DUPLICATE_WINDOW_S:g} s (a retried append would not be recognised)")
+    if config.max_msg_size not in (None, -1, 0) and config.max_msg_size < need_msg_size:
+        out.append(f"max_msg_size is {config.max_msg_size}, below the {need_msg_size} bytes "
+                   f"a message of the largest record needs (-z)")
+    if config.subjects and opts.subject not in config.subjects:
+        out.append(f"subjects are {config.subjects}, without {opts.subject}")
+    return out
+
+
+async def open_stream(nc, opts: Options, max_job_size: int):
+    """The stream's info, the stream made if missing; JournalError (exit 2) naming a
+    setting that would lose records or a -z a message cannot carry."""
+    from nats.js.errors import NotFoundError
+    need = max_message(max_job_size)
+    if need > nc.max_payload:
+        raise JournalError(f"-z {max_job_size}: a job that size needs a message of {need} "
+                           f"bytes, above NATS's max_payload of {nc.max_payload}; lower -z or "
+                           f"raise max_payload in the NATS servers' config", SETTINGS_EXIT)
+    js = nc.jetstream(timeout=10)
+    try:
+        info = await js.stream_info(opts.stream)
+    except NotFoundError:
+        info = None
+    except Exception as exc:
+        raise JournalError(f"NATS at {', '.join(opts.urls)}: cannot read stream "
+                           f"{opts.stream}: {exc}") from None
+    if info is None:
+        info = await _make(js, opts, need)
+        log.info("journal: made stream %s (%d replicas, file storage, discard new)",
+                 opts.stream, opts.replicas)
+    wrong = refusals(info.config, opts, need)
+    if wrong:
+        raise JournalError(f"stream {opts.stream} would lose records or cannot carry them: "
+                           f"{'; '.join(wrong)}", SETTINGS_EXIT)
+    if opts.replicas == 1:
+        log.warning("journal: stream %s has 1 replica: a local try, not high availability "
+                    "(--journal-replicas 3)", opts.stream)
+    return info
+
+
+async def _make(js, opts: Options, need: int, wait_s: float = 15.0):
+    """The stream made; a cluster still forming ('no suitable peers', no JetStream
+    leader yet) is given `wait_s` to form."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait_s
+    while True:
+        try:
+            return await js.add_stream(wanted_config(opts, need))
+        except Exception as exc:
+            forming = getattr(exc, "err_code", None) in (10005, 10008) or \
+                getattr(exc, "code", None) == 503 or isinstance(exc, asyncio.TimeoutError)
+            if not forming or loop.time() > until:
+                raise JournalError(f"NATS at {', '.join(opts.urls)}: cannot make stream "
+                                   f"{opts.stream} ({opts.replicas} replicas): {exc}") from None
+            await asyncio.sleep(0.25)
+
+
+def max_message(max_job_size: int) -> int:
+    """The largest message one job needs: its JOB record (a tube name of 200 bytes, -z of
+    body) in a frame, with the headers."""
+    return wf.JOB_FIXED_SIZE + 200 + max_job_size + MESSAGE_OVERHEAD
+
+
+def sync_checked(opts: Options) -> str:
+    """The start line's word on `sync_interval: always`: verified through each
+    --journal-monitor's /varz, or said not to be (JournalError, exit 2, if one says
+    otherwise)."""
+    if not opts.monitor:
+        return "sync_interval not verified (--journal-monitor)"
+    for url in opts.monitor:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/varz", timeout=3) as r:
+                varz = json.load(r)
+        except (OSError, ValueError) as exc:
+            raise JournalError(f"--journal-monitor {url}: {exc}") from None
+        js = varz.get("jetstream", {}).get("config", {})
+        if not js.get("sync_always"):
+            raise JournalError(f"--journal-monitor {url}: the server does not fsync every "
+                               f"write (sync_interval is not 'always'): NATS can lose "
+                               f"acknowledged records in a crash", SETTINGS_EXIT)
+    return "sync_interval always"
+
+
+# -- reading it back ---------------------------------------------------------------------------
+class Span:
+    """One message of the stream as compaction knows it: its size, and the full records
+    it holds (job ids, task uids, schedule names) and how many of them are still the
+    latest of something live."""
+    __slots__ = ("seq", "size", "live", "ids", "uids", "names", "cursor", "task_cursor",
+                 "name_cursor")
+
+    def __init__(self, seq: int, size: int) -> None:
+        self.seq = seq
+        self.size = size
+        self.live = 0
+        self.ids: list[int] = []
+        self.uids: list[str] = []
+        self.names: list[str] = []
+        self.cursor = self.task_cursor = self.name_cursor = 0
+
+
+class Read(NamedTuple):
+    replayed: wf.Replayed
+    spans: dict             # seq -> Span, oldest first
+    last_seq: int
+    gates_seq: int          # the message that holds the latest gates (0: none)
+
+
+async def read(nc, opts: Options, info, max_job_size: int) -> Read:
+    """Replay the stream from its first message to the last it had when asked."""
+    jobs: dict = {}
+    tasks: dict = {}
+    schedules: dict = {}
+    tubes: dict = {}
+    spans: dict = {}
+    state_id = next_id = gates_seq = 0
+    gates: dict = {}
+    last = info.state.last_seq
+    if info.state.messages:
+        js = nc.jetstream(timeout=10)
+        from nats.js import api
+        sub = await js.subscribe(opts.subject, ordered_consumer=True, stream=opts.stream,
+                                 deliver_policy=api.DeliverPolicy.ALL, idle_heartbeat=2.0)
+        try:
+            while True:
+                msg = await asyncio.wait_for(sub.next_msg(timeout=None), 30)
+                seq = msg.metadata.sequence.stream
+                state_id, next_id, gates_seq = _apply(
+                    msg, seq, spans, jobs, tubes, tasks, schedules, gates, state_id,
+                    next_id, gates_seq)
+                if seq >= last:
+                    break
+        except (asyncio.TimeoutError, TimeoutError):
+            raise JournalError(f"stream {opts.stream}: reading it back stalled before "
+                               f"sequence {last}") from None
+        finally:
+            await sub.unsubscribe()
+    top = max(jobs, default=0)
+    return Read(wf.Replayed(jobs, max(next_id, top + 1, 1), state_id, [], tasks, schedules,
+                            gates), spans, last, gates_seq)
+
+
+def _apply(msg, seq, spans, jobs, tubes, tasks, schedules, gates, state_id, next_id,
+           gates_seq):
+    headers = msg.headers or {}
+    span = spans[seq] = Span(seq, len(msg.data) + _headers_size(headers))
+    if H_STATE in headers:
+        state_id = int(headers[H_STATE])
+    if H_NEXT in headers:
+        next_id = max(next_id, int(headers[H_NEXT]))
+    if H_GATES in headers:
+        gates.clear()
+        gates.update(json.loads(headers[H_GATES]))
+        gates_seq = seq
+    data = msg.data
+    if data:
+        length, crc = wf.FRAME.unpack_from(data, 0)
+        import zlib
+        if length != len(data) - wf.FRAME.size or zlib.crc32(data[wf.FRAME.size:]) != crc:
+            raise JournalError(f"message {seq} of the journal fails its checksum")
+        try:
+            wf.apply_records(data, wf.FRAME.size, len(data), seq, jobs, span.ids, tubes,
+                             tasks, span.uids, schedules, span.names)
+        except (wf.BadSegment, struct.error) as exc:
+            raise JournalError(f"message {seq} of the journal: {exc}") from None
+    return state_id, next_id, gates_seq
+
+
+def _headers_size(headers: dict) -> int:
+    return sum(len(k) + len(v) + 4 for k, v in headers.items()) + 12
+
+
+def run_on_a_loop_of_its_own(coro, timeout_s: float | None = None):
+    """Run `coro` to its end on a new asyncio loop (the start, before the actor's loop
+    runs; on a thread if this one already runs a loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(asyncio.wait_for(coro, timeout_s))
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout_s)).result()
