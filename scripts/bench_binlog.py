@@ -57,7 +57,7 @@ import time
 from harness.beanstalk import BeanstalkServer, Client, stats_of
 from harness.cli import Run, log, parser, sized
 from harness.loadgen import fill, timed_load
-from harness.machine import tool_version
+from harness.machine import filesystem_of, tool_version
 from harness.procs import HOST
 from harness.stats import Figure, rounds
 from harness.table import Table, cpu_shares
@@ -85,17 +85,6 @@ def disk_usage(path: str) -> tuple[int, int]:
             alloc += st.st_blocks * 512
             apparent += st.st_size
     return alloc, apparent
-
-
-def filesystem_of(path: str) -> str:
-    best_mount, fstype = "", "?"
-    with open("/proc/mounts") as f:
-        for line in f:
-            _dev, mount, kind = line.split()[:3]
-            inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) > len(best_mount):
-                best_mount, fstype = mount, kind
-    return f"{fstype} at {best_mount}"
 
 
 def _remove_dirs() -> None:

@@ -55,7 +55,8 @@ runs       one run of a system (fresh processes, stopped whole, checked), rotati
 table      one table model, rendered as text, Markdown and JSON
 cli        shared options, quick / smoke sizes, the Run and its report
 beanstalk  a beanstalk-protocol server under test; a blocking client for set-up work
-loadgen    the pipelined beanstalk load generators (put, worker cycle, D in flight)
+loadgen    the pipelined beanstalk load generators (put, timed put, worker cycle, D in
+           flight)
 probes     one command at a time: rates, per-request round trips, a background load
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied

@@ -10,6 +10,12 @@
 #   about half the outstanding replies have arrived, not once per tiny reply segment
 #   (beanstalkd writes every reply on its own).  b"INSERTED" is counted as well (across
 #   recv boundaries) so that any other reply is reported as an error.
+#   timed=True (load kind "put-timed") also times every put, from the send() that handed
+#   over its last byte to the recv() that brought its reply (replies come in order on a
+#   connection, so the k-th reply is the k-th put's): the time stamps are kept per batch
+#   of puts sent at once and the latencies tallied in LAT_UNIT_S buckets (`lat_hist`),
+#   and the low-water mark stays at 1 byte, so that a reply is seen when it comes, not
+#   once half the window's have (at a few thousand puts/s that would add tens of ms).
 # * work_loop (worker cycle): each connection sends `reserve`; on each `RESERVED <id> <n>`
 #   (+ body, checked for length and content) it sends `delete <id>\r\nreserve\r\n` in
 #   one write, as a real worker would; the last job of the connection's quota gets only
@@ -28,6 +34,7 @@
 # would mean the generator, not the server, is the limit.
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import selectors
 import socket
@@ -43,6 +50,7 @@ MIN_INSERTED = len(b"INSERTED 1\r\n")
 MIN_RESERVED = len(b"RESERVED 1 %d\r\n" % BODY_LEN) + BODY_LEN + 2
 LOWAT_CAP = 65536
 DELETED_LEN = len(b"DELETED\r\n")
+LAT_UNIT_S = 1e-5           # put-timed: latency buckets of 10 µs
 
 
 def set_lowat(sock, n: int) -> None:
@@ -52,7 +60,7 @@ def set_lowat(sock, n: int) -> None:
 
 class _Conn:
     __slots__ = ("sock", "quota", "sent", "total", "lines", "ok", "tail", "wmode", "done",
-                 "buf", "reserved", "out", "bad", "lowat")
+                 "buf", "reserved", "out", "bad", "lowat", "stamps", "stamped", "answered")
 
 
 def connect_many(addr, n: int) -> list[socket.socket]:
@@ -81,8 +89,9 @@ def _receive(c, sel, errors: list, progress: str) -> bytes | None:
     return data
 
 
-def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
-    """Pipelined puts, at most `window` outstanding per connection, replies counted."""
+def put_loop(socks, quotas, window: int, time_cap: float, timed: bool = False) -> dict:
+    """Pipelined puts, at most `window` outstanding per connection, replies counted;
+    `timed`: each put's latency too (`lat_hist`: LAT_UNIT_S buckets -> puts)."""
     L = len(PUT_CMD)
     chunk_cmds = max(1, min(window, max(quotas), 2000))
     block = PUT_CMD * chunk_cmds
@@ -94,10 +103,13 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
         c = _Conn()
         c.sock, c.quota, c.sent, c.total, c.lines, c.ok = s, q, 0, q * L, 0, 0
         c.tail, c.wmode, c.done, c.bad, c.lowat = b"", False, q == 0, [], 1
+        c.stamps, c.stamped, c.answered = collections.deque(), 0, 0
         conns.append(c)
         if not c.done:
             sel.register(s, selectors.EVENT_READ, c)
     errors = []
+    hist: collections.Counter = collections.Counter()
+    clock = time.perf_counter
 
     def pump(c):
         while True:
@@ -119,6 +131,12 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
         if blocked != c.wmode:
             c.wmode = blocked
             sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if blocked else 0), c)
+        if timed:
+            whole = c.sent // L                 # puts whose last byte is handed over
+            if whole > c.stamped:
+                c.stamps.append((whole, clock()))
+                c.stamped = whole
+            return
         # Wake only when about half the outstanding replies are in: never more bytes than
         # the replies still owed can make (else it would stall), re-set only on big changes.
         # (a partial reply line, up to 16 bytes, may already be in hand)
@@ -127,6 +145,16 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
         if c.lowat > max(1, budget) or c.lowat * 4 < want:
             c.lowat = want
             set_lowat(c.sock, want)
+
+    def answered(c, now):
+        # the puts c.answered..c.lines-1 got their replies now: tally each batch's wait
+        while c.answered < c.lines and c.stamps:
+            upto, sent_at = c.stamps[0]
+            k = min(upto, c.lines) - c.answered
+            hist[int((now - sent_at) / LAT_UNIT_S)] += k
+            c.answered += k
+            if c.answered >= upto:
+                c.stamps.popleft()
 
     cpu0, t0 = time.process_time(), time.monotonic()
     deadline = t0 + time_cap
@@ -158,6 +186,8 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
                                   if l and not l.startswith(b"INSERTED")
                                   and not b"INSERTED".startswith(l[:8])][:5]
                     c.tail = joined[-7:]
+                    if timed:
+                        answered(c, clock())
                     if c.lines >= c.quota:
                         sel.unregister(c.sock)
                         c.done = True
@@ -171,8 +201,11 @@ def put_loop(socks, quotas, window: int, time_cap: float) -> dict:
     bad = [b for c in conns for b in c.bad][:5]
     if ok != lines:
         errors.append(f"{lines - ok} replies were not INSERTED, e.g. {bad!r}")
-    return dict(count=ok, replies=lines, t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped,
-                errors=errors)
+    res = dict(count=ok, replies=lines, t0=t0, t1=t1, cpu=cpu1 - cpu0, capped=capped,
+               errors=errors)
+    if timed:
+        res["lat_hist"] = dict(hist)
+    return res
 
 
 def _flush(c, sel) -> None:
@@ -401,8 +434,8 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def _loop_for(kind, socks, quotas, window, time_cap):
-    if kind == "put":
-        return put_loop(socks, quotas, window, time_cap)
+    if kind in ("put", "put-timed"):
+        return put_loop(socks, quotas, window, time_cap, timed=kind == "put-timed")
     if kind.startswith("work") and kind[4:].isdigit():      # "work32": depth 32
         return depth_work_loop(socks, quotas, int(kind[4:]), time_cap)
     if kind == "work":
@@ -427,9 +460,9 @@ def _child_main(pipe, go, kind, addr, quotas, window, time_cap):
 
 def run_load(addr, kind: str, n_conns: int, total: int, window: int, time_cap: float,
              gen_procs: int = 1) -> dict:
-    """Drive `total` puts ("put"), worker cycles ("work", delete+reserve in one write) or
-    reserve -> delete cycles with D commands in flight per connection ("workD", e.g.
-    "work32", "work1") over n_conns connections."""
+    """Drive `total` puts ("put", or "put-timed": each put's latency too), worker cycles
+    ("work", delete+reserve in one write) or reserve -> delete cycles with D commands in
+    flight per connection ("workD", e.g. "work32", "work1") over n_conns connections."""
     quotas = split(total, n_conns)
     procs = max(1, min(gen_procs, n_conns))
     if procs == 1:
@@ -467,6 +500,9 @@ def run_load(addr, kind: str, n_conns: int, total: int, window: int, time_cap: f
                    cpu=sum(r["cpu"] for r in results),
                    capped=any(r["capped"] for r in results),
                    errors=[e for r in results for e in r["errors"]], gen_procs=procs)
+        if kind == "put-timed":
+            res["lat_hist"] = dict(sum((collections.Counter(r.get("lat_hist", {}))
+                                        for r in results), collections.Counter()))
     res["wall"] = res["t1"] - res["t0"]
     res["rate"] = res["count"] / res["wall"] if res["wall"] > 0 else 0.0
     res["gen_cpu_share"] = res["cpu"] / res["wall"] if res["wall"] > 0 else 0.0

@@ -68,6 +68,18 @@ def tool_version(argv: list[str]) -> str | None:
     return (out.stdout or out.stderr).strip() or None
 
 
+def filesystem_of(path: str) -> str:
+    """The filesystem a path is on, as "ext4 at /" (its mount point from /proc/mounts)."""
+    best_mount, fstype = "", "?"
+    with open("/proc/mounts") as f:
+        for line in f:
+            _dev, mount, kind = line.split()[:3]
+            inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best_mount):
+                best_mount, fstype = mount, kind
+    return f"{fstype} at {best_mount}"
+
+
 def busy_warning(m: dict) -> str | None:
     if m["loadavg"][0] > 0.5 * (m["nproc"] or 1):
         return (f"the machine is busy (load average {m['loadavg'][0]:.2f} on "

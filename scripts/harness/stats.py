@@ -30,6 +30,20 @@ def pct(values, p: float) -> float:
     return v[max(0, min(len(v) - 1, math.ceil(p / 100.0 * len(v)) - 1))]
 
 
+def hist_pct(hist: dict, p: float, unit: float = 1.0) -> float | None:
+    """Nearest-rank percentile p (0-100) of a histogram {bucket: count}, as bucket x unit
+    (the bucket's lower bound); None for an empty one."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank, seen = max(1, math.ceil(p / 100.0 * total)), 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= rank:
+            return bucket * unit
+    return max(hist) * unit
+
+
 def per_1k(cpu_s: float | None, count: float | None) -> float | None:
     """CPU-seconds per 1,000 operations."""
     return cpu_s / count * 1000.0 if cpu_s is not None and count else None

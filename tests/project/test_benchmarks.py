@@ -7,7 +7,7 @@ skipped, with the reason, when git or pip cannot build it), scripts/bench_readme
 a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
-bench_room's 17 s."""
+bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s."""
 from __future__ import annotations
 
 import glob
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from nats_cluster import needs_nats_server
 from servers import needs_group, self_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,15 @@ ROWS = {
     "bench_binlog": [("binlog", "zstalk", [
         "pipelined put, -f 50, 1 conn", "pipelined put, -f 0, 8 conn", "recovery of 2,000 jobs",
         "server CPU-s per 1,000 puts"])],
+    "bench_journal": [("journal", "zstalk journal R3", [
+        "pipelined put, 8 conn x 32 in flight (puts/s)",
+        "broker CPU-µs per put, journal − binlog", "put → INSERTED p99 (ms)",
+        "NATS stream leader CPU-µs", "NATS follower (other) CPU-µs",
+        "3 NATS servers together CPU-µs", "generator CPU-µs", "one at a time, 1 conn: put p50",
+        "put p99 (ms)"]),
+        ("journal", "zstalk binlog -f 0", [
+            "pipelined put, 8 conn x 32 in flight (puts/s)", "broker CPU-µs per put",
+            "put → INSERTED p99 (ms)", "one at a time, 1 conn: put p50", "put p99 (ms)"])],
     "bench_counter": [("counter", "zstalk", [
         "1 connection, one at a time", "1 connection pipelined", "8 connections pipelined",
         "server CPU-s per 1,000 pairs"])],
@@ -84,6 +94,8 @@ ROWS = {
 }
 NEEDS = {"bench_beanstalk": ["beanstalkd"], "bench_binlog": ["beanstalkd"],
          "bench_workers": ["beanstalkd"], "bench_counter": ["yrmcdsd"]}
+#: benchmarks that start a NATS cluster (tests/support/nats_cluster.py's nats-server)
+NATS = {"bench_journal"}
 
 
 def need(tools: list[str]) -> None:
@@ -116,6 +128,8 @@ def figure(tbl: dict, metric_part: str, column: str) -> float | None:
 @pytest.mark.parametrize("script", sorted(ROWS))
 def test_each_benchmark_runs_in_its_smoke_mode_and_reports_every_row(script, tmp_path):
     need(NEEDS.get(script, []))
+    if script in NATS:
+        needs_nats_server()
     doc = run_bench(script, tmp_path)
     for name, column, parts in ROWS[script]:
         tbl = table(doc, name)
