@@ -10,9 +10,9 @@
 # which) or marked `<!-- not run: reason -->` on the line above it, and then still checked:
 # `bash -n` for a shell block, and the check its test names; their number may not grow
 # (NOT_RUN).  The examples use the ports the pages name (11300, 11215, 11400, 8080, 3000,
-# 11500, 11301, 8000, 8081, 8090, 9090): a test skips when one is taken here, as none is on
-# CI.  An HTML block (`<!-- NAME -->` first) is a page a real browser opens
-# (tests/support/browser.py).
+# 11500, 11301, 8000, 8081, 8090, 9090, and NATS's 4222 and 8222): a test skips when one is
+# taken here, as none is on CI.  An HTML block (`<!-- NAME -->` first) is a page a real
+# browser opens (tests/support/browser.py).
 from __future__ import annotations
 
 import datetime
@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import pytest
 
+from nats_cluster import needs_nats_server
 from servers import LOOPBACK, RawClient, free_port, needs_group, self_check, wait_for
 
 pytestmark = pytest.mark.skipif(self_check(), reason="runs zstalk's own examples")
@@ -91,6 +92,7 @@ RUN_BY = {
     "# Dockerfile.worker": "tests/deploy/test_multihost.py (builds it FROM the local image)",
     "# k8s/overlays/mine/kustomization.yaml": "test_the_kustomize_line_renders_the_readme_overlay",
     "curl -s http://127.0.0.1:8081/metrics": "test_the_metrics_example_runs_as_written",
+    "nats-server -c nats.conf": "test_the_journal_example_keeps_a_job_through_a_kill_9",
     "max by (tube) (zstalk_tube_oldest_ready_age_seconds)":
         "tests/end_to_end/test_metrics_end_to_end.py (each query, on a real Prometheus)",
 }
@@ -508,6 +510,18 @@ def test_the_metrics_example_runs_as_written(shell):
     out = shell.run(block("curl -s http://127.0.0.1:8081/metrics").text, timeout=60)
     assert out.returncode == 0, out.stderr
     assert 'zstalk_tube_jobs{tube="emails",state="ready"} 1\n' in out.stdout, out.stdout
+
+
+def test_the_journal_example_keeps_a_job_through_a_kill_9(shell):
+    needs_nats_server()
+    needs_group("reference", "curl")
+    free(11300, 11215, 11400, 4222, 8222)
+    example = shell.start(block("nats-server -c nats.conf").text)
+    out = example.communicate(timeout=120)[0]
+    assert example.returncode == 0, out
+    assert re.findall(r"^(?:1|kept)$", out, re.M) == ["1", "kept"], out
+    assert out.count("has 1 replica: a local try") == 2, out
+    assert "(restored 1 jobs, 0 tasks); sync_interval always;" in out, out
 
 
 def test_every_readme_code_block_is_run_or_marked_not_run():
