@@ -275,8 +275,9 @@ def log_format_option(f):
 
 
 def insecure_option(f):
-    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys, and a waiting room
-    without pass keys (children inherit it through the environment, as they do the keys)."""
+    """--insecure: allow a non-local ZeroMQ endpoint without CURVE keys, a waiting room
+    without pass keys, and a NATS journal beyond this host without credentials (children
+    inherit it through the environment, as they do the keys)."""
     def allow(ctx, param, value):
         if value:
             os.environ["ZSTALK_INSECURE"] = "1"
@@ -284,7 +285,8 @@ def insecure_option(f):
     return click.option("--insecure", is_flag=True, expose_value=False, callback=allow,
                         is_eager=True, help="Allow a ZeroMQ endpoint beyond this host without "
                         "CURVE keys (ZSTALK_CURVE_KEY ...; see zstalk keygen), and a waiting "
-                        "room (--config, `online`) without --pass-key-file: no passes.")(f)
+                        "room (--config, `online`) without --pass-key-file: no passes, and a --journal "
+                        "NATS beyond this host without --journal-creds or --journal-user-file.")(f)
 
 
 @click.group(cls=_Main)

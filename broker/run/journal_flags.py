@@ -71,6 +71,10 @@ def journal_options(f):
 def journal_from(urls: str, name: str, creds: str | None, user_file: str | None,
                  tls_ca: str | None, timeout_s: float, replicas: int, monitor: str | None):
     """The flags as a wal/stream.py Options (a usage error naming what is wrong)."""
+    import importlib.util
+    if importlib.util.find_spec("nats") is None:
+        raise click.UsageError("--journal needs the NATS client, nats-py: install zstalk "
+                               "with its ha extra (pip install 'zstalk[ha]')")
     from ..wal import stream
     try:
         parsed = stream.parse_urls(urls)

@@ -64,8 +64,10 @@ RETRY_S = 0.25
 _NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
 _WRONG_SEQUENCE = 10071
 #: refusals that mean the stream cannot take the append, now or later (full, too big)
-_CANNOT_STORE = {10047: "the stream is full (max_bytes)", 10077: "the stream is full",
-                 10054: "a message above the stream's max_msg_size", 10028: "storage is full"}
+_CANNOT_STORE = {10077: "the stream is full (max_bytes)",
+                 10047: "NATS has no storage left (insufficient storage resources)",
+                 10054: "a message above the stream's max_msg_size",
+                 10028: "NATS has no memory left (insufficient memory resources)"}
 
 
 class Append:
@@ -479,7 +481,7 @@ class JetStreamJournal:
     _live = None
 
     def end_turn(self, now: float, live: J.LiveView) -> int:
-        """The turn's ticket; its records go now if fewer than --journal-inflight appends
+        """The turn's ticket; its records go now if fewer than opts.inflight (4) appends
         are out, else with the next; a turn without records rides on an append in flight
         or sends a barrier."""
         self.turn += 1

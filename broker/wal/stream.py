@@ -6,7 +6,7 @@ Names: the stream `ZSTALK_<name>` holds the subject `zstalk.<name>.journal` (`--
 default `zstalk`).  One message is one append of the broker: a binlog frame (format.py's
 `encode_frame`: length, crc32, the records as the binlog writes them) and headers:
 
-    Nats-Msg-Id                  <writer>-<ticket>: a retried append is recognised (dedup)
+    Nats-Msg-Id                  <writer>-<sequence>: a retried append is recognised (dedup)
     Nats-Expected-Last-Sequence  the sequence the writer believes is last: fencing
     Zstalk-State                 the state id (fronts' re-registered sessions keep theirs)
     Zstalk-Next-Id               the next job id when it was appended (ids never go back)

@@ -1,8 +1,8 @@
 """Prometheus' text exposition format (0.0.4), and the one table of zstalk's metrics.
 
 `METRICS` names every metric any zstalk process exports: its name, type, help, labels and,
-for a histogram, its bucket bounds; the README's list is generated from it and a test keeps
-the two equal.  A process gathers `Sample`s (a metric's name, its label values in the
+for a histogram, its bucket bounds; the manual's list (docs/operations/metrics.md) is
+generated from it and a test keeps the two equal.  A process gathers `Sample`s (a metric's name, its label values in the
 table's order, and a number or a `Histogram`) and `render` writes them grouped by metric,
 in the table's order, each family with its `# HELP` and `# TYPE`.
 
@@ -74,6 +74,16 @@ METRICS: tuple[Metric, ...] = (
            "took.", (), LATENCY_BUCKETS),
     Metric("zstalk_binlog_compaction_copies_total", "counter", "Records compaction copied "
            "forward (binlog-records-migrated)."),
+    Metric("zstalk_journal_bytes", "gauge", "Bytes of the NATS journal's live records "
+           "(--journal)."),
+    Metric("zstalk_journal_stream_bytes", "gauge", "Bytes the journal's stream holds, live "
+           "or not (compaction starts past twice the live bytes plus 8 MiB)."),
+    Metric("zstalk_journal_ack_seconds", "histogram", "From an append's send to NATS's "
+           "acknowledgement of it and every earlier one.", (), LATENCY_BUCKETS),
+    Metric("zstalk_journal_appends_in_flight", "gauge", "Appends sent and not yet "
+           "acknowledged (replies wait for them)."),
+    Metric("zstalk_journal_compaction_copies_total", "counter", "Records the journal's "
+           "compaction copied forward (binlog-records-migrated)."),
     # -- the broker: cloud tasks and schedules -----------------------------------------------
     Metric("zstalk_tasks_enqueued_total", "counter", "Tasks enqueued, by function.",
            ("function",)),
@@ -123,7 +133,7 @@ _WHO = {"broker": "broker", "front": "fronts", "dispatcher": "dispatcher", "pool
 
 
 def readme_table() -> str:
-    """The README's list of metrics (a test keeps the two equal)."""
+    """docs/operations/metrics.md's list of metrics (a test keeps the two equal)."""
     rows = ["| metric | type | labels | from | what |", "|---|---|---|---|---|"]
     for m in METRICS:
         labels = ", ".join(f"`{name}`" for name in m.labels) or "-"

@@ -26,6 +26,7 @@ import os
 import random
 import re
 import socket
+import sys
 import subprocess
 import threading
 import time
@@ -37,6 +38,7 @@ from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port,
                      wait_for)
 from test_binlog_end_to_end import Pipeline, check_durable, job_map
 from test_tasks_end_to_end import Api, FunctionHost
+from test_metrics_end_to_end import health_args, one, parse, promtool_accepts, scrape_text
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own journal")
 DEPOSED_EXIT = 12
@@ -311,6 +313,25 @@ def test_compaction_purges_what_nothing_live_needs_and_a_restart_keeps_the_live(
         server.stop()
 
 
+def test_the_journal_s_metrics_are_scraped_and_promtool_accepts_them(cluster, name):
+    health = free_port()
+    server = serve(cluster.urls, name, *health_args(health)).start()
+    try:
+        with RawClient(server.address, 10) as c:
+            c.send(b"put 0 0 60 5\r\nhello\r\n" * 20)
+            assert len(c.read_replies(20)) == 20
+        assert wait_for(lambda: scrape_text(health)[0] == 200, 10), server.output()
+        text = scrape_text(health)[1]
+        samples = parse(text)
+        assert one(samples, "zstalk_journal_bytes") > 20 * 5
+        assert one(samples, "zstalk_journal_stream_bytes") >= one(samples, "zstalk_journal_bytes")
+        assert one(samples, "zstalk_journal_ack_seconds_count") >= 1
+        assert one(samples, "zstalk_journal_appends_in_flight") >= 0
+        promtool_accepts(text)
+    finally:
+        server.stop()
+
+
 class SwallowingProxy:
     """A TCP proxy to one NATS server that, once told, forwards what the client sends
     but not what the server answers, then drops both connections."""
@@ -446,3 +467,13 @@ def test_a_nats_beyond_this_host_needs_credentials_or_insecure():
 def test_a_journal_flag_without_journal_is_a_usage_error():
     done = run_zstalk("broker", "--journal-name", "x")
     assert done.returncode == 2 and "needs --journal" in done.stderr, done.stderr
+
+
+def test_journal_without_the_nats_client_names_the_extra_to_install():
+    hide_nats = ("import sys; sys.modules['nats'] = None; sys.argv = ['zstalk', 'serve', "
+                 "'--journal', 'nats://127.0.0.1:4222']; from zstalk.broker.run.cli import main; "
+                 "main()")
+    done = subprocess.run([sys.executable, "-c", hide_nats], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "zstalk[ha]" in done.stderr and "Traceback" not in done.stderr
