@@ -27,10 +27,10 @@ import click
 from ...protocol.network.listen import (HealthOptions, HttpLimits, bind_listen, describe_listen,
                                         parse_listen)
 from .. import VERSION
-from .journal_flags import journal_options, journal_said
+from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
-                      health_said, where, worker_endpoint)
+                      health_said, journal_said, where, worker_endpoint)
 from .ports import PORT, Endpoint, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)

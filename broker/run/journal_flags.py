@@ -133,16 +133,3 @@ def journal_args(journal) -> list[str]:
     if journal.monitor:
         args += ["--journal-monitor", ",".join(journal.monitor)]
     return args
-
-
-def journal_said(journal, restored, sync: str = "") -> str:
-    """A start line's part: the journal, what it restored, its sync check and timeout."""
-    if journal is None:
-        return ""
-    said = f"journal {','.join(journal.urls)} stream {journal.stream}"
-    if restored is not None:
-        jobs, tasks, schedules = restored
-        said += f" (restored {jobs:,} jobs, {tasks:,} tasks" + (
-            f", {schedules:,} schedules)" if schedules else ")")
-    return said + (f"; {sync}" if sync else "") + (
-        f"; replies wait for NATS, exit after {journal.timeout_s:g} s without it")

@@ -140,6 +140,19 @@ def health_said(health: HealthOptions, children: dict[str, int] | None = None) -
     return said
 
 
+def journal_said(journal, restored, sync: str = "") -> str:
+    """A start line's part: the journal, what it restored, its sync check and timeout."""
+    if journal is None:
+        return ""
+    said = f"journal {','.join(journal.urls)} stream {journal.stream}"
+    if restored is not None:
+        jobs, tasks, schedules = restored
+        said += f" (restored {jobs:,} jobs, {tasks:,} tasks" + (
+            f", {schedules:,} schedules)" if schedules else ")")
+    return said + (f"; {sync}" if sync else "") + (
+        f"; replies wait for NATS, exit after {journal.timeout_s:g} s without it")
+
+
 def binlog_said(directory: str | None, restored: tuple[int, int, int] | None) -> str:
     """A start line's part for the binlog ('' without one), with what its replay brought
     back: 'binlog /var/lib/zstalk (restored 12 jobs, 3 tasks)' (and schedules, if any)."""

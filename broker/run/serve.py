@@ -32,8 +32,8 @@ from .fronts import beanstalk_front, counter_front, start_front, tune_gc
 from ...protocol.network.loop import run
 from .. import VERSION
 from .logs import start_line
-from .journal_flags import journal_said
-from .options import ServeOptions, announcement, binlog_said, health_said, no_endpoint
+from .options import (ServeOptions, announcement, binlog_said, health_said, journal_said,
+                      no_endpoint)
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
 BIND_EXIT = 111         # and for an address it cannot bind

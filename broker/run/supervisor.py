@@ -39,10 +39,9 @@ import sys
 import tempfile
 import time
 
-from .journal_flags import journal_said
 from .logs import log_format, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announcement,
-                      binlog_said, health_said)
+                      binlog_said, health_said, journal_said)
 
 STOP_GRACE_S = 3.0
 BIND_EXIT = 111         # beanstalkd's exit code for an address it cannot bind

@@ -24,7 +24,8 @@ BIN = Path(sys.executable).parent
 #: loaded on demand only: by an HTTP port, a worker endpoint, a config file, schedules,
 #: and the first message encoded for another process or the first task record
 ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.tasks.cron",
-             "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk")
+             "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk",
+             "nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
 
@@ -71,6 +72,8 @@ def test_zstalkd_answers_its_first_command_having_loaded_nothing_it_does_not_ser
                                           "-p", str(free_port())])
     assert {"zstalk.broker.core.broker", "uvloop"} <= {m for _, m in imports}   # the log is whole
     assert on_demand_loaded(imports) == []
+    assert "click" not in {m for _, m in imports}, \
+        f"zstalkd loads click (~13 ms), through {importer(imports, 'click')}"
 
 
 def test_zstalk_serve_without_a_worker_endpoint_loads_no_zeromq():
