@@ -481,7 +481,7 @@ class JetStreamJournal:
     _live = None
 
     def end_turn(self, now: float, live: J.LiveView) -> int:
-        """The turn's ticket; its records go now if fewer than opts.inflight (4) appends
+        """The turn's ticket; its records go now if fewer than opts.inflight (2) appends
         are out, else with the next; a turn without records rides on an append in flight
         or sends a barrier."""
         self.turn += 1

@@ -11,7 +11,8 @@
 # $XDG_CACHE_HOME/zstalk-bench): the commit's files as `git archive` writes them (no
 # worktree is registered in the shared .git, so deleting the cache leaves nothing
 # behind), then a venv made the tree's own way: sourcing its scripts/_venv.sh where it
-# has one (an editable install, byte-compiled), else `pip install -e .`.  The build is
+# has one (an editable install, byte-compiled, with the `ha` extra where the commit has
+# one: the journal's benchmark runs its --journal too), else `pip install -e .`.  The build is
 # keyed by the full commit id, made under a lock (two benchmarks may ask at once), and
 # marked done by a `.built` file only once the venv has its console scripts; a failed
 # build is removed and tried again next time.  `--against HEAD` on a clean tree is an
@@ -122,6 +123,8 @@ def _export(commit: str, home: Path) -> None:
 def _make_venv(home: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("ZSTALK_EXTRAS", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    if _has_extra(home, "ha"):          # (--journal: bench_journal runs the ref's too)
+        env["ZSTALK_EXTRAS"] = "ha"
     if (home / "scripts" / "_venv.sh").exists():
         steps = [["bash", "-c", "source scripts/_venv.sh"]]
     else:
@@ -135,6 +138,15 @@ def _make_venv(home: Path) -> None:
                              f"{(out.stdout + out.stderr)[-3000:]}")
     if not (home / ".venv/bin/zstalk").exists():
         raise BuildError(f"{home}/.venv has no zstalk console script after the install")
+
+
+def _has_extra(home: Path, name: str) -> bool:
+    """Whether the build's pyproject.toml declares the optional dependency group `name`."""
+    try:
+        text = (home / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return any(line.startswith(f"{name} = [") for line in text.splitlines())
 
 
 def _system_python() -> str:
