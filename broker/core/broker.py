@@ -45,6 +45,7 @@ from typing import Callable, NamedTuple
 from ...protocol.schema import (PEER_TIMEOUT_S, SESSION_BYTES_MAX, SESSION_OPS_MAX,
                                 SILENT_OPS, Batch, Fenced, Hello, Heartbeat, Op, R, Replies,
                                 Settings, Welcome)
+from ...protocol.schema.version import VERSION
 from .beanstalk import stats
 from .beanstalk.checks import NATIVE_KINDS, check
 from .beanstalk.commands import BeanstalkCommands
@@ -72,7 +73,7 @@ _PUT, _CLOSE, _HALF_CLOSE = Op.PUT, Op.CLOSE, Op.HALF_CLOSE
 class Config(NamedTuple):
     max_job_size: int = 65535
     max_jobs_bytes: int = 0           # 0: no limit
-    version: str = "0.1.0"
+    version: str = VERSION            # (the package's: protocol/schema/version.py)
     binlog_max_size: int = 10485760
     stat_interval_s: int = 86400      # counters: zero counters are collected at these boundaries
     recovering: bool = False          # started again after a crash: refuse Acquire for a grace period
