@@ -64,7 +64,7 @@ from .directory import (GATES_NAME, LOCK_NAME, SEGMENT_SIZE, BinlogError, Option
 from .fsync import Syncer, preallocate
 from ..core.shared import journal as J
 from ..core.beanstalk.jobs import Job
-from ..core.tasks.schedules import Schedule
+from ..core.schedules.schedules import Schedule
 from ..core.tasks.store import Task
 from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample
 
@@ -645,28 +645,18 @@ class Binlog:
     # -- the journal the core is handed (broker/core/shared/journal.py) -------------------------
     def _tables(self) -> None:
         """`room` and `append` by record kind (journal.py: a put costs two calls)."""
-        room: list = [_always] * len(J.KINDS)
-        room[J.JOB_PUT] = self._room_put
-        room[J.JOB_UPDATE] = room[J.JOB_HELD] = self._room_update
-        room[J.TASK_NEW] = self.reserve_task
-        room[J.TASK_CALL] = self.reserve_call
-        room[J.TASK_STATE] = self.reserve_task_state
-        room[J.TASK_END] = self._room_task_end
-        room[J.SCHEDULE_NEW] = self._room_new_schedule
-        room[J.SCHEDULE] = self.reserve_schedule
-        append: list = [None] * len(J.KINDS)
-        append[J.JOB_PUT] = self.log_put
-        append[J.JOB_UPDATE] = self.log_update
-        append[J.JOB_HELD] = self._log_held
-        append[J.JOB_DELETE] = self.log_delete
-        append[J.TASK_NEW] = self.log_task
-        append[J.TASK_STATE] = self.log_task_state
-        append[J.TASK_END] = self._log_task_end
-        append[J.TASK_GONE] = self.log_task_gone
-        append[J.SCHEDULE] = self.log_schedule
-        append[J.SCHEDULE_GONE] = self.log_schedule_gone
-        append[J.GATES] = self._keep_gates
-        self.room, self.append = tuple(room), tuple(append)
+        self.room = J.by_kind(J.accept, {
+            J.JOB_PUT: self._room_put, J.JOB_UPDATE: self._room_update,
+            J.JOB_HELD: self._room_update, J.TASK_NEW: self.reserve_task,
+            J.TASK_CALL: self.reserve_call, J.TASK_STATE: self.reserve_task_state,
+            J.TASK_END: self._room_task_end, J.SCHEDULE_NEW: self._room_new_schedule,
+            J.SCHEDULE: self.reserve_schedule})
+        self.append = J.by_kind(J.ignore, {
+            J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self._log_held,
+            J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
+            J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
+            J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
+            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
 
     def _room_put(self, job: Job) -> bool:
         return self.reserve_put(job.tube.name, len(job.body))
@@ -789,7 +779,3 @@ class Binlog:
             self._loop.remove_reader(self.notify_fd)
         self._loop = None
         self._close_files()
-
-
-def _always(subject) -> bool:
-    return True

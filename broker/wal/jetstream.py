@@ -48,7 +48,7 @@ import time
 from . import format as wf, records, stream as S
 from ..core.shared import journal as J
 from ..core.beanstalk.jobs import RESERVED, Job
-from ..core.tasks.schedules import Schedule
+from ..core.schedules.schedules import Schedule
 from ..core.tasks.store import Task
 from ...protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram, Sample
 
@@ -173,22 +173,23 @@ class JetStreamJournal:
         tasks = []
         for uid, (fields, seq) in replayed.tasks.items():
             tasks.append(records.task_image(fields))
-            size = len(wf.encode_task(fields))
-            self.task_file[uid], self.task_size[uid] = seq, size
-            self.live_bytes += size
-            spans[seq].live += 1
+            self._restored(self.task_file, self.task_size, uid, seq, wf.encode_task(fields))
             extra = records.unknown_optional(fields)
             if extra:
                 self.task_extra[uid] = extra
         schedules = []
         for name, (fields, seq) in replayed.schedules.items():
             schedules.append(records.schedule_image(fields))
-            size = len(wf.encode_schedule(fields))
-            self.schedule_file[name], self.schedule_size[name] = seq, size
-            self.live_bytes += size
-            spans[seq].live += 1
+            self._restored(self.schedule_file, self.schedule_size, name, seq,
+                           wf.encode_schedule(fields))
         return J.Restored(replayed.jobs.values(), replayed.next_id, tasks, schedules,
                           replayed.gates, replayed.warnings)
+
+    def _restored(self, files: dict, sizes: dict, key: str, seq: int, record: bytes) -> None:
+        """A replayed task's or schedule's latest full record: in message `seq`, live."""
+        files[key], sizes[key] = seq, len(record)
+        self.live_bytes += len(record)
+        self.spans[seq].live += 1
 
     def start(self, loop, on_durable) -> None:
         """Connect on the actor's loop and append a barrier: once it is acknowledged we
@@ -502,22 +503,15 @@ class JetStreamJournal:
 
     # -- records (the core's, by kind) --------------------------------------------------------
     def _tables(self) -> None:
-        room: list = [_always] * len(J.KINDS)
-        room[J.JOB_PUT] = self._room_put
-        room[J.TASK_NEW] = room[J.SCHEDULE_NEW] = self._room_record
-        append: list = [_nothing] * len(J.KINDS)
-        append[J.JOB_PUT] = self.log_put
-        append[J.JOB_UPDATE] = self.log_update
-        append[J.JOB_HELD] = self.log_held
-        append[J.JOB_DELETE] = self.log_delete
-        append[J.TASK_NEW] = self.log_task
-        append[J.TASK_STATE] = self.log_task_state
-        append[J.TASK_END] = self.log_task_end
-        append[J.TASK_GONE] = self.log_task_gone
-        append[J.SCHEDULE] = self.log_schedule
-        append[J.SCHEDULE_GONE] = self.log_schedule_gone
-        append[J.GATES] = self._keep_gates
-        self.room, self.append = tuple(room), tuple(append)
+        self.room = J.by_kind(J.accept, {
+            J.JOB_PUT: self._room_put, J.TASK_NEW: self._room_record,
+            J.SCHEDULE_NEW: self._room_record})
+        self.append = J.by_kind(J.ignore, {
+            J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self.log_held,
+            J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
+            J.TASK_STATE: self.log_task_state, J.TASK_END: self.log_task_end,
+            J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
+            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
 
     def _room_put(self, job: Job) -> bool:
         """A full stream refuses new work as a full disk does (OUT_OF_MEMORY); what is
@@ -755,11 +749,3 @@ async def _close(nc) -> None:
         await nc.close()
     except Exception:
         pass
-
-
-def _always(subject) -> bool:
-    return True
-
-
-def _nothing(subject) -> None:
-    pass

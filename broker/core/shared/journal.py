@@ -174,6 +174,23 @@ class Journal(Protocol):
     def close(self, now: float | None = None, live: LiveView | None = None) -> None: ...
 
 
+def accept(subject) -> bool:
+    """A room entry for a record that needs none."""
+    return True
+
+
+def ignore(subject) -> None:
+    """An append entry for a record a journal does not keep."""
+
+
+def by_kind(default, entries: dict) -> tuple:
+    """A `room` or `append` table: `entries` by record kind, `default` for the others."""
+    table = [default] * len(KINDS)
+    for kind, entry in entries.items():
+        table[kind] = entry
+    return tuple(table)
+
+
 class NullJournal:
     """No durability: every change is accepted and nothing is kept; every turn is durable
     at once, so no reply waits.  `max_size` is what `stats` says of -s."""
@@ -187,8 +204,8 @@ class NullJournal:
     def __init__(self, max_size: int = 10485760) -> None:
         self.max_size = max_size
 
-    room = (lambda subject: True,) * len(KINDS)
-    append = (lambda subject: None,) * len(KINDS)
+    room = by_kind(accept, {})
+    append = by_kind(ignore, {})
 
     def stats(self) -> JournalStats:
         return JournalStats(0, 0, 0, 0, self.max_size)
