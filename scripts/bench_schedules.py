@@ -34,7 +34,7 @@ the --window (10 s; 3 s --quick) whole seconds W0 .. W1-1 starting at the second
 the next one, so every schedule exists for a full second before it counts.
 
 Which fire a task is: the broker gives a fire's task the uniqueId
-`zstalk.broker.core.tasks.schedules.fire_id(name, fire time)`, the first 32 hex digits of
+`zstalk.broker.core.schedules.schedules.fire_id(name, fire time)`, the first 32 hex digits of
 sha256("<name>\\0<fire time in ms>"); this script computes that id (fire_id below, the
 same formula: a benchmark imports no zstalk module; if zstalk's ever changes, every task
 shows up as matching no schedule) for
@@ -116,7 +116,7 @@ FIRST_ERRORS = 5        # missing fires and such: how many to name
 
 
 def fire_id(name: str, at: float) -> str:
-    """The uniqueId of the task a fire enqueues (zstalk.broker.core.tasks.schedules.fire_id's formula)."""
+    """The uniqueId of the task a fire enqueues (zstalk.broker.core.schedules.schedules.fire_id's formula)."""
     return hashlib.sha256(f"{name}\0{round(at * 1000)}".encode()).hexdigest()[:32]
 
 

@@ -15,7 +15,7 @@ Components: each protocol family's state and rules live in a component of its ow
     pools       beanstalk/pools.py      SUBSCRIBE / CREDIT, jobs pushed to worker pools
     counters    counters.py             the yrmcds counters and their sessions
     tasks       tasks/commands.py       cloud tasks, HTTP fronts' and dispatchers' sessions
-    schedules   tasks/schedule_commands.py   cron schedules, fired as tasks
+    schedules   schedules/commands.py   cron schedules, fired as tasks
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
 restores the sessions of the front kinds it owns.  Components share only what
@@ -54,8 +54,8 @@ from .counters import CounterCommands
 from .shared.journal import GATES, Journal, NullJournal, Restored
 from .shared import Admission, Identity, Out
 from .tasks.commands import TaskCommands
-from .tasks.schedule_commands import ScheduleCommands
-from .tasks.schedules import Schedules
+from .schedules.commands import ScheduleCommands
+from .schedules.schedules import Schedules
 from .tasks.store import ApiPolicy, FunctionSpec, Tasks
 
 log = logging.getLogger("zstalk.broker")

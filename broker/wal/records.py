@@ -14,7 +14,7 @@ from __future__ import annotations
 from . import format as wf
 from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
 from ..core.shared import journal as J
-from ..core.tasks.schedules import Schedule
+from ..core.schedules.schedules import Schedule
 from ..core.tasks.store import TASK_ERROR_CHARS, Task
 
 _NO_COUNTS = (0,) * len(COUNTERS)

@@ -98,7 +98,7 @@ class Op(Codes):
     # map of optional fields, None for none, so later versions add fields to these ops
     # without a new schema version (a broker ignores keys it does not know)
     T_LIST = 55         # (conn, function | None, status | None, limit, after)  after: a cursor
-    # cron schedules (broker/core/tasks/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
+    # cron schedules (broker/core/schedules/schedules.py), answered T_SCHEDULE / T_SCHEDULES / T_ERROR
     T_SCHEDULE = 56     # (conn, name, cron, timezone, function, params: bytes, options)
     T_SCHEDULES = 57    # (conn, after: a name, limit)
     T_SCHEDULE_INFO = 58    # (conn, name)

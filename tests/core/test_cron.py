@@ -1,4 +1,4 @@
-"""Cron schedules (broker/core/tasks/cron.py): fields, Quartz's rules, refusals, and fire times on a fake
+"""Cron schedules (broker/core/schedules/cron.py): fields, Quartz's rules, refusals, and fire times on a fake
 clock, DST included (New York, Berlin, Lord Howe's half hour, São Paulo's midnight shifts and
 the day Samoa skipped), checked against a brute-force enumeration with Hypothesis."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zstalk.broker.core.tasks.cron import Cron, CronError, next_fire, parse, zone
+from zstalk.broker.core.schedules.cron import Cron, CronError, next_fire, parse, zone
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from test_tasks_binlog import HTTP, WALL_OFFSET, Node
-from zstalk.broker.core.tasks.schedules import fire_id
+from zstalk.broker.core.schedules.schedules import fire_id
 from zstalk.broker.core.tasks.store import FunctionSpec
 from zstalk.protocol.schema import Op, R
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: loaded on demand only: by an HTTP port, a worker endpoint, a config file, schedules,
 #: and the first message encoded for another process or the first task record
-ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.tasks.cron",
+ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.schedules.cron",
              "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk",
              "nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")

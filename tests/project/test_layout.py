@@ -70,29 +70,37 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                               ("protocol/schema", "protocol", "protocol/codecs",
                                "broker/core/shared")),
     "broker/core/tasks": ("cloud tasks (store, commands, limits, requests, views, upstream "
-                          "calls) and cron schedules",
+                          "calls)",
                           ("protocol/schema", "protocol", "protocol/codecs",
                            "broker/core/shared", "broker/core/upstreams")),
+    "broker/core/schedules": ("cron schedules: the expressions, the schedules that fire "
+                              "tasks, their commands",
+                              ("protocol/schema", "protocol", "protocol/codecs",
+                               "broker/core/shared", "broker/core/upstreams",
+                               "broker/core/tasks")),
     "broker/core": ("the pure state core: broker.py routes each op to its family's component "
                     "and owns fronts and sessions; counters.py",
                     ("protocol/schema", "protocol", "protocol/codecs", "broker/core/shared",
-                     "broker/core/upstreams", "broker/core/beanstalk", "broker/core/tasks")),
+                     "broker/core/upstreams", "broker/core/beanstalk", "broker/core/tasks",
+                     "broker/core/schedules")),
     "broker/wal": ("durability: the binlog, its on-disk format, fsync, beanstalkd's binlog "
                    "reader and the importer",
                    ("protocol/schema", "protocol", "protocol/codecs", "broker/core/shared",
                     "broker/core/upstreams", "broker/core/beanstalk", "broker/core/tasks",
-                    "broker/core")),
+                    "broker/core/schedules", "broker/core")),
     "broker": ("the broker actor (the core on an event loop, a ZeroMQ ROUTER, a mailbox), its "
                "config file, its metrics, and LocalBroker for tests (testing.py)",
                ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                 "protocol/links", "workers", "broker/core/shared", "broker/core/upstreams",
-                "broker/core/beanstalk", "broker/core/tasks", "broker/core", "broker/wal")),
+                "broker/core/beanstalk", "broker/core/tasks", "broker/core/schedules",
+                "broker/core", "broker/wal")),
     "broker/run": ("the wiring: the zstalk and zstalkd commands, `zstalk serve` in one "
                    "process, the supervisor of --fronts N, front processes; nothing imports it",
                    ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                     "protocol/links", "protocol/fronts", "protocol/fronts/http", "workers",
                     "broker/core/shared", "broker/core/upstreams", "broker/core/beanstalk",
-                    "broker/core/tasks", "broker/core", "broker/wal", "broker")),
+                    "broker/core/tasks", "broker/core/schedules", "broker/core", "broker/wal",
+                    "broker")),
 }
 #: imports across the layers that are allowed for now, each (importer, imported module) with
 #: when it goes

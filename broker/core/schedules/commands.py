@@ -17,7 +17,7 @@ from ....protocol.codecs.prometheus import LATENCY_BUCKETS, Histogram
 from ....protocol.schema import Op, R
 from ..shared.journal import SCHEDULE, Journal
 from .schedules import Fire, Schedules, fire_id
-from .store import MAX_PAGE, Task, TaskError
+from ..tasks.store import MAX_PAGE, Task, TaskError
 
 log = logging.getLogger("zstalk.broker")
 #: a wall clock that moved this much against the monotonic one was stepped

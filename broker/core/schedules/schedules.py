@@ -28,7 +28,7 @@ from sortedcontainers import SortedList
 
 from ....protocol.schema.tasks import SCHEDULE_NAME
 from ..shared.journal import SCHEDULE, SCHEDULE_GONE, SCHEDULE_NEW, Journal, NullJournal
-from .store import TASK_ERROR_CHARS, TaskError, Tasks, parse_options
+from ..tasks.store import TASK_ERROR_CHARS, TaskError, Tasks, parse_options
 
 #: a schedule's name: the characters of a task's uniqueId, up to 64
 NAME = SCHEDULE_NAME

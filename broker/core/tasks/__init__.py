@@ -1,1 +1,2 @@
-"""Cloud tasks (functions called over HTTP) and the cron schedules that enqueue them."""
+"""Cloud tasks: functions called over HTTP (the cron schedules that enqueue them are in
+core/schedules/)."""

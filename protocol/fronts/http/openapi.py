@@ -309,7 +309,7 @@ def error() -> dict:
     }
 
 
-# -- schedules (broker/core/tasks/schedules.py) ---------------------------------------------------------
+# -- schedules (broker/core/schedules/schedules.py) ---------------------------------------------------------
 def schedule_request() -> dict:
     return {
         "type": "object",

@@ -8,7 +8,7 @@
 
 Every one needs the master key (when one is configured).  The front checks the shape of
 a body only; the broker checks the rest (the cron expression, the zone, the function and
-the options: broker/core/tasks/schedules.py) and answers T_SCHEDULE, T_SCHEDULES or T_ERROR.
+the options: broker/core/schedules/schedules.py) and answers T_SCHEDULE, T_SCHEDULES or T_ERROR.
 """
 from __future__ import annotations
 
