@@ -80,6 +80,7 @@ assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DEL
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
 _NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
 _FRAME = wf.FRAME.size
+_DELETE_ROOM = 2 * (wf.DELETE_SIZE + _FRAME)     # a put reserves its DELETE too (_reservation)
 
 
 class Binlog:
@@ -289,11 +290,12 @@ class Binlog:
             encoded = self._tube_bytes[tube] = tube.encode()
         return len(encoded)
 
-    def reserve_put(self, tube: str, body_len: int) -> bool:
-        size = wf.JOB_FIXED_SIZE + self._tube_size(tube) + body_len
+    def _room_put(self, job: Job) -> bool:
+        """A put's JOB record and its DELETE, reserved (one call a put: the core's room)."""
+        size = wf.JOB_FIXED_SIZE + self._tube_size(job.tube.name) + len(job.body)
         if size > self.seg_size - wf.HEADER_SIZE - _FRAME and not self._fits(size):
             return False
-        return self.reserve(self._reservation(size) + self._reservation(wf.DELETE_SIZE))
+        return self.reserve(2 * (size + _FRAME) + _DELETE_ROOM)   # (_reservation's, inline)
 
     def _fits(self, record_size: int) -> bool:
         """Make every segment to come big enough for this record (spares grow too)."""
@@ -321,10 +323,8 @@ class Binlog:
         return records.job_image(job, self.wall_offset)
 
     def log_put(self, job: Job) -> None:
-        """A new job (its space was reserved by reserve_put)."""
-        tube = job.tube.name
-        self._tube_size(tube)
-        record = records.new_job(job, self._tube_bytes[tube], self.wall_offset)
+        """A new job (its space was reserved by _room_put, which encoded its tube)."""
+        record = records.new_job(job, self._tube_bytes[job.tube.name], self.wall_offset)
         self.live_bytes += len(record)
         self.pending.append((record, _JOB, job))
         self.pending_reserve += 2 * (len(record) + _FRAME)
@@ -657,9 +657,6 @@ class Binlog:
             J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
-
-    def _room_put(self, job: Job) -> bool:
-        return self.reserve_put(job.tube.name, len(job.body))
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))

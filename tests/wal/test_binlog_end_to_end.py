@@ -302,20 +302,23 @@ def test_a_full_disk_is_logged_once_as_it_begins_and_once_when_space_returns(tmp
 
 
 def test_each_disk_full_episode_warns_once_and_ends_with_one_info(tmp_path, caplog):
+    from zstalk.broker.core.beanstalk.jobs import Job, Tube
+    from zstalk.broker.core.shared.journal import JOB_PUT
     from zstalk.broker.wal.binlog import Binlog, Options
 
     caplog.set_level("INFO", "zstalk.binlog")
     with small_tmpfs(tmp_path / "disk", "256k") as disk:
         wal = Binlog(Options(str(disk / "wal"), 8192, None))
         wal.open(65535)
+        job = Job(1, Tube("default"), 0, 0, 1, b"x" * 900, 0.0)
         try:
             for episode in (1, 2):
                 filler = fill(disk, f"filler{episode}")
-                while wal.reserve_put("default", 900):
+                while wal.room[JOB_PUT](job):
                     pass
-                assert not any(wal.reserve_put("default", 900) for _ in range(20))
+                assert not any(wal.room[JOB_PUT](job) for _ in range(20))
                 filler.unlink()
-                assert wal.reserve_put("default", 900), "space came back"
+                assert wal.room[JOB_PUT](job), "space came back"
         finally:
             wal.close()
     said = [f"{r.levelname} {r.getMessage()}" for r in caplog.records]
