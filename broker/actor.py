@@ -463,18 +463,19 @@ class BrokerActor:
                     front.last_seen = now
 
     def _arm(self, now: float, expired: bool) -> None:
-        """Make sure a timer fires at the core's (or the binlog's) next deadline."""
-        wake = self.core.next_deadline()
-        if self.core.schedules.by_name:     # look at the wall clock now and then (steps)
-            wake = min(wake, now + WALL_CHECK_S)
-        sync = self.journal.due()
-        if sync is not None and (wake is None or sync < wake):
-            wake = sync
+        """Make sure a timer fires at the core's (or the journal's) next deadline, when
+        the turn set one before the armed timer (core.next_wake) or that timer fired."""
         if expired:         # what was due has fired: an armed timer still pending is stale
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             self._timer_at = math.inf
+        wake = self.core.next_wake(None if expired else self._timer_at)
+        if wake is not None and self.core.schedules.by_name:   # the wall clock now and then
+            wake = min(wake, now + WALL_CHECK_S)
+        sync = self.journal.due()
+        if sync is not None and (wake is None or sync < wake):
+            wake = sync
         if wake is None or wake >= self._timer_at or self.loop is None:
             return      # the armed timer fires first, and arms the next one then
         if self._timer is not None:

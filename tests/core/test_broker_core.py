@@ -241,6 +241,71 @@ def test_reserve_job_ignores_a_pause(h):
     assert h.send((Op.RESERVE_JOB, 2, j))[0][:3] == (2, R.RESERVED, j)
 
 
+# -- the actor's timer (next_wake) -----------------------------------------------------
+def test_a_turn_that_sets_no_deadline_needs_no_new_timer(h):
+    armed = h.broker.next_wake(None)        # (what the actor does after its first turn)
+    h.put(1)
+    h.send((Op.RESERVE, 2, 0), (Op.DELETE, 2, 1))
+    assert h.broker.next_wake(armed if armed is not None else float("inf")) is None
+
+
+def test_a_delay_set_before_the_armed_timer_is_told_and_one_after_it_is_not(h):
+    h.broker.next_wake(None)
+    h.put(1, delay=5)
+    wake = h.broker.next_wake(float("inf"))     # (the next deadline: the front's silence may be sooner)
+    assert wake is not None and wake <= h.now + 5
+    h.put(1, delay=9)
+    assert h.broker.next_wake(h.now + 5) is None
+    h.put(1, delay=2)
+    wake = h.broker.next_wake(h.now + 5)
+    assert wake is not None and wake <= h.now + 2
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_timer_the_actor_keeps_is_never_later_than_the_next_deadline(seed):
+    """Random beanstalk traffic, the actor's way of arming (next_wake after each turn,
+    everything again after a timer fires): the armed time never passes a deadline."""
+    import random
+    rng = random.Random(seed)
+    h = Harness()
+    h.open(1, 2, 3)
+    armed = h.broker.next_wake(None)
+    armed = float("inf") if armed is None else armed
+    for _ in range(400):
+        step = rng.randrange(10)
+        conn = rng.choice((1, 2, 3))
+        if step < 3:
+            h.send((Op.PUT, conn, rng.randrange(3), rng.choice((0, 0, 1, 4)), rng.choice((1, 2, 30)), b"x"))
+        elif step == 3:
+            h.send((Op.RESERVE, conn, rng.choice((-1, 0, 1, 3))))
+        elif step == 4:
+            h.send(*[(op, conn, jid, *rest) for jid in range(1, 4) for op, rest in
+                     [rng.choice(((Op.DELETE, ()), (Op.TOUCH, ()), (Op.BURY, (0,)),
+                                  (Op.RELEASE, (0, rng.choice((0, 2))))))]])
+        elif step == 5:
+            h.send((Op.PAUSE_TUBE, conn, "default", rng.choice((0, 1, 3))))
+        elif step == 6:
+            h.send((Op.KICK, conn, 2))
+        else:
+            h.now += rng.choice((0.1, 0.5, 1.5))
+            h.broker.handle(FRONT, Heartbeat(0), h.now)
+            if h.now >= armed:
+                h.broker.expire(h.now)
+                h.broker.flush()
+                armed = float("inf")
+                wake = h.broker.next_wake(None)
+            else:
+                wake = h.broker.next_wake(armed)
+            if wake is not None and wake < armed:
+                armed = wake
+            continue
+        wake = h.broker.next_wake(armed)
+        if wake is not None and wake < armed:
+            armed = wake
+        due = h.broker.next_deadline()
+        assert due is None or armed <= due, (step, armed, due)
+
+
 # -- sessions ------------------------------------------------------------------------
 def test_closing_a_connection_releases_its_reserved_jobs_at_once(h):
     j = h.put(1)

@@ -18,6 +18,9 @@ but for the one every reserve and delete touches):
   * `wakes` (when, seq): waiting sessions to look at again (reserve timeout, or the
     start of the DEADLINE_SOON margin of a job they hold);
   * `paused` (unpause_at, name): paused tubes.
+`soonest` is the earliest deadline any of them was given since the broker last looked
+(core/broker.py next_wake): a turn that set none before the timer the actor has armed
+need not look at them all again (-inf: look, as after a restore).
 `tops` holds (top ready key, tube) for every unpaused tube with ready jobs, so reserve
 across many watched tubes looks at the best candidates first instead of every tube.  It
 is brought up to date only when such a reserve looks at it: a change of a tube's top
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_left
 from typing import Callable
 
@@ -65,6 +69,7 @@ class Queue:
         self.wakes = SortedList()
         self.wake_sessions: dict[int, Session] = {}
         self.paused = SortedList()
+        self.soonest = -math.inf
         self.waiting_count = 0
         self.job_timeouts = 0
         self.bury_seq = 0           # orders buried jobs across restarts (see Job.deadline)
@@ -232,6 +237,7 @@ class Queue:
         for key in delayed:
             self.jobs[key[1]].tube.delayed.add(key)
         self.delayed_due.update(delayed)
+        self.soonest = -math.inf
         buried.sort(key=lambda j: j.deadline)
         for job in buried:
             job.tube.buried[job.id] = job
@@ -244,6 +250,8 @@ class Queue:
             job.deadline = now + delay_s
             job.tube.delayed.add((job.deadline, job.id))
             self.delayed_due.add((job.deadline, job.id))
+            if job.deadline < self.soonest:
+                self.soonest = job.deadline
         else:
             self.make_ready(job, now)
 
@@ -261,6 +269,8 @@ class Queue:
         t.reserves += 1
         session.reserved[job.id] = job
         self.ttr_due.add(job.deadline, job.id)
+        if job.deadline < self.soonest:
+            self.soonest = job.deadline
         if self.held is not None:
             self.held(job)
 
@@ -283,6 +293,8 @@ class Queue:
         self.ttr_due.discard()
         job.deadline = now + job.ttr_s
         self.ttr_due.add(job.deadline, job.id)
+        if job.deadline < self.soonest:
+            self.soonest = job.deadline
 
     # -- reserve -------------------------------------------------------------------
     def best_ready(self, session: Session) -> Job | None:
@@ -326,6 +338,8 @@ class Queue:
             seq = next(self._seq)
             session.wake = (when, seq)
             self.wakes.add(session.wake)
+            if when < self.soonest:
+                self.soonest = when
             self.wake_sessions[seq] = session
 
     def stop_waiting(self, session: Session) -> None:
@@ -362,6 +376,8 @@ class Queue:
         # pause 0 ends at the next expire (beanstalkd: 1 ns), waking waiters at once
         t.unpause_at = now + delay_s
         self.paused.add((t.unpause_at, t.name))
+        if t.unpause_at < self.soonest:
+            self.soonest = t.unpause_at
 
     def _unpause(self, t: Tube, now: float) -> None:
         self.paused.remove((t.unpause_at, t.name))
