@@ -159,13 +159,15 @@ class LocalLink:
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = self._sent_early = False
-        self.flush_now()
+        if self.batch:          # (mostly empty: a call saved, one-at-a-time clients' way)
+            self.flush_now()
 
     # -- broker messages (called by the actor, on our loop) ------------------------------
     def deliver(self, msg) -> None:
         if type(msg) is Replies:
             self.owner.on_replies(msg.items)
-            self.flush_now()        # commands the replies unblocked go in the same turn
+            if self.batch:          # commands the replies unblocked go in the same turn
+                self.flush_now()
         elif isinstance(msg, Welcome):
             self._welcome(msg)
         elif isinstance(msg, Settings):
