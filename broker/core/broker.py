@@ -202,15 +202,16 @@ class Broker:
     # -- messages --------------------------------------------------------------------
     def handle(self, peer: bytes, msg, now: float) -> None:
         front = self.fronts.get(peer)
-        if isinstance(msg, Hello):
+        if type(msg) is Batch and front is not None:    # (the everyday message first)
+            front.last_seen = now
+            self._batch(front, msg.ops, now)
+        elif isinstance(msg, Hello):
             self._hello(peer, front, msg, now)
         elif front is None:
             # a front from before our time (we restarted) or one we declared dead
             self.control.append((peer, Fenced(int.from_bytes(peer[:8], "big"), self.broker_id)))
         else:
             front.last_seen = now
-            if isinstance(msg, Batch):
-                self._batch(front, msg.ops, now)
 
     def flush(self) -> list[tuple[bytes, object]]:
         msgs, out = self.control, self.out
