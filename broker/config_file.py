@@ -257,12 +257,18 @@ def functions(table: Any, path: str = "config", upstreams: dict | None = None) -
     if any_name is None:
         any_name = base_url is not None and not named
     max_result = size_bytes(_get(defaults, FUNCTIONS, "max_result"), f"{where} max_result")
-    online_keys = (("[functions] online",) if "online" in defaults else ()) + tuple(
-        f"[functions.{name}] online" for name, entry in tables.items() if "online" in entry)
+    online_keys = (("[functions] online",) if _asks_a_room(defaults) else ()) + tuple(
+        f"[functions.{name}] online" for name, entry in tables.items() if _asks_a_room(entry))
     return TaskConfig(tuple(named.values()), template if any_name else None,
                       max_result_bytes=max_result,
                       warnings=_old_rule(path, base_url, tables, defaults),
                       online_keys=online_keys)
+
+
+def _asks_a_room(entry: dict) -> bool:
+    """`online` set to what opens a waiting room to the public ("master", the default,
+    written out or not, lets only the master key enqueue online tasks: check_passes)."""
+    return entry.get("online", "master") != "master"
 
 
 def _named(name: str, entry: dict, defaults: dict, base_url: str | None,
@@ -368,8 +374,8 @@ def check_passes(fns: TaskConfig, path: str, env=os.environ) -> tuple[str, ...]:
     signed with the HTTP fronts' pass key file.  Without one (--pass-key-file,
     PASS_KEY_FILE_ENV) the file is refused, naming the key (ConfigError), unless insecure
     is allowed (--insecure, ZSTALK_INSECURE=1): then the warning returned says so.
-    (`online` left unset is "master": online tasks with the master key only, and no room
-    is asked for, so a file of offline functions needs no key file.)"""
+    (`online` unset or "master": online tasks with the master key only, and no room is
+    asked for, so a file of offline functions needs no key file.)"""
     if not fns.online_keys or env.get(PASS_KEY_FILE_ENV):
         return ()
     keys = " and ".join(fns.online_keys)

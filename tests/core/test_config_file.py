@@ -172,6 +172,12 @@ def test_online_in_the_functions_defaults_makes_every_function_a_room(tmp_path):
         check_passes(load(path), path, env={})
 
 
+def test_online_master_written_out_needs_no_pass_key_as_when_left_unset(tmp_path):
+    path = write(tmp_path, '[functions]\nbase_url = "http://h:3000"\nonline = "master"\n'
+                           '[functions.mail]\nonline = "master"\n')
+    assert check_passes(load(path), path, env={}) == ()
+
+
 def test_a_pass_key_file_or_no_online_function_needs_nothing_more(tmp_path):
     path = write(tmp_path, ROOM)
     assert check_passes(load(path), path, env={"ZSTALK_PASS_KEY_FILE": "/keys"}) == ()
