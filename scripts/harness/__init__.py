@@ -58,6 +58,7 @@ beanstalk  a beanstalk-protocol server under test; a blocking client for set-up 
 loadgen    the pipelined beanstalk load generators (put, timed put, worker cycle, D in
            flight)
 probes     one command at a time: rates, per-request round trips, a background load
+timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client sees it
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
 readme     rewrites docs/performance.md's tables between <!-- bench:NAME --> markers
