@@ -58,6 +58,9 @@ beanstalk  a beanstalk-protocol server under test; a blocking client for set-up 
 loadgen    the pipelined beanstalk load generators (put, timed put, worker cycle, D in
            flight)
 probes     one command at a time: rates, per-request round trips, a background load
+minimal    the minimal client, a process of its own: blocking sockets, one command (or one
+           batch) at a time per connection, nothing else; or greenstalk as the client
+floor_server  a bare uvloop protocol with canned replies: the floor of a one-at-a-time row
 timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client sees it
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
