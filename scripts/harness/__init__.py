@@ -61,6 +61,7 @@ probes     one command at a time: rates, per-request round trips, a background l
 minimal    the minimal client, a process of its own: blocking sockets, one command (or one
            batch) at a time per connection, nothing else; or greenstalk as the client
 floor_server  a bare uvloop protocol with canned replies: the floor of a one-at-a-time row
+ceiling    the rule that marks a row generator-bound (not a result), and how tables say it
 timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client sees it
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied

@@ -1,8 +1,10 @@
 """The benchmarks' own clients and servers, which decide whether a row measures zstalk: the
 minimal client (scripts/harness/minimal.py) counts exactly the replies a real beanstalkd
 gives, one at a time, in batches and over many connections, and says so when a reply is
-not the one it expects, whole or cut into single bytes; and the floor server
-(scripts/harness/floor_server.py) answers each command with its canned reply."""
+not the one it expects, whole or cut into single bytes; the floor server
+(scripts/harness/floor_server.py) answers each command with its canned reply; and the rule
+that marks a row generator-bound (scripts/harness/ceiling.py) is a pure function of
+medians, shown in a table's result column in place of PASS / MISS."""
 from __future__ import annotations
 
 import socket
@@ -18,9 +20,10 @@ from servers import needs_group
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from harness import minimal                                # noqa: E402
+from harness import ceiling, minimal                       # noqa: E402
 from harness.beanstalk import BeanstalkServer, stats_of    # noqa: E402
 from harness.floor_server import floor                     # noqa: E402
+from harness.table import Table                            # noqa: E402
 
 
 @pytest.fixture
@@ -160,3 +163,33 @@ def test_the_minimal_client_runs_its_cycles_and_batches_against_the_floor(floor_
     for conns, batch in ((1, 1), (8, 32), (50, 1)):
         res = minimal.drive(floor_server.addr, "cycle", 640, conns=conns, batch=batch)
         assert (res["count"], res["errors"]) == (640, [])
+
+
+# -- the rule ----------------------------------------------------------------------------------
+def test_a_one_at_a_time_generator_below_nine_tenths_of_the_minimal_client_is_bound():
+    assert ceiling.bound_one_at_a_time(17_000, 45_000) == \
+        "0.38x the minimal client against the reference"
+    assert ceiling.bound_one_at_a_time(40_500, 45_000) is None           # 0.90x: not bound
+    assert ceiling.bound_one_at_a_time(None, 45_000) is None             # no figure, no verdict
+    assert ceiling.ceiling_said(44_000, 40_000) == "1.10x the minimal client: not the limit"
+    assert ceiling.ceiling_said(30_000, 40_000).startswith("*generator-bound* (0.75x")
+
+
+def test_a_pipelined_generator_over_four_fifths_of_a_core_is_bound_and_says_where():
+    assert ceiling.bound_by_cpu({"beanstalkd": 0.81, "zstalk": 0.8, "zstalk@x": None}) == \
+        "generator at 0.81 core against beanstalkd"
+    assert ceiling.bound_by_cpu({"beanstalkd": 0.8}) is None
+    assert ceiling.verdict(None, None) is None
+    assert ceiling.verdict("a", None, "b") == "*generator-bound* (a; b): not a result"
+
+
+def test_a_bound_row_says_so_in_its_result_column_instead_of_pass_or_miss():
+    t = Table("t", "T", [("ref", "ref"), ("z", "z")], [("z", "ref")])
+    t.add("rate", {"ref": 100.0, "z": 90.0}, target=("z/ref", ">=", 0.8),
+          result=ceiling.verdict("generator at 0.95 core against ref"))
+    t.add("other", {"ref": 100.0, "z": 70.0}, target=("z/ref", ">=", 0.8))
+    t.add("plain", {"ref": 1.0, "z": 1.0}, result=ceiling.ceiling_said(1.0, 1.0))
+    assert [r["result"] for r in t.rows] == [
+        "*generator-bound* (generator at 0.95 core against ref): not a result", "MISS",
+        "1.00x the minimal client: not the limit"]
+    assert "| rate | 100 | 90 | 0.90x | z/ref >= 0.8x | *generator-bound*" in t.markdown()
