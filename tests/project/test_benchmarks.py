@@ -62,7 +62,8 @@ ROWS = {
             "put → INSERTED p99 (ms)", "one at a time, 1 conn: put p50", "put p99 (ms)"])],
     "bench_counter": [("counter", "zstalk", [
         "1 connection, one at a time", "1 connection pipelined", "8 connections pipelined",
-        "server CPU-s per 1,000 pairs"])],
+        "server CPU-s per 1,000 pairs", "floor: the minimal client", "zstalk / the floor"]),
+        ("counter", "yrmcds", ["1 connection, one at a time", "generator ceiling"])],
     "bench_curve": [("curve", "zstalk CURVE on", [
         "put round trip through a remote front, idle, p50", "pipelined put through a remote",
         "1 producer + 4 worker processes", "broker CPU-s per 1,000"]),
