@@ -24,11 +24,11 @@ Method shared by every row
   zstalk, zstalk at --against's ref...), the order reversed every other repetition, so
   a slow phase of the machine (it drifts 2-3x on a shared VM) falls on all alike.
   --warmup rounds (1 by default) run first, untimed: page cache, first imports.
-* Figures: every cell is the MEDIAN of the --repeats runs (3; bench_beanstalk 5) with
-  their spread, min-max, in brackets; one run prints the value alone.  Not the best run: a best run is the
-  luckiest, and two tables' lucky runs differ by luck; the spread says how far the runs
-  disagreed, and a ratio within the spreads is no difference.  Every sample is in the
-  JSON.  Ratios are ratios of medians.
+* Figures: every cell is the MEDIAN of the --repeats runs (3; bench_beanstalk 5,
+  bench_counter 9) with their spread, min-max, in brackets; one run prints the value
+  alone.  Not the best run: a best run is the luckiest, and two tables' lucky runs differ
+  by luck; the spread says how far the runs disagreed, and a ratio within the spreads is
+  no difference.  Every sample is in the JSON.  Ratios are ratios of medians.
 * CPU: rows bound by the server's CPU also give the server's CPU-seconds per 1,000
   operations: utime + stime (/proc/<pid>/stat) of the server's whole process tree over
   the timed part, / operations x 1,000.  It is the figure that moves least with the
