@@ -338,7 +338,7 @@ def main(argv=None) -> int:
 def handshake(warm: dict) -> dict | None:
     """Say "ready" and wait for the word to go; the warm-up's result instead when it failed."""
     if warm["errors"]:
-        return dict(warm, count=0, rate=0.0, errors=[f"warm-up: {e}" for e in warm["errors"]])
+        return dict(warm, count=0, rate=None, errors=[f"warm-up: {e}" for e in warm["errors"]])
     print("ready", flush=True)
     sys.stdin.readline()
     return None
