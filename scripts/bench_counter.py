@@ -8,17 +8,32 @@ Usage:
 Method (what every row shares is in scripts/harness/__init__.py).  Both servers are
 started on loopback: yrmcds with the counter extension on (`virtual_ip` 127.0.0.1 and
 `bind_ip` 127.0.0.2 as it needs), zstalk as `zstalk serve --counter-port` (the counter
-front in the broker's process; its beanstalk port and worker endpoint on free ports too).  Each repetition starts every system once, fresh, and
-runs the three loads on it in turn.  The load is pre-built byte streams of Acquire
-1/1000 + Release 1 pairs on a name per connection, so the generator only sends bytes and
-counts response headers:
-  * serial: one connection, one pair at a time (send Acquire, read, send Release, read),
-    --serial-pairs (5,000) pairs;
+front in the broker's process; its beanstalk port and worker endpoint on free ports
+too).  Each repetition (9 by default, --repeats, after 1 warm-up round) starts every
+system once, fresh, in alternated order, and runs the loads on it in turn.  The load is
+pre-built byte streams of Acquire 1/1000 + Release 1 pairs on a name per connection, so
+the generator only sends bytes and counts response headers:
+  * serial: one connection, one pair at a time (send Acquire, read its response, send
+    Release, read its response), --serial-pairs (5,000) pairs, by the minimal client
+    (scripts/harness/minimal.py --kind counter): a process of its own, one blocking socket
+    (kernel read timeouts, no poll), one sendall() per request and recv_into() until the
+    response's 12-byte header and body are in, its status checked; 1,000 requests of
+    warm-up (500 pairs), then the timed part, the server's CPU read around it alone.
+    Beside the systems, in the same alternation, two more runs of this row only: the
+    generator ceiling, the benchmark's own in-process loop (serial() below: a socket with a
+    15 s Python timeout, read_responses) on yrmcds after the same warm-up, held against the
+    minimal client on yrmcds (under 0.9x of it: marked generator-bound, not a result;
+    scripts/harness/ceiling.py); and the floor, the minimal client on
+    scripts/harness/floor_server.py --protocol counter (this tree's python and uvloop: a
+    bare asyncio.Protocol answering every frame with status 0, its opcode and opaque, and
+    a 4-byte count for Acquire), with each zstalk column's median / the floor's;
   * pipelined: one connection, --pairs (20,000) pairs sent in windows of WINDOW pairs;
   * 8 connections pipelined, --pairs each, one process per connection (so the generator
     is not the limit), started together at a shared instant.
-Rates are pairs/s, with the ratio zstalk/yrmcds (target >= 0.5x on every row; yrmcds is
-multi-threaded C); each load also gives the server's CPU-seconds per 1,000 pairs.
+Rates are pairs/s, with the ratio zstalk/yrmcds (targets: one at a time >= 1.0x, the
+pipelined rows >= 0.5x; yrmcds is multi-threaded C); each load also gives the server's
+CPU-seconds per 1,000 pairs.  The table's note gives the range of the 1-minute load
+average at the end of the runs.
 """
 from __future__ import annotations
 
@@ -31,7 +46,11 @@ import sys
 import tempfile
 import time
 
+from harness.ceiling import ceiling_said
 from harness.cli import Run, log, parser, sized
+from harness.floor_server import floor
+from harness.machine import load_range
+from harness.minimal import drive
 from harness.procs import HOST, Proc, free_port, wait_until, zstalk_keep
 from harness.stats import Figure, per_1k, rounds
 from harness.table import Table
@@ -40,6 +59,10 @@ from harness.venv import use_project_venv
 HEADER = 12
 WINDOW = 500
 REFERENCE = "yrmcds"
+IN_PROCESS = f"{REFERENCE} · in-process loop"      # the generator ceiling's run
+FLOOR = "floor"
+WARMUP = 1000               # requests (500 pairs) before a serial run's timed part
+SERIAL_CAP_S = 60.0
 
 
 def frame(opcode: int, body: bytes, opaque: int = 0) -> bytes:
@@ -114,7 +137,9 @@ counter.stat_interval = 86400
 def start(name: str, run: Run, workdir: str) -> tuple[Proc, int]:
     """A fresh server of system `name`, answering on its counter port."""
     port = free_port()
-    if name == REFERENCE:
+    if name == FLOOR:
+        argv = floor(run.builds[0].python, port, "counter")
+    elif name in (REFERENCE, IN_PROCESS):
         conf = os.path.join(workdir, "yrmcds.conf")
         with open(conf, "w") as f:
             f.write(YRMCDS_CONF.format(memcache_port=free_port(), repl_port=free_port(),
@@ -193,9 +218,29 @@ def many(port: int, pairs: int, conns: int = 8) -> tuple[int, float]:
     return conns * (pairs // WINDOW) * WINDOW, last - first
 
 
-ROWS = [("serial", "acquire+release, 1 connection, one at a time (pairs/s)", serial),
-        ("pipelined", "acquire+release, 1 connection pipelined (pairs/s)", pipelined),
-        ("many", "acquire+release, 8 connections pipelined (pairs/s)", many)]
+def one_at_a_time(proc: Proc, port: int, pairs: int) -> dict:
+    """The serial row: the minimal client in a process of its own, after its warm-up."""
+    return drive((HOST, port), "counter", pairs, warmup=WARMUP, cap_s=SERIAL_CAP_S,
+                 server=proc)
+
+
+def in_process(proc: Proc, port: int, pairs: int) -> dict:
+    """The generator ceiling: serial() in this process, after the same warm-up."""
+    serial(port, WARMUP // 2)
+    return measure(proc, port, serial, pairs)
+
+
+def timed(fn):
+    return lambda proc, port, pairs: measure(proc, port, fn, pairs)
+
+
+ROWS = [("serial", "acquire+release, 1 connection, one at a time (pairs/s)", one_at_a_time,
+         1.0),
+        ("pipelined", "acquire+release, 1 connection pipelined (pairs/s)", timed(pipelined),
+         0.5),
+        ("many", "acquire+release, 8 connections pipelined (pairs/s)", timed(many), 0.5)]
+#: the runs beside the systems, of the serial row only
+BESIDE = {IN_PROCESS: in_process, FLOOR: one_at_a_time}
 
 
 def measure(proc: Proc, port: int, fn, pairs: int) -> dict:
@@ -208,21 +253,29 @@ def measure(proc: Proc, port: int, fn, pairs: int) -> dict:
                 server_cpu_share=used / wall, errors=[])
 
 
+def loads(name: str) -> list[tuple]:
+    """(row key, the load) that a run of `name` makes."""
+    if name in BESIDE:
+        return [("serial", BESIDE[name])]
+    return [(key, fn) for key, _, fn, _ in ROWS]
+
+
 def run_all(run: Run, systems: list[str]) -> dict:
     a = run.args
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-counter-") as tmp:
-        for rep, order, warm in rounds(systems, a.repeats, a.warmup):
+        for rep, order, warm in rounds(systems + list(BESIDE), a.repeats, a.warmup):
             for name in order:
                 proc, port = start(name, run, tmp)
                 try:
-                    for key, _, fn in ROWS:
+                    for key, fn in loads(name):
                         n = a.serial_pairs if key == "serial" else a.pairs
                         try:
-                            res = measure(proc, port, fn, n)
+                            res = fn(proc, port, n)
                         except Exception as exc:
                             res = dict(rate=None, errors=[repr(exc)])
-                        log(f"  {name:14} {'warm-up' if warm else f'rep {rep}'} {key:9} "
+                        res["load1"] = round(os.getloadavg()[0], 2)
+                        log(f"  {name:24} {'warm-up' if warm else f'rep {rep}'} {key:9} "
                             + (f"{res['rate']:12,.0f} pairs/s" if res["rate"] else
                                f"ERROR {res['errors']}"))
                         if not warm:
@@ -233,19 +286,38 @@ def run_all(run: Run, systems: list[str]) -> dict:
 
 
 def table(run: Run, results: dict, systems: list[str]) -> Table:
+    span = load_range(results)
     t = Table("counter", "Counters against yrmcds 1.1.9",
               [(s, s) for s in systems],
               [(b, REFERENCE, f"{b}/{REFERENCE}") for b in run.labels()] + run.against_ratios(),
               note="Acquire 1 + Release 1 pairs; `zstalk serve` with the counter front in the "
                    "broker's process against yrmcds (multi-threaded C) with its counter "
-                   "extension; a fresh server per repetition.")
-    for key, label, _ in ROWS:
+                   "extension; a fresh server per repetition; one at a time, the minimal "
+                   "client (a process of its own)."
+                   + (f" Load average (1 min) at the end of the runs: {span}." if span else ""))
+    for key, label, _, goal in ROWS:
         per = results.get(key, {})
         t.add(label, {s: Figure.of(per.get(s), "rate") for s in systems},
-              target=(f"zstalk/{REFERENCE}", ">=", 0.5))
+              target=(f"zstalk/{REFERENCE}", ">=", goal))
         t.add("  server CPU-s per 1,000 pairs",
               {s: Figure.of(per.get(s), "cpu_per_1k") for s in systems}, fmt="{:.4g}")
+        if key == "serial":
+            bounds(t, per, systems)
     return t
+
+
+def bounds(t: Table, per: dict, systems: list[str]) -> None:
+    """The serial row's generator ceiling and floor, and each zstalk's share of the floor."""
+    loop = Figure.of(per.get(IN_PROCESS), "rate")
+    t.add("  generator ceiling: the benchmark's in-process loop (pairs/s)", {REFERENCE: loop},
+          result=ceiling_said(loop.median, Figure.of(per.get(REFERENCE), "rate").median))
+    base = Figure.of(per.get(FLOOR), "rate")
+    t.add("  floor: the minimal client on bare uvloop, canned replies (pairs/s)",
+          {systems[1]: base}, ratio=False)
+    shares = {s: Figure.of(per.get(s), "rate").median for s in systems[1:]}
+    t.add("  zstalk / the floor (x, of medians)",
+          {s: [v / base.median] if v and base.median else [] for s, v in shares.items()},
+          fmt="{:.2f}", ratio=False)
 
 
 def main(argv=None) -> int:
@@ -254,7 +326,7 @@ def main(argv=None) -> int:
                     help="pairs per connection, pipelined rows (20,000)")
     ap.add_argument("--serial-pairs", type=int, default=None, help="serial row (5,000)")
     args = ap.parse_args(argv)
-    sized(args, pairs=(20000, 5000, 1000), serial_pairs=(5000, 1000, 300))
+    sized(args, repeats=(9, 1, 1), pairs=(20000, 5000, 1000), serial_pairs=(5000, 1000, 300))
     run = Run("bench_counter", args)
     systems = [REFERENCE] + run.labels()
     results = run_all(run, systems)

@@ -24,11 +24,11 @@ Method shared by every row
   zstalk, zstalk at --against's ref...), the order reversed every other repetition, so
   a slow phase of the machine (it drifts 2-3x on a shared VM) falls on all alike.
   --warmup rounds (1 by default) run first, untimed: page cache, first imports.
-* Figures: every cell is the MEDIAN of the --repeats runs (3) with their spread, min-max,
-  in brackets; one run prints the value alone.  Not the best run: a best run is the
-  luckiest, and two tables' lucky runs differ by luck; the spread says how far the runs
-  disagreed, and a ratio within the spreads is no difference.  Every sample is in the
-  JSON.  Ratios are ratios of medians.
+* Figures: every cell is the MEDIAN of the --repeats runs (3; bench_beanstalk 5,
+  bench_counter 9) with their spread, min-max, in brackets; one run prints the value
+  alone.  Not the best run: a best run is the luckiest, and two tables' lucky runs differ
+  by luck; the spread says how far the runs disagreed, and a ratio within the spreads is
+  no difference.  Every sample is in the JSON.  Ratios are ratios of medians.
 * CPU: rows bound by the server's CPU also give the server's CPU-seconds per 1,000
   operations: utime + stime (/proc/<pid>/stat) of the server's whole process tree over
   the timed part, / operations x 1,000.  It is the figure that moves least with the
@@ -58,6 +58,12 @@ beanstalk  a beanstalk-protocol server under test; a blocking client for set-up 
 loadgen    the pipelined beanstalk load generators (put, timed put, worker cycle, D in
            flight)
 probes     one command at a time: rates, per-request round trips, a background load
+minimal    the minimal client, a process of its own: blocking sockets, one command (or one
+           batch) at a time per connection, nothing else; or greenstalk as the client
+floor_server  a bare uvloop protocol with canned replies: the floor of a one-at-a-time row
+ceiling    the rule that marks a row generator-bound (not a result), and how tables say it
+hotpath    bench_beanstalk's rows 6 and 8 (the hot-path check) with their ceiling and floor
+timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client sees it
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
 readme     rewrites docs/performance.md's tables between <!-- bench:NAME --> markers

@@ -85,3 +85,21 @@ def busy_warning(m: dict) -> str | None:
         return (f"the machine is busy (load average {m['loadavg'][0]:.2f} on "
                 f"{m['nproc']} cores): figures will be low and spread wide")
     return None
+
+
+def load_range(results) -> str | None:
+    """"0.71–1.95": the range of the 1-minute load averages recorded with a benchmark's runs
+    (each run's "load1", wherever it is in the results), or None when none was."""
+    seen = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("load1"), (int, float)):
+                seen.append(node["load1"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(results)
+    return f"{min(seen):.2f}–{max(seen):.2f}" if seen else None

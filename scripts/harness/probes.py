@@ -1,11 +1,10 @@
 # Probes of one connection sending one command at a time, the way greenstalk / pystalk
-# clients work: a blocking socket (TCP_NODELAY, 15 s timeout) sends one command with one
-# sendall() and reads until the whole reply is in before sending the next.
+# clients work: a blocking socket (TCP_NODELAY; reads that wait 15 s in the kernel fail,
+# minimal.blocking_socket, rather than a Python socket timeout, which would poll() before
+# every read) sends one command with one sendall() and reads until the whole reply is in
+# before sending the next.  (One command at a time *rates* are the minimal client's,
+# minimal.py, in a process of its own.)
 #
-# * one_at_a_time: n puts (every reply checked to be one INSERTED line), or n cycles of
-#   `reserve` (RESERVED <id> <n> + body, checked) then `delete <id>` (DELETED); its rate
-#   measures latency per request (one client->server->client trip each) more than
-#   throughput.
 # * request_latency: n puts, each request timed with time.perf_counter() from just before
 #   sendall() to the reply's \r\n; p50 / p99 in ms.
 # * bg_put_main: a forked process keeping a pipelined put load on a server (loadgen's
@@ -21,88 +20,16 @@ import socket
 import threading
 import time
 
-from .loadgen import BODY, BODY_LEN, PUT_CMD, RECV_SIZE, connect_many, put_loop, set_lowat
+from .loadgen import PUT_CMD, RECV_SIZE, connect_many, put_loop, set_lowat
+from .minimal import blocking_socket
 from .procs import children
 from .stats import pct
-
-
-def one_at_a_time(addr, kind: str, n: int, time_cap: float) -> dict:
-    """One blocking connection, one command at a time, each reply read whole before
-    the next command.  kind "put": n puts; kind "cycle": n reserve -> delete cycles."""
-    sock = socket.create_connection(addr, timeout=15)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    send, recv = sock.sendall, sock.recv
-    errors, bad, body_bad, done, capped = [], [], 0, 0, False
-
-    def line_reply(r: bytes) -> bytes:          # a one-line reply: read to its \r\n
-        while not r.endswith(b"\r\n"):
-            d = recv(RECV_SIZE)
-            if not d:
-                raise EOFError(f"server closed the connection after {done} {kind}s")
-            r += d
-        return r
-
-    cpu0, t0 = time.process_time(), time.monotonic()
-    deadline = t0 + time_cap
-    try:
-        for i in range(n):
-            if i & 63 == 63 and time.monotonic() >= deadline:
-                capped = True
-                break
-            if kind == "put":
-                send(PUT_CMD)
-                r = line_reply(recv(RECV_SIZE))
-                if r.startswith(b"INSERTED ") and r.find(b"\n") == len(r) - 1:
-                    done += 1
-                else:
-                    bad.append(r[:80])
-                continue
-            send(b"reserve\r\n")
-            r = recv(RECV_SIZE)
-            while True:                          # RESERVED <id> <n>\r\n<body>\r\n
-                j = r.find(b"\r\n")
-                if j >= 0:
-                    if not r.startswith(b"RESERVED "):
-                        break
-                    jid, nb = r[9:j].split(b" ")
-                    end = j + 2 + int(nb) + 2
-                    if len(r) >= end:
-                        break
-                d = recv(RECV_SIZE)
-                if not d:
-                    raise EOFError(f"server closed the connection after {done} cycles")
-                r += d
-            if not r.startswith(b"RESERVED "):
-                bad.append(r[:80])
-                break                            # nothing reserved: no cycle to go on with
-            if int(nb) != BODY_LEN or r[j + 2:end - 2] != BODY or len(r) != end \
-                    or r[end - 2:] != b"\r\n":
-                body_bad += 1
-            send(b"delete %s\r\n" % jid)
-            r = line_reply(recv(RECV_SIZE))
-            if r == b"DELETED\r\n":
-                done += 1
-            else:
-                bad.append(r[:80])
-    except (OSError, EOFError, ValueError) as exc:
-        errors.append(f"after {done} {kind}s: {exc!r}")
-    t1, cpu1 = time.monotonic(), time.process_time()
-    sock.close()
-    if bad:
-        errors.append(f"{len(bad)} unexpected replies, e.g. {bad[:3]!r}")
-    if body_bad:
-        errors.append(f"{body_bad} RESERVED replies had a wrong body")
-    wall = t1 - t0
-    return dict(count=done, wall=wall, rate=done / wall if wall > 0 else 0.0,
-                gen_cpu_share=(cpu1 - cpu0) / wall if wall > 0 else 0.0, capped=capped,
-                errors=errors)
 
 
 def request_latency(addr, n: int, time_cap: float) -> dict:
     """One blocking connection, n puts one at a time; each request's round
     trip (sendall of the put to its whole INSERTED line) timed with perf_counter()."""
-    sock = socket.create_connection(addr, timeout=15)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = blocking_socket(addr)
     send, recv, clock = sock.sendall, sock.recv, time.perf_counter
     lat, bad, errors, capped = [], [], [], False
     deadline = time.monotonic() + time_cap

@@ -3,7 +3,8 @@
 # A table has columns (the systems measured: a reference server, zstalk, zstalk at an
 # --against ref...), ratio columns (num / den of two columns' medians), and rows.  A row's
 # cell per column is a Figure (median, min-max, n); a row may carry a target on a ratio
-# or on a column's median, and then says PASS or MISS.  The same rows give all three
+# or on a column's median, and then says PASS or MISS, unless its result is given: a row
+# marked generator-bound (ceiling.py) says so instead.  The same rows give all three
 # renderings, so the terminal, the manual and the JSON never disagree.
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ class Table:
         self.rows: list[dict] = []
 
     def add(self, metric: str, cells: dict, fmt: str = "{:,.0f}", target=None,
-            ratio: bool = True) -> None:
+            ratio: bool = True, result: str | None = None) -> None:
         """cells: column key -> Figure, a list of samples, or one number.  target:
         (ratio header or column key, ">=" or "<=", threshold[, how to say it]), or a list
-        of them, all to be met."""
+        of them, all to be met.  result: what the result column says, judged or not."""
         figs = {k: v if isinstance(v, Figure) else Figure(v if isinstance(v, list) else [v])
                 for k, v in cells.items()}
         ratios = {}
@@ -37,6 +38,8 @@ class Table:
         row = dict(metric=metric, cells=figs, ratios=ratios, fmt=fmt, target="", result="")
         if target:
             self._judge(row, target if isinstance(target, list) else [target])
+        if result:
+            row["result"] = result
         self.rows.append(row)
 
     def _judge(self, row: dict, targets: list[tuple]) -> None:
@@ -60,7 +63,7 @@ class Table:
 
     # ----------------------------------------------------------------------- rendering
     def _grid(self) -> tuple[list[str], list[list[str]], set[int]]:
-        judged = any(r["target"] for r in self.rows)
+        judged = any(r["target"] or r["result"] for r in self.rows)
         header = ["metric"] + [h for _, h in self.columns] + [h for *_, h in self.ratios]
         header += ["target", "result"] if judged else []
         body = []

@@ -41,7 +41,13 @@ ROWS = {
         "RSS idle", "RSS with", "reserve+delete, watch 1000, jobs spread",
         "reserve cost 1000/1 tubes, jobs in 1", "delay 1s lateness p99", "TTR 1s lateness p99",
         "exec → first INSERTED, `zstalkd`", "exec → first INSERTED, `zstalk serve`",
-        "server CPU-s per 1,000 puts"])],
+        "server CPU-s per 1,000 puts", "batches of 32, 8 conn: put",
+        "batches of 32, 8 conn: reserve+delete", "greenstalk as the client (puts/s)",
+        "greenstalk as the client (cycles/s)", "floor, 1 conn put", "floor, 1 conn reserve",
+        "floor, 50 conn reserve", "1 conn put: zstalk / the floor"]),
+        ("beanstalk", "beanstalkd", [
+            "generator ceiling, 1 conn put", "generator ceiling, 1 conn reserve+delete",
+            "generator ceiling, 50 conn reserve+delete", "one at a time, 1 conn: put"])],
     "bench_binlog": [("binlog", "zstalk", [
         "pipelined put, -f 50, 1 conn", "pipelined put, -f 0, 8 conn", "recovery of 2,000 jobs",
         "server CPU-s per 1,000 puts"])],
@@ -56,7 +62,8 @@ ROWS = {
             "put → INSERTED p99 (ms)", "one at a time, 1 conn: put p50", "put p99 (ms)"])],
     "bench_counter": [("counter", "zstalk", [
         "1 connection, one at a time", "1 connection pipelined", "8 connections pipelined",
-        "server CPU-s per 1,000 pairs"])],
+        "server CPU-s per 1,000 pairs", "floor: the minimal client", "zstalk / the floor"]),
+        ("counter", "yrmcds", ["1 connection, one at a time", "generator ceiling"])],
     "bench_curve": [("curve", "zstalk CURVE on", [
         "put round trip through a remote front, idle, p50", "pipelined put through a remote",
         "1 producer + 4 worker processes", "broker CPU-s per 1,000"]),
