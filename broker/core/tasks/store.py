@@ -53,6 +53,7 @@ from ..shared.labels import Labelled
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from . import requests
 from .deadlines import Deadlines
+from .functions import Functions
 from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .lines import Lines
 from .options import bad, parse_options  # noqa: F401
@@ -81,14 +82,11 @@ class Tasks:
                  rand: Callable[[], float] = random.random,
                  base: FunctionSpec | None = None, started_at: float = -math.inf,
                  upstreams: tuple = ()) -> None:
-        self.functions = dict(functions)
-        self.base = base        # any other name F is called at base.url/F (config base_url)
+        self.fns = Functions(functions, base)     # the functions, their specs in use
+        self.function = self.fns.function           # name -> its spec (None: no such)
+        self.specs = self.fns.specs                 # (the same dict for the store's life)
         self.wall_offset = wall_offset
         self.rand = rand
-        # function -> its spec while tasks use it; None: gone from the config (its tasks
-        # wait, not called, until it comes back or they are cancelled)
-        self.specs: dict[str, FunctionSpec | None] = {}
-        self.uses: dict[str, int] = {}              # function -> tasks held
         self.tasks: dict[str, Task] = {}
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self.next_seq = 1               # the enqueue order of the next task
@@ -113,33 +111,20 @@ class Tasks:
         self.activity[function] = self.activity.get(function, 0) + 1
         return self.counts.of(function)
 
-    # -- functions -----------------------------------------------------------------------
-    def function(self, name: str) -> FunctionSpec | None:
-        """The function `name`: configured by name, or under the base URL (made when
-        asked for, and kept in `specs` while tasks use the name: made per lookup, a base
-        URL's spec took an eighth of the broker's CPU per enqueue)."""
-        spec = self.functions.get(name)
-        if spec is None and self.base is not None:
-            spec = self.specs.get(name) or self._made(name)
-        return spec
-
-    def _made(self, name: str) -> FunctionSpec | None:
-        spec = self.functions.get(name)
-        if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
-            spec = (self.base._replace(name=name, path=f"/{name}") if self.base.upstream
-                    else self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}"))
-        return spec
+    # the config's functions, and the spec of any other name under its base_url
+    functions = property(lambda self: self.fns.functions)
+    base = property(lambda self: self.fns.base,
+                    lambda self, base: setattr(self.fns, "base", base))
+    uses = property(lambda self: self.fns.uses)
 
     def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None,
                   now: float, upstreams: tuple | None = None) -> None:
         """A new config (SIGHUP): every function tasks use takes its new spec, or None; a
         gate keeps its TAT, and a new rate applies from the next start; a server keeps its
         state while its upstream lists its url as written."""
-        self.functions, self.base = dict(functions), base
+        self.fns.configure(functions, base)
         if upstreams is not None:
             self.upstream.reload(upstreams)
-        for name in self.specs:
-            self.specs[name] = self._made(name)
         self.limits.configure()
         for name in list(self.lines.ready):
             self.lines.forget_offer(name)
@@ -216,8 +201,7 @@ class Tasks:
         return task
 
     def _add(self, task: Task, spec: FunctionSpec | None) -> None:
-        self.specs[task.function] = spec
-        self.uses[task.function] = self.uses.get(task.function, 0) + 1
+        self.fns.use(task.function, spec)
         self.tasks[task.uid] = task
         self.by_seq[task.seq] = task
         self.bytes += held_bytes(task)
@@ -662,11 +646,10 @@ class Tasks:
     def _forget(self, task: Task, now: float) -> None:
         """keepResult passed: the task is gone (its uniqueId is free again)."""
         del self.tasks[task.uid]
-        self.uses[task.function] -= 1
-        if not self.uses[task.function]:
-            name = task.function
-            del self.uses[name]
-            self.limits.forget(name, self.specs.pop(name), now)
+        name = task.function
+        spec = self.specs[name]
+        if self.fns.unuse(name):            # its last task: what was kept for it may go
+            self.limits.forget(name, spec, now)
         self.bytes -= held_bytes(task)
         self.journal.append[TASK_GONE](task)
 

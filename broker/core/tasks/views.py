@@ -201,7 +201,7 @@ def function_page(store: Tasks, after: str, limit: int,
                   now: float) -> tuple[list[dict], str | None]:
     """The stats of the functions named after `after`, by name: the configured ones and
     those tasks use now; and the `after` of the next page (None: no more)."""
-    names = sorted(name for name in {*store.functions, *store.specs} if name > after)
+    names = sorted(name for name in store.fns.names() if name > after)
     shown = names[:limit]
     return ([function_stats(store, name, now) for name in shown],
             shown[-1] if len(names) > limit else None)
