@@ -53,6 +53,7 @@ from ..shared.labels import Labelled
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from . import requests
 from .deadlines import Deadlines
+from .enqueue import new_task
 from .functions import Functions
 from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .lines import Lines
@@ -141,7 +142,9 @@ class Tasks:
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
-        task = self._made_task(spec, params, options, now, uid, request, client_ip, online)
+        task = new_task(spec, params, options, now, uid, request, client_ip, online,
+                        seq=self.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
+                        room=self.room, upstream=self.upstream)
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):
@@ -155,49 +158,6 @@ class Tasks:
             self.timers.add("timeouts", task.queue_deadline, task.seq)
         self._queue(task, task.due, now)
         self.journal.append[TASK_NEW](task)
-        return task
-
-    def _made_task(self, spec: FunctionSpec, params: bytes, options: Any, now: float,
-                   uid: str | None, request: Any, client_ip: str | None,
-                   online: bool) -> Task | TaskError:
-        """The task an enqueue makes, every check made (nothing changed yet)."""
-        if request is not None:
-            checked = request if isinstance(request, tuple) else requests.parse(
-                request, spec.request_headers)      # (a tuple: checked by the caller)
-            if isinstance(checked, str):
-                return bad(checked)
-            request, params = checked
-        parsed = parse_options(options, spec)
-        if isinstance(parsed, TaskError):
-            return parsed
-        refused = self.room.refusal(spec, parsed, online, client_ip)
-        if refused is not None:
-            return refused
-        uid = parsed.get("uniqueId", uid)
-        if uid is None:
-            return TaskError("bad_request", "a uniqueId is needed")
-        if uid in self.tasks:
-            return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
-        queue_timeout_ms = parsed.get("queueTimeout", spec.queue_timeout_ms)
-        if queue_timeout_ms and parsed.get("delay", 0) >= queue_timeout_ms:
-            return bad(f"delay ({parsed['delay']} ms) must be below queueTimeout "
-                       f"({queue_timeout_ms} ms): the task would time out before it ran")
-        priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
-        task = Task(uid, spec.name, params, priority, self.next_seq, now)
-        task.request, task.client_ip = request, client_ip
-        if online:
-            task.online, task.last_seen = True, now
-        if spec.upstream in self.upstream.keyed:
-            task.balance_key = self.upstream.balance_key(spec.upstream, uid, params, client_ip)
-        task.place(parsed.get("level", 0), priority)
-        if queue_timeout_ms:
-            task.queue_deadline = now + queue_timeout_ms / 1000
-        task.attempts = parsed.get("attempts", 1)
-        task.backoff = parsed.get("backoff", TaskBackoff())
-        task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
-        task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
-        task.keep_result_ms = parsed.get("keepResult", 300000)
-        task.due = now + parsed.get("delay", 0) / 1000
         return task
 
     def _add(self, task: Task, spec: FunctionSpec | None) -> None:
