@@ -58,14 +58,14 @@ from .functions import Functions
 from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .lines import Lines
 from .options import bad, parse_options  # noqa: F401
-from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SLOW_DOWN, SUCCEED, decide
+from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
 from .room import Room
 from .spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .stats import FunctionCounts
 from .task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED, TASK_ERROR_CHARS,  # noqa: F401
                    TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff, TaskError, client_group,
                    held_bytes, move, restored)
-from .upstream_calls import UpstreamCalls, failed as server_failed
+from .upstream_calls import UpstreamCalls
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
 #: a function's failed calls are logged at most this often (each line counts those not
@@ -297,9 +297,11 @@ class Tasks:
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
-        peer = task.peer                        # (where the call went: for the log)
-        if peer is not None:
-            self._server_done(task, result, now)
+        peer, task.peer = task.peer, None       # (where the call went: for the log)
+        if peer is not None:                    # (its server's accounting: limiter.py)
+            for name in self.limits.server_done(*peer, self.function(task.function),
+                                                result, now):
+                self._offer(name, now)
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
             took = now - task.started
@@ -323,7 +325,8 @@ class Tasks:
             task.status_code = result.status_code
             task.error = action.error
         if action.pause:
-            self._slow_down(task, result, now)
+            self.limits.slow_down(task.function, self.function(task.function), task.started,
+                                  result, now)
         if action.do == SUCCEED:
             self._set_result(task, result.result, result.result_headers)
             self._finish(task, "succeed", now)
@@ -337,55 +340,12 @@ class Tasks:
         elif action.do == FAIL:
             self._finish(task, "fail", now)
 
-    def _slow_down(self, task: Task, result: Outcome, now: float) -> None:
-        """A 429 or 503: the function pauses (the server instead, behind an upstream,
-        when a Retry-After came: _server_done)."""
-        spec = self.function(task.function)
-        retry_after = None if result.retry_after_ms < 0 else result.retry_after_ms / 1000
-        if spec is not None and spec.upstream is not None and retry_after is not None:
-            return
-        said = "" if retry_after is None else f", Retry-After {retry_after:g} s"
-        self.limits.pause(task.function, spec, now, task.started, retry_after,
-                          f"the function answered {result.status_code}{said}")
-
-    def _server_done(self, task: Task, result: Outcome, now: float) -> None:
-        """nginx's accounting for the server `task` ran on; a 429 / 503 with Retry-After
-        pauses that server (not the function); the functions waiting for a server of
-        this upstream may look again."""
-        (upstream, peer), task.peer = task.peer, None      # (where it went, whatever since)
-        counted = False
-        if result.kind != "success" and result.failure != "":
-            spec = self.function(task.function)
-            counted = spec is not None and server_failed(
-                spec.next_upstream, result.kind, result.status_code)
-        if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
-            self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
-        again = self.upstream.done(upstream, peer, counted,
-                                   result.error if counted else None, now)
-        blocked = self.limits.blocked
-        if blocked:
-            again = {*again, *(n for n in blocked
-                               if getattr(self.function(n), "upstream", None) == upstream)}
-        for name in again:
-            blocked.pop(name, None)
-            self._offer(name, now)
-
     def _say_failed(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
-        """A failed call: its function, URL, status or error, and what happens to the task
-        (logged at most once per FAILED_CALL_LOG_S per function)."""
+        """A failed call, logged (at most once per FAILED_CALL_LOG_S per function)."""
         spec = self.function(task.function)
         url = "(its function is no longer configured)" if spec is None else \
             self._url(task, spec, peer)
-        if task.status == FAILED:
-            then = "the task failed"
-        elif result.status_code == 429:
-            then = "the task keeps its place while the function pauses"
-        else:
-            then = f"retried in {round(max(0.0, task.due - now), 3):g} s"
-        self.failed_calls.say(
-            task.function, now, "function %s: a call to %s failed: %s (task %s, attempt %d: %s)",
-            task.function, url, result.error or f"HTTP {result.status_code}", task.uid,
-            attempt, then)
+        self.failed_calls.say(task.function, now, *failed_call(task, attempt, result, url, now))
 
     def lost(self, holder, now: float) -> None:
         """A dispatcher went away: its calls' outcomes are unknown."""
