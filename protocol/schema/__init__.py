@@ -10,6 +10,8 @@ of zstalk, and everything else may import it.
     task_messages.py  the task family's messages as named types (an enqueue, a call's
                  ext), each read once where it comes in; the wire keeps ops.py's arrays
     outcome.py   a call's outcome, for the dispatcher that reports it and the core
+    task_info.py a task's info: one table of its fields, which the core fills
+                 (TaskInfo), the HTTP front shows and the OpenAPI document describes
     version.py   zstalk's version
 
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name

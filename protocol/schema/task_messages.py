@@ -1,5 +1,6 @@
 """The cloud-task family's messages as named types: an enqueue (T_ENQUEUE) and a call pushed
-to a dispatcher (T_CALL's ext: `Call`); a call's outcome is outcome.py's.
+to a dispatcher (T_CALL's ext: `Call`); a call's outcome is outcome.py's, a task's info
+task_info.py's.
 
 Typed in memory only: on the wire each stays the msgpack array ops.py describes, so peers
 of every schema version the broker takes keep working (messages.py upgrades an older
