@@ -52,6 +52,7 @@ from ..shared.journal import (TASK_CALL, TASK_END, TASK_GONE, TASK_NEW, TASK_STA
 from ..shared.labels import Labelled
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from . import requests
+from .calls import Calls
 from .deadlines import Deadlines
 from .enqueue import new_task
 from .functions import Functions
@@ -93,8 +94,8 @@ class Tasks:
         self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
         self.journal: Journal = NullJournal()     # what is kept of changes (set by the core)
-        # (running deadline | expires | queue deadline, seq)
-        self.timers = Deadlines("calls", "keeping", "timeouts")
+        self.timers = Deadlines("keeping", "timeouts")  # (expires | queue deadline, seq)
+        self.inflight = Calls()                 # the calls in flight, their deadlines
         self.upstream = UpstreamCalls(upstreams, started_at=started_at)
         self.limits = Limiter(self.upstream, self.function, started_at)
         self.lines = Lines(self._still_queued)
@@ -241,9 +242,7 @@ class Tasks:
         self._start(task, "take", now)
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
-        task.holder = holder
-        task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
-        self.timers.add("calls", task.deadline, task.seq)
+        self.inflight.start(task, holder, now)
         self.journal.append[TASK_STATE](task)
         self._offer(name, now)                  # its next head, if it may go on
         return task
@@ -349,17 +348,14 @@ class Tasks:
 
     def lost(self, holder, now: float) -> None:
         """A dispatcher went away: its calls' outcomes are unknown."""
-        for seq in self.timers.keys("calls"):
-            task = self.by_seq[seq]
-            if task.holder is holder:
-                self.outcome(task.uid, task.attempt,
-                             Outcome("unknown", error="the dispatcher went away during the call",
-                                     failure=""), now)
+        for task in self.inflight.of(holder, self.by_seq):
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error="the dispatcher went away during the call",
+                                 failure=""), now)
 
     def _end_call(self, task: Task, now: float) -> None:
-        self.timers.remove("calls", task.deadline, task.seq)
+        self.inflight.end(task)
         self.limits.ended(task.function)
-        task.holder = None
         self._offer(task.function, now)         # a free slot: it may start its next call
 
     def _set_result(self, task: Task, result: bytes | None,
@@ -517,14 +513,14 @@ class Tasks:
     held = property(lambda self: self.limits.held)
     ready = property(lambda self: self.lines.ready)
     by_key = property(lambda self: self.lines.by_key)
-    calls = property(lambda self: self.timers.lanes["calls"])
+    calls = property(lambda self: self.inflight.timers.lanes["calls"])
     waiting = property(lambda self: self.lines.timers.lanes["waiting"])
 
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        heads = [d for d in (self.timers.next_deadline(), self.lines.next_deadline(),
-                             self.room.next_deadline(), self.limits.next_deadline())
-                 if d is not None]
+        heads = [d for d in (self.timers.next_deadline(), self.inflight.next_deadline(),
+                             self.lines.next_deadline(), self.room.next_deadline(),
+                             self.limits.next_deadline()) if d is not None]
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
@@ -537,12 +533,10 @@ class Tasks:
         self._time_out(now)
         self._room_expire(now)
         self.limits.drop_idle(now, lambda name: name in self.specs)
-        while self.timers.due("calls", now):
-            task = self.by_seq[self.timers.first("calls")[1]]
-            why = (f"no report within the timeout ({task.timeout_ms} ms)"
-                   if task.holder != RESTARTED else "the broker stopped during the call, "
-                   f"and no dispatcher claimed it within {CLAIM_S:g} s of the restart")
-            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why, failure=""), now)
+        while (seq := self.inflight.overdue(now)) is not None:     # (outcome ends it)
+            task = self.by_seq[seq]
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error=Calls.why(task), failure=""), now)
         while self.timers.due("keeping", now):
             _, seq = self.timers.pop("keeping")
             self._forget(self.by_seq.pop(seq), now)
@@ -606,24 +600,15 @@ class Tasks:
                         self.specs.get(function) or DEFAULTS).pass_ttl_ms / 1000
                 self.room.admitted(task)
             else:
-                task.holder, task.deadline = RESTARTED, now + CLAIM_S
-                self.timers.add("calls", task.deadline, seq)
+                self.inflight.restarted(task, now)
         else:
             task.status, task.expires = status, image.expires - self.wall_offset
             self.timers.add("keeping", task.expires, seq)
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
         """A re-registered dispatcher says it is making call `attempt` of task `uid`, or
-        has its report: the call is its own again, with the deadline it had (its timeout
-        from when it started, wall clock).  False if we restarted without that call."""
+        has its report: the call is its own again (calls.py).  False if we restarted
+        without that call."""
         task = self.tasks.get(uid)
-        if task is None or task.status != RUNNING or task.attempt != attempt or (
-                task.holder != RESTARTED):
-            return False
-        self.timers.remove("calls", task.deadline, task.seq)
-        task.holder = holder
-        # (a call that ended while we were down has its report on the way: it gets the
-        # time a report takes to come back, as an unclaimed call gets to be claimed)
-        task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
-        self.timers.add("calls", task.deadline, task.seq)
-        return True
+        return (task is not None and task.status == RUNNING and task.attempt == attempt
+                and self.inflight.claim(task, holder, now))
