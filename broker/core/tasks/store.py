@@ -6,17 +6,19 @@ Pure, like the rest of the core: every method that depends on time takes `now`
 answers into JSON; dispatchers are handed tasks with `take` and report each call with
 `outcome`; nothing here knows HTTP or sockets.
 
-This is the coordinator: it owns the tasks (by uid and by enqueue order), their
-functions' specs, their calls' and results' timers, and it is the only writer of a
-task's status (task.py: the statuses, their moves, what a task is).  What it coordinates
-owns the rest and calls nothing back: options.py checks an enqueue; lines.py keeps each
+This is the coordinator: it owns the tasks (by uid and by enqueue order, their bytes),
+their results' and queue timeouts' timers, and it is the only writer of a task's status
+(task.py: the statuses, their moves, what a task is).  What it coordinates owns the rest,
+returns data and calls nothing back: functions.py knows the functions and the specs in
+use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
 function's line and the order of hand-outs; limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
-slots); upstream_calls.py picks a call's server; room.py keeps the waiting room;
-outcomes.py says what a call's outcome does; deadlines.py holds every timer.
+slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
+keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
+outcome does; deadlines.py is every component's timers.
 
-A running task has a deadline (its timeout plus CALL_GRACE_S): a dispatcher that dies
-mid-call gives an unknown outcome then.  A task still queued `queueTimeout` after its
+A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
+unknown outcome then.  A task still queued `queueTimeout` after its
 createdAt fails ("queue timeout") and is never called.  Every call that did not succeed
 (a failure, fatal or unknown outcome, also one the broker decides) is logged with its
 function, URL, status or error and the task's fate, at most once per FAILED_CALL_LOG_S
