@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ....protocol.schema.task_messages import TaskEnqueue
-from ....protocol.schema.tasks import AT_LEAST_ONCE
+from ....protocol.schema.tasks import AT_LEAST_ONCE, DEFAULT_ATTEMPTS, DEFAULT_KEEP_RESULT_MS
 from ..shared import Admission
 from . import requests
 from .options import bad, parse_options
@@ -140,9 +140,9 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
 
 def _set_options(task: Task, parsed: dict, spec: FunctionSpec, now: float) -> None:
     """The options that take their defaults from the API's (and the function's)."""
-    task.attempts = parsed.get("attempts", 1)
+    task.attempts = parsed.get("attempts", DEFAULT_ATTEMPTS)
     task.backoff = parsed.get("backoff", TaskBackoff())
     task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
     task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
-    task.keep_result_ms = parsed.get("keepResult", 300000)
+    task.keep_result_ms = parsed.get("keepResult", DEFAULT_KEEP_RESULT_MS)
     task.due = now + parsed.get("delay", 0) / 1000

@@ -19,9 +19,11 @@ from __future__ import annotations
 from ...schema import VERSION
 from ...schema.task_info import (ENQUEUED, FIELDS, FRONT_FIELDS, STATUS_ORDER, UNIQUE_ID_SCHEMA,
                                  WAIT_TIME, time_schema)
-from ...schema.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_LEVEL,
-                             MAX_PAGE, MAX_TIMEOUT_MS, METHODS, QUEUE_TIMEOUT, QUEUED,
-                             SAFE_HEADERS, SCHEDULE_NAME, STATUSES, UNIQUE_ID)
+from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
+                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, INT64, MAX_ATTEMPTS,
+                             MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
+                             QUEUE_TIMEOUT, QUEUED, SAFE_HEADERS, SCHEDULE_NAME, STATUSES,
+                             UNIQUE_ID)
 from .api import MAX_BATCH, PAGE_LIMIT
 from .cors import MAX_AGE_S, ROUTES
 
@@ -59,12 +61,14 @@ def task_options() -> dict:
                        f"400. Durations are integer milliseconds ({year}). Integers are "
                        "written as such: 1.0 or 1e3 is refused.",
         "properties": {
-            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS, "default": 1,
+            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS,
+                         "default": DEFAULT_ATTEMPTS,
                          "description": "How many times a failed call is retried (so by "
                                         "default a failing task is called twice)."},
-            "backoff": {"oneOf": [_ms("A fixed wait before each retry.", 60000), _ref("Backoff")],
+            "backoff": {"oneOf": [_ms("A fixed wait before each retry.", DEFAULT_BACKOFF_MS),
+                                  _ref("Backoff")],
                         "description": "The wait before each retry: milliseconds, or a "
-                                       "policy.", "default": 60000},
+                                       "policy.", "default": DEFAULT_BACKOFF_MS},
             "delay": _ms("The wait before the first call.", 0),
             "deliveryMode": {"type": "string", "enum": ["atLeastOnce", "atMostOnce"],
                              "default": "atLeastOnce",
@@ -74,7 +78,7 @@ def task_options() -> dict:
                                             "function may run more than once) or fails the "
                                             "task (atMostOnce)."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
-                              "taken).", 300000),
+                              "taken).", DEFAULT_KEEP_RESULT_MS),
             "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
                       "description": "Higher levels run first among a function's due tasks "
                                      "(0 normal, 2 VIP, 3 SVIP...), then `priority`. Like "
@@ -91,7 +95,8 @@ def task_options() -> dict:
                                 "Default: the function's queue_timeout in the config (none "
                                 "unless set). A delay at or past it is a 400.", low=1),
             "timeout": _ms("How long one call may take. Default: the function's timeout in "
-                           "the config (15000 ms unless set). At most the function's "
+                           f"the config ({DEFAULT_TIMEOUT_MS} ms unless set). At most the "
+                           "function's "
                            f"max_timeout in the config, {MAX_TIMEOUT_MS} ms (15 min) unless "
                            "set: the maximum here.", low=1, high=MAX_TIMEOUT_MS),
             "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID),
@@ -115,7 +120,7 @@ def backoff() -> dict:
                        "and the function pauses.",
         "properties": {
             "type": {"type": "string", "enum": ["fixed", "exponential"], "default": "fixed"},
-            "delay": _ms("The first wait.", 60000),
+            "delay": _ms("The first wait.", DEFAULT_BACKOFF_MS),
             "maxDelay": _ms("The longest wait.", MAX_DURATION_MS),
             "jitter": {"type": "boolean", "default": False},
         },
