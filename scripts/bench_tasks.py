@@ -108,7 +108,8 @@ from datetime import datetime
 
 from harness.builds import REPO
 from harness.cli import Run, log, parser, sized
-from harness.http import JSON_HEADERS, client, http_status, loop_factory, run_async
+from harness.http import (JSON_HEADERS, batches, client, http_status, loop_factory, run_async,
+                          task_body)
 from harness.machine import tool_version
 from harness.procs import (HOST, Proc, ShareMeter, free_port, tcp_peers, wait_until,
                            zstalk_keep)
@@ -176,19 +177,6 @@ class FunctionHost:
 
 
 # --------------------------------------------------------------------------- HTTP load
-
-def task_body(name: str, i: int, delay_ms: int | None) -> dict:
-    task = {"function": name, "params": {"i": i}}
-    if delay_ms:
-        task["options"] = {"delay": delay_ms}
-    return task
-
-
-def batches(name: str, n: int, delay_ms: int | None, size: int) -> list[bytes]:
-    """The JSON arrays of `size` tasks (the last one shorter) that make n tasks."""
-    return [json.dumps([task_body(name, i, delay_ms) for i in range(lo, min(n, lo + size))]
-                       ).encode() for lo in range(0, n, size)]
-
 
 async def post_all(session, url: str, bodies: list[bytes], inflight: int, count) -> int:
     """POST every body, `inflight` at a time; the sum of `await count(response)` (the

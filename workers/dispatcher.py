@@ -61,7 +61,6 @@ import json
 import logging
 import time
 from datetime import timezone
-from typing import NamedTuple
 
 import aiohttp
 import yarl
@@ -70,7 +69,7 @@ from ..protocol.links import open_link
 from ..protocol.links.owner import LinkOwner
 from ..protocol.schema import Op, R, SessionState, Welcome
 from ..protocol.schema.outcome import Outcome
-from ..protocol.schema.tasks import CONNECT_TIMEOUT_MS
+from ..protocol.schema.task_messages import Call
 from . import signing
 
 log = logging.getLogger("zstalk.dispatcher")
@@ -84,8 +83,8 @@ CLOSE_GRACE_S = 10.0
 #: a longer Retry-After is taken as this: it is the function's wish, not a reason to park
 #: a task for years (and the value must fit the wire's 64-bit ints)
 RETRY_AFTER_MAX_MS = 24 * 3600 * 1000
-#: (CONNECT_TIMEOUT_MS: how long a connect may take unless the function's `connect_timeout`
-#: says otherwise; the broker sends it in the call's ext only then: requests.call_ext)
+#: (a call's connect timeout is CONNECT_TIMEOUT_MS unless its function's `connect_timeout`
+#: says otherwise; the broker sends it in the call's ext only then: task_messages.Call)
 #: raised before the request left this process: the function surely did not run
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.InvalidURL)
 
@@ -291,32 +290,6 @@ class Dispatcher(LinkOwner):
                                    result_headers=_kept_headers(resp, call, result))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit ([functions] max_result)")
-
-
-class Call(NamedTuple):
-    """What a T_CALL's ext says of the call (None: a plain one)."""
-    method: str = "POST"
-    headers: tuple = ()             # a request task's, [name, value] pairs
-    request: bool = False           # a request task: send method, URL and headers as given
-    keep: tuple = ()                # response headers the task keeps (resultHeaders)
-    connect_timeout_ms: int = CONNECT_TIMEOUT_MS    # the function's connect_timeout
-
-    @classmethod
-    def of(cls, ext) -> "Call":
-        if not isinstance(ext, dict):
-            return PLAIN
-        keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
-        connect = ext.get("connect_timeout_ms")
-        connect = connect if type(connect) is int and connect > 0 else CONNECT_TIMEOUT_MS
-        method = ext.get("method")
-        if not isinstance(method, str):
-            return cls(keep=keep, connect_timeout_ms=connect)
-        headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
-                        if isinstance(h, list) and len(h) == 2)
-        return cls(method, headers, True, keep, connect)
-
-
-PLAIN = Call()
 
 
 def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None) -> dict | None:

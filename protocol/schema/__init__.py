@@ -7,6 +7,11 @@ of zstalk, and everything else may import it.
                  place they are encoded and decoded (msgpack, schema versions)
     tasks.py     the task API's names, patterns, ranges, statuses and error codes, which
                  the broker core checks and the HTTP front and its OpenAPI document show
+    task_messages.py  the task family's messages as named types (an enqueue, a call's
+                 ext), each read once where it comes in; the wire keeps ops.py's arrays
+    outcome.py   a call's outcome, for the dispatcher that reports it and the core
+    task_info.py a task's info: one table of its fields, which the core fills
+                 (TaskInfo), the HTTP front shows and the OpenAPI document describes
     version.py   zstalk's version
 
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name

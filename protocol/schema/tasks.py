@@ -35,6 +35,11 @@ MAX_PAGE = 1000             # tasks one listing request may return
 MAX_TIMEOUT_MS = 15 * 60 * 1000                 # a function's timeout cap unless configured
 CONNECT_TIMEOUT_MS = 5000   # a call's connect timeout unless its function sets one
 MAX_LEVEL = 9
+#: the options' defaults (a function's config may set its own timeout)
+DEFAULT_ATTEMPTS = 1                # retries after the first call
+DEFAULT_BACKOFF_MS = 60_000         # the wait before each retry
+DEFAULT_KEEP_RESULT_MS = 300_000    # how long a finished task stays
+DEFAULT_TIMEOUT_MS = 15_000         # one call, unless its function's config says
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
 # -- request tasks (a call that is a whole HTTP request: broker/core/tasks/requests.py) -----

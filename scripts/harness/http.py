@@ -2,10 +2,11 @@
 # standard library, and the load generator's aiohttp sessions on a uvloop event loop (the
 # loop zstalk's own processes run, taken from uvloop directly: a benchmark imports no
 # zstalk module).  aiohttp and uvloop are imported on first use, after the benchmark has
-# re-exec'd itself under the project's .venv.
+# re-exec'd itself under the project's .venv.  And the task bodies the generators POST.
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.error
 import urllib.request
 
@@ -43,3 +44,16 @@ def client(limit: int):
     import aiohttp
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
                                  timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+
+
+def task_body(name: str, i: int, delay_ms: int | None) -> dict:
+    task = {"function": name, "params": {"i": i}}
+    if delay_ms:
+        task["options"] = {"delay": delay_ms}
+    return task
+
+
+def batches(name: str, n: int, delay_ms: int | None, size: int) -> list[bytes]:
+    """The JSON arrays of `size` tasks (the last one shorter) that make n tasks."""
+    return [json.dumps([task_body(name, i, delay_ms) for i in range(lo, min(n, lo + size))]
+                       ).encode() for lo in range(0, n, size)]

@@ -37,7 +37,9 @@ ONLY_FOR_THE_WIRING = {"click", "subprocess"}
 #: reach up.  docs/architecture.md's map is this table, rendered (`render_layers`).
 LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "protocol/schema": ("the vocabulary: ops and replies, the messages between actors and "
-                        "their encoding, the task API's names and ranges, the version", ()),
+                        "their encoding, the task API's names and ranges, the task family's "
+                        "typed messages (an enqueue, a call, an outcome, a task's info), the "
+                        "version", ()),
     "protocol": ("ratelog.py: a line logged at most once per key per interval", ()),
     "protocol/codecs": ("sans-IO codecs: beanstalk's parser and replies, yrmcds' counter "
                         "protocol, passes, Prometheus' text format", ("protocol/schema",)),
@@ -69,8 +71,11 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                               "and stats, native peers' checks, worker pools",
                               ("protocol/schema", "protocol", "protocol/codecs",
                                "broker/core/shared")),
-    "broker/core/tasks": ("cloud tasks (store, commands, limits, requests, views, upstream "
-                          "calls)",
+    "broker/core/tasks": ("cloud tasks: the store, which coordinates the components that "
+                          "own the rest (a task's moves, functions, enqueue checks and "
+                          "options, lines, limiter and limits, calls in flight, the waiting "
+                          "room, outcomes, timers), commands, views, request tasks, upstream "
+                          "calls",
                           ("protocol/schema", "protocol", "protocol/codecs",
                            "broker/core/shared", "broker/core/upstreams")),
     "broker/core/schedules": ("cron schedules: the expressions, the schedules that fire "

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 from ....protocol.schema import Op, R
 from ....protocol.schema.outcome import Outcome
+from ....protocol.schema.task_messages import TaskEnqueue
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
-from .store import MAX_PAGE, STATUSES, TASK_OVERHEAD_BYTES, ApiPolicy, TaskError, Tasks
-from . import requests, views
+from .store import MAX_PAGE, STATUSES, ApiPolicy, TaskError, Tasks
+from . import enqueue, requests, views
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
-NEEDS_KEY = ("unauthorized", "this needs Authorization: Bearer <master key>")
-#: a function's `online` that lets a request without the master key enqueue online tasks
-PUBLIC_ONLINE = ("public", "only")
 
 
 class TaskSession:
@@ -112,41 +110,21 @@ class TaskCommands:
 
     # -- ops -----------------------------------------------------------------------------
     def t_enqueue(self, s, op, now):
-        _, conn, function, params, options, uid, keyed, *ext = op
-        if type(function) is not str or type(params) is not bytes or type(uid) is not str:
-            return (conn, R.T_ERROR, "bad_request", "malformed enqueue")
-        said = ext[0] if ext and isinstance(ext[0], dict) else {}
-        request = said.get("request")
-        online = said.get("type") == "online"
-        if keyed is not True:
-            if online:          # the function's `online` decides, not [api] public_enqueue
-                spec = self.store.function(function)
-                allowed = spec is not None and spec.online in PUBLIC_ONLINE
-            else:
-                allowed = self.api.public_enqueue
-            if not allowed:
-                return (conn, R.T_ERROR, *NEEDS_KEY)
-            if options or request is not None:
-                return (conn, R.T_ERROR, "unauthorized", "an enqueue without the master "
-                        "key may set no option and send no request")
-        size = len(params)
-        if request is not None:         # checked here, so its body counts for admission
-            spec = self.store.function(function) if type(function) is str else None
-            if spec is not None:
-                request = requests.parse(request, spec.request_headers)
-                if isinstance(request, str):
-                    return (conn, R.T_ERROR, "bad_request", request)
-                size = len(request[1]) + request[0].size()
-        refused = self.admit(size)
-        if refused is not None:
-            return (conn, R.T_ERROR, *refused)
-        task = self.store.enqueue(function, params, options, now, uid=uid, request=request,
-                                  client_ip=self._client_ip(said), online=online)
+        order = TaskEnqueue.read(op)        # (the checks it passes: enqueue.py)
+        if order is None:
+            return (op[1], R.T_ERROR, "bad_request", "malformed enqueue")
+        order = enqueue.allowed(order, self.store.function, self.api, self.admission)
+        if isinstance(order, TaskError):
+            return (op[1], R.T_ERROR, *order)
+        task = self.store.enqueue(order.function, order.params, order.options, now,
+                                  uid=order.unique_id, request=order.request,
+                                  client_ip=enqueue.client_ip(order, self.api),
+                                  online=order.online)
         if isinstance(task, TaskError):
-            return (conn, R.T_ERROR, *task)
+            return (op[1], R.T_ERROR, *task)
         info = views.enqueued(self.store, task, now)     # before a dispatcher takes it
         self.feed(now)
-        return (conn, R.T_TASK, info)
+        return (op[1], R.T_TASK, info)
 
     def cross_origin(self) -> tuple[dict[str, list[str]], list[str]]:
         """What the HTTP fronts' CORS needs (Settings): each function's allow_origins
@@ -165,29 +143,15 @@ class TaskCommands:
         return origins, list(dict.fromkeys(enqueue))
 
     def _keyless_enqueue(self, spec) -> bool:
-        """Whether a request without the master key can enqueue any task of `spec`."""
-        return spec.online in PUBLIC_ONLINE or (self.api.public_enqueue and spec.online != "only")
-
-    def _client_ip(self, said: dict) -> str | None:
-        """The enqueuer's address the HTTP front saw, or the first X-Forwarded-For hop it
-        passed when the config trusts it ([api] trust_forwarded)."""
-        ip = said.get("forwarded") if self.api.trust_forwarded else None
-        ip = ip or said.get("client")
-        return ip if type(ip) is str and 0 < len(ip) <= 64 else None
+        return enqueue.keyless_enqueue(spec, self.api)
 
     def admit(self, params_len: int) -> TaskError | None:
-        """Why no new task may come in now, if so (draining, memory)."""
-        admission = self.admission
-        if admission.draining:
-            return TaskError("draining", "the server is draining: no new tasks")
-        if not admission.room_for(TASK_OVERHEAD_BYTES + params_len):
-            return TaskError("out_of_memory", "the memory for jobs and tasks "
-                                              f"(--max-jobs-bytes {admission.limit}) is used up")
-        return None
+        """Why no new task may come in now, if so (a schedule's fire asks too)."""
+        return enqueue.room_for(self.admission, params_len)
 
     def t_info(self, s, op, now):
         if op[3] is not True and self.api.private_results:
-            return (s.conn, R.T_ERROR, *NEEDS_KEY)
+            return (s.conn, R.T_ERROR, *enqueue.NEEDS_KEY)
         task = self.store.tasks.get(op[2]) if type(op[2]) is str else None
         if task is not None:
             self.store.seen(task, now)      # (a waiting user looked: it keeps its place)

@@ -4,7 +4,9 @@ rate and the pauses a 429 or 503 asked for: limits.py's Gate, GCRA), its upstrea
 concurrency and rate (upstream_calls.py), and whether its upstream has a usable server at
 all (`blocked`).  `opens_at` folds them into one answer for the lines (lines.py): now, a
 time (the limiter's timer says when that comes: `opened`), or None (the function is
-offered again when a call ends: a slot frees, a server comes back).
+offered again when a call ends: a slot frees, a server comes back).  How a call ended
+feeds them: `slow_down` pauses a function a 429 or 503 came from, `server_done` does the
+server's accounting and says which functions may look for a server again.
 
 It also keeps what the estimates read (`recent`: starts and ends of the last minutes,
 limits.Recent), the most in use per counters' interval (`peaks`), and which slow rates'
@@ -18,10 +20,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from ....protocol.schema.outcome import Outcome
+from ..upstreams import Peer
 from .deadlines import Deadlines
 from .limits import Gate, Recent
+from .outcomes import SLOW_DOWN
 from .spec import DEFAULTS, FunctionSpec
-from .upstream_calls import UpstreamCalls
+from .upstream_calls import UpstreamCalls, failed as server_failed
 
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart
 DURABLE_RATE_S = 1.0
@@ -147,6 +152,37 @@ class Limiter:
         """A 429 or 503: the function pauses (limits.Gate.pause)."""
         self.gate(name, now).pause(now, started, retry_after_s,
                                    (spec or DEFAULTS).max_pause_ms / 1000, why)
+
+    def slow_down(self, name: str, spec: FunctionSpec | None, started: float,
+                  result: Outcome, now: float) -> None:
+        """A 429 or 503 from a call of `name` started at `started`: the function pauses,
+        or, behind an upstream and with a Retry-After, only that server (server_done)."""
+        retry_after = None if result.retry_after_ms < 0 else result.retry_after_ms / 1000
+        if spec is not None and spec.upstream is not None and retry_after is not None:
+            return
+        said = "" if retry_after is None else f", Retry-After {retry_after:g} s"
+        self.pause(name, spec, now, started, retry_after,
+                   f"the function answered {result.status_code}{said}")
+
+    def server_done(self, upstream: str, peer: Peer, spec: FunctionSpec | None,
+                    result: Outcome, now: float) -> set[str]:
+        """A call on `peer` of `upstream` ended: nginx's accounting (whether it counts as
+        the server's failure is the function's `next_upstream`), a 429 / 503 with
+        Retry-After pauses that server; the functions that may look for a server again
+        (held back by the upstream's limits, or blocked with none usable)."""
+        counted = result.kind != "success" and result.failure != "" and spec is not None \
+            and server_failed(spec.next_upstream, result.kind, result.status_code)
+        if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
+            self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
+        again = self.upstream.done(upstream, peer, counted,
+                                   result.error if counted else None, now)
+        blocked = self.blocked
+        if blocked:
+            again = {*again, *(n for n in blocked
+                               if getattr(self.spec_of(n), "upstream", None) == upstream)}
+            for name in again:
+                blocked.pop(name, None)
+        return again
 
     def recent_of(self, name: str) -> Recent:
         recent = self.recent.get(name)

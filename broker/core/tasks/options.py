@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, INT64, MAX_ATTEMPTS,
+from ....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, DEFAULT_BACKOFF_MS, INT64,
+                                       MAX_ATTEMPTS,
                                        MAX_DURATION_MS, MAX_LEVEL, OPTIONS, UNIQUE_ID)
 from .spec import FunctionSpec
 from .task import TaskBackoff, TaskError
@@ -51,7 +52,7 @@ def _backoff(value: Any, spec: FunctionSpec) -> TaskBackoff | TaskError:
     kind = value.get("type", "fixed")
     if kind not in ("fixed", "exponential"):
         return bad("backoff type must be 'fixed' or 'exponential'")
-    delay = _int("backoff delay", value.get("delay", 60000), 0, MAX_DURATION_MS)
+    delay = _int("backoff delay", value.get("delay", DEFAULT_BACKOFF_MS), 0, MAX_DURATION_MS)
     cap = _int("backoff maxDelay", value.get("maxDelay", MAX_DURATION_MS), 0, MAX_DURATION_MS)
     jitter = value.get("jitter", False)
     if type(jitter) is not bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ....protocol.schema.tasks import AT_MOST_ONCE
+from ....protocol.schema.tasks import AT_MOST_ONCE, FAILED
 from .task import TASK_ERROR_CHARS, Outcome, Task
 
 #: status codes that say "slow down": the function pauses (see the module's comment)
@@ -56,3 +56,16 @@ def decide(result: Outcome, task: Task, rand: Callable[[], float]) -> Action:
         wait_ms = max(task.backoff.wait_ms(task.attempt, rand), max(result.retry_after_ms, 0))
         return Action(RETRY, error, wait_ms, pause)
     return Action(FAIL, error, pause=pause)
+
+
+def failed_call(task: Task, attempt: int, result: Outcome, url: str, now: float) -> tuple:
+    """The log line of a call that did not succeed, as (format, *args), once its outcome
+    was applied: its function, URL, status or error, and what became of the task."""
+    if task.status == FAILED:
+        then = "the task failed"
+    elif result.status_code == 429:
+        then = "the task keeps its place while the function pauses"
+    else:
+        then = f"retried in {round(max(0.0, task.due - now), 3):g} s"
+    return ("function %s: a call to %s failed: %s (task %s, attempt %d: %s)", task.function,
+            url, result.error or f"HTTP {result.status_code}", task.uid, attempt, then)

@@ -42,6 +42,7 @@ from urllib.parse import quote, unquote_to_bytes
 from ....protocol.schema.tasks import (CONNECT_TIMEOUT_MS, FORBIDDEN_HEADERS, MAX_HEADER_VALUE,
                                        MAX_HEADERS, MAX_TARGET, METHODS, OWN_PREFIX,
                                        REQUEST_FIELDS, SAFE_HEADERS)
+from ....protocol.schema.task_messages import Call
 
 FIELDS = REQUEST_FIELDS
 
@@ -230,18 +231,12 @@ def url(base: str, request: Request) -> str:
 
 def call_ext(request: Request | None, result_headers: tuple[str, ...],
              connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> dict | None:
-    """T_CALL's ext for a task: the method and headers of a request task, the response
-    headers to keep, and its function's connect timeout if not the default (None: a
-    plain call, keeping only a binary result's Content-Type: most calls, so the
-    dispatcher parses nothing for them)."""
-    if connect_timeout_ms == CONNECT_TIMEOUT_MS:
-        connect_timeout_ms = None
-    if request is None and not result_headers and connect_timeout_ms is None:
-        return None
-    ext: dict[str, Any] = {"result_headers": list(result_headers)}
-    if request is not None:
-        ext["method"] = request.method
-        ext["headers"] = [list(h) for h in request.headers]
-    if connect_timeout_ms is not None:
-        ext["connect_timeout_ms"] = connect_timeout_ms
-    return ext
+    """T_CALL's ext for a task (protocol/schema/task_messages.py Call): None for a plain
+    call of a function that keeps no header at the default connect timeout, most calls,
+    which costs no Call."""
+    if request is None:
+        if not result_headers and connect_timeout_ms == CONNECT_TIMEOUT_MS:
+            return None
+        return Call(keep=result_headers, connect_timeout_ms=connect_timeout_ms).ext()
+    return Call(request.method, request.headers, True, result_headers,
+                connect_timeout_ms).ext()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ....protocol.schema.tasks import CONNECT_TIMEOUT_MS, MAX_TIMEOUT_MS
+from ....protocol.schema.tasks import CONNECT_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 
 #: a rate's period as its config spells it: "10/s", "600/m", "2/h"
 PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}
@@ -18,7 +18,7 @@ class FunctionSpec(NamedTuple):
     name: str
     url: str
     concurrency: int = 1
-    timeout_ms: int = 15000
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
     max_timeout_ms: int = MAX_TIMEOUT_MS
     rate: int = 0                   # calls per `per_s` seconds (0: no rate)
     per_s: float = 1.0

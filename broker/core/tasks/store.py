@@ -6,17 +6,19 @@ Pure, like the rest of the core: every method that depends on time takes `now`
 answers into JSON; dispatchers are handed tasks with `take` and report each call with
 `outcome`; nothing here knows HTTP or sockets.
 
-This is the coordinator: it owns the tasks (by uid and by enqueue order), their
-functions' specs, their calls' and results' timers, and it is the only writer of a
-task's status (task.py: the statuses, their moves, what a task is).  What it coordinates
-owns the rest and calls nothing back: options.py checks an enqueue; lines.py keeps each
+This is the coordinator: it owns the tasks (by uid and by enqueue order, their bytes),
+their results' and queue timeouts' timers, and it is the only writer of a task's status
+(task.py: the statuses, their moves, what a task is).  What it coordinates owns the rest,
+returns data and calls nothing back: functions.py knows the functions and the specs in
+use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
 function's line and the order of hand-outs; limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
-slots); upstream_calls.py picks a call's server; room.py keeps the waiting room;
-outcomes.py says what a call's outcome does; deadlines.py holds every timer.
+slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
+keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
+outcome does; deadlines.py is every component's timers.
 
-A running task has a deadline (its timeout plus CALL_GRACE_S): a dispatcher that dies
-mid-call gives an unknown outcome then.  A task still queued `queueTimeout` after its
+A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
+unknown outcome then.  A task still queued `queueTimeout` after its
 createdAt fails ("queue timeout") and is never called.  Every call that did not succeed
 (a failure, fatal or unknown outcome, also one the broker decides) is logged with its
 function, URL, status or error and the task's fate, at most once per FAILED_CALL_LOG_S
@@ -52,18 +54,21 @@ from ..shared.journal import (TASK_CALL, TASK_END, TASK_GONE, TASK_NEW, TASK_STA
 from ..shared.labels import Labelled
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
 from . import requests
+from .calls import Calls
 from .deadlines import Deadlines
+from .enqueue import new_task
+from .functions import Functions
 from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .lines import Lines
 from .options import bad, parse_options  # noqa: F401
-from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SLOW_DOWN, SUCCEED, decide
+from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
 from .room import Room
 from .spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .stats import FunctionCounts
 from .task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED, TASK_ERROR_CHARS,  # noqa: F401
                    TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff, TaskError, client_group,
                    held_bytes, move, restored)
-from .upstream_calls import UpstreamCalls, failed as server_failed
+from .upstream_calls import UpstreamCalls
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
 #: a function's failed calls are logged at most this often (each line counts those not
@@ -81,21 +86,18 @@ class Tasks:
                  rand: Callable[[], float] = random.random,
                  base: FunctionSpec | None = None, started_at: float = -math.inf,
                  upstreams: tuple = ()) -> None:
-        self.functions = dict(functions)
-        self.base = base        # any other name F is called at base.url/F (config base_url)
+        self.fns = Functions(functions, base)     # the functions, their specs in use
+        self.function = self.fns.function           # name -> its spec (None: no such)
+        self.specs = self.fns.specs                 # (the same dict for the store's life)
         self.wall_offset = wall_offset
         self.rand = rand
-        # function -> its spec while tasks use it; None: gone from the config (its tasks
-        # wait, not called, until it comes back or they are cancelled)
-        self.specs: dict[str, FunctionSpec | None] = {}
-        self.uses: dict[str, int] = {}              # function -> tasks held
         self.tasks: dict[str, Task] = {}
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
         self.journal: Journal = NullJournal()     # what is kept of changes (set by the core)
-        # (running deadline | expires | queue deadline, seq)
-        self.timers = Deadlines("calls", "keeping", "timeouts")
+        self.timers = Deadlines("keeping", "timeouts")  # (expires | queue deadline, seq)
+        self.inflight = Calls()                 # the calls in flight, their deadlines
         self.upstream = UpstreamCalls(upstreams, started_at=started_at)
         self.limits = Limiter(self.upstream, self.function, started_at)
         self.lines = Lines(self._still_queued)
@@ -113,33 +115,20 @@ class Tasks:
         self.activity[function] = self.activity.get(function, 0) + 1
         return self.counts.of(function)
 
-    # -- functions -----------------------------------------------------------------------
-    def function(self, name: str) -> FunctionSpec | None:
-        """The function `name`: configured by name, or under the base URL (made when
-        asked for, and kept in `specs` while tasks use the name: made per lookup, a base
-        URL's spec took an eighth of the broker's CPU per enqueue)."""
-        spec = self.functions.get(name)
-        if spec is None and self.base is not None:
-            spec = self.specs.get(name) or self._made(name)
-        return spec
-
-    def _made(self, name: str) -> FunctionSpec | None:
-        spec = self.functions.get(name)
-        if spec is None and self.base is not None and FUNCTION_NAME.fullmatch(name):
-            spec = (self.base._replace(name=name, path=f"/{name}") if self.base.upstream
-                    else self.base._replace(name=name, url=f"{self.base.url.rstrip('/')}/{name}"))
-        return spec
+    # the config's functions, and the spec of any other name under its base_url
+    functions = property(lambda self: self.fns.functions)
+    base = property(lambda self: self.fns.base,
+                    lambda self, base: setattr(self.fns, "base", base))
+    uses = property(lambda self: self.fns.uses)
 
     def configure(self, functions: dict[str, FunctionSpec], base: FunctionSpec | None,
                   now: float, upstreams: tuple | None = None) -> None:
         """A new config (SIGHUP): every function tasks use takes its new spec, or None; a
         gate keeps its TAT, and a new rate applies from the next start; a server keeps its
         state while its upstream lists its url as written."""
-        self.functions, self.base = dict(functions), base
+        self.fns.configure(functions, base)
         if upstreams is not None:
             self.upstream.reload(upstreams)
-        for name in self.specs:
-            self.specs[name] = self._made(name)
         self.limits.configure()
         for name in list(self.lines.ready):
             self.lines.forget_offer(name)
@@ -156,7 +145,9 @@ class Tasks:
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
-        task = self._made_task(spec, params, options, now, uid, request, client_ip, online)
+        task = new_task(spec, params, options, now, uid, request, client_ip, online,
+                        seq=self.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
+                        room=self.room, upstream=self.upstream)
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):
@@ -172,52 +163,8 @@ class Tasks:
         self.journal.append[TASK_NEW](task)
         return task
 
-    def _made_task(self, spec: FunctionSpec, params: bytes, options: Any, now: float,
-                   uid: str | None, request: Any, client_ip: str | None,
-                   online: bool) -> Task | TaskError:
-        """The task an enqueue makes, every check made (nothing changed yet)."""
-        if request is not None:
-            checked = request if isinstance(request, tuple) else requests.parse(
-                request, spec.request_headers)      # (a tuple: checked by the caller)
-            if isinstance(checked, str):
-                return bad(checked)
-            request, params = checked
-        parsed = parse_options(options, spec)
-        if isinstance(parsed, TaskError):
-            return parsed
-        refused = self.room.refusal(spec, parsed, online, client_ip)
-        if refused is not None:
-            return refused
-        uid = parsed.get("uniqueId", uid)
-        if uid is None:
-            return TaskError("bad_request", "a uniqueId is needed")
-        if uid in self.tasks:
-            return TaskError("duplicate", f"a task with uniqueId {uid!r} exists")
-        queue_timeout_ms = parsed.get("queueTimeout", spec.queue_timeout_ms)
-        if queue_timeout_ms and parsed.get("delay", 0) >= queue_timeout_ms:
-            return bad(f"delay ({parsed['delay']} ms) must be below queueTimeout "
-                       f"({queue_timeout_ms} ms): the task would time out before it ran")
-        priority = parsed.get("priority", int((now + self.wall_offset) * 1000))
-        task = Task(uid, spec.name, params, priority, self.next_seq, now)
-        task.request, task.client_ip = request, client_ip
-        if online:
-            task.online, task.last_seen = True, now
-        if spec.upstream in self.upstream.keyed:
-            task.balance_key = self.upstream.balance_key(spec.upstream, uid, params, client_ip)
-        task.place(parsed.get("level", 0), priority)
-        if queue_timeout_ms:
-            task.queue_deadline = now + queue_timeout_ms / 1000
-        task.attempts = parsed.get("attempts", 1)
-        task.backoff = parsed.get("backoff", TaskBackoff())
-        task.timeout_ms = parsed.get("timeout", spec.timeout_ms)
-        task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
-        task.keep_result_ms = parsed.get("keepResult", 300000)
-        task.due = now + parsed.get("delay", 0) / 1000
-        return task
-
     def _add(self, task: Task, spec: FunctionSpec | None) -> None:
-        self.specs[task.function] = spec
-        self.uses[task.function] = self.uses.get(task.function, 0) + 1
+        self.fns.use(task.function, spec)
         self.tasks[task.uid] = task
         self.by_seq[task.seq] = task
         self.bytes += held_bytes(task)
@@ -297,9 +244,7 @@ class Tasks:
         self._start(task, "take", now)
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
-        task.holder = holder
-        task.deadline = now + task.timeout_ms / 1000 + CALL_GRACE_S
-        self.timers.add("calls", task.deadline, task.seq)
+        self.inflight.start(task, holder, now)
         self.journal.append[TASK_STATE](task)
         self._offer(name, now)                  # its next head, if it may go on
         return task
@@ -353,9 +298,11 @@ class Tasks:
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
-        peer = task.peer                        # (where the call went: for the log)
-        if peer is not None:
-            self._server_done(task, result, now)
+        peer, task.peer = task.peer, None       # (where the call went: for the log)
+        if peer is not None:                    # (its server's accounting: limiter.py)
+            for name in self.limits.server_done(*peer, self.function(task.function),
+                                                result, now):
+                self._offer(name, now)
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
             took = now - task.started
@@ -379,7 +326,8 @@ class Tasks:
             task.status_code = result.status_code
             task.error = action.error
         if action.pause:
-            self._slow_down(task, result, now)
+            self.limits.slow_down(task.function, self.function(task.function), task.started,
+                                  result, now)
         if action.do == SUCCEED:
             self._set_result(task, result.result, result.result_headers)
             self._finish(task, "succeed", now)
@@ -393,69 +341,23 @@ class Tasks:
         elif action.do == FAIL:
             self._finish(task, "fail", now)
 
-    def _slow_down(self, task: Task, result: Outcome, now: float) -> None:
-        """A 429 or 503: the function pauses (the server instead, behind an upstream,
-        when a Retry-After came: _server_done)."""
-        spec = self.function(task.function)
-        retry_after = None if result.retry_after_ms < 0 else result.retry_after_ms / 1000
-        if spec is not None and spec.upstream is not None and retry_after is not None:
-            return
-        said = "" if retry_after is None else f", Retry-After {retry_after:g} s"
-        self.limits.pause(task.function, spec, now, task.started, retry_after,
-                          f"the function answered {result.status_code}{said}")
-
-    def _server_done(self, task: Task, result: Outcome, now: float) -> None:
-        """nginx's accounting for the server `task` ran on; a 429 / 503 with Retry-After
-        pauses that server (not the function); the functions waiting for a server of
-        this upstream may look again."""
-        (upstream, peer), task.peer = task.peer, None      # (where it went, whatever since)
-        counted = False
-        if result.kind != "success" and result.failure != "":
-            spec = self.function(task.function)
-            counted = spec is not None and server_failed(
-                spec.next_upstream, result.kind, result.status_code)
-        if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
-            self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
-        again = self.upstream.done(upstream, peer, counted,
-                                   result.error if counted else None, now)
-        blocked = self.limits.blocked
-        if blocked:
-            again = {*again, *(n for n in blocked
-                               if getattr(self.function(n), "upstream", None) == upstream)}
-        for name in again:
-            blocked.pop(name, None)
-            self._offer(name, now)
-
     def _say_failed(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
-        """A failed call: its function, URL, status or error, and what happens to the task
-        (logged at most once per FAILED_CALL_LOG_S per function)."""
+        """A failed call, logged (at most once per FAILED_CALL_LOG_S per function)."""
         spec = self.function(task.function)
         url = "(its function is no longer configured)" if spec is None else \
             self._url(task, spec, peer)
-        if task.status == FAILED:
-            then = "the task failed"
-        elif result.status_code == 429:
-            then = "the task keeps its place while the function pauses"
-        else:
-            then = f"retried in {round(max(0.0, task.due - now), 3):g} s"
-        self.failed_calls.say(
-            task.function, now, "function %s: a call to %s failed: %s (task %s, attempt %d: %s)",
-            task.function, url, result.error or f"HTTP {result.status_code}", task.uid,
-            attempt, then)
+        self.failed_calls.say(task.function, now, *failed_call(task, attempt, result, url, now))
 
     def lost(self, holder, now: float) -> None:
         """A dispatcher went away: its calls' outcomes are unknown."""
-        for seq in self.timers.keys("calls"):
-            task = self.by_seq[seq]
-            if task.holder is holder:
-                self.outcome(task.uid, task.attempt,
-                             Outcome("unknown", error="the dispatcher went away during the call",
-                                     failure=""), now)
+        for task in self.inflight.of(holder, self.by_seq):
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error="the dispatcher went away during the call",
+                                 failure=""), now)
 
     def _end_call(self, task: Task, now: float) -> None:
-        self.timers.remove("calls", task.deadline, task.seq)
+        self.inflight.end(task)
         self.limits.ended(task.function)
-        task.holder = None
         self._offer(task.function, now)         # a free slot: it may start its next call
 
     def _set_result(self, task: Task, result: bytes | None,
@@ -613,14 +515,14 @@ class Tasks:
     held = property(lambda self: self.limits.held)
     ready = property(lambda self: self.lines.ready)
     by_key = property(lambda self: self.lines.by_key)
-    calls = property(lambda self: self.timers.lanes["calls"])
+    calls = property(lambda self: self.inflight.timers.lanes["calls"])
     waiting = property(lambda self: self.lines.timers.lanes["waiting"])
 
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        heads = [d for d in (self.timers.next_deadline(), self.lines.next_deadline(),
-                             self.room.next_deadline(), self.limits.next_deadline())
-                 if d is not None]
+        heads = [d for d in (self.timers.next_deadline(), self.inflight.next_deadline(),
+                             self.lines.next_deadline(), self.room.next_deadline(),
+                             self.limits.next_deadline()) if d is not None]
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
@@ -633,12 +535,10 @@ class Tasks:
         self._time_out(now)
         self._room_expire(now)
         self.limits.drop_idle(now, lambda name: name in self.specs)
-        while self.timers.due("calls", now):
-            task = self.by_seq[self.timers.first("calls")[1]]
-            why = (f"no report within the timeout ({task.timeout_ms} ms)"
-                   if task.holder != RESTARTED else "the broker stopped during the call, "
-                   f"and no dispatcher claimed it within {CLAIM_S:g} s of the restart")
-            self.outcome(task.uid, task.attempt, Outcome("unknown", error=why, failure=""), now)
+        while (seq := self.inflight.overdue(now)) is not None:     # (outcome ends it)
+            task = self.by_seq[seq]
+            self.outcome(task.uid, task.attempt,
+                         Outcome("unknown", error=Calls.why(task), failure=""), now)
         while self.timers.due("keeping", now):
             _, seq = self.timers.pop("keeping")
             self._forget(self.by_seq.pop(seq), now)
@@ -662,11 +562,10 @@ class Tasks:
     def _forget(self, task: Task, now: float) -> None:
         """keepResult passed: the task is gone (its uniqueId is free again)."""
         del self.tasks[task.uid]
-        self.uses[task.function] -= 1
-        if not self.uses[task.function]:
-            name = task.function
-            del self.uses[name]
-            self.limits.forget(name, self.specs.pop(name), now)
+        name = task.function
+        spec = self.specs[name]
+        if self.fns.unuse(name):            # its last task: what was kept for it may go
+            self.limits.forget(name, spec, now)
         self.bytes -= held_bytes(task)
         self.journal.append[TASK_GONE](task)
 
@@ -703,24 +602,15 @@ class Tasks:
                         self.specs.get(function) or DEFAULTS).pass_ttl_ms / 1000
                 self.room.admitted(task)
             else:
-                task.holder, task.deadline = RESTARTED, now + CLAIM_S
-                self.timers.add("calls", task.deadline, seq)
+                self.inflight.restarted(task, now)
         else:
             task.status, task.expires = status, image.expires - self.wall_offset
             self.timers.add("keeping", task.expires, seq)
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
         """A re-registered dispatcher says it is making call `attempt` of task `uid`, or
-        has its report: the call is its own again, with the deadline it had (its timeout
-        from when it started, wall clock).  False if we restarted without that call."""
+        has its report: the call is its own again (calls.py).  False if we restarted
+        without that call."""
         task = self.tasks.get(uid)
-        if task is None or task.status != RUNNING or task.attempt != attempt or (
-                task.holder != RESTARTED):
-            return False
-        self.timers.remove("calls", task.deadline, task.seq)
-        task.holder = holder
-        # (a call that ended while we were down has its report on the way: it gets the
-        # time a report takes to come back, as an unclaimed call gets to be claimed)
-        task.deadline = max(now + CLAIM_S, task.started + task.timeout_ms / 1000 + CALL_GRACE_S)
-        self.timers.add("calls", task.deadline, task.seq)
-        return True
+        return (task is not None and task.status == RUNNING and task.attempt == attempt
+                and self.inflight.claim(task, holder, now))

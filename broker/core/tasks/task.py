@@ -26,8 +26,10 @@ import ipaddress
 from typing import Callable, NamedTuple
 
 from ....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
-from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, FAILED, MAX_DURATION_MS,
-                                       QUEUED, RUNNING, SUCCESS, TASK_ERROR_CHARS)
+from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, DEFAULT_ATTEMPTS,
+                                       DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
+                                       DEFAULT_TIMEOUT_MS, FAILED, MAX_DURATION_MS, QUEUED,
+                                       RUNNING, SUCCESS, TASK_ERROR_CHARS)
 from .requests import Request
 
 #: how long past its timeout a running task waits for its dispatcher's report
@@ -72,7 +74,7 @@ class TaskError(NamedTuple):
 
 class TaskBackoff(NamedTuple):
     kind: str = "fixed"         # "fixed" | "exponential"
-    delay_ms: int = 60000
+    delay_ms: int = DEFAULT_BACKOFF_MS
     max_delay_ms: int = MAX_DURATION_MS
     jitter: bool = False
 
@@ -112,11 +114,11 @@ class Task:
         self.ended_by: str | None = None    # an admitted task's end: "done" or "expired"
         self.status = QUEUED
         self.attempt = 0                # calls made so far
-        self.attempts = 1               # retries allowed after the first call
+        self.attempts = DEFAULT_ATTEMPTS    # retries allowed after the first call
         self.backoff = TaskBackoff()
-        self.timeout_ms = 15000
+        self.timeout_ms = DEFAULT_TIMEOUT_MS
         self.delivery = AT_LEAST_ONCE
-        self.keep_result_ms = 300000
+        self.keep_result_ms = DEFAULT_KEEP_RESULT_MS
         self.created = now
         self.started: float | None = None
         self.finished: float | None = None

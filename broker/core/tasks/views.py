@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ....protocol.schema.task_info import TaskInfo
 from ....protocol.schema.tasks import ADMITTED, QUEUED
 from .spec import PER_UNIT, FunctionSpec
 from .store import PAGE_SCAN, Tasks
@@ -36,65 +37,50 @@ from .task import Task
 
 
 def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
-    """The TaskInfo of the API: what applies to the task's state, nothing else (its
-    client's address only to the master key: `keyed`)."""
+    """The TaskInfo of the API (protocol/schema/task_info.py), as it travels: what applies
+    to the task's state, nothing else (its client's address only to the master key:
+    `keyed`)."""
     task = store.tasks.get(uid)
     if task is None:
         return None
     wall = store.wall_offset
-    out: dict[str, Any] = {"uniqueId": task.uid, "function": task.function,
-                           "status": task.status, "createdAt": task.created + wall,
-                           "calls": task.attempt, "maxCalls": task.attempts + 1,
-                           # (the Cloud Queue's names: attempts counts retries)
-                           "attempt": task.attempt, "attempts": task.attempts}
-    if task.started is not None:
-        out["startedAt"] = task.started + wall
-    if task.finished is not None:
-        out["finishedAt"] = task.finished + wall
-    if task.status_code is not None:
-        out["statusCode"] = task.status_code
-    if task.result is not None:
-        out["result"] = task.result
-    if task.result_headers:
-        out["resultHeaders"] = task.result_headers
-    if task.error is not None:
-        out["error"] = task.error
-    if task.level:
-        out["level"] = task.level
-    if keyed and task.client_ip is not None:
-        out["clientIp"] = task.client_ip
-    if task.online:
-        out["type"] = "online"
-        if task.status == ADMITTED:
-            out["passExpiresAt"] = task.pass_exp + wall
-            spec = store.specs.get(task.function)
-            if spec is not None and spec.admit_url:
-                out["admitUrl"] = spec.admit_url
-        if task.ended_by:
-            out["endedBy"] = task.ended_by
-    if task.status == QUEUED:
-        _place(store, task, now, out)
-        if task.attempt and task.due > now:
-            out["retryAt"] = task.due + wall
-    return out
+    queued, admitted = task.status == QUEUED, task.online and task.status == ADMITTED
+    spec = store.specs.get(task.function) if admitted else None
+    wait_num, wait_ms = _place(store, task, now) if queued else (None, None)
+    return TaskInfo(
+        task.uid, task.function, task.status, task.created + wall,
+        # (the Cloud Queue's names, attempt and attempts, beside calls and maxCalls)
+        task.attempt, task.attempts + 1, task.attempt, task.attempts,
+        started_at=None if task.started is None else task.started + wall,
+        finished_at=None if task.finished is None else task.finished + wall,
+        status_code=task.status_code, result=task.result,
+        result_headers=task.result_headers or None, error=task.error,
+        level=task.level or None, client_ip=task.client_ip if keyed else None,
+        type="online" if task.online else None,
+        pass_expires_at=task.pass_exp + wall if admitted else None,
+        admit_url=spec.admit_url or None if spec is not None else None,
+        ended_by=task.ended_by or None if task.online else None,
+        wait_num=wait_num, wait_time=wait_ms,
+        retry_at=task.due + wall if queued and task.attempt and task.due > now else None,
+    ).wire()
 
 
 def enqueued(store: Tasks, task: Task, now: float) -> dict:
-    """What an enqueue answers, the fields of the 201 (protocol/fronts/http/api.py
-    ENQUEUED_FIELDS): the id, the status and, queued, the place and the wait; not the
-    whole TaskInfo, which the front would decode to throw away."""
+    """What an enqueue answers, the fields of the 201 (task_info.ENQUEUED): the id, the
+    status and, queued, the place and the wait; not the whole TaskInfo, which the front
+    would decode to throw away (an enqueue's answer is the hot path: a dict, made here)."""
     out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status}
     if task.status == QUEUED:
-        _place(store, task, now, out)
+        out["waitNum"], wait_ms = _place(store, task, now)
+        if wait_ms is not None:
+            out["waitTime"] = wait_ms
     return out
 
 
-def _place(store: Tasks, task: Task, now: float, out: dict) -> None:
+def _place(store: Tasks, task: Task, now: float) -> tuple[int, int | None]:
     """A queued task's waitNum, and its waitTime (ms) if there is an estimate."""
-    out["waitNum"] = store.wait_num(task)
     wait = wait_time(store, task, now)
-    if wait is not None:
-        out["waitTime"] = round(wait * 1000)
+    return store.lines.wait_num(task), None if wait is None else round(wait * 1000)
 
 
 def page(store: Tasks, function: str | None, status: str | None, limit: int, after: int,
@@ -119,7 +105,7 @@ def wait_time(store: Tasks, task: Task, now: float) -> float | None:
     spec = store.specs.get(task.function)
     if spec is None:
         return None
-    return _wait(store, spec, store.wait_num(task), task.due, now)
+    return _wait(store, spec, store.lines.wait_num(task), task.due, now)
 
 
 def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
@@ -201,7 +187,7 @@ def function_page(store: Tasks, after: str, limit: int,
                   now: float) -> tuple[list[dict], str | None]:
     """The stats of the functions named after `after`, by name: the configured ones and
     those tasks use now; and the `after` of the next page (None: no more)."""
-    names = sorted(name for name in {*store.functions, *store.specs} if name > after)
+    names = sorted(name for name in store.fns.names() if name > after)
     shown = names[:limit]
     return ([function_stats(store, name, now) for name in shown],
             shown[-1] if len(names) > limit else None)

@@ -17,6 +17,7 @@ import math
 from typing import Any, NamedTuple
 
 from ...schema import R, encodable
+from ...schema.task_info import ENQUEUED, TIMES
 from .schedules import SCHEDULE_TIMES
 
 log = logging.getLogger("zstalk.http")
@@ -58,10 +59,10 @@ ENQUEUE_KEYS = ("function", "type", "params", "request", "options")
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 
 
-ENQUEUED_FIELDS = ("uniqueId", "status", "waitNum", "waitTime")     # the 201 body
+ENQUEUED_FIELDS = ENQUEUED      # the 201 body (protocol/schema/task_info.py)
 
 
-TIME_FIELDS = ("createdAt", "startedAt", "finishedAt", "retryAt", "passExpiresAt")
+TIME_FIELDS = TIMES             # TaskInfo's times, wall-clock seconds from the broker
 
 
 class Problem(NamedTuple):
@@ -193,7 +194,7 @@ def stored_json(result: bytes) -> Any:
 
 
 def task_json(info: dict) -> dict:
-    """A broker TaskInfo as the API shows it."""
+    """A broker TaskInfo as the API shows it (times as RFC 3339, the result as JSON)."""
     out = dict(info)
     for name in TIME_FIELDS:
         if out.get(name) is not None:

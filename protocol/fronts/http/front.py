@@ -75,6 +75,7 @@ from ...network.listen import HttpLimits
 from ...links import open_link
 from ...links.owner import READY, LinkOwner
 from ...schema import Op, R, SessionState, Welcome
+from ...schema.task_messages import TaskEnqueue
 
 log = logging.getLogger("zstalk.http")
 #: whether the request being handled (each has its own task, so its own context) sent an
@@ -86,7 +87,7 @@ CONN = 1                    # the front's one broker session
 SHUTDOWN_GRACE_S = 5.0
 
 _OPEN, _CLOSE = Op.OPEN, Op.CLOSE
-_T_ENQUEUE, _T_INFO, _T_CANCEL = Op.T_ENQUEUE, Op.T_INFO, Op.T_CANCEL
+_T_INFO, _T_CANCEL = Op.T_INFO, Op.T_CANCEL
 _T_LIST = Op.T_LIST
 _T_FUNCTIONS, _T_FUNCTION = Op.T_FUNCTIONS, Op.T_FUNCTION
 _T_DONE = Op.T_DONE
@@ -106,13 +107,10 @@ def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None,
                uid: str | None = None) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
     name one (`uid`, else one made here); `client`: who sent it (`client_of`)."""
-    ext = dict(client) if client else {}
-    if task.request is not None:
-        ext["request"] = task.request
-    if task.online:
-        ext["type"] = "online"
-    return (_T_ENQUEUE, CONN, task.function, task.params, task.options,
-            uid or secrets.token_hex(16), keyed, ext or None)
+    client = client or {}
+    return TaskEnqueue(task.function, task.params, task.options, uid or secrets.token_hex(16),
+                       keyed, task.request, task.online, client.get("client"),
+                       client.get("forwarded")).op(CONN)
 
 
 def random_ids(n: int) -> list[str]:

@@ -17,17 +17,20 @@ being documented here fails the tests.
 from __future__ import annotations
 
 from ...schema import VERSION
-from ...schema.tasks import (FUNCTION_NAME, INT64, MAX_ATTEMPTS, MAX_DURATION_MS, MAX_LEVEL,
-                             MAX_PAGE, MAX_TIMEOUT_MS, METHODS, QUEUE_TIMEOUT, SAFE_HEADERS,
-                             SCHEDULE_NAME, STATUSES, UNIQUE_ID)
+from ...schema.task_info import (ENQUEUED, FIELDS, FRONT_FIELDS, STATUS_ORDER, UNIQUE_ID_SCHEMA,
+                                 WAIT_TIME, time_schema)
+from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
+                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, INT64, MAX_ATTEMPTS,
+                             MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
+                             QUEUE_TIMEOUT, QUEUED, SAFE_HEADERS, SCHEDULE_NAME, STATUSES,
+                             UNIQUE_ID)
 from .api import MAX_BATCH, PAGE_LIMIT
 from .cors import MAX_AGE_S, ROUTES
 
 OPENAPI_VERSION = "3.1.0"
 PATH = "/v1/openapi.json"
 _DAY_MS = 24 * 3600 * 1000
-_STATUSES = sorted(STATUSES, key=["queued", "running", "admitted", "success", "failed",
-                                   "cancelled"].index)
+_STATUSES = sorted(STATUSES, key=STATUS_ORDER.index)
 
 
 def _ref(name: str) -> dict:
@@ -58,12 +61,14 @@ def task_options() -> dict:
                        f"400. Durations are integer milliseconds ({year}). Integers are "
                        "written as such: 1.0 or 1e3 is refused.",
         "properties": {
-            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS, "default": 1,
+            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS,
+                         "default": DEFAULT_ATTEMPTS,
                          "description": "How many times a failed call is retried (so by "
                                         "default a failing task is called twice)."},
-            "backoff": {"oneOf": [_ms("A fixed wait before each retry.", 60000), _ref("Backoff")],
+            "backoff": {"oneOf": [_ms("A fixed wait before each retry.", DEFAULT_BACKOFF_MS),
+                                  _ref("Backoff")],
                         "description": "The wait before each retry: milliseconds, or a "
-                                       "policy.", "default": 60000},
+                                       "policy.", "default": DEFAULT_BACKOFF_MS},
             "delay": _ms("The wait before the first call.", 0),
             "deliveryMode": {"type": "string", "enum": ["atLeastOnce", "atMostOnce"],
                              "default": "atLeastOnce",
@@ -73,7 +78,7 @@ def task_options() -> dict:
                                             "function may run more than once) or fails the "
                                             "task (atMostOnce)."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
-                              "taken).", 300000),
+                              "taken).", DEFAULT_KEEP_RESULT_MS),
             "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
                       "description": "Higher levels run first among a function's due tasks "
                                      "(0 normal, 2 VIP, 3 SVIP...), then `priority`. Like "
@@ -90,7 +95,8 @@ def task_options() -> dict:
                                 "Default: the function's queue_timeout in the config (none "
                                 "unless set). A delay at or past it is a 400.", low=1),
             "timeout": _ms("How long one call may take. Default: the function's timeout in "
-                           "the config (15000 ms unless set). At most the function's "
+                           f"the config ({DEFAULT_TIMEOUT_MS} ms unless set). At most the "
+                           "function's "
                            f"max_timeout in the config, {MAX_TIMEOUT_MS} ms (15 min) unless "
                            "set: the maximum here.", low=1, high=MAX_TIMEOUT_MS),
             "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID),
@@ -114,7 +120,7 @@ def backoff() -> dict:
                        "and the function pauses.",
         "properties": {
             "type": {"type": "string", "enum": ["fixed", "exponential"], "default": "fixed"},
-            "delay": _ms("The first wait.", 60000),
+            "delay": _ms("The first wait.", DEFAULT_BACKOFF_MS),
             "maxDelay": _ms("The longest wait.", MAX_DURATION_MS),
             "jitter": {"type": "boolean", "default": False},
         },
@@ -177,89 +183,28 @@ def call_request() -> dict:
 
 
 # -- response schemas ------------------------------------------------------------------------
-def _time(description: str) -> dict:
-    return {"type": "string", "format": "date-time",
-            "description": f"{description} (RFC 3339 UTC with milliseconds)."}
-
-
 def task_info() -> dict:
+    fields = (*FIELDS, *FRONT_FIELDS)       # (protocol/schema/task_info.py: one table)
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": ["uniqueId", "function", "status", "createdAt", "calls", "maxCalls",
-                     "attempt", "attempts"],
+        "required": [f.name for f in fields if f.required],
         "description": "A task as it is now; fields that do not apply are absent.",
-        "properties": {
-            "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
-            "function": {"type": "string"},
-            "status": {"type": "string", "enum": _STATUSES,
-                       "description": "queued also while waiting for a retry (then `error` "
-                                      "holds the last failure and `retryAt` the next try)."},
-            "createdAt": _time("When it was enqueued"),
-            "startedAt": _time("When its latest call started"),
-            "finishedAt": _time("When it finished"),
-            "retryAt": _time("When the next try is due (queued after a failure)"),
-            "calls": {"type": "integer", "minimum": 0, "description": "Calls made so far."},
-            "maxCalls": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS + 1,
-                         "description": "Calls it may get in all: the first and its retries "
-                                        "(`attempts` + 1)."},
-            "attempt": {"type": "integer", "minimum": 0,
-                        "description": "The same as `calls` (the name LeanCloud's Cloud "
-                                       "Queue uses)."},
-            "attempts": {"type": "integer", "minimum": 0, "maximum": MAX_ATTEMPTS,
-                         "description": "Retries allowed after the first call (the option "
-                                        "`attempts`; `maxCalls` is one more)."},
-            "statusCode": {"type": "integer",
-                           "description": "The HTTP status of the latest call's response."},
-            "result": {"description": "The function's response: its JSON value, its text "
-                                      "when it is text, or {\"base64\": \"...\"} when it "
-                                      "is bytes (resultHeaders has its Content-Type)."},
-            "resultHeaders": {"type": "object", "additionalProperties": {"type": "string"},
-                              "description": "The response headers kept: Content-Type and "
-                                             "those the function's result_headers lists "
-                                             "(request tasks, such functions, and bytes)."},
-            "error": {"type": "string", "description": "Why the latest call failed."},
-            "waitNum": {"type": "integer", "minimum": 0,
-                        "description": "Tasks of its function due before it (queued only)."},
-            "waitTime": _wait_time(),
-            "level": {"type": "integer", "minimum": 1, "maximum": MAX_LEVEL,
-                      "description": "Its level (absent: 0)."},
-            "clientIp": {"type": "string", "description": "The address that enqueued it "
-                                                         "(the master key only)."},
-            "type": {"type": "string", "enum": ["online"],
-                     "description": "An online (waiting-room) task; absent: offline."},
-            "pass": {"type": "string", "description": "An admitted task's signed pass."},
-            "passExpiresAt": _time("When an admitted task's pass expires"),
-            "admitUrl": {"type": "string", "description": "Where its user goes, the pass "
-                                                          "in the URL's fragment."},
-            "passError": {"type": "string", "description": "Why no pass was issued."},
-            "endedBy": {"type": "string", "enum": ["done", "expired"]},
-        },
+        "properties": {f.name: f.schema for f in fields},
     }
 
 
-def _wait_time() -> dict:
-    return {"type": "integer", "minimum": 0,
-            "description": "About how many ms until it starts (queued only): the latest of "
-                           "its delay, what its function's rate allows for the tasks ahead "
-                           "of it and what its concurrency does at the mean time a slot "
-                           "is held (a call, or an admitted online task until done, expiry "
-                           "or cancel): the last minute's, or the last ten holds' within "
-                           "the hour when fewer ended in the minute. Absent with no delay, "
-                           "no rate and no such holds to go by."}
-
-
 def enqueued() -> dict:
+    schemas = {f.name: f.schema for f in FIELDS if f.name in ENQUEUED}
     return {
         "type": "object",
         "additionalProperties": False,
         "required": ["uniqueId", "status", "waitNum"],
         "properties": {
-            "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
-            "status": {"type": "string", "enum": ["queued"]},
+            **schemas,
+            "status": {"type": "string", "enum": [QUEUED]},
             "waitNum": {"type": "integer", "minimum": 0,
                         "description": "Tasks of its function ahead of it."},
-            "waitTime": _wait_time(),
         },
     }
 
@@ -268,9 +213,9 @@ def batch_item() -> dict:
     ok = {"type": "object", "additionalProperties": False,
           "required": ["status", "uniqueId", "waitNum"],
           "properties": {"status": {"type": "integer", "enum": [201]},
-                         "uniqueId": {"type": "string", "pattern": _pattern(UNIQUE_ID)},
+                         "uniqueId": UNIQUE_ID_SCHEMA,
                          "waitNum": {"type": "integer", "minimum": 0},
-                         "waitTime": _wait_time()}}
+                         "waitTime": WAIT_TIME}}
     refused = {"type": "object", "additionalProperties": False,
                "required": ["status", "error", "message"],
                "properties": {"status": {"type": "integer", "minimum": 400, "maximum": 599},
@@ -345,9 +290,9 @@ def schedule() -> dict:
             "timezone": {"type": "string"}, "function": {"type": "string"},
             "params": {}, "options": {"type": "object"},
             "paused": {"type": "boolean"},
-            "createdAt": _time("When it was made"),
-            "nextFireAt": _time("When it fires next (absent: paused, or never again)"),
-            "lastFireAt": _time("When it last fired"),
+            "createdAt": time_schema("When it was made"),
+            "nextFireAt": time_schema("When it fires next (absent: paused, or never again)"),
+            "lastFireAt": time_schema("When it last fired"),
             "lastError": {"type": "string",
                           "description": "Why its last fire enqueued nothing, if so."},
         },
@@ -660,7 +605,7 @@ def function_stats() -> dict:
                      "description": "At most this many calls start per second, minute or "
                                     "hour, over every dispatcher (absent: no rate)."},
             "burst": count,
-            "pausedUntil": _time("No call starts before then: its server answered 429 or "
+            "pausedUntil": time_schema("No call starts before then: its server answered 429 or "
                                  "503"),
             "pauseReason": {"type": "string"},
             "startRate": {"type": "number", "minimum": 0,
@@ -673,7 +618,7 @@ def function_stats() -> dict:
                                                 "cancel) over the last minute: median "
                                                 "(absent: none ended)."},
             "holdP90Ms": {**count, "description": "... and 90th percentile."},
-            "waitTime": {**_wait_time(), "description": "The waitTime a task enqueued now "
+            "waitTime": {**WAIT_TIME, "description": "The waitTime a task enqueued now "
                                                         "would get."},
         },
     }

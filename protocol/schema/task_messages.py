@@ -1,0 +1,117 @@
+"""The cloud-task family's messages as named types: an enqueue (T_ENQUEUE) and a call pushed
+to a dispatcher (T_CALL's ext: `Call`); a call's outcome is outcome.py's, a task's info
+task_info.py's.
+
+Typed in memory only: on the wire each stays the msgpack array ops.py describes, so peers
+of every schema version the broker takes keep working (messages.py upgrades an older
+peer's op before anything here reads it).  Each type has one way out (`op`, `ext`) and one
+way in (`read`, `of`), which checks a peer's fields once: the broker reads every enqueue
+with `TaskEnqueue.read` whatever the link (an in-process front's op is the same tuple), and
+the dispatcher reads every T_CALL's ext with `Call.of`.  A field of the wrong type is None
+(`read`: the op is refused as malformed) or its default (`of`); an op with too few fields
+raises, as any malformed op does (the broker answers it INTERNAL_ERROR).
+
+The ext maps ("ext", version 4) carry optional fields by name, so a later version adds
+one without a new schema version; a reader ignores names it does not know.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .ops import Op
+from .tasks import CONNECT_TIMEOUT_MS
+
+#: an enqueuer's address as a front reports it (the longest an IPv6 text can be, and more)
+MAX_CLIENT_CHARS = 64
+
+
+class TaskEnqueue(NamedTuple):
+    """T_ENQUEUE: (conn, function, params, options, unique_id, keyed, ext).  The ext says
+    {"request": a request task's object (master key only; the broker checks it against
+    its function), "type": "online" (a waiting-room task), "client": the address the
+    front saw, "forwarded": the first X-Forwarded-For hop}."""
+    function: str
+    params: bytes               # the JSON body the function is POSTed, as sent
+    options: Any                # the API's options object, or None (the broker checks it)
+    unique_id: str              # made by the front; options.uniqueId wins
+    keyed: bool                 # the request had the master key (or none is configured)
+    request: Any = None
+    online: bool = False
+    client: str | None = None
+    forwarded: str | None = None
+
+    def op(self, conn: int) -> tuple:
+        """The wire form."""
+        ext = {}
+        if self.client is not None:
+            ext["client"] = self.client
+        if self.forwarded is not None:
+            ext["forwarded"] = self.forwarded
+        if self.request is not None:
+            ext["request"] = self.request
+        if self.online:
+            ext["type"] = "online"
+        return (Op.T_ENQUEUE, conn, self.function, self.params, self.options,
+                self.unique_id, self.keyed, ext or None)
+
+    @classmethod
+    def read(cls, op: tuple) -> "TaskEnqueue | None":
+        """A peer's T_ENQUEUE, or None when its fields cannot be one."""
+        _, _, function, params, options, uid, keyed, *ext = op
+        if type(function) is not str or type(params) is not bytes or type(uid) is not str:
+            return None
+        said = ext[0] if ext and isinstance(ext[0], dict) else None
+        if said is None:
+            return cls(function, params, options, uid, keyed is True)
+        return cls(function, params, options, uid, keyed is True, said.get("request"),
+                   said.get("type") == "online", _address(said.get("client")),
+                   _address(said.get("forwarded")))
+
+
+def _address(value: Any) -> str | None:
+    return value if type(value) is str and 0 < len(value) <= MAX_CLIENT_CHARS else None
+
+
+class Call(NamedTuple):
+    """What a call is beyond T_CALL's (unique_id, attempt, url, params, timeout_ms): its
+    ext, None for a plain one (POST the params as JSON, keep no header but a binary
+    result's Content-Type), else {"result_headers": [names to keep], and for a request
+    task "method", "headers": [[name, value], ...], and "connect_timeout_ms" when its
+    function's is not the default}."""
+    method: str = "POST"
+    headers: tuple = ()             # a request task's, (name, value) pairs
+    request: bool = False           # a request task: send method, URL and headers as given
+    keep: tuple = ()                # response headers the task keeps (resultHeaders)
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS    # the function's connect_timeout
+
+    def ext(self) -> dict | None:
+        """The wire form (None: a plain call)."""
+        connect = self.connect_timeout_ms if self.connect_timeout_ms != CONNECT_TIMEOUT_MS \
+            else None
+        if not self.request and not self.keep and connect is None:
+            return None
+        out: dict[str, Any] = {"result_headers": list(self.keep)}
+        if self.request:
+            out["method"] = self.method
+            out["headers"] = [list(h) for h in self.headers]
+        if connect is not None:
+            out["connect_timeout_ms"] = connect
+        return out
+
+    @classmethod
+    def of(cls, ext: Any) -> "Call":
+        """A T_CALL's ext as the dispatcher reads it (anything malformed: its default)."""
+        if not isinstance(ext, dict):
+            return PLAIN
+        keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
+        connect = ext.get("connect_timeout_ms")
+        connect = connect if type(connect) is int and connect > 0 else CONNECT_TIMEOUT_MS
+        method = ext.get("method")
+        if not isinstance(method, str):
+            return cls(keep=keep, connect_timeout_ms=connect)
+        headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
+                        if isinstance(h, list) and len(h) == 2)
+        return cls(method, headers, True, keep, connect)
+
+
+PLAIN = Call()
