@@ -102,6 +102,12 @@ class Watch:
             return False
         return self.vacant or now - self.changed >= self.lease_s
 
+    def unsure(self, now: float) -> None:
+        """A claim NATS could not take (no answer, no stream leader while it elects one):
+        the leader may have been as unable to renew, so its lease runs again from now
+        (else every NATS election longer than the lease would depose a healthy leader)."""
+        self.changed = now
+
 
 def ours(holder: Holder | None, instance: str, epoch: int) -> bool:
     return holder is not None and holder.instance == instance and holder.epoch == epoch
@@ -283,6 +289,7 @@ class Lease:
             return 0
         except Exception as exc:        # (its answer lost: the next look may show it ours)
             log.debug("journal: claiming the lease: %s", exc)
+            self.watch.unsure(time.monotonic())
             return 0
         self.revision = revision
         log.info("journal: the lease is ours (epoch %d)", epoch)

@@ -56,3 +56,13 @@ def test_a_value_is_ours_only_with_our_instance_and_our_epoch():
     assert not ours(Holder(4, "me"), "me", 3)
     assert not ours(Holder(3, "you"), "me", 3)
     assert not ours(None, "me", 3)
+
+
+def test_a_claim_nats_could_not_take_gives_the_leader_a_whole_lease_again():
+    w = Watch(lease_s=1.5)
+    w.seen(3, Holder(1, "a"), now=0.0)
+    assert w.lapsed(6.0)                    # no renewal seen: NATS electing, or a dead leader
+    w.unsure(6.0)                           # our claim was not taken either
+    assert not w.lapsed(7.4) and w.lapsed(7.5)
+    w.seen(4, Holder(1, "a"), now=7.0)      # the leader renewed once NATS was back
+    assert not w.lapsed(8.4)
