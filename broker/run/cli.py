@@ -500,6 +500,9 @@ def stand_by(journal, config):
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(exc.code)
     epoch = lead.wait_leading()
+    if epoch is None:
+        lead.hand_over(None)
+        sys.exit(0)
     return lead, lead.journal_options(epoch), config._replace(
         recovering=config.recovering or epoch > 1)
 

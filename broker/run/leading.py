@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 
 from ..wal import stream as S
 from ..wal.lease import Lease
@@ -61,9 +62,19 @@ class Leadership:
         stopped.cancel()
         return won.result() if won.done() and not won.cancelled() else None
 
-    def wait_leading(self) -> int:
-        """The epoch claimed, blocking (`zstalk broker`: SIGTERM meanwhile ends it)."""
-        return self.lease.won.result()
+    def wait_leading(self) -> int | None:
+        """The epoch claimed, blocking (`zstalk broker`, no loop yet); None after a
+        SIGTERM or SIGINT meanwhile (a standby holds nothing: it just goes)."""
+        def stop(signum, frame):
+            raise _Stopped
+        before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self.lease.won.result()
+        except _Stopped:
+            return None
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
 
     def journal_options(self, epoch: int) -> S.Options:
         return self.opts._replace(epoch=epoch, instance=self.instance)
@@ -82,3 +93,7 @@ class Leadership:
                 and self.journal.failed is None:
             self.lease.release()
         self.lease.close()
+
+
+class _Stopped(Exception):
+    """A signal to stop while standing by, blocking."""

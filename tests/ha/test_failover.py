@@ -12,7 +12,9 @@ always, tests/support/nats_cluster.py), every one run with the same command; the
     exits 12 within 2 s; a command sent to it while it was stopped is never answered;
     nothing it appends lands after the new leader's EPOCH message;
   * SIGTERM of the leader: the standby leads well within the lease (it was released),
-    and a job a client held is kept for it.
+    and a job a client held is kept for it;
+  * SIGTERM of a standby (`zstalk serve`, and `zstalk broker`, which stands by before its
+    loop runs): exit 0, the leader unaffected.
 Times are asserted with room for a loaded 2-core machine; the figures are printed (-s).
 """
 from __future__ import annotations
@@ -309,5 +311,27 @@ def test_sigterm_of_the_leader_hands_over_to_the_standby_well_within_the_lease(c
             assert free == b"RESERVED 2 4\r\nfree\r\n" and none == b"TIMED_OUT\r\n"
         assert_nothing_after_the_epoch(cluster.urls, name, 2)
     finally:
+        a.stop()
+        b.stop()
+
+
+def test_standbys_stopped_with_sigterm_exit_0_and_the_leader_goes_on(cluster, name):
+    a, b = leader_and_standby(cluster, name)
+    broker = subprocess.Popen([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{free_port()}",
+                               "--journal", cluster.urls, "--journal-name", name],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        time.sleep(2.0)                 # (connected and standing by: a leads and renews)
+        assert broker.poll() is None, broker.communicate()[0]
+        for sig_to in (b.signal, broker.send_signal):
+            sig_to(signal.SIGTERM)
+        assert b.process.wait(10) == 0, b.output()
+        assert broker.wait(10) == 0, broker.communicate()[0]
+        assert answers(a.address) and a.leads()
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+            broker.wait()
         a.stop()
         b.stop()
