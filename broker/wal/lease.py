@@ -52,6 +52,8 @@ POLL_S = 0.1
 REQUEST_S = 1.0
 #: a bucket being made while the cluster forms is given this long
 MAKE_S = 15.0
+#: the start (connect, check the stream, the bucket) is given this long in all
+OPEN_S = 60.0
 
 
 class Holder(NamedTuple):
@@ -150,7 +152,11 @@ class Lease:
                                         daemon=True)
         self._thread.start()
         try:
-            self._call(self._open(max_job_size), None)
+            self._call(self._open(max_job_size), OPEN_S)
+        except concurrent.futures.TimeoutError:
+            self.close()
+            raise S.JournalError(f"NATS at {', '.join(self.opts.urls)}: the lease's start "
+                                 f"took over {OPEN_S:g} s") from None
         except BaseException:
             self.close()
             raise
@@ -270,7 +276,7 @@ class Lease:
             entry = getattr(exc, "entry", None)
             self.watch.seen(entry.revision if entry else 0, None, time.monotonic(), True)
             return True
-        except (asyncio.TimeoutError, Exception) as exc:
+        except Exception as exc:                   # (a timeout: NATS away or electing)
             log.debug("journal: the lease could not be read: %s", exc)
             return False
         self.watch.seen(entry.revision, Holder.decode(entry.value), time.monotonic())
