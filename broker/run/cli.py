@@ -220,9 +220,9 @@ def exit_with_parent() -> None:
         sys.exit(0)
 
 
-def bind_or_exit(spec: str, port: int):
+def bind_or_exit(spec: str, port: int, listen: bool = True):
     try:
-        return bind_listen(spec, port)
+        return bind_listen(spec, port, listen)
     except OSError as exc:
         click.echo(f"zstalk: bind {describe_listen(spec, port)}: {exc.strerror}", err=True)
         sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
@@ -350,11 +350,15 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                                    http_max_connections)   # (TLS: the files are checked)
     master_key = master_key_from(master_key, master_key_file)
     functions = load_config_or_exit(config_path)
-    listener = bind_or_exit(addr, port)
+    # a standby's client ports are bound, not listening, until it leads (docs/ha.md)
+    listen = journal is None or fronts > 0
+    if journal is not None and not journal.advertise:   # (--advertise's default)
+        journal = journal._replace(advertise=worker_endpoint(worker_bind) or "")
+    listener = bind_or_exit(addr, port, listen)
     counter_listeners = []
     if counter_port:
         where = counter_listen or counter_host(addr)
-        counter_listeners.append(bind_or_exit(where, counter_port))
+        counter_listeners.append(bind_or_exit(where, counter_port, listen))
     http_listeners = []
     if http_port is None and functions is not None:
         http_port = HTTP_PORT
@@ -363,7 +367,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                                "HTTP API's: give --http-port, or --config with [functions]")
     if http_port:
         http_host = counter_host(addr) if master_key else "127.0.0.1"
-        http_listeners.append(bind_or_exit(http_host, http_port))
+        http_listeners.append(bind_or_exit(http_host, http_port, listen))
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,
@@ -446,6 +450,10 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     wal = journal
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
+    lead = None
+    if journal is not None:     # it stands by until the lease is its own (leading.py)
+        lead, wal, config = stand_by(journal._replace(advertise=journal.advertise or bind),
+                                     config)
     try:
         actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind),
                             config_path=config_path, metrics_top=health.metrics_top)
@@ -467,13 +475,36 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     said = "; ".join(part for part in (
         "listening on " + ", ".join(actor.endpoints), health_said(health),
         binlog_said(binlog_dir, actor.restored),
-        journal_said(journal, actor.restored, getattr(actor.journal, "sync_said", "")),
+        journal_said(wal if journal is not None else None, actor.restored,
+                     getattr(actor.journal, "sync_said", "")),
         f"config {config_path}" if config_path else "",
         "CURVE" if actor.keys is not None else "", "draining" if drain else "") if part)
-    run(serve_with_probes(actor, health, said))
+    run(serve_with_probes(actor, health, said, lead))
     actor.let_last_replies_leave()
+    if lead is not None:
+        lead.hand_over(actor)
     if actor.exit_code is not None:
         sys.exit(actor.exit_code)
+
+
+def stand_by(journal, config):
+    """`zstalk broker --journal`: wait (blocking) until the lease is ours; then (the
+    leadership, the journal's options with its epoch, the config, recovering after an
+    earlier leader)."""
+    from .leading import Leadership
+    from ..wal.stream import JournalError
+    lead = Leadership(journal, config.max_job_size)
+    try:
+        lead.start()
+    except JournalError as exc:
+        click.echo(f"zstalk broker: {exc}", err=True)
+        sys.exit(exc.code)
+    epoch = lead.wait_leading()
+    if epoch is None:
+        lead.hand_over(None)
+        sys.exit(0)
+    return lead, lead.journal_options(epoch), config._replace(
+        recovering=config.recovering or epoch > 1)
 
 
 def journal_exit(exc: BaseException) -> int | None:
@@ -483,14 +514,19 @@ def journal_exit(exc: BaseException) -> int | None:
     return exc.code if isinstance(exc, JournalError) else None
 
 
-async def serve_with_probes(actor, health: HealthOptions, said: str) -> None:
+async def serve_with_probes(actor, health: HealthOptions, said: str, lead=None) -> None:
     """The broker actor until stopped; its probes listen only now that the binlog is
-    replayed and the endpoint bound, so a broker still replaying answers no probe."""
+    replayed and the endpoint bound, so a broker still replaying answers no probe; `lead`:
+    its lease on a journal (leading.py)."""
     from ...protocol.network.health import HealthBindError, start_health
     from ..metrics import build_info
+    if lead is not None:
+        import asyncio
+        lead.keep(actor, asyncio.get_running_loop())
     try:
         probes = await start_health(
-            health, metrics=lambda: actor.render_metrics([build_info("broker")]))
+            health, metrics=lambda: actor.render_metrics([build_info("broker")]),
+            leader=lead.leading if lead is not None else lambda: None)
     except HealthBindError as exc:
         actor.close()
         click.echo(f"zstalk broker: {exc}", err=True)

@@ -2,6 +2,9 @@
 none): the journal on NATS JetStream (broker/wal/jetstream.py, docs/ha.md).
 
 They reach the command as one `journal` argument, a wal/stream.py Options or None.
+--journal-lease-ms and --advertise are the lease's (wal/lease.py, run/leading.py): how
+long a standby lets the leader's lease go unrenewed, and what the lease says of where
+the leader is reached (default: the worker endpoint).
 Refused with exit 2 (a usage error naming the flag): --journal with --binlog (one journal),
 a --journal-* flag without --journal, a bad URL or name, and a NATS beyond this host
 without credentials (--journal-creds or --journal-user-file) unless --insecure, as CURVE is
@@ -16,13 +19,15 @@ import os
 import click
 
 _FLAGS = ("journal_name", "journal_creds", "journal_user_file", "journal_tls_ca",
-          "journal_timeout", "journal_replicas", "journal_monitor")
+          "journal_timeout", "journal_replicas", "journal_monitor", "journal_lease_ms",
+          "advertise")
 
 
 def journal_options(f):
     @functools.wraps(f)
     def command(*args, journal_urls, journal_name, journal_creds, journal_user_file,
-                journal_tls_ca, journal_timeout, journal_replicas, journal_monitor, **kwargs):
+                journal_tls_ca, journal_timeout, journal_replicas, journal_monitor,
+                journal_lease_ms, advertise, **kwargs):
         ctx = click.get_current_context()
         given = [name for name in _FLAGS
                  if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
@@ -33,6 +38,8 @@ def journal_options(f):
             journal = journal_from(journal_urls, journal_name, journal_creds,
                                    journal_user_file, journal_tls_ca, journal_timeout,
                                    journal_replicas, journal_monitor)
+            journal = journal._replace(lease_s=journal_lease_ms / 1000,
+                                       advertise=advertise or "")
         elif given:
             flag = "--" + given[0].replace("_", "-")
             raise click.UsageError(f"{flag} is for the journal on NATS: it needs --journal")
@@ -63,6 +70,13 @@ def journal_options(f):
         click.option("--journal-monitor", default=None, metavar="URL[,URL…]",
                      help="NATS monitoring endpoints (http://H:8222): sync_interval "
                           "'always' is checked there (else the start line says it is not)."),
+        click.option("--journal-lease-ms", default=1500, show_default=True,
+                     type=click.IntRange(min=500, max=60000),
+                     help="A standby takes over once the leader's lease has not been renewed "
+                          "(every 250 ms) for this long, on the standby's own clock."),
+        click.option("--advertise", default=None, metavar="tcp://HOST:PORT",
+                     help="Where others reach this instance's worker endpoint, published in "
+                          "the lease while it leads (default: the worker endpoint)."),
     ]):
         command = opt(command)
     return command
@@ -132,4 +146,7 @@ def journal_args(journal) -> list[str]:
             args += [flag, value]
     if journal.monitor:
         args += ["--journal-monitor", ",".join(journal.monitor)]
+    args += ["--journal-lease-ms", str(round(journal.lease_s * 1000))]
+    if journal.advertise:
+        args += ["--advertise", journal.advertise]
     return args

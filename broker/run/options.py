@@ -149,8 +149,10 @@ def journal_said(journal, restored, sync: str = "") -> str:
         jobs, tasks, schedules = restored
         said += f" (restored {jobs:,} jobs, {tasks:,} tasks" + (
             f", {schedules:,} schedules)" if schedules else ")")
-    return said + (f"; {sync}" if sync else "") + (
-        f"; replies wait for NATS, exit after {journal.timeout_s:g} s without it")
+    said += f"; {sync}" if sync else ""
+    if getattr(journal, "epoch", 0):
+        said += f"; leads under epoch {journal.epoch} (lease {journal.lease_s:g} s)"
+    return said + f"; replies wait for NATS, exit after {journal.timeout_s:g} s without it"
 
 
 def binlog_said(directory: str | None, restored: tuple[int, int, int] | None) -> str:

@@ -15,6 +15,11 @@ ZeroMQ load to bind the endpoint for native workers, their modules imported on a
 server with exit 111 and the endpoint's name.  One line on stderr then says what listens
 where.
 
+With --journal the instance first stands by (leading.py): its health port answers from
+the start (/leader and /readyz 503 with the reason), its client ports are bound but not
+listening (a connection is refused, not queued), and the broker is built, the stream
+replayed, only once the lease is its own; a graceful stop then releases the lease.
+
 SIGTERM / SIGINT stop accepting, let the binlog reach the disk (replies held for it go
 out), close the client connections and exit 0; SIGUSR1 turns on drain mode; SIGHUP reads
 the --config file again.  There is
@@ -66,22 +71,81 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
     config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
                     version=VERSION, binlog_max_size=opts.binlog_size,
                     stat_interval_s=opts.stat_interval, **tasks)
-    try:
-        actor = BrokerActor(None, config, binlog=opts.binlog(), config_path=opts.config_path,
-                            metrics_top=opts.health.metrics_top)
-    except Exception as exc:
-        from ..wal.binlog import BinlogError
-        from ..wal.stream import JournalError
-        if not isinstance(exc, (BinlogError, JournalError)):
-            raise
-        print(f"zstalk: {exc}", file=sys.stderr)
-        return exc.code if isinstance(exc, JournalError) else BINLOG_EXIT
-    code = run(_main(actor, listeners, list(counter_listeners), opts))
+
+    def make(wal, config: Config):
+        """The broker, its journal replayed; or the exit code when that cannot be."""
+        try:
+            return BrokerActor(None, config, binlog=wal, config_path=opts.config_path,
+                               metrics_top=opts.health.metrics_top)
+        except Exception as exc:
+            from ..wal.binlog import BinlogError
+            from ..wal.stream import JournalError
+            if not isinstance(exc, (BinlogError, JournalError)):
+                raise
+            print(f"zstalk: {exc}", file=sys.stderr)
+            return exc.code if isinstance(exc, JournalError) else BINLOG_EXIT
+    if opts.journal is not None:
+        actor, code = run(_lead(make, config, listeners, list(counter_listeners), opts))
+    else:
+        actor = make(opts.binlog(), config)
+        if isinstance(actor, int):
+            return actor
+        code = run(_main(actor, listeners, list(counter_listeners), opts))
+    if actor is None:
+        return code
     actor.let_last_replies_leave()
     return actor.exit_code if actor.exit_code is not None else code
 
 
-async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
+async def _lead(make, config, listeners, counter_listeners, opts: ServeOptions):
+    """--journal: stand by until the lease is ours, then take over and serve
+    (leading.py): (the actor, or None if it never led, and the exit code).  Meanwhile
+    the health port answers (/readyz and /leader 503, the standby's reason) and the
+    client ports stay closed (bound, not listening: a connection is refused)."""
+    from .leading import Leadership
+    from ..wal.stream import JournalError
+    loop = asyncio.get_running_loop()
+    lead = Leadership(opts.journal, opts.max_job_size)
+    probes, code = await _start_probes(opts, None, ready=lead.standing_by,
+                                       leader=lead.standing_by)
+    if code is not None:
+        return None, code
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.to_thread(lead.start)
+    except JournalError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return _closed(probes, None, exc.code)
+    epoch = await lead.until_leading(stop)
+    if epoch is None:
+        lead.hand_over(None)
+        return _closed(probes, None, 0)
+    actor = await asyncio.to_thread(make, lead.journal_options(epoch),
+                                    config._replace(recovering=epoch > 1))
+    if isinstance(actor, int):
+        lead.hand_over(None)
+        return _closed(probes, None, actor)
+    lead.keep(actor, loop)
+    if stop.is_set():       # (a SIGTERM while it took over: it stops once started)
+        actor.stop()
+    opts = opts._replace(journal=lead.journal_options(epoch))
+    code = await _main(actor, listeners, counter_listeners, opts, probes, lead.leading)
+    lead.hand_over(actor)
+    return actor, code
+
+
+def _closed(probes, actor, code: int):
+    if probes is not None:
+        probes.close()
+    return actor, code
+
+
+async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=None,
+                leader=lambda: None) -> int:
+    """Serve until stopped; `probes` already listening (a standby's, _lead) now answer
+    for the broker, and `leader` is /leader's answer."""
     loop = asyncio.get_running_loop()
     actor.start()
     address = actor.expose(f"serve-{os.getpid()}")
@@ -99,9 +163,11 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions) -> int:
                                         counter_listeners))
     tasks = await _start_tasks(address, opts)
     code = _bind_workers(actor, opts)
-    probes = None
-    if code is None:
-        probes, code = await _start_probes(opts, metrics(actor, fronts, tasks))
+    if code is None and probes is not None:
+        probes.ready, probes.leader = (lambda: None), leader
+        probes.metrics = metrics(actor, fronts, tasks)
+    elif code is None:
+        probes, code = await _start_probes(opts, metrics(actor, fronts, tasks), leader=leader)
     if code is None:
         if opts.announce:
             start_line(opts.role, announcement(listeners, counter_listeners, actor.endpoint,
@@ -185,12 +251,13 @@ def metrics(actor, fronts: list, tasks: list):
     return render
 
 
-async def _start_probes(opts: ServeOptions, metrics=None):
-    """--health-port, once the binlog is replayed and every endpoint bound: (probes, None),
-    or (None, BIND_EXIT) when its port cannot be bound."""
+async def _start_probes(opts: ServeOptions, metrics=None, ready=lambda: None,
+                        leader=lambda: None):
+    """--health-port, once the binlog is replayed and every endpoint bound (a standby's:
+    from its start): (probes, None), or (None, BIND_EXIT) when its port cannot be bound."""
     from ...protocol.network.health import HealthBindError, start_health
     try:
-        return await start_health(opts.health, metrics=metrics), None
+        return await start_health(opts.health, ready, metrics=metrics, leader=leader), None
     except HealthBindError as exc:
         print(f"zstalk: {exc}", file=sys.stderr)
         return None, BIND_EXIT

@@ -28,6 +28,14 @@ dropped (never acknowledged), nothing more is sent, and the broker exits DEPOSED
 No acknowledgement for --journal-timeout while an append waits: exit UNAVAILABLE_EXIT
 (held replies meanwhile are bounded by the fronts' credit per connection).
 
+Takeover (issue 43, ha-journal.md C.3): an instance that claimed the lease (lease.py)
+is given its epoch in the options; its restore reads the stream to its last sequence L
+and appends the EPOCH message (no records; Zstalk-Epoch, Zstalk-Leader) with
+Nats-Expected-Last-Sequence L: the fencing point, after which the old leader's appends
+are refused.  Refused as out of sequence, the old leader appended meanwhile: the stream
+is read again (TAKEOVER_READS times at most).  Every later append carries Zstalk-Epoch;
+`depose()` is the lease's way to stop us when the key says another leads.
+
 Compaction as the binlog's: each message is a Span (stream.py) that knows the full records
 it holds and how many are still the latest of something live; while the stream holds
 more than twice the live records' bytes plus COMPACT_SLACK, live records of the oldest
@@ -63,6 +71,8 @@ RETRY_S = 0.25
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
 _NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
 _WRONG_SEQUENCE = 10071
+#: at takeover, reads of the stream whose EPOCH message another broker's append beat
+TAKEOVER_READS = 5
 #: refusals that mean the stream cannot take the append, now or later (full, too big)
 _CANNOT_STORE = {10077: "the stream is full (max_bytes)",
                  10047: "NATS has no storage left (insufficient storage resources)",
@@ -90,7 +100,9 @@ class JetStreamJournal:
 
     def __init__(self, opts: S.Options) -> None:
         self.opts = opts
-        self.writer = f"{random.getrandbits(64):016x}"
+        self.writer = opts.instance or f"{random.getrandbits(64):016x}"
+        self.epoch = opts.epoch             # the lease's, 0 without one (lease.py)
+        self._epoch_headers: dict = {}
         self.state_id = 0
         self.wall_offset = 0.0
         self.next_id = 1                    # the core's, as the last append said it
@@ -152,15 +164,61 @@ class JetStreamJournal:
             self.max_bytes = info.config.max_bytes or -1
             self.sync_said = S.sync_checked(self.opts)
             read = await S.read(nc, self.opts, info, max_job_size)
+            for _ in range(TAKEOVER_READS if self.epoch else 0):
+                epoch_seq = await self._append_epoch(nc, read.last_seq)
+                if epoch_seq:
+                    read = self._after_epoch(read, epoch_seq)
+                    break
+                info = await nc.jetstream(timeout=10).stream_info(self.opts.stream)
+                read = await S.read(nc, self.opts, info, max_job_size)
+            else:
+                if self.epoch:
+                    raise S.JournalError(f"journal: stream {self.opts.stream} was appended to "
+                                         f"by another broker through {TAKEOVER_READS} reads "
+                                         f"of it: this one does not take over",
+                                         S.DEPOSED_EXIT)
         finally:
             await nc.close()
         return self._account(read, info)
+
+    async def _append_epoch(self, nc, last: int) -> int:
+        """Takeover: the EPOCH message, right after `last`, the sequence the read ended
+        at: its sequence, or 0 when another broker appended meanwhile (read again)."""
+        seq = last + 1
+        headers = {S.H_ID: f"{self.writer}-{seq}", S.H_EXPECT: str(last),
+                   S.H_EPOCH: str(self.epoch), S.H_LEADER: self.writer}
+        js = nc.jetstream(timeout=5)
+        until = time.monotonic() + self.opts.timeout_s
+        while True:
+            try:
+                ack = await js.publish(self.opts.subject, b"", headers=headers)
+            except Exception as exc:
+                code = getattr(exc, "err_code", None)
+                if code == _WRONG_SEQUENCE:
+                    log.info("journal: another broker appended after sequence %d: reading "
+                             "the stream again", last)
+                    return 0
+                if code in _CANNOT_STORE or time.monotonic() > until:
+                    raise S.JournalError(f"journal: stream {self.opts.stream} took no EPOCH "
+                                         f"message: {exc}", S.UNAVAILABLE_EXIT) from None
+                await asyncio.sleep(RETRY_S)      # (no responders while NATS elects)
+                continue
+            if ack.seq != seq:
+                return 0
+            self._epoch_headers = headers
+            return seq
+
+    def _after_epoch(self, read: S.Read, seq: int) -> S.Read:
+        """The read, with the EPOCH message as its last (nothing live in it)."""
+        read.spans[seq] = S.Span(seq, S._headers_size(self._epoch_headers))
+        return read._replace(last_seq=seq)
 
     def _account(self, read: S.Read, info) -> J.Restored:
         replayed = read.replayed
         self.spans = read.spans
         self.last_seq = self.acked_seq = read.last_seq
-        self.first_seq = info.state.first_seq or read.last_seq + 1
+        self.first_seq = min(self.spans, default=0) or info.state.first_seq \
+            or read.last_seq + 1
         self.stream_bytes = sum(span.size for span in self.spans.values())
         self.gates_seq = read.gates_seq
         self.last_gates = dict(replayed.gates)
@@ -197,6 +255,9 @@ class JetStreamJournal:
         append)."""
         self.loop = loop
         self.on_durable = on_durable
+        if self.failed is not None:     # (deposed by the lease before the loop ran)
+            loop.call_soon(on_durable)
+            return
         self._wake = asyncio.Event()
         self._progress = time.monotonic()
         self.turn += 1
@@ -283,6 +344,8 @@ class JetStreamJournal:
         self.last_seq = seq
         headers = {S.H_ID: f"{self.writer}-{seq}", S.H_EXPECT: str(seq - 1),
                    S.H_STATE: str(self.state_id)}
+        if self.epoch:
+            headers[S.H_EPOCH] = str(self.epoch)
         if live is not None:
             self.next_id = live.next_id
         headers[S.H_NEXT] = str(self.next_id)
@@ -733,8 +796,16 @@ class JetStreamJournal:
 
     # -- what it says -----------------------------------------------------------------------
     def stats(self) -> J.JournalStats:
+        """The binlog-* keys; and with a lease, journal-role (a journal that runs leads:
+        a standby has none yet), journal-epoch and journal-seq (acknowledged)."""
         return J.JournalStats(self.first_seq, self.last_seq, self.records_written,
-                              self.records_migrated, self.max_payload)
+                              self.records_migrated, self.max_payload,
+                              "leader" if self.epoch else "", self.epoch, self.acked_seq)
+
+    def depose(self, why: str) -> None:
+        """Another instance leads now (the lease said so, lease.py): stop as a refused
+        append would stop us (on the actor's loop)."""
+        self._fail(S.DEPOSED_EXIT, why)
 
     def samples(self) -> list[Sample]:
         return [Sample("zstalk_journal_bytes", (), self.live_bytes),

@@ -11,6 +11,11 @@ default `zstalk`).  One message is one append of the broker: a binlog frame (for
     Zstalk-State                 the state id (fronts' re-registered sessions keep theirs)
     Zstalk-Next-Id               the next job id when it was appended (ids never go back)
     Zstalk-Gates                 the slow rates' TATs, JSON, when they moved (a GATES record)
+    Zstalk-Epoch                 the lease's epoch the writer leads under (lease.py)
+    Zstalk-Leader                on the EPOCH message only: the instance that took over
+
+The EPOCH message (no records, those two headers) is what a new leader appends at
+takeover, right after the last sequence it read: the fencing point (jetstream.py).
 
 The settings a stream must have (issue 42; a stream made here has them): file storage,
 replicas 3 (1 allowed with a warning: a local try), limits retention, discard new (with
@@ -48,6 +53,7 @@ MIN_DUPLICATE_WINDOW_S = 120.0
 MESSAGE_OVERHEAD = wf.FRAME.size + 1024
 H_ID, H_EXPECT = "Nats-Msg-Id", "Nats-Expected-Last-Sequence"
 H_STATE, H_NEXT, H_GATES = "Zstalk-State", "Zstalk-Next-Id", "Zstalk-Gates"
+H_EPOCH, H_LEADER = "Zstalk-Epoch", "Zstalk-Leader"
 #: exit codes: a journal that cannot be used at start (as a binlog directory, beanstalkd's
 #: 10), refused settings (2, a usage error), deposed by another writer, NATS gone too long
 UNUSABLE_EXIT, SETTINGS_EXIT, DEPOSED_EXIT, UNAVAILABLE_EXIT = 10, 2, 12, 13
@@ -76,6 +82,10 @@ class Options(NamedTuple):
     # --against, 8 x 32 pipelined, 5 runs: 1.08x the puts/s, broker CPU per put 0.87x,
     # NATS's 0.78x, p99 9.6 against 11.8 ms): fewer, larger appends
     inflight: int = 2
+    lease_s: float = 1.5                # --journal-lease-ms: a standby claims a lease this still
+    advertise: str = ""                 # --advertise: where this instance is reached (the lease)
+    epoch: int = 0                      # the lease's epoch this instance leads under (0: none)
+    instance: str = ""                  # this instance's id in the lease and its appends' ids
 
     @property
     def stream(self) -> str:
@@ -144,8 +154,8 @@ async def connect(opts: Options, retry: bool = False, **callbacks):
         kwargs["tls"] = ssl.create_default_context(cafile=opts.tls_ca)
     failed: list[str] = []
 
-    async def said(exc) -> None:          # (nats-py reports each failed try here)
-        failed.append(str(exc) or type(exc).__name__)
+    async def said(exc) -> None:          # (nats-py reports each failed try here; the
+        failed[:] = [str(exc) or type(exc).__name__]    # last kept: a lease's lasts)
     callbacks.setdefault("error_cb", said)
     try:
         nc = await nats.connect(**kwargs, **callbacks)
@@ -205,9 +215,10 @@ def refusals(config, opts: Options, need_msg_size: int) -> list[str]:
     return out
 
 
-async def open_stream(nc, opts: Options, max_job_size: int):
+async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
     """The stream's info, the stream made if missing; JournalError (exit 2) naming a
-    setting that would lose records or a -z a message cannot carry."""
+    setting that would lose records or a -z a message cannot carry; `warn`: say what
+    is allowed but amiss (once a start: the lease's check does not)."""
     from nats.js.errors import NotFoundError
     need = max_message(max_job_size)
     if need > nc.max_payload:
@@ -230,7 +241,7 @@ async def open_stream(nc, opts: Options, max_job_size: int):
     if wrong:
         raise JournalError(f"stream {opts.stream} would lose records or cannot carry them: "
                            f"{'; '.join(wrong)}", SETTINGS_EXIT)
-    if opts.replicas == 1:
+    if opts.replicas == 1 and warn:
         log.warning("journal: stream %s has 1 replica: a local try, not high availability "
                     "(--journal-replicas 3)", opts.stream)
     return info

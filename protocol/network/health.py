@@ -22,6 +22,12 @@ from a long stall with the probe's request waiting.  Readiness is a function the
 gives (`link_ready` for a front, the dispatcher or a worker pool; a broker opens the port
 only once ready): None when ready, else the reason.  A worker pool with several processes
 adds its children's state (workers/probes.py).
+
+`GET /leader` says whether this process is the broker that leads (a broker on a NATS
+journal: one instance leads, the others stand by, docs/ha.md): a function the process
+gives, as readiness is; 200 on the leader (and on a broker without a journal, the only
+one), 503 with the reason elsewhere (a standby, a deposed broker, a process that is no
+broker).
 """
 from __future__ import annotations
 
@@ -39,7 +45,9 @@ MAX_HEAD = 8192          # bytes of the request line and headers together
 READ_TIMEOUT_S = 2.0     # for the whole request head
 BEAT_S = 1.0
 STALL_S = HealthOptions().stall_s
-PATHS = ("/healthz", "/readyz")
+PATHS = ("/healthz", "/readyz", "/leader")
+#: /leader on a process that is no broker
+NOT_A_BROKER = "not a broker"
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -168,12 +176,15 @@ def answer_metrics(request: Request, token: str | None,
     return response(200, metrics(), request.method == "HEAD", METRICS_TYPE)
 
 
-def answer(method: str, path: str, live: str | None, ready: str | None) -> bytes:
+def answer(method: str, path: str, live: str | None, ready: str | None,
+           leader: str | None = NOT_A_BROKER) -> bytes:
+    """/healthz: `live`; /readyz: `live` or `ready`; /leader: `leader` (a broker on a
+    journal leads, or why not: a standby, deposed; docs/ha.md): 200 ok, or 503 why."""
     if path not in PATHS:
         return response(404, "not found")
     if method not in ("GET", "HEAD"):
         return response(405, "GET only")
-    problem = live if path == "/healthz" else live or ready
+    problem = live if path == "/healthz" else leader if path == "/leader" else live or ready
     return response(503, problem, method == "HEAD") if problem else \
         response(200, "ok", method == "HEAD")
 
@@ -191,8 +202,10 @@ class HealthServer:
                  alive: Callable[[], str | None] = lambda: None,
                  metrics: Callable[[], bytes] | None = None,
                  token: str | None = None,
-                 gather: Callable[[], Awaitable[bytes]] | None = None) -> None:
+                 gather: Callable[[], Awaitable[bytes]] | None = None,
+                 leader: Callable[[], str | None] = lambda: NOT_A_BROKER) -> None:
         self.ready = ready
+        self.leader = leader            # () -> None on the leader, else why not (/leader)
         self.stall_s = stall_s
         self.alive = alive
         self.metrics = metrics          # () -> the exposition; None: no /metrics
@@ -269,7 +282,7 @@ class _ProbeProtocol(asyncio.Protocol):
             return
         live = health.live()
         self._reply(answer(request.method, request.path, live,
-                           None if live else health.ready()))
+                           None if live else health.ready(), health.leader()))
 
     def _gather(self, request: Request) -> None:
         refused = metrics_refusal(request, self.health.token, True)
@@ -293,12 +306,15 @@ class _ProbeProtocol(asyncio.Protocol):
 async def start_health(opts: HealthOptions | None,
                        ready: Callable[[], str | None] = lambda: None,
                        alive: Callable[[], str | None] = lambda: None,
-                       metrics: Callable[[], bytes] | None = None) -> HealthServer | None:
+                       metrics: Callable[[], bytes] | None = None,
+                       leader: Callable[[], str | None] = lambda: NOT_A_BROKER,
+                       ) -> HealthServer | None:
     """The probes (and /metrics) on the running loop, if a port was given; None otherwise.
     Raises HealthBindError."""
     if opts is None or not opts.port:
         return None
-    health = HealthServer(ready, opts.stall_s, alive, metrics, opts.metrics_token)
+    health = HealthServer(ready, opts.stall_s, alive, metrics, opts.metrics_token,
+                          leader=leader)
     try:
         await health.start(opts.host, opts.port)
     except OSError as exc:

@@ -39,7 +39,10 @@ def describe_listen(spec: str, default_port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def bind_tcp(host: str | None, port: int) -> socket.socket:
+def bind_tcp(host: str | None, port: int, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to HOST:PORT, listening unless told not to (a standby's client
+    ports: bound, so a busy port fails at start, but connections are refused until it
+    leads; asyncio's create_server listens then)."""
     if host is not None and host.isascii():
         host = host.encode()    # (a str host costs an import of the idna codec at start-up)
     infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
@@ -49,14 +52,15 @@ def bind_tcp(host: str | None, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
-        sock.listen(BACKLOG)
+        if listen:
+            sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
     return sock
 
 
-def bind_unix(path: str) -> socket.socket:
+def bind_unix(path: str, listen: bool = True) -> socket.socket:
     """Bind a unix socket, removing a stale socket file left by a dead server."""
     try:
         if stat.S_ISSOCK(os.stat(path).st_mode):
@@ -66,16 +70,17 @@ def bind_unix(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
-        sock.listen(BACKLOG)
+        if listen:
+            sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
     return sock
 
 
-def bind_listen(spec: str, default_port: int) -> socket.socket:
+def bind_listen(spec: str, default_port: int, listen: bool = True) -> socket.socket:
     kind, where, port = parse_listen(spec, default_port)
-    return bind_unix(where) if kind == "unix" else bind_tcp(where, port)
+    return bind_unix(where, listen) if kind == "unix" else bind_tcp(where, port, listen)
 
 
 def systemd_sockets() -> list[socket.socket]:

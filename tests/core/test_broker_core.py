@@ -546,3 +546,15 @@ def test_a_deadline_set_this_turn_reads_one_second_less_whatever_the_clock_reads
     assert {seconds_left(now + 10, now) for now in nows} == {9}
     assert seconds_left(100.5, 100.0) == 0 and seconds_left(99.0, 100.0) == 0
     assert seconds_left(109.5, 100.0) == 9 and seconds_left(110.000001, 100.0) == 10
+
+
+def test_stats_end_with_the_journal_s_role_epoch_and_sequence_only_with_a_replicated_journal():
+    from zstalk.broker.core.beanstalk.stats import journal_stats
+    from zstalk.broker.core.shared.journal import JournalStats, NullJournal
+
+    class Leading(NullJournal):
+        def stats(self) -> JournalStats:
+            return JournalStats(3, 9, 40, 2, 1 << 20, "leader", 4, 9)
+    assert journal_stats(NullJournal()) == []
+    assert journal_stats(Leading()) == [("journal-role", "leader"), ("journal-epoch", 4),
+                                        ("journal-seq", 9)]

@@ -118,6 +118,13 @@ def test_liveness_ignores_readiness_and_readiness_includes_liveness():
     assert answer("HEAD", "/readyz", None, None).endswith(b"\r\n\r\n")
 
 
+def test_leader_answers_200_on_the_leader_and_503_with_the_reason_elsewhere():
+    assert answer("GET", "/leader", None, None, None).startswith(b"HTTP/1.1 200 ")
+    standby = answer("GET", "/leader", None, "standby", "standby: instance 1f leads (epoch 3)")
+    assert standby.startswith(b"HTTP/1.1 503 ") and standby.endswith(b"(epoch 3)\n")
+    assert answer("GET", "/leader", None, None).endswith(b"not a broker\n")   # a front's
+
+
 # -- real processes on 127.0.0.1 ------------------------------------------------------------
 needs_programs = pytest.mark.skipif(self_check(), reason="tests zstalk's own programs")
 

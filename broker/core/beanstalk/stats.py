@@ -44,7 +44,8 @@ def new_counters() -> dict[str, int]:
 
 
 def server_stats(b, now: float) -> list[tuple[str, object]]:
-    """beanstalkd's 51 `stats` keys for the beanstalk component `b` (commands.py)."""
+    """beanstalkd's 51 `stats` keys for the beanstalk component `b` (commands.py), and
+    the journal's own after them (journal_stats)."""
     tubes = b.queue.tubes.values()
     sessions = b.sessions
     me = b.identity
@@ -79,7 +80,7 @@ def server_stats(b, now: float) -> list[tuple[str, object]]:
         ("os", si.os),
         ("platform", si.platform),
     ]
-    return pairs
+    return pairs + journal_stats(b.journal)
 
 
 def binlog_stats(journal) -> list[tuple[str, object]]:
@@ -88,6 +89,15 @@ def binlog_stats(journal) -> list[tuple[str, object]]:
     return [("binlog-oldest-index", j.oldest_index), ("binlog-current-index", j.current_index),
             ("binlog-records-migrated", j.records_migrated),
             ("binlog-records-written", j.records_written), ("binlog-max-size", j.max_size)]
+
+
+def journal_stats(journal) -> list[tuple[str, object]]:
+    """zstalk's own keys after beanstalkd's, with a replicated journal only (docs/ha.md):
+    this instance's role, the lease's epoch, the stream's last acknowledged sequence."""
+    j = journal.stats()
+    if not j.role:
+        return []
+    return [("journal-role", j.role), ("journal-epoch", j.epoch), ("journal-seq", j.seq)]
 
 
 def seconds_left(deadline: float, now: float) -> int:

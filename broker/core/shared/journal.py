@@ -145,12 +145,16 @@ class LiveView(Protocol):
 
 
 class JournalStats(NamedTuple):
-    """beanstalkd's binlog-* stats (zeros without -b; max_size is -s as given)."""
+    """beanstalkd's binlog-* stats (zeros without -b; max_size is -s as given); and a
+    replicated journal's role (leader, standby; '': no such keys), epoch and sequence."""
     oldest_index: int
     current_index: int
     records_written: int
     records_migrated: int
     max_size: int
+    role: str = ""
+    epoch: int = 0
+    seq: int = 0
 
 
 class Journal(Protocol):

@@ -1,0 +1,99 @@
+"""A broker on a NATS journal leads only once the lease is its own (broker/wal/lease.py;
+docs/ha.md), whichever command runs it: `zstalk serve` and `zstalk broker`.
+
+The order, ha-journal.md C.3: stand by (the lease's thread looks at the key) until the
+lease is claimed; then read the stream to its end and append the EPOCH message right
+after it (wal/jetstream.py's restore, given the epoch); only then is the core built, so
+the grace timers of a takeover (counters refused while fronts return, calls that were
+running reclaimable, held jobs kept for their holders, no burst credit for the time
+before) count from the takeover, not from the process's start, and `recovering` is set
+when an epoch came before ours.  While it leads, a lease found lost deposes the
+journal on the actor's loop (the broker exits 12, answering nothing more); at a graceful
+stop, once the held jobs are appended and acknowledged, the lease is released so that a
+standby takes over at once.
+
+In this slice a standby is cold-warm: it keeps no state while it waits, and replays the
+stream at takeover.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+from ..wal import stream as S
+from ..wal.lease import Lease
+
+
+class Leadership:
+    """One instance's lease on `opts`' journal, from standing by to handing over."""
+
+    def __init__(self, opts: S.Options, max_job_size: int) -> None:
+        self.opts = opts
+        self.max_job_size = max_job_size
+        self.instance = f"{random.getrandbits(64):016x}"
+        self.lease = Lease(opts, self.instance, opts.advertise)
+        self.journal = None             # the leader's, once built
+
+    def start(self) -> None:
+        """Connect and stand by (blocking; stream.JournalError as a start without one)."""
+        self.lease.start(self.max_job_size)
+
+    def standing_by(self) -> str | None:
+        """/readyz and /leader before the core is built: why not ready, not leading."""
+        h = self.lease.watch.holder
+        if self.lease.won.done():
+            return "taking over: reading the stream"
+        if h is None:
+            return "standby: claiming the lease"
+        return f"standby: instance {h.instance} leads (epoch {h.epoch})"
+
+    def leading(self) -> str | None:
+        """/leader once the core is built: None while this one leads."""
+        if self.journal is not None and self.journal.failed is not None:
+            return "deposed" if self.journal.failed[0] == S.DEPOSED_EXIT else "stopped"
+        return self.lease.lost and "deposed"
+
+    async def until_leading(self, stop: asyncio.Event) -> int | None:
+        """The epoch claimed, or None if `stop` was set first."""
+        won = asyncio.wrap_future(self.lease.won)
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({won, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        return won.result() if won.done() and not won.cancelled() else None
+
+    def wait_leading(self) -> int | None:
+        """The epoch claimed, blocking (`zstalk broker`, no loop yet); None after a
+        SIGTERM or SIGINT meanwhile (a standby holds nothing: it just goes)."""
+        def stop(signum, frame):
+            raise _Stopped
+        before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self.lease.won.result()
+        except _Stopped:
+            return None
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def journal_options(self, epoch: int) -> S.Options:
+        return self.opts._replace(epoch=epoch, instance=self.instance)
+
+    def keep(self, actor, loop: asyncio.AbstractEventLoop) -> None:
+        """The built broker leads: the lease's value carries its acknowledged sequence,
+        and a lease lost deposes its journal on `loop` (the actor's)."""
+        journal = self.journal = actor.journal
+        self.lease.seq = lambda: journal.acked_seq
+        self.lease.on_lost(lambda why: loop.call_soon_threadsafe(journal.depose, why))
+
+    def hand_over(self, actor) -> None:
+        """The end: a broker that stopped well releases the lease (a standby leads at
+        once); a deposed one, or one that never led, only lets go of its thread."""
+        if actor is not None and actor.exit_code is None and self.journal is not None \
+                and self.journal.failed is None:
+            self.lease.release()
+        self.lease.close()
+
+
+class _Stopped(Exception):
+    """A signal to stop while standing by, blocking."""
