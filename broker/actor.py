@@ -708,10 +708,9 @@ def open_journal(opts, config: Config):
     makes its null journal."""
     if opts is None:
         return None, None
-    from .wal import stream
-    if isinstance(opts, stream.Options):
+    from .wal.binlog import Binlog, BinlogError, Options as BinlogOptions
+    if not isinstance(opts, BinlogOptions):     # (wal/stream.py's: NATS loads only then)
         return open_stream_journal(opts, config)
-    from .wal.binlog import Binlog, BinlogError
     started = time.monotonic()
     journal = Binlog(opts)
     try:

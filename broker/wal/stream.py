@@ -38,7 +38,6 @@ import logging
 import re
 import struct
 import urllib.parse
-import urllib.request
 from typing import NamedTuple
 
 from . import format as wf
@@ -276,6 +275,7 @@ def sync_checked(opts: Options) -> str:
     otherwise)."""
     if not opts.monitor:
         return "sync_interval not verified (--journal-monitor)"
+    import urllib.request       # (only now: it loads http.client and email, ~10 ms)
     for url in opts.monitor:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/varz", timeout=3) as r:

@@ -91,6 +91,16 @@ def test_a_worker_endpoint_loads_zeromq_and_nothing_else_on_demand():
     assert on_demand_loaded(imports) == ["zmq"]
 
 
+def test_zstalkd_with_a_binlog_loads_none_of_the_nats_journal(tmp_path):
+    imports = imports_before_first_reply([str(BIN / "zstalkd"), "-l", LOOPBACK, "-p",
+                                          str(free_port()), "-b", str(tmp_path / "wal")])
+    assert "zstalk.broker.wal.binlog" in {m for _, m in imports}     # (the log is whole)
+    nats = ("nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream",
+            "urllib.request")           # (urllib.request: ~10 ms, for --journal-monitor)
+    loaded = [m for _, m in imports if m in nats]
+    assert loaded == [], f"{loaded[0]} through {importer(imports, loaded[0])}"
+
+
 def test_the_importer_of_a_module_is_the_next_one_listed_less_deep():
     imports = [(3, "ssl"), (2, "asyncio.base_events"), (1, "asyncio"), (0, "zstalk.x")]
     assert importer(imports, "ssl") == "asyncio.base_events"

@@ -461,6 +461,27 @@ def test_a_stream_that_would_lose_records_is_refused_naming_the_setting(cluster,
     assert named in done.stderr
 
 
+def test_journal_monitor_confirms_on_the_start_line_that_nats_fsyncs_every_write(cluster, name):
+    server = serve(cluster.urls, name, "--journal-monitor", cluster.nodes[0].monitor).start()
+    try:
+        with RawClient(server.address, 10) as c:
+            c.send(b"put 0 0 60 5\r\nhello\r\n")
+            assert c.read_replies(1)[0].startswith(b"INSERTED")
+        assert "sync_interval always" in server.output()
+    finally:
+        server.stop()
+
+
+def test_journal_monitor_refuses_a_nats_that_does_not_fsync_every_write(name):
+    with Cluster(3, sync="1s") as lazy:
+        done = run_zstalk("serve", "-p", str(free_port()), "--counter-port", "0",
+                          "--worker-bind", "none", "--journal", lazy.urls, "--journal-name",
+                          name, "--journal-monitor", lazy.nodes[1].monitor, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"--journal-monitor {lazy.nodes[1].monitor}: the server does not fsync every " \
+           "write" in done.stderr
+
+
 def test_a_max_job_size_above_max_payload_exits_2(cluster, name):
     done = run_zstalk("serve", "-p", str(free_port()), "--counter-port", "0", "--worker-bind",
                       "none", "-z", "2000000", "--journal", cluster.urls, "--journal-name", name)
