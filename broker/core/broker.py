@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple
 from ...protocol.schema import (PEER_TIMEOUT_S, SESSION_BYTES_MAX, SESSION_OPS_MAX,
                                 SILENT_OPS, Batch, Fenced, Hello, Heartbeat, Op, R, Replies,
                                 Settings, Welcome)
+from ...protocol.schema.ops import CODE, CONN, PUT_BODY
 from ...protocol.schema.version import VERSION
 from .beanstalk import stats
 from .beanstalk.checks import NATIVE_KINDS, check
@@ -319,19 +320,19 @@ class Broker:
                     refused = check(op, max_job_size)
                     if refused is not None:
                         if refused:
-                            out.append((op[1], refused))
+                            out.append((op[CONN], refused))
                         continue
-                code = op[0]
-                s = sessions.get(op[1])
+                code = op[CODE]
+                s = sessions.get(op[CONN])
                 if s is None:
                     if code == Op.OPEN:
-                        self._open(front, op[1])
+                        self._open(front, op[CONN])
                     elif code not in SILENT_OPS:
-                        out.append((op[1], R.INTERNAL_ERROR))
+                        out.append((op[CONN], R.INTERNAL_ERROR))
                     continue
                 if (code > _HALF_CLOSE and _FAMILY[code] != s.family
                         or s.is_pool and code not in POOL_OPS):
-                    out.append((op[1], R.INTERNAL_ERROR))   # an op for the other protocol
+                    out.append((op[CONN], R.INTERNAL_ERROR))   # an op for the other protocol
                     continue
                 if s.behind is not None and code != _CLOSE and code != _HALF_CLOSE:
                     self._hold(s, op, out)
@@ -351,8 +352,8 @@ class Broker:
         """Keep `op` until the session's waiting reserve is answered (schema: "Ordering")."""
         behind = s.behind
         behind.append(op)
-        if op[0] == _PUT:
-            s.behind_bytes += len(op[5])
+        if op[CODE] == _PUT:
+            s.behind_bytes += len(op[PUT_BODY])
         if (len(behind) > SESSION_OPS_MAX
                 or s.behind_bytes > SESSION_BYTES_MAX + self.config.max_job_size):
             log.warning("front %016x sent more than a connection may have in flight: "
@@ -381,10 +382,10 @@ class Broker:
             out = self.out.setdefault(s.front.peer, [])
             while behind and not s.waiting:
                 op = behind.popleft()
-                if op[0] == _PUT:
-                    s.behind_bytes -= len(op[5])
+                if op[CODE] == _PUT:
+                    s.behind_bytes -= len(op[PUT_BODY])
                 try:
-                    reply = handlers[op[0]](s, op, now)
+                    reply = handlers[op[CODE]](s, op, now)
                 except Exception as exc:
                     log.warning("bad op %.60r from front %016x: %r", op, s.front.front_id, exc)
                     reply = _error_reply(op)
@@ -459,8 +460,8 @@ class Broker:
 def _error_reply(op) -> tuple | None:
     """INTERNAL_ERROR for an op that failed, if it is shaped like one that gets a reply."""
     try:
-        if len(op) > 1 and type(op[1]) is int and op[0] not in SILENT_OPS:
-            return (op[1], R.INTERNAL_ERROR)
+        if len(op) > 1 and type(op[CONN]) is int and op[CODE] not in SILENT_OPS:
+            return (op[CONN], R.INTERNAL_ERROR)
     except TypeError:       # not a sequence, or an unhashable opcode
         pass
     return None

@@ -34,6 +34,7 @@ import time
 from typing import Callable
 
 from ...protocol.schema import Op, R
+from ...protocol.schema.ops import ARG
 
 NOT_FOUND, INVALID, RESOURCE_NOT_AVAILABLE, NOT_ACQUIRED = 0x01, 0x04, 0x21, 0x22
 FN = b"fn:"                 # a function's concurrency, while functions are configured
@@ -304,14 +305,14 @@ class CounterCommands:
 
     def c_get(self, s, op, now):
         self._counted("get")
-        if not _is_name(op[2]):
+        if not _is_name(op[ARG]):
             return (s.conn, R.C_ERROR, INVALID)
-        function = self._function(op[2])
+        function = self._function(op[ARG])
         if function is False:
             return (s.conn, R.C_ERROR, INVALID)
         if function is not None:
             return (s.conn, R.C_OK, self.functions.in_use(function))
-        return (s.conn, *self.store.get(op[2]))
+        return (s.conn, *self.store.get(op[ARG]))
 
     def c_acquire(self, s, op, now):
         self._counted("acquire")

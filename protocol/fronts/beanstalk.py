@@ -29,6 +29,7 @@ from ..codecs.beanstalk import NEED_DATA, Parser, Reject
 from ..codecs.beanstalk_replies import INTERNAL_ERROR, format_reply
 from .base import LinkedConn, LinkedFront
 from ..schema import SESSION_BYTES_MAX, SESSION_OPS_MAX, Op, R, SessionState, Welcome
+from ..schema.ops import ARG, CODE, PUT_BODY
 
 log = logging.getLogger("zstalk.front")
 
@@ -119,8 +120,8 @@ class BeanstalkConn(LinkedConn):
             slots.append(slot)
             self.unanswered.append(slot)
             submit(op)
-            if op[0] == _PUT:
-                self.inflight_bytes += len(op[5])
+            if op[CODE] == _PUT:
+                self.inflight_bytes += len(op[PUT_BODY])
         self.front.commands += n
         return bound
 
@@ -135,22 +136,22 @@ class BeanstalkConn(LinkedConn):
         slot = self.unanswered.popleft()
         op, code = slot[0], reply[1]
         slot[1] = format_reply(reply)
-        if op[0] == _PUT:
-            self.inflight_bytes -= len(op[5])
+        if op[CODE] == _PUT:
+            self.inflight_bytes -= len(op[PUT_BODY])
         elif code == R.RESERVED:
             self.held.add(reply[2])
         elif code in _RELEASING:
-            self.held.discard(op[2])
-        elif code == R.USING and op[0] == Op.USE:
+            self.held.discard(op[ARG])
+        elif code == R.USING and op[CODE] == Op.USE:
             self.use = reply[2]
         elif code == R.WATCHING:
             self._mirror_watch(op)
 
     def _mirror_watch(self, op: tuple) -> None:
-        name = op[2]
-        if op[0] == Op.WATCH and name not in self.watch:
+        name = op[ARG]
+        if op[CODE] == Op.WATCH and name not in self.watch:
             self.watch.append(name)
-        elif op[0] == Op.IGNORE and name in self.watch:
+        elif op[CODE] == Op.IGNORE and name in self.watch:
             i = self.watch.index(name)
             last = self.watch.pop()
             if last != name:

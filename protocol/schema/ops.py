@@ -111,6 +111,15 @@ class Op(Codes):
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
 
 
+#: where an op's fields are (ops stay tuples: a put is built and read on the hot path).
+#: Every op is (CODE, CONN, ...); ARG is the first argument each op lists above (a job id,
+#: a tube, a bound, a timeout, a counter's or a task's name) and ARG2 the second (a
+#: release's or a bury's priority, a pause's seconds); a put is (CODE, CONN, PUT_PRI,
+#: PUT_DELAY, PUT_TTR, PUT_BODY)
+CODE, CONN, ARG, ARG2 = 0, 1, 2, 3
+PUT_PRI, PUT_DELAY, PUT_TTR, PUT_BODY = 2, 3, 4, 5
+
+
 #: per connection in flight (see "Ordering behind a waiting reserve" above); a put whose
 #: body crosses the byte bound is still sent, so the broker allows one job beyond it
 SESSION_OPS_MAX = 1024

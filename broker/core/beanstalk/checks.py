@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ....protocol.codecs.beanstalk import is_valid_tube
 from ....protocol.schema import SILENT_OPS, Op, R
+from ....protocol.schema.ops import ARG, CODE, PUT_BODY
 
 #: fronts that build ops themselves instead of parsing beanstalk's text protocol
 NATIVE_KINDS = frozenset({"pool", "client"})
@@ -72,11 +73,11 @@ ARGS = {
 def check(op, max_job_size: int) -> R | None:
     """None when `op` is well-formed; else the reply code (0 for a silent op: drop it).
     `op` may be anything: what is not a sequence raises TypeError (the caller's net)."""
-    code = op[0]
+    code = op[CODE]
     # a pool's steady traffic first, without the generic loop (a third of the cost)
     if code == _DELETE or code == _CREDIT:
-        if len(op) == 3 and type(op[2]) is int and (0 <= op[2] < _U64 if code == _DELETE
-                                                   else -_U32 < op[2] < _U32):
+        if len(op) == 3 and type(op[ARG]) is int and (0 <= op[ARG] < _U64 if code == _DELETE
+                                                   else -_U32 < op[ARG] < _U32):
             return None
         return _refuse(op)
     rules = ARGS.get(code)
@@ -85,10 +86,10 @@ def check(op, max_job_size: int) -> R | None:
     for rule, arg in zip(rules, op[2:]):
         if not rule(arg):
             return _refuse(op)
-    if op[0] == Op.PUT and len(op[5]) > max_job_size:
+    if op[CODE] == Op.PUT and len(op[PUT_BODY]) > max_job_size:
         return R.JOB_TOO_BIG
     return None
 
 
 def _refuse(op) -> R | int:
-    return 0 if op[0] in SILENT_OPS or op[0] == Op.COUNT else R.BAD_FORMAT
+    return 0 if op[CODE] in SILENT_OPS or op[CODE] == Op.COUNT else R.BAD_FORMAT

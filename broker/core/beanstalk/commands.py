@@ -24,6 +24,7 @@ import collections
 from typing import Callable
 
 from ....protocol.schema import Op, R
+from ....protocol.schema.ops import ARG, ARG2
 from ..shared.journal import (DELAYED as J_DELAYED, HELD as J_HELD, JOB_COUNTS, JOB_CREATED,
                               JOB_DELAY, JOB_DELETE, JOB_HELD, JOB_ID, JOB_KEY, JOB_PRI,
                               JOB_PUT, JOB_STATE, JOB_TTR, JOB_UPDATE, READY as J_READY,
@@ -269,7 +270,7 @@ class BeanstalkCommands:
 
     def use(self, s: Session, op, now):
         self.counters["cmd-use"] += 1
-        old, new = s.use, self.queue.tube(op[2])
+        old, new = s.use, self.queue.tube(op[ARG])
         if new is not old:
             new.using += 1
             old.using -= 1
@@ -279,7 +280,7 @@ class BeanstalkCommands:
 
     # -- consuming ---------------------------------------------------------------------
     def reserve(self, s: Session, op, now):
-        timeout_s = op[2]
+        timeout_s = op[ARG]
         self.counters["cmd-reserve" if timeout_s < 0 else "cmd-reserve-with-timeout"] += 1
         s.worker = True
         q = self.queue
@@ -300,7 +301,7 @@ class BeanstalkCommands:
     def reserve_job(self, s: Session, op, now):
         """Reserve one job by id from any state but reserved, any tube, paused or not (prot.c)."""
         self.counters["cmd-reserve-job"] += 1
-        job = self.queue.jobs.get(op[2])
+        job = self.queue.jobs.get(op[ARG])
         if job is None or job.state == RESERVED:
             return (s.conn, R.NOT_FOUND)
         s.worker = True          # only once it succeeds (prot.c, OP_RESERVE_JOB)
@@ -314,7 +315,7 @@ class BeanstalkCommands:
     def delete(self, s: Session, op, now):
         """Deletes a job this session holds, or any ready, delayed or buried job (prot.c)."""
         self.counters["cmd-delete"] += 1
-        job = self.queue.jobs.get(op[2])
+        job = self.queue.jobs.get(op[ARG])
         if job is None or (job.state == RESERVED and job.holder is not s):
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
@@ -343,13 +344,13 @@ class BeanstalkCommands:
 
     def bury(self, s: Session, op, now):
         self.counters["cmd-bury"] += 1
-        job = self._held(s, op[2])
+        job = self._held(s, op[ARG])
         if job is None:
             return (s.conn, R.NOT_FOUND)
         if not self.journal.room[JOB_UPDATE](job):
             return (s.conn, R.INTERNAL_ERROR)     # no binlog space: beanstalkd's answer
         self.queue.take(job)
-        job.pri = op[3]
+        job.pri = op[ARG2]
         job.bump(BURIES)
         self.queue.bury(job)
         self.journal.append[JOB_UPDATE](job)
@@ -357,7 +358,7 @@ class BeanstalkCommands:
 
     def touch(self, s: Session, op, now):
         self.counters["cmd-touch"] += 1
-        job = self._held(s, op[2])
+        job = self._held(s, op[ARG])
         if job is None:
             return (s.conn, R.NOT_FOUND)
         self.queue.touch(job, now)
@@ -366,7 +367,7 @@ class BeanstalkCommands:
     # -- watch list --------------------------------------------------------------------
     def watch(self, s: Session, op, now):
         self.counters["cmd-watch"] += 1
-        t = self.queue.tube(op[2])
+        t = self.queue.tube(op[ARG])
         if s.add_watch(t):
             t.watching += 1
         return (s.conn, R.WATCHING, len(s.watch))
@@ -374,7 +375,7 @@ class BeanstalkCommands:
     def ignore(self, s: Session, op, now):
         """NOT_IGNORED only for the last watched tube; an unwatched name is fine (prot.c)."""
         self.counters["cmd-ignore"] += 1
-        t = self.queue.tubes.get(op[2])
+        t = self.queue.tubes.get(op[ARG])
         if t is not None and t in s.watched:
             if len(s.watch) < 2:
                 return (s.conn, R.NOT_IGNORED)
@@ -391,7 +392,7 @@ class BeanstalkCommands:
 
     def peek(self, s: Session, op, now):
         self.counters["cmd-peek"] += 1
-        return self._found(s, self.queue.jobs.get(op[2]))
+        return self._found(s, self.queue.jobs.get(op[ARG]))
 
     def peek_ready(self, s: Session, op, now):
         """peek-* look at the used tube only, paused or not (prot.c, OP_PEEK_READY)."""
@@ -414,7 +415,7 @@ class BeanstalkCommands:
     def kick(self, s: Session, op, now):
         self.counters["cmd-kick"] += 1
         kicked = 0
-        for job in self.queue.kick_victims(s.use, op[2]):
+        for job in self.queue.kick_victims(s.use, op[ARG]):
             if not self._kick_logged(job, now):
                 break               # no binlog space: the rest stay where they are
             kicked += 1
@@ -423,7 +424,7 @@ class BeanstalkCommands:
     def kick_job(self, s: Session, op, now):
         """Only buried or delayed jobs, in any tube (prot.c, OP_KICKJOB)."""
         self.counters["cmd-kick-job"] += 1
-        job = self.queue.jobs.get(op[2])
+        job = self.queue.jobs.get(op[ARG])
         if job is None or job.state not in (BURIED, DELAYED) or not self._kick_logged(job, now):
             return (s.conn, R.NOT_FOUND)
         return (s.conn, R.KICKED_JOB)
@@ -442,14 +443,14 @@ class BeanstalkCommands:
 
     def stats_job(self, s: Session, op, now):
         self.counters["cmd-stats-job"] += 1
-        job = self.queue.jobs.get(op[2])
+        job = self.queue.jobs.get(op[ARG])
         if job is None:
             return (s.conn, R.NOT_FOUND)
         return (s.conn, R.STATS, stats.job_stats(job, now))
 
     def stats_tube(self, s: Session, op, now):
         self.counters["cmd-stats-tube"] += 1
-        t = self.queue.tubes.get(op[2])
+        t = self.queue.tubes.get(op[ARG])
         if t is None:
             return (s.conn, R.NOT_FOUND)
         return (s.conn, R.STATS, stats.tube_stats(t, now))
@@ -468,9 +469,9 @@ class BeanstalkCommands:
 
     def pause_tube(self, s: Session, op, now):
         self.counters["cmd-pause-tube"] += 1
-        t = self.queue.tubes.get(op[2])
+        t = self.queue.tubes.get(op[ARG])
         if t is None:
             return (s.conn, R.NOT_FOUND)
         t.cmd_pause_tube += 1
-        self.queue.pause(t, op[3], now)
+        self.queue.pause(t, op[ARG2], now)
         return (s.conn, R.PAUSED)

@@ -22,6 +22,7 @@ Pools get no DEADLINE_SOON: a pool is never blocked, its SDK touches long jobs i
 from __future__ import annotations
 
 from ....protocol.schema import WORKER_VERSIONS, Op, R
+from ....protocol.schema.ops import ARG
 from .jobs import RESERVES, Job, Session
 
 #: what a pool session may send: its subscription, and answers to the jobs it holds
@@ -84,7 +85,7 @@ class PoolCommands:
     def credit(self, s: Session, op, now):
         if not s.is_pool:
             return None
-        s.credits = max(0, min(s.credits + op[2], MAX_CREDITS))
+        s.credits = max(0, min(s.credits + op[ARG], MAX_CREDITS))
         if s.credits == 0:
             self.queue.stop_waiting(s)
         elif not s.waiting and s.version:
