@@ -32,20 +32,13 @@ import urllib.request
 
 import pytest
 
-from nats_cluster import Cluster, needs_nats_server
+from nats_cluster import Cluster
 from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_binlog_end_to_end import Pipeline, check_durable
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own journal")
 DEPOSED_EXIT = 12
 LEAD_S = 20.0           # the longest a test waits for an instance to lead (a loaded machine)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    needs_nats_server()
-    with Cluster(3) as c:
-        yield c
 
 
 @pytest.fixture

@@ -45,13 +45,6 @@ pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own journal
 DEPOSED_EXIT = 12
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    needs_nats_server()
-    with Cluster(3) as c:
-        yield c
-
-
 @pytest.fixture
 def name(request) -> str:
     return "t" + os.urandom(4).hex()
