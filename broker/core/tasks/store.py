@@ -6,16 +6,26 @@ Pure, like the rest of the core: every method that depends on time takes `now`
 answers into JSON; dispatchers are handed tasks with `take` and report each call with
 `outcome`; nothing here knows HTTP or sockets.
 
-This is the coordinator: it owns the tasks (by uid and by enqueue order, their bytes),
-their results' and queue timeouts' timers, and it is the only writer of a task's status
-(task.py: the statuses, their moves, what a task is).  What it coordinates owns the rest,
-returns data and calls nothing back: functions.py knows the functions and the specs in
-use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
+This is the top coordinator: the ops come in here, and it calls down, never up.  It
+holds the journal (the core sets it) and passes it down where a change below is kept,
+logs the calls that failed, and orders the timers' expiry.  Who owns what beneath it:
+
+    ledger.py       the tasks (by uid and by enqueue order, their bytes, their counts),
+                    their results' and queue timeouts' timers, and every status move
+                    (task.py: the statuses, their moves, what a task is); what is on offer
+    waiting.py      the waiting room's flow: admissions, done, passes that expire,
+                    online tasks abandoned (room.py: who waits, the passes' timers)
+    restart.py      a journal's tasks back where their statuses say
+
+The coordinators call down into the ledger, and it into the components, which own the
+rest, return data and call nothing back: functions.py knows the functions and the specs
+in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
 function's line and the order of hand-outs; limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
 slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
 keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
-outcome does; deadlines.py is every component's timers.
+outcome does; deadlines.py is every component's timers.  The store keeps the names it
+always exported and, read only, the components' state the views and tests read.
 
 A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
 unknown outcome then.  A task still queued `queueTimeout` after its
