@@ -161,6 +161,14 @@ class Ledger:
             self.offer(name, now)
 
     # -- the timers ------------------------------------------------------------------------
+    def make_due(self, now: float) -> None:
+        """Queued tasks whose delay or backoff ended take their places in line."""
+        for seq in self.lines.due(now):
+            task = self.by_seq[seq]
+            self.lines.queued.delay(task.function, -1)
+            if self.lines.make_due(task):
+                self.offer(task.function, now)
+
     def time_out(self, now: float, journal: Journal) -> None:
         """Fail the tasks still queued past their queue deadline (never called)."""
         while self.timers.due("timeouts", now):

@@ -58,7 +58,7 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        SUCCESS, UNIQUE_ID)
 from ..shared.journal import TASK_CALL, TASK_END, TASK_NEW, TASK_STATE, Journal, NullJournal
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
-from . import requests
+from . import requests, restart
 from .calls import Calls
 from .enqueue import new_task
 from .functions import Functions
@@ -66,7 +66,6 @@ from .ledger import AGAIN_S, Ledger
 from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .options import bad, parse_options  # noqa: F401
 from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
-from . import restart
 from .room import Room
 from .spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED, TASK_ERROR_CHARS,  # noqa: F401
@@ -359,11 +358,7 @@ class Tasks:
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
-        for seq in self.lines.due(now):
-            task = self.by_seq[seq]
-            self.lines.queued.delay(task.function, -1)
-            if self.lines.make_due(task):
-                self.ledger.offer(task.function, now)
+        self.ledger.make_due(now)
         self.ledger.open_gates(now)
         self.ledger.time_out(now, self.journal)
         self.waiting_room.expire(now, self.journal)
