@@ -71,8 +71,9 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                               "and stats, native peers' checks, worker pools",
                               ("protocol/schema", "protocol", "protocol/codecs",
                                "broker/core/shared")),
-    "broker/core/tasks": ("cloud tasks: the store, which coordinates the components that "
-                          "own the rest (a task's moves, functions, enqueue checks and "
+    "broker/core/tasks": ("cloud tasks: the store, which coordinates the ledger (the tasks "
+                          "and their moves), the waiting room's flow and a restart's, over "
+                          "the components that own the rest (functions, enqueue checks and "
                           "options, lines, limiter and limits, calls in flight, the waiting "
                           "room, outcomes, timers), commands, views, request tasks, upstream "
                           "calls",

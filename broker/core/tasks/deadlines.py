@@ -1,6 +1,6 @@
 """Timers in lanes, in the manner of trio's Deadlines: each timer is (when, key), kept
 earliest first in its lane; nothing here reads a clock.  A component owns one Deadlines
-of its lanes (the store: calls, kept results, queue timeouts; the lines: tasks not due
+of its lanes (the ledger: kept results, queue timeouts; calls.py: calls; the lines: tasks not due
 yet; the room: passes and liveness checks; the limits: gates that open, gates to drop),
 and its `expire(now)` takes from each lane what is due, in the order it chooses.
 `next_deadline` is the earliest of all its lanes.

@@ -7,7 +7,7 @@ them came (a base URL's spec made per lookup took an eighth of the broker's CPU 
 enqueue), or None for a name gone from the config: its tasks wait, not called, until it
 comes back or they are cancelled.  `uses` counts the tasks holding each name.
 
-Nothing here reads a task: the store says when one takes a name (`use`) and when it is
+Nothing here reads a task: the ledger (ledger.py) says when one takes a name (`use`) and when it is
 forgotten (`unuse`, True when it was the name's last).  A new config (`configure`, SIGHUP)
 remakes the spec of every name in use; `specs` and `uses` are the same dicts for the
 component's life, so the store and the views may hold them.

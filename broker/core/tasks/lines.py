@@ -8,9 +8,9 @@ backoff) wait in a timer lane until `due` moves them in line.
 Handing out: `take` wants the best head among the functions that may start a call now.
 The candidate heads wait in a heap (`heads`), cleaned lazily: an entry is good while it
 is still its function's head (`offered`) and the function may start, so a hand-out does
-not cost O(functions).  The store offers a function (`offer`) whenever its head or what
-holds it back changes; `top` finds the best good entry, and a stale one is dropped on the
-way and its function offered again (the store's `reoffer`).
+not cost O(functions).  The ledger (ledger.py) offers a function (`offer`) whenever its
+head or what holds it back changes; `top` finds the best good entry, and a stale one is
+dropped on the way and its function offered again (the ledger's `reoffer`).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ counts who waits and who is admitted per function, bounds how many online tasks 
 client address may keep waiting (`refusal`), and keeps two timers per task: when its pass
 expires, and when to look again whether its user still looks (an online task nobody
 looked at within its function's heartbeat is abandoned).  It ends no task itself: `expired`
-and `abandoned` return the tasks whose time is up, and the store ends them.
+and `abandoned` return the tasks whose time is up, and the waiting room's flow (waiting.py)
+ends them.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .options import bad
 from .spec import DEFAULTS, FunctionSpec
 from .task import Task, TaskError, client_group
 
-#: a liveness check the store could not log (the journal is full): looked at again after
+#: a liveness check waiting.py could not log (the journal is full): looked at again after
 LOOK_AGAIN_S = 1.0
 
 
@@ -104,7 +105,7 @@ class Room:
             yield task
 
     def look_again(self, task: Task, now: float) -> None:
-        """`abandoned` returned it, but the store could not end it now (the journal is
+        """`abandoned` returned it, but waiting.py could not end it now (the journal is
         full): it is looked at again a little later."""
         self.timers.add("liveness", now + LOOK_AGAIN_S, task.seq)
 

@@ -2,7 +2,7 @@
 
 Everything that changes a task's status is in MOVES, in the manner of h11's state table:
 (status, event) -> the next status, and nothing else is allowed (`move` raises on a pair
-that is not there, which is a bug of the store, the only caller).  The statuses are the
+that is not there, which is a bug of the ledger, the only caller: ledger.py).  The statuses are the
 task API's (protocol/schema/tasks.py):
 
     enqueue --> queued --take--> running --succeed--> success
@@ -158,7 +158,7 @@ def client_group(ip: str | None) -> str | None:
 
 def restored(image, wall: float, max_level: int) -> Task:
     """A task as a journal kept it (core/shared/journal.py TaskImage), our clock's times;
-    its status is the store's to set (restore)."""
+    its status is the ledger's to set (ledger.resume)."""
     task = Task(image.uid, image.function, image.params, image.priority, image.seq,
                 image.created - wall)
     task.place(image.level if 0 <= image.level <= max_level else 0, image.priority)
