@@ -32,7 +32,7 @@ import urllib.request
 
 import pytest
 
-from nats_cluster import Cluster
+from nats_cluster import Cluster, cluster  # noqa: F401 (a fixture)
 from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_binlog_end_to_end import Pipeline, check_durable
 

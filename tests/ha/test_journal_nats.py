@@ -34,7 +34,8 @@ import time
 
 import pytest
 
-from nats_cluster import Cluster, needs_nats_server, wait_stream_leader
+from nats_cluster import (Cluster, cluster, needs_nats_server,  # noqa: F401 (a fixture)
+                          wait_stream_leader)
 from servers import (LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check,
                      wait_for)
 from test_binlog_end_to_end import Pipeline, check_durable, job_map

