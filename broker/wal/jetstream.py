@@ -28,13 +28,10 @@ dropped (never acknowledged), nothing more is sent, and the broker exits DEPOSED
 No acknowledgement for --journal-timeout while an append waits: exit UNAVAILABLE_EXIT
 (held replies meanwhile are bounded by the fronts' credit per connection).
 
-Takeover (issue 43, ha-journal.md C.3): an instance that claimed the lease (lease.py)
-is given its epoch in the options; its restore reads the stream to its last sequence L
-and appends the EPOCH message (no records; Zstalk-Epoch, Zstalk-Leader) with
-Nats-Expected-Last-Sequence L: the fencing point, after which the old leader's appends
-are refused.  Refused as out of sequence, the old leader appended meanwhile: the stream
-is read again (TAKEOVER_READS times at most).  Every later append carries Zstalk-Epoch;
-`depose()` is the lease's way to stop us when the key says another leads.
+Takeover: an instance that claimed the lease (lease.py) is given its epoch in the
+options, and its restore fences the stream before it replays (takeover.py); every later
+append carries Zstalk-Epoch; `depose()` is the lease's way to stop us when the key says
+another leads.
 
 Compaction as the binlog's: each message is a Span (stream.py) that knows the full records
 it holds and how many are still the latest of something live; while the stream holds
@@ -53,7 +50,7 @@ import logging
 import random
 import time
 
-from . import format as wf, records, stream as S
+from . import format as wf, records, stream as S, takeover
 from ..core.shared import journal as J
 from ..core.beanstalk.jobs import RESERVED, Job
 from ..core.schedules.schedules import Schedule
@@ -66,18 +63,8 @@ _MIGRATE_SCAN_PER_TURN = 4096
 COMPACT_SLACK = 8 * 1024 * 1024
 #: an append not acknowledged this long is sent again (same id: NATS answers a duplicate)
 RESEND_S = 1.0
-#: after a refusal that may pass (no responders while NATS elects), the wait to try again
-RETRY_S = 0.25
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
 _NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
-_WRONG_SEQUENCE = 10071
-#: at takeover, reads of the stream whose EPOCH message another broker's append beat
-TAKEOVER_READS = 5
-#: refusals that mean the stream cannot take the append, now or later (full, too big)
-_CANNOT_STORE = {10077: "the stream is full (max_bytes)",
-                 10047: "NATS has no storage left (insufficient storage resources)",
-                 10054: "a message above the stream's max_msg_size",
-                 10028: "NATS has no memory left (insufficient memory resources)"}
 
 
 class Append:
@@ -102,7 +89,6 @@ class JetStreamJournal:
         self.opts = opts
         self.writer = opts.instance or f"{random.getrandbits(64):016x}"
         self.epoch = opts.epoch             # the lease's, 0 without one (lease.py)
-        self._epoch_headers: dict = {}
         self.state_id = 0
         self.wall_offset = 0.0
         self.next_id = 1                    # the core's, as the last append said it
@@ -164,54 +150,12 @@ class JetStreamJournal:
             self.max_bytes = info.config.max_bytes or -1
             self.sync_said = S.sync_checked(self.opts)
             read = await S.read(nc, self.opts, info, max_job_size)
-            for _ in range(TAKEOVER_READS if self.epoch else 0):
-                epoch_seq = await self._append_epoch(nc, read.last_seq)
-                if epoch_seq:
-                    read = self._after_epoch(read, epoch_seq)
-                    break
-                info = await nc.jetstream(timeout=10).stream_info(self.opts.stream)
-                read = await S.read(nc, self.opts, info, max_job_size)
-            else:
-                if self.epoch:
-                    raise S.JournalError(f"journal: stream {self.opts.stream} was appended to "
-                                         f"by another broker through {TAKEOVER_READS} reads "
-                                         f"of it: this one does not take over",
-                                         S.DEPOSED_EXIT)
+            if self.epoch:
+                read, info = await takeover.fence(nc, self.opts, self.writer, self.epoch,
+                                                  read, info, max_job_size)
         finally:
             await nc.close()
         return self._account(read, info)
-
-    async def _append_epoch(self, nc, last: int) -> int:
-        """Takeover: the EPOCH message, right after `last`, the sequence the read ended
-        at: its sequence, or 0 when another broker appended meanwhile (read again)."""
-        seq = last + 1
-        headers = {S.H_ID: f"{self.writer}-{seq}", S.H_EXPECT: str(last),
-                   S.H_EPOCH: str(self.epoch), S.H_LEADER: self.writer}
-        js = nc.jetstream(timeout=5)
-        until = time.monotonic() + self.opts.timeout_s
-        while True:
-            try:
-                ack = await js.publish(self.opts.subject, b"", headers=headers)
-            except Exception as exc:
-                code = getattr(exc, "err_code", None)
-                if code == _WRONG_SEQUENCE:
-                    log.info("journal: another broker appended after sequence %d: reading "
-                             "the stream again", last)
-                    return 0
-                if code in _CANNOT_STORE or time.monotonic() > until:
-                    raise S.JournalError(f"journal: stream {self.opts.stream} took no EPOCH "
-                                         f"message: {exc}", S.UNAVAILABLE_EXIT) from None
-                await asyncio.sleep(RETRY_S)      # (no responders while NATS elects)
-                continue
-            if ack.seq != seq:
-                return 0
-            self._epoch_headers = headers
-            return seq
-
-    def _after_epoch(self, read: S.Read, seq: int) -> S.Read:
-        """The read, with the EPOCH message as its last (nothing live in it)."""
-        read.spans[seq] = S.Span(seq, S._headers_size(self._epoch_headers))
-        return read._replace(last_seq=seq)
 
     def _account(self, read: S.Read, info) -> J.Restored:
         replayed = read.replayed
@@ -284,7 +228,7 @@ class JetStreamJournal:
                                           reconnected_cb=reconnected)
             except S.JournalError as exc:
                 log.warning("journal: %s; trying again", exc)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(S.RETRY_S)
         if self.nc is None:
             return
         self.inbox = self.nc.new_inbox()
@@ -438,11 +382,11 @@ class JetStreamJournal:
                 self._acked(a)
             return
         code = error.get("err_code")
-        if code == _WRONG_SEQUENCE:
+        if code == S.WRONG_SEQUENCE:
             self.loop.create_task(self._out_of_sequence(a, error.get("description", "")))
-        elif code in _CANNOT_STORE:
+        elif code in S.CANNOT_STORE:
             self._fail(S.UNAVAILABLE_EXIT, f"journal: stream {self.opts.stream} refused an "
-                       f"append: {_CANNOT_STORE[code]} ({error.get('description')})")
+                       f"append: {S.CANNOT_STORE[code]} ({error.get('description')})")
         else:           # (no responders while NATS elects a leader, and the like)
             log.debug("journal: append %d refused for now: %s", seq, error)
             self._retry_soon()
@@ -499,7 +443,7 @@ class JetStreamJournal:
 
     def _retry_soon(self) -> None:
         if self._retry is None and self.loop is not None and self.failed is None:
-            self._retry = self.loop.call_later(RETRY_S, self._retry_now)
+            self._retry = self.loop.call_later(S.RETRY_S, self._retry_now)
 
     def _retry_now(self) -> None:
         self._retry = None
@@ -783,14 +727,14 @@ class JetStreamJournal:
                         await js.publish(self.opts.subject, a.payload, headers=dict(a.headers))
                         break
                     except Exception as exc:
-                        if getattr(exc, "err_code", None) == _WRONG_SEQUENCE:
+                        if getattr(exc, "err_code", None) == S.WRONG_SEQUENCE:
                             stored = await js.get_msg(self.opts.stream, a.seq)
                             if (stored.headers or {}).get(S.H_ID) == a.headers[S.H_ID]:
                                 break
                             raise
-                        if getattr(exc, "err_code", None) in _CANNOT_STORE:
+                        if getattr(exc, "err_code", None) in S.CANNOT_STORE:
                             raise
-                        await asyncio.sleep(RETRY_S)
+                        await asyncio.sleep(S.RETRY_S)
         finally:
             await nc.close()
 

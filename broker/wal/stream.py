@@ -53,6 +53,15 @@ MESSAGE_OVERHEAD = wf.FRAME.size + 1024
 H_ID, H_EXPECT = "Nats-Msg-Id", "Nats-Expected-Last-Sequence"
 H_STATE, H_NEXT, H_GATES = "Zstalk-State", "Zstalk-Next-Id", "Zstalk-Gates"
 H_EPOCH, H_LEADER = "Zstalk-Epoch", "Zstalk-Leader"
+#: JetStream's refusal of an append whose Nats-Expected-Last-Sequence is not the last
+WRONG_SEQUENCE = 10071
+#: refusals that mean the stream cannot take the append, now or later (full, too big)
+CANNOT_STORE = {10077: "the stream is full (max_bytes)",
+                10047: "NATS has no storage left (insufficient storage resources)",
+                10054: "a message above the stream's max_msg_size",
+                10028: "NATS has no memory left (insufficient memory resources)"}
+#: after a refusal that may pass (no responders while NATS elects), the wait to try again
+RETRY_S = 0.25
 #: exit codes: a journal that cannot be used at start (as a binlog directory, beanstalkd's
 #: 10), refused settings (2, a usage error), deposed by another writer, NATS gone too long
 UNUSABLE_EXIT, SETTINGS_EXIT, DEPOSED_EXIT, UNAVAILABLE_EXIT = 10, 2, 12, 13

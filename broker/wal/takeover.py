@@ -1,0 +1,66 @@
+"""Takeover: the fencing point a new leader appends before it replays the stream.
+
+An instance that claimed the lease (lease.py) with epoch E reads the stream to its last
+sequence L (stream.read), then appends the EPOCH message (no records; Zstalk-Epoch E,
+Zstalk-Leader its writer id) with Nats-Expected-Last-Sequence L.  Stored, it is the
+fence: the old leader's next append expects a sequence before it and is refused, so the
+old leader finds itself deposed (jetstream.py).  Refused as out of sequence, the old
+leader appended meanwhile: the stream is read again and the EPOCH tried after the new
+end, TAKEOVER_READS times at most (then the instance does not take over: DEPOSED_EXIT).
+The design is Temporal's range_id with JetStream as the database (ha-journal.md C.3).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from . import stream as S
+
+log = logging.getLogger("zstalk.journal")
+#: reads of the stream whose EPOCH message another broker's append beat, at most
+TAKEOVER_READS = 5
+
+
+async def fence(nc, opts: S.Options, writer: str, epoch: int, read: S.Read, info,
+                max_job_size: int) -> tuple[S.Read, object]:
+    """Append the EPOCH message after `read`'s end, reading again while another broker's
+    appends beat it; the read with the EPOCH message as its last, and the stream's info."""
+    for _ in range(TAKEOVER_READS):
+        headers = epoch_headers(writer, epoch, read.last_seq)
+        seq = await _append(nc, opts, headers, read.last_seq)
+        if seq:
+            read.spans[seq] = S.Span(seq, S._headers_size(headers))    # (nothing live)
+            return read._replace(last_seq=seq), info
+        info = await nc.jetstream(timeout=10).stream_info(opts.stream)
+        read = await S.read(nc, opts, info, max_job_size)
+    raise S.JournalError(f"journal: stream {opts.stream} was appended to by another broker "
+                         f"through {TAKEOVER_READS} reads of it: this one does not take over",
+                         S.DEPOSED_EXIT)
+
+
+def epoch_headers(writer: str, epoch: int, last: int) -> dict:
+    """The EPOCH message's headers, to follow sequence `last`."""
+    return {S.H_ID: f"{writer}-{last + 1}", S.H_EXPECT: str(last),
+            S.H_EPOCH: str(epoch), S.H_LEADER: writer}
+
+
+async def _append(nc, opts: S.Options, headers: dict, last: int) -> int:
+    """The EPOCH message's sequence, or 0 when another broker appended after `last`."""
+    js = nc.jetstream(timeout=5)
+    until = time.monotonic() + opts.timeout_s
+    while True:
+        try:
+            ack = await js.publish(opts.subject, b"", headers=headers)
+        except Exception as exc:
+            code = getattr(exc, "err_code", None)
+            if code == S.WRONG_SEQUENCE:
+                log.info("journal: another broker appended after sequence %d: reading the "
+                         "stream again", last)
+                return 0
+            if code in S.CANNOT_STORE or time.monotonic() > until:
+                raise S.JournalError(f"journal: stream {opts.stream} took no EPOCH message: "
+                                     f"{exc}", S.UNAVAILABLE_EXIT) from None
+            await asyncio.sleep(S.RETRY_S)      # (no responders while NATS elects)
+            continue
+        return ack.seq if ack.seq == last + 1 else 0
