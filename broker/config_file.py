@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 
 from ..protocol.network.curve import insecure
 
-from .core.tasks import requests
-from .core.upstreams import ServerSpec, UpstreamSpec, validate
+from .core.tasks.model import requests
 from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
+from .core.upstreams import ServerSpec, UpstreamSpec, validate
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}

@@ -2,7 +2,7 @@
 
 Nothing is counted here on the hot path: `samples(now)` walks what the core already holds
 (tubes, sessions, fronts, the task store) and the few counts the core keeps for metrics
-alone (core/beanstalk/jobs.py TubeMetrics, core/tasks/stats.py), and the exposition is
+alone (core/beanstalk/jobs.py TubeMetrics, core/tasks/components/stats.py), and the exposition is
 protocol/codecs/prometheus.py's.  A scrape of 100 tubes takes well under a millisecond.
 
 Labels are bounded: a tube or function name is a label only while it is among the `top`

@@ -40,7 +40,7 @@ with their Content-Type in the task's resultHeaders, never garbled into text; an
 body is no result.  A body
 claiming to be JSON that does not parse is kept as text.
 
-A request task's call (broker/core/tasks/requests.py) comes with an ext: its method and
+A request task's call (broker/core/tasks/model/requests.py) comes with an ext: its method and
 headers, sent as given, to the URL the broker made of the function's URL, the task's
 path and query, sent byte for byte (yarl, encoded=True).  The response headers a task
 keeps (its Content-Type, and those its function's `result_headers` lists) go back in
@@ -388,7 +388,7 @@ def _refused(resp: aiohttp.ClientResponse, now: float) -> Outcome:
 def retry_after_ms(value: str | None, now: float) -> int:
     """How long a Retry-After header asks to wait (RFC 9110 §10.2.3: delta-seconds or an
     HTTP-date, compared with `now`, the wall clock); -1 when absent or unparsable (the
-    broker then backs off by itself: broker/core/tasks/limits.py)."""
+    broker then backs off by itself: broker/core/tasks/components/limits.py)."""
     value = (value or "").strip()
     if value.isascii() and value.isdigit():
         # (digits too many for int() to take are a very long wait all the same)

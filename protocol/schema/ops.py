@@ -165,7 +165,7 @@ class R(Codes):
     T_CALL = 42         # (unique_id, attempt, url, params, timeout_ms, ext)  pushed to a dispatcher
     # ext (version 4): None for a plain call (POST params as JSON), or {"result_headers":
     # [names to keep], and for a request task "method", "headers": [[name, value], ...]}
-    # (broker/core/tasks/requests.py); a T_OUTCOME's ext may then hold {"headers": {...}}
+    # (broker/core/tasks/model/requests.py); a T_OUTCOME's ext may then hold {"headers": {...}}
     T_LIST = 43         # (infos, cursor)  a page of TaskInfos; cursor None: no more
     T_NOTED = 44        # (unique_id, attempt)  that T_OUTCOME was taken: it may be forgotten
     T_SCHEDULE = 45     # (info)  a schedule's info dict (times: wall-clock seconds)

@@ -1,5 +1,5 @@
 """A call's outcome: one type for the dispatcher that reports it (workers/dispatcher.py) and
-the task store that applies it (broker/core/tasks/outcomes.py), and its wire form.
+the task store that applies it (broker/core/tasks/model/outcomes.py), and its wire form.
 
 On the wire an outcome is T_OUTCOME's fields after (conn, unique_id, attempt): kind,
 status_code, result, error, retry_after_ms, and an ext map (None when it says nothing):

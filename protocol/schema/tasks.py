@@ -42,7 +42,7 @@ DEFAULT_KEEP_RESULT_MS = 300_000    # how long a finished task stays
 DEFAULT_TIMEOUT_MS = 15_000         # one call, unless its function's config says
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
-# -- request tasks (a call that is a whole HTTP request: broker/core/tasks/requests.py) -----
+# -- request tasks (a call that is a whole HTTP request: broker/core/tasks/model/requests.py) -----
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 #: the headers any request task may set (a function's `request_headers` adds to them)
 SAFE_HEADERS = ("Accept", "Accept-Language", "Content-Type", "If-None-Match",

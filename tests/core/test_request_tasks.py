@@ -1,12 +1,12 @@
 """Request tasks in the broker core: the request object checked against its function
-(broker/core/tasks/requests.py), the call it makes, the headers its result keeps, and
+(broker/core/tasks/model/requests.py), the call it makes, the headers its result keeps, and
 the dispatchers it may go to."""
 from __future__ import annotations
 
 import pytest
 
 from test_tasks_core import D1, D2, HTTP, T0, BrokerClock
-from zstalk.broker.core.tasks import requests
+from zstalk.broker.core.tasks.model import requests
 from zstalk.broker.core.tasks.store import FunctionSpec, Tasks
 from zstalk.protocol.schema import Op, R
 

@@ -1,6 +1,6 @@
 """Limits on cloud tasks with a clock that moves only when told: a function's rate (GCRA)
 and burst, pauses after a 429 or 503, levels, a task's place and ETA (waitNum, waitTime)
-and its queue timeout (broker/core/tasks/limits.py and store.py)."""
+and its queue timeout (broker/core/tasks/components/limits.py and store.py)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from test_tasks_core import T0, WALL, Clock
 from zstalk.broker.core.tasks import views
-from zstalk.broker.core.tasks.limits import Gate, Recent
+from zstalk.broker.core.tasks.components.limits import Gate, Recent
 from zstalk.broker.core.tasks.store import FAILED, QUEUED, RUNNING, SUCCESS, QUEUE_TIMEOUT
 
 
@@ -49,7 +49,7 @@ def test_calls_start_exactly_when_gcra_lets_them_and_never_faster(rate, per_s, b
 
 
 def test_a_timer_that_fires_late_loses_no_rate_and_no_window_holds_more_than_its_bound():
-    from zstalk.broker.core.tasks.limits import LATE_S
+    from zstalk.broker.core.tasks.components.limits import LATE_S
     c = Clock(f={"rate": 1000, "concurrency": 10_000})
     for _ in range(1500):
         c.enqueue()

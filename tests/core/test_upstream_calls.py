@@ -1,7 +1,7 @@
 """Functions on an upstream in the task store, with a fake clock: the broker picks the
 server of every call (nginx's methods, broker/core/upstreams), counts failures as
 next_upstream says, holds a function back while no server is usable and fails an
-attempt only when every server is down (broker/core/tasks/upstream_calls.py)."""
+attempt only when every server is down (broker/core/tasks/components/upstream_calls.py)."""
 from __future__ import annotations
 
 import pytest
@@ -245,6 +245,6 @@ def test_a_call_in_flight_when_a_reload_moves_its_function_ends_on_the_upstream_
 
 
 def test_params_that_cannot_be_encoded_are_no_hash_key():
-    from zstalk.broker.core.tasks.upstream_calls import _param
+    from zstalk.broker.core.tasks.components.upstream_calls import _param
     assert _param('{"user": "\\ud800"}'.encode("utf-8", "surrogatepass"), "user") is None
     assert _param(b'{"user": "ann"}', "user") == "ann"

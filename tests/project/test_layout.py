@@ -71,33 +71,47 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                               "and stats, native peers' checks, worker pools",
                               ("protocol/schema", "protocol", "protocol/codecs",
                                "broker/core/shared")),
-    "broker/core/tasks": ("cloud tasks: the store, which coordinates the ledger (the tasks "
-                          "and their moves), the waiting room's flow and a restart's, over "
-                          "the components that own the rest (functions, enqueue checks and "
-                          "options, lines, limiter and limits, calls in flight, the waiting "
-                          "room, outcomes, timers), commands, views, request tasks, upstream "
-                          "calls",
+    "broker/core/tasks/model": ("what a task and a function are: a task and the table of "
+                                "its moves, request tasks, a function's spec, the functions, "
+                                "an enqueue's options, what an outcome does (pure rules)",
+                                ("protocol/schema", "protocol", "protocol/codecs",
+                                 "broker/core/shared")),
+    "broker/core/tasks/components": ("the task store's components, each the owner of its "
+                                     "state: the lines, the waiting room, calls in flight, "
+                                     "limits and the limiter, upstream calls, timers, counts",
+                                     ("protocol/schema", "protocol", "protocol/codecs",
+                                      "broker/core/shared", "broker/core/upstreams",
+                                      "broker/core/tasks/model")),
+    "broker/core/tasks": ("cloud tasks: the store, which coordinates the ledger (the only "
+                          "writer of a task's status), the waiting room's flow, a restart "
+                          "and the enqueue checks over the components; commands, views",
                           ("protocol/schema", "protocol", "protocol/codecs",
-                           "broker/core/shared", "broker/core/upstreams")),
+                           "broker/core/shared", "broker/core/upstreams",
+                           "broker/core/tasks/model", "broker/core/tasks/components")),
     "broker/core/schedules": ("cron schedules: the expressions, the schedules that fire "
                               "tasks, their commands",
                               ("protocol/schema", "protocol", "protocol/codecs",
                                "broker/core/shared", "broker/core/upstreams",
+                               "broker/core/tasks/model", "broker/core/tasks/components",
                                "broker/core/tasks")),
     "broker/core": ("the pure state core: broker.py routes each op to its family's component "
                     "and owns fronts and sessions; counters.py",
                     ("protocol/schema", "protocol", "protocol/codecs", "broker/core/shared",
+                     "broker/core/tasks/model", "broker/core/tasks/components",
                      "broker/core/upstreams", "broker/core/beanstalk", "broker/core/tasks",
                      "broker/core/schedules")),
     "broker/wal": ("durability: the binlog, its on-disk format, fsync, beanstalkd's binlog "
-                   "reader and the importer",
+                   "reader and the importer; the journal on NATS JetStream, its lease and "
+                   "a takeover's fence",
                    ("protocol/schema", "protocol", "protocol/codecs", "broker/core/shared",
+                    "broker/core/tasks/model", "broker/core/tasks/components",
                     "broker/core/upstreams", "broker/core/beanstalk", "broker/core/tasks",
                     "broker/core/schedules", "broker/core")),
     "broker": ("the broker actor (the core on an event loop, a ZeroMQ ROUTER, a mailbox), its "
                "config file, its metrics, and LocalBroker for tests (testing.py)",
                ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                 "protocol/links", "workers", "broker/core/shared", "broker/core/upstreams",
+                "broker/core/tasks/model", "broker/core/tasks/components",
                 "broker/core/beanstalk", "broker/core/tasks", "broker/core/schedules",
                 "broker/core", "broker/wal")),
     "broker/run": ("the wiring: the zstalk and zstalkd commands, `zstalk serve` in one "
@@ -105,6 +119,7 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                    ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                     "protocol/links", "protocol/fronts", "protocol/fronts/http", "workers",
                     "broker/core/shared", "broker/core/upstreams", "broker/core/beanstalk",
+                    "broker/core/tasks/model", "broker/core/tasks/components",
                     "broker/core/tasks", "broker/core/schedules", "broker/core", "broker/wal",
                     "broker")),
 }

@@ -20,8 +20,9 @@ from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
+from . import enqueue, views
+from .model import requests
 from .store import MAX_PAGE, STATUSES, ApiPolicy, TaskError, Tasks
-from . import enqueue, requests, views
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4

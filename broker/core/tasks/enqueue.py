@@ -27,12 +27,12 @@ from typing import Any, Callable
 from ....protocol.schema.task_messages import TaskEnqueue
 from ....protocol.schema.tasks import AT_LEAST_ONCE, DEFAULT_ATTEMPTS, DEFAULT_KEEP_RESULT_MS
 from ..shared import Admission
-from . import requests
-from .options import bad, parse_options
-from .room import Room
-from .spec import ApiPolicy, FunctionSpec
-from .task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError
-from .upstream_calls import UpstreamCalls
+from .components.room import Room
+from .components.upstream_calls import UpstreamCalls
+from .model import requests
+from .model.options import bad, parse_options
+from .model.spec import ApiPolicy, FunctionSpec
+from .model.task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError
 
 NEEDS_KEY = TaskError("unauthorized", "this needs Authorization: Bearer <master key>")
 #: a function's `online` that lets a request without the master key enqueue online tasks

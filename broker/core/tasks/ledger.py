@@ -21,14 +21,14 @@ from sortedcontainers import SortedDict
 from ....protocol.schema.tasks import ADMITTED, QUEUE_TIMEOUT, QUEUED, RUNNING
 from ..shared.journal import TASK_GONE, TASK_STATE, Journal
 from ..shared.labels import Labelled
-from .deadlines import Deadlines
-from .functions import Functions
-from .limiter import Limiter
-from .lines import Lines
-from .room import Room
-from .spec import FunctionSpec
-from .stats import FunctionCounts
-from .task import Task, held_bytes, move
+from .components.deadlines import Deadlines
+from .components.limiter import Limiter
+from .components.lines import Lines
+from .components.room import Room
+from .components.stats import FunctionCounts
+from .model.functions import Functions
+from .model.spec import FunctionSpec
+from .model.task import Task, held_bytes, move
 
 #: a change the journal had no room for is tried again after this
 AGAIN_S = 1.0

@@ -11,10 +11,10 @@ deliveryMode.  An admitted task's pass holds its function's slot until it expire
 from __future__ import annotations
 
 from ....protocol.schema.tasks import ADMITTED, MAX_LEVEL, QUEUED, RUNNING
-from .calls import Calls
+from .components.calls import Calls
 from .ledger import Ledger
-from .spec import DEFAULTS
-from .task import Task, restored
+from .model.spec import DEFAULTS
+from .model.task import Task, restored
 
 
 def restore(ledger: Ledger, inflight: Calls, images: list, wall_offset: float,

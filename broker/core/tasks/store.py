@@ -58,19 +58,21 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        SUCCESS, UNIQUE_ID)
 from ..shared.journal import TASK_CALL, TASK_END, TASK_NEW, TASK_STATE, Journal, NullJournal
 from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
-from . import requests, restart
-from .calls import Calls
+from . import restart
+from .components.calls import Calls
+from .components.limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
+from .components.room import Room
+from .components.upstream_calls import UpstreamCalls
 from .enqueue import new_task
-from .functions import Functions
 from .ledger import AGAIN_S, Ledger
-from .limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
-from .options import bad, parse_options  # noqa: F401
-from .outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
-from .room import Room
-from .spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
-from .task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED, TASK_ERROR_CHARS,  # noqa: F401
-                   TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff, TaskError, client_group)
-from .upstream_calls import UpstreamCalls
+from .model import requests
+from .model.functions import Functions
+from .model.options import bad, parse_options  # noqa: F401
+from .model.outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
+from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
+from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
+                         TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
+                         TaskError, client_group)
 from .waiting import WaitingRoom
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)

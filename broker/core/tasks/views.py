@@ -31,9 +31,9 @@ from typing import Any
 
 from ....protocol.schema.task_info import TaskInfo
 from ....protocol.schema.tasks import ADMITTED, QUEUED
-from .spec import PER_UNIT, FunctionSpec
+from .model.spec import PER_UNIT, FunctionSpec
+from .model.task import Task
 from .store import PAGE_SCAN, Tasks
-from .task import Task
 
 
 def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
@@ -111,17 +111,16 @@ def wait_time(store: Tasks, task: Task, now: float) -> float | None:
 def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
           now: float) -> float | None:
     """The latest of the bounds on a start with `ahead` due tasks before it."""
-    name = spec.name
+    seen = store.limits.seen(spec.name)
     bounds = [due - now]
-    gate = store.limits.gates.get(name)
+    gate = seen.gate
     if spec.rate or (gate is not None and gate.paused(now)):
         opens = gate.opens_at() if gate is not None else now
         bounds.append(opens - now + ahead * spec.interval)
-    recent = store.limits.recent.get(name)
-    mean = recent.mean_s(now) if recent is not None else None
+    mean = seen.recent.mean_s(now) if seen.recent is not None else None
     if mean is not None:
-        free = max(0, spec.concurrency - store.limits.in_use(name))
-        turning = max(1, spec.concurrency - store.limits.held.get(name, 0))   # (holds do not end)
+        free = max(0, spec.concurrency - seen.running - seen.held)
+        turning = max(1, spec.concurrency - seen.held)      # (holds do not end)
         bounds.append(0.0 if ahead < free else
                       math.ceil((ahead + 1 - free) / turning) * mean)
     if len(bounds) == 1 and due <= now:
@@ -142,17 +141,18 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     delayed = store.lines.queued.delayed.get(name, 0)
     due = store.lines.due_count(name)
     oldest = store.lines.queued.oldest(name)
+    seen = store.limits.seen(name)
+    recent = seen.recent
     out: dict[str, Any] = {
         "name": name, "queued": due + delayed, "due": due, "delayed": delayed,
-        "running": store.limits.running.get(name, 0),
+        "running": seen.running,
         "oldestQueuedAgeMs": 0 if oldest is None else max(0, round(
             (now - store.by_seq[oldest].created) * 1000))}
-    if store.limits.held.get(name):
-        out["heldByCounters"] = store.limits.held[name]
+    if seen.held:
+        out["heldByCounters"] = seen.held
     room = store.room.counts.get(name)
     if room is not None or (spec is not None and spec.online == "only"):
         out["waitingOnline"], out["admitted"] = room or (0, 0)
-        recent = store.limits.recent.get(name)
         if recent is not None:          # (admissions are starts)
             out["admissionsPerMinute"] = round(recent.start_rate(now) * 60, 1)
             out["abandonedPerMinute"] = round(recent.abandon_rate(now) * 60, 1)
@@ -165,11 +165,10 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst
-    gate = store.limits.gates.get(name)
+    gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset
         out["pauseReason"] = gate.pause_reason
-    recent = store.limits.recent.get(name)
     if recent is not None:
         out["startRate"] = round(recent.start_rate(now), 3)
         for key, q, admissions in (("callP50Ms", 0.5, False), ("callP90Ms", 0.9, False),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ....protocol.schema.tasks import ADMITTED, QUEUED
 from ..shared.journal import TASK_CALL, TASK_STATE, Journal
 from .ledger import Ledger
-from .task import ABANDONED, Task, TaskError
+from .model.task import ABANDONED, Task, TaskError
 
 
 class WaitingRoom:

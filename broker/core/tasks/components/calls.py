@@ -13,8 +13,8 @@ dispatcher held, and the store ends them with an unknown outcome.
 """
 from __future__ import annotations
 
+from ..model.task import CALL_GRACE_S, CLAIM_S, RESTARTED, Task
 from .deadlines import Deadlines
-from .task import CALL_GRACE_S, CLAIM_S, RESTARTED, Task
 
 
 class Calls:

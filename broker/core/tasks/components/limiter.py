@@ -18,18 +18,26 @@ dropped once it holds nothing back.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from ....protocol.schema.outcome import Outcome
-from ..upstreams import Peer
+from .....protocol.schema.outcome import Outcome
+from ...upstreams import Peer
+from ..model.outcomes import SLOW_DOWN
+from ..model.spec import DEFAULTS, FunctionSpec
 from .deadlines import Deadlines
 from .limits import Gate, Recent
-from .outcomes import SLOW_DOWN
-from .spec import DEFAULTS, FunctionSpec
 from .upstream_calls import UpstreamCalls, failed as server_failed
 
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart
 DURABLE_RATE_S = 1.0
+
+
+class Seen(NamedTuple):
+    """What the views read of one function's limits (None: it has none yet)."""
+    gate: Gate | None
+    recent: Recent | None
+    running: int                # calls in flight and admitted online tasks
+    held: int                   # slots counter clients hold
 
 
 class Limiter:
@@ -51,6 +59,11 @@ class Limiter:
         self.gates_changed = False          # a slow rate's TAT moved since durable_gates()
         self.timers = Deadlines("shut", "idle")     # (opens at | drop at, function)
         self.shut_at: dict[str, float] = {}         # function -> its timer in "shut"
+
+    def seen(self, name: str) -> Seen:
+        """A function's limits as the views read them, creating nothing."""
+        return Seen(self.gates.get(name), self.recent.get(name), self.running.get(name, 0),
+                    self.held.get(name, 0))
 
     # -- what holds a function back ------------------------------------------------------
     def in_use(self, name: str) -> int:

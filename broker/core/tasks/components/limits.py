@@ -52,7 +52,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 
-from ....protocol.codecs.prometheus import CALL_BUCKETS
+from .....protocol.codecs.prometheus import CALL_BUCKETS
 
 #: how late the broker's timer may fire and still have a start counted at its exact time
 LATE_S = 0.002

@@ -19,9 +19,9 @@ from typing import Callable, Iterator
 
 from sortedcontainers import SortedList
 
+from ..model.task import Task
 from .deadlines import Deadlines
 from .stats import Queued
-from .task import Task
 
 
 class Lines:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+from ..model.options import bad
+from ..model.spec import DEFAULTS, FunctionSpec
+from ..model.task import Task, TaskError, client_group
 from .deadlines import Deadlines
-from .options import bad
-from .spec import DEFAULTS, FunctionSpec
-from .task import Task, TaskError, client_group
 
 #: a liveness check waiting.py could not log (the journal is full): looked at again after
 LOOK_AGAIN_S = 1.0

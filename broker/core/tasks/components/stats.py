@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
-from ....protocol.codecs.prometheus import CALL_BUCKETS, Histogram
+from .....protocol.codecs.prometheus import CALL_BUCKETS, Histogram
 
 _STALE_SLACK = 64
 

@@ -29,8 +29,8 @@ import json
 import random
 from typing import Iterable
 
-from ..upstreams import NO_LIVE_UPSTREAMS, Peer, Unavailable, UpstreamGroup, reload_groups
-from ..upstreams.spec import UpstreamSpec
+from ...upstreams import NO_LIVE_UPSTREAMS, Peer, Unavailable, UpstreamGroup, reload_groups
+from ...upstreams.spec import UpstreamSpec
 from .limits import Gate
 
 SERVER_ERROR_CHARS = 200    # a server's last error, as shown

@@ -14,7 +14,7 @@ component's life, so the store and the views may hold them.
 """
 from __future__ import annotations
 
-from ....protocol.schema.tasks import FUNCTION_NAME
+from .....protocol.schema.tasks import FUNCTION_NAME
 from .spec import FunctionSpec
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, DEFAULT_BACKOFF_MS, INT64,
-                                       MAX_ATTEMPTS,
-                                       MAX_DURATION_MS, MAX_LEVEL, OPTIONS, UNIQUE_ID)
+from .....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, DEFAULT_BACKOFF_MS, INT64,
+                                        MAX_ATTEMPTS,
+                                        MAX_DURATION_MS, MAX_LEVEL, OPTIONS, UNIQUE_ID)
 from .spec import FunctionSpec
 from .task import TaskBackoff, TaskError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ....protocol.schema.tasks import AT_MOST_ONCE, FAILED
+from .....protocol.schema.tasks import AT_MOST_ONCE, FAILED
 from .task import TASK_ERROR_CHARS, Outcome, Task
 
 #: status codes that say "slow down": the function pauses (see the module's comment)

@@ -39,10 +39,10 @@ import re
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote_to_bytes
 
-from ....protocol.schema.tasks import (CONNECT_TIMEOUT_MS, FORBIDDEN_HEADERS, MAX_HEADER_VALUE,
-                                       MAX_HEADERS, MAX_TARGET, METHODS, OWN_PREFIX,
-                                       REQUEST_FIELDS, SAFE_HEADERS)
-from ....protocol.schema.task_messages import Call
+from .....protocol.schema.task_messages import Call
+from .....protocol.schema.tasks import (CONNECT_TIMEOUT_MS, FORBIDDEN_HEADERS, MAX_HEADER_VALUE,
+                                        MAX_HEADERS, MAX_TARGET, METHODS, OWN_PREFIX,
+                                        REQUEST_FIELDS, SAFE_HEADERS)
 
 FIELDS = REQUEST_FIELDS
 

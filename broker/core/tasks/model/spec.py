@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ....protocol.schema.tasks import CONNECT_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
+from .....protocol.schema.tasks import CONNECT_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS
 
 #: a rate's period as its config spells it: "10/s", "600/m", "2/h"
 PER_UNIT = {1.0: "s", 60.0: "m", 3600.0: "h"}

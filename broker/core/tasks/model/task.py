@@ -25,11 +25,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable, NamedTuple
 
-from ....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
-from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, DEFAULT_ATTEMPTS,
-                                       DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
-                                       DEFAULT_TIMEOUT_MS, FAILED, MAX_DURATION_MS, QUEUED,
-                                       RUNNING, SUCCESS, TASK_ERROR_CHARS)
+from .....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
+from .....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, DEFAULT_ATTEMPTS,
+                                        DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
+                                        DEFAULT_TIMEOUT_MS, FAILED, MAX_DURATION_MS, QUEUED,
+                                        RUNNING, SUCCESS, TASK_ERROR_CHARS)
 from .requests import Request
 
 #: how long past its timeout a running task waits for its dispatcher's report
