@@ -74,6 +74,10 @@ def test_zstalkd_answers_its_first_command_having_loaded_nothing_it_does_not_ser
     assert on_demand_loaded(imports) == []
     assert "click" not in {m for _, m in imports}, \
         f"zstalkd loads click (~13 ms), through {importer(imports, 'click')}"
+    # what only a config's upstreams and the task family's rarer paths use
+    rare = [m for _, m in imports if m in ("zstalk.broker.core.upstreams.group",
+                                           "dataclasses", "ipaddress", "urllib.parse")]
+    assert rare == [], f"{rare[0]} through {importer(imports, rare[0])}"
 
 
 def test_zstalk_serve_without_a_worker_endpoint_loads_no_zeromq():

@@ -57,7 +57,7 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
                                        SUCCESS, UNIQUE_ID)
 from ..shared.journal import TASK_CALL, TASK_END, TASK_NEW, TASK_STATE, Journal, NullJournal
-from ..upstreams import NO_LIVE_UPSTREAMS, Unavailable
+from ..upstreams.unavailable import NO_LIVE_UPSTREAMS, Unavailable
 from . import restart
 from .components.calls import Calls
 from .components.limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)

@@ -25,17 +25,7 @@ from typing import Iterable, Mapping, NamedTuple
 from .balance import Peers, Rand, method
 from .peer import Peer
 from .spec import ServerSpec, UpstreamSpec
-
-NO_LIVE_UPSTREAMS = "no live upstreams"     # nginx's words when every server is down
-BUSY = "busy"                               # all failed, at max_conns or paused
-
-
-class Unavailable(NamedTuple):
-    """Why `pick` gave None: `reason` is NO_LIVE_UPSTREAMS (every server is down: the
-    attempt fails) or BUSY (wait: until `until`, or until a call ends when it is None)."""
-    reason: str
-    until: float | None
-
+from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
 
 class PeerView(NamedTuple):
     """One server as an operator sees it."""

@@ -22,7 +22,6 @@ concatenated bytes.
 from __future__ import annotations
 
 import bisect
-import ipaddress
 import zlib
 from typing import Iterator, Sequence
 
@@ -43,6 +42,7 @@ def memcached_steps(key: bytes) -> Iterator[int]:
 
 def ip_key(client_ip: str) -> bytes:
     """The bytes ip_hash hashes: 3 for IPv4, 16 for IPv6, nginx's 3 zeros otherwise."""
+    import ipaddress        # (here: not on zstalkd's start path)
     try:
         address = ipaddress.ip_address(client_ip)
     except ValueError:

@@ -24,7 +24,6 @@ prefixes the file and the table.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import NamedTuple
 
 BALANCES = ("round_robin", "least_conn", "ip_hash", "hash", "random")
@@ -34,8 +33,7 @@ SCHEMES = ("http", "https")
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?")
 
 
-@dataclass(frozen=True)
-class ServerSpec:
+class ServerSpec(NamedTuple):
     """One `server` line: nginx's parameters with its defaults."""
     url: str
     weight: int = 1
@@ -51,8 +49,7 @@ class ServerSpec:
         return self.url.partition("://")[2]
 
 
-@dataclass(frozen=True)
-class UpstreamSpec:
+class UpstreamSpec(NamedTuple):
     """One `upstream` block: a name, a balancing method and the servers in order."""
     name: str
     servers: tuple[ServerSpec, ...]

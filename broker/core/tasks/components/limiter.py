@@ -18,15 +18,17 @@ dropped once it holds nothing back.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .....protocol.schema.outcome import Outcome
-from ...upstreams import Peer
 from ..model.outcomes import SLOW_DOWN
 from ..model.spec import DEFAULTS, FunctionSpec
 from .deadlines import Deadlines
 from .limits import Gate, Recent
 from .upstream_calls import UpstreamCalls, failed as server_failed
+
+if TYPE_CHECKING:
+    from ...upstreams.peer import Peer
 
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart
 DURABLE_RATE_S = 1.0

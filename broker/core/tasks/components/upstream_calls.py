@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from ...upstreams import NO_LIVE_UPSTREAMS, Peer, Unavailable, UpstreamGroup, reload_groups
-from ...upstreams.spec import UpstreamSpec
+from ...upstreams.unavailable import NO_LIVE_UPSTREAMS, Unavailable
 from .limits import Gate
+
+if TYPE_CHECKING:
+    from ...upstreams.group import UpstreamGroup
+    from ...upstreams.peer import Peer
+    from ...upstreams.spec import UpstreamSpec
 
 SERVER_ERROR_CHARS = 200    # a server's last error, as shown
 
@@ -42,7 +46,10 @@ class UpstreamCalls:
         self.rand = rand
         self.started_at = started_at        # (gates get no burst credit from before it)
         specs = list(specs)
-        self.groups: dict[str, UpstreamGroup] = {s.name: UpstreamGroup(s, rand) for s in specs}
+        self.groups: dict[str, UpstreamGroup] = {}
+        if specs:       # (the balancing code loads only for a config that has upstreams)
+            from ...upstreams.group import UpstreamGroup
+            self.groups = {s.name: UpstreamGroup(s, rand) for s in specs}
         # the upstreams with a concurrency or a rate of their own: only they are counted
         # (a call on another costs no lookup for them)
         self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
@@ -56,7 +63,9 @@ class UpstreamCalls:
         """SIGHUP: a server keeps its state while (upstream, url as written) stays; a
         rate keeps its TAT."""
         specs = list(specs)
-        self.groups = reload_groups(self.groups, specs, self.rand)
+        if specs or self.groups:
+            from ...upstreams.group import reload_groups
+            self.groups = reload_groups(self.groups, specs, self.rand)
         self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
         self.keyed = _keyed(specs)
         for spec in specs:

@@ -37,7 +37,6 @@ import binascii
 import json
 import re
 from typing import Any, NamedTuple
-from urllib.parse import quote, unquote_to_bytes
 
 from .....protocol.schema.task_messages import Call
 from .....protocol.schema.tasks import (CONNECT_TIMEOUT_MS, FORBIDDEN_HEADERS, MAX_HEADER_VALUE,
@@ -153,6 +152,7 @@ def path_problem(path: str) -> str | None:
     if not _PATH_CHARS.fullmatch(path) or _BAD_PERCENT.search(path):
         return ("may hold only the characters RFC 3986 allows in a path, and '%' only "
                 "before two hex digits: percent-encode the rest")
+    from urllib.parse import unquote_to_bytes     # (here: not on zstalkd's start path)
     try:            # what a lenient server decodes must not climb out either
         decoded = unquote_to_bytes(path).decode("utf-8")
     except UnicodeDecodeError:
@@ -167,6 +167,7 @@ def _query(query: Any) -> str | Refusal:
         return ""
     if not isinstance(query, dict):
         return Refusal("request query must be an object of strings or lists of strings")
+    from urllib.parse import quote      # (here: not on zstalkd's start path)
     pairs = []
     for name, value in query.items():
         if type(name) is not str:

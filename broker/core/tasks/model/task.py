@@ -22,7 +22,6 @@ is the enqueue order, so equal priorities run first come, first served.
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Callable, NamedTuple
 
 from .....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
@@ -150,6 +149,7 @@ def client_group(ip: str | None) -> str | None:
     has a whole /64), IPv4 as it is."""
     if not ip or ":" not in ip:
         return ip or None
+    import ipaddress        # (here: not on zstalkd's start path)
     try:
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     except ValueError:
