@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,9 +47,12 @@ def test_zstalkd_is_silent_as_beanstalkd_and_says_where_it_listens_with_v():
     said = f"zstalkd {VERSION}: beanstalk on {LOOPBACK}:{port}; no worker endpoint"
     proc = subprocess.Popen([ZSTALKD, "-V", "-l", LOOPBACK, "-p", str(port)],
                             stderr=subprocess.PIPE, text=True)
-    try:                                                      # (-V: INFO lines come too)
-        assert wait_for(lambda: select.select([proc.stderr], [], [], 0.5)[0]
-                        and proc.stderr.readline().rstrip("\n") == said, 10)
+    lines: list[str] = []       # (-V: INFO lines come too, often in the same read)
+    reader = threading.Thread(target=lambda: [lines.append(line.rstrip("\n"))
+                                              for line in proc.stderr], daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: said in lines, 10), lines
     finally:
         proc.terminate()
         proc.wait(10)
