@@ -1,12 +1,13 @@
 """Takeover: the fencing point a new leader appends before it replays the stream.
 
 An instance that claimed the lease (lease.py) with epoch E reads the stream to its last
-sequence L (stream.read), then appends the EPOCH message (no records; Zstalk-Epoch E,
+sequence L (stream.read: only the tail after what a warm standby already folded in,
+follow.py), then appends the EPOCH message (no records; Zstalk-Epoch E,
 Zstalk-Leader its writer id) with Nats-Expected-Last-Sequence L.  Stored, it is the
 fence: the old leader's next append expects a sequence before it and is refused, so the
 old leader finds itself deposed (jetstream.py).  Refused as out of sequence, the old
-leader appended meanwhile: the stream is read again and the EPOCH tried after the new
-end, TAKEOVER_READS times at most (then the instance does not take over: DEPOSED_EXIT).
+leader appended meanwhile: the stream is read on from L and the EPOCH tried after the
+new end, TAKEOVER_READS times at most (then the instance does not take over: DEPOSED_EXIT).
 The design is Temporal's range_id with JetStream as the database (ha-journal.md C.3).
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ async def fence(nc, opts: S.Options, writer: str, epoch: int, read: S.Read, info
             read.spans[seq] = S.Span(seq, S._headers_size(headers))    # (nothing live)
             return read._replace(last_seq=seq), info
         info = await nc.jetstream(timeout=10).stream_info(opts.stream)
-        read = await S.read(nc, opts, info, max_job_size)
+        read = await S.read(nc, opts, info, max_job_size, read.fold)   # (on from its end)
     raise S.JournalError(f"journal: stream {opts.stream} was appended to by another broker "
                          f"through {TAKEOVER_READS} reads of it: this one does not take over",
                          S.DEPOSED_EXIT)
