@@ -546,17 +546,28 @@ def journal_group():
 
 
 @journal_group.command("status")
-@journal_options
+@click.option("--journal", "journal_urls", required=True, envvar="ZSTALK_JOURNAL",
+              metavar="nats://H:P[,H:P…]", help="The NATS servers the journal is on.")
+@click.option("--journal-name", default="zstalk", show_default=True, metavar="NAME",
+              help="The journal's name: stream ZSTALK_NAME, lease bucket zstalk_NAME.")
+@click.option("--journal-creds", default=None, metavar="FILE",
+              help="NATS credentials file (.creds).")
+@click.option("--journal-user-file", default=None, metavar="FILE",
+              help="A file holding USER:PASSWORD for NATS.")
+@click.option("--journal-tls-ca", default=None, metavar="FILE",
+              help="Verify the NATS servers' TLS certificates with this CA (PEM).")
 @insecure_option
-def journal_status(journal):
+def journal_status(journal_urls, journal_name, journal_creds, journal_user_file,
+                   journal_tls_ca):
     """Print the leader, its epoch, the stream's last sequence and each standby's lag;
     exit 1 when no instance holds the lease, 10 when NATS or the stream cannot be read."""
     import asyncio
     import time
     from ..wal import status
     from ..wal.stream import JournalError
-    if journal is None:
-        raise click.UsageError("--journal nats://H:P[,H:P…] is required")
+    from .journal_flags import journal_from
+    journal = journal_from(journal_urls, journal_name, journal_creds, journal_user_file,
+                           journal_tls_ca, 30.0, 3, None)
     try:
         said = asyncio.run(asyncio.wait_for(status.read(journal), 30))
     except (JournalError, asyncio.TimeoutError) as exc:
