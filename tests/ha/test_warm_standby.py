@@ -7,6 +7,8 @@ nats-server cluster (tests/support/nats_cluster.py), as tests/ha/test_failover.p
   * a standby stopped (SIGSTOP) while compaction purges the messages it had not folded in,
     among them the DELETE of a job it holds, folds the stream again from its first message
     and, leading, has no deleted job back;
+  * a standby that followed for longer than the grace timers still starts them at the
+    takeover: a job held at the kill is kept from other clients;
   * `zstalk journal status` prints the leader, its epoch, the stream's last sequence and
     each standby's lag, and exits 1 once no instance holds the lease; the leader's
     /metrics give its epoch, its takeover's time and each standby's lag.
@@ -135,6 +137,33 @@ def test_a_standby_whose_next_message_was_purged_folds_the_stream_again_from_its
         jobs = job_map(b.address, 10)
         assert {i: (state, body) for i, (_, state, _, body) in jobs.items()} == {
             1: (b"buried", b"keep-1"), 3: (b"delayed", b"keep-3")}
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_a_standby_up_longer_than_the_grace_keeps_a_held_job_from_the_takeover_on(
+        cluster, name):
+    """The grace timers count from the takeover, not from the standby's start, however
+    long it followed: a job held at the kill is kept from other clients (RECLAIM_S, 5 s)."""
+    a = Instance(cluster.urls, name).launch()
+    b = None
+    try:
+        assert wait_for(lambda: answers(a.address), LEAD_S, 0.05), a.output()
+        b = Instance(cluster.urls, name).launch()
+        with RawClient(a.address, 10) as holder:
+            holder.send(b"put 0 0 120 4\r\nheld\r\nreserve\r\n")
+            assert holder.read_replies(2) == [b"INSERTED 1\r\n", b"RESERVED 1 4\r\nheld\r\n"]
+            time.sleep(7.0)             # (the standby follows for longer than the grace)
+            assert caught_up(b, a), b.leader()
+            a.kill()
+            first_answer_after(b.address, time.monotonic())
+        with RawClient(b.address, 10) as other:
+            other.send(b"reserve-with-timeout 0\r\nstats-job 1\r\n")
+            timed_out, job = other.read_replies(2)
+            assert timed_out == b"TIMED_OUT\r\n", "another client got the held job"
+            assert b"state: delayed" in job, job
     finally:
         a.stop()
         if b is not None:
