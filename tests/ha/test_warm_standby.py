@@ -7,6 +7,7 @@ nats-server cluster (tests/support/nats_cluster.py), as tests/ha/test_failover.p
   * a standby stopped (SIGSTOP) while compaction purges the messages it had not folded in,
     among them the DELETE of a job it holds, folds the stream again from its first message
     and, leading, has no deleted job back;
+  * a standby following while the stream's NATS leader is killed goes on and loses nothing;
   * a standby that followed for longer than the grace timers still starts them at the
     takeover: a job held at the kill is kept from other clients;
   * `zstalk journal status` prints the leader, its epoch, the stream's last sequence and
@@ -23,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from nats_cluster import Cluster, cluster  # noqa: F401 (a fixture)
+from nats_cluster import Cluster, cluster, needs_nats_server, wait_stream_leader  # noqa: F401
 from servers import RawClient, find_zstalk, self_check, wait_for
 from test_binlog_end_to_end import job_map
 from test_failover import (LEAD_S, Instance, answers, first_answer_after, name,  # noqa: F401
@@ -141,6 +142,31 @@ def test_a_standby_whose_next_message_was_purged_folds_the_stream_again_from_its
         a.stop()
         if b is not None:
             b.stop()
+
+
+def test_a_standby_goes_on_following_after_the_stream_s_nats_leader_is_killed(name):
+    """The ordered consumer lives on one NATS node: killed (with the stream's leader, the
+    worst case: an election of 4 to 9 s), the standby's consumer is made again and it
+    folds in what the leader appended meanwhile and after, losing nothing."""
+    needs_nats_server()
+    with Cluster(3) as own:
+        a, b = Instance(own.urls, name).launch(), None
+        try:
+            assert wait_for(lambda: answers(a.address), LEAD_S, 0.05), a.output()
+            ids = put_many(a.address, 500)
+            b = Instance(own.urls, name).launch()
+            assert wait_for(lambda: caught_up(b, a), LEAD_S, 0.1), (b.leader(), b.output())
+            wait_stream_leader(own, f"ZSTALK_{name}").kill()
+            ids += put_many(a.address, 500)     # (they wait while NATS elects)
+            assert wait_for(lambda: caught_up(b, a), 3 * LEAD_S, 0.2), (b.leader(),
+                                                                        b.output())
+            a.kill()
+            first_answer_after(b.address, time.monotonic(), 3 * LEAD_S)
+            assert set(job_map(b.address, max(ids) + 1)) == set(ids)
+        finally:
+            a.stop()
+            if b is not None:
+                b.stop()
 
 
 def test_a_standby_up_longer_than_the_grace_keeps_a_held_job_from_the_takeover_on(
