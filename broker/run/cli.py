@@ -5,6 +5,7 @@
     zstalk serve [--worker-bind tcp://HOST:PORT]     ... and the endpoint native workers use
     zstalk broker --bind tcp://HOST:PORT             the broker actor alone
     zstalk import-binlog DIR [--into DIR]            a beanstalkd binlog into a zstalk one
+    zstalk journal status --journal nats://H:P       leader, epoch, sequence, standbys' lag
     zstalk front beanstalk --broker EP --listen ADDR one beanstalk front
     zstalk front counter --broker EP --listen ADDR   one yrmcds counter front
     zstalk front http --broker EP --listen ADDR      the HTTP cloud-task API
@@ -537,6 +538,44 @@ async def serve_with_probes(actor, health: HealthOptions, said: str, lead=None) 
     finally:
         if probes is not None:
             probes.close()
+
+
+@main.group("journal")
+def journal_group():
+    """The journal on NATS JetStream (--journal): who leads it, how far it goes."""
+
+
+@journal_group.command("status")
+@click.option("--journal", "journal_urls", required=True, envvar="ZSTALK_JOURNAL",
+              metavar="nats://H:P[,H:P…]", help="The NATS servers the journal is on.")
+@click.option("--journal-name", default="zstalk", show_default=True, metavar="NAME",
+              help="The journal's name: stream ZSTALK_NAME, lease bucket zstalk_NAME.")
+@click.option("--journal-creds", default=None, metavar="FILE",
+              help="NATS credentials file (.creds).")
+@click.option("--journal-user-file", default=None, metavar="FILE",
+              help="A file holding USER:PASSWORD for NATS.")
+@click.option("--journal-tls-ca", default=None, metavar="FILE",
+              help="Verify the NATS servers' TLS certificates with this CA (PEM).")
+@insecure_option
+def journal_status(journal_urls, journal_name, journal_creds, journal_user_file,
+                   journal_tls_ca):
+    """Print the leader, its epoch, the stream's last sequence and each standby's lag;
+    exit 1 when no instance holds the lease, 10 when NATS or the stream cannot be read."""
+    import asyncio
+    import time
+    from ..wal import status
+    from ..wal.stream import JournalError
+    from .journal_flags import journal_from
+    journal = journal_from(journal_urls, journal_name, journal_creds, journal_user_file,
+                           journal_tls_ca, 30.0, 3, None)
+    try:
+        said = asyncio.run(asyncio.wait_for(status.read(journal), 30))
+    except (JournalError, asyncio.TimeoutError) as exc:
+        click.echo(f"zstalk journal status: {exc or 'NATS did not answer in 30 s'}", err=True)
+        sys.exit(getattr(exc, "code", BINLOG_EXIT))
+    for line in status.lines(said, time.time()):
+        click.echo(line)
+    sys.exit(0 if said.leader is not None else 1)
 
 
 @main.command("import-binlog")

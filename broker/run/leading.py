@@ -12,17 +12,23 @@ journal on the actor's loop (the broker exits 12, answering nothing more); at a 
 stop, once the held jobs are appended and acknowledged, the lease is released so that a
 standby takes over at once.
 
-In this slice a standby is cold-warm: it keeps no state while it waits, and replays the
-stream at takeover.
+A standby is warm: from its start it follows the stream (wal/follow.py) and keeps the
+state folded in, and at takeover the journal's options hand that fold to the restore
+(`journal_options`: opts.warm), which reads only the tail after it before the fence.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import signal
+import time
 
 from ..wal import stream as S
+from ..wal.follow import Follower
 from ..wal.lease import Lease
+
+log = logging.getLogger("zstalk.journal")
 
 
 class Leadership:
@@ -33,20 +39,27 @@ class Leadership:
         self.max_job_size = max_job_size
         self.instance = f"{random.getrandbits(64):016x}"
         self.lease = Lease(opts, self.instance, opts.advertise)
+        self.follower: Follower | None = None   # the standby's, until the takeover takes it
         self.journal = None             # the leader's, once built
 
     def start(self) -> None:
-        """Connect and stand by (blocking; stream.JournalError as a start without one)."""
+        """Connect and stand by, following the stream (blocking; stream.JournalError as a
+        start without a lease)."""
         self.lease.start(self.max_job_size)
+        if not self.lease.won.done():   # (won at once: nothing to follow first)
+            self.follower = Follower(self.opts, self.instance)
+            self.follower.start()
 
     def standing_by(self) -> str | None:
         """/readyz and /leader before the core is built: why not ready, not leading."""
         h = self.lease.watch.holder
         if self.lease.won.done():
             return "taking over: reading the stream"
+        f = self.follower
+        following = f"; {f.said()}" if f is not None else ""
         if h is None:
-            return "standby: claiming the lease"
-        return f"standby: instance {h.instance} leads (epoch {h.epoch})"
+            return "standby: claiming the lease" + following
+        return f"standby: instance {h.instance} leads (epoch {h.epoch}){following}"
 
     def leading(self) -> str | None:
         """/leader once the core is built: None while this one leads."""
@@ -77,18 +90,29 @@ class Leadership:
                 signal.signal(sig, handler)
 
     def journal_options(self, epoch: int) -> S.Options:
-        return self.opts._replace(epoch=epoch, instance=self.instance)
+        """The options the leader's journal is built with: its epoch, and the standby's
+        fold to take over from (called once, by the journal's restore)."""
+        return self.opts._replace(epoch=epoch, instance=self.instance, warm=self._warm)
+
+    def _warm(self):
+        follower, self.follower = self.follower, None
+        return follower.take() if follower is not None else None
 
     def keep(self, actor, loop: asyncio.AbstractEventLoop) -> None:
         """The built broker leads: the lease's value carries its acknowledged sequence,
         and a lease lost deposes its journal on `loop` (the actor's)."""
         journal = self.journal = actor.journal
+        journal.took_over_s = time.monotonic() - self.lease.won_at
+        journal.standbys = self.lease.heard
+        log.info("journal: took over in %.2f s (from the lease claimed to the broker built)",
+                 journal.took_over_s)
         self.lease.seq = lambda: journal.acked_seq
         self.lease.on_lost(lambda why: loop.call_soon_threadsafe(journal.depose, why))
 
     def hand_over(self, actor) -> None:
         """The end: a broker that stopped well releases the lease (a standby leads at
         once); a deposed one, or one that never led, only lets go of its thread."""
+        self._warm()                    # (a standby that stops: no more following)
         if actor is not None and actor.exit_code is None and self.journal is not None \
                 and self.journal.failed is None:
             self.lease.release()

@@ -29,7 +29,9 @@ No acknowledgement for --journal-timeout while an append waits: exit UNAVAILABLE
 (held replies meanwhile are bounded by the fronts' credit per connection).
 
 Takeover: an instance that claimed the lease (lease.py) is given its epoch in the
-options, and its restore fences the stream before it replays (takeover.py); every later
+options, and its restore reads the stream to its end (only the tail, on from the fold a
+warm standby kept while it stood by: opts.warm, follow.py) and fences it there before the
+core is built (takeover.py); every later
 append carries Zstalk-Epoch; `depose()` is the lease's way to stop us when the key says
 another leads.
 
@@ -86,7 +88,8 @@ class JetStreamJournal:
     logs_reserves = True
 
     def __init__(self, opts: S.Options) -> None:
-        self.opts = opts
+        self.opts = opts._replace(warm=None)    # (the fold is taken once, at restore)
+        self._warm = opts.warm
         self.writer = opts.instance or f"{random.getrandbits(64):016x}"
         self.epoch = opts.epoch             # the lease's, 0 without one (lease.py)
         self.state_id = 0
@@ -123,6 +126,8 @@ class JetStreamJournal:
         self.appends = 0
         self.ack_seconds = Histogram(LATENCY_BUCKETS)
         self.sync_said = ""                 # the start line's word on sync_interval
+        self.took_over_s = 0.0              # the lease claimed -> the broker built (leading.py)
+        self.standbys = list                # () -> the standbys heard lately (lease.py)
         self.nc = None
         self.js = None
         self.inbox = ""
@@ -149,7 +154,12 @@ class JetStreamJournal:
             self.max_payload = nc.max_payload
             self.max_bytes = info.config.max_bytes or -1
             self.sync_said = S.sync_checked(self.opts)
-            read = await S.read(nc, self.opts, info, max_job_size)
+            fold, self._warm = (self._warm() if self._warm else None), None
+            if fold is not None:
+                log.info("journal: taking over warm: %d messages folded in while standing "
+                         "by, through %d of %d", fold.applied, fold.last_seq,
+                         info.state.last_seq)
+            read = await S.read(nc, self.opts, info, max_job_size, fold)
             if self.epoch:
                 read, info = await takeover.fence(nc, self.opts, self.writer, self.epoch,
                                                   read, info, max_job_size)
@@ -170,7 +180,7 @@ class JetStreamJournal:
         self.next_id = replayed.next_id
         spans = self.spans
         for rec, tube, body, seq in replayed.jobs.values():
-            spans[seq].live += 1
+            self._span(seq).live += 1
             self.live_bytes += wf.JOB_FIXED_SIZE + rec[13] + rec[14]
         tasks = []
         for uid, (fields, seq) in replayed.tasks.items():
@@ -191,7 +201,15 @@ class JetStreamJournal:
         """A replayed task's or schedule's latest full record: in message `seq`, live."""
         files[key], sizes[key] = seq, len(record)
         self.live_bytes += len(record)
-        self.spans[seq].live += 1
+        self._span(seq).live += 1
+
+    def _span(self, seq: int) -> S.Span:
+        """The message `seq`'s Span; one of no size if a fold forgot it (never expected:
+        compaction purges no message that still holds the latest of something live)."""
+        span = self.spans.get(seq)
+        if span is None:
+            span = self.spans[seq] = S.Span(seq, 0)
+        return span
 
     def start(self, loop, on_durable) -> None:
         """Connect on the actor's loop and append a barrier: once it is acknowledged we
@@ -756,7 +774,11 @@ class JetStreamJournal:
                 Sample("zstalk_journal_stream_bytes", (), self.stream_bytes),
                 Sample("zstalk_journal_ack_seconds", (), self.ack_seconds),
                 Sample("zstalk_journal_appends_in_flight", (), len(self.inflight)),
-                Sample("zstalk_journal_compaction_copies_total", (), self.records_migrated)]
+                Sample("zstalk_journal_compaction_copies_total", (), self.records_migrated),
+                Sample("zstalk_journal_epoch", (), self.epoch),
+                Sample("zstalk_journal_takeover_seconds", (), self.took_over_s),
+                *[Sample("zstalk_journal_standby_lag_messages", (said.instance,),
+                         max(0, self.acked_seq - said.applied)) for said in self.standbys()]]
 
 
 async def _close(nc) -> None:

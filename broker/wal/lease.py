@@ -19,6 +19,10 @@ lost and came back as a refusal of its retry), means deposed (`lost`), even for 
 that has no traffic to append.  A renewal that fails for want of NATS is tried again;
 the journal's --journal-timeout decides when NATS has been gone too long.
 
+Beside `leader`, each warm standby keeps a key `standby.<instance>` (`Standby`): the
+sequence it has folded in (follow.py), which `zstalk journal status` reads, and the
+leader watches (`standbys`: its metrics give each one's lag).
+
 At a graceful stop the leader deletes the key with a compare-and-set (`release`), so a
 standby claims it at its next look instead of after the lease.
 
@@ -54,6 +58,8 @@ REQUEST_S = 1.0
 MAKE_S = 15.0
 #: the start (connect, check the stream, the bucket) is given this long in all
 OPEN_S = 60.0
+#: a standby's key not refreshed this long (it says every 2 s, follow.py) is a silent one's
+SILENT_S = 10.0
 
 
 class Holder(NamedTuple):
@@ -74,6 +80,39 @@ class Holder(NamedTuple):
             d = json.loads(data or b"")
             return cls(int(d["epoch"]), str(d["instance"]), str(d.get("advertise", "")),
                        int(d.get("seq", 0)))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def bucket_name(opts: S.Options) -> str:
+    return f"zstalk_{opts.name}"
+
+
+class Standby(NamedTuple):
+    """What a standby publishes in the bucket, under `standby.<instance>`, every few
+    seconds while it follows the stream (follow.py): the sequence it folded in, the
+    stream's last as it saw it, and when (wall clock: read on another machine, only to
+    say how long ago; a standby gone leaves its key, growing old)."""
+    instance: str
+    applied: int
+    stream_last: int
+    wall: float
+
+    PREFIX = "standby."
+
+    @classmethod
+    def key(cls, instance: str) -> str:
+        return cls.PREFIX + instance
+
+    def encode(self) -> bytes:
+        return json.dumps(self._asdict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> "Standby | None":
+        try:
+            d = json.loads(data or b"")
+            return cls(str(d["instance"]), int(d["applied"]), int(d["stream_last"]),
+                       float(d["wall"]))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -128,13 +167,15 @@ class Lease:
         self.opts = opts
         self.instance = instance
         self.advertise = advertise
-        self.bucket = f"zstalk_{opts.name}"
+        self.bucket = bucket_name(opts)
         self.epoch = 0
         self.revision = 0
         self.seq: Callable[[], int] = lambda: 0
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self.won: concurrent.futures.Future = concurrent.futures.Future()
+        self.won_at = 0.0                   # (monotonic) when it was claimed
+        self.standbys: dict[str, Standby] = {}  # while leading: instance -> its word
         self.watch = Watch(opts.lease_s)
         self.nc = None
         self.kv = None
@@ -167,6 +208,13 @@ class Lease:
 
     def _call(self, coro, timeout_s: float | None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def heard(self) -> list:
+        """While leading: the standbys that said where they are lately (a standby gone
+        leaves its key behind, silent)."""
+        now = time.time()
+        return [said for _, said in sorted(self.standbys.items())
+                if now - said.wall < SILENT_S]
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call `callback(why)` once the lease is lost (at once if it already is)."""
@@ -244,8 +292,33 @@ class Lease:
         except asyncio.CancelledError:
             return
         self.epoch = epoch
+        self.won_at = time.monotonic()
         self.won.set_result(epoch)
-        await self._renew()
+        watching = asyncio.ensure_future(self._watch_standbys())
+        try:
+            await self._renew()
+        finally:
+            watching.cancel()
+
+    async def _watch_standbys(self) -> None:
+        """While leading: each standby's latest word (its key, pushed to a KV watch as it
+        publishes it) in `standbys`, a dict replaced whole (read on another thread)."""
+        while not self._stopping:
+            try:
+                watcher = await self.kv.watch(Standby.PREFIX + "*")
+                async for entry in watcher:
+                    if entry is None:           # (the keys there were: now the updates)
+                        continue
+                    instance = entry.key[len(Standby.PREFIX):]
+                    said = Standby.decode(entry.value) if entry.operation in (None, "PUT") \
+                        else None
+                    rest = {k: v for k, v in self.standbys.items() if k != instance}
+                    self.standbys = {**rest, instance: said} if said else rest
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:            # (NATS away: watched again)
+                log.debug("journal: watching the standbys: %s", exc)
+            await asyncio.sleep(1.0)
 
     async def _stand_by(self) -> int:
         """Look every POLL_S until the lease is ours: the epoch claimed."""

@@ -1,6 +1,8 @@
 """The journal's stream on NATS JetStream: the options, the connection, the stream's
-settings checked (or the stream made), and the replay that reads it back.  jetstream.py
-owns what is appended when; this module what a start finds and refuses.
+settings checked (or the stream made), and the replay that reads it back (an ordered
+consumer folding each message into fold.py's Fold, from the stream's first message or
+on from a warm standby's, follow.py).  jetstream.py owns what is appended when; this
+module what a start finds and refuses.
 
 Names: the stream `ZSTALK_<name>` holds the subject `zstalk.<name>.journal` (`--journal-name`,
 default `zstalk`).  One message is one append of the broker: a binlog frame (format.py's
@@ -36,11 +38,12 @@ import ipaddress
 import json
 import logging
 import re
-import struct
 import urllib.parse
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from . import format as wf
+from . import fold as fold_
+from .fold import Corrupt, Fold, Read, Span, headers_size as _headers_size  # noqa: F401
 
 log = logging.getLogger("zstalk.journal")
 
@@ -51,7 +54,7 @@ MIN_DUPLICATE_WINDOW_S = 120.0
 #: what a message carries beyond its records: the frame header, and headers (generous)
 MESSAGE_OVERHEAD = wf.FRAME.size + 1024
 H_ID, H_EXPECT = "Nats-Msg-Id", "Nats-Expected-Last-Sequence"
-H_STATE, H_NEXT, H_GATES = "Zstalk-State", "Zstalk-Next-Id", "Zstalk-Gates"
+H_STATE, H_NEXT, H_GATES = fold_.H_STATE, fold_.H_NEXT, fold_.H_GATES
 H_EPOCH, H_LEADER = "Zstalk-Epoch", "Zstalk-Leader"
 #: JetStream's refusal of an append whose Nats-Expected-Last-Sequence is not the last
 WRONG_SEQUENCE = 10071
@@ -94,6 +97,9 @@ class Options(NamedTuple):
     advertise: str = ""                 # --advertise: where this instance is reached (the lease)
     epoch: int = 0                      # the lease's epoch this instance leads under (0: none)
     instance: str = ""                  # this instance's id in the lease and its appends' ids
+    # a warm standby's takeover: called once, it stops following and gives the Fold it
+    # kept (follow.py), or None; the restore then reads only the stream's tail after it
+    warm: Callable[[], Fold | None] | None = None
 
     @property
     def stream(self) -> str:
@@ -300,92 +306,85 @@ def sync_checked(opts: Options) -> str:
 
 
 # -- reading it back ---------------------------------------------------------------------------
-class Span:
-    """One message of the stream as compaction knows it: its size, and the full records
-    it holds (job ids, task uids, schedule names) and how many of them are still the
-    latest of something live."""
-    __slots__ = ("seq", "size", "live", "ids", "uids", "names", "cursor", "task_cursor",
-                 "name_cursor")
-
-    def __init__(self, seq: int, size: int) -> None:
-        self.seq = seq
-        self.size = size
-        self.live = 0
-        self.ids: list[int] = []
-        self.uids: list[str] = []
-        self.names: list[str] = []
-        self.cursor = self.task_cursor = self.name_cursor = 0
+#: the ordered consumer's idle heartbeat: two missed (a NATS node gone with the consumer)
+#: and nats-py makes it again from the next sequence
+HEARTBEAT_S = 2.0
+#: what a consumer may have delivered and not yet been folded, at most (flow control
+#: keeps it far below: the server waits for the client's answer)
+PENDING_BYTES = 64 * 1024 * 1024
+#: the reads of a stream that compaction purged under them, at most
+READS = 3
 
 
-class Read(NamedTuple):
-    replayed: wf.Replayed
-    spans: dict             # seq -> Span, oldest first
-    last_seq: int
-    gates_seq: int          # the message that holds the latest gates (0: none)
+def continues(fold: Fold, info) -> bool:
+    """Whether `fold` can go on with the stream `info` describes: nothing it still needs
+    was purged, and the stream is not shorter than what it applied (made again)."""
+    if not fold.last_seq:
+        return True
+    return info.state.first_seq <= fold.last_seq + 1 <= info.state.last_seq + 1
 
 
-async def read(nc, opts: Options, info, max_job_size: int) -> Read:
-    """Replay the stream from its first message to the last it had when asked."""
-    jobs: dict = {}
-    tasks: dict = {}
-    schedules: dict = {}
-    tubes: dict = {}
-    spans: dict = {}
-    state_id = next_id = gates_seq = 0
-    gates: dict = {}
-    last = info.state.last_seq
-    if info.state.messages:
-        js = nc.jetstream(timeout=10)
-        from nats.js import api
-        sub = await js.subscribe(opts.subject, ordered_consumer=True, stream=opts.stream,
-                                 deliver_policy=api.DeliverPolicy.ALL, idle_heartbeat=2.0)
-        try:
-            while True:
-                msg = await asyncio.wait_for(sub.next_msg(timeout=None), 30)
-                seq = msg.metadata.sequence.stream
-                state_id, next_id, gates_seq = _apply(
-                    msg, seq, spans, jobs, tubes, tasks, schedules, gates, state_id,
-                    next_id, gates_seq)
-                if seq >= last:
-                    break
-        except (asyncio.TimeoutError, TimeoutError):
-            raise JournalError(f"stream {opts.stream}: reading it back stalled before "
-                               f"sequence {last}") from None
-        finally:
-            await sub.unsubscribe()
-    top = max(jobs, default=0)
-    return Read(wf.Replayed(jobs, max(next_id, top + 1, 1), state_id, [], tasks, schedules,
-                            gates), spans, last, gates_seq)
+async def subscribe(nc, opts: Options, start_seq: int):
+    """An ordered consumer of the journal from message `start_seq` (1 or less: its first):
+    what nats-py's KV watch and object store read with, one ephemeral R1 consumer in
+    memory, no acknowledgements, flow control, and made again from the next sequence when
+    its heartbeats stop (its NATS node gone)."""
+    from nats.js import api
+    js = nc.jetstream(timeout=10)
+    if start_seq > 1:
+        return await js.subscribe(
+            opts.subject, ordered_consumer=True, stream=opts.stream,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            config=api.ConsumerConfig(opt_start_seq=start_seq), idle_heartbeat=HEARTBEAT_S,
+            pending_bytes_limit=PENDING_BYTES)
+    return await js.subscribe(opts.subject, ordered_consumer=True, stream=opts.stream,
+                              deliver_policy=api.DeliverPolicy.ALL,
+                              idle_heartbeat=HEARTBEAT_S, pending_bytes_limit=PENDING_BYTES)
 
 
-def _apply(msg, seq, spans, jobs, tubes, tasks, schedules, gates, state_id, next_id,
-           gates_seq):
-    headers = msg.headers or {}
-    span = spans[seq] = Span(seq, len(msg.data) + _headers_size(headers))
-    if H_STATE in headers:
-        state_id = int(headers[H_STATE])
-    if H_NEXT in headers:
-        next_id = max(next_id, int(headers[H_NEXT]))
-    if H_GATES in headers:
-        gates.clear()
-        gates.update(json.loads(headers[H_GATES]))
-        gates_seq = seq
-    data = msg.data
-    if data:
-        length, crc = wf.FRAME.unpack_from(data, 0)
-        import zlib
-        if length != len(data) - wf.FRAME.size or zlib.crc32(data[wf.FRAME.size:]) != crc:
-            raise JournalError(f"message {seq} of the journal fails its checksum")
-        try:
-            wf.apply_records(data, wf.FRAME.size, len(data), seq, jobs, span.ids, tubes,
-                             tasks, span.uids, schedules, span.names)
-        except (wf.BadSegment, struct.error) as exc:
-            raise JournalError(f"message {seq} of the journal: {exc}") from None
-    return state_id, next_id, gates_seq
+def apply(fold: Fold, msg) -> None:
+    """Fold one message in; JournalError if it fails its checksum."""
+    try:
+        fold.apply(msg.metadata.sequence.stream, msg.headers, msg.data)
+    except Corrupt as exc:
+        raise JournalError(str(exc)) from None
 
 
-def _headers_size(headers: dict) -> int:
-    return sum(len(k) + len(v) + 4 for k, v in headers.items()) + 12
+async def read(nc, opts: Options, info, max_job_size: int, fold: Fold | None = None) -> Read:
+    """Replay the stream to the last message it had when asked (`info`): from its first
+    message, or on from `fold`'s last (a warm standby's, follow.py; a read's own, when a
+    takeover's EPOCH was beaten).  A fold whose next message was purged is dropped for a
+    new one, from the stream's first message."""
+    for _ in range(READS):
+        if fold is None or not continues(fold, info):
+            if fold is not None:
+                log.info("journal: messages after %d were purged: reading the stream from "
+                         "its first", fold.last_seq)
+            fold = Fold()
+        if await _read_to(nc, opts, fold, info.state.last_seq):
+            return fold.read()
+        fold = None                     # (purged while we read: again from the start)
+        info = await nc.jetstream(timeout=10).stream_info(opts.stream)
+    raise JournalError(f"stream {opts.stream}: purged under every one of {READS} reads")
+
+
+async def _read_to(nc, opts: Options, fold: Fold, last: int) -> bool:
+    """Fold messages in up to `last`; False when the next one was purged meanwhile."""
+    if fold.last_seq >= last:
+        return True
+    sub = await subscribe(nc, opts, fold.last_seq + 1)
+    try:
+        while fold.last_seq < last:
+            msg = await asyncio.wait_for(sub.next_msg(timeout=None), 30)
+            if not fold.expects(msg.metadata.sequence.stream):
+                return False
+            apply(fold, msg)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise JournalError(f"stream {opts.stream}: reading it back stalled before "
+                           f"sequence {last}") from None
+    finally:
+        await sub.unsubscribe()
+    return True
 
 
 def run_on_a_loop_of_its_own(coro, timeout_s: float | None = None):

@@ -84,6 +84,13 @@ METRICS: tuple[Metric, ...] = (
            "acknowledged (replies wait for them)."),
     Metric("zstalk_journal_compaction_copies_total", "counter", "Records the journal's "
            "compaction copied forward (binlog-records-migrated)."),
+    Metric("zstalk_journal_epoch", "gauge", "The lease's epoch this broker leads under: one "
+           "more at each failover or handover."),
+    Metric("zstalk_journal_takeover_seconds", "gauge", "How long this broker took to lead, "
+           "from the lease claimed to the broker built (the stream's tail read, the fence)."),
+    Metric("zstalk_journal_standby_lag_messages", "gauge", "Messages of the stream a warm "
+           "standby had not folded in when it last said (every 2 s), by its instance id "
+           "(not `instance`: Prometheus sets that label).", ("standby",)),
     # -- the broker: cloud tasks and schedules -----------------------------------------------
     Metric("zstalk_tasks_enqueued_total", "counter", "Tasks enqueued, by function.",
            ("function",)),

@@ -19,7 +19,8 @@ from zstalk.protocol.schema import Op  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations" / "metrics.md"
 #: the only label names any metric has: never a job's or a task's id
-LABEL_NAMES = {"version", "role", "state", "tube", "command", "kind", "function", "outcome"}
+LABEL_NAMES = {"version", "role", "state", "tube", "command", "kind", "function", "outcome",
+               "standby"}
 
 
 def parse(text: bytes) -> dict[tuple, float]:
