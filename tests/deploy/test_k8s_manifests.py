@@ -573,3 +573,11 @@ def test_the_ha_overlay_runs_two_instances_of_one_serve_journal_command_ready_wh
     budget = ha_objects("PodDisruptionBudget")["zstalk-broker"]["spec"]
     assert {k: v for k, v in budget.items() if k != "selector"} == {
         "minAvailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+
+
+def test_the_ha_overlays_own_objects_are_in_the_namespace_with_the_pinned_image_as_the_bases():
+    docs = objects(HA)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"zstalk"}
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "zstalk" for d in docs)
+    images = {c["image"] for _, c in containers(HA)}
+    assert images == {c["image"] for _, c in containers("production")} == {"zstalk:0.2.0"}
