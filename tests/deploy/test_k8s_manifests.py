@@ -242,7 +242,7 @@ def test_every_container_runs_zstalk_with_options_it_accepts(overlay):
     seen = set()
     for name, container in containers(overlay):
         if container["command"] == ["nats-server"] and overlay == HA:
-            continue                        # (test_the_ha_overlays_nats_conf_is_one_...)
+            continue        # (test_the_ha_overlays_nats_conf_and_the_readmes_secret_are_...)
         assert container["command"] == ["zstalk"], name
         args = container["args"]
         command, words = zstalk_cli, list(args)
