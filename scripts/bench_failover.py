@@ -17,9 +17,12 @@ command, from this tree's .venv/bin:
     zstalk serve -l 127.0.0.1 -p P --counter-port 0 --worker-bind tcp://127.0.0.1:W
         --advertise tcp://127.0.0.1:W --config C --http-port H --health-port HP
         --health-listen 127.0.0.1 --journal nats://A,nats://B,nats://C
-        --journal-name bench --journal-monitor http://A',http://B',http://C'
-        --journal-lease-ms 1500
+        --journal-name bench --journal-lease-ms 1500
 
+Without --journal-monitor: a standby checks every monitoring URL when it takes over and
+exits 10 if one does not answer (broker/wal/stream.py's sync_checked), so with a NATS node
+down, the second kind below, it would never lead.  The cluster is made with
+`sync_interval: always` all the same.
 C names one function (`[functions] base_url` a port where nothing listens: no task is
 called).  The lease decides which instance leads; the other stands by, its client ports
 refusing connections (docs/ha.md).  Which one leads is asked of each health port's
@@ -125,8 +128,7 @@ class Instance:
                      "--config", config, "--http-port", self.http,
                      "--health-port", self.health, "--health-listen", HOST,
                      "--journal", cluster.urls, "--journal-name", NAME,
-                     "--journal-monitor", ",".join(n.monitor for n in cluster.nodes),
-                     "--journal-lease-ms", lease_ms]
+                     "--journal-lease-ms", lease_ms]      # (no --journal-monitor: see above)
         self.proc: Proc | None = None
         self.notes: list[str] = []
 
