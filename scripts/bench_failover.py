@@ -48,6 +48,10 @@ refusing connections (docs/ha.md).  Which one leads is asked of each health port
   (the two signals back to back, the clock read before them).  Then the node is started
   again and every replica of the journal stream and of the lease's KV stream must be
   current before the instance is started again.
+* In either kind a survivor that exits instead of leading (seen: exit 10, "cannot read
+  stream …: nats: timeout", when it claims the lease while NATS still elects the stream's
+  leader) is started again after 1 s, as the kubelet, systemd or scripts/ha-local would,
+  and the clock runs on: the figure includes its restart, and the table counts such exits.
 * Kind "sigterm", --restarts (10; 2; 1) times: SIGTERM of the leader, which hands over
   (docs/ha.md, "A rolling restart").  Figures: SIGTERM to the first INSERTED from the
   survivor, the longest gap between two consecutive answers the producer got around it
@@ -96,6 +100,7 @@ BODY = 100                              # bytes of a job
 PUT_BATCH = 1000
 TASK_BATCH = 1000                       # the API's largest array
 WARM_S, WARM_PUTS = 0.5, 20             # the producer's acknowledged puts before an event
+RESTART_S = 1.0                         # a survivor that exits is started again after this
 RESTORED = re.compile(r"restored ([\d,]+) jobs, ([\d,]+) tasks")
 KINDS = ("broker", "nats", "sigterm")
 COLUMN = "zstalk"
@@ -239,11 +244,6 @@ class Producer(threading.Thread):
                    or self.errors, "the producer's first puts", cap_s=cap_s)
         if self.errors or not self.is_alive():
             raise RuntimeError(f"the producer stopped: {self.errors}")
-
-    def finish(self, cap_s: float) -> None:
-        self.on_survivor.wait(cap_s)
-        self.halt.set()
-        self.join(cap_s)
 
     def first_on_survivor(self) -> float | None:
         return next((t for t, target, _, _ in self.acks if target == 1), None)
@@ -410,9 +410,10 @@ class Failover:
                 os.killpg(leader.proc.pid, signal.SIGKILL)
                 if node is not None:
                     os.killpg(node.proc.pid, signal.SIGKILL)
-            p.finish(self.a.cap)
+            sample["survivor_exits"] = self._await_survivor(p, survivor)
         finally:
             p.halt.set()
+            p.join(self.a.cap)
         first, gap = p.first_on_survivor(), p.longest_gap()
         sample.update(load1=load1(), acked=len(p.acks), unanswered=p.unanswered,
                       to_put_s=round(first - t0, 3) if first else None,
@@ -433,6 +434,22 @@ class Failover:
                                     f"{len(self.acked_tasks)}")
         self._restart(leader)
         return sample
+
+    def _await_survivor(self, p: Producer, survivor: Instance) -> list[str]:
+        """Until the producer's first put on the survivor, or the cap.  A survivor that
+        exits meanwhile is started again after RESTART_S, as whatever runs it would (the
+        kubelet, systemd, scripts/ha-local); what it said is returned."""
+        exits: list[str] = []
+        deadline = time.monotonic() + self.a.cap
+        while not p.on_survivor.wait(0.05) and time.monotonic() < deadline:
+            if survivor.proc is not None and not survivor.proc.alive():
+                said = survivor.proc.output().strip().splitlines()
+                exits.append(f"exit {survivor.proc.p.returncode}: {said[-1] if said else ''}")
+                survivor.crash()
+                log(f"  the survivor {exits[-1]}; starting it again in {RESTART_S:.0f} s")
+                time.sleep(RESTART_S)
+                survivor.start()
+        return exits
 
     def _after(self, kind: str, leader: Instance, survivor, node, sample: dict) -> None:
         """The old leader gone (exit 0 after SIGTERM); its NATS node, if killed, back."""
@@ -474,6 +491,7 @@ class Failover:
                 f"{s['to_put_s']} s, longest gap {s['longest_gap_s']} s, "
                 f"{s['unanswered']} unanswered, lost {s['lost']}"
                 + (f", NATS {s['nats_node']}" if "nats_node" in s else "")
+                + (f", survivor exits {s['survivor_exits']}" if s.get("survivor_exits") else "")
                 + (f" ERRORS {s['errors'][:2]}" if s["errors"] else ""))
 
     def _recover(self) -> None:
@@ -531,6 +549,10 @@ def build_table(run: Run, results: dict) -> Table:
     t.add("  puts left without an answer, per restart", per("sigterm", "unanswered"))
     t.add("  puts left without an answer, per kill -9", per("broker", "unanswered"))
     lost = [s.get("lost") for k in KINDS for s in results[k]]
+    for kind, what in (("broker", "kill -9"), ("nats", "kill -9 with the NATS stream leader")):
+        t.add(f"survivors that exited instead of leading ({what}; started again)",
+              {COLUMN: [sum(len(s.get("survivor_exits", ())) for s in results[kind])]
+                       if results[kind] else []})
     t.add("acknowledged puts lost, each event's producer (all events)",
           {COLUMN: [sum(x for x in lost if x is not None)] if lost else []},
           target=(COLUMN, "<=", 0, "0 lost"))
