@@ -7,7 +7,8 @@ skipped, with the reason, when git or pip cannot build it), scripts/bench_readme
 a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
-bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s."""
+bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s, bench_failover's (a NATS
+cluster, two instances, one kill of each kind, one of them a NATS node's) about 20 s."""
 from __future__ import annotations
 
 import glob
