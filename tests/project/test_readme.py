@@ -93,6 +93,8 @@ RUN_BY = {
     "# k8s/overlays/mine/kustomization.yaml": "test_the_kustomize_line_renders_the_readme_overlay",
     "curl -s http://127.0.0.1:8081/metrics": "test_the_metrics_example_runs_as_written",
     "nats-server -c nats.conf": "test_the_journal_example_keeps_a_job_through_a_kill_9",
+    "scripts/ha-local            # Ctrl-C": "tests/ha/test_ha_local.py (on free ports, a kill -9)",
+    "kubectl kustomize k8s/overlays/ha": "test_the_ha_overlay_renders_as_docs_ha_says",
     "max by (tube) (zstalk_tube_oldest_ready_age_seconds)":
         "tests/end_to_end/test_metrics_end_to_end.py (each query, on a real Prometheus)",
 }
@@ -502,6 +504,12 @@ def test_the_kustomize_line_renders_the_readme_overlay(shell):
     assert out.returncode == 0, out.stderr
     assert "image: registry.example.com/my-workers:1.0" in out.stdout
     assert "image: registry.example.com/zstalk:0.2.0" in out.stdout
+
+
+def test_the_ha_overlay_renders_as_docs_ha_says(shell):
+    out = shell.run(block("kubectl kustomize k8s/overlays/ha").text)
+    assert out.returncode == 0, out.stderr
+    assert "name: zstalk-nats\n" in out.stdout and "- --journal\n" in out.stdout
 
 
 def test_the_metrics_example_runs_as_written(shell):
