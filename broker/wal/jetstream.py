@@ -153,7 +153,7 @@ class JetStreamJournal:
             info = await S.open_stream(nc, self.opts, max_job_size)
             self.max_payload = nc.max_payload
             self.max_bytes = info.config.max_bytes or -1
-            self.sync_said = S.sync_checked(self.opts)
+            self.sync_said = S.sync_checked(self.opts, taking_over=bool(self.epoch))
             fold, self._warm = (self._warm() if self._warm else None), None
             if fold is not None:
                 log.info("journal: taking over warm: %d messages folded in while standing "

@@ -240,13 +240,24 @@ async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
                            f"bytes, above NATS's max_payload of {nc.max_payload}; lower -z or "
                            f"raise max_payload in the NATS servers' config", SETTINGS_EXIT)
     js = nc.jetstream(timeout=10)
-    try:
-        info = await js.stream_info(opts.stream)
-    except NotFoundError:
-        info = None
-    except Exception as exc:
-        raise JournalError(f"NATS at {', '.join(opts.urls)}: cannot read stream "
-                           f"{opts.stream}: {exc}") from None
+    loop = asyncio.get_running_loop()
+    until = loop.time() + opts.timeout_s
+    while True:
+        try:
+            info = await js.stream_info(opts.stream)
+            break
+        except NotFoundError:
+            info = None
+            break
+        except Exception as exc:
+            # no answer while NATS elects the stream's leader (its node died, maybe with
+            # the broker's machine): try again for --journal-timeout, as an append does
+            if not _electing(exc) or loop.time() > until:
+                raise JournalError(f"NATS at {', '.join(opts.urls)}: cannot read stream "
+                                   f"{opts.stream}: {exc}") from None
+            log.info("journal: stream %s does not answer (%s): NATS may be electing its "
+                     "leader; trying again", opts.stream, exc or type(exc).__name__)
+            await asyncio.sleep(RETRY_S)
     if info is None:
         info = await _make(js, opts, need)
         log.info("journal: made stream %s (%d replicas, file storage, discard new)",
@@ -259,6 +270,14 @@ async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
         log.warning("journal: stream %s has 1 replica: a local try, not high availability "
                     "(--journal-replicas 3)", opts.stream)
     return info
+
+
+def _electing(exc: BaseException) -> bool:
+    """Whether a refusal may pass once NATS has a stream leader: a timeout, no
+    responders (503), JetStream not ready or a stream without a leader yet."""
+    return isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or \
+        type(exc).__name__ in ("NoRespondersError", "TimeoutError") or \
+        getattr(exc, "code", None) == 503 or getattr(exc, "err_code", None) in (10008, 10074)
 
 
 async def _make(js, opts: Options, need: int, wait_s: float = 15.0):
@@ -284,25 +303,38 @@ def max_message(max_job_size: int) -> int:
     return wf.JOB_FIXED_SIZE + 200 + max_job_size + MESSAGE_OVERHEAD
 
 
-def sync_checked(opts: Options) -> str:
+def sync_checked(opts: Options, taking_over: bool = False) -> str:
     """The start line's word on `sync_interval: always`: verified through each
-    --journal-monitor's /varz, or said not to be (JournalError, exit 2, if one says
-    otherwise)."""
+    --journal-monitor's /varz that answers, or said not to be (JournalError, exit 2, if
+    one says otherwise).  A monitor that does not answer is skipped with a warning: a
+    NATS node may be down, the more so at a takeover, when it may have gone with the
+    leader's machine.  None answering refuses a first start (the setting could not be
+    checked at all) but not a takeover, which must not wait on a lost node."""
     if not opts.monitor:
         return "sync_interval not verified (--journal-monitor)"
     import urllib.request       # (only now: it loads http.client and email, ~10 ms)
+    answered = []
     for url in opts.monitor:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/varz", timeout=3) as r:
                 varz = json.load(r)
         except (OSError, ValueError) as exc:
-            raise JournalError(f"--journal-monitor {url}: {exc}") from None
+            log.warning("journal: --journal-monitor %s did not answer (%s): skipped", url, exc)
+            continue
         js = varz.get("jetstream", {}).get("config", {})
         if not js.get("sync_always"):
             raise JournalError(f"--journal-monitor {url}: the server does not fsync every "
                                f"write (sync_interval is not 'always'): NATS can lose "
                                f"acknowledged records in a crash", SETTINGS_EXIT)
-    return "sync_interval always"
+        answered.append(url)
+    if answered:
+        return "sync_interval always" + (
+            "" if len(answered) == len(opts.monitor) else
+            f" (on {len(answered)} of {len(opts.monitor)} monitors that answered)")
+    if not taking_over:
+        raise JournalError(f"--journal-monitor: none of {', '.join(opts.monitor)} answered: "
+                           f"sync_interval cannot be verified")
+    return "sync_interval not verified (no --journal-monitor answered at the takeover)"
 
 
 # -- reading it back ---------------------------------------------------------------------------

@@ -476,6 +476,30 @@ def test_journal_monitor_refuses_a_nats_that_does_not_fsync_every_write(name):
            "write" in done.stderr
 
 
+def test_journal_monitor_skips_a_monitor_that_does_not_answer_and_says_so(cluster, name):
+    dead = f"http://{LOOPBACK}:{free_port()}"         # (a NATS node lost: nothing listens)
+    server = serve(cluster.urls, name, "--journal-monitor",
+                   f"{cluster.nodes[0].monitor},{dead}").start()
+    try:
+        with RawClient(server.address, 10) as c:
+            c.send(b"put 0 0 60 5\r\nhello\r\n")
+            assert c.read_replies(1)[0].startswith(b"INSERTED")
+        said = server.output()
+        assert f"--journal-monitor {dead} did not answer" in said
+        assert "sync_interval always (on 1 of 2 monitors that answered)" in said
+    finally:
+        server.stop()
+
+
+def test_a_first_start_whose_monitors_all_fail_to_answer_is_refused_but_a_takeover_is_not():
+    from zstalk.broker.wal import stream as S
+    opts = S.Options(urls=("nats://127.0.0.1:4222",), monitor=(
+        f"http://{LOOPBACK}:{free_port()}",))
+    with pytest.raises(S.JournalError, match="cannot be verified"):
+        S.sync_checked(opts)
+    assert "not verified" in S.sync_checked(opts, taking_over=True)
+
+
 def test_a_max_job_size_above_max_payload_exits_2(cluster, name):
     done = run_zstalk("serve", "-p", str(free_port()), "--counter-port", "0", "--worker-bind",
                       "none", "-z", "2000000", "--journal", cluster.urls, "--journal-name", name)

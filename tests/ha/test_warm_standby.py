@@ -169,6 +169,31 @@ def test_a_standby_goes_on_following_after_the_stream_s_nats_leader_is_killed(na
                 b.stop()
 
 
+def test_the_leader_killed_with_the_stream_s_nats_leader_is_replaced_by_a_standby_that_waits(
+        name):
+    """The leader's machine lost with the NATS node that led its stream: the standby
+    claims the lease while NATS still elects (4 to 9 s), waits for the stream to answer
+    (--journal-timeout, 30 s) instead of exiting, and leads with every job."""
+    needs_nats_server()
+    with Cluster(3) as own:
+        a, b = Instance(own.urls, name).launch(), None
+        try:
+            assert wait_for(lambda: answers(a.address), LEAD_S, 0.05), a.output()
+            ids = put_many(a.address, 300)
+            b = Instance(own.urls, name).launch()
+            assert wait_for(lambda: caught_up(b, a), LEAD_S, 0.1), (b.leader(), b.output())
+            node = wait_stream_leader(own, f"ZSTALK_{name}")
+            a.kill()
+            node.kill()
+            first_answer_after(b.address, time.monotonic(), 30.0)
+            assert b.process.poll() is None, b.output()
+            assert set(job_map(b.address, max(ids) + 1)) == set(ids)
+        finally:
+            a.stop()
+            if b is not None:
+                b.stop()
+
+
 def test_a_standby_up_longer_than_the_grace_keeps_a_held_job_from_the_takeover_on(
         cluster, name):
     """The grace timers count from the takeover, not from the standby's start, however
