@@ -1,4 +1,5 @@
-"""The front's broker link while no broker answers: held commands are bounded and time out."""
+"""The front's broker link while no broker answers: held commands are bounded and time out;
+and with several brokers, how it finds the one that leads."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,9 @@ import zmq
 
 from zstalk.protocol.links.zeromq import BrokerLink
 from zstalk.protocol.links.owner import LinkOwner
-from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding, Op,
-                                    R, Settings, Stopping, Welcome, decode, encode)
+from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding,
+                                    NotLeader, Op, R, Settings, Stopping, Welcome, decode,
+                                    encode)
 
 
 class Recorder(LinkOwner):
@@ -226,3 +228,80 @@ def test_a_batch_that_finds_no_connection_loses_the_broker_and_its_commands_are_
         assert owner.lost == 1 and link.state == "connecting"
         assert link.sock is not unusable and unusable.closed
     run_with_link(tmp_path, body, owner=Forgetful())
+
+
+# -- several brokers: a standby's NotLeader (docs/ha.md) ----------------------------------
+def _router(endpoint: str) -> zmq.Socket:
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    return router
+
+
+def test_a_link_told_not_leader_goes_to_the_leader_it_names_at_once(tmp_path):
+    standby, leader = _router(f"ipc://{tmp_path}/standby"), _router(f"ipc://{tmp_path}/leader")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/standby", "beanstalk", Recorder(), keys=None)
+        link.start()
+        try:
+            peer, hello = await _receive(standby)
+            assert isinstance(hello, Hello)
+            told = time.monotonic()
+            standby.send_multipart([peer, encode(NotLeader(f"ipc://{tmp_path}/leader", 2))])
+            peer, hello = await _receive(leader)
+            took = time.monotonic() - told
+            assert isinstance(hello, Hello) and took < PEER_TIMEOUT_S / 2, took
+            leader.send_multipart([peer, encode(Welcome(7, 9, Settings(), True))])
+            until = time.monotonic() + 5
+            while link.state != "ready" and time.monotonic() < until:
+                await asyncio.sleep(0.01)
+            assert link.state == "ready" and link.endpoint == f"ipc://{tmp_path}/leader"
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        standby.close()
+        leader.close()
+
+
+def test_a_standby_that_knows_no_leader_is_asked_again_shortly_not_after_a_timeout(tmp_path):
+    standby = _router(f"ipc://{tmp_path}/standby")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/standby,ipc://{tmp_path}/other", "pool",
+                          Recorder(), keys=None)
+        link.start()
+        try:
+            for _ in range(3):
+                peer, hello = await _receive(standby, timeout_s=1.0)
+                assert isinstance(hello, Hello)
+                standby.send_multipart([peer, encode(NotLeader("", 1))])
+            assert link.state == "connecting" and link.endpoint == f"ipc://{tmp_path}/standby"
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        standby.close()
+
+
+def test_a_link_whose_first_broker_does_not_answer_says_hello_to_the_next(tmp_path):
+    broker = _router(f"ipc://{tmp_path}/second")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/nobody,ipc://{tmp_path}/second", "http",
+                          Recorder(), keys=None)
+        started = time.monotonic()
+        link.start()
+        try:
+            _, hello = await _receive(broker, timeout_s=PEER_TIMEOUT_S + 3.0)
+            assert isinstance(hello, Hello)
+            assert time.monotonic() - started < PEER_TIMEOUT_S + 3.0
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        broker.close()
