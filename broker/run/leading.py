@@ -20,9 +20,13 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import time
 
 from ..wal import stream as S
-from ..wal.lease import Lease
+from ..wal.lease import RENEW_S, Lease
+
+#: a lease not renewed for this long names no leader to a standby's peers (pointer)
+FRESH_S = 4 * RENEW_S
 
 
 class Leadership:
@@ -47,6 +51,18 @@ class Leadership:
         if h is None:
             return "standby: claiming the lease"
         return f"standby: instance {h.instance} leads (epoch {h.epoch})"
+
+    def pointer(self) -> tuple[str, int]:
+        """Where the leader is reached, for a standby's NotLeader (broker/standby.py): its
+        --advertise address and epoch; "" while none is known: no lease seen, none
+        advertised, this instance taking over, or no renewal seen for FRESH_S (it is
+        likely gone, and its address would send a link back to a dead broker)."""
+        w = self.lease.watch
+        h = w.holder
+        if self.lease.won.done() or h is None or h.instance == self.instance \
+                or not h.advertise or time.monotonic() - w.changed > FRESH_S:
+            return "", w.epoch
+        return h.advertise, h.epoch
 
     def leading(self) -> str | None:
         """/leader once the core is built: None while this one leads."""
