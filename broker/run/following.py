@@ -5,7 +5,8 @@ instance (a Kubernetes Service in front of them all).
 While the instance stands by (leading.py):
   * its `Door` (broker/standby.py) binds --worker-bind and tells every peer that says
     Hello where the leader is (NotLeader, its --advertise address from the lease);
-  * its beanstalk and counter fronts listen on the client ports already, and their links
+  * its beanstalk, counter and HTTP fronts listen on the client ports already (its
+    dispatcher starts only once it leads), and their links
     (protocol/links/zeromq.py) ask this instance's own --advertise address first: the door
     sends them on to the leader, and after losing that leader they ask it again, so they
     follow every later one too.  While none answers, what clients send is held up to
@@ -34,6 +35,7 @@ import logging
 from .fronts import RunningFront, beanstalk_front, counter_front, start_front
 from .options import ServeOptions, no_endpoint
 from ...protocol.links import relink
+from ...protocol.links.owner import READY
 from ...protocol.network import curve
 
 log = logging.getLogger("zstalk.broker")
@@ -56,26 +58,41 @@ def cannot_follow(opts: ServeOptions) -> str | None:
 
 
 class Following:
-    """The door and the fronts of an instance standing by (module comment)."""
+    """The door and the fronts of an instance standing by (module comment): `fronts` the
+    beanstalk and counter ones with their servers, `http` the HTTP front (or None)."""
 
-    def __init__(self, door, fronts: list[RunningFront]) -> None:
+    def __init__(self, door, fronts: list[RunningFront], http=None) -> None:
         self.door = door
         self.fronts = fronts
+        self.http = http
 
     async def take_over(self, actor, address: str) -> list[RunningFront]:
         """This instance leads: the fronts go to `address` (its broker's mailbox), the
         actor serves on the door's socket; the fronts, for serve.py."""
-        await _until_not_holding(self.fronts)
-        for running in self.fronts:
-            relink(running.front, address, JOURNAL_HOLD_S)
+        owners = [running.front for running in self.fronts] + [self.http] * bool(self.http)
+        await _until_not_holding(owners)
+        for owner in owners:
+            relink(owner, address, JOURNAL_HOLD_S)
         if self.door is not None:
             actor.adopt(*self.door.hand_over())
         return self.fronts
 
-    def close(self) -> None:
+    def ready(self, standing_by):
+        """/readyz while standing by: ready once the beanstalk front reaches the leader
+        (clients can be served here: a Service may send them), else `standing_by()`'s
+        reason."""
+        def ready() -> str | None:
+            if self.fronts and self.fronts[0].front.link.state is READY:
+                return None
+            return standing_by()
+        return ready
+
+    async def close(self) -> None:
         """It stops without having led."""
         for running in self.fronts:
             running.close()
+        if self.http is not None:
+            await self.http.close()
         if self.door is not None:
             self.door.close()
 
@@ -96,14 +113,20 @@ async def stand_by(opts: ServeOptions, pointer, listeners, counter_listeners) ->
     if counter_listeners:
         fronts.append(await start_front(counter_front(
             leader, opts.counter_max_connections, JOURNAL_HOLD_S), counter_listeners))
+    http = None
+    if opts.http_listeners:
+        from ...protocol.fronts.http.front import HttpFront
+        http = HttpFront(leader, master_key=opts.master_key, limits=opts.http_limits,
+                         tls=opts.http_tls(), hold_s=JOURNAL_HOLD_S)
+        await http.start(opts.http_listeners)
     log.info("standing by: clients are served through the leader (asking %s)", leader)
-    return Following(door, fronts)
+    return Following(door, fronts, http)
 
 
-async def _until_not_holding(fronts: list[RunningFront]) -> None:
+async def _until_not_holding(owners: list) -> None:
     """Give a link that holds for a stopping leader its final Stopping (bounded)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + HOLDING_WAIT_S
     while loop.time() < until and any(
-            getattr(r.front.link, "state", None) == _HOLDING for r in fronts):
+            getattr(owner.link, "state", None) == _HOLDING for owner in owners):
         await asyncio.sleep(0.02)

@@ -19,7 +19,7 @@ With --journal the instance first stands by (leading.py): its health port answer
 the start (/leader and /readyz 503 with the reason), and the broker is built, the stream
 replayed, only once the lease is its own; a graceful stop then releases the lease.
 Meanwhile (following.py) its worker endpoint tells peers where the leader is, and its
-beanstalk and counter fronts serve clients through the leader, wherever it runs; at
+fronts serve clients through the leader, wherever it runs; at
 takeover they move to the broker beside them.  An instance with no worker endpoint keeps
 its client ports bound but not listening (a connection is refused, not queued).
 
@@ -125,15 +125,17 @@ async def _lead(make, config, listeners, counter_listeners, opts: ServeOptions):
     if code is not None:
         lead.hand_over(None)
         return _closed(probes, None, code)
+    if probes is not None:
+        probes.ready = follow.ready(lead.standing_by)
     epoch = await lead.until_leading(stop)
     if epoch is None:
-        follow.close()
+        await follow.close()
         lead.hand_over(None)
         return _closed(probes, None, 0)
     actor = await asyncio.to_thread(make, lead.journal_options(epoch),
                                     config._replace(recovering=epoch > 1))
     if isinstance(actor, int):
-        follow.close()
+        await follow.close()
         lead.hand_over(None)
         return _closed(probes, None, actor)
     lead.keep(actor, loop)
@@ -191,7 +193,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
     if counter_listeners and not followed:
         fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
-    tasks = await _start_tasks(address, opts)
+    tasks = await _start_tasks(address, opts, follow.http if follow is not None else None)
     code = _bind_workers(actor, opts) if follow is None or follow.door is None else None
     if code is None and probes is not None:
         probes.ready, probes.leader = (lambda: None), leader
@@ -251,10 +253,11 @@ async def load_on_a_thread(modules: list[str]) -> None:
         sys.setswitchinterval(interval)
 
 
-async def _start_tasks(address: str, opts: ServeOptions) -> list:
-    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then)."""
-    started = []
-    if opts.http_listeners:
+async def _start_tasks(address: str, opts: ServeOptions, http=None) -> list:
+    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then);
+    `http`: the HTTP front a standby started already (following.py)."""
+    started = [http] if http is not None else []
+    if opts.http_listeners and http is None:
         from ...protocol.fronts.http.front import HttpFront
         front = HttpFront(address, master_key=opts.master_key, limits=opts.http_limits,
                           tls=opts.http_tls())

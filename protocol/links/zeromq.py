@@ -145,6 +145,8 @@ class BrokerLink:
         """A fresh socket saying Hello to `endpoint` (by default the one asked last)."""
         if endpoint is not None:
             self.endpoint = endpoint
+            if endpoint in self.endpoints:      # (a leader named that is in the list: after
+                self._listed = self.endpoints.index(endpoint)   # it, the next one)
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
