@@ -37,6 +37,14 @@ MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
 HTTP_PORT = 8080                # the HTTP task API's default port
 WORKER_ENDPOINT = "tcp://127.0.0.1:11400"   # where `zstalk worker` looks by default
+def hold_default(ctx, param, value):
+    """--hold-s: 5 s for one broker; 15 s for a journal's instances, whose failover takes
+    up to ~12 s when NATS elects a leader too (docs/ha.md)."""
+    if value is not None:
+        return value
+    return 15.0 if "," in (ctx.params.get("broker_ep") or "") else 5.0
+
+
 BROKER_HELP = ("The broker's endpoint, or the endpoints of a journal's instances, comma-"
                "separated: the link goes to whichever leads (docs/ha.md).")
 BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
@@ -594,8 +602,9 @@ def front():
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0, help="0: no limit.")
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long commands wait for an unreachable broker before INTERNAL_ERROR. "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option
@@ -617,8 +626,9 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0,
               help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long requests wait for an unreachable broker (Acquire never waits).")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long requests wait for an unreachable broker (Acquire never waits). "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option
@@ -642,8 +652,9 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
 @pass_key_option
 @http_options("")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long requests wait for an unreachable broker before a 503.")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long requests wait for an unreachable broker before a 503. "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option

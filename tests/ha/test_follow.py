@@ -7,7 +7,8 @@ each with a worker endpoint (--worker-bind, advertised in the lease).
     standby's first, is sent on to the leader;
   * kill -9 of the leader: the same client connection goes on once the standby leads; a
     command in flight at the loss may be answered INTERNAL_ERROR (never replayed), the
-    next ones are held and answered by the new leader; nothing acknowledged is lost;
+    next ones are held and answered by the new leader; the session keeps the job it had
+    reserved; nothing acknowledged is lost;
   * a worker pool given both instances (`--broker standby,leader`) is sent on to the
     leader, works its jobs, and after kill -9 of the leader works the new one's;
   * a raw peer of schema version 5 gets nothing from a standby (a version-6 peer is told
@@ -98,6 +99,8 @@ def test_kill_9_of_the_leader_the_standbys_client_goes_on_on_its_connection(clus
     try:
         with greenstalk.Client(b.address, encoding=None) as c:
             acked = {c.put(b"before %d" % i): b"before %d" % i for i in range(20)}
+            held = c.reserve(timeout=10)                # (kept for this connection)
+            del acked[held.id]
             killed = time.monotonic()
             a.kill()
             job_id, failed = put_until_acknowledged(c, b"after", LEAD_S)
@@ -109,6 +112,7 @@ def test_kill_9_of_the_leader_the_standbys_client_goes_on_on_its_connection(clus
                   f"connection: {took:.2f} s ({failed} INTERNAL_ERROR)")
             assert failed <= 1, "only the command in flight at the loss may fail"
             assert took < 10.0, took
+            c.delete(held)              # the session came back with the job it held
             said = c.stats()
             assert said["journal-role"] == "leader" and said["journal-epoch"] == 2, said
             got = {}
