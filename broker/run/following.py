@@ -104,8 +104,9 @@ async def stand_by(opts: ServeOptions, pointer, listeners, counter_listeners) ->
     if not no_endpoint(opts.worker_bind):
         door = Door([opts.worker_bind], pointer).start()
     why = cannot_follow(opts)
-    if why is not None:
-        log.warning("standing by: clients are refused until this instance leads (%s)", why)
+    if why is not None:         # (no worker endpoint is a choice; missing keys a mistake)
+        (log.info if door is None else log.warning)(
+            "standing by: clients are refused until this instance leads (%s)", why)
         return Following(door, [])
     leader = opts.journal.advertise
     fronts = [await start_front(beanstalk_front(leader, opts.max_connections,

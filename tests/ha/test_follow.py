@@ -205,13 +205,13 @@ def test_a_peer_of_schema_version_5_gets_nothing_from_a_standby_and_works_with_t
 
 def test_a_zstalk_broker_standing_by_tells_peers_where_the_leader_is(cluster, name):
     a = Followed(cluster.urls, name).launch()
+    assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
     endpoint = f"tcp://{LOOPBACK}:{free_port()}"
     broker = subprocess.Popen([find_zstalk(), "broker", "--bind", endpoint, "--journal",
                                cluster.urls, "--journal-name", name],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
         assert wait_for(lambda: hello(endpoint, 6, 1.0) == [6, NOT_LEADER, a.worker, 1],
                         LEAD_S, 0.1)
         broker.send_signal(signal.SIGTERM)
