@@ -3,13 +3,14 @@ and with several brokers, how it finds the one that leads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import zmq
 
 from zstalk.protocol.links.zeromq import BrokerLink
 from zstalk.protocol.links.owner import LinkOwner
-from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding,
+from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Batch, Heartbeat, Hello, Holding,
                                     NotLeader, Op, R, Settings, Stopping, Welcome, decode,
                                     encode)
 
@@ -305,3 +306,70 @@ def test_a_link_whose_first_broker_does_not_answer_says_hello_to_the_next(tmp_pa
         asyncio.run(main())
     finally:
         broker.close()
+
+
+# -- relink: a standby's fronts move to the broker beside them at takeover ------------------
+class Moved(Recorder):
+    lost = 0
+
+    def on_lost(self) -> None:
+        self.lost += 1
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    until = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < until, "it did not happen"
+        await asyncio.sleep(0.01)
+
+
+def _relink_case(tmp_path, welcomed: bool) -> Moved:
+    """An owner on a link to a fake broker (welcomed or not) sends a command, is relinked
+    to a real broker actor in this process, then sends another."""
+    from zstalk.broker.actor import BrokerActor
+    from zstalk.broker.core.broker import Config
+    from zstalk.protocol.links import relink
+    router = _router(f"ipc://{tmp_path}/old")
+    owner = Moved()
+
+    async def main():
+        owner.link = BrokerLink(f"ipc://{tmp_path}/old", "beanstalk", owner, keys=None)
+        owner.link.start()
+        peer, _ = await _receive(router)
+        if welcomed:
+            router.send_multipart([peer, encode(Welcome(7, 9, Settings(), True))])
+            await _until(lambda: owner.link.state == "ready")
+        owner.link.submit((int(Op.OPEN), 1))
+        owner.link.submit((int(Op.LIST_TUBE_USED), 1))
+        owner.link.flush_now()
+        if welcomed:
+            assert isinstance((await _receive(router))[1], Batch)    # the old one has it
+        actor = BrokerActor(None, Config(), keys=None)
+        actor.start()
+        try:
+            relink(owner, actor.expose(f"relink-{os.getpid()}-{welcomed}"))
+            owner.link.submit((int(Op.OPEN), 2))
+            owner.link.submit((int(Op.LIST_TUBE_USED), 2))
+            await _until(lambda: any(r[0] == 2 for r in owner.replies))
+            await asyncio.sleep(0.05)
+        finally:
+            owner.link.close()
+            actor.close()
+    try:
+        asyncio.run(main())
+    finally:
+        router.close()
+    return owner
+
+
+def test_relinked_what_the_lost_broker_had_is_the_owners_to_fail_and_nothing_is_resent(
+        tmp_path):
+    owner = _relink_case(tmp_path, welcomed=True)
+    assert owner.lost == 1
+    assert [r[:2] for r in owner.replies] == [(2, R.USING)], "conn 1's command never resent"
+
+
+def test_relinked_what_was_held_goes_to_the_new_broker_once(tmp_path):
+    owner = _relink_case(tmp_path, welcomed=False)
+    assert owner.lost == 0
+    assert [r[:2] for r in owner.replies] == [(1, R.USING), (2, R.USING)]
