@@ -8,7 +8,7 @@ each with a worker endpoint (--worker-bind, advertised in the lease).
   * kill -9 of the leader: the same client connection goes on once the standby leads; a
     command in flight at the loss may be answered INTERNAL_ERROR (never replayed), the
     next ones are held and answered by the new leader; the session keeps the job it had
-    reserved; nothing acknowledged is lost;
+    reserved; nothing acknowledged is lost; SIGTERM of the leader fails no command;
   * a worker pool given both instances (`--broker standby,leader`) is sent on to the
     leader, works its jobs, and after kill -9 of the leader works the new one's;
   * a raw peer of schema version 5 gets nothing from a standby (a version-6 peer is told
@@ -125,6 +125,36 @@ def test_kill_9_of_the_leader_the_standbys_client_goes_on_on_its_connection(clus
                 got[job.id] = job.body
             assert got == acked, "an acknowledged job was lost"
         assert b.leads()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_sigterm_of_the_leader_fails_no_command_of_the_standbys_client(cluster, name):
+    a, b = leader_and_follower(cluster, name)
+    try:
+        with greenstalk.Client(b.address, encoding=None) as c:
+            acked = {c.put(b"before"): b"before"}
+            stopped = time.monotonic()
+            a.signal(signal.SIGTERM)
+            slowest = 0.0
+            while a.running or not b.leads():       # (every put answered, none failed)
+                began = time.monotonic()
+                acked[c.put(b"during")] = b"during"
+                slowest = max(slowest, time.monotonic() - began)
+                assert time.monotonic() - stopped < LEAD_S, "the standby never led"
+            acked[c.put(b"after")] = b"after"
+            print(f"\nSIGTERM of the leader -> the slowest put on the standby's connection: "
+                  f"{slowest:.2f} s")
+            assert a.process.wait(10) == 0
+            got = {}
+            while True:
+                try:
+                    job = c.reserve(timeout=0)
+                except greenstalk.TimedOutError:
+                    break
+                got[job.id] = job.body
+            assert got == acked
     finally:
         a.stop()
         b.stop()
