@@ -12,6 +12,9 @@
     zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
 
+`--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
+whichever leads (protocol/links/zeromq.py).
+
 Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
 before any of them are loaded.
 """
