@@ -466,14 +466,13 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     lead = door = None
     if journal is not None:     # it stands by until the lease is its own (leading.py)
         lead, wal, config, door = stand_by(
-            journal._replace(advertise=journal.advertise or bind), config, bind)
+            journal._replace(advertise=journal.advertise or bind), config, [bind, *also_bind])
     try:
         actor = BrokerActor(None if door else bind, config, binlog=wal,
                             also_bind=() if door else tuple(also_bind),
                             config_path=config_path, metrics_top=health.metrics_top)
         if door is not None:        # (its socket, and the peers that came meanwhile)
             actor.adopt(*door.hand_over())
-            actor.bind(*also_bind)
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)
@@ -504,9 +503,10 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         sys.exit(actor.exit_code)
 
 
-def stand_by(journal, config, bind: str):
-    """`zstalk broker --journal`: wait (blocking) until the lease is ours, `bind` telling
-    peers where the leader is meanwhile (broker/standby.py); then (the leadership, the
+def stand_by(journal, config, endpoints: list[str]):
+    """`zstalk broker --journal`: wait (blocking) until the lease is ours, `endpoints`
+    telling peers where the leader is meanwhile (broker/standby.py; the supervised
+    fronts of `zstalk serve --fronts N` too, so they follow it); then (the leadership, the
     journal's options with its epoch, the config, recovering after an earlier leader,
     the door whose socket the actor adopts)."""
     from .leading import Leadership
@@ -520,7 +520,7 @@ def stand_by(journal, config, bind: str):
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(exc.code)
     try:
-        door = Door([bind], lead.pointer).start()
+        door = Door(endpoints, lead.pointer).start()
     except BindError as exc:
         lead.hand_over(None)
         click.echo(f"zstalk broker: cannot bind {exc}", err=True)
