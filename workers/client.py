@@ -11,8 +11,8 @@ so a late reply can never be taken for the answer to the next call.
 `broker` may list several endpoints, comma-separated (the instances of one journal,
 docs/ha.md): Hello goes to one at a time, each given PEER_TIMEOUT_S to answer within the
 call's timeout_s.  A standby answers NotLeader, naming the leader (go there at once) or
-none yet (ask it again after NOT_LEADER_RETRY_S); an endpoint that does not answer makes
-the client try the next.  Only the Hello is ever retried elsewhere: a call sent to a
+none yet (ask it again after NOT_LEADER_RETRY_S, for up to NOT_LEADER_STAY_S); an
+endpoint that does not answer makes the client try the next.  Only the Hello is ever retried elsewhere: a call sent to a
 leader that then went silent raises TimeoutError as with one broker (it may have run).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import zmq
 
-from ..protocol.links.zeromq import NOT_LEADER_RETRY_S, endpoints_of
+from ..protocol.links.zeromq import NOT_LEADER_RETRY_S, NOT_LEADER_STAY_S, endpoints_of
 from ..protocol.network import curve
 from ..protocol.network.curve import FROM_ENV
 from ..protocol.schema import (PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hello, NotLeader, Op,
@@ -195,6 +195,7 @@ class Client:
             return
         deadline = time.monotonic() + self.timeout_s
         endpoint, several = self.endpoints[self.listed], len(self.endpoints) > 1
+        asked_at = time.monotonic()         # (when `endpoint` was first asked)
         while True:
             wait = min(deadline, time.monotonic() + PEER_TIMEOUT_S) if several else deadline
             try:
@@ -202,19 +203,23 @@ class Client:
             except TimeoutError:
                 if not several or time.monotonic() >= deadline:
                     raise
-                self.listed = (self.listed + 1) % len(self.endpoints)
-                endpoint = self.endpoints[self.listed]
-                continue
-            if told is None:
-                return
-            if told.leader and told.leader != endpoint:
-                curve.check_local(told.leader, self.keys, "client")
-                endpoint = told.leader
-            elif time.monotonic() + NOT_LEADER_RETRY_S < deadline:
-                time.sleep(NOT_LEADER_RETRY_S)
+                told = None
             else:
+                if told is None:
+                    return
+            if told is not None and told.leader and told.leader != endpoint:
+                curve.check_local(told.leader, self.keys, "client")
+                endpoint, asked_at = told.leader, time.monotonic()
+                continue
+            if time.monotonic() + NOT_LEADER_RETRY_S >= deadline:
                 raise TimeoutError(f"no leader among the brokers at {self.broker} within "
                                    f"{self.timeout_s} s")
+            # silent, or a standby that has known no leader for long: the next endpoint
+            if told is None or several and time.monotonic() - asked_at > NOT_LEADER_STAY_S:
+                self.listed = (self.listed + 1) % len(self.endpoints)
+                endpoint, asked_at = self.endpoints[self.listed], time.monotonic()
+            else:
+                time.sleep(NOT_LEADER_RETRY_S)  # (a standby that knows no leader yet)
 
     def _hello(self, endpoint: str, deadline: float) -> NotLeader | None:
         """Hello to `endpoint`: None once welcomed (the socket kept), or a standby's

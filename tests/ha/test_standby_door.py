@@ -97,3 +97,21 @@ def test_a_door_hands_its_socket_over_and_a_hello_waiting_there_is_welcomed(door
             thread.join(5)
     finally:
         sock.close()
+
+
+def test_a_producer_given_a_silent_endpoint_and_a_standby_reaches_the_leader_through_them():
+    from zstalk.broker.testing import LocalBroker
+    from zstalk.workers import Client
+    leader = LocalBroker()
+    door = Door([f"tcp://{LOOPBACK}:{free_port()}"], lambda: (leader.endpoint, 2),
+                ctx=leader.ctx, keys=None).start()
+    nobody = f"tcp://{LOOPBACK}:{free_port()}"
+    try:
+        with Client(f"{nobody},{door.endpoints[0]}", timeout_s=10, ctx=leader.ctx) as c:
+            started = time.monotonic()
+            job_id = c.put(b"sent on")
+            assert time.monotonic() - started < 5.0     # (2 s on the silent one at most)
+            assert c.peek(job_id) == (job_id, b"sent on")
+    finally:
+        door.close()
+        leader.close()
