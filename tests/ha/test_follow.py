@@ -4,7 +4,7 @@ each with a worker endpoint (--worker-bind, advertised in the lease).
 
   * a greenstalk client connected to the standby instance puts and reserves through it
     (its fronts reach the leader across ZeroMQ); a producer given both endpoints, the
-    standby's first, is sent on to the leader;
+    standby's first, is sent on to the leader; its HTTP front answers through the leader;
   * kill -9 of the leader: the same client connection goes on once the standby leads; a
     command in flight at the loss may be answered INTERNAL_ERROR (never replayed), the
     next ones are held and answered by the new leader; the session keeps the job it had
@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import greenstalk
@@ -81,6 +82,28 @@ def test_a_greenstalk_client_of_the_standby_puts_and_reserves_through_it(cluster
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_standbys_http_front_answers_through_the_leader(cluster, name, tmp_path):
+    config = tmp_path / "zstalk.toml"
+    config.write_text(f'[functions.f]\nurl = "http://{LOOPBACK}:9/fn/f"\n')
+    ports = [free_port(), free_port()]
+    a = Followed(cluster.urls, name, "--config", str(config), "--http-port", str(ports[0]))
+    a.launch()
+    b = None
+    try:
+        assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
+        b = Followed(cluster.urls, name, "--config", str(config), "--http-port", str(ports[1]))
+        b.launch()
+        assert wait_for(lambda: b.stands_by_for(a) and answers(b.address), LEAD_S, 0.05), \
+            b.output()
+        url = f"http://{LOOPBACK}:{ports[1]}/v1/functions/f"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200 and json.load(r)["name"] == "f"
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
 
 
 def put_until_acknowledged(c: greenstalk.Client, body: bytes, limit_s: float) -> tuple[int, int]:
