@@ -68,6 +68,7 @@ from ..protocol.schema import (HEARTBEAT_S, SCHEMA_VERSION, Fenced, Holding, Sch
 from .core.broker import Broker, Config, Front
 from .core.beanstalk.stats import SysInfo
 from .metrics import DEFAULT_TOP, BrokerMetrics
+from .router import BindError, Router, bind_router, open_router  # noqa: F401 (BindError: run/)
 
 log = logging.getLogger("zstalk.broker")
 _MAX_MESSAGES_PER_TURN = 4    # then reply: fronts overlap their work with ours
@@ -85,10 +86,6 @@ _HOLDING_KINDS = frozenset({"beanstalk", "counter", "http", "dispatcher", "pool"
 # libzmq's option and flag numbers as plain ints (zmq.h; stable across versions): pyzmq's
 # enum arithmetic costs microseconds on the hot path, and zmq need not be imported yet
 _EVENTS, _RCVMORE, _POLLIN, _NOBLOCK, _SNDMORE = 15, 13, 1, 1, 2
-
-
-class BindError(Exception):
-    """An endpoint the broker cannot bind (in use, bad address): exit 111."""
 
 
 class BrokerActor:
@@ -160,35 +157,31 @@ class BrokerActor:
         self._zmq = zmq
         if self.sock is None:
             self.ctx = self.ctx or zmq.Context.instance()
-            self.sock = self.ctx.socket(zmq.ROUTER)
-            # with CURVE no handover: a peer with a valid key of its own must not take
-            # over another's connection (its identity) and receive what is sent to it
-            handover = 0 if self.keys is not None else 1
-            for opt, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.ROUTER_HANDOVER, handover),
-                               (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.LINGER, 0)):
-                self.sock.setsockopt(opt, value)
-            networks = curve.accepted_networks()
-            if networks:
-                curve.accept_only(self.sock, networks)
-                log.info("TCP connections taken from %s only", ", ".join(networks))
-            if self.keys is not None:
-                self.admitted = curve.Admitted(self.keys.clients, curve.RefusalLog())
-                self.auth = curve.start_authenticator(self.ctx, self.admitted)
-                curve.secure_server(self.sock, self.keys)
-                self._watch_refusals()
-                log.info("CURVE on: %d client keys admitted from %s", len(self.admitted.keys),
-                         self.keys.clients)
-            if self.loop is not None:
-                self._watch_socket()
+            self._take(open_router(self.ctx, self.keys))
         for endpoint in endpoints:    # e.g. TCP for worker pools beside ipc://
-            curve.check_local(endpoint, self.keys, "broker")
-            try:
-                self.sock.bind(endpoint)
-            except zmq.ZMQError as exc:
-                raise BindError(f"{endpoint}: {os.strerror(exc.errno)}") from exc
-            bound = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-            self.endpoints.append(bound)
-            self.endpoint = self.endpoint or bound
+            self._took(bind_router(self.sock, endpoint, self.keys))
+
+    def adopt(self, router: "Router", endpoints: list[str]) -> None:
+        """Serve on a socket a standby's door made and bound (standby.py): the peers that
+        connected while it stood by stay connected, and what they sent meanwhile is read
+        now."""
+        import zmq
+        self._zmq = zmq
+        self.ctx = self.ctx or zmq.Context.instance()
+        self._take(router)
+        for bound in endpoints:
+            self._took(bound)
+
+    def _take(self, router: "Router") -> None:
+        self.sock, self.admitted, self.auth = router
+        if self.keys is not None:
+            self._watch_refusals()
+        if self.loop is not None:
+            self._watch_socket()
+
+    def _took(self, bound: str) -> None:
+        self.endpoints.append(bound)
+        self.endpoint = self.endpoint or bound
 
     def _watch_refusals(self) -> None:
         """With CURVE, say which peers are refused and why (protocol/links/handshakes.py)."""

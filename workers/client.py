@@ -7,6 +7,13 @@ broker drops a front silent for PEER_TIMEOUT_S and answers it `Fenced`: an idle 
 then says Hello again under a new incarnation and resends the batch, which is safe
 because the broker executed none of a fenced batch.  A timeout throws the socket away,
 so a late reply can never be taken for the answer to the next call.
+
+`broker` may list several endpoints, comma-separated (the instances of one journal,
+docs/ha.md): Hello goes to one at a time, each given PEER_TIMEOUT_S to answer within the
+call's timeout_s.  A standby answers NotLeader, naming the leader (go there at once) or
+none yet (ask it again after NOT_LEADER_RETRY_S, for up to NOT_LEADER_STAY_S); an
+endpoint that does not answer makes the client try the next.  Only the Hello is ever retried elsewhere: a call sent to a
+leader that then went silent raises TimeoutError as with one broker (it may have run).
 """
 from __future__ import annotations
 
@@ -18,10 +25,11 @@ from typing import Any, Iterable
 
 import zmq
 
+from ..protocol.links.zeromq import NOT_LEADER_RETRY_S, NOT_LEADER_STAY_S, endpoints_of
 from ..protocol.network import curve
 from ..protocol.network.curve import FROM_ENV
-from ..protocol.schema import (SILENT_OPS, Batch, Fenced, Hello, Op, R, Replies, SchemaError,
-                               Settings, Welcome, decode, encode)
+from ..protocol.schema import (PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Hello, NotLeader, Op,
+                               R, Replies, SchemaError, Settings, Welcome, decode, encode)
 from . import codecs
 from .codecs import Codec
 from .errors import ZstalkError, tube_name
@@ -43,8 +51,11 @@ class Client:
         if not 0 < timeout_s < math.inf:
             raise ValueError(f"timeout_s must be a number of seconds above 0, not {timeout_s!r}")
         self.keys = curve.given_or_env(keys)
-        curve.check_local(broker, self.keys, "client")
+        self.endpoints = endpoints_of(broker)
+        for endpoint in self.endpoints:
+            curve.check_local(endpoint, self.keys, "client")
         self.broker = broker
+        self.listed = 0         # the endpoint of the list that answered (or is tried) last
         self.codec = codec
         self.timeout_s = timeout_s
         self.ctx = ctx or zmq.Context.instance()
@@ -179,8 +190,40 @@ class Client:
         raise ZstalkError("FENCED", "the broker keeps refusing this client")
 
     def _connected(self) -> None:
+        """Say Hello until a broker welcomes us (module comment), within timeout_s."""
         if self.sock is not None:
             return
+        deadline = time.monotonic() + self.timeout_s
+        endpoint, several = self.endpoints[self.listed], len(self.endpoints) > 1
+        asked_at = time.monotonic()         # (when `endpoint` was first asked)
+        while True:
+            wait = min(deadline, time.monotonic() + PEER_TIMEOUT_S) if several else deadline
+            try:
+                told = self._hello(endpoint, wait)
+            except TimeoutError:
+                if not several or time.monotonic() >= deadline:
+                    raise
+                told = None
+            else:
+                if told is None:
+                    return
+            if told is not None and told.leader and told.leader != endpoint:
+                curve.check_local(told.leader, self.keys, "client")
+                endpoint, asked_at = told.leader, time.monotonic()
+                continue
+            if time.monotonic() + NOT_LEADER_RETRY_S >= deadline:
+                raise TimeoutError(f"no leader among the brokers at {self.broker} within "
+                                   f"{self.timeout_s} s")
+            # silent, or a standby that has known no leader for long: the next endpoint
+            if told is None or several and time.monotonic() - asked_at > NOT_LEADER_STAY_S:
+                self.listed = (self.listed + 1) % len(self.endpoints)
+                endpoint, asked_at = self.endpoints[self.listed], time.monotonic()
+            else:
+                time.sleep(NOT_LEADER_RETRY_S)  # (a standby that knows no leader yet)
+
+    def _hello(self, endpoint: str, deadline: float) -> NotLeader | None:
+        """Hello to `endpoint`: None once welcomed (the socket kept), or a standby's
+        NotLeader (the socket dropped); TimeoutError past `deadline`."""
         s = self.ctx.socket(zmq.DEALER)
         front_id = random.getrandbits(64) or 1
         s.setsockopt(zmq.IDENTITY, curve.identity(front_id, self.keys))
@@ -188,15 +231,17 @@ class Client:
             curve.secure_client(s, self.keys)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout_s * 1000)))
-        s.connect(self.broker)
+        s.connect(endpoint)
         self.sock, self.opened, self.using = s, False, "default"
         self._send(Hello(front_id, "client", os.getpid(), 0, []))
-        deadline = time.monotonic() + self.timeout_s
         while True:
             msg = self._next(deadline)
             if isinstance(msg, Welcome):
                 self.settings = msg.settings
-                return
+                return None
+            if isinstance(msg, NotLeader):
+                self._reset()
+                return msg
 
     def _send(self, msg: Any) -> None:
         """Send, waiting up to timeout_s for a connection to queue on (ZeroMQ has none for

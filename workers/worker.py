@@ -31,6 +31,7 @@ from . import codecs
 from .codecs import Codec
 from .errors import WorkerVersionError, tube_name
 from ..protocol.codecs.prometheus import render
+from ..protocol.links.zeromq import endpoints_of
 from ..protocol.network import curve
 from ..protocol.network.curve import FROM_ENV
 from ..protocol.network.health import link_ready, start_health
@@ -112,7 +113,8 @@ class Worker:
         beyond this host without CURVE keys is refused here, before any process starts
         (protocol/network/curve.py)."""
         if isinstance(self.broker, str):
-            curve.check_local(self.broker, curve.given_or_env(self.keys), "worker")
+            for endpoint in endpoints_of(self.broker):
+                curve.check_local(endpoint, curve.given_or_env(self.keys), "worker")
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes!r}")
         if isinstance(health, int):

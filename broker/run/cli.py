@@ -13,6 +13,9 @@
     zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
 
+`--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
+whichever leads (protocol/links/zeromq.py).
+
 Heavy imports (zmq, asyncio) happen inside the subcommands, so `serve` binds its port
 before any of them are loaded.
 """
@@ -32,12 +35,22 @@ from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
                       health_said, journal_said, where, worker_endpoint)
-from .ports import PORT, Endpoint, ListenAddress
+from .ports import PORT, Endpoint, Endpoints, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
 COUNTER_PORT = 11215            # yrmcds' default counter.port
 HTTP_PORT = 8080                # the HTTP task API's default port
 WORKER_ENDPOINT = "tcp://127.0.0.1:11400"   # where `zstalk worker` looks by default
+def hold_default(ctx, param, value):
+    """--hold-s: 5 s for one broker; 15 s for a journal's instances, whose failover takes
+    up to ~12 s when NATS elects a leader too (docs/ha.md)."""
+    if value is not None:
+        return value
+    return 15.0 if "," in (ctx.params.get("broker_ep") or "") else 5.0
+
+
+BROKER_HELP = ("The broker's endpoint, or the endpoints of a journal's instances, comma-"
+               "separated: the link goes to whichever leads (docs/ha.md).")
 BINLOG_EXIT = 10                # beanstalkd's exit code for a wal dir it cannot lock
 
 
@@ -451,13 +464,16 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     wal = journal
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
-    lead = None
+    lead = door = None
     if journal is not None:     # it stands by until the lease is its own (leading.py)
-        lead, wal, config = stand_by(journal._replace(advertise=journal.advertise or bind),
-                                     config)
+        lead, wal, config, door = stand_by(
+            journal._replace(advertise=journal.advertise or bind), config, [bind, *also_bind])
     try:
-        actor = BrokerActor(bind, config, binlog=wal, also_bind=tuple(also_bind),
+        actor = BrokerActor(None if door else bind, config, binlog=wal,
+                            also_bind=() if door else tuple(also_bind),
                             config_path=config_path, metrics_top=health.metrics_top)
+        if door is not None:        # (its socket, and the peers that came meanwhile)
+            actor.adopt(*door.hand_over())
     except BinlogError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(BINLOG_EXIT)
@@ -488,11 +504,15 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         sys.exit(actor.exit_code)
 
 
-def stand_by(journal, config):
-    """`zstalk broker --journal`: wait (blocking) until the lease is ours; then (the
-    leadership, the journal's options with its epoch, the config, recovering after an
-    earlier leader)."""
+def stand_by(journal, config, endpoints: list[str]):
+    """`zstalk broker --journal`: wait (blocking) until the lease is ours, `endpoints`
+    telling peers where the leader is meanwhile (broker/standby.py; the supervised
+    fronts of `zstalk serve --fronts N` too, so they follow it); then (the leadership, the
+    journal's options with its epoch, the config, recovering after an earlier leader,
+    the door whose socket the actor adopts)."""
     from .leading import Leadership
+    from ..actor import BindError
+    from ..standby import Door
     from ..wal.stream import JournalError
     lead = Leadership(journal, config.max_job_size)
     try:
@@ -500,12 +520,19 @@ def stand_by(journal, config):
     except JournalError as exc:
         click.echo(f"zstalk broker: {exc}", err=True)
         sys.exit(exc.code)
+    try:
+        door = Door(endpoints, lead.pointer).start()
+    except BindError as exc:
+        lead.hand_over(None)
+        click.echo(f"zstalk broker: cannot bind {exc}", err=True)
+        sys.exit(111)
     epoch = lead.wait_leading()
     if epoch is None:
+        door.close()
         lead.hand_over(None)
         sys.exit(0)
     return lead, lead.journal_options(epoch), config._replace(
-        recovering=config.recovering or epoch > 1)
+        recovering=config.recovering or epoch > 1), door
 
 
 def journal_exit(exc: BaseException) -> int | None:
@@ -611,14 +638,15 @@ def front():
 
 @front.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
-              type=Endpoint())
+              envvar="ZSTALK_BROKER", type=Endpoints(), help=BROKER_HELP)
 @click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST:PORT or unix:/path (repeatable).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0, help="0: no limit.")
 @click.option("-z", "--max-job-size", default=65535, help="Until the broker says otherwise.")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long commands wait for an unreachable broker before INTERNAL_ERROR.")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long commands wait for an unreachable broker before INTERNAL_ERROR. "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option
@@ -634,14 +662,15 @@ def beanstalk(broker_ep, listens, fds, max_connections, max_job_size, hold_s, he
 
 @front.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
-              type=Endpoint())
+              envvar="ZSTALK_BROKER", type=Endpoints(), help=BROKER_HELP)
 @click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 11215 by default).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @click.option("--max-connections", default=0,
               help="Beyond it a connection is accepted, then closed (as yrmcds); 0: no limit.")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long requests wait for an unreachable broker (Acquire never waits).")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long requests wait for an unreachable broker (Acquire never waits). "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option
@@ -657,7 +686,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 
 @front.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
-              type=Endpoint())
+              envvar="ZSTALK_BROKER", type=Endpoints(), help=BROKER_HELP)
 @click.option("--listen", "listens", multiple=True, type=ListenAddress(),
               help="HOST, HOST:PORT or unix:/path (repeatable; port 8080 by default; "
                    "127.0.0.1 without --listen or --fd).")
@@ -665,8 +694,9 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
 @pass_key_option
 @http_options("")
-@click.option("--hold-s", default=5.0, show_default=True,
-              help="How long requests wait for an unreachable broker before a 503.")
+@click.option("--hold-s", default=None, type=float, callback=hold_default,
+              help="How long requests wait for an unreachable broker before a 503. "
+                   "[default: 5, or 15 with several --broker endpoints]")
 @health_options
 @log_format_option
 @insecure_option
@@ -691,7 +721,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
 
 @main.command()
 @click.option("--broker", "broker_ep", default="tcp://127.0.0.1:11400", show_default=True,
-              type=Endpoint())
+              envvar="ZSTALK_BROKER", type=Endpoints(), help=BROKER_HELP)
 @click.option("--slots", default=64, show_default=True, type=click.IntRange(min=1),
               help="Calls made at once by this process.")
 @health_options
@@ -712,8 +742,9 @@ def dispatcher(broker_ep, slots, health):
               help="Handlers running at once per process (default: the Worker's).")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pool processes, each with its own connection (supervised).")
-@click.option("--broker", "broker_ep", default=None, type=Endpoint(),
-              help="Broker endpoint (default: the Worker's, tcp://127.0.0.1:11400).")
+@click.option("--broker", "broker_ep", default=None, envvar="ZSTALK_BROKER", type=Endpoints(),
+              help="Broker endpoint, or the endpoints of a journal's instances, comma-"
+                   "separated (default: the Worker's, tcp://127.0.0.1:11400).")
 @click.option("--prefetch", type=click.IntRange(min=0), default=None,
               help="Jobs held beyond those running (default: the Worker's).")
 @health_options

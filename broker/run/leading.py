@@ -15,6 +15,8 @@ standby takes over at once.
 A standby is warm: from its start it follows the stream (wal/follow.py) and keeps the
 state folded in, and at takeover the journal's options hand that fold to the restore
 (`journal_options`: opts.warm), which reads only the tail after it before the fence.
+Meanwhile its peers are told where the leader is (`pointer`, for broker/standby.py's
+NotLeader answers).
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ import time
 
 from ..wal import stream as S
 from ..wal.follow import Follower
-from ..wal.lease import Lease
+from ..wal.lease import RENEW_S, Lease
+
+#: a lease not renewed for this long names no leader to a standby's peers (pointer)
+FRESH_S = 4 * RENEW_S
 
 log = logging.getLogger("zstalk.journal")
 
@@ -60,6 +65,18 @@ class Leadership:
         if h is None:
             return "standby: claiming the lease" + following
         return f"standby: instance {h.instance} leads (epoch {h.epoch}){following}"
+
+    def pointer(self) -> tuple[str, int]:
+        """Where the leader is reached, for a standby's NotLeader (broker/standby.py): its
+        --advertise address and epoch; "" while none is known: no lease seen, none
+        advertised, this instance taking over, or no renewal seen for FRESH_S (it is
+        likely gone, and its address would send a link back to a dead broker)."""
+        w = self.lease.watch
+        h = w.holder
+        if self.lease.won.done() or h is None or h.instance == self.instance \
+                or not h.advertise or time.monotonic() - w.changed > FRESH_S:
+            return "", w.epoch
+        return h.advertise, h.epoch
 
     def leading(self) -> str | None:
         """/leader once the core is built: None while this one leads."""

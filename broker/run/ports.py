@@ -61,3 +61,17 @@ class Endpoint(click.ParamType):
             if int(port) > 65535:
                 self.fail(f"{value}: the port {port} is not in the range {_RANGE}.", param, ctx)
         return value
+
+
+class Endpoints(Endpoint):
+    """`--broker`: one endpoint, or a comma-separated list of them (the instances of one
+    journal, tried in turn: protocol/links/zeromq.py); each checked as Endpoint."""
+    name = "endpoints"
+
+    def convert(self, value, param, ctx):
+        parts = [part.strip() for part in value.split(",")]
+        if not all(parts):
+            self.fail(f"{value}: an empty endpoint in the list.", param, ctx)
+        for part in parts:
+            super().convert(part, param, ctx)
+        return ",".join(parts)

@@ -16,9 +16,12 @@ server with exit 111 and the endpoint's name.  One line on stderr then says what
 where.
 
 With --journal the instance first stands by (leading.py): its health port answers from
-the start (/leader and /readyz 503 with the reason), its client ports are bound but not
-listening (a connection is refused, not queued), and the broker is built, the stream
+the start (/leader and /readyz 503 with the reason), and the broker is built, the stream
 replayed, only once the lease is its own; a graceful stop then releases the lease.
+Meanwhile (following.py) its worker endpoint tells peers where the leader is, and its
+fronts serve clients through the leader, wherever it runs; at
+takeover they move to the broker beside them.  An instance with no worker endpoint keeps
+its client ports bound but not listening (a connection is refused, not queued).
 
 SIGTERM / SIGINT stop accepting, let the binlog reach the disk (replies held for it go
 out), close the client connections and exit 0; SIGUSR1 turns on drain mode; SIGHUP reads
@@ -118,22 +121,47 @@ async def _lead(make, config, listeners, counter_listeners, opts: ServeOptions):
     except JournalError as exc:
         print(f"zstalk: {exc}", file=sys.stderr)
         return _closed(probes, None, exc.code)
+    follow, code = await _follow(opts, lead, listeners, counter_listeners)
+    if code is not None:
+        lead.hand_over(None)
+        return _closed(probes, None, code)
+    if probes is not None:
+        probes.ready = follow.ready(lead.standing_by)
     epoch = await lead.until_leading(stop)
     if epoch is None:
+        await follow.close()
         lead.hand_over(None)
         return _closed(probes, None, 0)
     actor = await asyncio.to_thread(make, lead.journal_options(epoch),
                                     config._replace(recovering=epoch > 1))
     if isinstance(actor, int):
+        await follow.close()
         lead.hand_over(None)
         return _closed(probes, None, actor)
     lead.keep(actor, loop)
     if stop.is_set():       # (a SIGTERM while it took over: it stops once started)
         actor.stop()
     opts = opts._replace(journal=lead.journal_options(epoch))
-    code = await _main(actor, listeners, counter_listeners, opts, probes, lead.leading)
+    code = await _main(actor, listeners, counter_listeners, opts, probes, lead.leading, follow)
     lead.hand_over(actor)
     return actor, code
+
+
+async def _follow(opts: ServeOptions, lead, listeners, counter_listeners):
+    """A standby's door and following fronts (following.py): (them, None), or (None, the
+    exit code) when the worker endpoint cannot be bound (111), or not without keys (2)."""
+    from .following import stand_by
+    from ...protocol.network.curve import CurveError
+    from ..actor import BindError
+    try:
+        return await stand_by(opts, lead.pointer, listeners, counter_listeners), None
+    except BindError as exc:
+        print(f"zstalk: cannot bind {exc} (the worker endpoint: --worker-bind moves it, "
+              f"'none' turns it off)", file=sys.stderr)
+        return None, BIND_EXIT
+    except CurveError as exc:
+        print(f"zstalk: {exc}", file=sys.stderr)
+        return None, 2
 
 
 def _closed(probes, actor, code: int):
@@ -143,14 +171,18 @@ def _closed(probes, actor, code: int):
 
 
 async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=None,
-                leader=lambda: None) -> int:
+                leader=lambda: None, follow=None) -> int:
     """Serve until stopped; `probes` already listening (a standby's, _lead) now answer
-    for the broker, and `leader` is /leader's answer."""
+    for the broker, `leader` is /leader's answer, and `follow` a standby's door and
+    fronts (following.py), which now come to this broker."""
     loop = asyncio.get_running_loop()
     actor.start()
     address = actor.expose(f"serve-{os.getpid()}")
-    fronts = [await start_front(beanstalk_front(address, opts.max_connections,
-                                                opts.max_job_size), listeners)]
+    fronts = await follow.take_over(actor, address) if follow is not None else []
+    followed = bool(fronts)         # (the counter front came over too)
+    if not followed:
+        fronts = [await start_front(beanstalk_front(address, opts.max_connections,
+                                                    opts.max_job_size), listeners)]
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, actor.stop)
     loop.add_signal_handler(signal.SIGUSR1, actor.drain)
@@ -158,11 +190,11 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
     await load_on_a_thread(_the_rest(opts, counter_listeners))
-    if counter_listeners:
+    if counter_listeners and not followed:
         fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
-    tasks = await _start_tasks(address, opts)
-    code = _bind_workers(actor, opts)
+    tasks = await _start_tasks(address, opts, follow.http if follow is not None else None)
+    code = _bind_workers(actor, opts) if follow is None or follow.door is None else None
     if code is None and probes is not None:
         probes.ready, probes.leader = (lambda: None), leader
         probes.metrics = metrics(actor, fronts, tasks)
@@ -221,10 +253,11 @@ async def load_on_a_thread(modules: list[str]) -> None:
         sys.setswitchinterval(interval)
 
 
-async def _start_tasks(address: str, opts: ServeOptions) -> list:
-    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then)."""
-    started = []
-    if opts.http_listeners:
+async def _start_tasks(address: str, opts: ServeOptions, http=None) -> list:
+    """The HTTP task API and a dispatcher, when asked for (aiohttp loads only then);
+    `http`: the HTTP front a standby started already (following.py)."""
+    started = [http] if http is not None else []
+    if opts.http_listeners and http is None:
         from ...protocol.fronts.http.front import HttpFront
         front = HttpFront(address, master_key=opts.master_key, limits=opts.http_limits,
                           tls=opts.http_tls())

@@ -109,16 +109,18 @@ class Supervisor:
                     *(["--drain"] if self.draining else []),
                     *(["--recovering"] if self.broker_restarts else []),
                     *self.opts.broker_args()]
+        # with --journal the fronts hold through a failover (following.py's JOURNAL_HOLD_S)
+        hold = ["--hold-s", "15"] if self.opts.journal is not None else []
         if name == "counter":
             return ["front", "counter", "--broker", self.endpoint,
-                    "--max-connections", str(self.opts.counter_max_connections)]
+                    "--max-connections", str(self.opts.counter_max_connections), *hold]
         if name == "http":
-            return ["front", "http", "--broker", self.endpoint, *self.opts.http_args()]
+            return ["front", "http", "--broker", self.endpoint, *self.opts.http_args(), *hold]
         if name == "dispatcher":
             return ["dispatcher", "--broker", self.endpoint]
         return ["front", "beanstalk", "--broker", self.endpoint,
                 "--max-job-size", str(self.opts.max_job_size),
-                "--max-connections", str(self.opts.max_connections)]
+                "--max-connections", str(self.opts.max_connections), *hold]
 
     def _listeners_of(self, name: str) -> list[socket.socket]:
         if name.startswith("front-"):

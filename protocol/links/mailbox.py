@@ -153,6 +153,12 @@ class LocalLink:
             else:
                 self.mailbox.post(self.peer, Batch(batch))
 
+    def take_unsent(self) -> list[tuple]:
+        """The ops held or gathered and not sent, in order, taken away (`relink`)."""
+        unsent = self.held + self.batch
+        self.held, self.batch = [], []
+        return unsent
+
     def _arm_probe(self) -> None:
         self.stats.armed = True
         self._prober = self.loop.call_later(PROBE_S, self._arm_probe)

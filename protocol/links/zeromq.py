@@ -22,6 +22,16 @@ submitted while not READY are held (bounded count, `hold_s` timeout) and sent af
 Welcome, or answered INTERNAL_ERROR when the time runs out.  `Fenced` means the broker
 gave up on this incarnation: the owner closes every client connection and the link
 starts over under a new incarnation.
+
+Several brokers (`--broker tcp://a:11400,tcp://b:11400`: the instances of one journal,
+docs/ha.md): the link says Hello to one at a time.  A standby answers `NotLeader`, which
+names where the leader is reached; the link goes there at once.  A NotLeader naming no
+leader (none known yet: the lease lapsed, a takeover under way) is asked again every
+NOT_LEADER_RETRY_S.  An endpoint that does not welcome the link within PEER_TIMEOUT_S,
+and a broker lost for silence or after its final Stopping, make it go to the next
+endpoint of the list; a broker that restarted (another incarnation) is asked again where
+it was.  So nothing is ever sent to a broker but the one that welcomed this incarnation,
+and what a lost leader left unanswered is failed as ever, never replayed.
 """
 from __future__ import annotations
 
@@ -38,8 +48,8 @@ from ..network import curve
 from . import handshakes
 from .owner import CONNECTING, READY, LinkOwner, LinkStats  # shared by both links
 from ..schema import (HEARTBEAT_S, PEER_TIMEOUT_S, SILENT_OPS, Batch, Fenced, Heartbeat, Hello,
-                      Holding, Op, Replies, R, SchemaError, Settings, Stopping, Welcome, decode,
-                      encode)
+                      Holding, NotLeader, Op, Replies, R, SchemaError, Settings, Stopping,
+                      Welcome, decode, encode)
 
 log = logging.getLogger("zstalk.front")
 
@@ -57,6 +67,19 @@ _CONNECTION_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.HALF_CLOSE})
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 #: ops a broker may not answer at once: a batch of only these is not timed (LinkStats)
 _MAY_WAIT = frozenset(int(op) for op in (*SILENT_OPS, Op.RESERVE))
+#: a standby that knows no leader yet is asked again this often (a takeover takes ~1-3 s)
+NOT_LEADER_RETRY_S = 0.2
+#: ... and stayed with this long at most before the next endpoint is tried (it may be cut
+#: off from NATS, and another instance lead meanwhile)
+NOT_LEADER_STAY_S = 3 * PEER_TIMEOUT_S
+
+
+def endpoints_of(address: str) -> list[str]:
+    """The endpoints of a comma-separated `--broker` value (ZSTALK_BROKER), in order."""
+    found = [part.strip() for part in address.split(",") if part.strip()]
+    if not found:
+        raise ValueError(f"no broker endpoint in {address!r}")
+    return found
 
 
 class BrokerLink:
@@ -66,8 +89,12 @@ class BrokerLink:
         """`keys`: CURVE keys (protocol/network/curve.py), by default from the environment; a
         non-local endpoint without them is refused (curve.CurveError)."""
         self.keys = curve.given_or_env(keys)
-        curve.check_local(endpoint, self.keys, kind)
-        self.endpoint = endpoint
+        self.endpoints = endpoints_of(endpoint)
+        for each in self.endpoints:
+            curve.check_local(each, self.keys, kind)
+        self.endpoint = self.endpoints[0]      # the one asked now (a leader named, maybe)
+        self._listed = 0                        # ... or the list's last one asked
+        self._retry: asyncio.TimerHandle | None = None
         self.kind = kind
         self.owner = owner
         self.hold_s = hold_s
@@ -86,7 +113,7 @@ class BrokerLink:
         self._sent_early = False        # read_done sent this turn's first batch
         self.sock: zmq.Socket | None = None
         self.last_heard = time.monotonic()
-        self.hello_at = 0.0
+        self.hello_at = self.asked_at = 0.0
         self._ticker: asyncio.TimerHandle | None = None
         self._waiting_since: float | None = None
         # not READY since (health.py); -inf: never welcomed, so not ready (a front with a
@@ -108,11 +135,21 @@ class BrokerLink:
         """Stop; `linger_ms` gives ops already sent (a goodbye CLOSE) time to leave."""
         if self._ticker:
             self._ticker.cancel()
+        if self._retry is not None:
+            self._retry.cancel()
         if self._probing is not None:
             self._probing.cancel()
         self._drop_socket(linger_ms)
 
-    def _connect(self) -> None:
+    def _connect(self, endpoint: str | None = None) -> None:
+        """A fresh socket saying Hello to `endpoint` (by default the one asked last)."""
+        if endpoint is not None:
+            self.endpoint = endpoint
+            if endpoint in self.endpoints:      # (a leader named that is in the list: after
+                self._listed = self.endpoints.index(endpoint)   # it, the next one)
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         self._drop_socket()
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, curve.identity(self.front_id, self.keys))
@@ -127,11 +164,19 @@ class BrokerLink:
         self.loop.add_reader(s.getsockopt(zmq.FD), self._drain)
         self.state = CONNECTING
         self.stats.sent_at = None       # (its replies, if any, will not come)
-        self.hello_at = time.monotonic()
+        self.hello_at = self.asked_at = time.monotonic()
         if self.down_since is None:
             self.down_since = self.hello_at
+        self._say_hello()
+
+    def _say_hello(self) -> None:
         self._send(Hello(self.front_id, self.kind, os.getpid(), self.state_id,
                          self.owner.session_states()))
+
+    def _next_listed(self) -> str:
+        """The next endpoint of the list (the same one when there is only one)."""
+        self._listed = (self._listed + 1) % len(self.endpoints)
+        return self.endpoints[self._listed]
 
     def _read_handshakes(self) -> None:
         """Why handshakes with the broker failed, if they did: the last one is kept for the
@@ -247,6 +292,12 @@ class BrokerLink:
         if self.batch:
             self._flush()
 
+    def take_unsent(self) -> list[tuple]:
+        """The ops held or gathered and not sent, in order, taken away (`relink`)."""
+        unsent = [op for _, op in self.held] + self.batch
+        self.held, self.batch = [], []
+        return unsent
+
     def _flush(self) -> None:
         self._flush_scheduled = self._sent_early = False
         if self.batch and self.state is READY:
@@ -272,16 +323,18 @@ class BrokerLink:
             self.owner.on_replies(msg.items)
         elif isinstance(msg, Heartbeat):
             if self.state in (READY, HOLDING) and msg.sender_id != self.broker_id:
-                self._lose("broker restarted (new incarnation)")
+                self._lose("broker restarted (new incarnation)", move=False)
         elif isinstance(msg, Welcome):
             self._welcome(msg)
+        elif isinstance(msg, NotLeader):
+            self._not_leader(msg)
         elif isinstance(msg, Settings):
             self.settings = msg         # the broker read its config again
         elif isinstance(msg, Stopping) and msg.broker_id == self.broker_id:
             self._stopping(msg.final)
         elif isinstance(msg, Fenced) and msg.broker_id != self.broker_id:
             if self.state in (READY, HOLDING):
-                self._lose("broker restarted (it does not know this front)")
+                self._lose("broker restarted (it does not know this front)", move=False)
         elif isinstance(msg, Fenced) and msg.front_id == self.front_id:
             log.warning("fenced by the broker: closing client connections, starting over")
             self.batch = []         # ops of the fenced incarnation must not reach the next
@@ -308,6 +361,32 @@ class BrokerLink:
         for _, op in held:
             self.submit(op)
 
+    def _not_leader(self, msg: NotLeader) -> None:
+        """A standby answered our Hello: go to the leader it names at once, or, when it
+        knows none, ask it again shortly; after NOT_LEADER_STAY_S of that, the tick moves
+        on to the next endpoint (as it does PEER_TIMEOUT_S after a Hello nobody answers)."""
+        if self.state is not CONNECTING:
+            return
+        if msg.leader and msg.leader != self.endpoint:
+            log.info("%s: %s does not lead: going to the leader at %s (epoch %d)", self.kind,
+                     self.endpoint, msg.leader, msg.epoch)
+            try:
+                curve.check_local(msg.leader, self.keys, self.kind)
+            except curve.CurveError as exc:
+                log.warning("%s: not going to %s: %s", self.kind, msg.leader, exc)
+                return
+            self._connect(msg.leader)
+        elif self._retry is None:
+            now = time.monotonic()
+            if now - self.asked_at < NOT_LEADER_STAY_S:
+                self.hello_at = now         # (it answers: no moving on for silence)
+            self._retry = self.loop.call_later(NOT_LEADER_RETRY_S, self._ask_again)
+
+    def _ask_again(self) -> None:
+        self._retry = None
+        if self.state is CONNECTING:
+            self._say_hello()
+
     def _stopping(self, final: bool) -> None:
         if final:
             if self.state in (READY, HOLDING):
@@ -320,7 +399,7 @@ class BrokerLink:
             log.info("%s: the broker is stopping: holding commands for the next one",
                      self.kind)
 
-    def _lose(self, why: str, stopped: bool = False) -> None:
+    def _lose(self, why: str, stopped: bool = False, move: bool = True) -> None:
         """`stopped`: after the broker's final Stopping, which came after its last reply,
         so an owner with `on_stopped` sends what is unanswered to the next broker: those
         ops go first, ahead of what was held meanwhile.  Otherwise the owner takes all it
@@ -341,7 +420,9 @@ class BrokerLink:
         else:
             self.held = [(at, op) for at, op in self.held if op[0] in SILENT_OPS]
             self.owner.on_lost()
-        self._connect()
+        # (a broker gone silent or stopped: the next endpoint may lead now; one that
+        # restarted is asked again where it was)
+        self._connect(self._next_listed() if move else None)
 
     # -- timers ------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -354,7 +435,7 @@ class BrokerLink:
                 self._lose(f"silent for {now - self.last_heard:.1f} s")
         elif now - self.hello_at > PEER_TIMEOUT_S:
             self._say_waiting(now)
-            self._connect()       # say Hello again on a fresh socket
+            self._connect(self._next_listed())    # Hello again, on a fresh socket
         self._expire_held(now)
         self._ticker = self.loop.call_later(HEARTBEAT_S, self._tick)
 

@@ -29,18 +29,19 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 4 had no CORS origins in Settings (its five first fields: a
-#: peer builds Settings from every field it gets, so an older one is sent only those it
-#: has).  Version 3 had no T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE,
-#: T_CALL and T_OUTCOME (so no request tasks), and a T_OUTCOME's retry_after_ms was 0
-#: when no Retry-After came (now -1).  Version 2 had no Stopping and Holding (a stopping
-#: broker just went quiet).  Version 1 (before cloud-task durability) also had no `keyed`
-#: in T_ENQUEUE / T_INFO, no `stopping` in T_SUBSCRIBE (0 slots meant it), a silent
-#: T_OUTCOME, T_ERROR replies carrying the HTTP status, a one-field Settings and no
-#: Settings message.
+#: version back.  Version 5 had no NotLeader: a standby does not answer such a peer at
+#: all (its link says Hello again until the instance it asks leads).  Version 4 had no
+#: CORS origins in Settings (its five first fields: a peer builds Settings from every
+#: field it gets, so an older one is sent only those it has).  Version 3 had no
+#: T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE, T_CALL and T_OUTCOME (so no request
+#: tasks), and a T_OUTCOME's retry_after_ms was 0 when no Retry-After came (now -1).
+#: Version 2 had no Stopping and Holding (a stopping broker just went quiet).  Version 1
+#: (before cloud-task durability) also had no `keyed` in T_ENQUEUE / T_INFO, no
+#: `stopping` in T_SUBSCRIBE (0 slots meant it), a silent T_OUTCOME, T_ERROR replies
+#: carrying the HTTP status, a one-field Settings and no Settings message.
 OLDEST_PEER_VERSION = 1
 
 
@@ -131,15 +132,26 @@ class Holding(NamedTuple):
     front_id: int
 
 
+class NotLeader(NamedTuple):
+    """Broker -> front, a standby's answer to Hello (version 6; docs/ha.md): this instance
+    does not lead the journal; the leader is reached at `leader`, its --advertise address,
+    under `epoch`.  `leader` is "" while none is known (the lease lapsed, or nobody has
+    claimed it yet): ask again shortly, or another endpoint.  A link goes there at once,
+    not after a timeout."""
+    leader: str
+    epoch: int
+
+
 HEARTBEAT_S = 0.5
 #: a peer silent this long is dead (heartbeats every HEARTBEAT_S; the issue asks for < 3 s)
 PEER_TIMEOUT_S = 2.0
 
 _KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Batch: 3, Replies: 4, Heartbeat: 5, Fenced: 6,
-                           Settings: 7, Stopping: 8, Holding: 9}
+                           Settings: 7, Stopping: 8, Holding: 9, NotLeader: 10}
 _CLASSES: dict[int, type] = {v: k for k, v in _KINDS.items()}
 
-Message = Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings | Stopping | Holding
+Message = (Hello | Welcome | Batch | Replies | Heartbeat | Fenced | Settings | Stopping | Holding
+           | NotLeader)
 
 
 def encode(msg: Message, version: int = SCHEMA_VERSION) -> bytes | None:
@@ -254,12 +266,15 @@ _SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5}
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:
     """A message as a peer of an older `version` takes it (None: it has none such; a
     Settings may come back as the plain tuple of the fields that version has)."""
+    if isinstance(msg, NotLeader):
+        return None                     # version 5 and older: a standby says nothing
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
-    if isinstance(msg, Settings):
-        return tuple(msg[:_SETTINGS_FIELDS[version]]) if version >= 2 else None
-    if isinstance(msg, Welcome):
-        return msg._replace(settings=tuple(msg.settings[:_SETTINGS_FIELDS[version]]))
+    fields = _SETTINGS_FIELDS.get(version)
+    if isinstance(msg, Settings) and fields is not None:
+        return tuple(msg[:fields]) if version >= 2 else None
+    if isinstance(msg, Welcome) and fields is not None:
+        return msg._replace(settings=tuple(msg.settings[:fields]))
     if version >= 4:
         return msg
     if isinstance(msg, Replies) and version >= 2:   # no ext in T_CALL before version 4

@@ -12,11 +12,11 @@ import pytest
 import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
-from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, Op, R, Replies,
-                                    SchemaError, Settings, Stopping, Welcome, decode,
+from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, NotLeader, Op, R,
+                                    Replies, SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 
-V1, V2, V3, V4 = 1, 2, 3, 4
+V1, V2, V3, V4, V5 = 1, 2, 3, 4, 5
 HELLO, BATCH = 1, 3
 
 
@@ -26,7 +26,27 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (5, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (6, 1)
+
+
+def test_a_standby_tells_a_peer_of_this_version_where_the_leader_is():
+    assert decode(encode(NotLeader("tcp://10.0.0.2:11400", 3))) == \
+        NotLeader("tcp://10.0.0.2:11400", 3)
+    assert decode(encode(NotLeader("", 0))) == NotLeader("", 0), "none known yet"
+
+
+@pytest.mark.parametrize("version", [V1, V2, V3, V4, V5])
+def test_a_peer_older_than_version_6_is_not_told_anything_by_a_standby(version):
+    assert encode(NotLeader("tcp://10.0.0.2:11400", 3), version) is None
+
+
+def test_a_version_5_peer_gets_every_other_message_as_this_version_has_it():
+    welcome = Welcome(7, 9, ORIGINS, True)
+    assert msgpack.unpackb(encode(welcome, V5)) == [V5, *msgpack.unpackb(encode(welcome))[1:]]
+    assert msgpack.unpackb(encode(ORIGINS, V5))[2:] == msgpack.unpackb(encode(ORIGINS))[2:]
+    ops = [(Op.T_ENQUEUE, 1, "f", b"{}", None, "u", False, None), (Op.PUT, 1, 0, 0, 60, b"x")]
+    version, msg = decode_peer(packed(V5, BATCH, ops))
+    assert version == V5 and [tuple(op) for op in msg.ops] == ops
 
 
 def test_a_version_2_peer_gets_everything_but_the_stopping_handshake():

@@ -519,3 +519,10 @@ def test_with_a_master_key_any_host_name_is_answered() -> None:
     status, _, _ = request("GET", "/v1/tasks/t1", info_of, front_options={"master_key": "k"},
                            headers={"Host": "queue.example.com"})
     assert status == 200
+
+
+def test_a_503_for_an_unreachable_broker_says_retry_after_one_second() -> None:
+    async def scenario(client, link, front):
+        async with client.request("GET", "/v1/tasks/t") as response:
+            return response.status, response.headers.get("Retry-After")
+    assert run(scenario, lambda op: (1, R.INTERNAL_ERROR)) == (503, "1")

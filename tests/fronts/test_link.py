@@ -1,15 +1,18 @@
-"""The front's broker link while no broker answers: held commands are bounded and time out."""
+"""The front's broker link while no broker answers: held commands are bounded and time out;
+and with several brokers, how it finds the one that leads."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import zmq
 
 from zstalk.protocol.links.zeromq import BrokerLink
 from zstalk.protocol.links.owner import LinkOwner
-from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Heartbeat, Hello, Holding, Op,
-                                    R, Settings, Stopping, Welcome, decode, encode)
+from zstalk.protocol.schema import (HEARTBEAT_S, PEER_TIMEOUT_S, Batch, Heartbeat, Hello, Holding,
+                                    NotLeader, Op, R, Settings, Stopping, Welcome, decode,
+                                    encode)
 
 
 class Recorder(LinkOwner):
@@ -226,3 +229,147 @@ def test_a_batch_that_finds_no_connection_loses_the_broker_and_its_commands_are_
         assert owner.lost == 1 and link.state == "connecting"
         assert link.sock is not unusable and unusable.closed
     run_with_link(tmp_path, body, owner=Forgetful())
+
+
+# -- several brokers: a standby's NotLeader (docs/ha.md) ----------------------------------
+def _router(endpoint: str) -> zmq.Socket:
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    return router
+
+
+def test_a_link_told_not_leader_goes_to_the_leader_it_names_at_once(tmp_path):
+    standby, leader = _router(f"ipc://{tmp_path}/standby"), _router(f"ipc://{tmp_path}/leader")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/standby", "beanstalk", Recorder(), keys=None)
+        link.start()
+        try:
+            peer, hello = await _receive(standby)
+            assert isinstance(hello, Hello)
+            told = time.monotonic()
+            standby.send_multipart([peer, encode(NotLeader(f"ipc://{tmp_path}/leader", 2))])
+            peer, hello = await _receive(leader)
+            took = time.monotonic() - told
+            assert isinstance(hello, Hello) and took < PEER_TIMEOUT_S / 2, took
+            leader.send_multipart([peer, encode(Welcome(7, 9, Settings(), True))])
+            until = time.monotonic() + 5
+            while link.state != "ready" and time.monotonic() < until:
+                await asyncio.sleep(0.01)
+            assert link.state == "ready" and link.endpoint == f"ipc://{tmp_path}/leader"
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        standby.close()
+        leader.close()
+
+
+def test_a_standby_that_knows_no_leader_is_asked_again_shortly_not_after_a_timeout(tmp_path):
+    standby = _router(f"ipc://{tmp_path}/standby")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/standby,ipc://{tmp_path}/other", "pool",
+                          Recorder(), keys=None)
+        link.start()
+        try:
+            for _ in range(3):
+                peer, hello = await _receive(standby, timeout_s=1.0)
+                assert isinstance(hello, Hello)
+                standby.send_multipart([peer, encode(NotLeader("", 1))])
+            assert link.state == "connecting" and link.endpoint == f"ipc://{tmp_path}/standby"
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        standby.close()
+
+
+def test_a_link_whose_first_broker_does_not_answer_says_hello_to_the_next(tmp_path):
+    broker = _router(f"ipc://{tmp_path}/second")
+
+    async def main():
+        link = BrokerLink(f"ipc://{tmp_path}/nobody,ipc://{tmp_path}/second", "http",
+                          Recorder(), keys=None)
+        started = time.monotonic()
+        link.start()
+        try:
+            _, hello = await _receive(broker, timeout_s=PEER_TIMEOUT_S + 3.0)
+            assert isinstance(hello, Hello)
+            assert time.monotonic() - started < PEER_TIMEOUT_S + 3.0
+        finally:
+            link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        broker.close()
+
+
+# -- relink: a standby's fronts move to the broker beside them at takeover ------------------
+class Moved(Recorder):
+    lost = 0
+
+    def on_lost(self) -> None:
+        self.lost += 1
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    until = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < until, "it did not happen"
+        await asyncio.sleep(0.01)
+
+
+def _relink_case(tmp_path, welcomed: bool) -> Moved:
+    """An owner on a link to a fake broker (welcomed or not) sends a command, is relinked
+    to a real broker actor in this process, then sends another."""
+    from zstalk.broker.actor import BrokerActor
+    from zstalk.broker.core.broker import Config
+    from zstalk.protocol.links import relink
+    router = _router(f"ipc://{tmp_path}/old")
+    owner = Moved()
+
+    async def main():
+        owner.link = BrokerLink(f"ipc://{tmp_path}/old", "beanstalk", owner, keys=None)
+        owner.link.start()
+        peer, _ = await _receive(router)
+        if welcomed:
+            router.send_multipart([peer, encode(Welcome(7, 9, Settings(), True))])
+            await _until(lambda: owner.link.state == "ready")
+        owner.link.submit((int(Op.OPEN), 1))
+        owner.link.submit((int(Op.LIST_TUBE_USED), 1))
+        owner.link.flush_now()
+        if welcomed:
+            assert isinstance((await _receive(router))[1], Batch)    # the old one has it
+        actor = BrokerActor(None, Config(), keys=None)
+        actor.start()
+        try:
+            relink(owner, actor.expose(f"relink-{os.getpid()}-{welcomed}"))
+            owner.link.submit((int(Op.OPEN), 2))
+            owner.link.submit((int(Op.LIST_TUBE_USED), 2))
+            await _until(lambda: any(r[0] == 2 for r in owner.replies))
+            await asyncio.sleep(0.05)
+        finally:
+            owner.link.close()
+            actor.close()
+    try:
+        asyncio.run(main())
+    finally:
+        router.close()
+    return owner
+
+
+def test_relinked_what_the_lost_broker_had_is_the_owners_to_fail_and_nothing_is_resent(
+        tmp_path):
+    owner = _relink_case(tmp_path, welcomed=True)
+    assert owner.lost == 1
+    assert [r[:2] for r in owner.replies] == [(2, R.USING)], "conn 1's command never resent"
+
+
+def test_relinked_what_was_held_goes_to_the_new_broker_once(tmp_path):
+    owner = _relink_case(tmp_path, welcomed=False)
+    assert owner.lost == 0
+    assert [r[:2] for r in owner.replies] == [(1, R.USING), (2, R.USING)]

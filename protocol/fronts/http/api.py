@@ -49,6 +49,11 @@ STATUS = {
 }
 
 
+#: codes answered with Retry-After (seconds): the broker out of reach (lost, a failover
+#: under way, the hold time run out) is back within seconds, or another instance leads
+RETRY_AFTER_S = {"unavailable": 1}
+
+
 #: the code of each status the front answers on its own
 CODES = {status: code for code, status in reversed(STATUS.items())}
 

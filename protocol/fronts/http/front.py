@@ -64,8 +64,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from .api import (CODES, ENQUEUED_FIELDS, Enqueue, Problem, function_json, loads_strict,
-                  parse_enqueue, parse_listing, refuse, reply_problem, schedule_json, task_json)
+from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, function_json,
+                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem,
+                  schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
 from .room import Room
@@ -96,6 +97,8 @@ _T_SCHEDULE_INFO, _T_UNSCHEDULE = Op.T_SCHEDULE_INFO, Op.T_UNSCHEDULE
 
 def problem_response(problem: Problem) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    if problem.code in RETRY_AFTER_S:
+        headers = {"Retry-After": str(RETRY_AFTER_S[problem.code])}
     return web.json_response({"error": problem.code, "message": problem.message},
                              status=problem.status, headers=headers)
 
