@@ -537,12 +537,12 @@ def test_the_ha_overlays_nats_conf_and_the_readmes_secret_are_what_nats_server_a
                      (tmp_path / "auth" / "auth.conf").read_text())
 
 
-def test_the_ha_overlay_runs_two_instances_of_one_serve_journal_command_ready_while_leading():
+def test_the_ha_overlay_runs_two_instances_of_one_serve_journal_command_both_serving():
     broker = ha_objects("StatefulSet")["zstalk-broker"]
     spec = broker["spec"]
     assert spec["replicas"] == 2 and one_per_machine(broker)
     assert "volumeClaimTemplates" not in spec          # the state is in NATS
-    assert spec["updateStrategy"] == {"type": "OnDelete"}   # (a standby is never ready)
+    assert spec["updateStrategy"] == {"type": "RollingUpdate"}     # (one pod at a time)
     pod = spec["template"]["spec"]
     [container] = pod["containers"]
     args = container["args"]
@@ -564,8 +564,8 @@ def test_the_ha_overlay_runs_two_instances_of_one_serve_journal_command_ready_wh
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"zmq": 11500, "health": HEALTH_PORT, "beanstalk": int(value("--port")),
                      "counter": int(value("--counter-port")), "http": int(value("--http-port"))}
-    # ready only while leading: the Services send clients and worker pools to the leader
-    assert container["readinessProbe"]["httpGet"] == {"path": "/leader", "port": "health"}
+    # ready once its fronts reach the leader: a standby serves clients through it
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     labels = spec["template"]["metadata"]["labels"]
     for name, wanted in (("zstalk", {"beanstalk", "counter", "http"}), ("zstalk-broker", {"zmq"})):
         service = ha_objects("Service")[name]["spec"]
