@@ -19,10 +19,8 @@ command, from this tree's .venv/bin:
         --health-listen 127.0.0.1 --journal nats://A,nats://B,nats://C
         --journal-name bench --journal-lease-ms 1500
 
-Without --journal-monitor: a standby checks every monitoring URL when it takes over and
-exits 10 if one does not answer (broker/wal/stream.py's sync_checked), so with a NATS node
-down, the second kind below, it would never lead.  The cluster is made with
-`sync_interval: always` all the same.
+Without --journal-monitor (a takeover skips a monitor that does not answer, so it would
+only add the checks' time); the cluster is made with `sync_interval: always` all the same.
 C names one function (`[functions] base_url` a port where nothing listens: no task is
 called).  The lease decides which instance leads; the other stands by, its client ports
 refusing connections (docs/ha.md).  Which one leads is asked of each health port's
@@ -37,8 +35,8 @@ refusing connections (docs/ha.md).  Which one leads is asked of each health port
   connection is lost it connects to the other instance (connect() retried every 10 ms:
   a standby refuses) and puts there; a put it had sent and not had answered counts as
   "left without an answer" (an at-least-once client would send it again).  This is the
-  client of this slice: it knows both addresses and reconnects to the survivor's
-  beanstalk port itself (a later slice lets clients connect to any instance).
+  client of the first slice: it knows both addresses and reconnects to the survivor's
+  beanstalk port itself (a client may now connect to either instance from the start).
 * Kind "broker", --kills (20; 3; 1) times: the clock reads, then SIGKILL of the leading
   instance's process group.  Figure: from the kill to the producer's first INSERTED from
   the survivor.  Then the killed instance is started again (the same command and ports)
@@ -48,10 +46,14 @@ refusing connections (docs/ha.md).  Which one leads is asked of each health port
   (the two signals back to back, the clock read before them).  Then the node is started
   again and every replica of the journal stream and of the lease's KV stream must be
   current before the instance is started again.
-* In either kind a survivor that exits instead of leading (seen: exit 10, "cannot read
-  stream …: nats: timeout", when it claims the lease while NATS still elects the stream's
-  leader) is started again after 1 s, as the kubelet, systemd or scripts/ha-local would,
-  and the clock runs on: the figure includes its restart, and the table counts such exits.
+* In either kind a survivor that exits instead of leading (before 2026-12-06 seen as exit
+  10, "cannot read stream …: nats: timeout", when it claimed the lease while NATS still
+  elected the stream's leader; a takeover now waits for the election) is started again
+  after 1 s, as the kubelet, systemd or scripts/ha-local would, and the clock runs on:
+  the figure includes its restart, and the table counts such exits.
+* A put the survivor answers INTERNAL_ERROR is counted apart: the survivor's front had
+  sent it to the lost leader, which may have done it (an at-least-once client sends it
+  again; docs/ha.md, "Clients that follow the leader").
 * Kind "sigterm", --restarts (10; 2; 1) times: SIGTERM of the leader, which hands over
   (docs/ha.md, "A rolling restart").  Figures: SIGTERM to the first INSERTED from the
   survivor, the longest gap between two consecutive answers the producer got around it
@@ -196,6 +198,8 @@ class Producer(threading.Thread):
         self.targets, self.tag, self.cap_s = (first, then), tag, cap_s
         self.acks: list[tuple[float, int, int, bytes]] = []    # (time, target, id, body)
         self.unanswered = 0
+        self.internal = 0           # INTERNAL_ERROR: a put the survivor's front had sent to
+        #                             the lost leader (it may have been done: send again)
         self.other_replies: list[bytes] = []
         self.errors: list[str] = []
         self.halt = threading.Event()
@@ -234,6 +238,8 @@ class Producer(threading.Thread):
                 self.acks.append((time.monotonic(), target, int(line.split()[1]), data))
                 if target == 1:
                     self.on_survivor.set()
+            elif line == b"INTERNAL_ERROR":
+                self.internal += 1
             else:
                 self.other_replies.append(line[:60])
         return seq
@@ -416,6 +422,7 @@ class Failover:
             p.join(self.a.cap)
         first, gap = p.first_on_survivor(), p.longest_gap()
         sample.update(load1=load1(), acked=len(p.acks), unanswered=p.unanswered,
+                      internal_error=p.internal,
                       to_put_s=round(first - t0, 3) if first else None,
                       longest_gap_s=round(gap, 3) if gap is not None else None)
         sample["errors"] += p.errors
@@ -548,6 +555,8 @@ def build_table(run: Run, results: dict) -> Table:
           per("sigterm", "longest_gap_s"), fmt="{:.2f}")
     t.add("  puts left without an answer, per restart", per("sigterm", "unanswered"))
     t.add("  puts left without an answer, per kill -9", per("broker", "unanswered"))
+    t.add("  puts answered INTERNAL_ERROR (sent to the lost leader), per kill -9",
+          per("broker", "internal_error"))
     lost = [s.get("lost") for k in KINDS for s in results[k]]
     for kind, what in (("broker", "kill -9"), ("nats", "kill -9 with the NATS stream leader")):
         t.add(f"survivors that exited instead of leading ({what}; started again)",

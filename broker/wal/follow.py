@@ -68,6 +68,7 @@ class Follower:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False          # (take(): no message is folded in after it)
 
     @property
     def applied(self) -> int:
@@ -118,9 +119,14 @@ class Follower:
 
     # -- on the follower's loop ---------------------------------------------------------------
     async def _halt(self) -> None:
-        if self._task is not None:      # (cancelled at an await: between two messages)
+        """The following stopped at an await, between two messages.  Cancelled again until
+        it is: nats-py's next_msg runs asyncio.wait_for in a task of its own, and on
+        Python 3.11 a wait_for whose message arrives as it is cancelled returns the
+        message and loses the cancellation (seen: the takeover then waited TAKE_S)."""
+        self._stopping = True
+        while self._task is not None and not self._task.done():
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=0.05)
 
     async def _leave(self) -> None:
         """The standby's key deleted, the connection closed, the thread's loop ended."""
@@ -135,7 +141,7 @@ class Follower:
             asyncio.get_running_loop().call_soon(asyncio.get_running_loop().stop)
 
     async def _run(self) -> None:
-        while self.error is None:
+        while self.error is None and not self._stopping:
             try:
                 await self._follow()
             except asyncio.CancelledError:
@@ -165,7 +171,7 @@ class Follower:
 
     async def _fold_until_a_gap(self, sub, js) -> None:
         next_look = time.monotonic() + LOOK_S
-        while True:
+        while not self._stopping:
             try:
                 msg = await sub.next_msg(timeout=max(0.01, next_look - time.monotonic()))
             except (asyncio.TimeoutError, TimeoutError):

@@ -65,6 +65,9 @@ CANNOT_STORE = {10077: "the stream is full (max_bytes)",
                 10028: "NATS has no memory left (insufficient memory resources)"}
 #: after a refusal that may pass (no responders while NATS elects), the wait to try again
 RETRY_S = 0.25
+#: how long one request for the stream's info waits: while NATS elects the stream's leader
+#: it may go unanswered, and it is asked again (until --journal-timeout) rather than waited on
+ASK_S = 2.0
 #: exit codes: a journal that cannot be used at start (as a binlog directory, beanstalkd's
 #: 10), refused settings (2, a usage error), deposed by another writer, NATS gone too long
 UNUSABLE_EXIT, SETTINGS_EXIT, DEPOSED_EXIT, UNAVAILABLE_EXIT = 10, 2, 12, 13
@@ -240,11 +243,12 @@ async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
                            f"bytes, above NATS's max_payload of {nc.max_payload}; lower -z or "
                            f"raise max_payload in the NATS servers' config", SETTINGS_EXIT)
     js = nc.jetstream(timeout=10)
+    asking = nc.jetstream(timeout=ASK_S)
     loop = asyncio.get_running_loop()
     until = loop.time() + opts.timeout_s
     while True:
         try:
-            info = await js.stream_info(opts.stream)
+            info = await asking.stream_info(opts.stream)
             break
         except NotFoundError:
             info = None
