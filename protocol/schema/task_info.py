@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .tasks import (ADMITTED, CANCELLED, FAILED, MAX_ATTEMPTS, MAX_LEVEL, QUEUED, RUNNING,
-                    SUCCESS, UNIQUE_ID)
+from .tasks import (ADMITTED, CANCELLED, FAILED, GROUP, MAX_ATTEMPTS, MAX_LEVEL, QUEUED,
+                    RUNNING, SUCCESS, UNIQUE_ID)
 
 #: the statuses in the order a task goes through them (the document lists them so)
 STATUS_ORDER = (QUEUED, RUNNING, ADMITTED, SUCCESS, FAILED, CANCELLED)
@@ -78,6 +78,9 @@ FIELDS = (
     Field("error", {"type": "string", "description": "Why the latest call failed."}),
     Field("level", {"type": "integer", "minimum": 1, "maximum": MAX_LEVEL,
                     "description": "Its level (absent: 0)."}),
+    Field("group", {"type": "string", "pattern": f"^{GROUP.pattern}$",
+                    "description": "Its group, the tenant its function's rotation serves "
+                                   "in turn (absent: none, the group \"\")."}),
     Field("clientIp", {"type": "string", "description": "The address that enqueued it "
                                                        "(the master key only)."}),
     Field("type", {"type": "string", "enum": ["online"],
@@ -118,6 +121,7 @@ class TaskInfo(NamedTuple):
     result_headers: dict | None = None
     error: str | None = None
     level: int | None = None
+    group: str | None = None
     client_ip: str | None = None
     type: str | None = None
     pass_expires_at: float | None = None

@@ -10,7 +10,8 @@ A refusal is a TaskError and changes nothing; the first that refuses answers.
                                 (requests.py), so its body is what counts next
     room            `room_for`  not draining; the memory (--max-jobs-bytes) has room
     the function    store       one of the config's, or a name under base_url
-    the task        `new_task`  its options (options.py), the waiting room's rules
+    the task        `new_task`  its options (options.py: a `group` too, as only the
+                                master key sets options), the waiting room's rules
                                 (room.py `refusal`), a uniqueId given and free, a delay
                                 below its queueTimeout
     the journal     store       room for its record (the disk is not full)
@@ -146,3 +147,4 @@ def _set_options(task: Task, parsed: dict, spec: FunctionSpec, now: float) -> No
     task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
     task.keep_result_ms = parsed.get("keepResult", DEFAULT_KEEP_RESULT_MS)
     task.due = now + parsed.get("delay", 0) / 1000
+    task.group = parsed.get("group", "")

@@ -72,7 +72,7 @@ from .model.outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide,
 from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
-                         TaskError, client_group)
+                         TaskError, client_net)
 from .waiting import WaitingRoom
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)

@@ -55,7 +55,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         finished_at=None if task.finished is None else task.finished + wall,
         status_code=task.status_code, result=task.result,
         result_headers=task.result_headers or None, error=task.error,
-        level=task.level or None, client_ip=task.client_ip if keyed else None,
+        level=task.level or None, group=task.group or None, client_ip=task.client_ip if keyed else None,
         type="online" if task.online else None,
         pass_expires_at=task.pass_exp + wall if admitted else None,
         admit_url=spec.admit_url or None if spec is not None else None,

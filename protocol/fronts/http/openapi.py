@@ -20,7 +20,7 @@ from ...schema import VERSION
 from ...schema.task_info import (ENQUEUED, FIELDS, FRONT_FIELDS, STATUS_ORDER, UNIQUE_ID_SCHEMA,
                                  WAIT_TIME, time_schema)
 from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
-                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, INT64, MAX_ATTEMPTS,
+                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, GROUP, INT64, MAX_ATTEMPTS,
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
                              QUEUE_TIMEOUT, QUEUED, SAFE_HEADERS, SCHEDULE_NAME, STATUSES,
                              UNIQUE_ID)
@@ -77,6 +77,12 @@ def task_options() -> dict:
                                             "gone mid-call) is retried (atLeastOnce: the "
                                             "function may run more than once) or fails the "
                                             "task (atMostOnce)."},
+            "group": {"type": "string", "pattern": _pattern(GROUP),
+                      "description": "Its group, the tenant it is enqueued for (kept "
+                                     "with the task and shown in its info). Default: none "
+                                     "(the group \"\"). Like "
+                                     "every option, only a request with the master key may "
+                                     "set it."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
                               "taken).", DEFAULT_KEEP_RESULT_MS),
             "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
