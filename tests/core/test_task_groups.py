@@ -4,8 +4,10 @@ task's waitNum under it (a Hypothesis model of the hand-out order: test_rotation
 from __future__ import annotations
 
 import pytest
+from sortedcontainers import SortedList
 
 from zstalk.broker.core.tasks import views
+from zstalk.broker.core.tasks.components.rotation import Rotation
 from zstalk.broker.core.tasks.enqueue import allowed
 from zstalk.broker.core.tasks.store import ApiPolicy, FunctionSpec, TaskError
 from zstalk.broker.core.shared import Admission
@@ -49,3 +51,93 @@ def test_only_the_master_key_sets_a_group():
     refused = allowed(order, lambda name: FunctionSpec(name, "http://fn/f"),
                       ApiPolicy(public_enqueue=True), Admission(0))
     assert isinstance(refused, TaskError) and refused.code == "unauthorized"
+
+
+# -- the rotation ----------------------------------------------------------------------------
+def put(c: Clock, group: str | None, **options):
+    if group is not None:
+        options["group"] = group
+    return c.enqueue(options=options or None)
+
+
+def handed_out(c: Clock) -> list[str]:
+    """Take every task there is (each call succeeds at once), in order."""
+    uids = []
+    while (task := c.take()) is not None:
+        uids.append(task.uid)
+        c.report(task, "success")
+    return uids
+
+
+def wait_nums(c: Clock) -> dict[str, int]:
+    return {uid: info(c, uid)["waitNum"] for uid, task in c.store.tasks.items()
+            if task.status == "queued"}
+
+
+@pytest.fixture
+def many() -> Clock:
+    return Clock(f={"concurrency": 1000}, g={"concurrency": 1000})
+
+
+def test_groups_are_served_in_turn_one_task_each_in_the_order_they_joined(many):
+    for group in ("acme", "acme", "acme", "beta", "beta", None):
+        put(many, group)        # t1-t3 acme, t4-t5 beta, t6 the group ""
+    assert wait_nums(many) == {"t1": 0, "t4": 1, "t6": 2, "t2": 3, "t5": 4, "t3": 5}
+    assert handed_out(many) == ["t1", "t4", "t6", "t2", "t5", "t3"]
+
+
+def test_levels_come_first_across_groups_and_each_group_sends_its_best_by_priority(many):
+    put(many, "acme", priority=5)           # t1
+    put(many, "acme", priority=1)           # t2
+    put(many, "beta", priority=0)           # t3
+    put(many, "beta", level=2, priority=9)  # t4
+    put(many, "acme", level=2, priority=9)  # t5
+    assert handed_out(many) == ["t4", "t5", "t2", "t3", "t1"]
+
+
+def test_a_group_whose_first_task_becomes_due_joins_at_the_end_of_the_round(many):
+    put(many, "acme"), put(many, "acme"), put(many, "beta"), put(many, "beta")  # t1-t4
+    put(many, "gamma", delay=1000)          # t5: due in a second
+    first = many.take()
+    assert first.uid == "t1"
+    many.report(first, "success")
+    many.advance(1.0)                       # gamma joins: after beta, before acme's next
+    assert wait_nums(many) == {"t3": 0, "t5": 1, "t2": 2, "t4": 3}
+    assert handed_out(many) == ["t3", "t5", "t2", "t4"]
+
+
+def test_a_group_whose_best_task_is_cancelled_keeps_its_turn(many):
+    for group in ("acme", "acme", "beta"):
+        put(many, group)                    # t1, t2 acme; t3 beta
+    many.store.cancel("t1", many.now)
+    assert wait_nums(many) == {"t2": 0, "t3": 1}
+    assert handed_out(many) == ["t2", "t3"]
+
+
+def test_a_task_not_due_yet_is_told_its_place_as_if_it_were_due_now(many):
+    put(many, None), put(many, None)                    # t1, t2: the group ""
+    put(many, "acme", delay=5000)                       # t3: would follow t1
+    put(many, None, delay=5000, priority=0)             # t4: would be first
+    assert wait_nums(many) == {"t1": 0, "t2": 1, "t3": 1, "t4": 0}
+    many.advance(5.0)
+    assert wait_nums(many) == {"t4": 0, "t3": 1, "t1": 2, "t2": 3}
+    assert handed_out(many) == ["t4", "t3", "t1", "t2"]
+
+
+def test_a_function_without_groups_keeps_its_plain_line_and_one_with_them_a_rotation(many):
+    put(many, None)
+    assert type(many.store.ready["f"]) is SortedList
+    put(many, "acme")
+    assert type(many.store.ready["f"]) is Rotation
+    assert handed_out(many) == ["t1", "t2"]
+    put(many, None)                         # (its line ran out: plain again)
+    assert type(many.store.ready["f"]) is SortedList
+
+
+def test_across_functions_the_hand_out_compares_each_functions_next_task(many):
+    many.enqueue("f", {"group": "acme", "priority": 1})     # t1
+    many.enqueue("f", {"group": "acme", "priority": 2})     # t2
+    many.enqueue("f", {"group": "beta", "priority": 9})     # t3
+    many.enqueue("g", {"priority": 5})                      # t4
+    # f's rotation sends t1, then beta's t3 (9): g's t4 (5) goes before it
+    assert handed_out(many) == ["t1", "t4", "t3", "t2"]

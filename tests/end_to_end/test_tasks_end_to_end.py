@@ -549,6 +549,24 @@ def test_a_function_with_concurrency_one_is_called_by_priority_then_in_enqueue_o
     assert [json.loads(call.body) for call in host.calls] == [None, 5, 1, 4, 3, 0, 2]
 
 
+def test_groups_are_called_in_turn_and_each_tasks_wait_num_is_its_place_in_the_rotation(
+        serve, host):
+    api = serve(config=one_at_a_time(host))
+    host.held.add("first")
+    api.enqueue("one", uniqueId="first")
+    wait_calls(host, "one", 1)
+    enqueued = [api.enqueue("one", f"big-{i}", group="big") for i in range(4)]
+    enqueued += [api.enqueue("one", f"small-{i}", group="small") for i in range(2)]
+    assert [body["waitNum"] for _, body in enqueued] == [0, 1, 2, 3, 1, 3]
+    _, info = api.request("GET", f"/v1/tasks/{enqueued[4][1]['uniqueId']}")
+    assert (info["group"], info["waitNum"]) == ("small", 1)
+    host.held.clear()
+    for _, body in enqueued:
+        api.wait_status(body["uniqueId"], "success")
+    assert [json.loads(call.body) for call in host.calls[1:]] == [
+        "big-0", "small-0", "big-1", "small-1", "big-2", "big-3"]
+
+
 def test_a_call_answered_after_its_timeout_is_made_again_at_least_once_or_fails_at_most_once(
         serve, host):
     api = serve()

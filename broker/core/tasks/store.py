@@ -20,7 +20,8 @@ logs the calls that failed, and orders the timers' expiry.  Who owns what beneat
 The coordinators call down into the ledger, and it into the components, which own the
 rest, return data and call nothing back: functions.py knows the functions and the specs
 in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
-function's line and the order of hand-outs; limiter.py says whether and when a function
+function's line and the order of hand-outs (rotation.py: a function's groups served in
+turn); limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
 slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
 keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
@@ -211,7 +212,7 @@ class Tasks:
         name = task.function
         if why.reason == NO_LIVE_UPSTREAMS:
             if self.journal.room[TASK_STATE](task):
-                self.lines.unready(task)
+                self.lines.unready(task, turn=True)
                 self.lines.queued.discard(name)
                 task.attempt += 1
                 task.started = now
