@@ -90,7 +90,10 @@ FIELDS = (
                                                         "in the URL's fragment."}),
     Field("endedBy", {"type": "string", "enum": ["done", "expired"]}),
     Field("waitNum", {"type": "integer", "minimum": 0,
-                      "description": "Tasks of its function due before it (queued only)."}),
+                      "description": "Due tasks of its function handed out before it if "
+                                     "every group could start now: its level and those "
+                                     "above, then its function's groups in turn (queued "
+                                     "only; one not due yet: as if it were due now)."}),
     Field("waitTime", WAIT_TIME),
     Field("retryAt", time_schema("When the next try is due (queued after a failure)"), time=True),
 )

@@ -78,9 +78,11 @@ def task_options() -> dict:
                                             "function may run more than once) or fails the "
                                             "task (atMostOnce)."},
             "group": {"type": "string", "pattern": _pattern(GROUP),
-                      "description": "Its group, the tenant it is enqueued for (kept "
-                                     "with the task and shown in its info). Default: none "
-                                     "(the group \"\"). Like "
+                      "description": "Its group, the tenant it is enqueued for: within a "
+                                     "level, a function's groups with a due task are served "
+                                     "in turn, one task per turn, each group's best by "
+                                     "`priority`, so one group's backlog does not hold up "
+                                     "the others. Default: none (the group \"\"). Like "
                                      "every option, only a request with the master key may "
                                      "set it."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
