@@ -2,7 +2,8 @@
 words it: Hypothesis runs enqueues (groups, levels, priorities, delays), hand-outs,
 cancels and the clock on two functions, and after every step each hand-out must be the
 model's and every queued task's waitNum the number of due tasks the model would hand out
-before it (a task not due yet: as if it were due now)."""
+before it (a task not due yet: as if it were due now); the named groups' counts the
+functions' stats show are what the tasks say."""
 from __future__ import annotations
 
 import copy
@@ -121,11 +122,22 @@ class Model:
         return place
 
 
+def recount(store) -> dict:
+    """The named groups' [queued, running] by function, counted from the tasks."""
+    out: dict = {}
+    for task in store.tasks.values():
+        if task.group and task.status in ("queued", "running", "admitted"):
+            counts = out.setdefault(task.function, {}).setdefault(task.group, [0, 0])
+            counts[task.status != "queued"] += 1
+    return out
+
+
 step = st.one_of(
     st.tuples(st.just("enqueue"), st.sampled_from(FUNCTIONS), st.sampled_from(GROUPS),
               st.sampled_from([0, 0, 0, 1, 2]), st.one_of(st.none(), st.integers(0, 3)),
               st.sampled_from([0, 0, 0, 500, 1000, 2000])),
-    st.tuples(st.just("take")),
+    st.tuples(st.just("take"), st.sampled_from(["success", "success", "running"])),
+    st.tuples(st.just("end"), st.integers(0, 50)),
     st.tuples(st.just("cancel"), st.integers(0, 50)),
     st.tuples(st.just("advance"), st.sampled_from([0.25, 0.5, 1.0])),
 )
@@ -134,8 +146,9 @@ step = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(step, min_size=8, max_size=60))
 def test_the_hand_out_order_and_every_wait_num_are_the_models_after_every_step(steps):
-    c = Clock(f={"concurrency": 1000}, g={"concurrency": 1000})
-    model = Model()
+    spec = {"concurrency": 1000, "timeout_ms": 600_000}     # (no call times out here)
+    c = Clock(f=spec, g=spec)
+    model, running = Model(), []
     for s in steps:
         if s[0] == "enqueue":
             _, name, group, level, priority, delay = s
@@ -152,8 +165,10 @@ def test_the_hand_out_order_and_every_wait_num_are_the_models_after_every_step(s
         elif s[0] == "take":
             task = c.take()
             assert (task.uid if task is not None else None) == model.take()
-            if task is not None:
+            if task is not None and s[1] == "success":
                 c.report(task, "success")
+            elif task is not None:          # (left running: the groups' counts see it)
+                running.append(task)
         elif s[0] == "cancel":
             queued = [t for t in c.store.tasks.values() if t.status == "queued"]
             if queued:
@@ -161,12 +176,16 @@ def test_the_hand_out_order_and_every_wait_num_are_the_models_after_every_step(s
                 due = all(w[1] != task.seq for w in model.later)
                 assert c.store.cancel(task.uid, c.now).status == "cancelled"
                 model.cancel(task, due)
+        elif s[0] == "end":
+            if running:
+                c.report(running.pop(s[1] % len(running)), "success")
         else:
             c.advance(s[1])
             for _, _, task in sorted((w for w in model.later if w[0] <= c.now),
                                      key=lambda w: (w[0], w[1])):
                 model.make_due(task)
             model.later = [w for w in model.later if w[0] > c.now]
+        assert c.store.ledger.groups == recount(c.store)
         later = {w[1] for w in model.later}
         for task in c.store.tasks.values():
             if task.status == "queued":

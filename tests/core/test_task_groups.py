@@ -141,3 +141,36 @@ def test_across_functions_the_hand_out_compares_each_functions_next_task(many):
     many.enqueue("g", {"priority": 5})                      # t4
     # f's rotation sends t1, then beta's t3 (9): g's t4 (5) goes before it
     assert handed_out(many) == ["t1", "t4", "t3", "t2"]
+
+
+# -- what GET /v1/functions/{name} shows of them ----------------------------------------------
+def groups_of(c: Clock, name: str = "f"):
+    return views.function_stats(c.store, name, c.now).get("groups")
+
+
+def test_a_functions_stats_count_its_named_groups_and_show_the_busiest_with_their_calls():
+    c = Clock(f={"concurrency": 1})
+    put(c, "acme"), put(c, "acme", delay=5000), put(c, "beta"), put(c, None)
+    assert groups_of(c) == {"count": 2, "busiest": [         # (queued: due and delayed)
+        {"group": "acme", "queued": 2, "running": 0},
+        {"group": "beta", "queued": 1, "running": 0}]}
+    running = c.take()
+    assert running.uid == "t1" and groups_of(c)["busiest"][0] == {
+        "group": "acme", "queued": 1, "running": 1}
+    c.report(running, "failure")            # a retry: queued again (its backoff)
+    assert groups_of(c)["busiest"][0] == {"group": "acme", "queued": 2, "running": 0}
+    c.store.cancel("t3", c.now)
+    assert groups_of(c) == {"count": 1, "busiest": [
+        {"group": "acme", "queued": 2, "running": 0}]}
+
+
+def test_a_function_without_named_groups_shows_none_and_the_busiest_are_ten():
+    c = Clock(f={"concurrency": 1})
+    put(c, None)
+    assert groups_of(c) is None
+    for n in range(12):
+        for _ in range(n + 1):
+            put(c, f"g{n}", delay=1000)
+    shown = groups_of(c)
+    assert shown["count"] == 12
+    assert [g["group"] for g in shown["busiest"]] == [f"g{n}" for n in range(11, 1, -1)]

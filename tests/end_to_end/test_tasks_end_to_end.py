@@ -549,7 +549,7 @@ def test_a_function_with_concurrency_one_is_called_by_priority_then_in_enqueue_o
     assert [json.loads(call.body) for call in host.calls] == [None, 5, 1, 4, 3, 0, 2]
 
 
-def test_groups_are_called_in_turn_and_each_tasks_wait_num_is_its_place_in_the_rotation(
+def test_groups_are_called_in_turn_each_wait_num_is_its_place_and_the_function_counts_them(
         serve, host):
     api = serve(config=one_at_a_time(host))
     host.held.add("first")
@@ -560,6 +560,10 @@ def test_groups_are_called_in_turn_and_each_tasks_wait_num_is_its_place_in_the_r
     assert [body["waitNum"] for _, body in enqueued] == [0, 1, 2, 3, 1, 3]
     _, info = api.request("GET", f"/v1/tasks/{enqueued[4][1]['uniqueId']}")
     assert (info["group"], info["waitNum"]) == ("small", 1)
+    _, stats = api.request("GET", "/v1/functions/one")
+    assert stats["groups"] == {"count": 2, "busiest": [
+        {"group": "big", "queued": 4, "running": 0},
+        {"group": "small", "queued": 2, "running": 0}]}
     host.held.clear()
     for _, body in enqueued:
         api.wait_status(body["uniqueId"], "success")

@@ -409,6 +409,7 @@ def test_a_tasks_group_comes_back_with_the_binlog_and_none_is_not_written(tmp_pa
     assert again.broker.tasks.tasks["acme-1"].group == "acme"
     assert again.info("acme-1")["group"] == "acme"
     assert again.broker.tasks.tasks["plain"].group == "" and "group" not in again.info("plain")
+    assert again.broker.tasks.ledger.groups == {"f": {"acme": [1, 0]}}     # (its stats)
 
 
 def test_a_group_that_is_not_text_in_a_record_is_read_as_none(tmp_path):

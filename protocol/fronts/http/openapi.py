@@ -603,6 +603,25 @@ def function_stats() -> dict:
                                       "inFlight": count, "fails": count,
                                       "usableAt": {"type": "string", "format": "date-time"},
                                       "lastError": {"type": "string"}}}},
+            "groups": {"type": "object", "additionalProperties": False,
+                       "required": ["count", "busiest"],
+                       "description": "Its named groups with queued, running or admitted "
+                                      "tasks (absent: none; tasks without a group are not "
+                                      "in it).",
+                       "properties": {
+                           "count": count,
+                           "busiest": {"type": "array", "maxItems": 10,
+                                       "description": "The 10 with the most queued tasks "
+                                                      "(due and delayed), most first.",
+                                       "items": {"type": "object",
+                                                 "additionalProperties": False,
+                                                 "required": ["group", "queued", "running"],
+                                                 "properties": {
+                                                     "group": {"type": "string"},
+                                                     "queued": count,
+                                                     "running": {**count, "description":
+                                                                 "Calls in flight and "
+                                                                 "admitted online tasks."}}}}}},
             "heldByCounters": {**count, "description": "Slots counter clients hold as the "
                                                     "counter fn:NAME (absent: none); they "
                                                     "count against concurrency too."},
