@@ -174,3 +174,27 @@ def test_a_function_without_named_groups_shows_none_and_the_busiest_are_ten():
     shown = groups_of(c)
     assert shown["count"] == 12
     assert [g["group"] for g in shown["busiest"]] == [f"g{n}" for n in range(11, 1, -1)]
+
+
+# -- max_groups ------------------------------------------------------------------------------
+def test_a_task_of_one_group_more_than_max_groups_is_refused_until_a_group_has_none_left():
+    c = Clock(f={"max_groups": 2})
+    put(c, "acme"), put(c, "beta")
+    refused = put(c, "gamma")
+    assert isinstance(refused, TaskError) and refused.code == "too_many_groups"
+    assert "max_groups" in refused.message and "t3" not in c.store.tasks
+    assert put(c, "acme").uid == "t4" and put(c, None).uid == "t5"  # (known, and none)
+    c.store.cancel("t2", c.now)             # beta has none left: room for another
+    assert put(c, "gamma").uid == "t6"
+
+
+def test_max_groups_comes_from_the_config_at_10000_unless_set(tmp_path):
+    from zstalk.broker import config_file as cf
+    path = tmp_path / "z.toml"
+    path.write_text('[functions]\nbase_url = "http://h:1"\nmax_groups = 3\n'
+                    '[functions.f]\n[functions.g]\nmax_groups = 5\n')
+    config = cf.load(str(path))
+    specs = {s.name: s for s in config.named}
+    assert (specs["f"].max_groups, specs["g"].max_groups) == (3, 5)
+    path.write_text('[functions.f]\nurl = "http://h:1/f"\n')
+    assert cf.load(str(path)).named[0].max_groups == 10_000

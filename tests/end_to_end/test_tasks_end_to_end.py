@@ -571,6 +571,16 @@ def test_groups_are_called_in_turn_each_wait_num_is_its_place_and_the_function_c
         "big-0", "small-0", "big-1", "small-1", "big-2", "big-3"]
 
 
+def test_a_task_of_a_group_beyond_max_groups_is_a_429_too_many_groups(serve, host):
+    api = serve(config=one_at_a_time(host) + "max_groups = 1\n")
+    host.held.add("one")
+    assert api.enqueue("one", group="acme")[0] == 201
+    code, body = api.enqueue("one", group="globex")
+    assert (code, body["error"]) == (429, "too_many_groups"), body
+    assert api.enqueue("one", group="acme")[0] == 201 and api.enqueue("one")[0] == 201
+    host.held.clear()
+
+
 def test_a_call_answered_after_its_timeout_is_made_again_at_least_once_or_fails_at_most_once(
         serve, host):
     api = serve()

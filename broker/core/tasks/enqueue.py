@@ -11,7 +11,8 @@ A refusal is a TaskError and changes nothing; the first that refuses answers.
     room            `room_for`  not draining; the memory (--max-jobs-bytes) has room
     the function    store       one of the config's, or a name under base_url
     the task        `new_task`  its options (options.py: a `group` too, as only the
-                                master key sets options), the waiting room's rules
+                                master key sets options), a new group within the
+                                function's max_groups (429), the waiting room's rules
                                 (room.py `refusal`), a uniqueId given and free, a delay
                                 below its queueTimeout
     the journal     store       room for its record (the disk is not full)
@@ -100,10 +101,11 @@ def room_for(admission: Admission, params_len: int) -> TaskError | None:
 def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: str | None,
              request: Any, client_ip: str | None, online: bool, *, seq: int,
              wall_offset: float, taken: dict, room: Room,
-             upstream: UpstreamCalls) -> Task | TaskError:
+             upstream: UpstreamCalls, groups: dict | None = None) -> Task | TaskError:
     """The task an enqueue makes, every check of the task made (nothing changed yet).
     `request`: unchecked, or (Request, body) as requests.parse made it; `taken`: the
-    tasks by uniqueId."""
+    tasks by uniqueId; `groups`: the function's named groups with live tasks (the
+    ledger's counts)."""
     if request is not None:
         checked = request if isinstance(request, tuple) else requests.parse(
             request, spec.request_headers)
@@ -113,6 +115,10 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
     parsed = parse_options(options, spec)
     if isinstance(parsed, TaskError):
         return parsed
+    group = parsed.get("group")
+    if group is not None and groups and group not in groups and len(groups) >= spec.max_groups:
+        return TaskError("too_many_groups", f"{spec.name!r} has tasks of {len(groups)} groups, "
+                         f"its max_groups: a task of another waits until one has none left")
     refused = room.refusal(spec, parsed, online, client_ip)
     if refused is not None:
         return refused

@@ -144,7 +144,8 @@ class Tasks:
             return TaskError("unknown_function", f"no function named {function!r}")
         task = new_task(spec, params, options, now, uid, request, client_ip, online,
                         seq=self.ledger.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
-                        room=self.room, upstream=self.upstream)
+                        room=self.room, upstream=self.upstream,
+                        groups=self.ledger.groups.get(function))
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):

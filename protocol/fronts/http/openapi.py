@@ -396,6 +396,8 @@ _ERRORS = {
     "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
     "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
+    "429": "Too many: online tasks waiting from this client address (the function's "
+           "max_waiting_per_client), or a new group beyond the function's max_groups.",
     "503": "The broker cannot take it now: draining, out of job memory (--max-jobs-bytes), "
            "or out of reach.",
 }
@@ -441,7 +443,7 @@ def enqueue() -> dict:
                          _links("getTask", "cancelTask")),
             "200": _json({"type": "array", "maxItems": MAX_BATCH, "items": _ref("BatchItem")},
                          "The array form: each item's result."),
-        }, "400", "401", "403", "404", "408", "409", "413", "415", "503"),
+        }, "400", "401", "403", "404", "408", "409", "413", "415", "429", "503"),
     }
 
 
