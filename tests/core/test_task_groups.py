@@ -198,3 +198,37 @@ def test_max_groups_comes_from_the_config_at_10000_unless_set(tmp_path):
     assert (specs["f"].max_groups, specs["g"].max_groups) == (3, 5)
     path.write_text('[functions.f]\nurl = "http://h:1/f"\n')
     assert cf.load(str(path)).named[0].max_groups == 10_000
+
+
+# -- group_by = "client" ---------------------------------------------------------------------
+def from_ip(c: Clock, ip: str | None, options=None):
+    c.n += 1
+    return c.store.enqueue("f", b"{}", options, c.now, uid=f"t{c.n}", client_ip=ip)
+
+
+def test_with_group_by_client_a_task_without_a_group_is_in_its_client_address_group():
+    c = Clock(f={"group_by": "client", "concurrency": 1000})
+    a = from_ip(c, "10.0.0.1")
+    b = from_ip(c, "2001:db8:1:2::7")
+    b2 = from_ip(c, "2001:db8:1:2:ffff::1")         # (the same /64)
+    mapped = from_ip(c, "::ffff:10.0.0.1")
+    chosen = from_ip(c, "10.0.0.1", {"group": "acme"})      # (the option wins)
+    nobody = from_ip(c, None)
+    assert [t.group for t in (a, b, b2, mapped, chosen, nobody)] == [
+        "10.0.0.1", "2001:db8:1:2::", "2001:db8:1:2::", "10.0.0.1", "acme", ""]
+    assert info(c, "t2")["group"] == "2001:db8:1:2::"
+    assert handed_out(c) == ["t1", "t2", "t5", "t6", "t4", "t3"]
+
+
+def test_without_group_by_a_tasks_client_address_makes_no_group(c):
+    assert from_ip(c, "10.0.0.1").group == ""
+
+
+def test_group_by_takes_client_or_nothing_and_refuses_a_header_for_now(tmp_path):
+    from zstalk.broker import config_file as cf
+    path = tmp_path / "z.toml"
+    path.write_text('[functions.f]\nurl = "http://h:1/f"\ngroup_by = "client"\n')
+    assert cf.load(str(path)).named[0].group_by == "client"
+    path.write_text('[functions.f]\nurl = "http://h:1/f"\ngroup_by = "header:X-Tenant"\n')
+    with pytest.raises(cf.ConfigError, match="group_by is \"client\" or"):
+        cf.load(str(path))

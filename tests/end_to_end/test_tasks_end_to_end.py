@@ -581,6 +581,17 @@ def test_a_task_of_a_group_beyond_max_groups_is_a_429_too_many_groups(serve, hos
     host.held.clear()
 
 
+def test_with_group_by_client_a_task_is_in_its_client_address_group_unless_it_names_one(
+        serve, host):
+    api = serve(config=one_at_a_time(host) + 'group_by = "client"\n')
+    host.held.add("one")
+    _, plain = api.enqueue("one")
+    _, named = api.enqueue("one", group="acme")
+    assert api.request("GET", f"/v1/tasks/{plain['uniqueId']}")[1]["group"] == LOOPBACK
+    assert api.request("GET", f"/v1/tasks/{named['uniqueId']}")[1]["group"] == "acme"
+    host.held.clear()
+
+
 def test_a_call_answered_after_its_timeout_is_made_again_at_least_once_or_fails_at_most_once(
         serve, host):
     api = serve()

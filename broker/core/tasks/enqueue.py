@@ -11,8 +11,9 @@ A refusal is a TaskError and changes nothing; the first that refuses answers.
     room            `room_for`  not draining; the memory (--max-jobs-bytes) has room
     the function    store       one of the config's, or a name under base_url
     the task        `new_task`  its options (options.py: a `group` too, as only the
-                                master key sets options), a new group within the
-                                function's max_groups (429), the waiting room's rules
+                                master key sets options; without one, its client's
+                                address with group_by = "client"), a new group within
+                                the function's max_groups (429), the waiting room's rules
                                 (room.py `refusal`), a uniqueId given and free, a delay
                                 below its queueTimeout
     the journal     store       room for its record (the disk is not full)
@@ -34,7 +35,7 @@ from .components.upstream_calls import UpstreamCalls
 from .model import requests
 from .model.options import bad, parse_options
 from .model.spec import ApiPolicy, FunctionSpec
-from .model.task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError
+from .model.task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError, client_group
 
 NEEDS_KEY = TaskError("unauthorized", "this needs Authorization: Bearer <master key>")
 #: a function's `online` that lets a request without the master key enqueue online tasks
@@ -116,6 +117,8 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
     if isinstance(parsed, TaskError):
         return parsed
     group = parsed.get("group")
+    if group is None and spec.group_by == "client" and client_ip:    # (the option wins)
+        group = parsed["group"] = client_group(client_ip)
     if group is not None and groups and group not in groups and len(groups) >= spec.max_groups:
         return TaskError("too_many_groups", f"{spec.name!r} has tasks of {len(groups)} groups, "
                          f"its max_groups: a task of another waits until one has none left")

@@ -158,6 +158,18 @@ def client_net(ip: str | None) -> str | None:
         return ip
 
 
+def client_group(ip: str | None) -> str:
+    """The group `group_by = "client"` puts a task in: its client's address as the waiting
+    room counts it (IPv6 by its /64, shown as the network's address), in the characters
+    a group may have ("" without an address; an IPv4-mapped address is its IPv4's)."""
+    if ip and ip[:7].lower() == "::ffff:" and "." in ip:
+        ip = ip[7:]
+    net = client_net(ip)
+    if not net:
+        return ""
+    return "".join(c if c.isalnum() or c in "_.:@-" else "_" for c in net.split("/")[0])[:64]
+
+
 def restored(image, wall: float, max_level: int) -> Task:
     """A task as a journal kept it (core/shared/journal.py TaskImage), our clock's times;
     its status is the ledger's to set (ledger.resume)."""
