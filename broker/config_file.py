@@ -133,6 +133,12 @@ KEYS: tuple[Key, ...] = (
         "a waiting user who does not look (GET the task) this often loses the place"),
     Key(EVERY, "max_waiting_per_client", "integer", 20, "tasks",
         "online tasks that may wait per client address (IPv6 by /64), 1 to 1000000"),
+    Key(EVERY, "max_groups", "integer", 10_000, "groups",
+        "named groups (the option group) with queued or running tasks a function may have; "
+        "a task of one more is a 429 too_many_groups; 1 to 1000000"),
+    Key(EVERY, "group_by", "string", "", "",
+        "\"client\": a task enqueued without the option group is in its client address's "
+        "group (IPv6 by /64; the option wins); \"\": in none"),
     Key(EVERY, "admit_url", "URL", "", "",
         "where an admitted user goes: admitUrl, with the pass in its fragment"),
     Key(EVERY, "allow_origins", "list of origins", [], "",
@@ -449,6 +455,12 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
         raise ConfigError(f"{where}: pass_ttl and online_heartbeat must be above 0")
     most_waiting = _integer(entry, "max_waiting_per_client",
                             _DEFAULT[FUNCTION, "max_waiting_per_client"], 1, 1_000_000, where)
+    max_groups = _integer(entry, "max_groups", _DEFAULT[FUNCTION, "max_groups"], 1, 1_000_000,
+                          where)
+    group_by = _get(entry, FUNCTION, "group_by")
+    if group_by not in ("", "client"):
+        raise ConfigError(f"{where}: group_by is \"client\" or \"\" (a header's value: not "
+                          f"yet), not {group_by!r}")
     admit_url = _get(entry, FUNCTION, "admit_url")
     if admit_url and (not isinstance(admit_url, str) or not re.match(r"https?://[^/\s]+", admit_url)
                       or "#" in admit_url):
@@ -458,7 +470,8 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
-                        upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins)
+                        upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins,
+                        max_groups, group_by)
 
 
 def _origins(value: Any, where: str) -> tuple[str, ...]:

@@ -72,6 +72,8 @@ def task_optional(task: Task, extra: dict | None, wall: float) -> dict:
         out["balance_key"] = task.balance_key
     if task.client_ip is not None:
         out["client_ip"] = task.client_ip
+    if task.group:
+        out["group"] = task.group
     if task.online:
         out["online"] = True
         if task.pass_exp:
@@ -104,7 +106,7 @@ def task_image(fields: list) -> J.TaskImage:
     left at the image's default."""
     optional = fields[wf.T_OPTIONAL] if len(fields) > wf.T_OPTIONAL else {}
     named = {k: optional[k] for k in wf.TASK_OPTIONAL if k in optional}
-    for name in ("balance_key", "client_ip", "ended_by"):
+    for name in ("balance_key", "client_ip", "ended_by", "group"):
         if type(named.get(name)) is not str:
             named.pop(name, None)
     named["online"] = optional.get("online") is True

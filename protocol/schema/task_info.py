@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .tasks import (ADMITTED, CANCELLED, FAILED, MAX_ATTEMPTS, MAX_LEVEL, QUEUED, RUNNING,
-                    SUCCESS, UNIQUE_ID)
+from .tasks import (ADMITTED, CANCELLED, FAILED, GROUP, MAX_ATTEMPTS, MAX_LEVEL, QUEUED,
+                    RUNNING, SUCCESS, UNIQUE_ID)
 
 #: the statuses in the order a task goes through them (the document lists them so)
 STATUS_ORDER = (QUEUED, RUNNING, ADMITTED, SUCCESS, FAILED, CANCELLED)
@@ -78,6 +78,9 @@ FIELDS = (
     Field("error", {"type": "string", "description": "Why the latest call failed."}),
     Field("level", {"type": "integer", "minimum": 1, "maximum": MAX_LEVEL,
                     "description": "Its level (absent: 0)."}),
+    Field("group", {"type": "string", "pattern": f"^{GROUP.pattern}$",
+                    "description": "Its group, the tenant its function's rotation serves "
+                                   "in turn (absent: none, the group \"\")."}),
     Field("clientIp", {"type": "string", "description": "The address that enqueued it "
                                                        "(the master key only)."}),
     Field("type", {"type": "string", "enum": ["online"],
@@ -87,7 +90,10 @@ FIELDS = (
                                                         "in the URL's fragment."}),
     Field("endedBy", {"type": "string", "enum": ["done", "expired"]}),
     Field("waitNum", {"type": "integer", "minimum": 0,
-                      "description": "Tasks of its function due before it (queued only)."}),
+                      "description": "Due tasks of its function handed out before it if "
+                                     "every group could start now: its level and those "
+                                     "above, then its function's groups in turn (queued "
+                                     "only; one not due yet: as if it were due now)."}),
     Field("waitTime", WAIT_TIME),
     Field("retryAt", time_schema("When the next try is due (queued after a failure)"), time=True),
 )
@@ -118,6 +124,7 @@ class TaskInfo(NamedTuple):
     result_headers: dict | None = None
     error: str | None = None
     level: int | None = None
+    group: str | None = None
     client_ip: str | None = None
     type: str | None = None
     pass_expires_at: float | None = None

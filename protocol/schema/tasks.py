@@ -14,6 +14,9 @@ UNIQUE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,32}")
 #: a function name is a URL path segment under base_url: no leading dot (no "..")
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,63}")
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: a task's group (its tenant: the rotation serves a function's groups in turn); "" is the
+#: group of a task enqueued without one
+GROUP = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 
 # -- a task's life -------------------------------------------------------------------------
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
@@ -27,8 +30,8 @@ TASK_ERROR_CHARS = 1000     # a task's error text is cut to this (it travels and
 OUTCOME_KINDS = frozenset({"success", "failure", "unknown", "fatal", "declined"})
 
 # -- ranges --------------------------------------------------------------------------------
-OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "keepResult", "level", "priority",
-           "queueTimeout", "timeout", "uniqueId")
+OPTIONS = ("attempts", "backoff", "delay", "deliveryMode", "group", "keepResult", "level",
+           "priority", "queueTimeout", "timeout", "uniqueId")
 MAX_DURATION_MS = 365 * 24 * 3600 * 1000        # delays, backoffs, keepResult: a year
 MAX_ATTEMPTS = 1000
 MAX_PAGE = 1000             # tasks one listing request may return

@@ -549,6 +549,49 @@ def test_a_function_with_concurrency_one_is_called_by_priority_then_in_enqueue_o
     assert [json.loads(call.body) for call in host.calls] == [None, 5, 1, 4, 3, 0, 2]
 
 
+def test_groups_are_called_in_turn_each_wait_num_is_its_place_and_the_function_counts_them(
+        serve, host):
+    api = serve(config=one_at_a_time(host))
+    host.held.add("first")
+    api.enqueue("one", uniqueId="first")
+    wait_calls(host, "one", 1)
+    enqueued = [api.enqueue("one", f"big-{i}", group="big") for i in range(4)]
+    enqueued += [api.enqueue("one", f"small-{i}", group="small") for i in range(2)]
+    assert [body["waitNum"] for _, body in enqueued] == [0, 1, 2, 3, 1, 3]
+    _, info = api.request("GET", f"/v1/tasks/{enqueued[4][1]['uniqueId']}")
+    assert (info["group"], info["waitNum"]) == ("small", 1)
+    _, stats = api.request("GET", "/v1/functions/one")
+    assert stats["groups"] == {"count": 2, "busiest": [
+        {"group": "big", "queued": 4, "running": 0},
+        {"group": "small", "queued": 2, "running": 0}]}
+    host.held.clear()
+    for _, body in enqueued:
+        api.wait_status(body["uniqueId"], "success")
+    assert [json.loads(call.body) for call in host.calls[1:]] == [
+        "big-0", "small-0", "big-1", "small-1", "big-2", "big-3"]
+
+
+def test_a_task_of_a_group_beyond_max_groups_is_a_429_too_many_groups(serve, host):
+    api = serve(config=one_at_a_time(host) + "max_groups = 1\n")
+    host.held.add("one")
+    assert api.enqueue("one", group="acme")[0] == 201
+    code, body = api.enqueue("one", group="globex")
+    assert (code, body["error"]) == (429, "too_many_groups"), body
+    assert api.enqueue("one", group="acme")[0] == 201 and api.enqueue("one")[0] == 201
+    host.held.clear()
+
+
+def test_with_group_by_client_a_task_is_in_its_client_address_group_unless_it_names_one(
+        serve, host):
+    api = serve(config=one_at_a_time(host) + 'group_by = "client"\n')
+    host.held.add("one")
+    _, plain = api.enqueue("one")
+    _, named = api.enqueue("one", group="acme")
+    assert api.request("GET", f"/v1/tasks/{plain['uniqueId']}")[1]["group"] == LOOPBACK
+    assert api.request("GET", f"/v1/tasks/{named['uniqueId']}")[1]["group"] == "acme"
+    host.held.clear()
+
+
 def test_a_call_answered_after_its_timeout_is_made_again_at_least_once_or_fails_at_most_once(
         serve, host):
     api = serve()

@@ -64,6 +64,9 @@ RUN_BY = {
     "# functions.py": "test_the_cloud_task_examples_run_as_written",
     "/v1/tasks/close-1234": "test_the_cloud_task_examples_run_as_written",
     "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
+    "# tenant_host.py": "test_the_groups_example_runs_as_written",
+    "# groups.toml": "test_the_groups_example_runs_as_written",
+    "# tenants.py": "test_the_groups_example_runs_as_written",
     "# protect.toml": "test_the_limits_example_runs_as_written",
     "# limits.py": "test_the_limits_example_runs_as_written",
     "# reports.py": "test_the_request_task_example_runs_as_written",
@@ -288,6 +291,18 @@ def test_the_cloud_task_examples_run_as_written(shell):
     out = shell.run("python enqueue.py")
     assert (out.returncode, out.stdout.strip()) == (0, "success {'closed': 42}"), out.stderr
     check_the_schedule_example(shell.run(block("api=http://127.0.0.1:8080/v1/schedules").text))
+
+
+def test_the_groups_example_runs_as_written(shell):
+    free(11300, 11215, 11400, 8080, 3000)
+    for marker in ("# tenant_host.py", "# groups.toml", "# tenants.py"):
+        shell.write(block(marker))
+    listening(3000, shell.start("python tenant_host.py"))
+    listening(8080, shell.start("zstalk serve --config groups.toml"))
+    out = shell.run("python tenants.py", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["globex waits behind: [1, 3]",
+                                       "acme acme globex acme globex acme"], out.stdout
 
 
 def test_the_limits_example_runs_as_written(shell):

@@ -396,8 +396,29 @@ def test_a_format_3_segment_with_tasks_is_still_read_with_their_defaults(tmp_pat
     format_3_segment(tmp_path, [wf.encode_task(task_list("old", 1))])
     node = Node(tmp_path)
     task = node.broker.tasks.tasks["old"]
-    assert (task.level, task.queue_deadline, task.priority) == (0, 0.0, 5)
+    assert (task.level, task.queue_deadline, task.priority, task.group) == (0, 0.0, 5, "")
     assert [c[0] for c in node.subscribe(1)] == ["old"]
+
+
+def test_a_tasks_group_comes_back_with_the_binlog_and_none_is_not_written(tmp_path):
+    node = Node(tmp_path)
+    node.enqueue("acme-1", {"group": "acme"})
+    node.enqueue("plain")
+    assert "group" not in node.wal.task_optional(node.broker.tasks.tasks["plain"])
+    again = node.restart(later_s=1)
+    assert again.broker.tasks.tasks["acme-1"].group == "acme"
+    assert again.info("acme-1")["group"] == "acme"
+    assert again.broker.tasks.tasks["plain"].group == "" and "group" not in again.info("plain")
+    assert again.broker.tasks.ledger.groups == {"f": {"acme": [1, 0]}}     # (its stats)
+
+
+def test_a_group_that_is_not_text_in_a_record_is_read_as_none(tmp_path):
+    odd = [*task_list("odd", 1), {"group": 7}]
+    header = wf.HEADER.pack(wf.MAGIC, wf.FORMAT, 77, 1, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    with open(tmp_path / segment_name(1), "wb") as f:
+        f.write(header + wf.encode_frame(wf.encode_task(odd)) + b"\0" * 64)
+    assert Node(tmp_path).broker.tasks.tasks["odd"].group == ""
 
 
 def test_optional_task_fields_a_reader_does_not_know_are_kept_as_they_were(tmp_path):

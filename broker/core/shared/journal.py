@@ -108,6 +108,7 @@ class TaskImage(NamedTuple):
     online: bool = False
     pass_exp: float | None = None
     ended_by: str | None = None
+    group: str = ""             # its tenant ("": none; older journals have none)
 
 
 class ScheduleImage(NamedTuple):

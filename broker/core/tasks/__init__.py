@@ -9,7 +9,8 @@ them to it):
                   function's spec), functions.py, options.py (an enqueue's options),
                   outcomes.py (`decide`: what an outcome does), requests.py
     components/   each the one owner of its state, returning data and calling nothing
-                  back: lines.py (the lines and the hand-out order), room.py (who waits
+                  back: lines.py (the lines and the hand-out order; rotation.py,
+                  a line whose tasks have groups: served in turn), room.py (who waits
                   online), calls.py (calls in flight), limits.py and limiter.py (when a
                   function may call), upstream_calls.py (which server), deadlines.py
                   (timers), stats.py (counts)

@@ -10,7 +10,10 @@ A refusal is a TaskError and changes nothing; the first that refuses answers.
                                 (requests.py), so its body is what counts next
     room            `room_for`  not draining; the memory (--max-jobs-bytes) has room
     the function    store       one of the config's, or a name under base_url
-    the task        `new_task`  its options (options.py), the waiting room's rules
+    the task        `new_task`  its options (options.py: a `group` too, as only the
+                                master key sets options; without one, its client's
+                                address with group_by = "client"), a new group within
+                                the function's max_groups (429), the waiting room's rules
                                 (room.py `refusal`), a uniqueId given and free, a delay
                                 below its queueTimeout
     the journal     store       room for its record (the disk is not full)
@@ -32,7 +35,7 @@ from .components.upstream_calls import UpstreamCalls
 from .model import requests
 from .model.options import bad, parse_options
 from .model.spec import ApiPolicy, FunctionSpec
-from .model.task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError
+from .model.task import TASK_OVERHEAD_BYTES, Task, TaskBackoff, TaskError, client_group
 
 NEEDS_KEY = TaskError("unauthorized", "this needs Authorization: Bearer <master key>")
 #: a function's `online` that lets a request without the master key enqueue online tasks
@@ -99,10 +102,11 @@ def room_for(admission: Admission, params_len: int) -> TaskError | None:
 def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: str | None,
              request: Any, client_ip: str | None, online: bool, *, seq: int,
              wall_offset: float, taken: dict, room: Room,
-             upstream: UpstreamCalls) -> Task | TaskError:
+             upstream: UpstreamCalls, groups: dict | None = None) -> Task | TaskError:
     """The task an enqueue makes, every check of the task made (nothing changed yet).
     `request`: unchecked, or (Request, body) as requests.parse made it; `taken`: the
-    tasks by uniqueId."""
+    tasks by uniqueId; `groups`: the function's named groups with live tasks (the
+    ledger's counts)."""
     if request is not None:
         checked = request if isinstance(request, tuple) else requests.parse(
             request, spec.request_headers)
@@ -112,6 +116,12 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
     parsed = parse_options(options, spec)
     if isinstance(parsed, TaskError):
         return parsed
+    group = parsed.get("group")
+    if group is None and spec.group_by == "client" and client_ip:    # (the option wins)
+        group = parsed["group"] = client_group(client_ip)
+    if group is not None and groups and group not in groups and len(groups) >= spec.max_groups:
+        return TaskError("too_many_groups", f"{spec.name!r} has tasks of {len(groups)} groups, "
+                         f"its max_groups: a task of another waits until one has none left")
     refused = room.refusal(spec, parsed, online, client_ip)
     if refused is not None:
         return refused
@@ -146,3 +156,4 @@ def _set_options(task: Task, parsed: dict, spec: FunctionSpec, now: float) -> No
     task.delivery = parsed.get("deliveryMode", AT_LEAST_ONCE)
     task.keep_result_ms = parsed.get("keepResult", DEFAULT_KEEP_RESULT_MS)
     task.due = now + parsed.get("delay", 0) / 1000
+    task.group = parsed.get("group", "")

@@ -1,10 +1,11 @@
 """The tasks the store holds, and the only writer of a task's status.
 
 This owns the tasks (by uid and by enqueue order), the bytes they hold (--max-jobs-bytes),
-their counts per function, and two timers: when a finished task's result is forgotten
-("keeping") and when a queued one times out ("timeouts").  Every status change goes
-through here (task.py's MOVES: `queue`, `start`, `finish`), so the counts, the timers and
-the lines they touch cannot drift apart.  It also puts functions on offer: a function's
+their counts per function and per named group (`groups`: queued, and running or admitted;
+the functions' stats show them), and two timers: when a finished task's result is
+forgotten ("keeping") and when a queued one times out ("timeouts").  Every status change
+goes through here (task.py's MOVES: `queue`, `start`, `finish`), so the counts, the timers
+and the lines they touch cannot drift apart.  It also puts functions on offer: a function's
 head goes where take() finds it when its line or its limits change (`offer`, `top`).
 
 The coordinators above decide when: store.py (enqueue, take, outcomes, cancel, the
@@ -46,6 +47,8 @@ class Ledger:
         # the metrics' counts by function (core/shared/labels.py)
         self.counts: Labelled[FunctionCounts] = Labelled(FunctionCounts)
         self.activity: dict[str, int] = {}          # events per function since last asked
+        # function -> group -> [queued, running or admitted]: named groups with live tasks
+        self.groups: dict[str, dict[str, list[int]]] = {}
 
     def still_queued(self, seq: int) -> bool:
         task = self.by_seq.get(seq)
@@ -60,6 +63,22 @@ class Ledger:
         self.tasks[task.uid] = task
         self.by_seq[task.seq] = task
         self.bytes += held_bytes(task)
+
+    def grouped(self, task: Task, queued: int, running: int) -> None:
+        """A named group's counts change (callers test `task.group` first: the tasks with
+        no group cost nothing here)."""
+        groups = self.groups.get(task.function)
+        if groups is None:
+            groups = self.groups[task.function] = {}
+        counts = groups.get(task.group)
+        if counts is None:
+            counts = groups[task.group] = [0, 0]
+        counts[0] += queued
+        counts[1] += running
+        if not counts[0] and not counts[1]:
+            del groups[task.group]
+            if not groups:
+                del self.groups[task.function]
 
     def set_result(self, task: Task, result: bytes | None, headers: dict | None = None) -> None:
         self.bytes -= held_bytes(task)
@@ -76,6 +95,8 @@ class Ledger:
             self.room.join(task, spec, now)
         if task.queue_deadline:
             self.timers.add("timeouts", task.queue_deadline, task.seq)
+        if task.group:
+            self.grouped(task, 1, 0)
         self.queue(task, task.due, now)
 
     # -- the moves -------------------------------------------------------------------------
@@ -86,6 +107,8 @@ class Ledger:
             task.error = QUEUE_TIMEOUT          # (a retry after its time ran out)
             self.finish(task, "time out", now)
             return
+        if task.group and task.status == RUNNING:
+            self.grouped(task, 1, -1)       # (a retry, a declined call, a 429)
         move(task, "queue")
         task.due = due
         if self.lines.queue(task, now):         # a new head: take() must see it
@@ -98,6 +121,8 @@ class Ledger:
         self.lines.started(task)
         self.counted(name).started += 1
         self.limits.started(name, self.specs[name], now)
+        if task.group:
+            self.grouped(task, -1, 1)
         move(task, event)
         task.started = now
 
@@ -106,6 +131,8 @@ class Ledger:
             self.room.leave(task)
         if task.queue_deadline:
             self.timers.discard("timeouts", task.queue_deadline, task.seq)
+        if task.group:
+            self.grouped(task, -(task.status == QUEUED), -(task.status != QUEUED))
         move(task, event)
         finished = self.counted(task.function).finished
         finished[task.status] = finished.get(task.status, 0) + 1
@@ -125,6 +152,8 @@ class Ledger:
         finished, kept until `expires`."""
         if task.queue_deadline and status in (QUEUED, RUNNING):
             self.timers.add("timeouts", task.queue_deadline, task.seq)
+        if task.group and status in (QUEUED, RUNNING, ADMITTED):
+            self.grouped(task, status == QUEUED, status != QUEUED)
         if status == QUEUED:
             self.queue(task, due, now, restoring=True)
         elif status in (ADMITTED, RUNNING):

@@ -20,7 +20,8 @@ logs the calls that failed, and orders the timers' expiry.  Who owns what beneat
 The coordinators call down into the ledger, and it into the components, which own the
 rest, return data and call nothing back: functions.py knows the functions and the specs
 in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
-function's line and the order of hand-outs; limiter.py says whether and when a function
+function's line and the order of hand-outs (rotation.py: a function's groups served in
+turn); limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
 slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
 keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
@@ -72,7 +73,7 @@ from .model.outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide,
 from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
-                         TaskError, client_group)
+                         TaskError, client_net)
 from .waiting import WaitingRoom
 
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
@@ -143,7 +144,8 @@ class Tasks:
             return TaskError("unknown_function", f"no function named {function!r}")
         task = new_task(spec, params, options, now, uid, request, client_ip, online,
                         seq=self.ledger.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
-                        room=self.room, upstream=self.upstream)
+                        room=self.room, upstream=self.upstream,
+                        groups=self.ledger.groups.get(function))
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):
@@ -211,7 +213,7 @@ class Tasks:
         name = task.function
         if why.reason == NO_LIVE_UPSTREAMS:
             if self.journal.room[TASK_STATE](task):
-                self.lines.unready(task)
+                self.lines.unready(task, turn=True)
                 self.lines.queued.discard(name)
                 task.attempt += 1
                 task.started = now

@@ -26,6 +26,7 @@ that counts, and a delay runs while the tasks ahead start.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
@@ -34,6 +35,9 @@ from ....protocol.schema.tasks import ADMITTED, QUEUED
 from .model.spec import PER_UNIT, FunctionSpec
 from .model.task import Task
 from .store import PAGE_SCAN, Tasks
+
+#: the named groups GET /v1/functions/{name} lists: the busiest, most queued first
+BUSIEST = 10
 
 
 def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None:
@@ -55,7 +59,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         finished_at=None if task.finished is None else task.finished + wall,
         status_code=task.status_code, result=task.result,
         result_headers=task.result_headers or None, error=task.error,
-        level=task.level or None, client_ip=task.client_ip if keyed else None,
+        level=task.level or None, group=task.group or None, client_ip=task.client_ip if keyed else None,
         type="online" if task.online else None,
         pass_expires_at=task.pass_exp + wall if admitted else None,
         admit_url=spec.admit_url or None if spec is not None else None,
@@ -130,7 +134,7 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
 
 def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     """What GET /v1/functions/{name} shows: queued (due, delayed), running, the oldest
-    queued task's age, the limits, a pause, the last minute's start rate, call durations
+    queued task's age, its named groups (their count, the busiest), the limits, a pause, the last minute's start rate, call durations
     and admissions' holds (apart: limits.Recent says why), and the waitTime a task
     enqueued now would get (last in line, due now).
     A function gone from the config that tasks still use shows its counts only; None:
@@ -150,6 +154,9 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
             (now - store.by_seq[oldest].created) * 1000))}
     if seen.held:
         out["heldByCounters"] = seen.held
+    groups = store.ledger.groups.get(name)
+    if groups:
+        out["groups"] = _groups(groups)
     room = store.room.counts.get(name)
     if room is not None or (spec is not None and spec.online == "only"):
         out["waitingOnline"], out["admitted"] = room or (0, 0)
@@ -180,6 +187,15 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if wait is not None:
         out["waitTime"] = round(wait * 1000)
     return out
+
+
+def _groups(groups: dict[str, list[int]]) -> dict:
+    """A function's named groups with live tasks: how many, and the busiest (one pass
+    over them: O(groups), as a page of tasks is bounded by PAGE_SCAN)."""
+    busiest = heapq.nlargest(BUSIEST, groups.items(), key=lambda item: item[1])
+    return {"count": len(groups), "busiest": [{"group": group, "queued": queued,
+                                              "running": running}
+                                             for group, (queued, running) in busiest]}
 
 
 def function_page(store: Tasks, after: str, limit: int,

@@ -41,6 +41,7 @@ STATUS = {
     "too_large": 413,
     "unsupported_media_type": 415,
     "too_many_waiting": 429,
+    "too_many_groups": 429,
     "internal": 500,
     "unavailable": 503,
     "draining": 503,

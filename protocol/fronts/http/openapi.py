@@ -20,7 +20,7 @@ from ...schema import VERSION
 from ...schema.task_info import (ENQUEUED, FIELDS, FRONT_FIELDS, STATUS_ORDER, UNIQUE_ID_SCHEMA,
                                  WAIT_TIME, time_schema)
 from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
-                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, INT64, MAX_ATTEMPTS,
+                             DEFAULT_TIMEOUT_MS, FUNCTION_NAME, GROUP, INT64, MAX_ATTEMPTS,
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
                              QUEUE_TIMEOUT, QUEUED, SAFE_HEADERS, SCHEDULE_NAME, STATUSES,
                              UNIQUE_ID)
@@ -77,6 +77,14 @@ def task_options() -> dict:
                                             "gone mid-call) is retried (atLeastOnce: the "
                                             "function may run more than once) or fails the "
                                             "task (atMostOnce)."},
+            "group": {"type": "string", "pattern": _pattern(GROUP),
+                      "description": "Its group, the tenant it is enqueued for: within a "
+                                     "level, a function's groups with a due task are served "
+                                     "in turn, one task per turn, each group's best by "
+                                     "`priority`, so one group's backlog does not hold up "
+                                     "the others. Default: none (the group \"\"). Like "
+                                     "every option, only a request with the master key may "
+                                     "set it."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
                               "taken).", DEFAULT_KEEP_RESULT_MS),
             "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
@@ -388,6 +396,8 @@ _ERRORS = {
     "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
     "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
+    "429": "Too many: online tasks waiting from this client address (the function's "
+           "max_waiting_per_client), or a new group beyond the function's max_groups.",
     "503": "The broker cannot take it now: draining, out of job memory (--max-jobs-bytes), "
            "or out of reach.",
 }
@@ -433,7 +443,7 @@ def enqueue() -> dict:
                          _links("getTask", "cancelTask")),
             "200": _json({"type": "array", "maxItems": MAX_BATCH, "items": _ref("BatchItem")},
                          "The array form: each item's result."),
-        }, "400", "401", "403", "404", "408", "409", "413", "415", "503"),
+        }, "400", "401", "403", "404", "408", "409", "413", "415", "429", "503"),
     }
 
 
@@ -595,6 +605,25 @@ def function_stats() -> dict:
                                       "inFlight": count, "fails": count,
                                       "usableAt": {"type": "string", "format": "date-time"},
                                       "lastError": {"type": "string"}}}},
+            "groups": {"type": "object", "additionalProperties": False,
+                       "required": ["count", "busiest"],
+                       "description": "Its named groups with queued, running or admitted "
+                                      "tasks (absent: none; tasks without a group are not "
+                                      "in it).",
+                       "properties": {
+                           "count": count,
+                           "busiest": {"type": "array", "maxItems": 10,
+                                       "description": "The 10 with the most queued tasks "
+                                                      "(due and delayed), most first.",
+                                       "items": {"type": "object",
+                                                 "additionalProperties": False,
+                                                 "required": ["group", "queued", "running"],
+                                                 "properties": {
+                                                     "group": {"type": "string"},
+                                                     "queued": count,
+                                                     "running": {**count, "description":
+                                                                 "Calls in flight and "
+                                                                 "admitted online tasks."}}}}}},
             "heldByCounters": {**count, "description": "Slots counter clients hold as the "
                                                     "counter fn:NAME (absent: none); they "
                                                     "count against concurrency too."},

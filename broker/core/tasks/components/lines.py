@@ -2,8 +2,12 @@
 
 A function's due tasks wait in `ready[function]` by key, (-level, priority, seq): level
 0-9, higher first; then priority; then the enqueue order, so equal priorities run first
-come, first served.  `waitNum` is a task's rank there.  Tasks not due yet (a delay, a
-backoff) wait in a timer lane until `due` moves them in line.
+come, first served.  `waitNum` is a task's rank there.  Once a due task of the function
+has a group (a tenant), its line is a Rotation (rotation.py): its groups served in turn
+within each level, and a task's rank is its place in that order; the line stays one
+until it runs out, so a function without groups keeps its plain line and its cost.
+Tasks not due yet (a delay, a backoff) wait in a timer lane until `due` moves them in
+line.
 
 Handing out: `take` wants the best head among the functions that may start a call now.
 The candidate heads wait in a heap (`heads`), cleaned lazily: an entry is good while it
@@ -21,12 +25,13 @@ from sortedcontainers import SortedList
 
 from ..model.task import Task
 from .deadlines import Deadlines
+from .rotation import Rotation
 from .stats import Queued
 
 
 class Lines:
     def __init__(self, still_queued: Callable[[int], bool]) -> None:
-        self.ready: dict[str, SortedList] = {}      # function -> due queued task keys
+        self.ready: dict[str, SortedList | Rotation] = {}   # function -> due task keys
         self.by_key: dict[tuple, Task] = {}
         self.heads: list[tuple[tuple, str]] = []    # heap of (head key, function)
         self.offered: dict[str, tuple] = {}         # function -> the key it has in heads
@@ -47,8 +52,13 @@ class Lines:
     def make_due(self, task: Task) -> bool:
         ready = self.ready.get(task.function)
         if ready is None:
-            ready = self.ready[task.function] = SortedList()
-        ready.add(task.key)
+            ready = self.ready[task.function] = Rotation() if task.group else SortedList()
+        elif task.group and type(ready) is SortedList:
+            ready = self.ready[task.function] = Rotation(ready)    # its first group
+        if type(ready) is SortedList:
+            ready.add(task.key)
+        else:
+            ready.add(task.key, task.group)
         self.by_key[task.key] = task
         return ready[0] == task.key
 
@@ -58,13 +68,17 @@ class Lines:
             _, seq = self.timers.pop("waiting")
             yield seq
 
-    def unready(self, task: Task) -> bool:
-        """Take a due task out of its function's line; True if it was the head and others
-        are left (a new head to offer)."""
+    def unready(self, task: Task, turn: bool = False) -> bool:
+        """Take a due task out of its function's line (`turn`: it is the head, handed out,
+        and its group has had its turn); True if it was the head and others are left (a
+        new head to offer)."""
         del self.by_key[task.key]
         ready = self.ready[task.function]
         was_head = ready[0] == task.key
-        ready.remove(task.key)
+        if type(ready) is SortedList:
+            ready.remove(task.key)
+        else:
+            ready.remove(task.key, task.group, turn)
         if not ready:
             del self.ready[task.function]       # take() looks only at functions with work
             return False
@@ -85,7 +99,7 @@ class Lines:
     def started(self, task: Task) -> None:
         """`task` left its line to run (or to be admitted): its head was taken by top()."""
         del self.offered[task.function]
-        self.unready(task)
+        self.unready(task, turn=True)
         self.queued.discard(task.function)
 
     # -- handing out -----------------------------------------------------------------------
@@ -128,7 +142,16 @@ class Lines:
     def wait_num(self, task: Task) -> int:
         """Tasks of its function that run before it (if it were due now)."""
         ready = self.ready.get(task.function)
-        return ready.bisect_left(task.key) if ready else 0
+        if not ready:
+            return 0
+        if type(ready) is not SortedList:
+            return ready.rank(task.key, task.group)
+        if not task.group:
+            return ready.bisect_left(task.key)
+        # (a group's task not due yet, in a line of the group "" alone: were it due, its
+        # group would join right of "" at its level, after the "" task on top)
+        above, level = ready.bisect_left(task.key[:1]), ready.bisect_left((task.key[0] + 1,))
+        return above + (level > above)
 
     def due_count(self, name: str) -> int:
         return len(self.ready.get(name, ()))

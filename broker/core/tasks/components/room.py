@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from ..model.options import bad
 from ..model.spec import DEFAULTS, FunctionSpec
-from ..model.task import Task, TaskError, client_group
+from ..model.task import Task, TaskError, client_net
 from .deadlines import Deadlines
 
 #: a liveness check waiting.py could not log (the journal is full): looked at again after
@@ -36,8 +36,8 @@ class Room:
         if "uniqueId" in options:
             return bad("an online task gets a server-made uniqueId (its id is its user's "
                        "key to it): give none")
-        group = client_group(client_ip)
-        if group is not None and self.waiting_by.get((spec.name, group), 0) >= (
+        net = client_net(client_ip)
+        if net is not None and self.waiting_by.get((spec.name, net), 0) >= (
                 spec.max_waiting_per_client):
             return TaskError("too_many_waiting", f"at most {spec.max_waiting_per_client} "
                              f"online tasks of {spec.name!r} may wait per client address")
@@ -53,17 +53,17 @@ class Room:
         """A queued online task waits (a new one, or one a restart brought back)."""
         self._count(task.function, 0, 1)
         self.timers.add("liveness", now + (spec or DEFAULTS).heartbeat_ms / 1000, task.seq)
-        group = client_group(task.client_ip)
-        if group is not None:
-            key = (task.function, group)
+        net = client_net(task.client_ip)
+        if net is not None:
+            key = (task.function, net)
             self.waiting_by[key] = self.waiting_by.get(key, 0) + 1
 
     def leave(self, task: Task) -> None:
         """It waits no more (admitted, cancelled, abandoned, failed)."""
         self._count(task.function, 0, -1)
-        group = client_group(task.client_ip)
-        key = (task.function, group)
-        if group is not None and key in self.waiting_by:
+        net = client_net(task.client_ip)
+        key = (task.function, net)
+        if net is not None and key in self.waiting_by:
             self.waiting_by[key] -= 1
             if not self.waiting_by[key]:
                 del self.waiting_by[key]

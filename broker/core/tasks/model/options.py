@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, DEFAULT_BACKOFF_MS, INT64,
-                                        MAX_ATTEMPTS,
+from .....protocol.schema.tasks import (AT_LEAST_ONCE, AT_MOST_ONCE, DEFAULT_BACKOFF_MS, GROUP,
+                                        INT64, MAX_ATTEMPTS,
                                         MAX_DURATION_MS, MAX_LEVEL, OPTIONS, UNIQUE_ID)
 from .spec import FunctionSpec
 from .task import TaskBackoff, TaskError
@@ -75,11 +75,18 @@ def _unique_id(value: Any, spec: FunctionSpec) -> str | TaskError:
     return value
 
 
+def _group(value: Any, spec: FunctionSpec) -> str | TaskError:
+    if not isinstance(value, str) or not GROUP.fullmatch(value):
+        return bad("group must be 1 to 64 characters of A-Z a-z 0-9 _ . : @ -")
+    return value
+
+
 _CHECKS: dict[str, Callable[[Any, FunctionSpec], Any]] = {
     "attempts": lambda v, spec: _int("attempts", v, 0, MAX_ATTEMPTS),
     "backoff": _backoff,
     "delay": lambda v, spec: _int("delay", v, 0, MAX_DURATION_MS),
     "deliveryMode": _delivery,
+    "group": _group,
     "keepResult": lambda v, spec: _int("keepResult", v, 0, MAX_DURATION_MS),
     "level": lambda v, spec: _int("level", v, 0, MAX_LEVEL),
     "priority": lambda v, spec: _int("priority", v, *INT64),

@@ -42,6 +42,11 @@ class FunctionSpec(NamedTuple):
     # origins ("https://shop.example", or "*") whose pages may enqueue, read and end its
     # tasks from the browser (CORS, protocol/fronts/http/cors.py); () none, as before
     allow_origins: tuple[str, ...] = ()
+    # named groups (tenants) with live tasks it may have: a task of one more is a 429
+    max_groups: int = 10_000
+    # "client": a task enqueued without a group is in its client address's (task.py
+    # client_net); "": in none
+    group_by: str = ""
 
     @property
     def interval(self) -> float:

@@ -90,7 +90,8 @@ class Task:
                  "created", "started", "finished", "due", "deadline", "expires",
                  "status_code", "result", "error", "holder", "level",
                  "queue_deadline", "key", "request", "result_headers", "peer",
-                 "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by")
+                 "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by",
+                 "group")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -101,6 +102,7 @@ class Task:
         self.seq = seq
         self.level = 0                  # 0-9, higher first
         self.key = (0, priority, seq)   # its place in its function's queue (`place`)
+        self.group = ""                 # its tenant: the rotation serves groups in turn
         self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
         self.request = None             # a request task's method, path, ... (requests.py)
         self.result_headers: dict | None = None
@@ -144,9 +146,9 @@ def held_bytes(task: Task) -> int:
     return size
 
 
-def client_group(ip: str | None) -> str | None:
+def client_net(ip: str | None) -> str | None:
     """A client address as the waiting room counts it: IPv6 by its /64 (one user often
-    has a whole /64), IPv4 as it is."""
+    has a whole /64), IPv4 as it is.  (Not a task's `group`: that is its tenant.)"""
     if not ip or ":" not in ip:
         return ip or None
     import ipaddress        # (here: not on zstalkd's start path)
@@ -154,6 +156,18 @@ def client_group(ip: str | None) -> str | None:
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     except ValueError:
         return ip
+
+
+def client_group(ip: str | None) -> str:
+    """The group `group_by = "client"` puts a task in: its client's address as the waiting
+    room counts it (IPv6 by its /64, shown as the network's address), in the characters
+    a group may have ("" without an address; an IPv4-mapped address is its IPv4's)."""
+    if ip and ip[:7].lower() == "::ffff:" and "." in ip:
+        ip = ip[7:]
+    net = client_net(ip)
+    if not net:
+        return ""
+    return "".join(c if c.isalnum() or c in "_.:@-" else "_" for c in net.split("/")[0])[:64]
 
 
 def restored(image, wall: float, max_level: int) -> Task:
@@ -165,7 +179,7 @@ def restored(image, wall: float, max_level: int) -> Task:
     task.request = Request.from_fields(image.request)
     task.balance_key, task.client_ip, task.ended_by = (image.balance_key, image.client_ip,
                                                        image.ended_by)
-    task.online = image.online
+    task.online, task.group = image.online, image.group
     task.pass_exp = image.pass_exp - wall if image.pass_exp is not None else 0.0
     kept = image.result_headers
     if isinstance(kept, dict) and all(type(k) is str and type(v) is str for k, v in kept.items()):
