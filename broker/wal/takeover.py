@@ -60,8 +60,8 @@ def epoch_headers(writer: str, epoch: int, last: int) -> dict:
 
 async def _append(nc, opts: S.Options, headers: dict, last: int) -> int:
     """The EPOCH message's sequence, or 0 when another broker appended after `last`."""
-    js = nc.jetstream(timeout=5)
-    until = time.monotonic() + opts.timeout_s
+    js = nc.jetstream(timeout=S.ASK_S)     # (unanswered while NATS elects: sent again, and
+    until = time.monotonic() + opts.timeout_s   # a duplicate of a stored one says its seq)
     while True:
         try:
             ack = await js.publish(opts.subject, b"", headers=headers)
