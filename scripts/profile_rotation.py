@@ -4,8 +4,8 @@ tasks of one function, then take each and report its success, with the tasks in 
 (0: no group at all, the plain line) or spread over 10,000 groups (the rotation).
 
 Usage:
-    scripts/bench_rotation.py [--tasks N] [--groups 0,1,10000] [--repeats R] [--tree PATH]
-    scripts/bench_rotation.py --fairness [--calls-s S] [--seconds T]
+    scripts/profile_rotation.py [--tasks N] [--groups 0,1,10000] [--repeats R] [--tree PATH]
+    scripts/profile_rotation.py --fairness [--calls-s S] [--seconds T]
 
 `--tree PATH`: import zstalk from that checkout instead (e.g. `git archive REF | tar -x
 -C /tmp/ref`, then --tree /tmp/ref) to compare with another commit in the same process
