@@ -447,7 +447,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
            health):
     """Run the broker actor: all tube, job, session and task state."""
     from ...protocol.network.curve import CurveError
-    from .fronts import tune_gc
+    from . import tune_gc
     tune_gc()
     from ..actor import BrokerActor
     from ..wal.binlog import BinlogError, Options

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import tune_gc
+
 USAGE = """\
 Use: {prog} [OPTIONS]
 
@@ -134,6 +136,7 @@ def become_user(name: str) -> tuple[int, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     prog = "zstalkd"
+    tune_gc()
     try:
         opts = parse_args(sys.argv[1:] if argv is None else argv)
     except Usage as u:

@@ -14,31 +14,16 @@ import asyncio
 import signal
 import socket
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..metrics import build_info
 from ...protocol.codecs.prometheus import render
 from ...protocol.fronts.base import LinkedFront
-from ...protocol.network.health import HealthBindError, HealthOptions, link_ready, start_health
 from ...protocol.network.loop import run
+from . import tune_gc
 
-
-#: the cyclic garbage collector's thresholds in zstalk's processes (gc.set_threshold)
-GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def tune_gc() -> None:
-    """Collect cycles every 50,000 allocations, not CPython's 700: the broker, the fronts
-    and the dispatchers (not worker pools, which run their users' code).  A broker's heap
-    is mostly jobs, which never form reference cycles, and a process that holds a million
-    of them spent a fifth of its CPU on pipelined puts walking them in the collector; an
-    HTTP front keeps a future and a reply per task of an array in flight, and spent a
-    sixth of its CPU per task on them (10.1 -> 8.4 us a task in arrays of 1,000).  Cycles
-    among zstalk's own objects are broken where they end (a closed session leaves its
-    front), and aiohttp's per request are few, so the garbage left between collections
-    is a few MiB at most."""
-    import gc
-    gc.set_threshold(*GC_THRESHOLDS)
+if TYPE_CHECKING:       # (the probes load when a role has a health port: not on zstalkd's start)
+    from ...protocol.network.health import HealthOptions
 
 
 #: a process's role in zstalk_build_info, by its link's kind
@@ -71,6 +56,7 @@ async def start_front(make_front: Callable[[], LinkedFront],
 async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.socket],
                  health: HealthOptions | None = None) -> None:
     loop = asyncio.get_running_loop()
+    from ...protocol.network.health import link_ready
     running = await start_front(make_front, sockets)
     probes = await _probes(health, link_ready(running.front.link), running.front)
     stop = asyncio.Event()
@@ -85,6 +71,7 @@ async def _serve(make_front: Callable[[], LinkedFront], sockets: list[socket.soc
 async def _probes(health: HealthOptions | None, ready, source):
     """The process's probes and /metrics (protocol/network/health.py; `source` has
     samples() and a role); a port it cannot bind ends it (exit 111)."""
+    from ...protocol.network.health import HealthBindError, start_health
     def metrics() -> bytes:
         return render([build_info(ROLES.get(source.kind, source.kind)), *source.samples()])
     try:
@@ -126,6 +113,7 @@ async def _until_stopped(actor, start, health: HealthOptions | None = None) -> N
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    from ...protocol.network.health import link_ready
     await start()
     probes = await _probes(health, link_ready(actor.link), actor)
     await stop.wait()

@@ -6,8 +6,6 @@ supervisor (`--fronts N`, broker/run/supervisor.py) passes the same fields on to
 limits and TLS files as arguments (`http_args`) and the master key in the environment
 (MASTER_KEY_ENV, or the name of its file as MASTER_KEY_FILE_ENV).  Nothing heavy is imported here.
 """
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 

@@ -37,8 +37,6 @@ Deliberate deviations from beanstalkd, both in its buffer handling, not its gram
     CRLF, and a line that contains a CR is BAD_FORMAT, like one that contains a NUL;
     an over-long line likewise ends at its first CRLF.
 """
-from __future__ import annotations
-
 import re
 from typing import Callable, NamedTuple
 

@@ -14,8 +14,6 @@ parser and check it with `promtool`.
 Histograms are plain lists of bucket counts: `observe` is one `bisect` in C and two adds
 (the events they count are the hot path's), cumulated only when rendered.
 """
-from __future__ import annotations
-
 from bisect import bisect_left
 from typing import Iterable, NamedTuple
 

@@ -5,8 +5,6 @@ front process it starts, so `--fronts N` share one accept queue, a second server
 same port fails with "Address already in use" as beanstalkd does (no SO_REUSEPORT
 sharing with strangers), and systemd's LISTEN_FDS sockets slot into the same path.
 """
-from __future__ import annotations
-
 import os
 import socket
 import stat

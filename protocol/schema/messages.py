@@ -19,8 +19,6 @@ replies are not yet written out.
 
 The ops inside a Batch and the replies inside Replies are zstalk.protocol.schema.ops's.
 """
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 from .ops import Op, R

@@ -11,8 +11,6 @@ result bytes; the front shows times as RFC 3339 (`TIMES`) and a result as JSON. 
 front adds the waiting room's pass (`FRONT_FIELDS`), which the broker cannot sign.
 An enqueue answers only `ENQUEUED`, the fields of its 201.
 """
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 from .tasks import (ADMITTED, CANCELLED, FAILED, GROUP, MAX_ATTEMPTS, MAX_LEVEL, QUEUED,

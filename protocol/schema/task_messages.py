@@ -14,8 +14,6 @@ raises, as any malformed op does (the broker answers it INTERNAL_ERROR).
 The ext maps ("ext", version 4) carry optional fields by name, so a later version adds
 one without a new schema version; a reader ignores names it does not know.
 """
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 from .ops import Op

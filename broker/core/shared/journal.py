@@ -43,8 +43,6 @@ methods, each record kind round-tripped into the same images, `room` refusing wh
 cannot promise the record, tickets and `durable` as above, `stats`, and a job's `file` (beanstalkd's
 stats-job shows it; 0 is fine) kept on the Job.
 """
-from __future__ import annotations
-
 from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence
 
 # -- record kinds: (kind, subject) ---------------------------------------------------------

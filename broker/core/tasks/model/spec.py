@@ -3,8 +3,6 @@ calls go, its limits, its waiting room) and what a request without the master ke
 do.  Its defaults are the config's (broker/config_file.py reads the file into these);
 `DEFAULTS` is a spec of nothing but them, for a task whose function left the config.
 """
-from __future__ import annotations
-
 from typing import NamedTuple
 
 from .....protocol.schema.tasks import CONNECT_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS

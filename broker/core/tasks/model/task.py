@@ -20,8 +20,6 @@ task API's (protocol/schema/tasks.py):
 A task keeps its place in its function's line by `key`, (-level, priority, seq); `seq`
 is the enqueue order, so equal priorities run first come, first served.
 """
-from __future__ import annotations
-
 from typing import Callable, NamedTuple
 
 from .....protocol.schema.outcome import Outcome  # noqa: F401  (the store's, the dispatcher's)
