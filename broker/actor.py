@@ -432,7 +432,7 @@ class BrokerActor:
                     if not expired:
                         self.metrics.timer_lateness.observe(now - self._timer_at)
                     self._keep_alive(now)
-                    if core.schedules.by_name:     # (a pair read now: the inbox took time)
+                    if core.tasks_built and core.schedules.by_name:  # (a pair read now)
                         core.observe_wall(time.time(), time.monotonic())
                     core.expire(now)
                     expired = True
@@ -464,7 +464,7 @@ class BrokerActor:
                 self._timer = None
             self._timer_at = math.inf
         wake = self.core.next_wake(None if expired else self._timer_at)
-        if wake is not None and self.core.schedules.by_name:   # the wall clock now and then
+        if wake is not None and self.core.tasks_built and self.core.schedules.by_name:
             wake = min(wake, now + WALL_CHECK_S)
         sync = self.journal.due()
         if sync is not None and (wake is None or sync < wake):

@@ -77,15 +77,21 @@ class BrokerMetrics:
         self.tube_seen: dict[str, int] = {}     # tube -> its activity count at the last rank
         self.ranked_at = -ACTIVITY_S
         self.timer_lateness = Histogram(LATENCY_BUCKETS)   # (the actor observes)
-        core.queue.metrics.room = core.tasks.counts.room = top    # (labels.py: first seen)
+        core.set_label_room(top)    # (labels.py: first seen)
 
     # -- labels ------------------------------------------------------------------------
     def rank(self, now: float, only_if_room: bool = False) -> None:
         """Label the most active names and unlabel the idle ones; `only_if_room` (at a
         scrape): only label names while fewer than `top` are."""
-        queue, store = self.core.queue, self.core.tasks
         if not (only_if_room and len(self.tubes.last_active) >= self.tubes.top):
-            self._rank_tubes(queue, now, only_if_room)
+            self._rank_tubes(self.core.queue, now, only_if_room)
+        if self.core.tasks_built:       # (no function has been active before)
+            self._rank_functions(now, only_if_room)
+        if not only_if_room:
+            self.ranked_at = now
+
+    def _rank_functions(self, now: float, only_if_room: bool) -> None:
+        store = self.core.tasks
         if only_if_room and len(self.functions.last_active) >= self.functions.top:
             return
         added, gone = self.functions.update(store.activity, now, store.counts.by_name,
@@ -95,8 +101,6 @@ class BrokerMetrics:
             store.counts.label(name)
         for name in gone:
             store.counts.unlabel(name)
-        if not only_if_room:
-            self.ranked_at = now
 
     def _rank_tubes(self, queue, now: float, only_if_room: bool) -> None:
         seen, activity = {}, {}

@@ -59,10 +59,7 @@ from .beanstalk.pools import POOL_OPS, PoolCommands
 from .counters import CounterCommands
 from .shared.journal import GATES, Journal, NullJournal, Restored
 from .shared import Admission, Identity, Out
-from .tasks.commands import TaskCommands
-from .schedules.commands import ScheduleCommands
-from .schedules.schedules import Schedules
-from .tasks.store import ApiPolicy, FunctionSpec, Tasks
+from .tasks.model.spec import ApiPolicy, FunctionSpec
 
 log = logging.getLogger("zstalk.broker")
 #: which protocol an op belongs to: 0 beanstalk (and the connection ops every front
@@ -89,6 +86,9 @@ class Config(NamedTuple):
     api: ApiPolicy = ApiPolicy()      # what a request without the master key may do
     max_body_bytes: int = 1 << 20     # HTTP fronts: a request body (Settings)
     max_result_bytes: int = 1 << 20   # dispatchers: a function's result (Settings)
+    # build the task family when first used, not at start (Broker._build_tasks): a server
+    # whose config names no function (zstalkd) answers its first command without it
+    tasks_later: bool = False
 
 
 class Front:
@@ -133,6 +133,8 @@ class Broker:
         self.resumed: collections.deque = collections.deque()  # sessions whose reserve was answered
         self.admission = Admission(config.max_jobs_bytes)
         self._build(config, now, sysinfo)
+        if not config.tasks_later:
+            self.build_tasks()
         self.live = _Live(self)
         if restored is not None:
             self.beanstalk.load(restored.jobs, restored.next_id, now, wall_offset)
@@ -151,25 +153,70 @@ class Broker:
         # after a restart, Acquire waits until the fronts had time to re-register holdings
         self.counting = CounterCommands(now, self.wall_offset, config.stat_interval_s,
                                         now + RECOVERY_GRACE_S if config.recovering else 0.0)
+        admission.holders = (self.beanstalk,)
+        #: the session owner of each family (Session.family) and of each front kind
+        self._families = [self.beanstalk, self.counting]
+        self._kinds = {"counter": self.counting}
+        table: list = [None] * (max(Op.codes()) + 1)
+        table[Op.OPEN], table[Op.CLOSE] = self._open_again, self._close_op
+        for component in (self.beanstalk, self.pools, self.counting):
+            for code, handler in component.handlers().items():
+                table[code] = handler
+        self._handlers = table
+        self.tasks_built, self.label_room = False, 0
+        for code in range(Op.T_ENQUEUE, len(table)):     # (the task family's ops)
+            table[code] = self._task_op
+
+    def build_tasks(self) -> None:
+        """The task family: cloud tasks and schedules, their sessions and ops.  Built at
+        start, or with `tasks_later` at first use (a front of theirs says Hello, one of
+        their ops comes, anything reads them) or when the server says (serve.py: its
+        modules are a tenth of zstalkd's start-up, imported on a thread after its first
+        answers)."""
+        if self.__dict__.get("tasks_built"):
+            return
+        from .tasks.commands import TaskCommands
+        from .schedules.commands import ScheduleCommands
+        from .schedules.schedules import Schedules
+        from .tasks.store import Tasks
+        config, out, admission, journal = self.config, self.out, self.admission, self.journal
         tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
-                      base=config.base_function, started_at=now, upstreams=config.upstreams)
+                      base=config.base_function, started_at=self.started,
+                      upstreams=config.upstreams)
         schedules = Schedules(tasks, self.wall_offset)
         tasks.journal = schedules.journal = journal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
         self.scheduling = ScheduleCommands(schedules, self.tasking, journal)
         self.counting.functions = self.tasking      # fn:NAME counters (core/counters.py)
         admission.holders = (self.beanstalk, tasks, schedules)
-        #: the session owner of each family (Session.family) and of each front kind
-        self._families = (self.beanstalk, self.counting, self.tasking)
-        self._kinds = {"counter": self.counting, "http": self.tasking,
-                       "dispatcher": self.tasking}
-        table: list = [None] * (max(Op.codes()) + 1)
-        table[Op.OPEN], table[Op.CLOSE] = self._open_again, self._close_op
-        for component in (self.beanstalk, self.pools, self.counting, self.tasking,
-                          self.scheduling):
+        self._families.append(self.tasking)
+        self._kinds.update(http=self.tasking, dispatcher=self.tasking)
+        self._handlers[Op.T_ENQUEUE:] = [None] * (len(self._handlers) - Op.T_ENQUEUE)
+        for component in (self.tasking, self.scheduling):
             for code, handler in component.handlers().items():
-                table[code] = handler
-        self._handlers = table
+                self._handlers[code] = handler
+        tasks.counts.room = self.label_room
+        self.tasks_built = True
+
+    def set_label_room(self, top: int) -> None:
+        """How many tube and function names the metrics label from their first count on
+        (shared/labels.py), in the family built later too."""
+        self.label_room = self.queue.metrics.room = top
+        if self.tasks_built:
+            self.tasks.counts.room = top
+
+    def __getattr__(self, name: str):
+        """`tasking` and `scheduling` before the task family is built (`tasks_later`):
+        build it, then they are plain attributes."""
+        if name in ("tasking", "scheduling") and not self.__dict__.get("tasks_built", True):
+            self.build_tasks()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _task_op(self, s, op, now):
+        """A task family's op before the family is built: build it, then handle the op."""
+        self.build_tasks()
+        return self._handlers[op[CODE]](s, op, now)
 
     # -- what the actor and the journal read -------------------------------------------
     @property
@@ -177,11 +224,13 @@ class Broker:
         return self.beanstalk.queue
 
     @property
-    def tasks(self) -> Tasks:
+    def tasks(self):
+        """The task store (tasks/store.py)."""
         return self.tasking.store
 
     @property
-    def schedules(self) -> Schedules:
+    def schedules(self):
+        """The schedule store (schedules/schedules.py)."""
         return self.scheduling.store
 
     @property
@@ -237,6 +286,8 @@ class Broker:
             front = self.fronts[peer] = Front(peer, hello, now)
             self.fronts_added = True
             restored = hello.state_id == self.state_id
+            if hello.kind in ("http", "dispatcher") and not self.tasks_built:
+                self.build_tasks()
             if hello.kind == "counter":
                 # holdings are known exactly by the fronts, so they always come back; a
                 # front of an earlier broker means others may still be on their way
@@ -257,7 +308,13 @@ class Broker:
                 self.control.append((peer, word))
 
     def settings(self) -> Settings:
-        c, api = self.config, self.tasking.api
+        """What every front is told at Welcome; before the task family is built no
+        function is configured (`tasks_later`), so no origin may call one."""
+        c = self.config
+        if not self.tasks_built:
+            return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
+                            c.api.public_enqueue, c.api.private_results, {}, [])
+        api = self.tasking.api
         return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
                         api.public_enqueue, api.private_results, *self.tasking.cross_origin())
 
@@ -282,7 +339,7 @@ class Broker:
     def end_turn(self, now: float) -> None:
         """The turn's last record, before the journal ends the turn: the slow rates' TATs,
         once a turn, when one moved (its calls leave with the turn's replies)."""
-        if self.tasking.store.gates_changed:
+        if self.tasks_built and self.tasking.store.gates_changed:
             self.journal.append[GATES](self.tasks.durable_gates(now))
 
     def _reconcile(self, front: Front, states, now: float) -> None:
@@ -404,7 +461,8 @@ class Broker:
         at them all."""
         queue = self.beanstalk.queue
         if (armed is not None and queue.soonest >= armed and not self.fronts_added
-                and not self.tasking.store.tasks and not self.scheduling.store.by_name):
+                and (not self.tasks_built or not self.tasking.store.tasks
+                     and not self.scheduling.store.by_name)):
             return None
         queue.soonest, self.fronts_added = math.inf, False
         return self.next_deadline()
@@ -416,14 +474,15 @@ class Broker:
         t = self.beanstalk.queue.next_deadline()
         if t is not None and t < d:
             d = t
-        if self.tasking.store.tasks:
-            t = self.tasking.next_deadline()
-            if t is not None and t < d:
-                d = t
-        if self.scheduling.store.timers:
-            t = self.scheduling.next_deadline()
-            if t is not None and t < d:
-                d = t
+        if self.tasks_built:
+            if self.tasking.store.tasks:
+                t = self.tasking.next_deadline()
+                if t is not None and t < d:
+                    d = t
+            if self.scheduling.store.timers:
+                t = self.scheduling.next_deadline()
+                if t is not None and t < d:
+                    d = t
         for f in self.fronts.values():
             silent_at = f.last_seen + PEER_TIMEOUT_S
             if silent_at < d:
@@ -432,8 +491,9 @@ class Broker:
 
     def expire(self, now: float) -> None:
         self.beanstalk.expire(now)
-        self.tasking.expire(now)
-        self.scheduling.expire(now)
+        if self.tasks_built:
+            self.tasking.expire(now)
+            self.scheduling.expire(now)
         if self.resumed:
             self._resume(now)
         self.counting.expire(now)
@@ -469,14 +529,22 @@ def _error_reply(op) -> tuple | None:
 
 class _Live:
     """The core's state as the journal reads it (journal.LiveView): the same dicts the
-    components hold (made once, never replaced), never copied."""
-    __slots__ = ("jobs", "tasks", "schedules", "_beanstalk")
+    components hold (made once, never replaced), never copied; the task family's are
+    asked for when read (it may be built later: Config.tasks_later)."""
+    __slots__ = ("jobs", "_broker", "_beanstalk")
 
     def __init__(self, broker: Broker) -> None:
         self.jobs = broker.beanstalk.queue.jobs
-        self.tasks = broker.tasking.store.tasks
-        self.schedules = broker.scheduling.store.by_name
+        self._broker = broker
         self._beanstalk = broker.beanstalk
+
+    @property
+    def tasks(self) -> dict:
+        return self._broker.tasks.tasks
+
+    @property
+    def schedules(self) -> dict:
+        return self._broker.schedules.by_name
 
     @property
     def next_id(self) -> int:

@@ -36,7 +36,8 @@ import signal
 import socket
 import sys
 
-from .fronts import beanstalk_front, counter_front, start_front, tune_gc
+from . import tune_gc
+from .fronts import beanstalk_front, counter_front, start_front
 from ...protocol.network.loop import run
 from .. import VERSION
 from .logs import start_line
@@ -73,7 +74,7 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
         tasks = core_fields(fns)
     config = Config(max_job_size=opts.max_job_size, max_jobs_bytes=opts.max_jobs_bytes,
                     version=VERSION, binlog_max_size=opts.binlog_size,
-                    stat_interval_s=opts.stat_interval, **tasks)
+                    stat_interval_s=opts.stat_interval, tasks_later=fns is None, **tasks)
 
     def make(wal, config: Config):
         """The broker, its journal replayed; or the exit code when that cannot be."""
@@ -190,6 +191,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
     await load_on_a_thread(_the_rest(opts, counter_listeners))
+    actor.core.build_tasks()
     if counter_listeners and not followed:
         fronts.append(await start_front(counter_front(address, opts.counter_max_connections),
                                         counter_listeners))
@@ -227,6 +229,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
 def _the_rest(opts: ServeOptions, counter_listeners) -> list[str]:
     """The modules the rest of the start-up imports, by what it starts."""
     modules = ["zstalk.protocol.fronts.counter"] if counter_listeners else []
+    modules += ["zstalk.broker.core.tasks.commands", "zstalk.broker.core.schedules.commands"]
     if opts.http_listeners:
         modules.append("zstalk.protocol.fronts.http.front")           # (aiohttp)
     if opts.functions is not None:

@@ -558,3 +558,40 @@ def test_stats_end_with_the_journal_s_role_epoch_and_sequence_only_with_a_replic
     assert journal_stats(NullJournal()) == []
     assert journal_stats(Leading()) == [("journal-role", "leader"), ("journal-epoch", 4),
                                         ("journal-seq", 9)]
+
+
+# -- the task family built later (Config.tasks_later: zstalkd's start) ------------------
+def test_a_broker_whose_task_family_comes_later_serves_beanstalk_without_building_it():
+    h = Harness(tasks_later=True)
+    h.open(1)
+    h.put(1, delay=1)
+    assert h.send((Op.RESERVE, 1, 5)) == []
+    assert h.advance(1.0) == [(1, R.RESERVED, 1, b"x")]
+    h.broker.next_wake(None)
+    h.broker.end_turn(h.now)
+    assert h.broker.tasks_built is False
+
+
+def test_the_welcome_before_the_task_family_is_built_is_the_one_after_it_with_no_function():
+    later, now = Harness(tasks_later=True).broker, Harness().broker
+    assert later.settings() == now.settings()
+    later.build_tasks()
+    assert later.settings() == now.settings()
+
+
+@pytest.mark.parametrize("kind", ["http", "dispatcher"])
+def test_a_front_of_the_task_family_saying_hello_builds_it(kind):
+    h = Harness(tasks_later=True)
+    h.broker.handle(b"tasks", Hello(7, kind, 1, 0, []), h.now)
+    assert h.broker.tasks_built is True
+    assert any(isinstance(msg, Welcome) for _, msg in h.broker.flush())
+
+
+def test_reading_the_task_store_builds_the_family_once_with_the_broker_s_start_time():
+    h = Harness(tasks_later=True)
+    h.now += 30
+    store = h.broker.tasks
+    assert h.broker.tasks_built is True and store.tasks == {}
+    assert h.broker.tasks is store and h.broker.live.tasks is store.tasks
+    h.broker.build_tasks()                  # (told again: nothing changes)
+    assert h.broker.tasks is store

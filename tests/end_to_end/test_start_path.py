@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from servers import LOOPBACK, connect, free_port, wait_for
@@ -29,19 +30,27 @@ ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.b
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
 
-def imports_before_first_reply(command: list[str]) -> list[tuple[int, str]]:
+def imports_before_first_reply(command: list[str], then: str = "") -> list[tuple[int, str]]:
     """(depth, module) for every module `command` imported, in Python's order (a child is
-    listed before the module that imported it), until it answered a put on its port."""
+    listed before the module that imported it), until it answered a put on its port (and
+    then, if given, said a line starting with `then`: its start line)."""
     env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
         port = int(command[command.index("-p") + 1])
         assert wait_for(lambda: _put(port), 10), f"{command[0]} never answered a put"
+        if then:
+            assert wait_for(lambda: any(line.startswith(then) for line in lines), 10), \
+                f"{command[0]} never said {then!r}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-    return [(len(m.group(1)), m.group(2)) for m in map(_LINE.match, err.splitlines()) if m]
+        proc.wait(timeout=10)
+        reader.join(10)
+    return [(len(m.group(1)), m.group(2)) for m in map(_LINE.match, lines) if m]
 
 
 def _put(port: int) -> bool:
@@ -78,6 +87,19 @@ def test_zstalkd_answers_its_first_command_having_loaded_nothing_it_does_not_ser
     rare = [m for _, m in imports if m in ("zstalk.broker.core.upstreams.group",
                                            "dataclasses", "ipaddress", "urllib.parse")]
     assert rare == [], f"{rare[0]} through {importer(imports, rare[0])}"
+
+
+def test_zstalkd_loads_the_task_family_after_its_first_answer_on_the_loading_thread():
+    # a tenth of the start-up: serve.py's load_on_a_thread imports it (no module does)
+    # once the front answers, then the broker builds it; -V's start line says the
+    # start-up is over
+    imports = imports_before_first_reply([str(BIN / "zstalkd"), "-V", "-l", LOOPBACK,
+                                          "-p", str(free_port())], then="zstalkd ")
+    order = [m for _, m in imports]
+    front = order.index("zstalk.protocol.fronts.beanstalk")    # (started after the broker)
+    for family in ("zstalk.broker.core.tasks.commands", "zstalk.broker.core.schedules.commands"):
+        assert order.index(family) > front, f"{family} loads before the front answers"
+        assert importer(imports, family) is None, f"{family} through {importer(imports, family)}"
 
 
 def test_zstalk_serve_without_a_worker_endpoint_loads_no_zeromq():
