@@ -22,7 +22,10 @@ Components: each protocol family's state and rules live in a component of its ow
     schedules   schedules/commands.py   cron schedules, fired as tasks
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
-restores the sessions of the front kinds it owns.  Components share only what
+restores the sessions of the front kinds it owns.  The task family (tasks, schedules)
+may be built after the start (`Config.tasks_later`, `build_tasks`): a server with no
+function configured answers its first beanstalk command without its modules, and the
+per-turn paths ask `tasks_built` before they look at it.  Components share only what
 shared/ lists (the out-queue, the admission gate, the journal, the clock as
 `now`), handed to them here.
 
