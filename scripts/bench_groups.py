@@ -228,28 +228,9 @@ async def fairness(z, host: LogHost, name: str, big: int, small: int, cap_s: flo
             if time.monotonic() > deadline:
                 raise RuntimeError("big's first call did not come")
             await asyncio.sleep(POLL_S)
-        sent, answered, waits = {}, {}, []
-        t_first = time.monotonic() + 1.0
-        for k in range(small):
-            await asyncio.sleep(max(0.0, t_first + k - time.monotonic()))
-            body = json.dumps(task_body(name, k, None, "small")).encode()
-            sent[k] = time.monotonic()
-            async with http.post(url, data=body, headers=JSON_HEADERS) as r:
-                answer = await r.json()
-            answered[k] = time.monotonic()
-            if r.status != 201:
-                errors.append(f"small's task {k}: {r.status} {answer}")
-            waits.append(answer.get("waitNum"))
-    capped = False
-    while True:
-        log = host.seen(name, log=True)["log"]
-        started = {i: t for t, g, i in log if g == "small"}
-        if len(started) == len(sent):
-            break
-        if time.monotonic() > deadline:
-            capped = True
-            break
-        await asyncio.sleep(POLL_S)
+        sent, answered, waits = await post_small(http, url, name, small, errors)
+    log, capped = await calls_of_small(host, name, small, deadline)
+    started = {i: t for t, g, i in log if g == "small"}
     bigs = [t for t, g, _ in log if g == "big"]
     if len(bigs) >= big:
         errors.append(f"big's {big:,} tasks all ran: no backlog to be fair against")
@@ -258,6 +239,36 @@ async def fairness(z, host: LogHost, name: str, big: int, small: int, cap_s: flo
         [sum(1 for t in bigs if sent[k] < t < started[k]) for k in sorted(started)],
         [(started[k] - sent[k]) * 1000 for k in sorted(started)], waits, len(bigs), capped,
         errors)
+
+
+async def post_small(http, url: str, name: str, small: int, errors: list[str]):
+    """small's tasks, one POST a second: when each was sent and answered (monotonic),
+    and the waitNum each 201 said."""
+    sent, answered, waits = {}, {}, []
+    t_first = time.monotonic() + 1.0
+    for k in range(small):
+        await asyncio.sleep(max(0.0, t_first + k - time.monotonic()))
+        body = json.dumps(task_body(name, k, None, "small")).encode()
+        sent[k] = time.monotonic()
+        async with http.post(url, data=body, headers=JSON_HEADERS) as r:
+            answer = await r.json()
+        answered[k] = time.monotonic()
+        if r.status != 201:
+            errors.append(f"small's task {k}: {r.status} {answer}")
+        waits.append(answer.get("waitNum"))
+    return sent, answered, waits
+
+
+async def calls_of_small(host: LogHost, name: str, small: int, deadline: float):
+    """The host's log of `name` once all of small's calls are in it (or at the deadline:
+    capped)."""
+    while True:
+        log = host.seen(name, log=True)["log"]
+        if sum(1 for _, g, _ in log if g == "small") >= small:
+            return log, False
+        if time.monotonic() > deadline:
+            return log, True
+        await asyncio.sleep(POLL_S)
 
 
 def fairness_figures(between: list[int], upper: list[int], late_ms: list[float], waits: list,
