@@ -319,7 +319,8 @@ class Broker:
                             c.api.public_enqueue, c.api.private_results, {}, [])
         api = self.tasking.api
         return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                        api.public_enqueue, api.private_results, *self.tasking.cross_origin())
+                        api.public_enqueue, api.private_results, *self.tasking.cross_origin(),
+                        self.tasking.group_headers())
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and

@@ -167,6 +167,11 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst
+    if spec.group_concurrency:
+        out["groupConcurrency"] = spec.group_concurrency
+    if spec.group_rate:
+        out["groupRate"] = f"{spec.group_rate}/{PER_UNIT[spec.group_per_s]}"
+        out["groupBurst"] = spec.group_burst
     gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset

@@ -76,7 +76,7 @@ from ...network.listen import HttpLimits
 from ...links import open_link
 from ...links.owner import READY, LinkOwner
 from ...schema import Op, R, SessionState, Welcome
-from ...schema.task_messages import TaskEnqueue
+from ...schema.task_messages import MAX_GROUP_HEADER_CHARS, TaskEnqueue
 
 log = logging.getLogger("zstalk.http")
 #: whether the request being handled (each has its own task, so its own context) sent an
@@ -113,7 +113,7 @@ def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None,
     client = client or {}
     return TaskEnqueue(task.function, task.params, task.options, uid or secrets.token_hex(16),
                        keyed, task.request, task.online, client.get("client"),
-                       client.get("forwarded")).op(CONN)
+                       client.get("forwarded"), client.get("headers")).op(CONN)
 
 
 def random_ids(n: int) -> list[str]:
@@ -124,15 +124,21 @@ def random_ids(n: int) -> list[str]:
     return [pool[i:i + 32] for i in range(0, 32 * n, 32)]
 
 
-def client_of(request: web.Request) -> dict:
+def client_of(request: web.Request, group_headers: list = ()) -> dict:
     """The enqueuer's address, and the first X-Forwarded-For hop (the broker takes it
-    only when [api] trust_forwarded says so): the key of ip_hash and clientIp upstreams."""
-    out = {}
+    only when [api] trust_forwarded says so): the key of ip_hash and clientIp upstreams;
+    and the values of the `group_headers` (Settings) it has, for group_by = "header:"."""
+    out: dict = {}
     if request.remote:
         out["client"] = request.remote
     forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
     if forwarded:
         out["forwarded"] = forwarded[:64]
+    if group_headers:
+        said = {name: request.headers[name][:MAX_GROUP_HEADER_CHARS]
+                for name in group_headers if name in request.headers}
+        if said:
+            out["headers"] = said
     return out
 
 
@@ -366,9 +372,10 @@ class HttpFront(LinkOwner):
             return problem_response(task)
         tasks = task if isinstance(task, list) else [task]
         note(request, *(t.function for t in tasks if isinstance(t, Enqueue)))
+        client = client_of(request, self.link.settings.group_headers)
         if isinstance(task, list):
-            return web.json_response(await self.enqueue_many(task, key, client_of(request)))
-        reply = await self.call(enqueue_op(task, key, client_of(request)))
+            return web.json_response(await self.enqueue_many(task, key, client))
+        reply = await self.call(enqueue_op(task, key, client))
         response = reply_response(reply, 201, ENQUEUED_FIELDS)
         if response.status == 201:
             response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
