@@ -1,7 +1,8 @@
 """A function's rate and concurrency hold across dispatchers: a real broker, HTTP front and
 four `zstalk dispatcher` processes, 600 tasks of a function with `rate = "50/s"` and
 `concurrency = 8`, and a function host (aiohttp on loopback, in a thread) that stamps
-every call's start and end."""
+every call's start and end.  Then each group's own limits (issue 44): three groups of a
+function with `group_concurrency = 2` and `group_rate = "10/s"`, over four dispatchers."""
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from app_thread import AppThread
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
+from test_upstreams_end_to_end import cluster
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 RATE, BURST, CONCURRENCY, TASKS, CALL_S = 50, 2, 8, 600, 0.12
@@ -112,3 +114,61 @@ def test_a_rate_and_a_concurrency_hold_across_four_dispatchers(tmp_path):
         "Z", "+00:00")).timestamp() for i in infos)
     for t in (0.1, 0.2, 1.0):
         assert most_in_any_window(broker_starts, t - 0.002) <= BURST + 1 + math.floor(t * RATE)
+
+
+GROUPS, PER_GROUP, GROUP_RATE, GROUP_BURST, GROUP_CONCURRENCY = ("acme", "beta", "gamma"), 40, \
+    10, 1, 2
+GROUP_CONFIG = f'''[functions.render]
+url = "http://{LOOPBACK}:{{port}}/render"
+concurrency = 12
+group_concurrency = {GROUP_CONCURRENCY}
+group_rate = "{GROUP_RATE}/s"
+group_burst = {GROUP_BURST}
+'''
+
+
+class GroupHost(Host):
+    """As Host, and the most calls of each group (its params) in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, list[float]] = {group: [] for group in GROUPS}   # starts
+        self.group_in_flight = dict.fromkeys(GROUPS, 0)
+        self.group_most = dict.fromkeys(GROUPS, 0)
+
+    async def render(self, request: web.Request) -> web.Response:
+        group = json.loads(await request.read())
+        self.groups[group].append(time.monotonic())
+        self.group_in_flight[group] += 1
+        self.group_most[group] = max(self.group_most[group], self.group_in_flight[group])
+        try:
+            return await super().render(request)
+        finally:
+            self.group_in_flight[group] -= 1
+
+
+def test_each_groups_own_concurrency_and_rate_hold_across_four_dispatchers(tmp_path):
+    total = PER_GROUP * len(GROUPS)
+    with GroupHost() as host, cluster(tmp_path, GROUP_CONFIG.format(port=host.port),
+                                      dispatchers=4) as api:
+        status, items = post(f"{api}/tasks", [
+            {"function": "render", "params": group, "options": {"group": group}}
+            for _ in range(PER_GROUP) for group in GROUPS])
+        assert status == 200 and all(item["status"] == 201 for item in items)
+        assert wait_for(lambda: len(host.calls) >= total, PER_GROUP / GROUP_RATE + 60,
+                        step=0.2), len(host.calls)
+        infos = [get(f"{api}/tasks/{item['uniqueId']}") for item in items]
+    assert len({uid for uid, _, _ in host.calls}) == total, "a task was called twice"
+    assert host.group_most == dict.fromkeys(GROUPS, GROUP_CONCURRENCY), host.group_most
+    assert host.most > GROUP_CONCURRENCY, "the groups' calls ran side by side"
+    for group, starts in host.groups.items():          # what the function host saw
+        for t in (0.5, 1.0, 2.0):
+            assert most_in_any_window(sorted(starts), t) <= (
+                GROUP_BURST + 1 + GROUP_RATE * (t + 0.02)), (group, t)
+    for group in GROUPS:                # the broker's start times (ms) obey GCRA exactly
+        starts = sorted(datetime.datetime.fromisoformat(i["startedAt"].replace(
+            "Z", "+00:00")).timestamp() for i in infos if i["group"] == group)
+        assert len(starts) == PER_GROUP
+        for t in (0.2, 1.0):
+            assert most_in_any_window(starts, t - 0.002) <= (
+                GROUP_BURST + 1 + math.floor(t * GROUP_RATE)), (group, t)

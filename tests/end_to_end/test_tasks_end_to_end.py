@@ -101,9 +101,11 @@ class Api:
         self.tls = tls          # the ssl.SSLContext of an https:// base
         self.key: str | None = None
 
-    def request(self, method: str, path: str, body=None, raw: bytes | None = None):
+    def request(self, method: str, path: str, body=None, raw: bytes | None = None,
+                headers: dict | None = None):
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers=headers or {})
         req.add_header("Content-Type", "application/json")
         if self.key:
             req.add_header("Authorization", f"Bearer {self.key}")
@@ -589,6 +591,31 @@ def test_with_group_by_client_a_task_is_in_its_client_address_group_unless_it_na
     _, named = api.enqueue("one", group="acme")
     assert api.request("GET", f"/v1/tasks/{plain['uniqueId']}")[1]["group"] == LOOPBACK
     assert api.request("GET", f"/v1/tasks/{named['uniqueId']}")[1]["group"] == "acme"
+    host.held.clear()
+
+
+def test_with_group_by_a_header_a_task_is_in_the_group_its_gateway_named_and_a_bad_one_is_a_400(
+        serve, host):
+    api = serve("--master-key", "k", config=one_at_a_time(host) + 'group_by = "header:X-Tenant"\n'
+                '[api]\npublic_enqueue = true\n')
+    host.held.add("one")
+    one = {"function": "one", "params": 1}
+
+    def enqueue(body, **headers) -> dict:
+        code, answer = api.request("POST", "/v1/tasks", body, headers=headers)
+        assert code in (200, 201), answer
+        return answer
+
+    tenant = enqueue(one, **{"X-Tenant": "acme"})           # without the key
+    nobody = enqueue(one)
+    several = enqueue([one, one], **{"x-tenant": "globex"})
+    api.key = "k"
+    chosen = enqueue({**one, "options": {"group": "beta"}}, **{"X-Tenant": "acme"})
+    code, refused = api.request("POST", "/v1/tasks", one, headers={"X-Tenant": "acme corp"})
+    assert (code, refused["error"]) == (400, "bad_request") and "X-Tenant" in refused["message"]
+    groups = [api.request("GET", f"/v1/tasks/{t['uniqueId']}")[1].get("group")
+              for t in (tenant, nobody, *several, chosen)]
+    assert groups == ["acme", None, "globex", "globex", "beta"]
     host.held.clear()
 
 
