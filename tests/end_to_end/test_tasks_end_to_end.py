@@ -426,6 +426,38 @@ def test_a_slow_rate_keeps_its_last_start_across_kill_9_so_a_crash_loop_cannot_e
         server.stop()
 
 
+def test_a_broker_killed_with_kill_9_keeps_each_tasks_group_and_its_running_call_counts(
+        tmp_path, host):
+    server, api = serve_with_binlog(tmp_path, host, '[functions.tenants]\nconcurrency = 3\n'
+                                    'group_by = "header:X-Tenant"\ngroup_concurrency = 1\n')
+    try:
+        api.wait_listening()
+        host.held.add("tenants")
+        uids = []
+        for tenant in ("acme", "acme", "beta"):
+            code, task = api.request("POST", "/v1/tasks", {"function": "tenants"},
+                                     headers={"X-Tenant": tenant})
+            assert code == 201, task
+            uids.append(task["uniqueId"])
+        wait_calls(host, "tenants", 2)          # acme's first and beta's: acme's second waits
+        time.sleep(0.5)                         # (for its group, not the function: 2 of 3)
+        assert len(host.called("tenants")) == 2
+        server.kill()
+        host.held.clear()
+        server.start()
+        api.wait_listening()
+        infos = [api.request("GET", f"/v1/tasks/{uid}")[1] for uid in uids]
+        assert [(i["group"], i["status"]) for i in infos] == [
+            ("acme", "running"), ("acme", "queued"), ("beta", "running")]
+        _, stats = api.request("GET", "/v1/functions/tenants")
+        assert stats["groups"]["count"] == 2 and stats["groupConcurrency"] == 1
+        time.sleep(1.0)                 # (acme's call, running when it stopped, still counts)
+        assert len(host.called("tenants")) == 2
+        api.wait_status(uids[1], "success")     # once that call is given up (CLAIM_S)
+    finally:
+        server.stop()
+
+
 def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):
     server, api = serve_with_binlog(tmp_path, host)
     try:
