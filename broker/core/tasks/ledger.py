@@ -12,19 +12,19 @@ it tells the lines when a group's own limits (group_limits.py) hold it back or f
 The coordinators above decide when: store.py (enqueue, take, outcomes, cancel, the
 timers), waiting.py (the waiting room's admissions and passes) and restart.py (a
 journal's tasks back).  They call down into this; it calls down into the components it
-was given (lines.py, limiter.py, group_limits.py, room.py, functions.py) and never up.  What a change
-keeps in the journal is passed in where one is made here (a queue timeout, a task
-forgotten): the journal is the core's, set after the store is made.
+was given (lines.py, limiter.py, group_limits.py, room.py, functions.py) and never up.
+What a change keeps in the journal is passed in where one is made here (a queue timeout,
+a task forgotten): the journal is the core's, set after the store is made.
 """
 from __future__ import annotations
 
 from sortedcontainers import SortedDict
 
 from ....protocol.schema.tasks import ADMITTED, QUEUE_TIMEOUT, QUEUED, RUNNING
-from .components.group_limits import GroupLimits
 from ..shared.journal import TASK_GONE, TASK_STATE, Journal
 from ..shared.labels import Labelled
 from .components.deadlines import Deadlines
+from .components.group_limits import GroupLimits
 from .components.limiter import Limiter
 from .components.lines import Lines
 from .components.room import Room
