@@ -87,10 +87,12 @@ class GroupLimits:
     def ended(self, name: str, group: str) -> bool:
         """A call of `group` ended (or an admitted task's slot is free); True if the group
         may start again (it may not have been held back)."""
+        if not self.running:
+            return False                    # (not counted: no group limits)
         key = (name, group)
         running = self.running.get(key)
         if running is None:
-            return False                    # (not counted: no group limits)
+            return False
         if running > 1:
             self.running[key] = running - 1
         else:

@@ -8,7 +8,7 @@ within each level, and a task's rank is its place in that order; the line stays 
 until it runs out, so a function without groups keeps its plain line and its cost.  A
 group its own limits hold back (group_limits.py) is passed over in its place (`hold`,
 `free`); a function with a held group "" takes a Rotation for it too, and a line whose
-groups are all held back has no head (None) until one is free.
+groups are all held back has no head (its `[0]` is None) until one is free.
 Tasks not due yet (a delay, a backoff) wait in a timer lane until `due` moves them in
 line.
 
@@ -67,7 +67,7 @@ class Lines:
         else:
             ready.add(task.key, task.group)
         self.by_key[task.key] = task
-        return _head(ready) == task.key
+        return ready[0] == task.key
 
     def _rotation(self, name: str, keys: SortedList = ()) -> Rotation:
         held = self.held
@@ -85,7 +85,7 @@ class Lines:
         new head to offer)."""
         del self.by_key[task.key]
         ready = self.ready[task.function]
-        was_head = _head(ready) == task.key
+        was_head = ready[0] == task.key
         if type(ready) is SortedList:
             ready.remove(task.key)
         else:
@@ -133,7 +133,7 @@ class Lines:
     # -- handing out -----------------------------------------------------------------------
     def head(self, name: str) -> tuple | None:
         ready = self.ready.get(name)
-        return _head(ready) if ready else None
+        return ready[0] if ready else None
 
     def offer(self, name: str, head: tuple) -> None:
         """`name` may start a call now: its head is a candidate."""
@@ -150,7 +150,7 @@ class Lines:
         while heads:
             key, name = heads[0]
             ready = self.ready.get(name)
-            if offered.get(name) == key and ready and _head(ready) == key and may_start(name):
+            if offered.get(name) == key and ready and ready[0] == key and may_start(name):
                 return key, name
             heapq.heappop(heads)
             if offered.get(name) == key:
@@ -186,11 +186,6 @@ class Lines:
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()
-
-
-def _head(ready: SortedList | Rotation) -> tuple | None:
-    """A line's head: the next hand-out (None: every group of a rotation is held back)."""
-    return ready[0] if type(ready) is SortedList else ready.head
 
 
 class Passing:

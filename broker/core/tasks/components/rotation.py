@@ -133,8 +133,9 @@ class Rotation:
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, index: int) -> tuple:
-        if index != 0 or self.head is None:
+    def __getitem__(self, index: int) -> tuple | None:
+        """`[0]`: the head (None: every group is held back), as a plain line's first."""
+        if index != 0:
             raise IndexError("a rotation shows its head only")
         return self.head
 
