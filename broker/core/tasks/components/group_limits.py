@@ -7,7 +7,8 @@ dispatcher.  A task without a group is in the group "", one group like the other
 
 A group is held back (`held`) while it has group_concurrency calls (calls in flight and
 admitted online tasks) or its gate is shut; the rotation (rotation.py) passes it over
-then, and it keeps its place.  The ledger tells the lines when that changes: `started`
+then, and it keeps its place.  A task's waitNum does not see them: it stays the number of
+due tasks handed out before it if every group could start now (issue 44).  The ledger tells the lines when that changes: `started`
 says whether a start held the group back, `ended` whether an end freed it, `opened` which
 groups' gates opened by now (the "shut" timers, as the limiter's for a function's gate:
 the broker's timer wakes then).  Only the functions whose spec has group limits are

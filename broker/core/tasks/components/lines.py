@@ -168,7 +168,8 @@ class Lines:
 
     # -- looking ---------------------------------------------------------------------------
     def wait_num(self, task: Task) -> int:
-        """Tasks of its function that run before it (if it were due now)."""
+        """Tasks of its function that run before it (if it were due now), every group
+        starting as its turn comes: what group limits hold back now does not change it."""
         ready = self.ready.get(task.function)
         if not ready:
             return 0
