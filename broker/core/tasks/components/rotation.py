@@ -119,7 +119,7 @@ class Rotation:
     seq)) and group; the methods lines.py uses of a plain line (SortedList) are here too:
     `[0]` (the head), `len`, `add`, `remove`.  `held(group)`: whether the group limits
     hold that group back now (asked when it joins a level)."""
-    __slots__ = ("levels", "count", "head", "held")
+    __slots__ = ("levels", "count", "head", "held", "_head_at")
 
     def __init__(self, keys: Iterable[tuple] = (),
                  held: Callable[[str], bool] = _never) -> None:
@@ -127,6 +127,7 @@ class Rotation:
         self.count = 0
         self.head: tuple | None = None              # the key handed out next (None: no
         self.held = held                            # group may start)
+        self._head_at = (0, 0)                      # the head's (-level, column)
         for key in keys:                            # (a plain line's: the group "")
             self.add(key, "")
 
@@ -144,12 +145,24 @@ class Rotation:
         if level is None:
             level = self.levels[key[0]] = _Level()
         column = level.groups.get(group)
-        if column is None:
+        joined = column is None
+        if joined:
             column = level.join(group, self.held(group))
         level.cells.add((len(column.keys), column.col))
         column.keys.add(key)
         self.count += 1
-        self._set_head()
+        self._head_after_add(key[0], column, joined)
+
+    def _head_after_add(self, lv: int, column: _Column, joined: bool) -> None:
+        """The head after a task joined `column` of level `lv`: the same unless the task
+        is of a higher level than the head's, or joined the head's column (it may be its
+        group's best now), or a new group joined the head's level (its turn may be next:
+        no other group of the level may still start in this round)."""
+        head_lv, head_col = self._head_at
+        if self.head is None or lv < head_lv or lv == head_lv and joined:
+            self._set_head()
+        elif lv == head_lv and column.col == head_col:
+            self.head = column.keys[0]
 
     def remove(self, key: tuple, group: str, turn: bool = False) -> None:
         """`key` leaves: handed out (`turn`: it is the head, and its group has had its
@@ -199,6 +212,7 @@ class Rotation:
             col = level.first_open()
             if col is not None:
                 self.head = level.groups[level.names[col]].keys[0]
+                self._head_at = (lv, col)
                 return
 
     # -- looking -------------------------------------------------------------------------------
