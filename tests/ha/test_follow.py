@@ -54,11 +54,12 @@ class Followed(Instance):
         super().__init__(urls, name, "--worker-bind", self.worker, *extra)
 
 
-def leader_and_follower(cluster: Cluster, name: str) -> tuple[Followed, Followed]:
+def leader_and_follower(cluster: Cluster, name: str,
+                        make: type[Followed] = Followed) -> tuple[Followed, Followed]:
     """One instance leading, then a second standing by for it, its port answering."""
-    a = Followed(cluster.urls, name).launch()
+    a = make(cluster.urls, name).launch()
     assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
-    b = Followed(cluster.urls, name).launch()
+    b = make(cluster.urls, name).launch()
     assert wait_for(lambda: b.stands_by_for(a) and answers(b.address), LEAD_S, 0.05), \
         (b.leader(), b.output())
     return a, b
