@@ -33,7 +33,8 @@ its takeover.  If this instance can follow (a worker endpoint to advertise: foll
 fronts of a one-process standby do; at the takeover their links lose that leader and ask
 their broker's endpoint again, which now welcomes them.  The dispatcher, the health port
 and the start line wait for the takeover (watched for in the loop), as does everything
-when the instance cannot follow: clients then wait in the listen backlog.
+when the instance cannot follow: clients then wait in the listen backlog.  The health
+port opens with the fronts: /leader 503 and /readyz from the fronts alone meanwhile.
 """
 from __future__ import annotations
 
@@ -217,12 +218,14 @@ class Supervisor:
                 self._start("counter")
             if self.opts.http_listeners:
                 self._start("http")
+            if self.opts.health.port:
+                stop = self._start_probes()
+                if stop is not None:
+                    return stop
             if self.standing:
                 log.info("the broker stands by: the fronts serve through the leader")
             else:
-                stop = self._leads()
-                if stop is not None:
-                    return stop
+                self._leads()
             return self._loop()
         finally:
             if self.probes is not None:
@@ -231,15 +234,11 @@ class Supervisor:
             self._close_ready()
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
-    def _leads(self) -> int | None:
-        """The broker child leads: the dispatcher, the health port and the start line
-        (each once, whatever broker restarts come after)."""
+    def _leads(self) -> None:
+        """The broker child leads: the dispatcher and the start line (each once, whatever
+        broker restarts come after)."""
         if self.opts.functions is not None and "dispatcher" not in self.children:
             self._start("dispatcher")       # (a SIGHUP may name functions later)
-        if self.opts.health.port and self.probes is None:
-            stop = self._start_probes()
-            if stop is not None:
-                return stop
         if self.opts.announce and not self.announced:
             self.announced = True
             start_line(self.opts.role, announcement(
@@ -254,7 +253,7 @@ class Supervisor:
     def _start_probes(self) -> int | None:
         from ...protocol.network.health import HealthBindError
         from .probes import SupervisorProbes
-        self.probes = SupervisorProbes(self.opts.health, lambda: dict(self.health_ports))
+        self.probes = SupervisorProbes(self.opts.health, self._probed, self._leader)
         try:
             self.probes.start()
         except HealthBindError as exc:
@@ -263,14 +262,23 @@ class Supervisor:
             return BIND_EXIT
         return None
 
+    def _probed(self) -> dict[str, int]:
+        """The children whose probes count now, and their health ports: not a broker
+        standing by, which opens its port only once it leads."""
+        return {name: port for name, port in self.health_ports.items()
+                if not (self.standing and name == "broker")}
+
+    def _leader(self) -> str | None:
+        """/leader (on the probes' thread): None while the broker child leads."""
+        return "standby: the broker child stands by; the fronts serve through the leader" \
+            if self.standing else None
+
     def _loop(self) -> int:
         while True:
             if self.probes is not None:
                 self.probes.beat()
             if self.standing and self._ready_said(0) and not self.standing:
-                stop = self._leads()        # (it took over)
-                if stop is not None:
-                    return stop
+                self._leads()               # (it took over)
             info = signal.sigtimedwait(_SIGNALS, STANDING_LOOK_S if self.standing else 1.0)
             if info is None or info.si_signo == signal.SIGCHLD:
                 broker = self.children["broker"]

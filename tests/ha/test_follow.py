@@ -200,8 +200,9 @@ def put_raw_until_acknowledged(c: RawClient, body: bytes, limit_s: float) -> tup
 def test_a_standby_with_front_processes_serves_through_the_leader_and_goes_on_after_a_kill(
         cluster, name):
     """`zstalk serve --fronts 1 --journal` standing by: its front process follows the
-    leader (the broker child's door sends it on), and after kill -9 of the leader the
-    same client connection goes on once that broker child leads, keeping its job."""
+    leader (the broker child's door sends it on) and the health port says so (/leader
+    503, /readyz 200), and after kill -9 of the leader the same client connection goes on
+    once that broker child leads, keeping its job."""
     a = Followed(cluster.urls, name).launch()
     b = None
     try:
@@ -215,6 +216,9 @@ def test_a_standby_with_front_processes_serves_through_the_leader_and_goes_on_af
             assert stats(b.address)[b"journal-role"] == b"leader"     # (a, through b)
             assert stats(a.address)[b"total-jobs"] == b"1"
             assert "restored" not in b.output(), "the standby's start line before it led"
+            status, said = b.leader()
+            assert status == 503 and "stands by" in said, (status, said)
+            assert wait_for(lambda: b.ready()[0] == 200, LEAD_S, 0.05), b.ready()
             killed = time.monotonic()
             a.kill()
             job_id, failed = put_raw_until_acknowledged(c, b"after", LEAD_S)
@@ -225,8 +229,8 @@ def test_a_standby_with_front_processes_serves_through_the_leader_and_goes_on_af
             c.send(b"delete 1\r\nstats\r\n")   # (the session came back with its job)
             deleted, said = c.read_replies(2)
             assert deleted == b"DELETED\r\n" and b"journal-epoch: 2" in said, (deleted, said)
-        # its start line once it leads (its health port too, which has no /leader yet)
-        assert wait_for(lambda: "restored 1 jobs" in b.output(), LEAD_S, 0.05), b.output()
+        assert wait_for(b.leads, LEAD_S, 0.05), b.leader()
+        assert "restored 1 jobs" in b.output()      # (its start line, once it leads)
     finally:
         a.stop()
         if b is not None:
