@@ -89,7 +89,7 @@ import urllib.request
 from harness.beanstalk import Client
 from harness.cli import Run, log, parser, sized
 from harness.machine import load_range, tool_version
-from harness.nats import CLUSTERS, jsz_streams, nats_cluster, nats_server_or_exit, stop_at_exit
+from harness.nats import CLUSTERS, nats_cluster, nats_server_or_exit, stop_at_exit
 from harness.procs import HOST, Proc, free_port, wait_until, zstalk_keep
 from harness.stats import Figure
 from harness.table import Table
@@ -294,22 +294,6 @@ def listed_tasks(http_port: int, cap_s: float) -> set[str]:
     raise RuntimeError(f"the task listing did not end within {cap_s:.0f} s")
 
 
-def settled(cluster) -> bool:
-    """Every node up, and the journal's and the lease's streams each led, with every
-    replica current as its leader sees them."""
-    if any(n.proc is None for n in cluster.nodes):
-        return False
-    for name in (STREAM, LEASE_STREAM):
-        leader = cluster.stream_leader(name)
-        info = (jsz_streams(leader).get(name) or {}).get("cluster") or {} if leader else {}
-        replicas = info.get("replicas") or []
-        if info.get("leader") != getattr(leader, "name", None) \
-                or len(replicas) < len(cluster.nodes) - 1 \
-                or not all(r.get("current") for r in replicas):
-            return False
-    return True
-
-
 # --------------------------------------------------------------------------- the bench
 
 class Failover:
@@ -475,7 +459,7 @@ class Failover:
             node.proc.wait(10)
             node.proc = None
             self.cluster.restart(node)
-            wait_until(lambda: settled(self.cluster), "the NATS streams' replicas current",
+            wait_until(lambda: self.cluster.settled([STREAM, LEASE_STREAM]), "the NATS streams' replicas current",
                        cap_s=self.a.cap * 2, step_s=0.2)
 
     def _restart(self, instance: Instance) -> None:

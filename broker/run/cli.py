@@ -431,7 +431,8 @@ def load_config_or_exit(path: str | None):
                    "time to re-register their holdings.")
 @click.option("--ready-fd", type=int, default=None,
               help="Write a byte to this fd once the binlog is replayed and the socket bound "
-                   "(then, with a binlog, ' JOBS TASKS SCHEDULES' it restored).")
+                   "(then, with a binlog, ' JOBS TASKS SCHEDULES' it restored); with "
+                   "--journal, 's' before that once it stands by, its endpoint bound.")
 @click.option("--also-bind", multiple=True, metavar="ENDPOINT", type=Endpoint(),
               help="Another endpoint of the same socket (e.g. TCP for workers; repeatable).")
 @click.option("--config", "config_path", default=None, metavar="FILE",
@@ -465,9 +466,15 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     if binlog_dir:
         wal = Options(binlog_dir, binlog_size, None if no_fsync else fsync_ms)
     lead = door = None
+
+    def standing() -> None:     # (a supervisor may start its fronts now: they follow)
+        if ready_fd is not None:
+            from .supervisor import STANDING
+            os.write(ready_fd, STANDING)
     if journal is not None:     # it stands by until the lease is its own (leading.py)
         lead, wal, config, door = stand_by(
-            journal._replace(advertise=journal.advertise or bind), config, [bind, *also_bind])
+            journal._replace(advertise=journal.advertise or bind), config, [bind, *also_bind],
+            standing)
     try:
         actor = BrokerActor(None if door else bind, config, binlog=wal,
                             also_bind=() if door else tuple(also_bind),
@@ -504,10 +511,11 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
         sys.exit(actor.exit_code)
 
 
-def stand_by(journal, config, endpoints: list[str]):
+def stand_by(journal, config, endpoints: list[str], standing=lambda: None):
     """`zstalk broker --journal`: wait (blocking) until the lease is ours, `endpoints`
     telling peers where the leader is meanwhile (broker/standby.py; the supervised
-    fronts of `zstalk serve --fronts N` too, so they follow it); then (the leadership, the
+    fronts of `zstalk serve --fronts N` too, so they follow it: `standing()` once the
+    door is bound tells the supervisor it may start them); then (the leadership, the
     journal's options with its epoch, the config, recovering after an earlier leader,
     the door whose socket the actor adopts)."""
     from .leading import Leadership
@@ -526,6 +534,7 @@ def stand_by(journal, config, endpoints: list[str]):
         lead.hand_over(None)
         click.echo(f"zstalk broker: cannot bind {exc}", err=True)
         sys.exit(111)
+    standing()
     epoch = lead.wait_leading()
     if epoch is None:
         door.close()

@@ -9,7 +9,9 @@ signals with sigtimedwait and runs no event loop):
   died is no liveness failure: the supervisor starts it again, as it would without
   probes; a child whose loop is stuck fails its own /healthz, which shows in /readyz.
 * /readyz: every child answers its /readyz 200.  The children are asked every BEAT_S
-  and the last answers kept, so a probe is answered at once.
+  and the last answers kept, so a probe is answered at once.  A broker child standing by
+  on a journal has no health port yet: the fronts that follow the leader answer for it.
+* /leader: 200 while the broker child leads (or has no journal), 503 while it stands by.
 * /metrics: every child's /metrics, asked for when scraped (all at once, each within
   FETCH_TIMEOUT_S), each sample labelled role="<child>" (broker, front-0 ... front-N-1,
   counter, http, dispatcher; a child's own role label gives way), the families merged,
@@ -75,9 +77,11 @@ class SupervisorProbes:
     `ports()` gives the children's names and health ports now; `beat()` is called by the
     supervisor's main loop."""
 
-    def __init__(self, health: HealthOptions, ports: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, health: HealthOptions, ports: Callable[[], dict[str, int]],
+                 leader: Callable[[], str | None] = lambda: None) -> None:
         self.health = health
         self.ports = ports
+        self.leader = leader            # /leader: None while the broker child leads
         self.last_beat = time.monotonic()
         self.not_ready: str | None = "children not asked yet"
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -113,7 +117,7 @@ class SupervisorProbes:
 
     async def _start(self) -> HealthServer:
         from ...protocol.network.health import start_health
-        server = await start_health(self.health, self.ready, self.alive)
+        server = await start_health(self.health, self.ready, self.alive, leader=self.leader)
         server.gather = self.gather
         self._watching = asyncio.ensure_future(self._watch_readiness())
         return server

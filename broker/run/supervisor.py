@@ -24,6 +24,17 @@ start-up fast.
 With --health-port each child gets a health port of its own on loopback, and the
 supervisor serves the one asked for: its children's readiness and metrics as one
 (probes.py).
+
+With --journal the broker child stands by until the lease is its own (run/leading.py).
+Its endpoint is bound meanwhile by a door that sends fronts on to the leader
+(broker/standby.py), and it says so on the ready fd (STANDING) before the ready byte of
+its takeover.  If this instance can follow (a worker endpoint to advertise: following.py
+`cannot_follow`), the fronts start then and serve clients through the leader, as the
+fronts of a one-process standby do; at the takeover their links lose that leader and ask
+their broker's endpoint again, which now welcomes them.  The dispatcher, the health port
+and the start line wait for the takeover (watched for in the loop), as does everything
+when the instance cannot follow: clients then wait in the listen backlog.  The health
+port opens with the fronts: /leader 503 and /readyz from the fronts alone meanwhile.
 """
 from __future__ import annotations
 
@@ -58,6 +69,11 @@ FATAL_EXITS = {2, 10, 12, 13, 111}
 _PASSED_ON = {signal.SIGUSR1, signal.SIGHUP}
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, *_PASSED_ON}
 _PR_SET_PDEATHSIG = 1
+#: what a broker child with --journal writes on its ready fd once it stands by, its
+#: endpoint bound (cli.py `broker`); the ready byte b"1" follows at its takeover
+STANDING = b"s"
+#: how often the loop looks whether a standing-by broker child took over
+STANDING_LOOK_S = 0.2
 log = logging.getLogger("zstalk.supervisor")
 
 
@@ -87,6 +103,10 @@ class Supervisor:
         self.health_ports: dict[str, int] = {}  # child -> its health port (--health-port)
         self.probes = None          # probes.SupervisorProbes, with --health-port
         self.restored = None        # what the broker's binlog replay brought back (ready fd)
+        self.ready_r: int | None = None     # the broker child's ready fd, until it leads
+        self.standing = False       # the broker child stands by (its fronts follow)
+        self.announced = False
+        self.follows = opts.journal is not None and _can_follow(opts)
 
     def _command(self, name: str) -> list[str]:
         """A child's command line: this process's verbosity and log format, its role."""
@@ -147,29 +167,44 @@ class Supervisor:
             preexec_fn=_child_setup, stdin=subprocess.DEVNULL)
 
     def _start_broker_and_wait(self) -> int | None:
-        """Start the broker and wait until it has replayed its binlog and bound its socket.
+        """Start the broker and wait until it has replayed its binlog and bound its socket,
+        or, when its fronts can follow, until it stands by (module comment).
 
         Fronts start only then, so clients that connect meanwhile wait in the listen
         backlog, as with a beanstalkd replaying its binlog, instead of having their
         commands held and failed.  Returns an exit code if we must stop instead."""
-        ready_r, ready_w = os.pipe()
-        try:
-            self._start("broker", ["--ready-fd", str(ready_w)], [ready_w])
-            os.close(ready_w)
-            while True:
-                if select.select([ready_r], [], [], 0.05)[0]:
-                    said = os.read(ready_r, 64)     # b"1", and " JOBS TASKS SCHEDULES"
-                    if said:
-                        self.restored = restored(said[1:])
-                        return None
-                broker = self.children["broker"]
-                if broker.poll() is not None:
-                    code = broker.wait()
-                    return code if code in FATAL_EXITS else None
-                if signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0) is not None:
-                    return 0
-        finally:
-            os.close(ready_r)
+        self._close_ready()
+        self.ready_r, ready_w = os.pipe()
+        self._start("broker", ["--ready-fd", str(ready_w)], [ready_w])
+        os.close(ready_w)
+        while True:
+            if self._ready_said(0.05) and (not self.standing or self.follows):
+                return None
+            broker = self.children["broker"]
+            if broker.poll() is not None:
+                code = broker.wait()
+                return code if code in FATAL_EXITS else None
+            if signal.sigtimedwait([signal.SIGTERM, signal.SIGINT], 0) is not None:
+                return 0
+
+    def _ready_said(self, wait_s: float) -> bool:
+        """Whether the broker child said it leads or stands by (`standing`), reading its
+        ready fd for up to `wait_s`: b"1" and " JOBS TASKS SCHEDULES", after STANDING
+        with a journal."""
+        if self.ready_r is None or not select.select([self.ready_r], [], [], wait_s)[0]:
+            return False
+        said = os.read(self.ready_r, 64)
+        if said.startswith(STANDING):
+            self.standing, said = True, said[len(STANDING):]
+        if said:
+            self.standing, self.restored = False, restored(said[1:])
+            self._close_ready()
+        return self.standing or bool(said)
+
+    def _close_ready(self) -> None:
+        if self.ready_r is not None:
+            os.close(self.ready_r)
+            self.ready_r = None
 
     def run(self) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -183,31 +218,42 @@ class Supervisor:
                 self._start("counter")
             if self.opts.http_listeners:
                 self._start("http")
-            if self.opts.functions is not None:     # (a SIGHUP may name functions later)
-                self._start("dispatcher")
             if self.opts.health.port:
                 stop = self._start_probes()
                 if stop is not None:
                     return stop
-            if self.opts.announce:
-                start_line(self.opts.role, announcement(
-                    self.listeners, self.counter_listeners, self.opts.worker_bind,
-                    self.opts.http_listeners, self.opts.master_key, bool(self.opts.tls_files),
-                    self.opts.functions is not None,
-                    health_said(self.opts.health, self.health_ports),
-                    binlog_said(self.opts.binlog_dir, self.restored)
-                    or journal_said(self.opts.journal, self.restored)))
+            if self.standing:
+                log.info("the broker stands by: the fronts serve through the leader")
+            else:
+                self._leads()
             return self._loop()
         finally:
             if self.probes is not None:
                 self.probes.close()
             self._stop()
+            self._close_ready()
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _leads(self) -> None:
+        """The broker child leads: the dispatcher and the start line (each once, whatever
+        broker restarts come after)."""
+        if self.opts.functions is not None and "dispatcher" not in self.children:
+            self._start("dispatcher")       # (a SIGHUP may name functions later)
+        if self.opts.announce and not self.announced:
+            self.announced = True
+            start_line(self.opts.role, announcement(
+                self.listeners, self.counter_listeners, self.opts.worker_bind,
+                self.opts.http_listeners, self.opts.master_key, bool(self.opts.tls_files),
+                self.opts.functions is not None,
+                health_said(self.opts.health, self.health_ports),
+                binlog_said(self.opts.binlog_dir, self.restored)
+                or journal_said(self.opts.journal, self.restored)))
+        return None
 
     def _start_probes(self) -> int | None:
         from ...protocol.network.health import HealthBindError
         from .probes import SupervisorProbes
-        self.probes = SupervisorProbes(self.opts.health, lambda: dict(self.health_ports))
+        self.probes = SupervisorProbes(self.opts.health, self._probed, self._leader)
         try:
             self.probes.start()
         except HealthBindError as exc:
@@ -216,11 +262,24 @@ class Supervisor:
             return BIND_EXIT
         return None
 
+    def _probed(self) -> dict[str, int]:
+        """The children whose probes count now, and their health ports: not a broker
+        standing by, which opens its port only once it leads."""
+        return {name: port for name, port in self.health_ports.items()
+                if not (self.standing and name == "broker")}
+
+    def _leader(self) -> str | None:
+        """/leader (on the probes' thread): None while the broker child leads."""
+        return "standby: the broker child stands by; the fronts serve through the leader" \
+            if self.standing else None
+
     def _loop(self) -> int:
         while True:
             if self.probes is not None:
                 self.probes.beat()
-            info = signal.sigtimedwait(_SIGNALS, 1.0)
+            if self.standing and self._ready_said(0) and not self.standing:
+                self._leads()               # (it took over)
+            info = signal.sigtimedwait(_SIGNALS, STANDING_LOOK_S if self.standing else 1.0)
             if info is None or info.si_signo == signal.SIGCHLD:
                 broker = self.children["broker"]
                 if broker.poll() in FATAL_EXITS:
@@ -268,6 +327,14 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _can_follow(opts: ServeOptions) -> bool:
+    from .following import cannot_follow      # (only with --journal: it imports the fronts')
+    why = cannot_follow(opts)
+    if why is not None:
+        log.info("the fronts start once the broker leads: %s", why)
+    return why is None
 
 
 def restored(said: bytes) -> tuple[int, int, int] | None:

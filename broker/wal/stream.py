@@ -65,8 +65,9 @@ CANNOT_STORE = {10077: "the stream is full (max_bytes)",
                 10028: "NATS has no memory left (insufficient memory resources)"}
 #: after a refusal that may pass (no responders while NATS elects), the wait to try again
 RETRY_S = 0.25
-#: how long one request for the stream's info waits: while NATS elects the stream's leader
-#: it may go unanswered, and it is asked again (until --journal-timeout) rather than waited on
+#: how long one request for the stream's info, or for a consumer to read it with, waits: while
+#: NATS elects the stream's leader it may go unanswered, and it is asked again (until
+#: --journal-timeout) rather than waited on
 ASK_S = 2.0
 #: exit codes: a journal that cannot be used at start (as a binlog directory, beanstalkd's
 #: 10), refused settings (2, a usage error), deposed by another writer, NATS gone too long
@@ -244,24 +245,13 @@ async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
                            f"raise max_payload in the NATS servers' config", SETTINGS_EXIT)
     js = nc.jetstream(timeout=10)
     asking = nc.jetstream(timeout=ASK_S)
-    loop = asyncio.get_running_loop()
-    until = loop.time() + opts.timeout_s
-    while True:
+
+    async def stream_info():
         try:
-            info = await asking.stream_info(opts.stream)
-            break
+            return await asking.stream_info(opts.stream)
         except NotFoundError:
-            info = None
-            break
-        except Exception as exc:
-            # no answer while NATS elects the stream's leader (its node died, maybe with
-            # the broker's machine): try again for --journal-timeout, as an append does
-            if not _electing(exc) or loop.time() > until:
-                raise JournalError(f"NATS at {', '.join(opts.urls)}: cannot read stream "
-                                   f"{opts.stream}: {exc}") from None
-            log.info("journal: stream %s does not answer (%s): NATS may be electing its "
-                     "leader; trying again", opts.stream, exc or type(exc).__name__)
-            await asyncio.sleep(RETRY_S)
+            return None
+    info = await once_elected(opts, f"cannot read stream {opts.stream}", stream_info)
     if info is None:
         info = await _make(js, opts, need)
         log.info("journal: made stream %s (%d replicas, file storage, discard new)",
@@ -274,6 +264,23 @@ async def open_stream(nc, opts: Options, max_job_size: int, warn: bool = True):
         log.warning("journal: stream %s has 1 replica: a local try, not high availability "
                     "(--journal-replicas 3)", opts.stream)
     return info
+
+
+async def once_elected(opts: Options, what: str, ask):
+    """`await ask()`, asked again while NATS does not answer as it elects the stream's
+    leader (its node died, maybe with the broker's machine), for --journal-timeout, as an
+    append is; then, or on another refusal, JournalError saying `what`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + opts.timeout_s
+    while True:
+        try:
+            return await ask()
+        except Exception as exc:
+            if not _electing(exc) or loop.time() > until:
+                raise JournalError(f"NATS at {', '.join(opts.urls)}: {what}: {exc}") from None
+            log.info("journal: %s (%s): NATS may be electing the stream's leader; trying "
+                     "again", what, exc or type(exc).__name__)
+            await asyncio.sleep(RETRY_S)
 
 
 def _electing(exc: BaseException) -> bool:
@@ -360,13 +367,13 @@ def continues(fold: Fold, info) -> bool:
     return info.state.first_seq <= fold.last_seq + 1 <= info.state.last_seq + 1
 
 
-async def subscribe(nc, opts: Options, start_seq: int):
+async def subscribe(nc, opts: Options, start_seq: int, ask_s: float = 10.0):
     """An ordered consumer of the journal from message `start_seq` (1 or less: its first):
     what nats-py's KV watch and object store read with, one ephemeral R1 consumer in
     memory, no acknowledgements, flow control, and made again from the next sequence when
-    its heartbeats stop (its NATS node gone)."""
+    its heartbeats stop (its NATS node gone).  Making it waits `ask_s` for NATS's answer."""
     from nats.js import api
-    js = nc.jetstream(timeout=10)
+    js = nc.jetstream(timeout=ask_s)
     if start_seq > 1:
         return await js.subscribe(
             opts.subject, ordered_consumer=True, stream=opts.stream,
@@ -408,7 +415,13 @@ async def _read_to(nc, opts: Options, fold: Fold, last: int) -> bool:
     """Fold messages in up to `last`; False when the next one was purged meanwhile."""
     if fold.last_seq >= last:
         return True
-    sub = await subscribe(nc, opts, fold.last_seq + 1)
+    # (a takeover right after the leader's machine took its stream's NATS leader with it
+    # finds the stream's info answered before a consumer can be made: a warm standby a few
+    # messages behind died of that request's timeout instead of leading, seen in
+    # tests/ha/test_kill_campaigns.py; so it is asked again while NATS elects)
+    start = fold.last_seq + 1
+    sub = await once_elected(opts, f"cannot read stream {opts.stream} from sequence {start}",
+                             lambda: subscribe(nc, opts, start, ASK_S))
     try:
         while fold.last_seq < last:
             msg = await asyncio.wait_for(sub.next_msg(timeout=None), 30)

@@ -42,9 +42,3 @@ def _stop_clusters() -> None:
 def stop_at_exit() -> None:
     atexit.register(_stop_clusters)
 
-
-def jsz_streams(node) -> dict[str, dict]:
-    """Stream name -> its /jsz?streams=true detail, as one node of the cluster sees it."""
-    info = node.jsz("?streams=true")
-    return {s["name"]: s for account in info.get("account_details", [])
-            for s in account.get("stream_detail", []) if s.get("name")}

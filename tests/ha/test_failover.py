@@ -65,8 +65,14 @@ class Instance(ServerProcess):
 
     def leader(self) -> tuple[int, str]:
         """GET /leader: (status, body); (0, why) while the health port does not answer."""
+        return self.health_get("/leader")
+
+    def ready(self) -> tuple[int, str]:
+        return self.health_get("/readyz")
+
+    def health_get(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.health}/leader",
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.health}{path}",
                                         timeout=2) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:

@@ -2,16 +2,18 @@
 (a binlog frame of records, the Zstalk-* headers), folded one at a time as a warm standby
 does, must give the state a replay of the whole stream gives; a gap is seen, purged
 messages' books go and their effect stays, a bad checksum is refused.  stream.continues
-decides from a stream's first and last sequences whether a fold can go on."""
+decides from a stream's first and last sequences whether a fold can go on; stream.read
+reads a fold's tail with a consumer asked for again while NATS elects (a fake NATS)."""
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 
 from zstalk.broker.wal import format as wf
 from zstalk.broker.wal.fold import Corrupt, Fold
-from zstalk.broker.wal.stream import continues
+from zstalk.broker.wal.stream import JournalError, Options, continues, read
 
 
 def put(job_id: int, body: bytes = b"body", tube: bytes = b"default") -> bytes:
@@ -87,3 +89,47 @@ def test_a_fold_goes_on_only_while_its_next_message_is_still_in_the_stream(
         fold.apply(applied, *message(next_id=1))
     info = SimpleNamespace(state=SimpleNamespace(first_seq=first, last_seq=last))
     assert continues(fold, info) is goes_on
+
+
+class ElectingNats:
+    """A NATS connection whose requests for a consumer go unanswered `unanswered` times (as
+    while it elects the stream's leader), then deliver `messages` (seq, headers, data)."""
+
+    def __init__(self, unanswered: int, messages: list) -> None:
+        self.unanswered, self.messages, self.asked = unanswered, list(messages), 0
+
+    def jetstream(self, timeout: float) -> "ElectingNats":
+        return self
+
+    async def subscribe(self, subject: str, **options):
+        self.asked += 1
+        if self.asked <= self.unanswered:
+            raise TimeoutError              # (nats-py's nats.errors.TimeoutError is one)
+        return self
+
+    async def next_msg(self, timeout=None):
+        seq, headers, data = self.messages.pop(0)
+        return SimpleNamespace(metadata=SimpleNamespace(sequence=SimpleNamespace(stream=seq)),
+                               headers=headers, data=data)
+
+    async def unsubscribe(self) -> None:
+        pass
+
+
+def test_a_fold_behind_reads_its_tail_once_nats_has_elected_instead_of_failing():
+    fold, messages = Fold(), stream()
+    for seq, headers, data in messages[:2]:
+        fold.apply(seq, headers, data)
+    nc = ElectingNats(2, messages[2:])
+    info = SimpleNamespace(state=SimpleNamespace(first_seq=1, last_seq=5))
+    got = asyncio.run(read(nc, Options(("nats://n1:4222",)), info, 65535, fold))
+    assert nc.asked == 3 and got.last_seq == 5 and sorted(got.replayed.jobs) == [2, 3, 4]
+
+
+def test_a_consumer_never_made_within_the_journal_timeout_is_a_journal_error():
+    fold, messages = Fold(), stream()
+    fold.apply(*messages[0])
+    info = SimpleNamespace(state=SimpleNamespace(first_seq=1, last_seq=5))
+    with pytest.raises(JournalError, match="cannot read stream ZSTALK_zstalk from sequence 2"):
+        asyncio.run(read(ElectingNats(1000, []), Options(("nats://n1:4222",), timeout_s=0.3),
+                         info, 65535, fold))

@@ -33,7 +33,7 @@ import pytest
 import zmq
 
 from nats_cluster import Cluster, cluster  # noqa: F401 (a fixture)
-from servers import LOOPBACK, find_zstalk, free_port, self_check, wait_for
+from servers import LOOPBACK, RawClient, find_zstalk, free_port, self_check, wait_for
 from test_failover import LEAD_S, Instance, answers, stats
 from zstalk.workers import Client
 
@@ -54,11 +54,12 @@ class Followed(Instance):
         super().__init__(urls, name, "--worker-bind", self.worker, *extra)
 
 
-def leader_and_follower(cluster: Cluster, name: str) -> tuple[Followed, Followed]:
+def leader_and_follower(cluster: Cluster, name: str,
+                        make: type[Followed] = Followed) -> tuple[Followed, Followed]:
     """One instance leading, then a second standing by for it, its port answering."""
-    a = Followed(cluster.urls, name).launch()
+    a = make(cluster.urls, name).launch()
     assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
-    b = Followed(cluster.urls, name).launch()
+    b = make(cluster.urls, name).launch()
     assert wait_for(lambda: b.stands_by_for(a) and answers(b.address), LEAD_S, 0.05), \
         (b.leader(), b.output())
     return a, b
@@ -181,6 +182,59 @@ def test_sigterm_of_the_leader_fails_no_command_of_the_standbys_client(cluster, 
     finally:
         a.stop()
         b.stop()
+
+
+def put_raw_until_acknowledged(c: RawClient, body: bytes, limit_s: float) -> tuple[int, int]:
+    """put_until_acknowledged on a raw connection (no greenstalk: it waits without a timeout)."""
+    failed, until = 0, time.monotonic() + limit_s
+    while True:
+        c.send(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))
+        reply = c.read_reply()
+        if reply.startswith(b"INSERTED "):
+            return int(reply.split()[1]), failed
+        assert reply == b"INTERNAL_ERROR\r\n" and time.monotonic() < until, reply
+        failed += 1
+        time.sleep(0.05)
+
+
+def test_a_standby_with_front_processes_serves_through_the_leader_and_goes_on_after_a_kill(
+        cluster, name):
+    """`zstalk serve --fronts 1 --journal` standing by: its front process follows the
+    leader (the broker child's door sends it on) and the health port says so (/leader
+    503, /readyz 200), and after kill -9 of the leader the same client connection goes on
+    once that broker child leads, keeping its job."""
+    a = Followed(cluster.urls, name).launch()
+    b = None
+    try:
+        assert wait_for(lambda: answers(a.address) and a.leads(), LEAD_S, 0.05), a.output()
+        b = Followed(cluster.urls, name, "--fronts", "1").launch()
+        assert wait_for(lambda: not b.refuses_clients(), LEAD_S, 0.05), b.output()
+        with RawClient(b.address, LEAD_S) as c:     # (answered once its front follows)
+            assert put_raw_until_acknowledged(c, b"through", LEAD_S) == (1, 0), b.output()
+            c.send(b"reserve-with-timeout 10\r\n")
+            assert c.read_reply() == b"RESERVED 1 7\r\nthrough\r\n"
+            assert stats(b.address)[b"journal-role"] == b"leader"     # (a, through b)
+            assert stats(a.address)[b"total-jobs"] == b"1"
+            assert "restored" not in b.output(), "the standby's start line before it led"
+            status, said = b.leader()
+            assert status == 503 and "stands by" in said, (status, said)
+            assert wait_for(lambda: b.ready()[0] == 200, LEAD_S, 0.05), b.ready()
+            killed = time.monotonic()
+            a.kill()
+            job_id, failed = put_raw_until_acknowledged(c, b"after", LEAD_S)
+            took = time.monotonic() - killed
+            print(f"\nkill -9 of the leader -> first acknowledged put through a --fronts "
+                  f"standby's front process: {took:.2f} s ({failed} INTERNAL_ERROR)")
+            assert failed <= 1 and took < 10.0, (failed, took)
+            c.send(b"delete 1\r\nstats\r\n")   # (the session came back with its job)
+            deleted, said = c.read_replies(2)
+            assert deleted == b"DELETED\r\n" and b"journal-epoch: 2" in said, (deleted, said)
+        assert wait_for(b.leads, LEAD_S, 0.05), b.leader()
+        assert "restored 1 jobs" in b.output()      # (its start line, once it leads)
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
 
 
 def start_pool(broker: str, log: Path, out: Path) -> subprocess.Popen:

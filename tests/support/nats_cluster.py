@@ -110,6 +110,11 @@ class Node:
         with urllib.request.urlopen(self.monitor + "/jsz" + query, timeout=2) as r:
             return json.load(r)
 
+    def streams(self) -> dict[str, dict]:
+        """Stream name -> its /jsz?streams=true detail, as this node sees it."""
+        return {s["name"]: s for account in self.jsz("?streams=true").get("account_details", [])
+                for s in account.get("stream_detail", []) if s.get("name")}
+
 
 class Cluster:
     """`size` nats-servers routed together (1: a lone server)."""
@@ -159,15 +164,31 @@ class Cluster:
             if node.proc is None:
                 continue
             try:
-                info = node.jsz("?streams=true")
+                detail = node.streams().get(stream)
             except OSError:
                 continue
-            for account in info.get("account_details", []):
-                for s in account.get("stream_detail", []):
-                    if s.get("name") == stream:
-                        leader = (s.get("cluster") or {}).get("leader")
-                        return next((n for n in self.nodes if n.name == leader), None)
+            if detail is not None:
+                leader = (detail.get("cluster") or {}).get("leader")
+                return next((n for n in self.nodes if n.name == leader), None)
         return None
+
+    def settled(self, streams: list[str]) -> bool:
+        """Every node up, and each of `streams` led, with every replica current as its
+        leader sees them (a node started again has caught up: another kill is safe)."""
+        if any(n.proc is None for n in self.nodes):
+            return False
+        for name in streams:
+            leader = self.stream_leader(name)
+            try:
+                info = ((leader.streams().get(name) or {}).get("cluster") or {}) if leader else {}
+            except OSError:
+                return False
+            replicas = info.get("replicas") or []
+            if info.get("leader") != getattr(leader, "name", None) \
+                    or len(replicas) < len(self.nodes) - 1 \
+                    or not all(r.get("current") for r in replicas):
+                return False
+        return True
 
     def log(self, node: Node) -> str:
         path = os.path.join(self.dir, f"{node.name}.log")

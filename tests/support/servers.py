@@ -626,7 +626,8 @@ class CounterClient:
         opaque = self.next_opaque()
         self.send(build(opaque))
         reply = self.read_response()
-        assert reply is not None, f"connection closed by {self.address!r}"
+        if reply is None:           # (a client's own error, as a closed socket's would be)
+            raise ConnectionError(f"connection closed by {self.address!r}")
         assert reply.opaque == opaque, reply
         return reply
 
