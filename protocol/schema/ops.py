@@ -88,10 +88,12 @@ class Op(Codes):
     C_DUMP = 45         # (conn)
     # cloud tasks (kind "http" fronts and "dispatcher" pools; see "Cloud tasks" below)
     T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id, keyed, ext)
-    T_INFO = 51         # (conn, unique_id, keyed)
+    T_INFO = 51         # (conn, unique_id, keyed, token)
     # keyed: the request carried the master key (or none is configured); the broker's
-    # [api] policy decides what a request without it may do (public_enqueue, private_results)
-    T_CANCEL = 52       # (conn, unique_id)
+    # [api] policy decides what a request without it may do (public_enqueue, private_results).
+    # token (version 7): None, or the SHA-256 of the task token the request presented
+    # (protocol/schema/tokens.py): then it reads, cancels or leaves that task only
+    T_CANCEL = 52       # (conn, unique_id, token)  None: the front checked the master key
     T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms, ext)
     # retry_after_ms: a 429 / 503's Retry-After, -1 when it sent none.  ext (version 4): a
