@@ -164,7 +164,8 @@ class TaskClient:
         self.timeout = timeout
 
     def enqueue(self, function: str, params: Any = None, **options) -> dict:
-        """The 201 body: {"uniqueId", "status": "queued", "waitNum", "waitTime"?}.
+        """The 201 body: {"uniqueId", "status", "createdAt", "token", and queued "waitNum",
+        "waitTime"?} (`token`: the task's own, for `get_task_info` and `cancel`).
         `options` by their API names or in snake_case (`level=2`, `queue_timeout=60000`)."""
         return self._request("POST", TASKS, task_body(function, params, options))
 
@@ -183,7 +184,8 @@ class TaskClient:
 
     def enqueue_many(self, tasks: list[dict]) -> list[dict]:
         """Items {"function", "params"?, "options"?}; one result per item, in order:
-        {"status": 201, "uniqueId", "waitNum"} or {"status": 4xx, "error", "message"}."""
+        {"status": 201, "uniqueId", "waitNum", "createdAt", "token"} or {"status": 4xx,
+        "error", "message"}."""
         return self._request("POST", TASKS, tasks)
 
     def get_task_info(self, unique_id: str) -> dict:

@@ -191,8 +191,9 @@ class R(Codes):
 # restart are the fronts' (Hello/Welcome/SessionState).
 #
 # Cloud tasks: an HTTP front (kind "http") sends T_ENQUEUE / T_INFO / T_CANCEL, each
-# answered T_TASK or T_ERROR (a T_ENQUEUE's T_TASK holds what the 201 shows: uniqueId,
-# status, waitNum, waitTime; T_INFO's the whole TaskInfo); the unique id of a task
+# answered T_TASK or T_ERROR (a T_ENQUEUE's T_TASK holds what the 201 shows, made after
+# the turn's hand-out: uniqueId, status, createdAt, waitNum, waitTime, or an admitted
+# online task's passExpiresAt and admitUrl; T_INFO's the whole TaskInfo); the unique id of a task
 # enqueued without one is made by the front (the broker core has no randomness).  A
 # dispatcher (kind "dispatcher") OPENs and T_SUBSCRIBEs with its free slots: the broker
 # pushes `R.T_CALL` while it has some, and every T_OUTCOME (kind "success" | "failure" |

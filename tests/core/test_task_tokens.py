@@ -1,7 +1,8 @@
 """A task's own token in the broker core, on a fake clock (issue 45): the front sends the
 SHA-256 of the token it made with the enqueue (T_ENQUEUE's ext), and T_INFO / T_CANCEL
 with a token's digest read, cancel or leave that task only; another task's, a wrong one,
-or any for a task that has none is refused `forbidden`.  The HTTP side end to end: tests/end_to_end/test_task_tokens_end_to_end.py."""
+or any for a task that has none is refused `forbidden`.  The 201 is made after the turn's
+hand-out.  The HTTP side end to end: tests/end_to_end/test_task_tokens_end_to_end.py."""
 from __future__ import annotations
 
 import hashlib
@@ -111,3 +112,20 @@ def test_an_admitted_visitor_who_leaves_with_its_token_gives_its_slot_to_the_nex
     room.join("t2", TOKENS[1])
     assert room.leave("t1", TOKENS[0])[2]["status"] == "cancelled"
     assert room.read("t2", TOKENS[1])[2]["status"] == "admitted"
+
+
+def test_an_online_task_admitted_in_its_enqueues_turn_answers_admitted_with_its_pass_fields():
+    room = Room()
+    first, second = room.join("t1", TOKENS[0]), room.join("t2", TOKENS[1])
+    assert first[2] == {"uniqueId": "t1", "status": "admitted", "createdAt": room.now,
+                        "passExpiresAt": room.now + 60, "admitUrl": "https://shop.example/in"}
+    assert first[2]["passExpiresAt"] == room.read("t1", None)[2]["passExpiresAt"], "as a GET"
+    assert second[2] == {"uniqueId": "t2", "status": "queued", "createdAt": room.now,
+                         "waitNum": 0}
+
+
+def test_an_offline_task_taken_in_its_enqueues_turn_answers_running():
+    room = Room()
+    room.send(b"disp-1", (Op.T_SUBSCRIBE, 1, 1, False))
+    reply = room.join("t1", TOKENS[0], online=False)
+    assert reply[2] == {"uniqueId": "t1", "status": "running", "createdAt": room.now}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import hashlib
 import re
 import socket
 
@@ -133,7 +134,10 @@ def test_an_array_enqueues_each_good_task_in_one_batch_and_answers_each_in_order
             {"function": "dup"}, {"function": "b", "params": [1]}]
     status, reply, ops = request("POST", "/v1/tasks", answer, json=body)
     assert status == 200
+    token = reply[0].pop("token")
     assert reply[0] == {"status": 201, "uniqueId": "u1", "waitNum": 3}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token) and token != reply[3]["token"]
+    assert ops[0][7]["token_sha256"] == hashlib.sha256(token.encode()).digest(), "digest only"
     assert reply[1] == {"status": 400, "error": "bad_request",
                         "message": "function must be a string"}
     assert reply[2]["status"] == 409 and reply[2]["error"] == "duplicate"
@@ -156,7 +160,11 @@ def test_enqueuing_a_task_answers_201_with_its_id_status_and_wait_number() -> No
                       {"priority": 5, "backoff": {"type": "exponential"}})
     assert re.fullmatch(r"[0-9a-f]{32}", op[5])
     assert status == 201
+    token = reply.pop("token")
     assert reply == {"uniqueId": op[5], "status": "queued", "waitNum": 3}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token)
+    assert op[7] == {"client": "127.0.0.1",
+                     "token_sha256": hashlib.sha256(token.encode()).digest()}, "never the token"
 
 
 def test_params_default_to_null_and_absent_options_are_sent_as_none() -> None:

@@ -143,9 +143,8 @@ class TaskCommands:
                                   online=order.online, token=order.token_sha256)
         if isinstance(task, TaskError):
             return (op[1], R.T_ERROR, *task)
-        info = views.enqueued(self.store, task, now)     # before a dispatcher takes it
-        self.feed(now)
-        return (op[1], R.T_TASK, info)
+        self.feed(now)      # (first: an online task admitted now answers with its pass)
+        return (op[1], R.T_TASK, views.enqueued(self.store, task, now))
 
     def cross_origin(self) -> tuple[dict[str, list[str]], list[str]]:
         """What the HTTP fronts' CORS needs (Settings): each function's allow_origins
