@@ -138,7 +138,15 @@ KEYS: tuple[Key, ...] = (
         "a task of one more is a 429 too_many_groups; 1 to 1000000"),
     Key(EVERY, "group_by", "string", "", "",
         "\"client\": a task enqueued without the option group is in its client address's "
-        "group (IPv6 by /64; the option wins); \"\": in none"),
+        "group (IPv6 by /64); \"header:NAME\": in the group that request header names "
+        "(for a gateway that sets it); the option wins; \"\": in none"),
+    Key(EVERY, "group_concurrency", "integer", None, "calls",
+        "calls at once per group (1 to 100000), across dispatchers (unset: no limit)"),
+    Key(EVERY, "group_rate", "rate", None, "calls per s, m or h",
+        "\"N/s\", \"N/m\" or \"N/h\": at most N calls of each group start per interval, "
+        "over every dispatcher (GCRA)"),
+    Key(EVERY, "group_burst", "integer", 0, "calls",
+        "calls of a group that may start at once beyond its group_rate"),
     Key(EVERY, "admit_url", "URL", "", "",
         "where an admitted user goes: admitUrl, with the pass in its fragment"),
     Key(EVERY, "allow_origins", "list of origins", [], "",
@@ -455,12 +463,6 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
         raise ConfigError(f"{where}: pass_ttl and online_heartbeat must be above 0")
     most_waiting = _integer(entry, "max_waiting_per_client",
                             _DEFAULT[FUNCTION, "max_waiting_per_client"], 1, 1_000_000, where)
-    max_groups = _integer(entry, "max_groups", _DEFAULT[FUNCTION, "max_groups"], 1, 1_000_000,
-                          where)
-    group_by = _get(entry, FUNCTION, "group_by")
-    if group_by not in ("", "client"):
-        raise ConfigError(f"{where}: group_by is \"client\" or \"\" (a header's value: not "
-                          f"yet), not {group_by!r}")
     admit_url = _get(entry, FUNCTION, "admit_url")
     if admit_url and (not isinstance(admit_url, str) or not re.match(r"https?://[^/\s]+", admit_url)
                       or "#" in admit_url):
@@ -471,7 +473,27 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins,
-                        max_groups, group_by)
+                        *_groups(entry, where))
+
+
+def _groups(entry: dict, where: str) -> tuple:
+    """The keys of tenant groups: max_groups, group_by, and each group's own limits
+    (group_concurrency; group_rate as (N, per_s); group_burst), as FunctionSpec has them."""
+    max_groups = _integer(entry, "max_groups", _DEFAULT[FUNCTION, "max_groups"], 1, 1_000_000,
+                          where)
+    group_by = _get(entry, FUNCTION, "group_by")
+    header = group_by[7:] if isinstance(group_by, str) and group_by.startswith("header:") \
+        else None
+    if group_by not in ("", "client") and not requests.is_token(header):
+        raise ConfigError(f"{where}: group_by is \"client\", \"header:NAME\" (NAME a header "
+                          f"name, like X-Tenant) or \"\", not {group_by!r}")
+    concurrency = entry.get("group_concurrency")
+    concurrency = 0 if concurrency is None else _integer(
+        entry, "group_concurrency", None, 1, 100_000, where)
+    rate, per_s = _rate(entry.get("group_rate"), f"{where}: group_rate")
+    burst = _integer(entry, "group_burst", _DEFAULT[FUNCTION, "group_burst"], 0, 1_000_000,
+                     where)
+    return max_groups, group_by, concurrency, rate, per_s, burst
 
 
 def _origins(value: Any, where: str) -> tuple[str, ...]:

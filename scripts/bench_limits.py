@@ -117,7 +117,7 @@ from harness.http import JSON_HEADERS, client, http_status, loop_factory, run_as
 from harness.machine import tool_version
 from harness.procs import HOST, Proc, ShareMeter, free_port, wait_until
 from harness.runs import Runs, run_parts
-from harness.stats import Figure, median, pct, per_1k
+from harness.stats import Figure, median, paired, pct, per_1k, ratios_text
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
 
@@ -579,14 +579,10 @@ def paired_lines(bench: Bench) -> list[str]:
     lines = []
     for row, per in bench.results["overhead"].items():
         for b in bench.run.labels():
-            far = [r.get("cpu_per_1k") for r in per.get(f"{b}: {FAR}", [])]
-            none = [r.get("cpu_per_1k") for r in per.get(f"{b}: {NO_RATE}", [])]
-            if not far or len(far) != len(none):
-                continue
-            ratios = [f / n for f, n in zip(far, none) if f is not None and n]
+            ratios = paired(per.get(f"{b}: {FAR}", []), per.get(f"{b}: {NO_RATE}", []),
+                            "cpu_per_1k")
             if ratios:
-                lines.append(f"  {b}: " + ", ".join(f"{x:.3f}" for x in ratios)
-                             + f" (median {median(ratios):.3f})")
+                lines.append(f"  {b}: {ratios_text(ratios)}")
     return ["Part 2 per repetition, CPU-s per 1,000 tasks with the rate / without it, "
             "the two runs of each repetition side by side:"] + lines if lines else []
 

@@ -160,14 +160,14 @@ def function_host_main(port: int) -> None:
 
 
 class FunctionHost:
-    """The function host process: `script --function-host PORT` (a benchmark that serves
-    calls its own way passes its own script)."""
+    """The function host process: `script --function-host PORT [options]` (a benchmark
+    that serves calls its own way passes its own script, and the options it needs)."""
 
-    def __init__(self, script: str = __file__) -> None:
+    def __init__(self, script: str = __file__, *options) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.proc = Proc("function host", [sys.executable, script, "--function-host",
-                                           self.port], cwd=str(REPO))
+                                           self.port, *options], cwd=str(REPO))
         wait_until(lambda: http_status(f"{self.url}/_calls/x") == 200, "function host",
                    [self.proc])
 
@@ -292,21 +292,29 @@ class Zstalk:
                 "--http-port", str(self.http_port)],
                 keep=zstalk_keep))
         else:
-            bport = free_port()
-            ep = f"tcp://{HOST}:{bport}"
+            self.bport = free_port()
+            ep = f"tcp://{HOST}:{self.bport}"
             self.procs.append(Proc("zstalk broker", [
                 self.exe, "broker", "--bind", ep, "--config", self.config], keep=zstalk_keep))
             self.procs.append(Proc("zstalk front http", [
                 self.exe, "front", "http", "--broker", ep, "--listen",
                 f"{HOST}:{self.http_port}"], keep=zstalk_keep))
-            for i in range(self.dispatchers):
-                self.procs.append(Proc(f"zstalk dispatcher {i + 1}", [
-                    self.exe, "dispatcher", "--broker", ep, "--slots", SLOTS], keep=zstalk_keep))
         wait_until(lambda: http_status(f"{self.api}/v1/tasks/no-such-task") == 404,
                    "zstalk HTTP API", self.procs)
         if self.split:
-            wait_until(lambda: all(bport in tcp_peers(p.pid) for p in self.procs[2:]),
-                       "zstalk dispatchers' broker connections", self.procs)
+            self.add_dispatchers(self.dispatchers)
+
+    def add_dispatchers(self, n: int) -> None:
+        """n more dispatcher processes (split), back once each holds a TCP connection to
+        the broker (bench_groups starts its dispatcher once the tasks are in)."""
+        new = []
+        for _ in range(n):
+            new.append(Proc(f"zstalk dispatcher {len(self.procs) - 1}", [
+                self.exe, "dispatcher", "--broker", f"tcp://{HOST}:{self.bport}", "--slots",
+                SLOTS], keep=zstalk_keep))
+            self.procs.append(new[-1])
+        wait_until(lambda: all(self.bport in tcp_peers(p.pid) for p in new),
+                   "zstalk dispatchers' broker connections", self.procs)
 
     def pids(self) -> list[int]:
         return [p for proc in self.procs for p in proc.pids()]

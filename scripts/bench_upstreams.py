@@ -104,7 +104,7 @@ from harness.cli import Run, ints, parser, sized
 from harness.http import JSON_HEADERS, client, run_async
 from harness.procs import HOST, Proc, ShareMeter, free_port
 from harness.runs import Runs, run_parts
-from harness.stats import Figure, median, per_1k
+from harness.stats import Figure, paired, per_1k, ratios_text
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
 
@@ -523,12 +523,9 @@ def paired_lines(bench: Bench) -> list[str]:
                 continue
             for v, short in ((ONE, "(b)"), (THREE, "(c)")):
                 for key, what in (("cpu_per_1k", "CPU-s per 1,000 tasks"), ("rate", "tasks/s")):
-                    pairs = [x.get(key) / y.get(key) for x, y in zip(runs[v], runs[PLAIN])
-                             if x.get(key) is not None and y.get(key)]
+                    pairs = paired(runs[v], runs[PLAIN], key)
                     if pairs:
-                        lines.append(f"  {b}: {what}, {short} / (a): "
-                                     + ", ".join(f"{p:.3f}" for p in pairs)
-                                     + f" (median {median(pairs):.3f})")
+                        lines.append(f"  {b}: {what}, {short} / (a): {ratios_text(pairs)}")
     return ["Part 1 per repetition, each variant's run / the plain url's run of the same "
             "repetition:"] + lines if lines else []
 

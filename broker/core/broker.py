@@ -22,7 +22,10 @@ Components: each protocol family's state and rules live in a component of its ow
     schedules   schedules/commands.py   cron schedules, fired as tasks
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
-restores the sessions of the front kinds it owns.  Components share only what
+restores the sessions of the front kinds it owns.  The task family (tasks, schedules)
+may be built after the start (`Config.tasks_later`, `build_tasks`): a server with no
+function configured answers its first beanstalk command without its modules, and the
+per-turn paths ask `tasks_built` before they look at it.  Components share only what
 shared/ lists (the out-queue, the admission gate, the journal, the clock as
 `now`), handed to them here.
 
@@ -316,7 +319,8 @@ class Broker:
                             c.api.public_enqueue, c.api.private_results, {}, [])
         api = self.tasking.api
         return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                        api.public_enqueue, api.private_results, *self.tasking.cross_origin())
+                        api.public_enqueue, api.private_results, *self.tasking.cross_origin(),
+                        self.tasking.group_headers())
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and

@@ -36,7 +36,8 @@ SCHEMA_VERSION = 7
 #: index past a trailing token and cancel a task on a token it never checked, so a
 #: front that sends tokens must not reach one (it refuses us as too new).  Version 5 had
 #: no NotLeader: a standby does not answer such a peer at
-#: all (its link says Hello again until the instance it asks leads).  Version 4 had no
+#: all (its link says Hello again until the instance it asks leads), and its Settings had
+#: no group_headers (its seven first fields).  Version 4 had no
 #: CORS origins in Settings (its five first fields: a peer builds Settings from every
 #: field it gets, so an older one is sent only those it has).  Version 3 had no
 #: T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE, T_CALL and T_OUTCOME (so no request
@@ -66,6 +67,9 @@ class Settings(NamedTuple):
     # Built by the broker, never changed in place.
     allow_origins: dict = {}
     enqueue_origins: list = []
+    # (version 6) the request headers, lower case, some function's group_by names
+    # ("header:NAME"): an HTTP front sends their values with an enqueue (TaskEnqueue)
+    group_headers: list = []
 
 
 class SessionState(NamedTuple):
@@ -265,7 +269,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5}
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7}
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:

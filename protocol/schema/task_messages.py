@@ -22,14 +22,19 @@ from .tokens import DIGEST_BYTES
 
 #: an enqueuer's address as a front reports it (the longest an IPv6 text can be, and more)
 MAX_CLIENT_CHARS = 64
+#: a group header's value as a front sends it: one character more than a group may have,
+#: so that one too long is still refused as such
+MAX_GROUP_HEADER_CHARS = 65
 
 
 class TaskEnqueue(NamedTuple):
     """T_ENQUEUE: (conn, function, params, options, unique_id, keyed, ext).  The ext says
     {"request": a request task's object (master key only; the broker checks it against
     its function), "type": "online" (a waiting-room task), "client": the address the
-    front saw, "forwarded": the first X-Forwarded-For hop, "token_sha256": the SHA-256 of
-    the task's own token, which the front made and gave its client (tokens.py)}."""
+    front saw, "forwarded": the first X-Forwarded-For hop, "headers": {lower-case name:
+    value} of the request headers Settings.group_headers names that it had,
+    "token_sha256": the SHA-256 of the task's own token, which the front made and gave
+    its client (tokens.py)}."""
     function: str
     params: bytes               # the JSON body the function is POSTed, as sent
     options: Any                # the API's options object, or None (the broker checks it)
@@ -39,6 +44,7 @@ class TaskEnqueue(NamedTuple):
     online: bool = False
     client: str | None = None
     forwarded: str | None = None
+    headers: dict | None = None
     token_sha256: bytes | None = None
 
     def op(self, conn: int) -> tuple:
@@ -52,6 +58,8 @@ class TaskEnqueue(NamedTuple):
             ext["request"] = self.request
         if self.online:
             ext["type"] = "online"
+        if self.headers:
+            ext["headers"] = self.headers
         if self.token_sha256 is not None:
             ext["token_sha256"] = self.token_sha256
         return (Op.T_ENQUEUE, conn, self.function, self.params, self.options,
@@ -68,7 +76,8 @@ class TaskEnqueue(NamedTuple):
             return cls(function, params, options, uid, keyed is True)
         return cls(function, params, options, uid, keyed is True, said.get("request"),
                    said.get("type") == "online", _address(said.get("client")),
-                   _address(said.get("forwarded")), digest(said.get("token_sha256")))
+                   _address(said.get("forwarded")), _headers(said.get("headers")),
+                   digest(said.get("token_sha256")))
 
 
 def digest(value: Any) -> bytes | None:
@@ -78,6 +87,14 @@ def digest(value: Any) -> bytes | None:
 
 def _address(value: Any) -> str | None:
     return value if type(value) is str and 0 < len(value) <= MAX_CLIENT_CHARS else None
+
+
+def _headers(value: Any) -> dict | None:
+    """Group headers' values: text, each cut at MAX_GROUP_HEADER_CHARS (anything else: none)."""
+    if not isinstance(value, dict):
+        return None
+    return {k: v[:MAX_GROUP_HEADER_CHARS] for k, v in value.items()
+            if type(k) is str and type(v) is str} or None
 
 
 class Call(NamedTuple):

@@ -46,14 +46,21 @@ def client(limit: int):
                                  timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
 
 
-def task_body(name: str, i: int, delay_ms: int | None) -> dict:
+def task_body(name: str, i: int, delay_ms: int | None, group: str | None = None) -> dict:
+    """One task: params {"i": i}; with a group, the option and "g" in the params too (so
+    the function host sees whose call it is)."""
     task = {"function": name, "params": {"i": i}}
-    if delay_ms:
-        task["options"] = {"delay": delay_ms}
+    options = {"delay": delay_ms} if delay_ms else {}
+    if group is not None:
+        task["params"]["g"] = options["group"] = group
+    if options:
+        task["options"] = options
     return task
 
 
-def batches(name: str, n: int, delay_ms: int | None, size: int) -> list[bytes]:
-    """The JSON arrays of `size` tasks (the last one shorter) that make n tasks."""
-    return [json.dumps([task_body(name, i, delay_ms) for i in range(lo, min(n, lo + size))]
-                       ).encode() for lo in range(0, n, size)]
+def batches(name: str, n: int, delay_ms: int | None, size: int, group=None) -> list[bytes]:
+    """The JSON arrays of `size` tasks (the last one shorter) that make n tasks; `group(i)`,
+    when given, names task i's group."""
+    return [json.dumps([task_body(name, i, delay_ms, group and group(i))
+                        for i in range(lo, min(n, lo + size))]).encode()
+            for lo in range(0, n, size)]

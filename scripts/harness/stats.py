@@ -49,6 +49,21 @@ def per_1k(cpu_s: float | None, count: float | None) -> float | None:
     return cpu_s / count * 1000.0 if cpu_s is not None and count else None
 
 
+def paired(runs: list[dict], base: list[dict], key: str) -> list[float]:
+    """Each run's `key` / the base run's of the same repetition (both lists in the order
+    the repetitions ran: the two runs of a pair ran side by side), where both have it;
+    none when the lists differ in length (a run was aborted: the pairs would not match)."""
+    if len(runs) != len(base):
+        return []
+    return [x[key] / y[key] for x, y in zip(runs, base)
+            if is_number(x.get(key)) and is_number(y.get(key)) and y[key]]
+
+
+def ratios_text(ratios: list[float]) -> str:
+    """"1.012, 0.987, 1.003 (median 1.003)": paired ratios with their median."""
+    return ", ".join(f"{r:.3f}" for r in ratios) + f" (median {median(ratios):.3f})"
+
+
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x))
 

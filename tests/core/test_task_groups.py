@@ -224,11 +224,24 @@ def test_without_group_by_a_tasks_client_address_makes_no_group(c):
     assert from_ip(c, "10.0.0.1").group == ""
 
 
-def test_group_by_takes_client_or_nothing_and_refuses_a_header_for_now(tmp_path):
+@pytest.mark.parametrize("group_by, header", [
+    ("client", None), ("header:X-Tenant", "x-tenant"), ("header:tenant_id.v2", "tenant_id.v2"),
+    ("", None)])
+def test_group_by_takes_client_a_header_name_or_nothing(tmp_path, group_by, header):
     from zstalk.broker import config_file as cf
     path = tmp_path / "z.toml"
-    path.write_text('[functions.f]\nurl = "http://h:1/f"\ngroup_by = "client"\n')
-    assert cf.load(str(path)).named[0].group_by == "client"
-    path.write_text('[functions.f]\nurl = "http://h:1/f"\ngroup_by = "header:X-Tenant"\n')
-    with pytest.raises(cf.ConfigError, match="group_by is \"client\" or"):
+    path.write_text(f'[functions.f]\nurl = "http://h:1/f"\ngroup_by = "{group_by}"\n')
+    spec = cf.load(str(path)).named[0]
+    assert (spec.group_by, spec.group_header) == (group_by, header)
+
+
+@pytest.mark.parametrize("group_by", ["header:", "header:X Tenant", "header:X:T", "Header:X",
+                                      "ip", 7])
+def test_group_by_with_anything_else_is_refused_naming_the_file_and_the_key(tmp_path, group_by):
+    from zstalk.broker import config_file as cf
+    path = tmp_path / "z.toml"
+    value = f'"{group_by}"' if isinstance(group_by, str) else group_by
+    path.write_text(f'[functions.f]\nurl = "http://h:1/f"\ngroup_by = {value}\n')
+    with pytest.raises(cf.ConfigError, match=r"z\.toml: \[functions\.f\]: group_by is "
+                                             r"\"client\", \"header:NAME\""):
         cf.load(str(path))

@@ -101,9 +101,11 @@ class Api:
         self.tls = tls          # the ssl.SSLContext of an https:// base
         self.key: str | None = None
 
-    def request(self, method: str, path: str, body=None, raw: bytes | None = None):
+    def request(self, method: str, path: str, body=None, raw: bytes | None = None,
+                headers: dict | None = None):
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers=headers or {})
         req.add_header("Content-Type", "application/json")
         if self.key:
             req.add_header("Authorization", f"Bearer {self.key}")
@@ -426,6 +428,38 @@ def test_a_slow_rate_keeps_its_last_start_across_kill_9_so_a_crash_loop_cannot_e
         server.stop()
 
 
+def test_a_broker_killed_with_kill_9_keeps_each_tasks_group_and_its_running_call_counts(
+        tmp_path, host):
+    server, api = serve_with_binlog(tmp_path, host, '[functions.tenants]\nconcurrency = 3\n'
+                                    'group_by = "header:X-Tenant"\ngroup_concurrency = 1\n')
+    try:
+        api.wait_listening()
+        host.held.add("tenants")
+        uids = []
+        for tenant in ("acme", "acme", "beta"):
+            code, task = api.request("POST", "/v1/tasks", {"function": "tenants"},
+                                     headers={"X-Tenant": tenant})
+            assert code == 201, task
+            uids.append(task["uniqueId"])
+        wait_calls(host, "tenants", 2)          # acme's first and beta's: acme's second waits
+        time.sleep(0.5)                         # (for its group, not the function: 2 of 3)
+        assert len(host.called("tenants")) == 2
+        server.kill()
+        host.held.clear()
+        server.start()
+        api.wait_listening()
+        infos = [api.request("GET", f"/v1/tasks/{uid}")[1] for uid in uids]
+        assert [(i["group"], i["status"]) for i in infos] == [
+            ("acme", "running"), ("acme", "queued"), ("beta", "running")]
+        _, stats = api.request("GET", "/v1/functions/tenants")
+        assert stats["groups"]["count"] == 2 and stats["groupConcurrency"] == 1
+        time.sleep(1.0)                 # (acme's call, running when it stopped, still counts)
+        assert len(host.called("tenants")) == 2
+        api.wait_status(uids[1], "success")     # once that call is given up (CLAIM_S)
+    finally:
+        server.stop()
+
+
 def test_a_broker_killed_with_kill_9_comes_back_with_its_tasks_and_results(tmp_path, host):
     server, api = serve_with_binlog(tmp_path, host)
     try:
@@ -591,6 +625,31 @@ def test_with_group_by_client_a_task_is_in_its_client_address_group_unless_it_na
     _, named = api.enqueue("one", group="acme")
     assert api.request("GET", f"/v1/tasks/{plain['uniqueId']}")[1]["group"] == LOOPBACK
     assert api.request("GET", f"/v1/tasks/{named['uniqueId']}")[1]["group"] == "acme"
+    host.held.clear()
+
+
+def test_with_group_by_a_header_a_task_is_in_the_group_its_gateway_named_and_a_bad_one_is_a_400(
+        serve, host):
+    api = serve("--master-key", "k", config=one_at_a_time(host) + 'group_by = "header:X-Tenant"\n'
+                '[api]\npublic_enqueue = true\n')
+    host.held.add("one")
+    one = {"function": "one", "params": 1}
+
+    def enqueue(body, **headers) -> dict:
+        code, answer = api.request("POST", "/v1/tasks", body, headers=headers)
+        assert code in (200, 201), answer
+        return answer
+
+    tenant = enqueue(one, **{"X-Tenant": "acme"})           # without the key
+    nobody = enqueue(one)
+    several = enqueue([one, one], **{"x-tenant": "globex"})
+    api.key = "k"
+    chosen = enqueue({**one, "options": {"group": "beta"}}, **{"X-Tenant": "acme"})
+    code, refused = api.request("POST", "/v1/tasks", one, headers={"X-Tenant": "acme corp"})
+    assert (code, refused["error"]) == (400, "bad_request") and "X-Tenant" in refused["message"]
+    groups = [api.request("GET", f"/v1/tasks/{t['uniqueId']}")[1].get("group")
+              for t in (tenant, nobody, *several, chosen)]
+    assert groups == ["acme", None, "globex", "globex", "beta"]
     host.held.clear()
 
 

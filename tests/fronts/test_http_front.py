@@ -591,3 +591,39 @@ def test_a_503_for_an_unreachable_broker_says_retry_after_one_second() -> None:
         async with client.request("GET", "/v1/tasks/t") as response:
             return response.status, response.headers.get("Retry-After")
     assert run(scenario, lambda op: (1, R.INTERNAL_ERROR)) == (503, "1")
+
+
+# -- group_by = "header:NAME" -------------------------------------------------------------------
+class Unwelcomed(FakeLink):
+    """A link whose broker has not welcomed it yet: the front has only default Settings."""
+
+    def start(self) -> None:
+        pass
+
+
+def ext_of(op: tuple) -> dict:
+    return op[7] or {}
+
+
+def test_an_enqueue_sends_the_values_of_the_headers_a_function_groups_by_and_no_others():
+    link = FakeLink(enqueued, Settings(group_headers=["x-tenant"]))
+
+    async def scenario(client, link, front):
+        await fetch(client, "POST", "/v1/tasks", json={"function": "a"},
+                    headers={"X-Tenant": "acme", "X-Other": "no"})
+        await fetch(client, "POST", "/v1/tasks", json=[{"function": "a"}, {"function": "b"}],
+                    headers={"x-tenant": "t" * 100})
+        await fetch(client, "POST", "/v1/tasks", json={"function": "a"})
+        return link.requests
+    ops = run(scenario, link=link)
+    assert [ext_of(op).get("headers") for op in ops] == [
+        {"x-tenant": "acme"}, {"x-tenant": "t" * 65}, {"x-tenant": "t" * 65}, None]
+
+
+def test_before_a_broker_says_which_headers_group_tasks_an_enqueue_sends_every_header():
+    async def scenario(client, link, front):
+        await fetch(client, "POST", "/v1/tasks", json={"function": "a"},
+                    headers={"X-Tenant": "acme"})
+        return link.requests
+    [op] = run(scenario, link=Unwelcomed(enqueued))
+    assert ext_of(op)["headers"]["x-tenant"] == "acme"

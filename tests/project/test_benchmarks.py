@@ -7,8 +7,9 @@ skipped, with the reason, when git or pip cannot build it), scripts/bench_readme
 a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
-bench_room's 17 s, bench_journal's (two NATS clusters started) 3-5 s, bench_failover's (a NATS
-cluster, two instances, one kill of each kind, one of them a NATS node's) about 20 s."""
+bench_room's 17 s, bench_groups' 10 s, bench_journal's (two NATS clusters started) 3-5 s,
+bench_failover's (a NATS cluster, two instances, one kill of each kind, one of them a NATS
+node's) about 20 s."""
 from __future__ import annotations
 
 import glob
@@ -96,6 +97,13 @@ ROWS = {
         "no ETA"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
+    "bench_groups": [("groups", "zstalk: no groups", [
+        "1: enqueue, arrays of 1,000", "1: hand-out after arrays of 1,000",
+        "broker CPU-s per 1,000 tasks"]),
+        ("groups", "zstalk: 2,000 groups", [
+            "1: enqueue, arrays of 1,000", "broker CPU-s per 1,000 tasks",
+            "201 and its call, most", "small's POST → its call, median",
+            "big's calls in the run"])],
     "bench_schedules": [("schedules", "zstalk", [
         "`serve --fronts 0`, 50 × `* * * * * ?`, 1 s: lateness p99", "`serve --fronts 1`",
         "fires missing", "broker CPU-s per 1,000 fires"])],

@@ -412,6 +412,21 @@ def test_a_tasks_group_comes_back_with_the_binlog_and_none_is_not_written(tmp_pa
     assert again.broker.tasks.ledger.groups == {"f": {"acme": [1, 0]}}     # (its stats)
 
 
+def test_after_a_restart_a_groups_calls_still_running_count_against_its_group_concurrency(
+        tmp_path):
+    limited = (FunctionSpec("f", "http://fn/f", concurrency=8, group_concurrency=1),)
+    node = Node(tmp_path, functions=limited)
+    for uid, group in (("a1", "acme"), ("a2", "acme"), ("b1", "beta"), ("b2", "beta")):
+        node.enqueue(uid, {"group": group})
+    assert [c[0] for c in node.subscribe(8)] == ["a1", "b1"]
+    again = node.restart(later_s=1)
+    assert again.broker.tasks.group_limits.running == {("f", "acme"): 1, ("f", "beta"): 1}
+    assert again.subscribe(8) == []                 # a1 and b1 may still be running
+    assert again.info("a2")["waitNum"] == 0 and again.info("a2")["group"] == "acme"
+    again.advance(CLAIM_S + 1)          # unclaimed: their outcome unknown, retried later
+    assert [c[0] for c in again.subscribe(8)] == ["a2", "b2"]
+
+
 def test_a_group_that_is_not_text_in_a_record_is_read_as_none(tmp_path):
     odd = [*task_list("odd", 1), {"group": 7}]
     header = wf.HEADER.pack(wf.MAGIC, wf.FORMAT, 77, 1, 1)

@@ -12,7 +12,8 @@ them to it):
                   back: lines.py (the lines and the hand-out order; rotation.py,
                   a line whose tasks have groups: served in turn), room.py (who waits
                   online), calls.py (calls in flight), limits.py and limiter.py (when a
-                  function may call), upstream_calls.py (which server), deadlines.py
+                  function may call), group_limits.py (when a group of it may),
+                  upstream_calls.py (which server), deadlines.py
                   (timers), stats.py (counts)
     here          the coordinators: store.py takes the ops and calls down; ledger.py is
                   the only writer of a task's status; waiting.py (the waiting room's
@@ -23,6 +24,6 @@ them to it):
 To add a feature, read in this order: task.py's MOVES and spec.py (what exists), store.py's
 opening (who owns what), the component that will own the new state, then commands.py for
 the op and views.py for what it shows.  A new option is a line in options.py and one in
-protocol/schema/task_info.py; a new limit lives in limiter.py; a new status move is a row
-of MOVES and a call in the ledger.
+protocol/schema/task_info.py; a new limit lives in limiter.py (a group's, in
+group_limits.py); a new status move is a row of MOVES and a call in the ledger.
 """

@@ -140,7 +140,8 @@ class TaskCommands:
         task = self.store.enqueue(order.function, order.params, order.options, now,
                                   uid=order.unique_id, request=order.request,
                                   client_ip=enqueue.client_ip(order, self.api),
-                                  online=order.online, token=order.token_sha256)
+                                  online=order.online, headers=order.headers,
+                                  token=order.token_sha256)
         if isinstance(task, TaskError):
             return (op[1], R.T_ERROR, *task)
         self.feed(now)      # (first: an online task admitted now answers with its pass)
@@ -161,6 +162,13 @@ class TaskCommands:
         enqueue = [origin for spec in specs.values() if self._keyless_enqueue(spec)
                    for origin in spec.allow_origins]
         return origins, list(dict.fromkeys(enqueue))
+
+    def group_headers(self) -> list[str]:
+        """The request headers some function groups by (group_by = "header:NAME"), lower
+        case: an HTTP front sends their values with each enqueue (Settings)."""
+        specs = [*self.store.functions.values(), self.store.base]
+        return sorted({spec.group_header for spec in specs
+                       if spec is not None and spec.group_header})
 
     def _keyless_enqueue(self, spec) -> bool:
         return enqueue.keyless_enqueue(spec, self.api)

@@ -11,8 +11,10 @@ A refusal is a TaskError and changes nothing; the first that refuses answers.
     room            `room_for`  not draining; the memory (--max-jobs-bytes) has room
     the function    store       one of the config's, or a name under base_url
     the task        `new_task`  its options (options.py: a `group` too, as only the
-                                master key sets options; without one, its client's
-                                address with group_by = "client"), a new group within
+                                master key sets options; without one, `grouped_by`:
+                                its client's address with group_by = "client", a
+                                header's value with "header:NAME", 400 for a value
+                                no group may have), a new group within
                                 the function's max_groups (429), the waiting room's rules
                                 (room.py `refusal`), a uniqueId given and free, a delay
                                 below its queueTimeout
@@ -28,7 +30,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ....protocol.schema.task_messages import TaskEnqueue
-from ....protocol.schema.tasks import AT_LEAST_ONCE, DEFAULT_ATTEMPTS, DEFAULT_KEEP_RESULT_MS
+from ....protocol.schema.tasks import (AT_LEAST_ONCE, DEFAULT_ATTEMPTS, DEFAULT_KEEP_RESULT_MS,
+                                       GROUP)
 from ..shared import Admission
 from .components.room import Room
 from .components.upstream_calls import UpstreamCalls
@@ -103,11 +106,12 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
              request: Any, client_ip: str | None, online: bool, *, seq: int,
              wall_offset: float, taken: dict, room: Room,
              upstream: UpstreamCalls, groups: dict | None = None,
+             headers: dict | None = None,
              token: bytes | None = None) -> Task | TaskError:
     """The task an enqueue makes, every check of the task made (nothing changed yet).
     `request`: unchecked, or (Request, body) as requests.parse made it; `taken`: the
     tasks by uniqueId; `groups`: the function's named groups with live tasks (the
-    ledger's counts)."""
+    ledger's counts); `headers`: the group headers' values the front saw."""
     if request is not None:
         checked = request if isinstance(request, tuple) else requests.parse(
             request, spec.request_headers)
@@ -118,8 +122,14 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
     if isinstance(parsed, TaskError):
         return parsed
     group = parsed.get("group")
-    if group is None and spec.group_by == "client" and client_ip:    # (the option wins)
-        group = parsed["group"] = client_group(client_ip)
+    if group is None and spec.group_by:         # (the option wins)
+        group = grouped_by(spec, client_ip, headers)
+        if isinstance(group, TaskError):
+            return group
+        if group:
+            parsed["group"] = group
+        else:
+            group = None
     if group is not None and groups and group not in groups and len(groups) >= spec.max_groups:
         return TaskError("too_many_groups", f"{spec.name!r} has tasks of {len(groups)} groups, "
                          f"its max_groups: a task of another waits until one has none left")
@@ -147,6 +157,24 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
         task.queue_deadline = now + queue_timeout_ms / 1000
     _set_options(task, parsed, spec, now)
     return task
+
+
+def grouped_by(spec: FunctionSpec, client_ip: str | None,
+               headers: dict | None) -> str | TaskError:
+    """The group `spec.group_by` puts a task enqueued without the option `group` in ("":
+    none): its client's address ("client"), or the value of the header it names
+    ("header:NAME": a gateway's, which overwrites what a client sent; none without the
+    header, 400 for a value no group may have)."""
+    header = spec.group_header
+    if header is None:
+        return client_group(client_ip)
+    value = headers.get(header) if headers else None
+    if value is None:
+        return ""
+    if GROUP.fullmatch(value) is None:
+        return bad(f"the header {spec.group_by[7:]} names the task's group: 1 to 64 "
+                   f"characters of A-Z a-z 0-9 _ . : @ -")
+    return value
 
 
 def _set_options(task: Task, parsed: dict, spec: FunctionSpec, now: float) -> None:

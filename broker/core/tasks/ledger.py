@@ -6,14 +6,15 @@ the functions' stats show them), and two timers: when a finished task's result i
 forgotten ("keeping") and when a queued one times out ("timeouts").  Every status change
 goes through here (task.py's MOVES: `queue`, `start`, `finish`), so the counts, the timers
 and the lines they touch cannot drift apart.  It also puts functions on offer: a function's
-head goes where take() finds it when its line or its limits change (`offer`, `top`).
+head goes where take() finds it when its line or its limits change (`offer`, `top`); and
+it tells the lines when a group's own limits (group_limits.py) hold it back or free it.
 
 The coordinators above decide when: store.py (enqueue, take, outcomes, cancel, the
 timers), waiting.py (the waiting room's admissions and passes) and restart.py (a
 journal's tasks back).  They call down into this; it calls down into the components it
-was given (lines.py, limiter.py, room.py, functions.py) and never up.  What a change
-keeps in the journal is passed in where one is made here (a queue timeout, a task
-forgotten): the journal is the core's, set after the store is made.
+was given (lines.py, limiter.py, group_limits.py, room.py, functions.py) and never up.
+What a change keeps in the journal is passed in where one is made here (a queue timeout,
+a task forgotten): the journal is the core's, set after the store is made.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ....protocol.schema.tasks import ADMITTED, QUEUE_TIMEOUT, QUEUED, RUNNING
 from ..shared.journal import TASK_GONE, TASK_STATE, Journal
 from ..shared.labels import Labelled
 from .components.deadlines import Deadlines
+from .components.group_limits import GroupLimits
 from .components.limiter import Limiter
 from .components.lines import Lines
 from .components.room import Room
@@ -36,14 +38,16 @@ AGAIN_S = 1.0
 
 
 class Ledger:
-    def __init__(self, fns: Functions, limits: Limiter, room: Room) -> None:
+    def __init__(self, fns: Functions, limits: Limiter, room: Room,
+                 group_limits: GroupLimits | None = None) -> None:
         self.fns, self.specs, self.limits, self.room = fns, fns.specs, limits, room
+        self.group_limits = group_limits = group_limits or GroupLimits(fns.function)
         self.tasks: dict[str, Task] = {}
         self.by_seq: SortedDict = SortedDict()     # seq -> task: enqueue order (listing)
         self.next_seq = 1               # the enqueue order of the next task
         self.bytes = 0                  # tasks held, with params and results (--max-jobs-bytes)
         self.timers = Deadlines("keeping", "timeouts")  # (expires | queue deadline, seq)
-        self.lines = Lines(self.still_queued)
+        self.lines = Lines(self.still_queued, group_limits.held)
         # the metrics' counts by function (core/shared/labels.py)
         self.counts: Labelled[FunctionCounts] = Labelled(FunctionCounts)
         self.activity: dict[str, int] = {}          # events per function since last asked
@@ -120,7 +124,10 @@ class Ledger:
         name = task.function
         self.lines.started(task)
         self.counted(name).started += 1
-        self.limits.started(name, self.specs[name], now)
+        spec = self.specs[name]
+        self.limits.started(name, spec, now)
+        if self.group_limits.started(name, task.group, spec, now):
+            self.lines.hold(name, task.group)
         if task.group:
             self.grouped(task, -1, 1)
         move(task, event)
@@ -139,6 +146,13 @@ class Ledger:
         task.finished = now
         task.expires = now + task.keep_result_ms / 1000
         self.timers.add("keeping", task.expires, task.seq)
+
+    def slot_freed(self, task: Task) -> None:
+        """A call of `task` ended, or its admission did: its function's slot and its
+        group's are free (the caller offers the function)."""
+        self.limits.ended(task.function)
+        if self.group_limits.ended(task.function, task.group):
+            self.lines.free(task.function, task.group)
 
     def dequeue(self, task: Task, now: float) -> None:
         """Take a queued task out of its line (cancel, queue timeout, abandoned)."""
@@ -185,9 +199,25 @@ class Ledger:
                               lambda name: self.offer(name, now))
 
     def open_gates(self, now: float) -> None:
-        """Offer again the functions whose gate has opened."""
+        """Offer again the functions whose gate has opened, and those with a group whose
+        own gate has."""
         for name in self.limits.opened(now):
             self.offer(name, now)
+        for name, group in self.group_limits.opened(now):
+            self.lines.free(name, group)
+            self.offer(name, now)
+
+    def regroup(self, now: float) -> None:
+        """A new config or a restart: the group limits count the calls in flight again,
+        and the lines hold back or free each group whose state may have changed."""
+        running = ((t.function, t.group) for t in self.tasks.values()
+                   if t.status in (RUNNING, ADMITTED))
+        limits = self.group_limits
+        for name, group in limits.recount(running, now):
+            if limits.held(name, group):
+                self.lines.hold(name, group)
+            else:
+                self.lines.free(name, group)
 
     # -- the timers ------------------------------------------------------------------------
     def make_due(self, now: float) -> None:

@@ -23,7 +23,8 @@ in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps ea
 function's line and the order of hand-outs (rotation.py: a function's groups served in
 turn); limiter.py says whether and when a function
 may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
-slots) and hears how calls ended; upstream_calls.py picks a call's server; calls.py
+slots) and hears how calls ended, group_limits.py the same of each group of a function
+(its group_concurrency and group_rate); upstream_calls.py picks a call's server; calls.py
 keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
 outcome does; deadlines.py is every component's timers.  The store keeps the names it
 always exported and, read only, the components' state the views and tests read.
@@ -61,6 +62,7 @@ from ..shared.journal import TASK_CALL, TASK_END, TASK_NEW, TASK_STATE, Journal,
 from ..upstreams.unavailable import NO_LIVE_UPSTREAMS, Unavailable
 from . import restart
 from .components.calls import Calls
+from .components.group_limits import GroupLimits
 from .components.limiter import DURABLE_RATE_S, Limiter  # noqa: F401 (the core's names, as before)
 from .components.room import Room
 from .components.upstream_calls import UpstreamCalls
@@ -99,8 +101,9 @@ class Tasks:
         self.inflight = Calls()                 # the calls in flight, their deadlines
         self.upstream = UpstreamCalls(upstreams, started_at=started_at)
         self.limits = Limiter(self.upstream, self.function, started_at)
+        self.group_limits = GroupLimits(self.function, started_at)
         self.room = Room()
-        self.ledger = ledger = Ledger(self.fns, self.limits, self.room)
+        self.ledger = ledger = Ledger(self.fns, self.limits, self.room, self.group_limits)
         self.waiting_room = WaitingRoom(ledger)
         # the ledger's, the same for the store's life (the views and the tests read them)
         self.tasks, self.by_seq, self.lines = ledger.tasks, ledger.by_seq, ledger.lines
@@ -127,6 +130,7 @@ class Tasks:
         if upstreams is not None:
             self.upstream.reload(upstreams)
         self.limits.configure()
+        self.ledger.regroup(now)
         for name in list(self.lines.ready):
             self.lines.forget_offer(name)
             self.ledger.offer(name, now)
@@ -135,19 +139,22 @@ class Tasks:
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
                 uid: str | None = None, request: Any = None,
                 client_ip: str | None = None, online: bool = False,
+                headers: dict | None = None,
                 token: bytes | None = None) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
         random id the caller made (the core has no randomness of its own for ids).
         `request`: a request task's request object (requests.py), whose body becomes the
-        params: unchecked, or as `requests.parse` made it.  `token`: the SHA-256 of the
-        task's own token (protocol/schema/tokens.py), kept with it."""
+        params: unchecked, or as `requests.parse` made it; `headers`: the group headers'
+        values the HTTP front saw (TaskEnqueue); `token`: the SHA-256 of the task's own
+        token (protocol/schema/tokens.py), kept with it."""
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
         task = new_task(spec, params, options, now, uid, request, client_ip, online,
                         seq=self.ledger.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
                         room=self.room, upstream=self.upstream,
-                        groups=self.ledger.groups.get(function), token=token)
+                        groups=self.ledger.groups.get(function), headers=headers,
+                        token=token)
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):
@@ -297,7 +304,7 @@ class Tasks:
 
     def _end_call(self, task: Task, now: float) -> None:
         self.inflight.end(task)
-        self.limits.ended(task.function)
+        self.ledger.slot_freed(task)
         self.ledger.offer(task.function, now)         # a free slot: it may start its next call
 
     # -- cancel --------------------------------------------------------------------------
@@ -360,7 +367,8 @@ class Tasks:
     def next_deadline(self) -> float | None:
         heads = [d for d in (self.ledger.timers.next_deadline(), self.inflight.next_deadline(),
                              self.lines.next_deadline(), self.room.next_deadline(),
-                             self.limits.next_deadline()) if d is not None]
+                             self.limits.next_deadline(), self.group_limits.next_deadline())
+                 if d is not None]
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
@@ -369,6 +377,7 @@ class Tasks:
         self.ledger.time_out(now, self.journal)
         self.waiting_room.expire(now, self.journal)
         self.limits.drop_idle(now, lambda name: name in self.specs)
+        self.group_limits.drop_idle(now)
         while (seq := self.inflight.overdue(now)) is not None:     # (outcome ends it)
             task = self.by_seq[seq]
             self.outcome(task.uid, task.attempt,
@@ -381,6 +390,7 @@ class Tasks:
         our clock, each where its status says (restoring sets it, no move: the journal
         holds what it was)."""
         restart.restore(self.ledger, self.inflight, images, self.wall_offset, now)
+        self.ledger.regroup(now)            # (the groups' calls in flight)
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:
         """A re-registered dispatcher says it is making call `attempt` of task `uid`, or

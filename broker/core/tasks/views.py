@@ -91,9 +91,12 @@ def enqueued(store: Tasks, task: Task, now: float) -> dict:
 
 
 def _place(store: Tasks, task: Task, now: float) -> tuple[int, int | None]:
-    """A queued task's waitNum, and its waitTime (ms) if there is an estimate."""
-    wait = wait_time(store, task, now)
-    return store.lines.wait_num(task), None if wait is None else round(wait * 1000)
+    """A queued task's waitNum, and its waitTime (ms) if there is an estimate (the
+    waitNum asked once: with groups it is a walk of the rotation)."""
+    ahead = store.lines.wait_num(task)
+    spec = store.specs.get(task.function)
+    wait = None if spec is None else _wait(store, spec, ahead, task.due, now)
+    return ahead, None if wait is None else round(wait * 1000)
 
 
 def page(store: Tasks, function: str | None, status: str | None, limit: int, after: int,
@@ -111,14 +114,6 @@ def page(store: Tasks, function: str | None, status: str | None, limit: int, aft
                 status is None or task.status == status):
             infos.append(info(store, task.uid, now))
     return infos, None
-
-
-def wait_time(store: Tasks, task: Task, now: float) -> float | None:
-    """Seconds until queued `task` should start (see the module's text), or None."""
-    spec = store.specs.get(task.function)
-    if spec is None:
-        return None
-    return _wait(store, spec, store.lines.wait_num(task), task.due, now)
 
 
 def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
@@ -181,6 +176,11 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst
+    if spec.group_concurrency:
+        out["groupConcurrency"] = spec.group_concurrency
+    if spec.group_rate:
+        out["groupRate"] = f"{spec.group_rate}/{PER_UNIT[spec.group_per_s]}"
+        out["groupBurst"] = spec.group_burst
     gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset

@@ -86,7 +86,7 @@ from ...links import open_link
 from ...links.owner import READY, LinkOwner
 from ...schema import Op, R, SessionState, Welcome
 from ...schema.task_info import ENQUEUED_TOKEN
-from ...schema.task_messages import TaskEnqueue
+from ...schema.task_messages import MAX_GROUP_HEADER_CHARS, TaskEnqueue
 from ...schema.tokens import digest, is_token, make_tokens
 
 log = logging.getLogger("zstalk.http")
@@ -125,7 +125,7 @@ def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None,
     client = client or {}
     return TaskEnqueue(task.function, task.params, task.options, uid or secrets.token_hex(16),
                        keyed, task.request, task.online, client.get("client"),
-                       client.get("forwarded"),
+                       client.get("forwarded"), client.get("headers"),
                        None if token is None else digest(token)).op(CONN)
 
 
@@ -137,15 +137,25 @@ def random_ids(n: int) -> list[str]:
     return [pool[i:i + 32] for i in range(0, 32 * n, 32)]
 
 
-def client_of(request: web.Request) -> dict:
+def client_of(request: web.Request, group_headers: list | None = ()) -> dict:
     """The enqueuer's address, and the first X-Forwarded-For hop (the broker takes it
-    only when [api] trust_forwarded says so): the key of ip_hash and clientIp upstreams."""
-    out = {}
+    only when [api] trust_forwarded says so): the key of ip_hash and clientIp upstreams;
+    and the values of the `group_headers` (Settings) it has, for group_by = "header:"
+    (None: they are not known yet, every header goes, as a request the link holds until
+    a broker welcomes it may be for a function grouped by any)."""
+    out: dict = {}
     if request.remote:
         out["client"] = request.remote
     forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
     if forwarded:
         out["forwarded"] = forwarded[:64]
+    if group_headers is None:
+        group_headers = [name.lower() for name in request.headers]
+    if group_headers:
+        said = {name: request.headers[name][:MAX_GROUP_HEADER_CHARS]
+                for name in group_headers if name in request.headers}
+        if said:
+            out["headers"] = said
     return out
 
 
@@ -294,6 +304,7 @@ class HttpFront(LinkOwner):
         # (reply future, op) of each op sent or held, in order: replies come in that order
         self.waiting: collections.deque[tuple[asyncio.Future, tuple]] = collections.deque()
         self.opened = False
+        self.welcomed = False       # a broker's Settings came (the link's are not defaults)
         self.runner: web.AppRunner | None = None
         self.openapi_body = b""     # (built with the app)
         self.commands = 0           # requests, and those answered without the broker
@@ -389,10 +400,12 @@ class HttpFront(LinkOwner):
             return problem_response(task)
         tasks = task if isinstance(task, list) else [task]
         note(request, *(t.function for t in tasks if isinstance(t, Enqueue)))
+        # (before a broker's Settings came, which headers a function groups by is not known)
+        client = client_of(request, self.link.settings.group_headers if self.welcomed else None)
         if isinstance(task, list):
-            return web.json_response(await self.enqueue_many(task, key, client_of(request)))
+            return web.json_response(await self.enqueue_many(task, key, client))
         [token] = make_tokens(1)
-        reply = await self.call(enqueue_op(task, key, client_of(request), token=token))
+        reply = await self.call(enqueue_op(task, key, client, token=token))
         if reply[1] != R.T_TASK:
             return problem_response(reply_problem(reply))
         body = self.enqueued(reply[2], task.function, token)
@@ -634,7 +647,7 @@ class HttpFront(LinkOwner):
 
     def on_welcome(self, w: Welcome) -> None:
         self.link.submit((_OPEN, CONN))     # before the requests the link held
-        self.opened = True
+        self.opened = self.welcomed = True
 
     def on_lost(self) -> None:
         self._fail_waiting("lost the broker; the request may or may not have taken effect")

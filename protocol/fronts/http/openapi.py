@@ -664,6 +664,13 @@ def function_stats() -> dict:
                      "description": "At most this many calls start per second, minute or "
                                     "hour, over every dispatcher (absent: no rate)."},
             "burst": count,
+            "groupConcurrency": {"type": "integer", "minimum": 1,
+                                 "description": "Calls at once per group, over every "
+                                                "dispatcher (absent: no such limit)."},
+            "groupRate": {"type": "string", "pattern": "^[0-9]+/[smh]$",
+                          "description": "At most this many calls of each group start per "
+                                         "second, minute or hour (absent: no group rate)."},
+            "groupBurst": count,
             "pausedUntil": time_schema("No call starts before then: its server answered 429 or "
                                  "503"),
             "pauseReason": {"type": "string"},

@@ -5,7 +5,10 @@ A function's due tasks wait in `ready[function]` by key, (-level, priority, seq)
 come, first served.  `waitNum` is a task's rank there.  Once a due task of the function
 has a group (a tenant), its line is a Rotation (rotation.py): its groups served in turn
 within each level, and a task's rank is its place in that order; the line stays one
-until it runs out, so a function without groups keeps its plain line and its cost.
+until it runs out, so a function without groups keeps its plain line and its cost.  A
+group its own limits hold back (group_limits.py) is passed over in its place (`hold`,
+`free`); a function with a held group "" takes a Rotation for it too, and a line whose
+groups are all held back has no head (its `[0]` is None) until one is free.
 Tasks not due yet (a delay, a backoff) wait in a timer lane until `due` moves them in
 line.
 
@@ -30,7 +33,9 @@ from .stats import Queued
 
 
 class Lines:
-    def __init__(self, still_queued: Callable[[int], bool]) -> None:
+    def __init__(self, still_queued: Callable[[int], bool],
+                 held: Callable[[str, str], bool] = lambda name, group: False) -> None:
+        self.held = held                            # (function, group) held back now?
         self.ready: dict[str, SortedList | Rotation] = {}   # function -> due task keys
         self.by_key: dict[tuple, Task] = {}
         self.heads: list[tuple[tuple, str]] = []    # heap of (head key, function)
@@ -50,17 +55,23 @@ class Lines:
         return self.make_due(task)
 
     def make_due(self, task: Task) -> bool:
-        ready = self.ready.get(task.function)
+        name = task.function
+        ready = self.ready.get(name)
         if ready is None:
-            ready = self.ready[task.function] = Rotation() if task.group else SortedList()
+            ready = self.ready[name] = self._rotation(name) if task.group or self.held(
+                name, "") else SortedList()
         elif task.group and type(ready) is SortedList:
-            ready = self.ready[task.function] = Rotation(ready)    # its first group
+            ready = self.ready[name] = self._rotation(name, ready)    # its first group
         if type(ready) is SortedList:
             ready.add(task.key)
         else:
             ready.add(task.key, task.group)
         self.by_key[task.key] = task
         return ready[0] == task.key
+
+    def _rotation(self, name: str, keys: SortedList = ()) -> Rotation:
+        held = self.held
+        return Rotation(keys, lambda group: held(name, group))
 
     def due(self, now: float) -> Iterator[int]:
         """The seqs of waiting tasks now due (each then `make_due`, by the caller)."""
@@ -102,6 +113,23 @@ class Lines:
         self.unready(task, turn=True)
         self.queued.discard(task.function)
 
+    # -- groups held back by their own limits ---------------------------------------------
+    def hold(self, name: str, group: str) -> None:
+        """`group` of `name` may not start now: passed over in its place (a plain line of
+        the group "" becomes a Rotation, which can pass it over)."""
+        ready = self.ready.get(name)
+        if type(ready) is SortedList:
+            if not group:
+                self.ready[name] = self._rotation(name, ready)
+        elif ready is not None:
+            ready.hold(group)
+
+    def free(self, name: str, group: str) -> None:
+        """`group` of `name` may start again (the caller offers `name`)."""
+        ready = self.ready.get(name)
+        if ready is not None and type(ready) is not SortedList:
+            ready.free(group)
+
     # -- handing out -----------------------------------------------------------------------
     def head(self, name: str) -> tuple | None:
         ready = self.ready.get(name)
@@ -140,7 +168,8 @@ class Lines:
 
     # -- looking ---------------------------------------------------------------------------
     def wait_num(self, task: Task) -> int:
-        """Tasks of its function that run before it (if it were due now)."""
+        """Tasks of its function that run before it (if it were due now), every group
+        starting as its turn comes: what group limits hold back now does not change it."""
         ready = self.ready.get(task.function)
         if not ready:
             return 0

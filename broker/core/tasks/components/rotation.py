@@ -6,85 +6,136 @@ are served in turn, one task per turn, each group its best by (priority, seq); t
 goes round the groups in the order they joined, and a group whose first task becomes due
 (a new group, or one whose line had run out) joins at the end of that order: it has its
 first turn at the end of the round going on.  A task that leaves without its turn (a
-cancel, a queue timeout) costs its group nothing: the group keeps its place.  Nothing of
-this is durable: after a restart the tasks come back in enqueue order, so the groups join
-oldest first.
+cancel, a queue timeout) costs its group nothing: the group keeps its place.  A group its
+own limits hold back (group_limits.py: its group_concurrency, its group_rate's gate) is
+passed over and keeps its place too: the turn goes on to the next group, and the group
+held back has its next turn when the turn comes round to it again, at most one round
+later; it never gets several turns in a row for those it missed.  Nothing of this is
+durable: after a restart the tasks come back in enqueue order, so the groups join oldest
+first.
 
 How, per level: picture the hand-outs as a grid, a row per round and a column per group,
-the columns left to right in the order the groups joined (`col`, a counter).  A group's
-tasks, best first, fill its column from the row of its next turn (`row`) down, so the
-task with r tasks of its group before it sits at (row + r, col), and the rotation hands
-the cells out row by row, left to right.  `cells` holds one (row, col) per due task, in a
-SortedList: the head is its first cell's group's best task, and a task's waitNum (the due
-tasks handed out before it if every group could start now) is the number of cells before
-its own, plus the due tasks of higher levels: a bisect, O(log n).  A cell is no task's:
-a column is exactly as long as its group's line, so every change moves one cell:
+the columns left to right in the order the groups joined (`col`, a counter).  Rows are
+counted from each group's next turn: a group's tasks, best first, are its column's cells
+at depth 0, 1, 2, ...  The round going on starts at the cursor `at`: the groups from
+column `at` on have their next turn in it, those left of it in the next round.  So the
+hand-out order is by (depth, the column turned round to start at `at`), and a task's
+waitNum (the due tasks handed out before it if every group could start now) is the
+number of cells before its own in that order, plus the due tasks of higher levels:
+
+    the cells of a lower depth          + the cells of its depth in the columns
+    cells.bisect_left((depth, -1))        from `at` round to its own (two bisects)
+
+`cells` holds one (depth, col) per due task, in a SortedList: O(log n) per place.  A
+column is exactly as long as its group's line, so every change moves one cell:
 
     a task joins a group       its column gains a cell at the bottom
-    the group has its turn     its top cell goes (row + 1: its next task is on top)
-    a task leaves, no turn     its bottom cell goes, and the group keeps its turn
+    the group has its turn     its bottom cell goes (its next task is at depth 0), and
+                               the cursor moves just right of its column
+    a task leaves, no turn     its bottom cell goes, and the cursor stays
 
-A new group's column goes right of all the others (the next col), from the row being
-served (the first cell's), so its turn comes at the end of this round.  A function whose
-tasks have no group (all in the group "") keeps the plain line lines.py gives it, whose
-order is this one's with a single group, at a bisect less per change.
+A group passed over costs nothing: rows are counted from each group's next turn, so
+the cursor moving past its column puts it in the next round.  The head is the first
+column from `at` round whose group may start (`open`, the columns of those groups, a
+bisect); the group limits say when a group is held back or free again (`hold`, `free`),
+and who is held back when a group joins a level (`held`, a function of the group).  A
+cursor right of every column goes round to 0 at once, as a turn does after the last
+group (a group joining then is last in the next round, not first).  A function whose
+tasks have no group (all in the group "") and no group limits keeps the plain line
+lines.py gives it, whose order is this one's with a single group, at a bisect less per
+change.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from sortedcontainers import SortedList
 
 
-class _Column:
-    __slots__ = ("row", "col", "keys")
+def _never(group: str) -> bool:
+    return False
 
-    def __init__(self, row: int, col: int) -> None:
-        self.row, self.col = row, col       # the cell of its next turn
+
+class _Column:
+    __slots__ = ("col", "keys")
+
+    def __init__(self, col: int) -> None:
+        self.col = col
         self.keys = SortedList()            # its due tasks' keys, best first
 
 
 class _Level:
-    """One level's groups, their columns and the cells of the grid."""
-    __slots__ = ("cells", "groups", "names", "next_col")
+    """One level's groups, their columns, the cells of the grid and the cursor."""
+    __slots__ = ("cells", "groups", "names", "open", "at", "next_col")
 
     def __init__(self) -> None:
-        self.cells = SortedList()                   # (row, col) per due task
+        self.cells = SortedList()                   # (depth, col) per due task
         self.groups: dict[str, _Column] = {}
         self.names: dict[int, str] = {}             # col -> its group
+        self.open = SortedList()                    # cols of the groups that may start
+        self.at = 0                                 # the round going on starts here
         self.next_col = 0
 
-    def join(self, group: str) -> _Column:
-        """`group` has its first due task here: a column right of all, from the row being
-        served."""
-        column = self.groups[group] = _Column(self.cells[0][0] if self.cells else 0,
-                                              self.next_col)
+    def join(self, group: str, held: bool) -> _Column:
+        """`group` has its first due task here: a column right of all (the end of the
+        round going on)."""
+        column = self.groups[group] = _Column(self.next_col)
         self.names[self.next_col] = group
+        if not held:
+            self.open.add(self.next_col)
         self.next_col += 1
         return column
 
     def leave(self, group: str, column: _Column) -> None:
         del self.groups[group], self.names[column.col]
+        self.open.discard(column.col)
+        self.turn_round()
+
+    def turn_round(self) -> None:
+        """A cursor right of every column goes round to the first."""
+        if self.cells.bisect_left((0, self.at)) == len(self.groups):
+            self.at = 0
+
+    def first_open(self) -> int | None:
+        """The column of the next turn among the groups that may start (None: none)."""
+        open_ = self.open
+        if not open_:
+            return None
+        i = open_.bisect_left(self.at)
+        return open_[i] if i < len(open_) else open_[0]
+
+    def rank(self, depth: int, col: int) -> int:
+        """The cells handed out before cell (depth, col), every group starting now."""
+        cells, at = self.cells, self.at
+        before = cells.bisect_left((depth, -1))
+        if col >= at:
+            return before + cells.bisect_left((depth, col)) - cells.bisect_left((depth, at))
+        return (cells.bisect_left((depth + 1, -1)) - cells.bisect_left((depth, at))
+                + cells.bisect_left((depth, col)))
 
 
 class Rotation:
     """The due tasks of one function with groups, by key (task.py: (-level, priority,
     seq)) and group; the methods lines.py uses of a plain line (SortedList) are here too:
-    `[0]` (the head), `len`, `add`, `remove`."""
-    __slots__ = ("levels", "count", "head")
+    `[0]` (the head), `len`, `add`, `remove`.  `held(group)`: whether the group limits
+    hold that group back now (asked when it joins a level)."""
+    __slots__ = ("levels", "count", "head", "held")
 
-    def __init__(self, keys: Iterable[tuple] = ()) -> None:
+    def __init__(self, keys: Iterable[tuple] = (),
+                 held: Callable[[str], bool] = _never) -> None:
         self.levels: dict[int, _Level] = {}         # -level -> its grid
         self.count = 0
-        self.head: tuple | None = None              # the key handed out next
+        self.head: tuple | None = None              # the key handed out next (None: no
+        self.held = held                            # group may start)
         for key in keys:                            # (a plain line's: the group "")
             self.add(key, "")
 
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, index: int) -> tuple:
-        if index != 0 or self.head is None:
+    def __getitem__(self, index: int) -> tuple | None:
+        """`[0]`: the head (None: every group is held back), as a plain line's first."""
+        if index != 0:
             raise IndexError("a rotation shows its head only")
         return self.head
 
@@ -94,8 +145,8 @@ class Rotation:
             level = self.levels[key[0]] = _Level()
         column = level.groups.get(group)
         if column is None:
-            column = level.join(group)
-        level.cells.add((column.row + len(column.keys), column.col))
+            column = level.join(group, self.held(group))
+        level.cells.add((len(column.keys), column.col))
         column.keys.add(key)
         self.count += 1
         self._set_head()
@@ -105,27 +156,52 @@ class Rotation:
         turn), or without a turn (its group keeps its place)."""
         level = self.levels[key[0]]
         column = level.groups[group]
+        level.cells.remove((len(column.keys) - 1, column.col))
         if turn and key == self.head:
-            level.cells.remove((column.row, column.col))
-            column.row += 1
-        else:
-            level.cells.remove((column.row + len(column.keys) - 1, column.col))
+            level.at = column.col + 1
         column.keys.remove(key)
         if not column.keys:
             level.leave(group, column)
             if not level.groups:
                 del self.levels[key[0]]
+        elif turn:
+            level.turn_round()
         self.count -= 1
         self._set_head()
 
-    def _set_head(self) -> None:
-        if not self.levels:
-            self.head = None
-            return
-        level = self.levels[min(self.levels)]
-        col = level.cells[0][1]
-        self.head = level.groups[level.names[col]].keys[0]
+    # -- groups held back by their limits ----------------------------------------------------
+    def hold(self, group: str) -> None:
+        """`group` may not start now: passed over, in its place, until `free`."""
+        for level in self.levels.values():
+            column = level.groups.get(group)
+            if column is not None:
+                level.open.discard(column.col)
+        self._set_head()
 
+    def free(self, group: str) -> None:
+        """`group` may start again: served when the turn comes to its place."""
+        for level in self.levels.values():
+            column = level.groups.get(group)
+            if column is not None and column.col not in level.open:
+                level.open.add(column.col)
+        self._set_head()
+
+    def _set_head(self) -> None:
+        """The head: the next turn of the highest level with a group that may start (the
+        levels below are looked at only when every group of those above is held back)."""
+        levels = self.levels
+        self.head = None
+        if not levels:
+            return
+        top = min(levels)
+        for lv in (top,) if levels[top].open else sorted(levels):
+            level = levels[lv]
+            col = level.first_open()
+            if col is not None:
+                self.head = level.groups[level.names[col]].keys[0]
+                return
+
+    # -- looking -------------------------------------------------------------------------------
     def rank(self, key: tuple, group: str) -> int:
         """The due tasks handed out before the task of `key` in `group` if every group
         could start now (one not due yet: as if it were due now)."""
@@ -135,9 +211,8 @@ class Rotation:
             return ahead
         column = level.groups.get(group)
         if column is None:                          # it would join: right of all
-            return ahead + level.cells.bisect_left((level.cells[0][0], level.next_col))
-        cell = (column.row + column.keys.bisect_left(key), column.col)
-        return ahead + level.cells.bisect_left(cell)
+            return ahead + level.rank(0, level.next_col)
+        return ahead + level.rank(column.keys.bisect_left(key), column.col)
 
     def groups(self) -> dict[str, int]:
         """Each group's due tasks (every level)."""

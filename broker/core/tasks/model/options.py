@@ -21,9 +21,10 @@ def parse_options(options: Any, spec: FunctionSpec) -> dict | TaskError:
         return bad("options must be an object")
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if name not in OPTIONS:
+        check = _CHECKS.get(name)       # (a dict lookup: OPTIONS is a tuple, for its order)
+        if check is None:
             return bad(f"unknown option {name!r}; options are {', '.join(OPTIONS)}")
-        checked = _CHECKS[name](value, spec)
+        checked = check(value, spec)
         if isinstance(checked, TaskError):
             return checked
         out[name] = checked

@@ -43,13 +43,29 @@ class FunctionSpec(NamedTuple):
     # named groups (tenants) with live tasks it may have: a task of one more is a 429
     max_groups: int = 10_000
     # "client": a task enqueued without a group is in its client address's (task.py
-    # client_net); "": in none
+    # client_net); "header:NAME": in the group that request header names; "": in none
     group_by: str = ""
+    # each group's own limits (group_limits.py; 0: none): calls at once, and a rate of
+    # `group_rate` calls per `group_per_s` seconds with its burst
+    group_concurrency: int = 0
+    group_rate: int = 0
+    group_per_s: float = 1.0
+    group_burst: int = 0
 
     @property
     def interval(self) -> float:
         """GCRA's T: seconds between calls at the rate (0: no rate)."""
         return self.per_s / self.rate if self.rate else 0.0
+
+    @property
+    def group_interval(self) -> float:
+        """T of each group's rate (0: none)."""
+        return self.group_per_s / self.group_rate if self.group_rate else 0.0
+
+    @property
+    def group_header(self) -> str | None:
+        """With group_by = "header:NAME": NAME in lower case (None: no header)."""
+        return self.group_by[7:].lower() if self.group_by.startswith("header:") else None
 
 
 #: the config's defaults, for a function tasks use that the config no longer names
