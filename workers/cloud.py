@@ -9,6 +9,7 @@ has the API; options are named as there, or in snake_case: unique_id=, keep_resu
     task = tasks.enqueue("closeOrder", {"id": 1234}, delay=1000, attempts=3)
     info = tasks.get_task_info(task["uniqueId"])     # "queued", ... "success"
     print(info.get("result"))                         # the function's return value
+    tasks.cancel(task["uniqueId"], token=task["token"])   # its own token: no key needed
     tasks.enqueue_request("report", "GET", "/daily", query={"day": "2026-11-26"})
 
 AsyncTaskClient has the same methods as coroutines, on one aiohttp ClientSession:
@@ -164,7 +165,8 @@ class TaskClient:
         self.timeout = timeout
 
     def enqueue(self, function: str, params: Any = None, **options) -> dict:
-        """The 201 body: {"uniqueId", "status": "queued", "waitNum", "waitTime"?}.
+        """The 201 body: {"uniqueId", "status", "createdAt", "token", and queued "waitNum",
+        "waitTime"?} (`token`: the task's own, for `get_task_info` and `cancel`).
         `options` by their API names or in snake_case (`level=2`, `queue_timeout=60000`)."""
         return self._request("POST", TASKS, task_body(function, params, options))
 
@@ -183,22 +185,30 @@ class TaskClient:
 
     def enqueue_many(self, tasks: list[dict]) -> list[dict]:
         """Items {"function", "params"?, "options"?}; one result per item, in order:
-        {"status": 201, "uniqueId", "waitNum"} or {"status": 4xx, "error", "message"}."""
+        {"status": 201, "uniqueId", "waitNum", "createdAt", "token"} or {"status": 4xx,
+        "error", "message"}."""
         return self._request("POST", TASKS, tasks)
 
-    def get_task_info(self, unique_id: str) -> dict:
-        return self._request("GET", task_path(unique_id))
+    def get_task_info(self, unique_id: str, token: str | None = None) -> dict:
+        """The task's info; `token`: the task's own (its enqueue's "token"), sent instead
+        of the master key."""
+        return self._request("GET", task_path(unique_id), token=token)
 
-    def cancel(self, unique_id: str) -> dict:
-        return self._request("DELETE", task_path(unique_id))
+    def cancel(self, unique_id: str, token: str | None = None) -> dict:
+        """Cancel the task (or leave the waiting room), with the master key or its own
+        `token`."""
+        return self._request("DELETE", task_path(unique_id), token=token)
 
-    def _request(self, method: str, path: str, doc: Any = None) -> Any:
+    def _request(self, method: str, path: str, doc: Any = None,
+                 token: str | None = None) -> Any:
         data = None if doc is None else json.dumps(doc).encode()
-        return answer(*self._send(method, self.base_url + path, data))
+        return answer(*self._send(method, self.base_url + path, data, token))
 
-    def _send(self, method: str, url: str, data: bytes | None) -> tuple[int, bytes]:
+    def _send(self, method: str, url: str, data: bytes | None,
+              token: str | None = None) -> tuple[int, bytes]:
         """The status and body of any answer; no answer raises TaskApiError (status 0)."""
-        request = urllib.request.Request(url, data, _headers(self.master_key), method=method)
+        request = urllib.request.Request(url, data, _headers(token or self.master_key),
+                                         method=method)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
@@ -238,14 +248,14 @@ class AsyncTaskClient:
     async def enqueue_many(self, tasks: list[dict]) -> list[dict]:
         return await self._request("POST", TASKS, tasks)
 
-    async def get_task_info(self, unique_id: str) -> dict:
-        return await self._request("GET", task_path(unique_id))
+    async def get_task_info(self, unique_id: str, token: str | None = None) -> dict:
+        return await self._request("GET", task_path(unique_id), token=token)
 
     async def function_stats(self, name: str) -> dict:
         return await self._request("GET", function_path(name))
 
-    async def cancel(self, unique_id: str) -> dict:
-        return await self._request("DELETE", task_path(unique_id))
+    async def cancel(self, unique_id: str, token: str | None = None) -> dict:
+        return await self._request("DELETE", task_path(unique_id), token=token)
 
     async def close(self) -> None:
         if self.http is not None:
@@ -258,12 +268,14 @@ class AsyncTaskClient:
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
-    async def _request(self, method: str, path: str, doc: Any = None) -> Any:
+    async def _request(self, method: str, path: str, doc: Any = None,
+                       token: str | None = None) -> Any:
         url = self.base_url + path
         data = None if doc is None else json.dumps(doc).encode()
+        headers = _headers(token or self.master_key)
         try:
             async with self._session().request(method, url, data=data,
-                                               headers=_headers(self.master_key)) as resp:
+                                               headers=headers) as resp:
                 return answer(resp.status, await resp.read())
         except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
             raise timed_out(method, url, self.timeout) from None
@@ -276,10 +288,11 @@ class AsyncTaskClient:
         return self.http
 
 
-def _headers(master_key: str | None) -> dict[str, str]:
+def _headers(bearer: str | None) -> dict[str, str]:
+    """A request's headers; `bearer`: the master key, or a task's own token."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if master_key:
-        headers["Authorization"] = f"Bearer {master_key}"
+    if bearer:
+        headers["Authorization"] = f"Bearer {bearer}"
     return headers
 
 

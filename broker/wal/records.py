@@ -16,6 +16,7 @@ from ..core.beanstalk.jobs import BURIED, COUNTERS, DELAYED, Job
 from ..core.shared import journal as J
 from ..core.schedules.schedules import Schedule
 from ..core.tasks.store import TASK_ERROR_CHARS, Task
+from ...protocol.schema.task_messages import digest
 
 _NO_COUNTS = (0,) * len(COUNTERS)
 
@@ -74,6 +75,8 @@ def task_optional(task: Task, extra: dict | None, wall: float) -> dict:
         out["client_ip"] = task.client_ip
     if task.group:
         out["group"] = task.group
+    if task.token is not None:
+        out["token_sha256"] = task.token
     if task.online:
         out["online"] = True
         if task.pass_exp:
@@ -115,6 +118,8 @@ def task_image(fields: list) -> J.TaskImage:
             named.pop(name, None)
     if type(named.get("level")) is not int:
         named.pop("level", None)
+    if digest(named.get("token_sha256")) is None:    # (a wrong one: no token, refuse all)
+        named.pop("token_sha256", None)
     return J.TaskImage(*fields[:wf.T_OPTIONAL], **named)
 
 

@@ -12,6 +12,8 @@ of zstalk, and everything else may import it.
     outcome.py   a call's outcome, for the dispatcher that reports it and the core
     task_info.py a task's info: one table of its fields, which the core fills
                  (TaskInfo), the HTTP front shows and the OpenAPI document describes
+    tokens.py    a task's own token: its form, how the front makes it, and the SHA-256
+                 the broker keeps and compares in constant time
     version.py   zstalk's version
 
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name

@@ -27,10 +27,15 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 5 had no NotLeader: a standby does not answer such a peer at
+#: version back.  Version 6 had no task token: T_INFO and T_CANCEL end before their
+#: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
+#: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
+#: index past a trailing token and cancel a task on a token it never checked, so a
+#: front that sends tokens must not reach one (it refuses us as too new).  Version 5 had
+#: no NotLeader: a standby does not answer such a peer at
 #: all (its link says Hello again until the instance it asks leads), and its Settings had
 #: no group_headers (its seven first fields).  Version 4 had no
 #: CORS origins in Settings (its five first fields: a peer builds Settings from every
@@ -255,6 +260,8 @@ def _upgrade_op(op, version: int):
             return (*op, op[2] == 0)        # 0 slots meant stopping
     if code == Op.T_ENQUEUE and n == 7:
         return (*op, None)                  # no ext before version 4
+    if (code == Op.T_INFO and n == 4) or (code == Op.T_CANCEL and n == 3):
+        return (*op, None)                  # no task token before version 7
     if code == Op.T_OUTCOME and n == 9:     # ... and 0 for "no Retry-After"
         retry_after = op[8]
         return (*op[:8], -1 if retry_after == 0 else retry_after, None)
@@ -268,7 +275,7 @@ _SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7}
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:
     """A message as a peer of an older `version` takes it (None: it has none such; a
     Settings may come back as the plain tuple of the fields that version has)."""
-    if isinstance(msg, NotLeader):
+    if isinstance(msg, NotLeader) and version < 6:
         return None                     # version 5 and older: a standby says nothing
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1

@@ -88,10 +88,12 @@ class Op(Codes):
     C_DUMP = 45         # (conn)
     # cloud tasks (kind "http" fronts and "dispatcher" pools; see "Cloud tasks" below)
     T_ENQUEUE = 50      # (conn, function, params: bytes, options: dict | None, unique_id, keyed, ext)
-    T_INFO = 51         # (conn, unique_id, keyed)
+    T_INFO = 51         # (conn, unique_id, keyed, token)
     # keyed: the request carried the master key (or none is configured); the broker's
-    # [api] policy decides what a request without it may do (public_enqueue, private_results)
-    T_CANCEL = 52       # (conn, unique_id)
+    # [api] policy decides what a request without it may do (public_enqueue, private_results).
+    # token (version 7): None, or the SHA-256 of the task token the request presented
+    # (protocol/schema/tokens.py): then it reads, cancels or leaves that task only
+    T_CANCEL = 52       # (conn, unique_id, token)  None: the front checked the master key
     T_SUBSCRIBE = 53    # (conn, slots, stopping)    the calls a dispatcher can take now
     T_OUTCOME = 54      # (conn, unique_id, attempt, kind, status_code, result, error, retry_after_ms, ext)
     # retry_after_ms: a 429 / 503's Retry-After, -1 when it sent none.  ext (version 4): a
@@ -189,8 +191,9 @@ class R(Codes):
 # restart are the fronts' (Hello/Welcome/SessionState).
 #
 # Cloud tasks: an HTTP front (kind "http") sends T_ENQUEUE / T_INFO / T_CANCEL, each
-# answered T_TASK or T_ERROR (a T_ENQUEUE's T_TASK holds what the 201 shows: uniqueId,
-# status, waitNum, waitTime; T_INFO's the whole TaskInfo); the unique id of a task
+# answered T_TASK or T_ERROR (a T_ENQUEUE's T_TASK holds what the 201 shows, made after
+# the turn's hand-out: uniqueId, status, createdAt, waitNum, waitTime, or an admitted
+# online task's passExpiresAt and admitUrl; T_INFO's the whole TaskInfo); the unique id of a task
 # enqueued without one is made by the front (the broker core has no randomness).  A
 # dispatcher (kind "dispatcher") OPENs and T_SUBSCRIBEs with its free slots: the broker
 # pushes `R.T_CALL` while it has some, and every T_OUTCOME (kind "success" | "failure" |

@@ -101,8 +101,17 @@ FRONT_FIELDS = (
     Field("passError", {"type": "string", "description": "Why no pass was issued."}),
 )
 TIMES = tuple(f.name for f in FIELDS if f.time)
-#: an enqueue's answer, the fields of its 201: the id, the status and, queued, the place
-ENQUEUED = ("uniqueId", "status", "waitNum", "waitTime")
+#: an enqueue's answer, the fields of its 201 (made after the turn's hand-out): the id,
+#: the status, createdAt and, queued, the place; admitted at once, the pass's fields (the
+#: front adds `pass`, FRONT_FIELDS, and the task's own `token`, ENQUEUED_TOKEN)
+ENQUEUED = ("uniqueId", "status", "createdAt", "waitNum", "waitTime", "passExpiresAt",
+            "admitUrl")
+ENQUEUED_TOKEN = Field("token", {
+    "type": "string", "pattern": "^zt1_[A-Za-z0-9_-]{43}$",
+    "description": "The task's own token, given once: `Authorization: Bearer <token>` reads "
+                   "it (GET) and cancels or leaves it (DELETE) without the master key. The "
+                   "server keeps only its SHA-256. Not a pass: done and verify take the "
+                   "pass."})
 
 
 class TaskInfo(NamedTuple):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .ops import Op
 from .tasks import CONNECT_TIMEOUT_MS
+from .tokens import DIGEST_BYTES
 
 #: an enqueuer's address as a front reports it (the longest an IPv6 text can be, and more)
 MAX_CLIENT_CHARS = 64
@@ -31,7 +32,9 @@ class TaskEnqueue(NamedTuple):
     {"request": a request task's object (master key only; the broker checks it against
     its function), "type": "online" (a waiting-room task), "client": the address the
     front saw, "forwarded": the first X-Forwarded-For hop, "headers": {lower-case name:
-    value} of the request headers Settings.group_headers names that it had}."""
+    value} of the request headers Settings.group_headers names that it had,
+    "token_sha256": the SHA-256 of the task's own token, which the front made and gave
+    its client (tokens.py)}."""
     function: str
     params: bytes               # the JSON body the function is POSTed, as sent
     options: Any                # the API's options object, or None (the broker checks it)
@@ -42,6 +45,7 @@ class TaskEnqueue(NamedTuple):
     client: str | None = None
     forwarded: str | None = None
     headers: dict | None = None
+    token_sha256: bytes | None = None
 
     def op(self, conn: int) -> tuple:
         """The wire form."""
@@ -56,6 +60,8 @@ class TaskEnqueue(NamedTuple):
             ext["type"] = "online"
         if self.headers:
             ext["headers"] = self.headers
+        if self.token_sha256 is not None:
+            ext["token_sha256"] = self.token_sha256
         return (Op.T_ENQUEUE, conn, self.function, self.params, self.options,
                 self.unique_id, self.keyed, ext or None)
 
@@ -70,7 +76,13 @@ class TaskEnqueue(NamedTuple):
             return cls(function, params, options, uid, keyed is True)
         return cls(function, params, options, uid, keyed is True, said.get("request"),
                    said.get("type") == "online", _address(said.get("client")),
-                   _address(said.get("forwarded")), _headers(said.get("headers")))
+                   _address(said.get("forwarded")), _headers(said.get("headers")),
+                   digest(said.get("token_sha256")))
+
+
+def digest(value: Any) -> bytes | None:
+    """A token's SHA-256 as a peer sent it (anything else: None, no token)."""
+    return value if type(value) is bytes and len(value) == DIGEST_BYTES else None
 
 
 def _address(value: Any) -> str | None:

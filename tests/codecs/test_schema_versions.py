@@ -16,7 +16,7 @@ from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, NotLead
                                     Replies, SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 
-V1, V2, V3, V4, V5 = 1, 2, 3, 4, 5
+V1, V2, V3, V4, V5, V6 = 1, 2, 3, 4, 5, 6
 HELLO, BATCH = 1, 3
 
 
@@ -26,7 +26,21 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (6, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (7, 1)
+
+
+def test_a_version_6_front_reads_and_cancels_by_the_master_key_as_it_did():
+    # (no task token before version 7: the trailing field is None, the key decides)
+    ops = [(Op.T_INFO, 1, "u", False), (Op.T_CANCEL, 1, "u"),
+           (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, {"type": "online"})]
+    version, msg = decode_peer(packed(V6, BATCH, ops))
+    assert version == V6 and [tuple(op) for op in msg.ops] == [
+        (Op.T_INFO, 1, "u", False, None), (Op.T_CANCEL, 1, "u", None), ops[2]]
+
+
+def test_a_version_6_peer_is_still_told_where_the_leader_is():
+    assert msgpack.unpackb(encode(NotLeader("tcp://10.0.0.2:11400", 3), V6)) == [
+        V6, *msgpack.unpackb(encode(NotLeader("tcp://10.0.0.2:11400", 3)))[1:]]
 
 
 def test_a_standby_tells_a_peer_of_this_version_where_the_leader_is():
@@ -65,7 +79,7 @@ def test_a_version_1_batch_gets_the_fields_version_2_added():
     version, msg = decode_peer(packed(V1, BATCH, ops))
     assert version == V1
     assert [tuple(op) for op in msg.ops] == [
-        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, None), (Op.T_INFO, 1, "u", True),
+        (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, None), (Op.T_INFO, 1, "u", True, None),
         (Op.T_SUBSCRIBE, 1, 0, True), (Op.T_SUBSCRIBE, 1, 8, False), (Op.PUT, 1, 0, 0, 60, b"x")]
 
 
@@ -108,8 +122,8 @@ def test_a_peer_older_than_version_5_gets_settings_without_the_cors_origins(vers
 
 def test_a_version_4_batch_is_taken_as_it_is():
     ops = [(Op.T_ENQUEUE, 1, "f", b"{}", None, "u", False, {"type": "online"}),
-           (Op.T_DONE, 1, "u")]
-    version, msg = decode_peer(packed(V4, BATCH, ops))
+           (Op.T_DONE, 1, "u"), (Op.T_INFO, 1, "u", True, None), (Op.T_CANCEL, 1, "u", None)]
+    version, msg = decode_peer(packed(V4, BATCH, [*ops[:2], ops[2][:4], ops[3][:3]]))
     assert version == V4 and [tuple(op) for op in msg.ops] == ops
 
 
@@ -233,7 +247,8 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
         old.send(packed(V4, BATCH, [[Op.OPEN, 1], [Op.T_ENQUEUE, 1, "shop", b"{}", None, "u",
                                                    False, {"type": "online"}]]))
         [[_, code, info]] = next_of(old, REPLIES)[2]
-        assert (code, info["status"]) == (R.T_TASK, "queued"), "it works as before"
+        # (admitted at once, in the same turn: its answer says so, as a GET would)
+        assert (code, info["status"]) == (R.T_TASK, "admitted"), "it works as before"
         config.write_text(room + 'allow_origins = ["https://other.example"]\n')
         broker.process.send_signal(signal.SIGHUP)
         assert next_of(old, SETTINGS) == [V4, 7, 65535, 1 << 20, 1 << 20, False, False]

@@ -353,7 +353,8 @@ def test_an_enqueued_task_is_pushed_to_a_dispatcher_and_its_outcome_recorded():
     assert b.send(D1, (Op.T_SUBSCRIBE, 1, 4, False)) == {}
     b.broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "f", b'{"n":1}', None, "t1", True)]), b.now)
     out = {p: m.items for p, m in b.broker.flush() if isinstance(m, Replies)}
-    assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == QUEUED
+    # (the 201 is made after the turn's hand-out: it says what a GET would)
+    assert out[HTTP][0][1] == R.T_TASK and out[HTTP][0][2]["status"] == RUNNING
     assert out[D1] == [(1, R.T_CALL, "t1", 1, "http://fn/f", b'{"n":1}', 15000, None)]
     b.send(D1, (Op.T_OUTCOME, 1, "t1", 1, "success", 200, b'"ok"', None, 0))
     [(_, code, info)] = b.send(HTTP, (Op.T_INFO, 1, "t1", True))[HTTP]
@@ -364,8 +365,9 @@ def test_an_enqueue_is_answered_with_the_fields_of_the_201_only():
     from zstalk.protocol.fronts.http.api import ENQUEUED_FIELDS
     b = BrokerClock(concurrency=1)
     first, second = b.enqueue("t1"), b.enqueue("t2", options={"delay": 60_000})
-    assert first[2] == {"uniqueId": "t1", "status": QUEUED, "waitNum": 0}
-    assert second[2] == {"uniqueId": "t2", "status": QUEUED, "waitNum": 1, "waitTime": 60_000}
+    assert first[2] == {"uniqueId": "t1", "status": QUEUED, "createdAt": 1000.0, "waitNum": 0}
+    assert second[2] == {"uniqueId": "t2", "status": QUEUED, "createdAt": 1000.0,
+                         "waitNum": 1, "waitTime": 60_000}
     assert set(first[2]) | set(second[2]) <= set(ENQUEUED_FIELDS)
     assert {"createdAt", "function"} <= set(b.info("t1")[2]), "T_INFO: the whole TaskInfo"
 

@@ -144,7 +144,9 @@ def test_an_enqueued_task_calls_its_function_and_keeps_the_result(serve, host):
     api = serve()
     code, body = api.request("POST", "/v1/tasks", {"function": "closeOrder",
                                                     "params": {"id": 1234}})
-    assert code == 201 and body["status"] == "queued" and body["waitNum"] == 0
+    # (the 201 is made after the turn's hand-out: the dispatcher may have taken it)
+    assert code == 201 and (body["status"], body.get("waitNum", 0)) in (
+        ("queued", 0), ("running", 0))
     info = api.wait_status(body["uniqueId"], "success", "failed")
     assert info["status"] == "success" and info["statusCode"] == 200
     assert info["result"] == {"function": "closeOrder", "params": {"id": 1234}}

@@ -250,9 +250,11 @@ def test_a_new_key_put_first_in_the_key_file_signs_from_then_on_and_old_passes_s
 
 
 # -- a rolling restart: `zstalk broker` and `zstalk front http` apart ---------------------------
-def split(tmp_path, hold_s: float) -> tuple[ServerProcess, ServerProcess, str]:
-    """A broker with a binlog and an HTTP front holding requests `hold_s` for a broker."""
-    keys, config = room_files(tmp_path)
+def split(tmp_path, hold_s: float, config_text: str | None = None,
+          front_args: tuple = ()) -> tuple[ServerProcess, ServerProcess, str]:
+    """A broker with a binlog (tmp_path/wal) and an HTTP front holding requests `hold_s`
+    for a broker; `config_text` as room_files takes it, `front_args` the front's more."""
+    keys, config = room_files(tmp_path, config_text=config_text)
     port, http = free_port(), free_port()
     broker = ServerProcess([find_zstalk(), "broker", "--bind", f"tcp://{LOOPBACK}:{port}",
                             "--config", config, "--pass-key-file", keys,
@@ -261,7 +263,8 @@ def split(tmp_path, hold_s: float) -> tuple[ServerProcess, ServerProcess, str]:
     front = ServerProcess([find_zstalk(), "-V", "front", "http", "--broker",
                            f"tcp://{LOOPBACK}:{port}",
                            "--listen", f"{LOOPBACK}:{http}", "--pass-key-file", keys,
-                           "--hold-s", str(hold_s)], (LOOPBACK, http), name="zstalk-front-http")
+                           "--hold-s", str(hold_s), *front_args], (LOOPBACK, http),
+                          name="zstalk-front-http")
     base = f"http://{LOOPBACK}:{http}"
     try:
         front.start()

@@ -99,8 +99,19 @@ def test_an_allowed_preflight_answers_204_with_the_origin_method_headers_and_max
     assert code == 204 and headers["Access-Control-Allow-Origin"] == ADMIN
     assert headers["Access-Control-Allow-Headers"] == "Content-Type, Authorization, X-Zstalk-Pass"
     code, headers, _ = preflight(shop.base, "/v1/tasks/any", SHOP, "GET", "")
-    assert code == 204 and headers["Access-Control-Allow-Methods"] == "GET"
+    assert code == 204 and headers["Access-Control-Allow-Methods"] == "GET, DELETE"
     assert "Access-Control-Allow-Credentials" not in headers
+
+
+@needs_zstalk
+def test_a_preflight_lets_a_page_delete_its_task_with_its_token_in_authorization(shop):
+    code, headers, _ = preflight(shop.base, "/v1/tasks/any", SHOP, "DELETE", "authorization")
+    assert code == 204 and cors_headers(headers) == {
+        "Access-Control-Allow-Origin": SHOP, "Access-Control-Allow-Methods": "GET, DELETE",
+        "Access-Control-Allow-Headers": "Content-Type, Authorization",
+        "Access-Control-Max-Age": "600", "Vary": "Origin"}
+    code, _, body = preflight(shop.base, "/v1/tasks/any", SHOP, "PATCH", "authorization")
+    assert code == 403 and "only GET or DELETE here, not PATCH" in body["message"]
 
 
 @needs_zstalk
@@ -152,7 +163,19 @@ def test_a_page_reads_its_task_and_ends_it_with_its_pass_when_the_function_lists
         "Origin": SHOP, "Authorization": f"Bearer {info['pass']}"})
     assert (code, done["endedBy"], headers["Access-Control-Allow-Origin"]) == (200, "done", SHOP)
     code, headers, _ = call("DELETE", f"{shop.base}/v1/tasks/{uid}", headers={"Origin": SHOP})
-    assert "Access-Control-Allow-Origin" not in headers, "cancel takes no part"
+    assert code == 409 and headers["Access-Control-Allow-Origin"] == SHOP, "it can read why"
+
+
+@needs_zstalk
+def test_a_page_leaves_the_line_with_its_token_and_reads_the_answer(shop):
+    joined = [call("POST", f"{shop.base}/v1/tasks", {"function": FUNCTION, "type": "online"},
+                   {"Origin": SHOP})[2] for _ in range(2)]
+    assert [j["status"] for j in joined] == ["admitted", "queued"]
+    code, headers, info = call("DELETE", f"{shop.base}/v1/tasks/{joined[1]['uniqueId']}",
+                               headers={"Origin": SHOP,
+                                        "Authorization": f"Bearer {joined[1]['token']}"})
+    assert (code, info["status"], headers["Access-Control-Allow-Origin"]) == (
+        200, "cancelled", SHOP)
 
 
 @needs_zstalk

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import json
 import re
 import socket
@@ -133,7 +134,10 @@ def test_an_array_enqueues_each_good_task_in_one_batch_and_answers_each_in_order
             {"function": "dup"}, {"function": "b", "params": [1]}]
     status, reply, ops = request("POST", "/v1/tasks", answer, json=body)
     assert status == 200
+    token = reply[0].pop("token")
     assert reply[0] == {"status": 201, "uniqueId": "u1", "waitNum": 3}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token) and token != reply[3]["token"]
+    assert ops[0][7]["token_sha256"] == hashlib.sha256(token.encode()).digest(), "digest only"
     assert reply[1] == {"status": 400, "error": "bad_request",
                         "message": "function must be a string"}
     assert reply[2]["status"] == 409 and reply[2]["error"] == "duplicate"
@@ -156,7 +160,11 @@ def test_enqueuing_a_task_answers_201_with_its_id_status_and_wait_number() -> No
                       {"priority": 5, "backoff": {"type": "exponential"}})
     assert re.fullmatch(r"[0-9a-f]{32}", op[5])
     assert status == 201
+    token = reply.pop("token")
     assert reply == {"uniqueId": op[5], "status": "queued", "waitNum": 3}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token)
+    assert op[7] == {"client": "127.0.0.1",
+                     "token_sha256": hashlib.sha256(token.encode()).digest()}, "never the token"
 
 
 def test_params_default_to_null_and_absent_options_are_sent_as_none() -> None:
@@ -391,6 +399,63 @@ def test_with_a_master_key_a_delete_needs_it_and_a_get_does_not() -> None:
     assert statuses == [401, 403, 200, 200]
     assert [op[0] for op in ops] == [Op.T_CANCEL, Op.T_INFO]
     assert ops[1][-1] is False          # the broker's private_results decides
+
+
+TOKEN = "zt1_" + "Q" * 43
+
+
+@pytest.mark.parametrize("master_key", [KEY, None])
+def test_a_task_token_is_sent_as_its_digest_with_get_and_delete_and_needs_no_master_key(
+        master_key) -> None:
+    async def scenario(client, link, front):
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        got = await fetch(client, "GET", "/v1/tasks/t", headers=bearer)
+        cancelled = await fetch(client, "DELETE", "/v1/tasks/t", headers=bearer)
+        return [s for s, _ in (got, cancelled)], link.requests
+
+    options = {"master_key": master_key} if master_key else {}
+    statuses, ops = run(scenario, lambda op: info_of(op), **options)
+    sha = hashlib.sha256(TOKEN.encode()).digest()
+    assert statuses == [200, 200]
+    assert ops == [(Op.T_INFO, 1, "t", False, sha), (Op.T_CANCEL, 1, "t", sha)], \
+        "the digest, never the token; the broker compares"
+
+
+def test_a_master_key_that_starts_as_a_token_does_is_still_the_master_key() -> None:
+    async def scenario(client, link, front):
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        await fetch(client, "DELETE", "/v1/tasks/t", headers=bearer)
+        return link.requests
+
+    assert run(scenario, lambda op: info_of(op), master_key=TOKEN) == [(Op.T_CANCEL, 1, "t")]
+
+
+def test_a_broker_refusing_a_token_is_answered_403_in_json() -> None:
+    status, reply, _ = request("DELETE", "/v1/tasks/t",
+                               error("forbidden", "this token is not the task's own"),
+                               {"master_key": KEY}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert (status, reply) == (403, {"error": "forbidden",
+                                     "message": "this token is not the task's own"})
+
+
+def test_an_online_task_admitted_at_once_gets_its_pass_in_the_201(tmp_path) -> None:
+    keys = tmp_path / "passes"
+    keys.write_text("k1:" + "k" * 32 + "\n")
+    keys.chmod(0o400)
+    admitted = lambda op: (1, R.T_TASK, {"uniqueId": op[5], "status": "admitted",  # noqa: E731
+                                         "createdAt": 1_700_000_000.0,
+                                         "passExpiresAt": 1_700_000_060.0,
+                                         "admitUrl": "https://shop.example/in"})
+    status, reply, _ = request("POST", "/v1/tasks", admitted, {"pass_key_file": str(keys)},
+                               json={"function": "shop", "type": "online"})
+    assert status == 201 and reply["status"] == "admitted"
+    from zstalk.protocol.codecs.passes import PassKeys, check_pass
+    assert check_pass(reply["pass"], PassKeys([("k1", b"k" * 32)]), 1_700_000_000) == \
+        reply["uniqueId"], "signed for this task, expiring when the broker said"
+    assert reply["admitUrl"] == f"https://shop.example/in#zstalk_pass={reply['pass']}"
+    assert (reply["createdAt"], reply["passExpiresAt"]) == ("2023-11-14T22:13:20.000Z",
+                                                            "2023-11-14T22:14:20.000Z")
+    assert "function" not in reply and reply["token"].startswith("zt1_")
 
 
 # -- the broker session ---------------------------------------------------------------------

@@ -64,6 +64,7 @@ RUN_BY = {
     "# functions.py": "test_the_cloud_task_examples_run_as_written",
     "/v1/tasks/close-1234": "test_the_cloud_task_examples_run_as_written",
     "# enqueue.py": "test_the_cloud_task_examples_run_as_written",
+    "# own_token.py": "test_the_cloud_task_examples_run_as_written",
     "# tenant_host.py": "test_the_groups_example_runs_as_written",
     "# groups.toml": "test_the_groups_example_runs_as_written",
     "# tenants.py": "test_the_groups_example_runs_as_written",
@@ -273,15 +274,17 @@ def test_the_hello_world_runs_as_written(shell):
 def test_the_cloud_task_examples_run_as_written(shell):
     needs_group("reference", "curl")
     free(11300, 11215, 11400, 8080, 3000)
-    for marker in ("# zstalk.toml", "# functions.py", "# enqueue.py"):
+    for marker in ("# zstalk.toml", "# functions.py", "# enqueue.py", "# own_token.py"):
         shell.write(block(marker))
     listening(3000, shell.start("python functions.py"))          # as the README's text says
     listening(8080, shell.start("zstalk serve --config zstalk.toml"))
     out = shell.run(block("/v1/tasks/close-1234").text)
     assert out.returncode == 0, out.stderr
     enqueued, info = json_documents(out.stdout)
+    token, created = enqueued.pop("token"), enqueued.pop("createdAt")
     assert enqueued == {"uniqueId": "close-1234", "status": "queued", "waitNum": 0,
                         "waitTime": 1000}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token) and created.endswith("Z")
     get = block("/v1/tasks/close-1234").text.strip().splitlines()[-1]
     deadline = time.monotonic() + 20
     while info["status"] in ("queued", "running") and time.monotonic() < deadline:
@@ -291,6 +294,12 @@ def test_the_cloud_task_examples_run_as_written(shell):
     assert (info["statusCode"], info["calls"], info["maxCalls"]) == (200, 1, 4)
     out = shell.run("python enqueue.py")
     assert (out.returncode, out.stdout.strip()) == (0, "success {'closed': 42}"), out.stderr
+    out = shell.run("python own_token.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "zt1_ 47", "queued",
+        "(403, {'error': 'forbidden', 'message': \"this token is not the task's own\"})",
+        "cancelled"]
     check_the_schedule_example(shell.run(block("api=http://127.0.0.1:8080/v1/schedules").text))
 
 
@@ -373,7 +382,8 @@ def test_the_waiting_room_example_runs_as_written(shell):
     out = shell.run("python room.py", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "[('admitted', None), ('queued', 0), ('queued', 1)]", "204", "admitted"]
+        "[('admitted', None), ('queued', 0), ('queued', 1), ('queued', 2)]", "204",
+        "cancelled", "1", "admitted"]
     preflight = block("curl -si -X OPTIONS http://127.0.0.1:8080/v1/tasks").text
     out = shell.run(preflight)
     assert out.returncode == 0, out.stderr

@@ -436,6 +436,42 @@ def test_a_group_that_is_not_text_in_a_record_is_read_as_none(tmp_path):
     assert Node(tmp_path).broker.tasks.tasks["odd"].group == ""
 
 
+def test_a_tasks_token_comes_back_as_its_digest_and_a_segment_holds_no_token(tmp_path):
+    from zstalk.protocol.schema.tokens import digest, make_tokens
+    [token] = make_tokens(1)
+    node = Node(tmp_path)
+    node.send(HTTP, (Op.T_ENQUEUE, 1, "f", b"{}", {"delay": 60_000}, "mine", True,
+                     {"token_sha256": digest(token)}))
+    node.enqueue("plain")
+    assert "token_sha256" not in node.wal.task_optional(node.broker.tasks.tasks["plain"])
+    again = node.restart(later_s=1)
+    assert again.broker.tasks.tasks["mine"].token == digest(token)
+    assert again.broker.tasks.tasks["plain"].token is None, "none: every token refused"
+    [(_, code, info)] = again.send(HTTP, (Op.T_INFO, 1, "mine", False, digest(token)))[HTTP]
+    assert code == R.T_TASK and info["uniqueId"] == "mine"
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert digest(token) in stored and token.encode() not in stored
+    assert token[4:].encode() not in stored, "not even without its prefix"
+
+
+def test_a_format_3_task_has_no_token_and_refuses_every_one(tmp_path):
+    from zstalk.protocol.schema.tokens import digest
+    format_3_segment(tmp_path, [wf.encode_task(task_list("old", 1))])
+    node = Node(tmp_path)
+    assert node.broker.tasks.tasks["old"].token is None
+    [(_, code, error, _)] = node.send(HTTP, (Op.T_CANCEL, 1, "old", digest("zt1_x")))[HTTP]
+    assert (code, error) == (R.T_ERROR, "forbidden")
+
+
+def test_a_token_digest_that_is_not_32_bytes_in_a_record_is_read_as_none(tmp_path):
+    odd = [*task_list("odd", 1), {"token_sha256": b"short"}]
+    header = wf.HEADER.pack(wf.MAGIC, wf.FORMAT, 77, 1, 1)
+    header += struct.pack("<I", zlib.crc32(header))
+    with open(tmp_path / segment_name(1), "wb") as f:
+        f.write(header + wf.encode_frame(wf.encode_task(odd)) + b"\0" * 64)
+    assert Node(tmp_path).broker.tasks.tasks["odd"].token is None
+
+
 def test_optional_task_fields_a_reader_does_not_know_are_kept_as_they_were(tmp_path):
     future = [*task_list("new", 1), {"level": 2, "colour": "blue", "weight": [1, 2]}]
     header = wf.HEADER.pack(wf.MAGIC, wf.FORMAT, 77, 1, 1)

@@ -107,6 +107,7 @@ class TaskImage(NamedTuple):
     pass_exp: float | None = None
     ended_by: str | None = None
     group: str = ""             # its tenant ("": none; older journals have none)
+    token_sha256: bytes | None = None   # its own token's digest (older journals: none)
 
 
 class ScheduleImage(NamedTuple):

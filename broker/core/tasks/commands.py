@@ -17,17 +17,37 @@ from __future__ import annotations
 
 from ....protocol.schema import Op, R
 from ....protocol.schema.outcome import Outcome
-from ....protocol.schema.task_messages import TaskEnqueue
+from ....protocol.schema.task_messages import TaskEnqueue, digest
+from ....protocol.schema.tokens import matches
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from . import enqueue, views
 from .model import requests
-from .store import MAX_PAGE, STATUSES, ApiPolicy, TaskError, Tasks
+from .store import MAX_PAGE, STATUSES, ApiPolicy, Task, TaskError, Tasks
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
 #: a dispatcher cannot ask for more calls than this at once (bounds one push turn)
 MAX_SLOTS = 1 << 16
+#: a task token that is not the task's own (another task's, a wrong one; or the task has
+#: none: enqueued before tokens, or by a schedule)
+WRONG_TOKEN = TaskError("forbidden", "this token is not the task's own")
+
+
+def token_of(op: tuple, at: int) -> bytes | None | TaskError:
+    """The task token's digest an op carries at `at` (None: none, the key decides); a
+    malformed one is refused like a wrong one."""
+    sent = op[at] if len(op) > at else None
+    if sent is None:
+        return None
+    return digest(sent) or WRONG_TOKEN
+
+
+def refusal(task: Task | None, uid, token: bytes) -> TaskError | None:
+    """Why a request with task token `token` may not act on task `uid` (None: it may)."""
+    if task is None:
+        return TaskError("not_found", f"no task {uid!r}")
+    return None if matches(task.token, token) else WRONG_TOKEN
 
 
 class TaskSession:
@@ -120,12 +140,12 @@ class TaskCommands:
         task = self.store.enqueue(order.function, order.params, order.options, now,
                                   uid=order.unique_id, request=order.request,
                                   client_ip=enqueue.client_ip(order, self.api),
-                                  online=order.online, headers=order.headers)
+                                  online=order.online, headers=order.headers,
+                                  token=order.token_sha256)
         if isinstance(task, TaskError):
             return (op[1], R.T_ERROR, *task)
-        info = views.enqueued(self.store, task, now)     # before a dispatcher takes it
-        self.feed(now)
-        return (op[1], R.T_TASK, info)
+        self.feed(now)      # (first: an online task admitted now answers with its pass)
+        return (op[1], R.T_TASK, views.enqueued(self.store, task, now))
 
     def cross_origin(self) -> tuple[dict[str, list[str]], list[str]]:
         """What the HTTP fronts' CORS needs (Settings): each function's allow_origins
@@ -158,9 +178,16 @@ class TaskCommands:
         return enqueue.room_for(self.admission, params_len)
 
     def t_info(self, s, op, now):
-        if op[3] is not True and self.api.private_results:
-            return (s.conn, R.T_ERROR, *enqueue.NEEDS_KEY)
+        """A task's info: by the master key, by the task's own token (a wrong one is
+        refused even where a keyless read is not), or as the [api] policy lets any."""
+        token = token_of(op, 4)
         task = self.store.tasks.get(op[2]) if type(op[2]) is str else None
+        if token is not None:
+            refused = token if isinstance(token, TaskError) else refusal(task, op[2], token)
+            if refused is not None:
+                return (s.conn, R.T_ERROR, *refused)
+        elif op[3] is not True and self.api.private_results:
+            return (s.conn, R.T_ERROR, *enqueue.NEEDS_KEY)
         if task is not None:
             self.store.seen(task, now)      # (a waiting user looked: it keeps its place)
         info = views.info(self.store, op[2], now, keyed=op[3] is True) \
@@ -170,6 +197,15 @@ class TaskCommands:
         return (s.conn, R.T_TASK, info)
 
     def t_cancel(self, s, op, now):
+        """Cancel a queued task, or end an admitted online one; a waiting visitor leaves
+        its line at once, and everyone behind moves up.  With a task token (else the
+        front checked the master key), that task only."""
+        token = token_of(op, 3)
+        if token is not None:
+            refused = token if isinstance(token, TaskError) else refusal(
+                self.store.tasks.get(op[2]) if type(op[2]) is str else None, op[2], token)
+            if refused is not None:
+                return (s.conn, R.T_ERROR, *refused)
         task = self.store.cancel(op[2], now) if type(op[2]) is str else None
         if task is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")

@@ -106,7 +106,8 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
              request: Any, client_ip: str | None, online: bool, *, seq: int,
              wall_offset: float, taken: dict, room: Room,
              upstream: UpstreamCalls, groups: dict | None = None,
-             headers: dict | None = None) -> Task | TaskError:
+             headers: dict | None = None,
+             token: bytes | None = None) -> Task | TaskError:
     """The task an enqueue makes, every check of the task made (nothing changed yet).
     `request`: unchecked, or (Request, body) as requests.parse made it; `taken`: the
     tasks by uniqueId; `groups`: the function's named groups with live tasks (the
@@ -146,7 +147,7 @@ def new_task(spec: FunctionSpec, params: bytes, options: Any, now: float, uid: s
                    f"({queue_timeout_ms} ms): the task would time out before it ran")
     priority = parsed.get("priority", int((now + wall_offset) * 1000))
     task = Task(uid, spec.name, params, priority, seq, now)
-    task.request, task.client_ip = request, client_ip
+    task.request, task.client_ip, task.token = request, client_ip, token
     if online:
         task.online, task.last_seen = True, now
     if spec.upstream in upstream.keyed:

@@ -139,19 +139,22 @@ class Tasks:
     def enqueue(self, function: str, params: bytes, options: Any, now: float,
                 uid: str | None = None, request: Any = None,
                 client_ip: str | None = None, online: bool = False,
-                headers: dict | None = None) -> Task | TaskError:
+                headers: dict | None = None,
+                token: bytes | None = None) -> Task | TaskError:
         """A new task, or the error that refused it (then nothing changed).  `uid` is a
         random id the caller made (the core has no randomness of its own for ids).
         `request`: a request task's request object (requests.py), whose body becomes the
         params: unchecked, or as `requests.parse` made it; `headers`: the group headers'
-        values the HTTP front saw (TaskEnqueue)."""
+        values the HTTP front saw (TaskEnqueue); `token`: the SHA-256 of the task's own
+        token (protocol/schema/tokens.py), kept with it."""
         spec = self.function(function)
         if spec is None:
             return TaskError("unknown_function", f"no function named {function!r}")
         task = new_task(spec, params, options, now, uid, request, client_ip, online,
                         seq=self.ledger.next_seq, wall_offset=self.wall_offset, taken=self.tasks,
                         room=self.room, upstream=self.upstream,
-                        groups=self.ledger.groups.get(function), headers=headers)
+                        groups=self.ledger.groups.get(function), headers=headers,
+                        token=token)
         if isinstance(task, TaskError):
             return task
         if not self.journal.room[TASK_NEW](task):

@@ -71,13 +71,22 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
 
 def enqueued(store: Tasks, task: Task, now: float) -> dict:
     """What an enqueue answers, the fields of the 201 (task_info.ENQUEUED): the id, the
-    status and, queued, the place and the wait; not the whole TaskInfo, which the front
-    would decode to throw away (an enqueue's answer is the hot path: a dict, made here)."""
-    out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status}
+    status, createdAt and, queued, the place and the wait, or, an online task admitted
+    in the same turn, its pass's expiry and admitUrl (the front signs the pass); not the
+    whole TaskInfo, which the front would decode to throw away (an enqueue's answer is
+    the hot path: a dict, made here).  Made after the turn's hand-out (commands.py), so
+    it says what a GET right after would."""
+    out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status,
+                           "createdAt": task.created + store.wall_offset}
     if task.status == QUEUED:
         out["waitNum"], wait_ms = _place(store, task, now)
         if wait_ms is not None:
             out["waitTime"] = wait_ms
+    elif task.online and task.status == ADMITTED:
+        out["passExpiresAt"] = task.pass_exp + store.wall_offset
+        spec = store.specs.get(task.function)
+        if spec is not None and spec.admit_url:
+            out["admitUrl"] = spec.admit_url
     return out
 
 

@@ -65,7 +65,7 @@ ENQUEUE_KEYS = ("function", "type", "params", "request", "options")
 MAX_BATCH = 1000            # tasks in one POST /v1/tasks array
 
 
-ENQUEUED_FIELDS = ENQUEUED      # the 201 body (protocol/schema/task_info.py)
+ENQUEUED_FIELDS = ENQUEUED      # the 201 body (protocol/schema/task_info.py), and a token
 
 
 TIME_FIELDS = TIMES             # TaskInfo's times, wall-clock seconds from the broker

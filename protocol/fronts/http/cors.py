@@ -5,19 +5,20 @@ enqueue, follow and end its tasks from the browser, from the origins its functio
 The broker owns the config, so it sends the origins in Settings (schema version 5), and
 again on SIGHUP: `allow_origins`, function -> its origins ("" for any other name under
 base_url; "*": any origin), and `enqueue_origins`, those of the functions a request
-without the master key can enqueue to.  Three routes take part, each with the one method
+without the master key can enqueue to.  Three routes take part, each with the methods
 a page needs and the request headers it may send:
 
-    route                        method  headers a page may send    preflight judged by
-    /v1/tasks                    POST    Content-Type               enqueue_origins
-    /v1/tasks/{uniqueId}         GET     Content-Type               every function's origins
-    /v1/tasks/{uniqueId}/done    POST    Content-Type,              every function's origins
-                                         Authorization (its pass),
-                                         X-Zstalk-Pass
+    route                        methods  headers a page may send   preflight judged by
+    /v1/tasks                    POST     Content-Type              enqueue_origins
+    /v1/tasks/{uniqueId}         GET,     Content-Type,             every function's origins
+                                 DELETE   Authorization (its token)
+    /v1/tasks/{uniqueId}/done    POST     Content-Type,             every function's origins
+                                          Authorization (its pass),
+                                          X-Zstalk-Pass
 
 A preflight (OPTIONS with an Origin and Access-Control-Request-Method) carries no body, so
 it is judged by its route (the last column); allowed, it is answered 204 with the route's
-method and headers, which the browser may keep for MAX_AGE_S; refused (an origin, a method
+methods and headers, which the browser may keep for MAX_AGE_S; refused (an origin, a method
 or a header the route does not allow), 403 in the API's JSON and without CORS headers, so
 the browser stops there.  Any other OPTIONS is answered 204 with `Allow`.
 
@@ -31,9 +32,10 @@ too_many_waiting).  Every reply to a request with an Origin on these routes says
 
 No Access-Control-Allow-Credentials: nothing here rides on cookies.  And no master key
 in a page: enqueue lets no Authorization header through, reading a task needs no key
-(unless [api] private_results), done takes the task's own pass.  The routes that need the
-key (listing, cancel, functions, schedules) take no part, nor does verify, which
-is for a gateway: a page learns its pass from its task.
+(unless [api] private_results) or its own token, cancelling or leaving it its token
+(the 201 gave the page), done takes the task's own pass.  The routes that need the key
+(listing, functions, schedules) take no part, nor does verify, which is for a gateway: a
+page learns its pass from its task.
 """
 from __future__ import annotations
 
@@ -49,16 +51,16 @@ EXPOSED = "Location, WWW-Authenticate"      # what a page may read beside the sa
 
 
 class Route(NamedTuple):
-    method: str
+    methods: tuple[str, ...]
     headers: tuple[str, ...]
     enqueue: bool       # a preflight is judged by enqueue_origins (else every function's)
 
 
 ROUTES = {
-    "/v1/tasks": Route("POST", ("Content-Type",), True),
-    "/v1/tasks/{uniqueId}": Route("GET", ("Content-Type",), False),
-    "/v1/tasks/{uniqueId}/done": Route("POST", ("Content-Type", "Authorization",
-                                                "X-Zstalk-Pass"), False),
+    "/v1/tasks": Route(("POST",), ("Content-Type",), True),
+    "/v1/tasks/{uniqueId}": Route(("GET", "DELETE"), ("Content-Type", "Authorization"), False),
+    "/v1/tasks/{uniqueId}/done": Route(("POST",), ("Content-Type", "Authorization",
+                                                   "X-Zstalk-Pass"), False),
 }
 _NOTED = web.RequestKey("zstalk_cors_functions", tuple)
 
@@ -88,8 +90,8 @@ def preflight_refusal(settings: Settings, route: Route, origin: str, method: str
         what = "enqueue" if route.enqueue else "read or end tasks"
         return refuse(403, f"origin {origin} may not {what} here: no function lists it in "
                            "allow_origins")
-    if method != route.method:
-        return refuse(403, f"a page may only {route.method} here, not {method}")
+    if method not in route.methods:
+        return refuse(403, f"a page may only {' or '.join(route.methods)} here, not {method}")
     allowed = {h.lower() for h in route.headers}
     extra = [h.strip() for h in asked.split(",") if h.strip().lower() not in allowed | {""}]
     if extra:
@@ -124,7 +126,7 @@ class Cors:
         if origin is None or route is None or request.method == "OPTIONS":
             return response
         _vary(response)
-        if request.method == route.method and allowed(self.settings(), route, origin,
+        if request.method in route.methods and allowed(self.settings(), route, origin,
                                                       request.get(_NOTED)):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSED
@@ -146,7 +148,8 @@ class Cors:
             return web.json_response({"error": refused.code, "message": refused.message},
                                      status=refused.status, headers={"Vary": "Origin"})
         return web.Response(status=204, headers={
-            "Access-Control-Allow-Origin": origin, "Access-Control-Allow-Methods": route.method,
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": ", ".join(route.methods),
             "Access-Control-Allow-Headers": ", ".join(route.headers),
             "Access-Control-Max-Age": str(MAX_AGE_S), "Vary": "Origin"})
 

@@ -11,7 +11,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
     GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
-    DELETE /v1/tasks/{uniqueId}                                          -> T_CANCEL  -> 200
+    DELETE /v1/tasks/{uniqueId}   cancel, or leave the waiting room  -> T_CANCEL  -> 200
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/http/openapi.py)   -> 200
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http/schedules.py
     GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
@@ -44,6 +44,15 @@ LeanCloud's Cloud Queue, where a client may query by uniqueId (`public_enqueue`,
 `private_results` change that).  A wrong key is refused everywhere.  The OpenAPI
 document needs no key.
 
+A task's own token (protocol/schema/tokens.py) is made here, one per task enqueued,
+answered once in the 201 (each item of an array's 200), and sent to the broker only as
+its SHA-256 in the op's ext: the broker, its binlog and its replicas never see a token,
+and a dump of them gives nobody a task.  `Authorization: Bearer zt1_...` (anything but
+the master key that starts so) reads the task (T_INFO) and cancels or leaves it
+(T_CANCEL) with no master key: the front sends the digest and the broker compares it
+with the task's own, a wrong one or another task's 403.  It does not open done or
+verify, which take the pass.
+
 Losing the broker (`on_lost`) or being fenced fails every request in flight with 503:
 the link throws away what it had sent, so no reply will come for them.  Requests made
 while the link waits for a broker are held by the link (sent after Welcome, or answered
@@ -65,7 +74,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, function_json,
-                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem,
+                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem, rfc3339,
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
@@ -76,7 +85,9 @@ from ...network.listen import HttpLimits
 from ...links import open_link
 from ...links.owner import READY, LinkOwner
 from ...schema import Op, R, SessionState, Welcome
+from ...schema.task_info import ENQUEUED_TOKEN
 from ...schema.task_messages import MAX_GROUP_HEADER_CHARS, TaskEnqueue
+from ...schema.tokens import digest, is_token, make_tokens
 
 log = logging.getLogger("zstalk.http")
 #: whether the request being handled (each has its own task, so its own context) sent an
@@ -107,13 +118,15 @@ NEEDS_KEY = refuse(401, "this needs Authorization: Bearer <master key>")
 
 
 def enqueue_op(task: Enqueue, keyed: bool, client: dict | None = None,
-               uid: str | None = None) -> tuple:
+               uid: str | None = None, token: str | None = None) -> tuple:
     """The op for one task, with the random uniqueId the broker uses unless the options
-    name one (`uid`, else one made here); `client`: who sent it (`client_of`)."""
+    name one (`uid`, else one made here); `client`: who sent it (`client_of`); `token`:
+    the task's own, of which the broker gets only the digest."""
     client = client or {}
     return TaskEnqueue(task.function, task.params, task.options, uid or secrets.token_hex(16),
                        keyed, task.request, task.online, client.get("client"),
-                       client.get("forwarded"), client.get("headers")).op(CONN)
+                       client.get("forwarded"), client.get("headers"),
+                       None if token is None else digest(token)).op(CONN)
 
 
 def random_ids(n: int) -> list[str]:
@@ -146,13 +159,10 @@ def client_of(request: web.Request, group_headers: list | None = ()) -> dict:
     return out
 
 
-def reply_response(reply: tuple, status: int = 200, fields: tuple = ()) -> web.Response:
-    """The broker's reply to one request: its TaskInfo (only `fields` of it, if given),
-    or its error."""
+def reply_response(reply: tuple, status: int = 200) -> web.Response:
+    """The broker's reply to one request: its TaskInfo, or its error."""
     if reply[1] == R.T_TASK:
-        info = reply[2]
-        body = {k: info[k] for k in fields if k in info} if fields else task_json(info)
-        return web.json_response(body, status=status)
+        return web.json_response(task_json(reply[2]), status=status)
     return problem_response(reply_problem(reply))
 
 
@@ -163,6 +173,19 @@ def schedule_response(reply: tuple, status: int = 200) -> web.Response:
 
 
 # -- auth ----------------------------------------------------------------------------------
+def task_token(request: web.Request, master_key: bytes | None) -> bytes | None:
+    """The digest of the task token the request presents as its bearer credential (None:
+    it presents none, or the master key, which wins should it start as a token does)."""
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not is_token(credential):
+        return None
+    if master_key is not None and hmac.compare_digest(
+            credential.encode("utf-8", "surrogatepass"), master_key):
+        return None
+    return digest(credential)
+
+
 def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
     """None if the request may change tasks (RFC 6750 bearer token), else the refusal."""
     if master_key is None:
@@ -381,23 +404,36 @@ class HttpFront(LinkOwner):
         client = client_of(request, self.link.settings.group_headers if self.welcomed else None)
         if isinstance(task, list):
             return web.json_response(await self.enqueue_many(task, key, client))
-        reply = await self.call(enqueue_op(task, key, client))
-        response = reply_response(reply, 201, ENQUEUED_FIELDS)
-        if response.status == 201:
-            response.headers["Location"] = f"/v1/tasks/{quote(reply[2]['uniqueId'], safe='')}"
-        return response
+        [token] = make_tokens(1)
+        reply = await self.call(enqueue_op(task, key, client, token=token))
+        if reply[1] != R.T_TASK:
+            return problem_response(reply_problem(reply))
+        body = self.enqueued(reply[2], task.function, token)
+        return web.json_response(body, status=201, headers={
+            "Location": f"/v1/tasks/{quote(body['uniqueId'], safe='')}"})
+
+    def enqueued(self, info: dict, function: str, token: str) -> dict:
+        """The 201's body: the broker's ENQUEUED fields (an online task admitted at once
+        with its pass, as a GET would show it), and the task's own token."""
+        body = {k: info[k] for k in ENQUEUED_FIELDS if k in info}
+        if "passExpiresAt" in body:
+            body = self.room.with_pass({**body, "function": function})
+            del body["function"]
+        body = task_json(body)
+        body[ENQUEUED_TOKEN.name] = token
+        return body
 
     async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool,
                            client: dict | None = None) -> list[dict]:
         """Every well-formed task's op leaves in this loop turn (one Batch: one broker
         round trip); each item's result is `{"status": HTTP status, ...its body}`."""
         loop = asyncio.get_running_loop()
-        ids = random_ids(len(tasks))
+        ids, tokens = random_ids(len(tasks)), make_tokens(len(tasks))
         calls = [task if isinstance(task, Problem)
-                 else self.send(enqueue_op(task, key, client, uid), loop)
-                 for task, uid in zip(tasks, ids)]
+                 else self.send(enqueue_op(task, key, client, uid, token), loop)
+                 for task, uid, token in zip(tasks, ids, tokens)]
         results = []
-        for call in calls:
+        for call, token in zip(calls, tokens):
             if isinstance(call, Problem):
                 results.append({"status": call.status, "error": call.code,
                                 "message": call.message})
@@ -409,6 +445,9 @@ class HttpFront(LinkOwner):
                         "waitNum": info.get("waitNum", 0)}
                 if "waitTime" in info:
                     item["waitTime"] = info["waitTime"]
+                if "createdAt" in info:
+                    item["createdAt"] = rfc3339(info["createdAt"])
+                item[ENQUEUED_TOKEN.name] = token
                 results.append(item)
             else:
                 problem = reply_problem(reply)
@@ -432,12 +471,16 @@ class HttpFront(LinkOwner):
                                   "next": None if reply[3] is None else str(reply[3])})
 
     async def info(self, request: web.Request) -> web.Response:
-        key = keyed(request, self.master_key)
-        if key is False and self.link.settings.private_results:
-            key = refuse(401, "this needs Authorization: Bearer <master key>")
-        if isinstance(key, Problem):
-            return problem_response(key)
-        reply = await self.call((_T_INFO, CONN, request.match_info["uniqueId"], key))
+        uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
+        if token is not None:           # (the task's own token: the broker compares)
+            reply = await self.call((_T_INFO, CONN, uid, False, token))
+        else:
+            key = keyed(request, self.master_key)
+            if key is False and self.link.settings.private_results:
+                key = refuse(401, "this needs Authorization: Bearer <master key>")
+            if isinstance(key, Problem):
+                return problem_response(key)
+            reply = await self.call((_T_INFO, CONN, uid, key))
         if reply[1] == R.T_TASK:
             note(request, reply[2]["function"])
             reply = (*reply[:2], self.room.with_pass(reply[2]))
@@ -467,10 +510,18 @@ class HttpFront(LinkOwner):
             (_T_INFO, CONN, uid, True)))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key)
-        if denied:
-            return problem_response(denied)
-        return reply_response(await self.call((_T_CANCEL, CONN, request.match_info["uniqueId"])))
+        """Cancel a task, or leave the waiting room: with the master key, or with the
+        task's own token (that task only)."""
+        uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
+        if token is None:
+            denied = check_key(request, self.master_key)
+            if denied:
+                return problem_response(denied)
+        reply = await self.call((_T_CANCEL, CONN, uid) if token is None
+                                else (_T_CANCEL, CONN, uid, token))
+        if reply[1] == R.T_TASK:
+            note(request, reply[2]["function"])
+        return reply_response(reply)
 
     # -- schedules (protocol/fronts/http/schedules.py): the master key for all -------------------
     async def schedule(self, request: web.Request) -> web.Response:

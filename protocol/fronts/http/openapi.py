@@ -17,13 +17,13 @@ being documented here fails the tests.
 from __future__ import annotations
 
 from ...schema import VERSION
-from ...schema.task_info import (ENQUEUED, FIELDS, FRONT_FIELDS, STATUS_ORDER, UNIQUE_ID_SCHEMA,
-                                 WAIT_TIME, time_schema)
+from ...schema.task_info import (ENQUEUED, ENQUEUED_TOKEN, FIELDS, FRONT_FIELDS, STATUS_ORDER,
+                                 UNIQUE_ID_SCHEMA, WAIT_TIME, time_schema)
 from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
                              DEFAULT_TIMEOUT_MS, FUNCTION_NAME, GROUP, INT64, MAX_ATTEMPTS,
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
-                             QUEUE_TIMEOUT, QUEUED, SAFE_HEADERS, SCHEDULE_NAME, STATUSES,
-                             UNIQUE_ID)
+                             QUEUE_TIMEOUT, QUEUED, RUNNING, SAFE_HEADERS, SCHEDULE_NAME,
+                             STATUSES, UNIQUE_ID, ADMITTED)
 from .api import MAX_BATCH, PAGE_LIMIT
 from .cors import MAX_AGE_S, ROUTES
 
@@ -203,16 +203,23 @@ def task_info() -> dict:
 
 
 def enqueued() -> dict:
-    schemas = {f.name: f.schema for f in FIELDS if f.name in ENQUEUED}
+    schemas = {f.name: f.schema for f in (*FIELDS, *FRONT_FIELDS)
+               if f.name in ENQUEUED or f in FRONT_FIELDS}
     return {
         "type": "object",
         "additionalProperties": False,
-        "required": ["uniqueId", "status", "waitNum"],
+        "required": ["uniqueId", "status", "createdAt", "token"],
+        "description": "Made after the hand-out of the enqueue's turn, so it says what a GET "
+                       "right after would: queued with its place (waitNum, waitTime); "
+                       "running when a dispatcher took it at once; an online task admitted "
+                       "at once with its pass, passExpiresAt and admitUrl. And the task's "
+                       "own token, given only here.",
         "properties": {
             **schemas,
-            "status": {"type": "string", "enum": [QUEUED]},
+            "status": {"type": "string", "enum": [QUEUED, RUNNING, ADMITTED]},
             "waitNum": {"type": "integer", "minimum": 0,
-                        "description": "Tasks of its function ahead of it."},
+                        "description": "Tasks of its function ahead of it (queued only)."},
+            ENQUEUED_TOKEN.name: ENQUEUED_TOKEN.schema,
         },
     }
 
@@ -223,7 +230,9 @@ def batch_item() -> dict:
           "properties": {"status": {"type": "integer", "enum": [201]},
                          "uniqueId": UNIQUE_ID_SCHEMA,
                          "waitNum": {"type": "integer", "minimum": 0},
-                         "waitTime": WAIT_TIME}}
+                         "waitTime": WAIT_TIME,
+                         "createdAt": time_schema("When it was enqueued"),
+                         ENQUEUED_TOKEN.name: ENQUEUED_TOKEN.schema}}
     refused = {"type": "object", "additionalProperties": False,
                "required": ["status", "error", "message"],
                "properties": {"status": {"type": "integer", "minimum": 400, "maximum": 599},
@@ -417,6 +426,16 @@ def _key() -> list:
     return [{"masterKey": []}]
 
 
+def _token() -> list:
+    return [{"taskToken": []}]
+
+
+#: a task token that is not the task's own
+_WRONG_TOKEN = ("A wrong master key; a task token that is not this task's own (another "
+                "task's, a wrong one, or this task has none); or, with no master key "
+                "configured, a Host header that does not name loopback.")
+
+
 def _unique_id() -> dict:
     """The path parameter; its example names a task the tests make."""
     return {"name": "uniqueId", "in": "path", "required": True, "example": "order-1234",
@@ -475,23 +494,32 @@ def get_task() -> dict:
         "operationId": "getTask",
         "summary": "A task's status and result",
         "description": "Needs no key: a random uniqueId is the capability (unless the config "
-                       "says `[api] private_results = true`). A wrong key is refused.",
-        "security": [{}, *_key()],
+                       "says `[api] private_results = true`), or the task's own token "
+                       "(Authorization: Bearer zt1_..., from its 201), which reads it under "
+                       "private_results too. A wrong key or token is refused.",
+        "security": [{}, *_key(), *_token()],
         "parameters": [_unique_id()],
-        "responses": _responses({"200": _json(_ref("TaskInfo"), "The task.")},
-                                "401", "403", "404", "503"),
+        "responses": {**_responses({"200": _json(_ref("TaskInfo"), "The task.")},
+                                   "401", "403", "404", "503"),
+                      "403": _json(_ref("Error"), _WRONG_TOKEN)},
     }
 
 
 def cancel() -> dict:
     return {
         "operationId": "cancelTask",
-        "summary": "Cancel a task that is queued or waiting for a retry",
-        "security": _key(),
+        "summary": "Cancel a task that is queued or waiting for a retry, or leave the "
+                   "waiting room",
+        "description": "With the master key, or the task's own token (Authorization: Bearer "
+                       "zt1_..., from its 201: this task only). An online task waiting in "
+                       "line leaves it at once and everyone behind moves up; an admitted "
+                       "one frees its slot and its pass is revoked.",
+        "security": [*_key(), *_token()],
         "parameters": [_unique_id()],
-        "responses": _responses({"200": _json(_ref("TaskInfo"), "Cancelled: the task, with "
-                                              "status cancelled.")},
-                                "401", "403", "404", "409", "503"),
+        "responses": {**_responses({"200": _json(_ref("TaskInfo"), "Cancelled: the task, "
+                                                 "with status cancelled.")},
+                                   "401", "403", "404", "409", "503"),
+                      "403": _json(_ref("Error"), _WRONG_TOKEN)},
     }
 
 
@@ -544,12 +572,14 @@ def preflight(path: str, operation_id: str) -> dict:
               "to" if route.enqueue else "any function's origins")
     return {
         "operationId": operation_id,
-        "summary": f"CORS preflight: may a page {route.method} here?",
-        "description": f"A browser asks before a page at another origin may {route.method} "
+        "summary": f"CORS preflight: may a page {' or '.join(route.methods)} here?",
+        "description": f"A browser asks before a page at another origin may "
+                       f"{' or '.join(route.methods)} "
                        f"here. Allowed when the Origin is among {judged} (each function's "
                        "`allow_origins` in the config; the request itself is then judged by "
                        "its function's), the method is "
-                       f"{route.method} and the headers are among {', '.join(route.headers)}. "
+                       f"{' or '.join(route.methods)} and the headers are among "
+                       f"{', '.join(route.headers)}. "
                        "Without Origin and Access-Control-Request-Method: a plain OPTIONS, "
                        "answered 204 with Allow.",
         "security": [],
@@ -733,6 +763,12 @@ def document() -> dict:
                 "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "
                                "file --master-key-file or ZSTALK_MASTER_KEY_FILE names). With none "
                                "configured no key is asked for, and only loopback Host names "
-                               "are answered."}},
+                               "are answered."},
+                "taskToken": {
+                    "type": "http", "scheme": "bearer",
+                    "description": "A task's own token, `zt1_` and 43 characters of base64url, "
+                                   "given once in its enqueue's answer (`token`): it reads, "
+                                   "cancels or leaves that task only. The server keeps only "
+                                   "its SHA-256. Not a pass (done and verify take the pass)."}},
         },
     }

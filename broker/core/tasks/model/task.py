@@ -89,7 +89,7 @@ class Task:
                  "status_code", "result", "error", "holder", "level",
                  "queue_deadline", "key", "request", "result_headers", "peer",
                  "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by",
-                 "group")
+                 "group", "token")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -101,6 +101,7 @@ class Task:
         self.level = 0                  # 0-9, higher first
         self.key = (0, priority, seq)   # its place in its function's queue (`place`)
         self.group = ""                 # its tenant: the rotation serves groups in turn
+        self.token: bytes | None = None     # its own token's SHA-256 (schema/tokens.py)
         self.queue_deadline = 0.0       # fails if still queued then (0: no queueTimeout)
         self.request = None             # a request task's method, path, ... (requests.py)
         self.result_headers: dict | None = None
@@ -177,7 +178,7 @@ def restored(image, wall: float, max_level: int) -> Task:
     task.request = Request.from_fields(image.request)
     task.balance_key, task.client_ip, task.ended_by = (image.balance_key, image.client_ip,
                                                        image.ended_by)
-    task.online, task.group = image.online, image.group
+    task.online, task.group, task.token = image.online, image.group, image.token_sha256
     task.pass_exp = image.pass_exp - wall if image.pass_exp is not None else 0.0
     kept = image.result_headers
     if isinstance(kept, dict) and all(type(k) is str and type(v) is str for k, v in kept.items()):
