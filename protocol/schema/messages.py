@@ -30,14 +30,14 @@ msgpack = None
 SCHEMA_VERSION = 7
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 6 had no task token: T_INFO and T_CANCEL end before their
+#: version back.  Version 6 (the first with NotLeader) had no group_headers in Settings
+#: (its seven first fields), and no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
 #: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
 #: index past a trailing token and cancel a task on a token it never checked, so a
 #: front that sends tokens must not reach one (it refuses us as too new).  Version 5 had
 #: no NotLeader: a standby does not answer such a peer at
-#: all (its link says Hello again until the instance it asks leads), and its Settings had
-#: no group_headers (its seven first fields).  Version 4 had no
+#: all (its link says Hello again until the instance it asks leads).  Version 4 had no
 #: CORS origins in Settings (its five first fields: a peer builds Settings from every
 #: field it gets, so an older one is sent only those it has).  Version 3 had no
 #: T_FUNCTIONS / T_FUNCTION, no `ext` in T_ENQUEUE, T_CALL and T_OUTCOME (so no request
@@ -67,7 +67,7 @@ class Settings(NamedTuple):
     # Built by the broker, never changed in place.
     allow_origins: dict = {}
     enqueue_origins: list = []
-    # (version 6) the request headers, lower case, some function's group_by names
+    # (version 7) the request headers, lower case, some function's group_by names
     # ("header:NAME"): an HTTP front sends their values with an enqueue (TaskEnqueue)
     group_headers: list = []
 
@@ -269,7 +269,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7}
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:
