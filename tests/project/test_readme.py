@@ -260,7 +260,10 @@ def test_the_hello_world_runs_as_written(shell):
     out = shell.run(block("/v1/tasks/hello-1").text)
     assert out.returncode == 0, out.stderr
     enqueued, info = json_documents(out.stdout)
-    assert enqueued == {"uniqueId": "hello-1", "status": "queued", "waitNum": 0}
+    token, created = enqueued.pop("token"), enqueued.pop("createdAt")
+    # (the idle dispatcher takes it in the turn of its enqueue, so the 201 says running)
+    assert enqueued == {"uniqueId": "hello-1", "status": "running"}
+    assert re.fullmatch(r"zt1_[A-Za-z0-9_-]{43}", token) and created.endswith("Z")
     get = block("/v1/tasks/hello-1").text.strip().splitlines()[-1]
     deadline = time.monotonic() + 20
     while info["status"] in ("queued", "running") and time.monotonic() < deadline:
