@@ -66,6 +66,18 @@ class Leadership:
             return "standby: claiming the lease" + following
         return f"standby: instance {h.instance} leads (epoch {h.epoch}){following}"
 
+    def metrics(self) -> bytes:
+        """/metrics while standing by (the leader's replace them at the takeover): that it
+        does not lead, the epoch it saw last, and how far its fold is behind the stream."""
+        from ...protocol.codecs.prometheus import Sample, render
+        from ..metrics import build_info
+        samples = [build_info("serve"), Sample("zstalk_journal_leading", (), 0),
+                   Sample("zstalk_journal_epoch", (), self.lease.watch.epoch)]
+        if self.follower is not None:
+            samples.append(Sample("zstalk_journal_standby_lag_messages", (self.instance,),
+                                  self.follower.lag))
+        return render(samples)
+
     def pointer(self) -> tuple[str, int]:
         """Where the leader is reached, for a standby's NotLeader (broker/standby.py): its
         --advertise address and epoch; "" while none is known: no lease seen, none

@@ -104,13 +104,14 @@ def serve_here(listeners: list[socket.socket], opts: ServeOptions,
 async def _lead(make, config, listeners, counter_listeners, opts: ServeOptions):
     """--journal: stand by until the lease is ours, then take over and serve
     (leading.py): (the actor, or None if it never led, and the exit code).  Meanwhile
-    the health port answers (/readyz and /leader 503, the standby's reason) and the
+    the health port answers (/readyz and /leader 503, the standby's reason; /metrics the
+    standby's: Leadership.metrics) and the
     client ports stay closed (bound, not listening: a connection is refused)."""
     from .leading import Leadership
     from ..wal.stream import JournalError
     loop = asyncio.get_running_loop()
     lead = Leadership(opts.journal, opts.max_job_size)
-    probes, code = await _start_probes(opts, None, ready=lead.standing_by,
+    probes, code = await _start_probes(opts, lead.metrics, ready=lead.standing_by,
                                        leader=lead.standing_by)
     if code is not None:
         return None, code

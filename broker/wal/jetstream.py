@@ -775,6 +775,7 @@ class JetStreamJournal:
                 Sample("zstalk_journal_ack_seconds", (), self.ack_seconds),
                 Sample("zstalk_journal_appends_in_flight", (), len(self.inflight)),
                 Sample("zstalk_journal_compaction_copies_total", (), self.records_migrated),
+                Sample("zstalk_journal_leading", (), 1),
                 Sample("zstalk_journal_epoch", (), self.epoch),
                 Sample("zstalk_journal_takeover_seconds", (), self.took_over_s),
                 *[Sample("zstalk_journal_standby_lag_messages", (said.instance,),

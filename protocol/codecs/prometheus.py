@@ -82,13 +82,17 @@ METRICS: tuple[Metric, ...] = (
            "acknowledged (replies wait for them)."),
     Metric("zstalk_journal_compaction_copies_total", "counter", "Records the journal's "
            "compaction copied forward (binlog-records-migrated)."),
+    Metric("zstalk_journal_leading", "gauge", "1 on the instance that leads (its broker "
+           "built), 0 on a standby (--journal)."),
     Metric("zstalk_journal_epoch", "gauge", "The lease's epoch this broker leads under: one "
-           "more at each failover or handover."),
+           "more at each failover or handover (a standby: the epoch of the leader it saw "
+           "last, 0 for none)."),
     Metric("zstalk_journal_takeover_seconds", "gauge", "How long this broker took to lead, "
            "from the lease claimed to the broker built (the stream's tail read, the fence)."),
     Metric("zstalk_journal_standby_lag_messages", "gauge", "Messages of the stream a warm "
            "standby had not folded in when it last said (every 2 s), by its instance id "
-           "(not `instance`: Prometheus sets that label).", ("standby",)),
+           "(not `instance`: Prometheus sets that label); on a standby, its own, now.",
+           ("standby",)),
     # -- the broker: cloud tasks and schedules -----------------------------------------------
     Metric("zstalk_tasks_enqueued_total", "counter", "Tasks enqueued, by function.",
            ("function",)),

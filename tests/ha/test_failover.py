@@ -35,6 +35,8 @@ import pytest
 from nats_cluster import Cluster, cluster  # noqa: F401 (a fixture)
 from servers import LOOPBACK, RawClient, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_binlog_end_to_end import Pipeline, check_durable
+from test_metrics import label_values, parse, values
+from test_metrics_end_to_end import one, promtool_accepts, scrape_text
 
 pytestmark = pytest.mark.skipif(self_check(), reason="tests zstalk's own journal")
 DEPOSED_EXIT = 12
@@ -182,6 +184,35 @@ def test_two_instances_started_at_once_exactly_one_leads(cluster, name):
     finally:
         for i in both:
             i.stop()
+
+
+def test_the_leader_s_metrics_say_it_leads_and_a_standby_s_say_it_does_not_with_its_lag(
+        cluster, name):
+    a, b = leader_and_standby(cluster, name)
+    try:
+        with RawClient(a.address, 10) as c:
+            c.send(b"put 0 0 60 5\r\nhello\r\n" * 20)
+            assert len(c.read_replies(20)) == 20
+        status, text = scrape_text(a.health)
+        led = parse(text)
+        assert status == 200 and one(led, "zstalk_journal_leading") == 1
+        assert one(led, "zstalk_journal_epoch") == 1
+        status, text = scrape_text(b.health)
+        assert status == 200, text
+        stood = parse(text)
+        assert one(stood, "zstalk_journal_leading") == 0
+        assert one(stood, "zstalk_journal_epoch") == 1              # (the leader's, seen)
+        [lag] = values(stood, "zstalk_journal_standby_lag_messages").values()
+        assert lag >= 0
+        [me] = label_values(stood, "zstalk_journal_standby_lag_messages", "standby")
+        # the leader lists the same standby (it says every 2 s)
+        assert wait_for(lambda: me in label_values(
+            parse(scrape_text(a.health)[1]), "zstalk_journal_standby_lag_messages", "standby"),
+            10), (me, scrape_text(a.health)[1])
+        promtool_accepts(text)
+    finally:
+        a.stop()
+        b.stop()
 
 
 def reserve_all(address, upto_s: float = 30.0) -> dict[int, bytes]:
