@@ -114,6 +114,9 @@ KEYS: tuple[Key, ...] = (
         "calls that may start at once beyond the rate after a quiet spell"),
     Key(EVERY, "queue_timeout", "duration", None, "ms, s, m, h",
         "a task still queued this long after its enqueue fails, uncalled"),
+    Key(EVERY, "expected_duration", "duration", None, "ms, s, m, h",
+        "the mean call (online: the mean visit) waitTime uses until 10 holds ended in the "
+        "last minute, or the last 10 within the hour; then the measured mean"),
     Key(EVERY, "max_pause", "duration", "60s", "ms, s, m, h",
         "the longest pause after a 429 or 503 without Retry-After"),
     Key(EVERY, "request_headers", "list of header names", [], "",
@@ -473,7 +476,16 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins,
-                        *_groups(entry, where))
+                        *_groups(entry, where), *_lifecycle(entry, where))
+
+
+def _lifecycle(entry: dict, where: str) -> tuple[int]:
+    """expected_duration (0: unset), as FunctionSpec has it."""
+    expected = entry.get("expected_duration")
+    expected_ms = 0 if expected is None else duration_ms(expected, f"{where}: expected_duration")
+    if expected is not None and not expected_ms:
+        raise ConfigError(f"{where}: expected_duration must be above 0")
+    return (expected_ms,)
 
 
 def _groups(entry: dict, where: str) -> tuple:

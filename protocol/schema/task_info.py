@@ -40,8 +40,10 @@ WAIT_TIME = {"type": "integer", "minimum": 0,
                             "of it and what its concurrency does at the mean time a slot "
                             "is held (a call, or an admitted online task until done, expiry "
                             "or cancel): the last minute's, or the last ten holds' within "
-                            "the hour when fewer ended in the minute. Absent with no delay, "
-                            "no rate and no such holds to go by."}
+                            "the hour when fewer ended in the minute, or else the "
+                            "function's expected_duration. Absent when its function left "
+                            "the config, and with no delay, no rate or pause, no such holds "
+                            "to go by and no expected_duration."}
 
 FIELDS = (
     Field("uniqueId", UNIQUE_ID_SCHEMA, True),

@@ -14,13 +14,17 @@ bounds, each on its own a time the task cannot start before:
   the free slots and then ceil((k + 1 - free) / c) rounds of the mean hold of a slot
   (limits.Recent: a call, or an admitted online task until done, its pass's expiry or a
   cancel, both together since they share the line and the slots; the last minute's, or
-  the last ten holds' within the hour where the minute ended fewer): a rough bound,
-  since holds end at spread-out times.  Slots counter clients hold (fn:NAME) are not
+  the last ten holds' within the hour where the minute ended fewer; and while there is
+  no such basis, the function's `expected_duration`, the configured mean call or, for
+  an online function, the mean visit): a rough bound, since holds end at spread-out
+  times.  Slots counter clients hold (fn:NAME) are not
   free, and do not turn over with the calls: c is then the slots they leave (at least
   one).
 
-A bound with no basis (no rate and no pause, too few holds ended lately) is left out;
-with none at all there is no estimate (None: the API leaves the field out).  The bounds
+A bound with no basis (no rate and no pause; too few holds ended lately and no
+expected_duration) is left out; with none at all, and the task due now, there is no
+estimate (None: the API leaves the field out), nor for a task whose function left the
+config (no spec).  The bounds
 are taken as a maximum, not a sum: a rate slower than the calls' pace is the only limit
 that counts, and a delay runs while the tasks ahead start.
 """
@@ -126,6 +130,8 @@ def _wait(store: Tasks, spec: FunctionSpec, ahead: int, due: float,
         opens = gate.opens_at() if gate is not None else now
         bounds.append(opens - now + ahead * spec.interval)
     mean = seen.recent.mean_s(now) if seen.recent is not None else None
+    if mean is None and spec.expected_duration_ms:      # (until enough holds ended)
+        mean = spec.expected_duration_ms / 1000
     if mean is not None:
         free = max(0, spec.concurrency - seen.running - seen.held)
         turning = max(1, spec.concurrency - seen.held)      # (holds do not end)

@@ -51,6 +51,9 @@ class FunctionSpec(NamedTuple):
     group_rate: int = 0
     group_per_s: float = 1.0
     group_burst: int = 0
+    # the mean hold (a call; online, a visit) waitTime uses until Recent has a measured
+    # one (views.py; 0: none)
+    expected_duration_ms: int = 0
 
     @property
     def interval(self) -> float:
