@@ -117,6 +117,9 @@ KEYS: tuple[Key, ...] = (
     Key(EVERY, "expected_duration", "duration", None, "ms, s, m, h",
         "the mean call (online: the mean visit) waitTime uses until 10 holds ended in the "
         "last minute, or the last 10 within the hour; then the measured mean"),
+    Key(EVERY, "keep_result_after_read", "duration", None, "ms, s, m, h",
+        "a finished task is gone this long after a GET by its own token or the master key "
+        "(only ever sooner than keepResult; a listing or a read by id alone does not count)"),
     Key(EVERY, "max_pause", "duration", "60s", "ms, s, m, h",
         "the longest pause after a 429 or 503 without Retry-After"),
     Key(EVERY, "request_headers", "list of header names", [], "",
@@ -479,13 +482,15 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         *_groups(entry, where), *_lifecycle(entry, where))
 
 
-def _lifecycle(entry: dict, where: str) -> tuple[int]:
-    """expected_duration (0: unset), as FunctionSpec has it."""
-    expected = entry.get("expected_duration")
+def _lifecycle(entry: dict, where: str) -> tuple[int, int | None]:
+    """expected_duration (0: unset) and keep_result_after_read (None: unset; "0s": gone
+    right after the read), as FunctionSpec has them."""
+    expected, keep = entry.get("expected_duration"), entry.get("keep_result_after_read")
     expected_ms = 0 if expected is None else duration_ms(expected, f"{where}: expected_duration")
     if expected is not None and not expected_ms:
         raise ConfigError(f"{where}: expected_duration must be above 0")
-    return (expected_ms,)
+    return expected_ms, None if keep is None else duration_ms(
+        keep, f"{where}: keep_result_after_read")
 
 
 def _groups(entry: dict, where: str) -> tuple:

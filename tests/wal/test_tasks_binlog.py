@@ -549,3 +549,25 @@ def test_admissions_leave_promised_only_the_room_their_tasks_still_need(tmp_path
     assert again.broker.tasks.tasks["held"].status == "admitted"
     assert wal.promised == wal._reservation(len(wf.encode_task_gone("held"))) + \
         wal._task_state_reservation("held")
+
+
+def test_a_keep_shortened_by_a_read_is_journaled_and_a_restart_keeps_it_short(tmp_path):
+    """keep_result_after_read: the shorter expiry goes out as a TASK_STATE (it holds
+    `expires`), so a restart does not bring back keepResult's longer keep."""
+    node = Node(tmp_path, functions=(FunctionSpec("f", "http://fn/f", concurrency=2,
+                                                  keep_result_after_read_ms=2000),))
+    node.enqueue("read")
+    node.enqueue("unread")
+    for uid, attempt, *_ in node.subscribe(2):
+        node.report(uid, attempt, "success", 200, b"1")
+    assert node.info("read")["status"] == SUCCESS       # (by the master key: shortened)
+    expires = node.broker.tasks.tasks["read"].expires
+    assert expires == node.now + 2
+    again = node.restart(later_s=1)
+    assert again.broker.tasks.tasks["read"].expires == pytest.approx(expires)
+    assert again.broker.tasks.tasks["unread"].expires == pytest.approx(node.now + 300)
+    again.advance(1.5)
+    assert "read" not in again.broker.tasks.tasks and "unread" in again.broker.tasks.tasks
+    third = again.restart()
+    third.advance(0)
+    assert "read" not in third.broker.tasks.tasks, "its TASK_GONE was logged"

@@ -194,6 +194,8 @@ class TaskCommands:
             if type(op[2]) is str else None
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
+        if token is not None or op[3] is True:  # (its owner read it: keep_result_after_read)
+            self.store.read(task, now)
         return (s.conn, R.T_TASK, info)
 
     def t_cancel(self, s, op, now):

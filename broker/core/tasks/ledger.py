@@ -147,6 +147,12 @@ class Ledger:
         task.expires = now + task.keep_result_ms / 1000
         self.timers.add("keeping", task.expires, task.seq)
 
+    def keep_until(self, task: Task, expires: float) -> None:
+        """A finished task is forgotten at `expires` instead (store.read: sooner)."""
+        self.timers.remove("keeping", task.expires, task.seq)
+        task.expires = expires
+        self.timers.add("keeping", expires, task.seq)
+
     def slot_freed(self, task: Task) -> None:
         """A call of `task` ended, or its admission did: its function's slot and its
         group's are free (the caller offers the function)."""

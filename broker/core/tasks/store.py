@@ -325,6 +325,23 @@ class Tasks:
         self.journal.append[TASK_STATE](task)
         return task
 
+    # -- reading -------------------------------------------------------------------------
+    def read(self, task: Task, now: float) -> None:
+        """A read by the task's own token or the master key (commands.t_info; not a
+        listing, not a read by id alone) returned finished `task`: it is kept at most
+        its function's keep_result_after_read longer, never longer than it was.  The
+        new expiry is a TASK_STATE record (it holds `expires`), so a restart keeps it;
+        with the disk full the read is answered and the longer keep stays."""
+        spec = self.specs.get(task.function)
+        keep_ms = None if spec is None else spec.keep_result_after_read_ms
+        if task.status not in FINISHED or keep_ms is None:
+            return
+        expires = now + keep_ms / 1000
+        if expires >= task.expires or not self.journal.room[TASK_STATE](task):
+            return
+        self.ledger.keep_until(task, expires)
+        self.journal.append[TASK_STATE](task)
+
     # -- the waiting room (waiting.py) ---------------------------------------------------
     def admit(self, now: float) -> int:
         return self.waiting_room.admit(now, self.journal)

@@ -86,7 +86,9 @@ def task_options() -> dict:
                                      "every option, only a request with the master key may "
                                      "set it."},
             "keepResult": _ms("How long a finished task stays queryable (and its uniqueId "
-                              "taken).", DEFAULT_KEEP_RESULT_MS),
+                              "taken); a read by its token or the master key shortens it to "
+                              "the function's keep_result_after_read, if set.",
+                              DEFAULT_KEEP_RESULT_MS),
             "level": {"type": "integer", "minimum": 0, "maximum": MAX_LEVEL, "default": 0,
                       "description": "Higher levels run first among a function's due tasks "
                                      "(0 normal, 2 VIP, 3 SVIP...), then `priority`. Like "
@@ -496,7 +498,10 @@ def get_task() -> dict:
         "description": "Needs no key: a random uniqueId is the capability (unless the config "
                        "says `[api] private_results = true`), or the task's own token "
                        "(Authorization: Bearer zt1_..., from its 201), which reads it under "
-                       "private_results too. A wrong key or token is refused.",
+                       "private_results too. A wrong key or token is refused. A read "
+                       "by the token or the master key that returns a finished task "
+                       "shortens its keep to its function's keep_result_after_read, if set "
+                       "(never lengthens it); a read by id alone does not.",
         "security": [{}, *_key(), *_token()],
         "parameters": [_unique_id()],
         "responses": {**_responses({"200": _json(_ref("TaskInfo"), "The task.")},

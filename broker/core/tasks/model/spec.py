@@ -52,8 +52,10 @@ class FunctionSpec(NamedTuple):
     group_per_s: float = 1.0
     group_burst: int = 0
     # the mean hold (a call; online, a visit) waitTime uses until Recent has a measured
-    # one (views.py; 0: none)
+    # one (views.py; 0: none), and how long a finished task stays once read by its token
+    # or the master key (store.read; None: as keepResult says)
     expected_duration_ms: int = 0
+    keep_result_after_read_ms: int | None = None
 
     @property
     def interval(self) -> float:
