@@ -3,7 +3,8 @@ clock (issue 45 items 2 and 4): waitTime from the configured mean hold until MIN
 holds ended, then from the measured one; a finished task read by its own token or the
 master key is kept keep_result_after_read at most, never longer than it was, and a
 listing or a read by id alone changes nothing.  With the binlog the shorter keep
-survives a restart: tests/wal/test_tasks_binlog.py."""
+survives a restart: tests/wal/test_tasks_binlog.py.  End to end:
+tests/end_to_end/test_task_lifecycle_end_to_end.py."""
 from __future__ import annotations
 
 import pytest
