@@ -17,16 +17,14 @@ bounds, each on its own a time the task cannot start before:
   the last ten holds' within the hour where the minute ended fewer; and while there is
   no such basis, the function's `expected_duration`, the configured mean call or, for
   an online function, the mean visit): a rough bound, since holds end at spread-out
-  times.  Slots counter clients hold (fn:NAME) are not
-  free, and do not turn over with the calls: c is then the slots they leave (at least
-  one).
+  times.  Slots counter clients hold (fn:NAME) are not free, and do not turn over with
+  the calls: c is then the slots they leave (at least one).
 
 A bound with no basis (no rate and no pause; too few holds ended lately and no
 expected_duration) is left out; with none at all, and the task due now, there is no
 estimate (None: the API leaves the field out), nor for a task whose function left the
-config (no spec).  The bounds
-are taken as a maximum, not a sum: a rate slower than the calls' pace is the only limit
-that counts, and a delay runs while the tasks ahead start.
+config (no spec).  The bounds are taken as a maximum, not a sum: a rate slower than the
+calls' pace is the only limit that counts, and a delay runs while the tasks ahead start.
 """
 from __future__ import annotations
 
