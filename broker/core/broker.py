@@ -176,7 +176,7 @@ class Broker:
         their ops comes, anything reads them) or when the server says (serve.py: its
         modules are a tenth of zstalkd's start-up, imported on a thread after its first
         answers)."""
-        if self.__dict__.get("tasks_built"):
+        if self.tasks_built:
             return
         from .tasks.commands import TaskCommands
         from .schedules.commands import ScheduleCommands
@@ -314,13 +314,12 @@ class Broker:
         """What every front is told at Welcome; before the task family is built no
         function is configured (`tasks_later`), so no origin may call one."""
         c = self.config
-        if not self.tasks_built:
-            return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                            c.api.public_enqueue, c.api.private_results, {}, [])
+        sizes = (c.max_job_size, c.max_body_bytes, c.max_result_bytes)
+        if not self.tasks_built:        # (the task fields' defaults: no origins, no headers)
+            return Settings(*sizes, c.api.public_enqueue, c.api.private_results)
         api = self.tasking.api
-        return Settings(c.max_job_size, c.max_body_bytes, c.max_result_bytes,
-                        api.public_enqueue, api.private_results, *self.tasking.cross_origin(),
-                        self.tasking.group_headers())
+        return Settings(*sizes, api.public_enqueue, api.private_results,
+                        *self.tasking.cross_origin(), self.tasking.group_headers())
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and
