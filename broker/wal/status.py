@@ -30,7 +30,7 @@ class Status(NamedTuple):
 
 async def read(opts: S.Options) -> Status:
     """The journal's status; JournalError when NATS or the stream cannot be read."""
-    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
     nc = await S.connect(opts)
     try:
         js = nc.jetstream(timeout=5)
@@ -49,11 +49,7 @@ async def read(opts: S.Options) -> Status:
                 leader = Holder.decode((await kv.get(KEY)).value)
             except KeyNotFoundError:
                 pass
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                keys = []
-            for key in sorted(k for k in keys if k.startswith(Standby.PREFIX)):
+            for key in await _standby_keys(js, bucket_name(opts)):
                 try:
                     standby = Standby.decode((await kv.get(key)).value)
                 except KeyNotFoundError:        # (gone meanwhile)
@@ -65,6 +61,19 @@ async def read(opts: S.Options) -> Status:
                       leader, standbys)
     finally:
         await asyncio.wait_for(nc.close(), 2.0)
+
+
+async def _standby_keys(js, bucket: str) -> list[str]:
+    """The bucket's `standby.*` keys, sorted, from its stream's state: the subjects the
+    server holds a message for.  (Not `kv.keys()`: that lists through an ordered consumer
+    whose first pass ends when it sees no pending message, and under load it could end
+    before a key being rewritten at that moment came round again, so a standby went
+    missing from the listing (CI saw it under a CPU hog).  The stream's state is one
+    answer of the server's, taken at once.)  A deleted key still has its tombstone
+    message: the `kv.get` after this skips it."""
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}{Standby.PREFIX}>")
+    return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
 
 
 def lines(s: Status, wall: float) -> list[str]:

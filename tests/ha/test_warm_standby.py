@@ -16,6 +16,7 @@ nats-server cluster (tests/support/nats_cluster.py), as tests/ha/test_failover.p
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import subprocess
@@ -285,3 +286,46 @@ def test_journal_status_prints_the_leader_its_epoch_and_each_standby_s_lag(clust
 def test_journal_status_without_a_stream_exits_10_naming_it(cluster, name):
     done = journal_status(cluster.urls, name)
     assert done.returncode == 10 and f"no stream ZSTALK_{name}" in done.stderr, done
+
+
+async def _status_while_keys_are_rewritten(urls: str, name: str, rounds: int) -> list[int]:
+    """How many standbys each of `rounds` status reads listed, while three standby keys and
+    the leader's are rewritten as fast as NATS takes them (a standby says where it is every
+    2 s, the leader renews every 250 ms: this is both, far oftener)."""
+    import nats
+    from nats.js import api
+    from broker.wal import status
+    from broker.wal import stream as S
+    from broker.wal.lease import KEY, Holder, Standby, bucket_name
+    opts = S.Options(tuple(urls.split(",")), name)
+    nc = await nats.connect(list(opts.urls))
+    try:
+        js = nc.jetstream()
+        await js.add_stream(api.StreamConfig(name=opts.stream, subjects=[f"zstalk.{name}.journal"],
+                                             num_replicas=3, storage=api.StorageType.FILE))
+        kv = await js.create_key_value(api.KeyValueConfig(bucket=bucket_name(opts), history=1,
+                                                          replicas=3))
+        instances = ["a1", "b2", "c3"]
+
+        async def rewrite() -> None:
+            n = 0
+            while True:
+                n += 1
+                await kv.put(KEY, Holder(1, "leader", "", n).encode())
+                await kv.put(Standby.key(instances[n % 3]),
+                             Standby(instances[n % 3], n, n, time.time()).encode())
+
+        for instance in instances:
+            await kv.put(Standby.key(instance), Standby(instance, 0, 0, time.time()).encode())
+        writer = asyncio.ensure_future(rewrite())
+        try:
+            return [len((await status.read(opts)).standbys) for _ in range(rounds)]
+        finally:
+            writer.cancel()
+    finally:
+        await nc.close()
+
+
+def test_journal_status_lists_every_standby_while_their_keys_are_rewritten(cluster, name):
+    listed = asyncio.run(_status_while_keys_are_rewritten(cluster.urls, name, 30))
+    assert listed == [3] * 30, listed
