@@ -251,8 +251,7 @@ def test_journal_status_prints_the_leader_its_epoch_and_each_standby_s_lag(clust
         b = Instance(cluster.urls, name).launch()
         assert wait_for(lambda: caught_up(b, a), LEAD_S, 0.1), (b.leader(), b.output())
         # (a standby publishes where it is every 2 s; a stats appends a barrier: not here);
-        # the status that said so is the one read (under load a second call's listing of
-        # the bucket's keys can miss the standby's while it is rewritten: noted, not fixed)
+        # the status that said so is the one read
         said: list = []
         assert wait_for(lambda: "lag 0 messages" in said_status(said, cluster.urls, name),
                         10, 0.5), said[-1:]
