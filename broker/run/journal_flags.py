@@ -2,8 +2,9 @@
 none): the journal on NATS JetStream (broker/wal/jetstream.py, docs/ha.md).
 
 They reach the command as one `journal` argument, a wal/stream.py Options or None.
---journal-lease-ms and --advertise are the lease's (wal/lease.py, run/leading.py): how
-long a standby lets the leader's lease go unrenewed, and what the lease says of where
+--journal-lease-ms, --journal-stall-ms and --advertise are the lease's (wal/lease.py,
+run/leading.py): how long a standby lets the leader's lease go unrenewed, how long the
+leader's loop may be stuck before it stops renewing, and what the lease says of where
 the leader is reached (default: the worker endpoint).
 Refused with exit 2 (a usage error naming the flag): --journal with --binlog (one journal),
 a --journal-* flag without --journal, a bad URL or name, and a NATS beyond this host
@@ -20,14 +21,14 @@ import click
 
 _FLAGS = ("journal_name", "journal_creds", "journal_user_file", "journal_tls_ca",
           "journal_timeout", "journal_replicas", "journal_monitor", "journal_lease_ms",
-          "advertise")
+          "journal_stall_ms", "advertise")
 
 
 def journal_options(f):
     @functools.wraps(f)
     def command(*args, journal_urls, journal_name, journal_creds, journal_user_file,
                 journal_tls_ca, journal_timeout, journal_replicas, journal_monitor,
-                journal_lease_ms, advertise, **kwargs):
+                journal_lease_ms, journal_stall_ms, advertise, **kwargs):
         ctx = click.get_current_context()
         given = [name for name in _FLAGS
                  if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
@@ -38,7 +39,11 @@ def journal_options(f):
             journal = journal_from(journal_urls, journal_name, journal_creds,
                                    journal_user_file, journal_tls_ca, journal_timeout,
                                    journal_replicas, journal_monitor)
+            if 0 < journal_stall_ms < 1000:
+                raise click.BadParameter(f"{journal_stall_ms}: 0 (never) or 1000 and more",
+                                         param_hint="--journal-stall-ms")
             journal = journal._replace(lease_s=journal_lease_ms / 1000,
+                                       stall_s=journal_stall_ms / 1000,
                                        advertise=advertise or "")
         elif given:
             flag = "--" + given[0].replace("_", "-")
@@ -74,6 +79,10 @@ def journal_options(f):
                      type=click.IntRange(min=500, max=60000),
                      help="A standby takes over once the leader's lease has not been renewed "
                           "(every 250 ms) for this long, on the standby's own clock."),
+        click.option("--journal-stall-ms", default=5000, show_default=True,
+                     type=click.IntRange(min=0, max=600000),
+                     help="The leader stops renewing its lease (so a standby takes over) once "
+                          "its event loop has not turned for this long; 0: never."),
         click.option("--advertise", default=None, metavar="tcp://HOST:PORT",
                      help="Where others reach this instance's worker endpoint, published in "
                           "the lease while it leads (default: the worker endpoint)."),
@@ -146,7 +155,8 @@ def journal_args(journal) -> list[str]:
             args += [flag, value]
     if journal.monitor:
         args += ["--journal-monitor", ",".join(journal.monitor)]
-    args += ["--journal-lease-ms", str(round(journal.lease_s * 1000))]
+    args += ["--journal-lease-ms", str(round(journal.lease_s * 1000)),
+             "--journal-stall-ms", str(round(journal.stall_s * 1000))]
     if journal.advertise:
         args += ["--advertise", journal.advertise]
     return args

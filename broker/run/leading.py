@@ -7,7 +7,9 @@ after it (wal/jetstream.py's restore, given the epoch); only then is the core bu
 the grace timers of a takeover (counters refused while fronts return, calls that were
 running reclaimable, held jobs kept for their holders, no burst credit for the time
 before) count from the takeover, not from the process's start, and `recovering` is set
-when an epoch came before ours.  While it leads, a lease found lost deposes the
+when an epoch came before ours.  While it leads, the actor's loop stamps the time each
+RENEW_S (`_turn`), and the lease is not renewed while that stamp is older than
+--journal-stall-ms (a stuck loop lets a standby take over); a lease found lost deposes the
 journal on the actor's loop (the broker exits 12, answering nothing more); at a graceful
 stop, once the held jobs are appended and acknowledged, the lease is released so that a
 standby takes over at once.
@@ -46,6 +48,8 @@ class Leadership:
         self.lease = Lease(opts, self.instance, opts.advertise)
         self.follower: Follower | None = None   # the standby's, until the takeover takes it
         self.journal = None             # the leader's, once built
+        self.turned_at = 0.0            # (monotonic) the actor's loop's latest turn, leading
+        self._ticker: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """Connect and stand by, following the stream (blocking; stream.JournalError as a
@@ -136,12 +140,22 @@ class Leadership:
         log.info("journal: took over in %.2f s (from the lease claimed to the broker built)",
                  journal.took_over_s)
         self.lease.seq = lambda: journal.acked_seq
+        self._turn(loop)
+        self.lease.turned = lambda: self.turned_at
         self.lease.on_lost(lambda why: loop.call_soon_threadsafe(journal.depose, why))
+
+    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stamp the time on the actor's loop, again every RENEW_S (read by the lease's
+        thread: a stamp too old means the loop is stuck)."""
+        self.turned_at = time.monotonic()
+        self._ticker = loop.call_later(RENEW_S, self._turn, loop)
 
     def hand_over(self, actor) -> None:
         """The end: a broker that stopped well releases the lease (a standby leads at
         once); a deposed one, or one that never led, only lets go of its thread."""
         self._warm()                    # (a standby that stops: no more following)
+        if self._ticker is not None:
+            self._ticker.cancel()
         if actor is not None and actor.exit_code is None and self.journal is not None \
                 and self.journal.failed is None:
             self.lease.release()

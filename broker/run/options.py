@@ -149,7 +149,10 @@ def journal_said(journal, restored, sync: str = "") -> str:
             f", {schedules:,} schedules)" if schedules else ")")
     said += f"; {sync}" if sync else ""
     if getattr(journal, "epoch", 0):
-        said += f"; leads under epoch {journal.epoch} (lease {journal.lease_s:g} s)"
+        stall = getattr(journal, "stall_s", 0)
+        let_go = f"let go after a {stall:g} s loop stall" if stall else \
+            "kept through any loop stall"
+        said += f"; leads under epoch {journal.epoch} (lease {journal.lease_s:g} s, {let_go})"
     return said + f"; replies wait for NATS, exit after {journal.timeout_s:g} s without it"
 
 

@@ -29,9 +29,14 @@ standby claims it at its next look instead of after the lease.
 The lease runs on a thread of its own, with its own loop and NATS connection, from the
 first look to the process's end: at takeover the stream's replay and the core's build
 hold the main thread for as long as the state is large, and the lease must be renewed
-meanwhile (the GIL switches to this thread every 5 ms).  The other side of it: a leader
-whose event loop is stuck still renews; its /healthz (--health-stall-s) catches that.
-`Watch` and `Holder` are pure; `Lease` is their I/O.
+meanwhile (the GIL switches to this thread every 5 ms).  The other side of it: a
+thread of its own would renew for a leader whose event loop is stuck (a blocking call, a
+loop that never yields, a stderr nobody reads), and every client would wait on a broker
+that never answers while the lease says it leads.  So once the broker is built, its loop
+stamps the time each RENEW_S (`turned`, run/leading.py), and a renewal is skipped while
+that stamp is older than --journal-stall-ms (`stalled_for`): the lease lapses and a
+standby takes over; a stuck loop that turns again finds the key moved and is deposed.
+`Watch`, `Holder` and `stalled_for` are pure; `Lease` is their I/O.
 """
 from __future__ import annotations
 
@@ -150,6 +155,23 @@ class Watch:
         self.changed = now
 
 
+def stalled_for(turned: float | None, now: float, stall_s: float) -> float:
+    """How long the leader's loop has not turned, once that is longer than `stall_s`; 0
+    while it turns, or when nothing is watched (`turned` None: the broker not built yet;
+    `stall_s` 0: --journal-stall-ms 0)."""
+    if turned is None or not stall_s:
+        return 0.0
+    return now - turned if now - turned > stall_s else 0.0
+
+
+async def _quietly(coro) -> None:
+    """Await `coro`, its failure ignored (an unsubscribe from a NATS that is gone)."""
+    try:
+        await asyncio.wait_for(coro, REQUEST_S)
+    except Exception:
+        pass
+
+
 def ours(holder: Holder | None, instance: str, epoch: int) -> bool:
     return holder is not None and holder.instance == instance and holder.epoch == epoch
 
@@ -160,8 +182,9 @@ class Lease:
     `start()` connects, checks (or makes) the stream and the bucket, and starts standing
     by; `won` is a concurrent Future of the epoch claimed; from then on the lease is
     renewed, with `seq()` as the value's seq, until `release()` (a graceful stop) or
-    `close()`.  `lost` is None, or why another instance leads now; `on_lost(why)` is
-    called, on the lease's thread, once it is known."""
+    `close()`, except while `turned()` (when the leader's loop last turned) is older than
+    the options' stall_s.  `lost` is None, or why another instance leads now;
+    `on_lost(why)` is called, on the lease's thread, once it is known."""
 
     def __init__(self, opts: S.Options, instance: str, advertise: str = "") -> None:
         self.opts = opts
@@ -171,6 +194,7 @@ class Lease:
         self.epoch = 0
         self.revision = 0
         self.seq: Callable[[], int] = lambda: 0
+        self.turned: Callable[[], float] | None = None     # (monotonic; run/leading.py)
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self.won: concurrent.futures.Future = concurrent.futures.Future()
@@ -280,6 +304,7 @@ class Lease:
     async def _close(self) -> None:
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+            await asyncio.wait({self._task}, timeout=1.0)
         if self.nc is not None:
             try:
                 await self.nc.close()
@@ -299,11 +324,13 @@ class Lease:
             await self._renew()
         finally:
             watching.cancel()
+            await asyncio.wait({watching}, timeout=1.0)
 
     async def _watch_standbys(self) -> None:
         """While leading: each standby's latest word (its key, pushed to a KV watch as it
         publishes it) in `standbys`, a dict replaced whole (read on another thread)."""
         while not self._stopping:
+            watcher = None
             try:
                 watcher = await self.kv.watch(Standby.PREFIX + "*")
                 async for entry in watcher:
@@ -318,6 +345,9 @@ class Lease:
                 raise
             except Exception as exc:            # (NATS away: watched again)
                 log.debug("journal: watching the standbys: %s", exc)
+            finally:        # (its consumer's timers end with it, not as pending tasks)
+                if watcher is not None:
+                    await _quietly(watcher.stop())
             await asyncio.sleep(1.0)
 
     async def _stand_by(self) -> int:
@@ -387,10 +417,14 @@ class Lease:
     async def _renew(self) -> None:
         """Every RENEW_S: compare-and-set the key to our value (module comment)."""
         from nats.js.errors import KeyWrongLastSequenceError
+        stalled = 0.0
         while not self._stopping:
             await asyncio.sleep(RENEW_S)
             if self._stopping:
                 return
+            stalled = self._stalled(stalled)
+            if stalled:
+                continue
             value = Holder(self.epoch, self.instance, self.advertise, self.seq()).encode()
             try:
                 self.revision = await asyncio.wait_for(
@@ -402,6 +436,21 @@ class Lease:
                 raise
             except Exception as exc:    # NATS away: the journal's timeout decides
                 log.debug("journal: renewing the lease: %s", exc)
+
+    def _stalled(self, before: float) -> float:
+        """How long the leader's loop has been stuck (0: it turns), saying when that
+        starts and ends (`before`: what the last renewal's turn found)."""
+        turned = self.turned() if self.turned is not None else None
+        stalled = stalled_for(turned, time.monotonic(), self.opts.stall_s)
+        if stalled and not before:
+            log.warning("journal: the broker's loop has not turned for %.1f s "
+                        "(--journal-stall-ms %d): the lease is no longer renewed, so a "
+                        "standby takes over; this instance is deposed if its loop turns "
+                        "again after that", stalled, round(self.opts.stall_s * 1000))
+        elif before and not stalled:
+            log.warning("journal: the broker's loop turns again after %.1f s or more: "
+                        "renewing the lease, if it is still ours", before)
+        return stalled
 
     async def _still_ours(self) -> bool:
         """A renewal refused: ours after all (a retry of one that was stored), or lost."""

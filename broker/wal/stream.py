@@ -98,6 +98,8 @@ class Options(NamedTuple):
     # NATS's 0.78x, p99 9.6 against 11.8 ms): fewer, larger appends
     inflight: int = 2
     lease_s: float = 1.5                # --journal-lease-ms: a standby claims a lease this still
+    stall_s: float = 5.0                # --journal-stall-ms: the leader stops renewing the lease
+                                        # once its loop has not turned for this long (0: never)
     advertise: str = ""                 # --advertise: where this instance is reached (the lease)
     epoch: int = 0                      # the lease's epoch this instance leads under (0: none)
     instance: str = ""                  # this instance's id in the lease and its appends' ids

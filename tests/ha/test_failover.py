@@ -14,7 +14,11 @@ always, tests/support/nats_cluster.py), every one run with the same command; the
   * SIGTERM of the leader: the standby leads well within the lease (it was released),
     and a job a client held is kept for it;
   * SIGTERM of a standby (`zstalk serve`, and `zstalk broker`, which stands by before its
-    loop runs): exit 0, the leader unaffected.
+    loop runs): exit 0, the leader unaffected;
+  * a leader whose loop is stuck (its lease's `turned` stamp frozen, as a stuck loop
+    leaves it: the lease itself runs on a thread, so no signal can stop only the loop)
+    stops renewing: a standby claims the lease, and once the loop turns again the old
+    leader is told it lost it; --journal-stall-ms between 1 and 999 is a usage error.
 Times are asserted with room for a loaded 2-core machine; the figures are printed (-s).
 """
 from __future__ import annotations
@@ -365,3 +369,39 @@ def test_standbys_stopped_with_sigterm_exit_0_and_the_leader_goes_on(cluster, na
             broker.wait()
         a.stop()
         b.stop()
+
+
+def test_a_leader_whose_loop_is_stuck_lets_the_lease_lapse_and_learns_it_lost_it_after(
+        cluster, name):
+    from broker.wal import stream as S
+    from broker.wal.lease import Lease
+    opts = S.Options(tuple(cluster.urls.split(",")), name, lease_s=1.0, stall_s=1.0)
+    a, b, lost, stuck_at = Lease(opts, "a"), Lease(opts, "b"), [], []
+    try:
+        a.start(1 << 16)
+        assert a.won.result(15) == 1
+        a.turned = lambda: stuck_at[0] if stuck_at else time.monotonic()
+        a.on_lost(lost.append)
+        b.start(1 << 16)
+        time.sleep(3 * opts.lease_s)            # (a's loop turns: b stands by)
+        assert not b.won.done() and not lost
+        stuck_at.append(time.monotonic())
+        assert b.won.result(20) == 2            # (stall 1 s, then the lease 1 s, on a busy box)
+        took = time.monotonic() - stuck_at[0]
+        print(f"\nthe leader's loop stuck -> the standby claims the lease: {took:.2f} s "
+              f"(stall 1 s, lease 1 s)")
+        assert not lost                         # (a stuck loop learns nothing)
+        stuck_at.clear()                        # (it turns again: its renewal is refused)
+        assert wait_for(lambda: lost, 10, 0.05)
+        assert "instance b leads (epoch 2)" in lost[0], lost
+    finally:
+        b.close()
+        a.close()
+
+
+def test_a_journal_stall_below_a_second_is_a_usage_error():
+    done = subprocess.run([find_zstalk(), "serve", "-p", str(free_port()), "--journal",
+                           f"nats://{LOOPBACK}:4222", "--journal-stall-ms", "500"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "--journal-stall-ms" in done.stderr and "0 (never) or 1000 and more" in done.stderr
