@@ -21,7 +21,10 @@ the journal's --journal-timeout decides when NATS has been gone too long.
 
 Beside `leader`, each warm standby keeps a key `standby.<instance>` (`Standby`): the
 sequence it has folded in (follow.py), which `zstalk journal status` reads, and the
-leader watches (`standbys`: its metrics give each one's lag).
+leader watches (`standbys`: its metrics give each one's lag).  A standby killed leaves its
+key, and a standby started again is a new instance, so the leader purges a key it has not
+seen refreshed for FORGET_S on its own clock (`forgotten`: from its watch's start, for the
+keys it found there).
 
 At a graceful stop the leader deletes the key with a compare-and-set (`release`), so a
 standby claims it at its next look instead of after the lease.
@@ -65,6 +68,9 @@ MAKE_S = 15.0
 OPEN_S = 60.0
 #: a standby's key not refreshed this long (it says every 2 s, follow.py) is a silent one's
 SILENT_S = 10.0
+#: the leader purges a standby's key it has not seen refreshed for this long (a standby
+#: killed leaves its key, and each start is a new instance: keys would pile up)
+FORGET_S = 600.0
 
 
 class Holder(NamedTuple):
@@ -164,6 +170,12 @@ def stalled_for(turned: float | None, now: float, stall_s: float) -> float:
     return now - turned if now - turned > stall_s else 0.0
 
 
+def forgotten(said_at: dict, now: float, forget_s: float) -> list[str]:
+    """The standbys (instance -> when the leader last saw its key refreshed, on the
+    leader's monotonic clock) silent for longer than `forget_s`, sorted."""
+    return sorted(instance for instance, at in said_at.items() if now - at > forget_s)
+
+
 async def _quietly(coro) -> None:
     """Await `coro`, its failure ignored (an unsubscribe from a NATS that is gone)."""
     try:
@@ -200,6 +212,7 @@ class Lease:
         self.won: concurrent.futures.Future = concurrent.futures.Future()
         self.won_at = 0.0                   # (monotonic) when it was claimed
         self.standbys: dict[str, Standby] = {}  # while leading: instance -> its word
+        self._said_at: dict[str, float] = {}    # while leading: instance -> seen (monotonic)
         self.watch = Watch(opts.lease_s)
         self.nc = None
         self.kv = None
@@ -319,12 +332,14 @@ class Lease:
         self.epoch = epoch
         self.won_at = time.monotonic()
         self.won.set_result(epoch)
-        watching = asyncio.ensure_future(self._watch_standbys())
+        watching = [asyncio.ensure_future(self._watch_standbys()),
+                    asyncio.ensure_future(self._forget_silent())]
         try:
             await self._renew()
         finally:
-            watching.cancel()
-            await asyncio.wait({watching}, timeout=1.0)
+            for task in watching:
+                task.cancel()
+            await asyncio.wait(watching, timeout=1.0)
 
     async def _watch_standbys(self) -> None:
         """While leading: each standby's latest word (its key, pushed to a KV watch as it
@@ -341,6 +356,10 @@ class Lease:
                         else None
                     rest = {k: v for k, v in self.standbys.items() if k != instance}
                     self.standbys = {**rest, instance: said} if said else rest
+                    if said:
+                        self._said_at[instance] = time.monotonic()
+                    else:
+                        self._said_at.pop(instance, None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:            # (NATS away: watched again)
@@ -349,6 +368,22 @@ class Lease:
                 if watcher is not None:
                     await _quietly(watcher.stop())
             await asyncio.sleep(1.0)
+
+    async def _forget_silent(self) -> None:
+        """While leading, every FORGET_S / 10: purge the keys of standbys long silent."""
+        while not self._stopping:
+            await asyncio.sleep(FORGET_S / 10)
+            for instance in forgotten(self._said_at, time.monotonic(), FORGET_S):
+                try:
+                    await asyncio.wait_for(self.kv.purge(Standby.key(instance)), REQUEST_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:        # (NATS away: the next round)
+                    log.debug("journal: forgetting standby %s: %s", instance, exc)
+                    continue
+                self._said_at.pop(instance, None)
+                log.info("journal: standby %s said nothing for %.0f s: its key is purged",
+                         instance, FORGET_S)
 
     async def _stand_by(self) -> int:
         """Look every POLL_S until the lease is ours: the epoch claimed."""

@@ -7,7 +7,7 @@ publishes every few seconds with the sequence it has folded in, follow.py).
 A standby's lag is the stream's last sequence now less what it last said it had folded
 in, so it includes up to follow.LOOK_S of the leader's appends since; a key not
 refreshed for lease.SILENT_S belongs to a standby that is gone (killed: nothing deleted
-it) or cut off from NATS, and is shown so.  `read` is the I/O; `lines` is pure.
+it, until the leader purges it after lease.FORGET_S) or cut off from NATS, and is shown so.  `read` is the I/O; `lines` is pure.
 """
 from __future__ import annotations
 

@@ -328,3 +328,47 @@ async def _status_while_keys_are_rewritten(urls: str, name: str, rounds: int) ->
 def test_journal_status_lists_every_standby_while_their_keys_are_rewritten(cluster, name):
     listed = asyncio.run(_status_while_keys_are_rewritten(cluster.urls, name, 30))
     assert listed == [3] * 30, listed
+
+
+async def _keys_left(urls: str, name: str, said: list[str], refreshed: str,
+                     for_s: float) -> list[str]:
+    """Which of the standby keys `said` (put once) and `refreshed` (put every 0.2 s) are in
+    the bucket after `for_s`."""
+    import nats
+    from nats.js.errors import KeyNotFoundError
+    from broker.wal.lease import Standby, bucket_name
+    from broker.wal import stream as S
+    nc = await nats.connect(urls.split(","))
+    try:
+        kv = await nc.jetstream().key_value(bucket_name(S.Options((), name)))
+        for instance in said + [refreshed]:
+            await kv.put(Standby.key(instance), Standby(instance, 0, 0, time.time()).encode())
+        until = time.monotonic() + for_s
+        while time.monotonic() < until:
+            await kv.put(Standby.key(refreshed), Standby(refreshed, 1, 1, time.time()).encode())
+            await asyncio.sleep(0.2)
+        left = []
+        for instance in said + [refreshed]:
+            try:
+                await kv.get(Standby.key(instance))
+                left.append(instance)
+            except KeyNotFoundError:
+                pass
+        return left
+    finally:
+        await nc.close()
+
+
+def test_the_leader_purges_the_keys_of_standbys_long_silent_and_keeps_the_others(
+        cluster, name, monkeypatch):
+    from broker.wal import lease as L
+    from broker.wal import stream as S
+    monkeypatch.setattr(L, "FORGET_S", 2.0)     # (10 minutes in earnest; a purge each 0.2 s)
+    leader = L.Lease(S.Options(tuple(cluster.urls.split(",")), name), "leader")
+    try:
+        leader.start(1 << 16)
+        assert leader.won.result(15) == 1
+        left = asyncio.run(_keys_left(cluster.urls, name, ["gone1", "gone2"], "alive", 6.0))
+    finally:
+        leader.close()
+    assert left == ["alive"], left
