@@ -78,6 +78,7 @@ from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F40
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
                          TaskError, client_net)
+from .moves import Moves
 from .waiting import WaitingRoom
 
 #: what `outcome` answers when a failed call moved on to another server (a truthy "taken")
