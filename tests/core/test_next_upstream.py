@@ -199,3 +199,48 @@ def test_nginx_counts_tries_from_the_servers_that_are_not_down():
     assert failure_class("failure", None, 502) == "http_502"
     assert failure_class("unknown", "", None) is None, "the broker's own verdict"
     assert not may_move(frozenset({"error"}), "error", False, False, 1, 1, 0.0, 0.0, 5.0)
+
+
+# -- through the broker: the move is a T_CALL to the same dispatcher, in the same slot ----
+def broker_with_upstream():
+    from test_tasks_core import D1, HTTP
+    from zstalk.broker.core.broker import Broker, Config
+    from zstalk.protocol.schema import Batch, Hello, Op
+    broker = Broker(Config(functions=(FunctionSpec("gen", "", 10, upstream="gpu", path="/g"),),
+                           upstreams=(UpstreamSpec("gpu", (ServerSpec(A), ServerSpec(B))),)), T0)
+    for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2)):
+        broker.handle(peer, Hello(front_id, kind, 1, 0, []), T0)
+        broker.handle(peer, Batch([(Op.OPEN, 1)]), T0)
+    broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "gen", b"{}", {"attempts": 0}, uid, True)
+                               for uid in ("t1", "t2")]), T0)
+    broker.flush()
+    return broker
+
+
+def replies_to(broker, peer, *ops) -> list:
+    from zstalk.protocol.schema import Batch, Replies
+    broker.handle(peer, Batch(list(ops)), T0)
+    return [item for p, msg in broker.flush() if p == peer and isinstance(msg, Replies)
+            for item in msg.items]
+
+
+@pytest.mark.parametrize("version, moves", [(8, True), (7, False)])
+def test_a_dispatcher_of_schema_8_gets_the_move_in_the_same_slot_and_an_older_one_none(
+        version, moves):
+    from test_tasks_core import D1
+    from zstalk.protocol.schema import Op, R
+    broker = broker_with_upstream()
+    if version < 8:
+        broker.old_peers[D1] = version          # (the actor's note of an older peer)
+    [call] = [r for r in replies_to(broker, D1, (Op.T_SUBSCRIBE, 1, 1, False)) if r[1] == R.T_CALL]
+    assert call[2:5] == ("t1", 1, A + "/g")
+    refused = REFUSED.fields()
+    out = replies_to(broker, D1, (Op.T_OUTCOME, 1, "t1", 1, *refused))
+    moved = [r for r in out if r[1] == R.T_CALL]
+    assert (R.T_NOTED, "t1", 1) in [r[1:4] for r in out]
+    if moves:       # (its one slot stays with the moved call: t2 is not pushed)
+        assert [m[2:5] + (m[7],) for m in moved] == [("t1", 1, B + "/g",
+                                                      {"result_headers": [], "move": 1})]
+        assert broker.tasks.tasks["t1"].status == RUNNING
+    else:           # (the slot is free again: t2 takes it)
+        assert [m[2] for m in moved] == ["t2"] and broker.tasks.tasks["t1"].status == FAILED
