@@ -157,6 +157,19 @@ def test_a_move_waits_for_a_shut_rate_gate_holding_its_slot_within_the_timeout()
     assert u.report(task, REFUSED) is True and task.status == FAILED
 
 
+def test_a_waiting_move_that_finds_no_server_when_its_gate_opens_ends_its_attempt():
+    u = Upstream(ServerSpec(A), ServerSpec(B), rate=1, per_s=2.0)
+    task = u.enqueue(attempts=0)
+    u.store.take("d", u.now)
+    assert u.report(task, REFUSED) == MOVED
+    group = u.store.upstream.groups["gpu"]
+    group.pause(group.peers[1], u.now + 60)       # (B asked to be left alone meanwhile)
+    u.now += 2.0
+    u.store.expire(u.now)
+    assert u.moved() == [] and task.status == FAILED
+    assert task.error == REFUSED.error and u.store.running == {}
+
+
 def test_a_move_whose_gate_opens_after_next_upstream_timeout_ends_its_attempt_at_once():
     u = Upstream(ServerSpec(A), ServerSpec(B), rate=1, per_s=10.0,
                  next_upstream_timeout_ms=5000)

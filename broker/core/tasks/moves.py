@@ -47,12 +47,15 @@ class Moves:
         self.upstream, self.limits, self.inflight = upstream, limits, inflight
         self.function = function
         self.timers = Deadlines("moves")
-        self.waiting: dict[int, tuple[float, str, Outcome]] = {}    # seq -> (when, upstream, why)
+        # seq -> (when, (upstream, the server that failed), its outcome)
+        self.waiting: dict[int, tuple[float, tuple, Outcome]] = {}
         self.ready: list[Task] = []         # moved: their T_CALLs go out next
 
-    def after(self, task: Task, upstream: str, result: Outcome, now: float) -> bool:
-        """Whether `task`'s failed call on `upstream` goes on to another server."""
+    def after(self, task: Task, peer: tuple, result: Outcome, now: float) -> bool:
+        """Whether `task`'s failed call on `peer` (upstream, server) goes on to another
+        server."""
         spec = self.function(task.function)
+        upstream = peer[0]
         group = self.upstream.groups.get(upstream)
         if spec is None or group is None or task.started is None:
             return False
@@ -61,17 +64,17 @@ class Moves:
                         len(task.tried), group.tries(spec.next_upstream_tries), task.started,
                         spec.next_upstream_timeout_ms / 1000, now):
             return False
-        return self._when_open(task, spec, upstream, result, now)
+        return self._when_open(task, spec, peer, result, now)
 
-    def _when_open(self, task: Task, spec: FunctionSpec, upstream: str, result: Outcome,
+    def _when_open(self, task: Task, spec: FunctionSpec, peer: tuple, result: Outcome,
                    now: float) -> bool:
         opens = self.limits.move_opens_at(task.function, spec, now)
         if opens <= now:
-            return self._go(task, spec, upstream, now)
+            return self._go(task, spec, peer[0], now)
         timeout_s = spec.next_upstream_timeout_ms / 1000
         if timeout_s and opens >= task.started + timeout_s:
             return False
-        self.waiting[task.seq] = (opens, upstream, result)
+        self.waiting[task.seq] = (opens, peer, result)
         self.timers.add("moves", opens, task.seq)
         holder = task.holder                # (its deadline: the timeout from when it goes)
         self.inflight.end(task)
@@ -95,9 +98,9 @@ class Moves:
         self.ready.append(task)
         return True
 
-    def due(self, now: float, by_seq: dict) -> list[tuple[Task, Outcome]]:
+    def due(self, now: float, by_seq: dict) -> list[tuple[Task, Outcome, tuple]]:
         """The waiting moves whose time came: each goes now, waits again, or is handed
-        back with the outcome that ends its attempt."""
+        back with the outcome that ends its attempt and the server it came from."""
         ended = []
         while self.timers.due("moves", now):
             _, seq = self.timers.pop("moves")
@@ -105,10 +108,10 @@ class Moves:
             waiting = self.waiting.pop(seq, None)
             if task is None or waiting is None or task.status != RUNNING:
                 continue
-            _, upstream, result = waiting
+            _, peer, result = waiting
             spec = self.function(task.function)
-            if spec is None or not self._when_open(task, spec, upstream, result, now):
-                ended.append((task, result))
+            if spec is None or not self._when_open(task, spec, peer, result, now):
+                ended.append((task, result, peer))
         return ended
 
     def is_waiting(self, task: Task) -> bool:

@@ -252,8 +252,9 @@ class Tasks:
         task = self.tasks.get(uid)
         if task is None or task.status != RUNNING or task.attempt != attempt:
             return False
+        # (a restart forgets `tried`: a claimed call's report is then taken whatever its move)
         if holder is not None and (task.holder is not holder and task.holder != RESTARTED
-                                   or result.move != max(0, len(task.tried) - 1)
+                                   or task.tried and result.move != len(task.tried) - 1
                                    or self.moves.is_waiting(task)):
             return False
         peer, task.peer = task.peer, None       # (where the call went: for the log)
@@ -262,7 +263,7 @@ class Tasks:
                                                 result, now):
                 self.ledger.offer(name, now)
             if moves and result.kind in FAILED_KINDS and self.moves.after(
-                    task, peer[0], result, now):
+                    task, peer, result, now):
                 return MOVED
         self.moves.drop(task)
         self._ended(task, attempt, result, peer, now)
@@ -415,8 +416,8 @@ class Tasks:
         self.waiting_room.expire(now, self.journal)
         self.limits.drop_idle(now, lambda name: name in self.specs)
         self.group_limits.drop_idle(now)
-        for task, result in self.moves.due(now, self.by_seq):      # (no server left)
-            self._ended(task, task.attempt, result, None, now)
+        for task, result, peer in self.moves.due(now, self.by_seq):    # (no server left)
+            self._ended(task, task.attempt, result, peer, now)
         while (seq := self.inflight.overdue(now)) is not None:     # (outcome ends it)
             task = self.by_seq[seq]
             self.outcome(task.uid, task.attempt,
