@@ -6,8 +6,10 @@ The store asks `after(task, peer, result, now)` once the call's end was counted 
 its server; True means the call goes on:
 
 - at once: a server the attempt has not tried is picked (group.py `pick(..., tried)`), the
-  call takes the function's and the upstream's rate turns, keeps the concurrency slot it
-  had (the function's `running` never drops) and its dispatcher, and gets a fresh
+  call takes the function's and the upstream's rate turns (not its group's: a group's
+  limits count attempts), keeps the concurrency slot it had (the function's `running`
+  never drops; the upstream's own count drops with the failed call and rises with the
+  move) and its dispatcher, and gets a fresh
   deadline (calls.py: its timeout anew); the task waits in `ready` for its T_CALL, which
   says the move's number (task_messages.Call "move") so a late report of an earlier
   server's call is told apart;
