@@ -8,8 +8,9 @@ status_code, result, error, retry_after_ms, and an ext map (None when it says no
 by it), and from schema 8 {"sent": true | false} (whether the request may have been sent:
 a call that failed before it was moves to the next server whatever the task's delivery
 mode) and {"move": n} (the call's T_CALL said it was the attempt's nth move, echoed so
-a late report of an earlier server's call is not taken for the current one's).  `fields()` makes that tuple; `Outcome.read(fields)` reads a peer's, checked once
-here: None when it cannot be one (the core notes the report and changes nothing); an error
+a late report of an earlier server's call is not taken for the current one's).
+`fields()` makes that tuple; `Outcome.read(fields)` reads a peer's, checked once here:
+None when it cannot be one (the core notes the report and changes nothing); an error
 text is cut to TASK_ERROR_CHARS and made valid UTF-8; a Retry-After is bounded (-1: none
 was sent; a dispatcher before schema 2 sent 0 for none); headers are kept only when they
 are strings of a sane size, and only for a success.
