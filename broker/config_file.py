@@ -38,6 +38,7 @@ from ..protocol.network.curve import insecure
 from .core.tasks.model import requests
 from .core.tasks.store import FUNCTION_NAME, ApiPolicy, FunctionSpec
 from .core.upstreams import ServerSpec, UpstreamSpec, validate
+from .core.upstreams.next import WORDS as NEXT_UPSTREAM_WORDS
 
 _DURATION = re.compile(r"\s*(\d+)\s*(ms|s|m|h)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -45,10 +46,9 @@ _SIZE = re.compile(r"\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*")
 _UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 MAX_SIZE = 64 << 20         # a body or a result is held whole in memory: keep it sane
 DEFAULT_SIZE = 1 << 20
-#: what may count as a server's failure (nginx's proxy_next_upstream, less what needs a
-#: second try: non_idempotent, invalid_header, off)
-NEXT_UPSTREAM = ("error", "timeout", "http_500", "http_502", "http_503", "http_504",
-                 "http_403", "http_404", "http_429")
+#: nginx's proxy_next_upstream as zstalk takes it (core/upstreams/next.py: the failure
+#: classes, which also say what counts as a server's failure, and non_idempotent, off)
+NEXT_UPSTREAM = NEXT_UPSTREAM_WORDS
 #: an origin as a browser sends it (RFC 6454 section 6.2): scheme "://" host [":" port]
 _ORIGIN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[^\s/?#@:\[\]*]+)(?::(\d{1,5}))?")
 _DEFAULT_PORT = {"http": "80", "https": "443"}
@@ -127,7 +127,12 @@ KEYS: tuple[Key, ...] = (
     Key(EVERY, "result_headers", "list of header names", [], "",
         "response headers a task keeps, beside Content-Type"),
     Key(EVERY, "next_upstream", "list of strings", ["error", "timeout"], "",
-        "what counts as a server's failure: " + ", ".join(NEXT_UPSTREAM)),
+        "what counts as a server's failure and moves a call to the next server within "
+        "its attempt (nginx's proxy_next_upstream): " + ", ".join(NEXT_UPSTREAM)),
+    Key(EVERY, "next_upstream_tries", "integer", 0, "",
+        "the most servers one attempt tries (0: every server that is not down)"),
+    Key(EVERY, "next_upstream_timeout", "duration", "0s", "ms, s, m, h",
+        "no move once this long has passed since the attempt's first call (0s: none)"),
     Key(EVERY, "connect_timeout", "duration", "5s", "ms, s, m, h",
         "the longest connect of a call to a server"),
     Key(EVERY, "online", "string", "master", "",
@@ -453,10 +458,7 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                                     f"{where}: request_headers", requests.header_problem)
     result_headers = _header_names(_get(entry, FUNCTION, "result_headers"),
                                    f"{where}: result_headers", _token_problem)
-    next_upstream = _get(entry, FUNCTION, "next_upstream")
-    if not isinstance(next_upstream, list) or not all(
-            isinstance(n, str) and n in NEXT_UPSTREAM for n in next_upstream):
-        raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
+    next_upstream = _next_upstream(entry, where)
     connect_ms = duration_ms(_get(entry, FUNCTION, "connect_timeout"),
                              f"{where}: connect_timeout")
     online = _get(entry, FUNCTION, "online")
@@ -478,8 +480,24 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
     return FunctionSpec(name, url, concurrency, timeout, max(max_timeout, 1), rate, per_s,
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
-                        upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins,
-                        *_groups(entry, where), *_lifecycle(entry, where))
+                        upstream, path, next_upstream[0], max(connect_ms, 1), origins,
+                        *_groups(entry, where), *_lifecycle(entry, where), *next_upstream[1:])
+
+
+def _next_upstream(entry: dict, where: str) -> tuple[frozenset, int, int]:
+    """next_upstream (`off` alone or not at all, as nginx's merge makes `off` clear the
+    rest), next_upstream_tries and next_upstream_timeout (ms), as FunctionSpec has them."""
+    words = _get(entry, FUNCTION, "next_upstream")
+    if not isinstance(words, list) or not all(
+            isinstance(n, str) and n in NEXT_UPSTREAM for n in words):
+        raise ConfigError(f"{where}: next_upstream is a list of {', '.join(NEXT_UPSTREAM)}")
+    if "off" in words and len(set(words)) > 1:
+        raise ConfigError(f"{where}: next_upstream = [\"off\"] stands alone (it turns "
+                          "every other word off)")
+    tries = _integer(entry, "next_upstream_tries", 0, 0, 1_000_000, where)
+    timeout_ms = duration_ms(_get(entry, FUNCTION, "next_upstream_timeout"),
+                             f"{where}: next_upstream_timeout")
+    return frozenset(words), tries, timeout_ms
 
 
 def _lifecycle(entry: dict, where: str) -> tuple[int, int | None]:

@@ -75,7 +75,15 @@ seen the calls and `GET /v1/tasks?function=F&status=queued|running` comes back e
   calls that failed because of it, sum(calls) - tasks over the run's TaskInfo (the host
   answers every other call 200; the stopped server's `fails` must agree); and the tasks
   that did not succeed (target 0).  These rows are the median of --fail-repeats (5; 1
-  --quick / --smoke) alternated runs, min-max in brackets.
+  --quick / --smoke) alternated runs, min-max in brackets.  One more row runs the same
+  with 1 dispatcher and single-attempt tasks (`attempts = 0`): with next upstream
+  (issue 46) a call to the stopped server moves to another server within its attempt,
+  so no task fails (target 0; a build without it fails each task whose call the stopped
+  server refused).  A task's calls are its attempts before the latest plus the servers
+  its latest attempt called (`upstreamAddr`, one when absent); the calls that failed are
+  its calls less one for a task that succeeded; the first failed call is the earliest
+  `startedAt` of a task that was retried or moved (a moved task's is its attempt's first
+  call, the one that failed).
 
 Each part's rows are rotations: every repetition runs each of the row's systems once
 (each build's zstalk, each variant), the order reversed every other repetition.  A run
@@ -259,7 +267,7 @@ def spread(seen: dict, urls: list[str]) -> float | None:
 
 # --------------------------------------------------------------------------- part 3's load
 
-async def steady_load(s: Session, name: str, a, stop_url: str) -> dict:
+async def steady_load(s: Session, name: str, a, stop_url: str, attempts: int) -> dict:
     """--fail-rate tasks a second in arrays of --fail-batch for --fail-before s and
     --fail-after s more; the host stops `stop_url`'s server at a random point (seeded by
     the run's name) between the two arrays around --fail-before: the stop's answer."""
@@ -270,7 +278,7 @@ async def steady_load(s: Session, name: str, a, stop_url: str) -> dict:
 
     async def post(i: int) -> None:
         body = json.dumps([{"function": name, "params": {"i": i * a.fail_batch + j},
-                            "options": {"attempts": FAIL_ATTEMPTS, "backoff": 0}}
+                            "options": {"attempts": attempts, "backoff": 0}}
                            for j in range(a.fail_batch)]).encode()
         async with s.http.post(f"{s.api}/v1/tasks", data=body, headers=JSON_HEADERS) as r:
             items = await r.json() if r.status == 200 else []
@@ -352,11 +360,13 @@ class Bench(Runs):
     # -- part 3 ----------------------------------------------------------------------------
     def failure(self) -> None:
         a = self.args
-        rows = [(fail_row(a, d), [(b.label, *self.failover(b, d)) for b in self.run.builds])
-                for d in a.fail_dispatchers]
+        rows = [(fail_row(a, d, attempts), [(b.label, *self.failover(b, d, attempts))
+                                            for b in self.run.builds])
+                for d, attempts in [*((d, FAIL_ATTEMPTS) for d in a.fail_dispatchers),
+                                    (1, 0)]]       # (the last: single-attempt tasks)
         self.rotation("failure", rows, a.fail_repeats)
 
-    def failover(self, build, dispatchers: int):
+    def failover(self, build, dispatchers: int, attempts: int):
         a = self.args
         expected_s = a.fail_before + a.fail_after
 
@@ -374,7 +384,7 @@ class Bench(Runs):
                 async with client(INFLIGHT + 8) as http:
                     s = Session(http, z.api, self.host.url,
                                 time.monotonic() + expected_s + a.time_cap)
-                    stop = await steady_load(s, name, a, victim)
+                    stop = await steady_load(s, name, a, victim, attempts)
                     capped = await s.done(name, stop["n"])
                     async with http.get(f"{z.api}/v1/functions/{name}") as r:
                         function = await r.json()
@@ -383,19 +393,26 @@ class Bench(Runs):
                     return dict(stop=stop, capped=capped, function=function, infos=infos,
                                 read_at=read_at, errors=s.errors)
             out = run_async(go())
-            return failure_sample(name, out, victim, self.host.seen(name))
+            return failure_sample(name, out, victim, self.host.seen(name), attempts)
         return make, fn
 
 
-def failure_sample(name: str, out: dict, victim: str, seen: dict) -> dict:
+def calls_of(info: dict) -> int:
+    """A task's calls: its attempts before the latest, and each server the latest called."""
+    attempt = info.get("attempt", 0)
+    servers = info.get("upstreamAddr", "").count(", ") + 1 if attempt else 0
+    return max(0, attempt - 1) + servers
+
+
+def failure_sample(name: str, out: dict, victim: str, seen: dict, attempts: int) -> dict:
     """Part 3's figures from a run's raw answers."""
     stop, infos, errors = out["stop"], out["infos"], list(out["errors"])
     n = stop["n"]
     servers = {sv["url"]: sv for sv in out["function"].get("servers", [])}
     state = servers.get(victim, {})
-    calls = sum(info.get("attempt", 0) for info in infos)
-    failed_calls = calls - len(infos)
-    retried = [seconds(i["startedAt"]) for i in infos if i.get("attempt", 0) > 1
+    st = statuses(infos)
+    failed_calls = sum(calls_of(info) for info in infos) - st.get("success", 0)
+    retried = [seconds(i["startedAt"]) for i in infos if calls_of(i) > 1
                and "startedAt" in i]
     # (a failed call's retry starts when its failure comes back: backoff 0)
     first_ms = (min(retried) - stop["stoppedAt"]) * 1000.0 if retried else None
@@ -410,9 +427,8 @@ def failure_sample(name: str, out: dict, victim: str, seen: dict) -> dict:
     if state.get("fails") != failed_calls:
         errors.append(f"the stopped server counts {state.get('fails')} failed calls, the "
                       f"tasks {failed_calls}")
-    st = statuses(infos)
-    if len(infos) != n or st.get("success") != n:
-        errors.append(f"{st} of {n:,} tasks")
+    if len(infos) != n or attempts and st.get("success") != n:
+        errors.append(f"{st} of {n:,} tasks")     # (single attempts: the row's measure)
     if seen["ids"] != n:
         errors.append(f"the host saw {seen['ids']:,} distinct tasks of {n:,}")
     # (calls the stopped server answered after the stop: none, its connections are gone)
@@ -438,9 +454,9 @@ def lc_row(a) -> str:
             f"{a.lc_tasks:,} tasks")
 
 
-def fail_row(a, d: int) -> str:
+def fail_row(a, d: int, attempts: int) -> str:
     return (f"round_robin over 3, {d} dispatcher{'s' if d > 1 else ''}, {a.fail_rate} "
-            f"tasks/s, one server stops")
+            f"tasks/s, one server stops" + ("" if attempts else ", single-attempt tasks"))
 
 
 # --------------------------------------------------------------------------- report
@@ -458,12 +474,14 @@ def build_table(bench: Bench) -> Table:
                   "that one server and on an upstream of 3 (least_conn); system = broker + "
                   "front + dispatcher process trees. Part 2: calls/s at the host, (calls - "
                   "1) / (last - first call). Part 3: tasks with `attempts = 3, backoff = 0` "
+                  "(the single-attempt row: `attempts = 0`) "
                   f"at {a.fail_rate}/s in arrays of {a.fail_batch}; about {a.fail_before:g} s "
                   "in (at a random point between two arrays) the host closes one server's "
                   "listening socket and aborts its connections (`max_fails = 1`, "
                   "`fail_timeout = \"10s\"`); times from the stop: the first failed call is "
-                  "the earliest retry's `startedAt`, the last the broker's `usableAt` - "
-                  "fail_timeout for that server; failed calls = sum(calls) - tasks; "
+                  "the earliest retried or moved task's `startedAt`, the last the broker's "
+                  "`usableAt` - fail_timeout for that server; failed calls = sum(calls) - "
+                  "tasks that succeeded; "
                   f"median of {a.fail_repeats} run{'s' if a.fail_repeats != 1 else ''}."))
 
     def fig(per, variant, key):

@@ -46,6 +46,12 @@ path and query, sent byte for byte (yarl, encoded=True).  The response headers a
 keeps (its Content-Type, and those its function's `result_headers` lists) go back in
 T_OUTCOME's ext.
 
+A failed call's report says whether its request may have been sent (aiohttp's trace
+hook on_request_headers_sent: until it fires nothing of the request left), so that the
+broker may move it to the next server of its upstream within its attempt, even when its
+task is atMostOnce (broker/core/upstreams/next.py); a T_CALL that is such a move says
+its number (Call.move), and its report echoes it.
+
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
 X-Zstalk-Signature, stamped when the call is sent: v1 over the time, the task id and
@@ -208,6 +214,8 @@ class Dispatcher(LinkOwner):
         except Exception as exc:    # a bug here or in aiohttp: the request may have left
             log.exception("call %s (attempt %d) to %s failed unexpectedly", uid, attempt, url)
             outcome = Outcome(UNKNOWN, error=f"the dispatcher failed during the call: {exc!r}")
+        if call.move:                   # (which server's call of the attempt this was)
+            outcome = outcome._replace(move=call.move)
         if outcome.error is not None:   # (a reason phrase may hold undecodable bytes)
             outcome = outcome._replace(error=outcome.error.encode(
                 "utf-8", "backslashreplace").decode("utf-8"))
@@ -228,24 +236,26 @@ class Dispatcher(LinkOwner):
                     timeout_ms: int, call: "Call") -> Outcome:
         """The call's outcome; only errors no outcome describes are raised.  A failure
         says how, "error" or "timeout" (an upstream's server is judged by it:
-        broker/core/tasks)."""
+        broker/core/tasks), and whether its request may have been sent (`sent`)."""
+        sent = _Sent()
         try:
-            return await self._send(uid, attempt, url, params, timeout_ms, call)
+            return await self._send(uid, attempt, url, params, timeout_ms, call, sent)
         except aiohttp.ConnectionTimeoutError:
             return Outcome(FAILURE, error=f"could not connect to {url} within "
-                           f"{call.connect_timeout_ms} ms", failure="timeout")
+                           f"{call.connect_timeout_ms} ms", failure="timeout", sent=False)
         except _NOT_SENT as exc:
             return Outcome(FAILURE, error=f"could not connect to {url}: {_say(exc)}",
-                           failure="error")
+                           failure="error", sent=False)
         except asyncio.TimeoutError:    # ServerTimeoutError is one too: before ClientError
             return Outcome(UNKNOWN, error=f"no answer from {url} within {timeout_ms} ms",
-                           failure="timeout")
+                           failure="timeout", sent=sent.headers)
         except aiohttp.ClientError as exc:
             return Outcome(UNKNOWN, error=f"the connection to {url} failed after the "
-                                          f"request was sent: {_say(exc)}", failure="error")
+                                          f"request was sent: {_say(exc)}", failure="error",
+                           sent=sent.headers)
 
     async def _send(self, uid: str, attempt: int, url: str, params: bytes,
-                    timeout_ms: int, call: "Call") -> Outcome:
+                    timeout_ms: int, call: "Call", sent: "_Sent") -> Outcome:
         # a request task's URL was checked by the broker and is sent byte for byte (so its
         # signature covers what the function host sees); a plain one as yarl makes it
         target = yarl.URL(url, encoded=call.request)
@@ -261,7 +271,8 @@ class Dispatcher(LinkOwner):
                                         sock_connect=call.connect_timeout_ms / 1000)
         async with self._session().request(
                 call.method, target, data=params or None,
-                headers=headers, timeout=timeout, allow_redirects=False) as resp:
+                headers=headers, timeout=timeout, allow_redirects=False,
+                trace_request_ctx=sent) as resp:
             if 200 <= resp.status < 300:
                 return await self._success(resp, call)
             return _refused(resp, time.time())
@@ -271,7 +282,8 @@ class Dispatcher(LinkOwner):
         if self.http is None:
             self.http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.slots),
-                cookie_jar=aiohttp.DummyCookieJar())    # one task's cookies are not another's
+                cookie_jar=aiohttp.DummyCookieJar(),    # one task's cookies are not another's
+                trace_configs=[_SENT_TRACE])
         return self.http
 
     async def _success(self, resp: aiohttp.ClientResponse, call: "Call") -> Outcome:
@@ -290,6 +302,25 @@ class Dispatcher(LinkOwner):
                                    result_headers=_kept_headers(resp, call, result))
         return Outcome(FATAL, resp.status, error=f"HTTP {resp.status}, but the result is "
                        f"over the {limit}-byte limit ([functions] max_result)")
+
+
+class _Sent:
+    """A call's trace context: whether its request's headers were written (from then on
+    the function may have run)."""
+    __slots__ = ("headers",)
+
+    def __init__(self) -> None:
+        self.headers = False
+
+
+async def _headers_sent(session, context, params) -> None:
+    if isinstance(context.trace_request_ctx, _Sent):
+        context.trace_request_ctx.headers = True
+
+
+_SENT_TRACE = aiohttp.TraceConfig()
+_SENT_TRACE.on_request_headers_sent.append(_headers_sent)
+_SENT_TRACE.freeze()
 
 
 def _kept_headers(resp: aiohttp.ClientResponse, call: Call, result: bytes | None) -> dict | None:

@@ -27,11 +27,17 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+#: the version from which a dispatcher's failed call may move to the next server of its
+#: upstream within its attempt: it reports whether the request may have been sent and
+#: echoes the T_CALL's "move" (outcome.py, task_messages.Call); an older dispatcher says
+#: neither, so the broker never moves its calls (broker/core/tasks/commands.py)
+NEXT_UPSTREAM_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 6 (the first with NotLeader) had no group_headers in Settings
-#: (its seven first fields), and no task token: T_INFO and T_CANCEL end before their
+#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE).  Version 6 (the
+#: first with NotLeader) had no group_headers in Settings (its seven first fields), and
+#: no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
 #: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
 #: index past a trailing token and cancel a task on a token it never checked, so a

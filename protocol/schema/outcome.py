@@ -5,8 +5,12 @@ On the wire an outcome is T_OUTCOME's fields after (conn, unique_id, attempt): k
 status_code, result, error, retry_after_ms, and an ext map (None when it says nothing):
 {"headers": {name: value}} (the response headers a success keeps: resultHeaders) and
 {"failure": "error" | "timeout"} (how a failed call failed: an upstream's servers are judged
-by it).  `fields()` makes that tuple; `Outcome.read(fields)` reads a peer's, checked once
-here: None when it cannot be one (the core notes the report and changes nothing); an error
+by it), and from schema 8 {"sent": true | false} (whether the request may have been sent:
+a call that failed before it was moves to the next server whatever the task's delivery
+mode) and {"move": n} (the call's T_CALL said it was the attempt's nth move, echoed so
+a late report of an earlier server's call is not taken for the current one's).
+`fields()` makes that tuple; `Outcome.read(fields)` reads a peer's, checked once here:
+None when it cannot be one (the core notes the report and changes nothing); an error
 text is cut to TASK_ERROR_CHARS and made valid UTF-8; a Retry-After is bounded (-1: none
 was sent; a dispatcher before schema 2 sent 0 for none); headers are kept only when they
 are strings of a sane size, and only for a success.
@@ -32,6 +36,8 @@ class Outcome(NamedTuple):
     retry_after_ms: int = -1    # a 429 / 503's Retry-After, ms (-1: none was sent)
     result_headers: dict | None = None  # a success's kept response headers (resultHeaders)
     failure: str | None = None  # "error", "timeout"; None: not said; "": the broker's verdict
+    sent: bool = True           # the request may have been sent (a peer that does not say: it may)
+    move: int = 0               # which call of its attempt this is: 0 the first, n its nth move
 
     def fields(self) -> tuple:
         """The wire form: T_OUTCOME's fields after (conn, unique_id, attempt)."""
@@ -40,6 +46,10 @@ class Outcome(NamedTuple):
             ext["headers"] = self.result_headers
         if self.failure:
             ext["failure"] = self.failure
+        if not self.sent:
+            ext["sent"] = False
+        if self.move:
+            ext["move"] = self.move
         return (self.kind, self.status_code, self.result, self.error, self.retry_after_ms,
                 ext or None)
 
@@ -58,9 +68,10 @@ class Outcome(NamedTuple):
         wait_ms = -1 if retry_after_ms < 0 else min(retry_after_ms, MAX_DURATION_MS)
         said = ext if isinstance(ext, dict) else {}
         headers = _result_headers(said.get("headers")) if kind == "success" else None
-        failure = said.get("failure")
+        failure, move = said.get("failure"), said.get("move")
         return cls(kind, status_code, result, error, wait_ms, headers,
-                   failure if failure in FAILURES else None)
+                   failure if failure in FAILURES else None, said.get("sent") is not False,
+                   move if type(move) is int and move > 0 else 0)
 
 
 def _result_headers(headers) -> dict | None:

@@ -96,6 +96,12 @@ FIELDS = (
                                      "only; one not due yet: as if it were due now)."}),
     Field("waitTime", WAIT_TIME),
     Field("retryAt", time_schema("When the next try is due (queued after a failure)"), time=True),
+    Field("upstreamAddr", {"type": "string",
+                           "description": "The servers of its function's upstream its "
+                                          "latest attempt called, in order, as nginx's "
+                                          "$upstream_addr (\"http://a:8000, "
+                                          "http://b:8000\"): more than one when a failed "
+                                          "call moved to the next server (next_upstream)."}),
 )
 #: what the HTTP front adds to an admitted task's info (protocol/fronts/http/room.py)
 FRONT_FIELDS = (
@@ -142,6 +148,7 @@ class TaskInfo(NamedTuple):
     wait_num: int | None = None
     wait_time: int | None = None
     retry_at: float | None = None
+    upstream_addr: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The map that travels: the fields that apply, by their API names."""

@@ -101,21 +101,25 @@ class Call(NamedTuple):
     """What a call is beyond T_CALL's (unique_id, attempt, url, params, timeout_ms): its
     ext, None for a plain one (POST the params as JSON, keep no header but a binary
     result's Content-Type), else {"result_headers": [names to keep], and for a request
-    task "method", "headers": [[name, value], ...], and "connect_timeout_ms" when its
-    function's is not the default}."""
+    task "method", "headers": [[name, value], ...], "connect_timeout_ms" when its
+    function's is not the default, and (schema 8) "move": n when the call is its
+    attempt's nth move to another server of its upstream, which the outcome echoes}."""
     method: str = "POST"
     headers: tuple = ()             # a request task's, (name, value) pairs
     request: bool = False           # a request task: send method, URL and headers as given
     keep: tuple = ()                # response headers the task keeps (resultHeaders)
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS    # the function's connect_timeout
+    move: int = 0                   # (schema 8) its attempt's nth move to another server
 
     def ext(self) -> dict | None:
         """The wire form (None: a plain call)."""
         connect = self.connect_timeout_ms if self.connect_timeout_ms != CONNECT_TIMEOUT_MS \
             else None
-        if not self.request and not self.keep and connect is None:
+        if not self.request and not self.keep and connect is None and not self.move:
             return None
         out: dict[str, Any] = {"result_headers": list(self.keep)}
+        if self.move:
+            out["move"] = self.move
         if self.request:
             out["method"] = self.method
             out["headers"] = [list(h) for h in self.headers]
@@ -131,12 +135,14 @@ class Call(NamedTuple):
         keep = tuple(h for h in ext.get("result_headers") or () if isinstance(h, str))
         connect = ext.get("connect_timeout_ms")
         connect = connect if type(connect) is int and connect > 0 else CONNECT_TIMEOUT_MS
+        move = ext.get("move")
+        move = move if type(move) is int and move > 0 else 0
         method = ext.get("method")
         if not isinstance(method, str):
-            return cls(keep=keep, connect_timeout_ms=connect)
+            return cls(keep=keep, connect_timeout_ms=connect, move=move)
         headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
                         if isinstance(h, list) and len(h) == 2)
-        return cls(method, headers, True, keep, connect)
+        return cls(method, headers, True, keep, connect, move)
 
 
 PLAIN = Call()

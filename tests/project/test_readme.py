@@ -368,11 +368,13 @@ def test_the_upstream_example_runs_as_written(shell):
     listening(8080, shell.start("zstalk serve --config gpus.toml"))
     out = shell.run("python render.py", timeout=60)
     assert out.returncode == 0, out.stderr
-    ran, *states = out.stdout.splitlines()
+    ran, moved, *states = out.stdout.splitlines()
     # smooth weighted round robin over weights 2, 1, 1 picks 3101 3102 then 3103, which
-    # refuses: it is failed and skipped, that task runs on the next pick, and 3101 and
-    # 3102 take the rest (the sequence is nginx's: test_upstreams_end_to_end.py)
+    # refuses: it is failed and skipped, that call moves to the next pick within its
+    # attempt, and 3101 and 3102 take the rest (the sequence is nginx's:
+    # test_upstreams_end_to_end.py, test_upstreams_nginx.py)
     assert ran.split() == ["3101", "3102", "3101", "3101", "3101", "3102", "3101", "3101"], ran
+    assert moved == "http://127.0.0.1:3103, http://127.0.0.1:3101", moved
     assert states == ["http://127.0.0.1:3101 usable 0", "http://127.0.0.1:3102 usable 0",
                       "http://127.0.0.1:3103 failed 1"], states
 

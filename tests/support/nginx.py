@@ -205,6 +205,11 @@ class Client:
         response = self.connection.getresponse()
         return Reply(response.status, dict(response.getheaders()), response.read())
 
+    def post(self, path: str, body: bytes = b"{}") -> Reply:
+        self.connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        return Reply(response.status, dict(response.getheaders()), response.read())
+
     def close(self) -> None:
         self.connection.close()
 

@@ -457,6 +457,34 @@ def test_a_refused_connection_is_a_failure_naming_the_url() -> None:
     asyncio.run(main())
 
 
+def test_a_refused_connection_says_its_request_was_never_sent() -> None:
+    async def main() -> None:
+        async with dispatcher() as (d, link):
+            push(d, f"http://127.0.0.1:{refused_port()}/f")
+            outcome = await link.outcome("t1")
+            assert (outcome.failure, outcome.sent) == ("error", False)
+            assert outcome.fields()[5] == {"failure": "error", "sent": False}
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("path, kind", [("/slow", "unknown"), ("/hang-up", "unknown"),
+                                        ("/error", "failure")])
+def test_a_call_that_failed_after_its_headers_left_says_they_may_have_been_sent(path, kind):
+    outcome = call(path, timeout_ms=300)
+    assert (outcome.kind, outcome.sent) == (kind, True)
+
+
+def test_a_moved_call_echoes_its_move_in_its_report() -> None:
+    async def main() -> None:
+        async with dispatcher() as (d, link):
+            d.on_replies([(1, R.T_CALL, "t1", 1, f"http://127.0.0.1:{refused_port()}/f",
+                           PARAMS, 1000, {"result_headers": [], "move": 2})])
+            outcome = await link.outcome("t1")
+            assert (outcome.move, outcome.sent) == (2, False)
+            assert Outcome.read(*outcome.fields()) == outcome
+    asyncio.run(main())
+
+
 def test_a_timeout_is_an_unknown_outcome() -> None:
     started = time.monotonic()
     outcome = call("/slow", timeout_ms=300)

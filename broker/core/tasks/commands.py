@@ -11,11 +11,15 @@ dispatchers, one call each in turn.
 Request tasks (requests.py) come in T_ENQUEUE's ext as {"request": {...}}, from the
 master key only; their T_CALL carries an ext with the method and headers, and a
 dispatcher of a schema older than 4 (which would POST the body instead) is never handed
-one: `old_peers`, filled by the actor as it decodes, says who speaks what.
+one: `old_peers`, filled by the actor as it decodes, says who speaks what.  Nor does a
+dispatcher older than NEXT_UPSTREAM_SINCE get a failed call moved to the next server of
+its upstream (moves.py): the T_CALL of a move goes to the dispatcher whose call failed,
+in the slot that call held (its T_OUTCOME frees none).
 """
 from __future__ import annotations
 
 from ....protocol.schema import Op, R
+from ....protocol.schema.messages import NEXT_UPSTREAM_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
@@ -23,7 +27,7 @@ from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from . import enqueue, views
 from .model import requests
-from .store import MAX_PAGE, STATUSES, ApiPolicy, Task, TaskError, Tasks
+from .store import MAX_PAGE, MOVED, STATUSES, ApiPolicy, Task, TaskError, Tasks
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
@@ -265,12 +269,15 @@ class TaskCommands:
         noted = (conn, R.T_NOTED, uid, attempt)
         if s not in self.dispatchers or fields[0] not in OUTCOME_KINDS:
             return noted
-        if not s.draining:
-            s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         # (fields after ext, from a newer dispatcher, are not ours to read)
         outcome = Outcome.read(*fields[:6]) if len(fields) >= 5 else None
+        taken = False
         if type(uid) is str and type(attempt) is int and outcome is not None:
-            self.store.outcome(uid, attempt, outcome, now, holder=s)
+            moves = not s.draining and (not self.old_peers or self.old_peers.get(
+                s.front.peer, NEXT_UPSTREAM_SINCE) >= NEXT_UPSTREAM_SINCE)
+            taken = self.store.outcome(uid, attempt, outcome, now, holder=s, moves=moves)
+        if not s.draining and taken != MOVED:   # (a move keeps the slot for its call)
+            s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         self.feed(now)
         return noted
 
@@ -314,6 +321,8 @@ class TaskCommands:
         slots, one each in turn; one that got a call goes to the back, so calls spread
         over dispatchers."""
         old = self.old_peers
+        for task in self.store.moves.take_ready():  # (in the slots their calls held)
+            self._call(task.holder, task)
         while True:
             while self.store.has_online() and self.store.admit(now):   # (online tasks wait)
                 pass
@@ -332,10 +341,14 @@ class TaskCommands:
                 handed = True
                 del self.dispatchers[d]
                 self.dispatchers[d] = None
-                spec = self.store.specs[task.function]
-                self.out.reply(d, R.T_CALL, task.uid, task.attempt,
-                               self.store.call_url(task, spec), task.params, task.timeout_ms,
-                               requests.call_ext(task.request, spec.result_headers,
-                                                 spec.connect_timeout_ms))
+                self._call(d, task)
             if not handed:
                 return
+
+    def _call(self, d: TaskSession, task: Task) -> None:
+        """Push running `task`'s call to dispatcher `d` (a move says which it is)."""
+        spec = self.store.specs[task.function]
+        self.out.reply(d, R.T_CALL, task.uid, task.attempt,
+                       self.store.call_url(task, spec), task.params, task.timeout_ms,
+                       requests.call_ext(task.request, spec.result_headers,
+                                         spec.connect_timeout_ms, max(0, len(task.tried) - 1)))

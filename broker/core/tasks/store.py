@@ -16,6 +16,8 @@ logs the calls that failed, and orders the timers' expiry.  Who owns what beneat
     waiting.py      the waiting room's flow: admissions, done, passes that expire,
                     online tasks abandoned (room.py: who waits, the passes' timers)
     restart.py      a journal's tasks back where their statuses say
+    moves.py        a failed call moved to the next server of its upstream within its
+                    attempt (nginx's next upstream), at once or when its gates open
 
 The coordinators call down into the ledger, and it into the components, which own the
 rest, return data and call nothing back: functions.py knows the functions and the specs
@@ -76,8 +78,11 @@ from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F40
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
                          TaskError, client_net)
+from .moves import Moves
 from .waiting import WaitingRoom
 
+#: what `outcome` answers when a failed call moved on to another server (a truthy "taken")
+MOVED = "moved"
 PAGE_SCAN = 10_000          # tasks one listing request may look at (see views.page)
 #: a function's failed calls are logged at most this often (each line counts those not
 #: logged since): a misspelled name under base_url fails every call, and said nothing
@@ -105,6 +110,7 @@ class Tasks:
         self.room = Room()
         self.ledger = ledger = Ledger(self.fns, self.limits, self.room, self.group_limits)
         self.waiting_room = WaitingRoom(ledger)
+        self.moves = Moves(self.upstream, self.limits, self.inflight, self.function)
         # the ledger's, the same for the store's life (the views and the tests read them)
         self.tasks, self.by_seq, self.lines = ledger.tasks, ledger.by_seq, ledger.lines
         self.counts = ledger.counts
@@ -198,6 +204,7 @@ class Tasks:
                     self.upstream.started(upstream, now)
                 break
         task.peer = (upstream, peer) if peer is not None else None
+        task.tried = (peer.url,) if peer is not None else ()
         self.ledger.start(task, "take", now)
         task.status_code = task.error = None        # (the last attempt's: they no longer apply)
         task.attempt += 1
@@ -236,20 +243,34 @@ class Tasks:
 
     # -- outcomes ------------------------------------------------------------------------
     def outcome(self, uid: str, attempt: int, result: Outcome, now: float,
-                holder=None) -> bool:
+                holder=None, moves: bool = False) -> bool | str:
         """A dispatcher's report of call `attempt`; False if that call is no longer the
-        task's current one (a late report after a timeout gave up on it), or `holder` is
-        given and is not the dispatcher the call was handed to."""
+        task's current one (a late report after a timeout gave up on it, or of a server
+        its attempt moved on from), or `holder` is given and is not the dispatcher the
+        call was handed to.  `moves`: the dispatcher can take a move (moves.py): MOVED
+        when the call went on to another server."""
         task = self.tasks.get(uid)
         if task is None or task.status != RUNNING or task.attempt != attempt:
             return False
-        if holder is not None and task.holder is not holder and task.holder != RESTARTED:
+        # (a restart forgets `tried`: a claimed call's report is then taken whatever its move)
+        if holder is not None and (task.holder is not holder and task.holder != RESTARTED
+                                   or task.tried and result.move != len(task.tried) - 1
+                                   or self.moves.is_waiting(task)):
             return False
         peer, task.peer = task.peer, None       # (where the call went: for the log)
         if peer is not None:                    # (its server's accounting: limiter.py)
             for name in self.limits.server_done(*peer, self.function(task.function),
                                                 result, now):
                 self.ledger.offer(name, now)
+            if moves and result.kind in FAILED_KINDS and self.moves.after(
+                    task, peer, result, now):
+                return MOVED
+        self.moves.drop(task)
+        self._ended(task, attempt, result, peer, now)
+        return True
+
+    def _ended(self, task: Task, attempt: int, result: Outcome, peer, now: float) -> None:
+        """Call `attempt` of running `task` is over: its outcome decides what follows."""
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
             took = now - task.started
@@ -264,7 +285,6 @@ class Tasks:
             self.ledger.set_result(task, None)
             task.error = "the call succeeded but its result was not kept: the binlog's disk is full"
             self.journal.append[TASK_STATE](task)   # (its room came with the call)
-        return True
 
     def _apply(self, task: Task, result: Outcome, now: float) -> None:
         """Carry out what the outcome does to the task (outcomes.decide)."""
@@ -384,7 +404,8 @@ class Tasks:
     def next_deadline(self) -> float | None:
         heads = [d for d in (self.ledger.timers.next_deadline(), self.inflight.next_deadline(),
                              self.lines.next_deadline(), self.room.next_deadline(),
-                             self.limits.next_deadline(), self.group_limits.next_deadline())
+                             self.limits.next_deadline(), self.group_limits.next_deadline(),
+                             self.moves.next_deadline())
                  if d is not None]
         return min(heads) if heads else None
 
@@ -395,6 +416,8 @@ class Tasks:
         self.waiting_room.expire(now, self.journal)
         self.limits.drop_idle(now, lambda name: name in self.specs)
         self.group_limits.drop_idle(now)
+        for task, result, peer in self.moves.due(now, self.by_seq):    # (no server left)
+            self._ended(task, task.attempt, result, peer, now)
         while (seq := self.inflight.overdue(now)) is not None:     # (outcome ends it)
             task = self.by_seq[seq]
             self.outcome(task.uid, task.attempt,

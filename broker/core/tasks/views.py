@@ -68,6 +68,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         ended_by=task.ended_by or None if task.online else None,
         wait_num=wait_num, wait_time=wait_ms,
         retry_at=task.due + wall if queued and task.attempt and task.due > now else None,
+        upstream_addr=", ".join(task.tried) or None,
     ).wire()
 
 

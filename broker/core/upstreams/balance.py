@@ -24,11 +24,11 @@ None`; None is nginx's NGX_BUSY: no peer is usable.  The caller counts the pick 
 nginx's `rand` is ngx_random() (random(3)), whose sequence a test cannot share, so it is
 a parameter: any `Callable[[int], int]` giving a uniform integer below its argument.
 
-Moving a failed call to the next server (a later issue) needs nginx's per-request state:
-the `tried` bitmap of ngx_http_upstream_rr_peer_data_t, and the position each hash
-method resumes from (hp->hash and hp->rehash, iphp->hash, rp->tries).  It would enter
-here as one attempt object passed to these functions, skipping tried peers like unusable
-ones; a first attempt, all that exists today, has tried nothing.
+A call moved to the next server (next.py) is picked with the attempt's tried peers taken
+as down (group.py `pick(..., tried)`): nginx skips a peer in its `tried` bitmap at the
+same test as a down one.  The hash methods' resumption (hp->hash and hp->rehash,
+iphp->hash, rp->tries kept across one request's picks) is not kept: a move walks the
+sequence again from its start, passing the tried peers.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ ended, pause a server, and say when a server will be usable again.
 
     group = UpstreamGroup(spec)
     peer = group.pick(key, now)          # a Peer (its conns + 1), or None
+    peer = group.pick(key, now, tried)   # a move: a server the attempt has not tried
     if peer is None:
         why = group.unavailable(now)     # every server down, or busy until why.until
     ...
@@ -23,6 +24,7 @@ import random
 from typing import Iterable, Mapping, NamedTuple
 
 from .balance import Peers, Rand, method
+from .next import tries
 from .peer import Peer
 from .spec import ServerSpec, UpstreamSpec
 from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
@@ -61,9 +63,14 @@ class UpstreamGroup:
         peer.respec(server)
         return peer
 
-    def pick(self, key: str | None, now: float) -> Peer | None:
+    def pick(self, key: str | None, now: float, tried: Iterable[Peer] = ()) -> Peer | None:
         """The server for a call (its conns + 1), or None when none is usable.  `key`:
-        the hash key, or the client's address for ip_hash; ignored by the others."""
+        the hash key, or the client's address for ip_hash; ignored by the others.
+        `tried`: the servers the attempt already tried (a move, next.py), skipped as
+        nginx skips its `tried` bitmap's peers: exactly where it skips a down one, so
+        each method takes them as down for this pick (a hash walk keeps its map)."""
+        if tried:
+            return self._pick_untried(key, now, tried)
         only = self._only
         if only is not None:
             peer = only if only.usable(now, single=True) else None
@@ -72,6 +79,24 @@ class UpstreamGroup:
         if peer is not None:
             peer.take(now, self._set.single)
         return peer
+
+    def _pick_untried(self, key: str | None, now: float, tried: Iterable[Peer]) -> Peer | None:
+        """`pick` with the tried peers down for its length.  (nginx's hash methods resume
+        their sequence where the attempt's first pick stopped; this one starts it again
+        and passes the tried: the same server unless a peer the first pick skipped has
+        become usable since.)"""
+        marked = [peer for peer in tried if not peer.down]
+        for peer in marked:
+            peer.down = True
+        try:
+            return self.pick(key, now)
+        finally:
+            for peer in marked:
+                peer.down = False
+
+    def tries(self, limit: int) -> int:
+        """How many servers one attempt may try (next.py: nginx's `peer.tries`)."""
+        return 1 if self._set.single else tries(self.peers, limit)
 
     def done(self, peer: Peer, failed: bool, now: float) -> None:
         """A call on `peer` ended; `failed` as nginx's next_upstream counts failures

@@ -142,14 +142,28 @@ class Limiter:
     def started(self, name: str, spec: FunctionSpec, now: float) -> None:
         """A call of `name` starts (or an online task is admitted): it takes a slot, its
         gate's turn, and counts as a start."""
+        self.moved(name, spec, now)
+        self.recent_of(name).started(now)
+        self.running[name] = self.running.get(name, 0) + 1
+        self._peak(name)
+
+    def moved(self, name: str, spec: FunctionSpec, now: float) -> None:
+        """A call of `name` goes to a server (it starts, or moves to the next one within
+        its attempt: tasks/moves.py): its gate's turn.  A move keeps its slot."""
         if name in self.gates or spec.rate:
             gate = self.gate(name, now)
             gate.start(now)
             if gate.interval >= DURABLE_RATE_S:
                 self.gates_changed = True
-        self.recent_of(name).started(now)
-        self.running[name] = self.running.get(name, 0) + 1
-        self._peak(name)
+
+    def move_opens_at(self, name: str, spec: FunctionSpec, now: float) -> float:
+        """When a call of `name` may move to the next server: its gate and its upstream's
+        rate (its slot it keeps: concurrency does not hold it back)."""
+        gate = self.gates.get(name)
+        opens = gate.opens_at() if gate is not None else 0.0
+        if spec.upstream is not None:
+            opens = max(opens, self.upstream.opens_at(spec.upstream, now))
+        return opens
 
     def ended(self, name: str) -> None:
         """A call of `name` ended (or an admitted task's slot is free)."""

@@ -231,13 +231,14 @@ def url(base: str, request: Request) -> str:
 
 
 def call_ext(request: Request | None, result_headers: tuple[str, ...],
-             connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> dict | None:
+             connect_timeout_ms: int = CONNECT_TIMEOUT_MS, move: int = 0) -> dict | None:
     """T_CALL's ext for a task (protocol/schema/task_messages.py Call): None for a plain
-    call of a function that keeps no header at the default connect timeout, most calls,
-    which costs no Call."""
+    first call of a function that keeps no header at the default connect timeout, most
+    calls, which costs no Call.  `move`: the attempt's nth move to another server."""
     if request is None:
-        if not result_headers and connect_timeout_ms == CONNECT_TIMEOUT_MS:
+        if not result_headers and connect_timeout_ms == CONNECT_TIMEOUT_MS and not move:
             return None
-        return Call(keep=result_headers, connect_timeout_ms=connect_timeout_ms).ext()
+        return Call(keep=result_headers, connect_timeout_ms=connect_timeout_ms,
+                    move=move).ext()
     return Call(request.method, request.headers, True, result_headers,
-                connect_timeout_ms).ext()
+                connect_timeout_ms, move).ext()

@@ -35,7 +35,7 @@ class FunctionSpec(NamedTuple):
     admit_url: str = ""
     upstream: str | None = None     # its calls go to a server of this upstream (url unused)
     path: str = ""                  # ... at this path
-    next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server
+    next_upstream: frozenset = frozenset({"error", "timeout"})  # what fails a server, moves a call
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
     # origins ("https://shop.example", or "*") whose pages may enqueue, read and end its
     # tasks from the browser (CORS, protocol/fronts/http/cors.py); () none, as before
@@ -56,6 +56,9 @@ class FunctionSpec(NamedTuple):
     # or the master key (store.read; None: as keepResult says)
     expected_duration_ms: int = 0
     keep_result_after_read_ms: int | None = None
+    # nginx's proxy_next_upstream_tries and _timeout (core/upstreams/next.py; 0: none)
+    next_upstream_tries: int = 0
+    next_upstream_timeout_ms: int = 0
 
     @property
     def interval(self) -> float:

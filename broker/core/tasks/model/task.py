@@ -89,7 +89,7 @@ class Task:
                  "status_code", "result", "error", "holder", "level",
                  "queue_deadline", "key", "request", "result_headers", "peer",
                  "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by",
-                 "group", "token")
+                 "group", "token", "tried")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -106,6 +106,7 @@ class Task:
         self.request = None             # a request task's method, path, ... (requests.py)
         self.result_headers: dict | None = None
         self.peer = None                # running on an upstream: the server it was given
+        self.tried: tuple[str, ...] = ()    # the urls its latest attempt went to (moves.py)
         self.balance_key: str | None = None     # what its calls are hashed by (upstreams)
         self.client_ip: str | None = None       # who enqueued it (ip_hash, clientIp)
         self.online = False             # a waiting-room task: admitted, never called
