@@ -146,3 +146,12 @@ def schedule_max(s: Schedule) -> int:
 
 def schedule_image(fields: list) -> J.ScheduleImage:
     return J.ScheduleImage(*fields)
+
+
+# -- room draws --------------------------------------------------------------------------
+def draw_fields(draw: J.RoomDraw) -> list:
+    return [draw.function, draw.opens_at, draw.seed]
+
+
+def draw_image(fields: list) -> J.RoomDraw:
+    return J.RoomDraw(fields[0], float(fields[1]), fields[2])

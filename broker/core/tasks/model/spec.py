@@ -56,6 +56,13 @@ class FunctionSpec(NamedTuple):
     # or the master key (store.read; None: as keepResult says)
     expected_duration_ms: int = 0
     keep_result_after_read_ms: int | None = None
+    # room events (room.py): when the line opens, as wall-clock seconds (None: it is
+    # open; before it, visitors join a pre-line, drawn at the opening); `closed`: the
+    # line fills and nobody is admitted; `max_waiting`: online tasks that may wait at
+    # once, one more is a 429 line_full (0: no cap)
+    opens_at: float | None = None
+    closed: bool = False
+    max_waiting: int = 0
 
     @property
     def interval(self) -> float:
