@@ -531,8 +531,8 @@ def offset_time(value: Any, where: str) -> float:
         raise ConfigError(f"{where}: an offset date-time, like 2026-12-24T18:00:00Z or "
                           f"2026-12-24T19:00:00+01:00, not {value!r}")
     if when.tzinfo is None or when.utcoffset() is None:
-        raise ConfigError(f"{where}: {value!s} has no offset (a local time would open at "
-                          f"the server's idea of it): give Z or ±hh:mm, like "
+        raise ConfigError(f"{where}: {when.isoformat()} has no offset (a local time would "
+                          f"open at the server's idea of it): give Z or ±hh:mm, like "
                           f"{when.isoformat()}Z")
     return when.timestamp()
 
