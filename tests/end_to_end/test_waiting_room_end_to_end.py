@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -22,6 +23,7 @@ import zmq
 from nginx import Backend
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_pass_gateway_nginx import forge, get, start_gateway
+from test_task_limits_end_to_end import docs_block
 from zstalk.protocol.codecs.passes import PassKeys, sign_pass
 from zstalk.protocol.schema import Heartbeat, Hello, Welcome, decode, encode
 
@@ -424,12 +426,23 @@ def reload(served: Served, tmp_path, config_text: str) -> None:
     served.server.process.send_signal(signal.SIGHUP)
 
 
-def documented_draw(seed: int, uids: list[str]) -> list[str]:
-    """docs/waiting-room.md's order of a draw, computed here from its words: SHA-256 of
-    the seed's 8 bytes (big-endian) then the uniqueId, the first 5 bytes, lowest first."""
-    import hashlib
-    return sorted(uids, key=lambda uid: int.from_bytes(hashlib.sha256(
-        seed.to_bytes(8, "big") + uid.encode()).digest()[:5], "big"))
+def documented_draw(seed: str, uids: list[str]) -> list[str]:
+    """The order of a draw as docs/waiting-room.md's check_draw.py computes it, run as
+    written (its own code, not the broker's)."""
+    space: dict = {}
+    exec(docs_block("waiting-room.md", "# check_draw.py: the order a draw gives "
+                    "(docs/waiting-room.md), from its published seed"), space)
+    return space["drawn_order"](seed, uids)
+
+
+def launch_config(**keys) -> str:
+    """docs/waiting-room.md's launch.toml as written, but for `keys` (TOML values)."""
+    text = docs_block("waiting-room.md", "# launch.toml")
+    for name, value in keys.items():
+        text, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", text, flags=re.M)
+        assert n == 1, name
+    return text.replace("[functions.drop]", f"[functions.{FUNCTION}]") + (
+        'pass_ttl = "60s"\nonline_heartbeat = "60s"\nmax_waiting_per_client = 1000\n')
 
 
 def places(base: str, uids: list[str]) -> list[str]:
@@ -449,7 +462,7 @@ def test_a_pre_line_is_drawn_at_the_opening_and_a_restart_with_the_binlog_keeps_
     order (no new draw)."""
     later = rfc3339(time.time() + 3600)
     served = serve(tmp_path, "100/s", 1, "-b", str(tmp_path / "wal"),
-                   config_text=event_config(opens_at=f'"{later}"'))
+                   config_text=launch_config(opens_at=f'"{later}"', concurrency=1))
     try:
         early = []
         for _ in range(8):
@@ -461,12 +474,11 @@ def test_a_pre_line_is_drawn_at_the_opening_and_a_restart_with_the_binlog_keeps_
         info = call("GET", f"{served.base}/v1/tasks/{early[0]}")[2]
         assert (info["phase"], info["opensAt"]) == ("pre-line", later) and "waitNum" not in info
         time.sleep(0.01)            # (the opening after every join's createdAt)
-        reload(served, tmp_path, event_config(opens_at=rfc3339(time.time())))
+        reload(served, tmp_path, launch_config(opens_at=rfc3339(time.time()), concurrency=1))
         stats: dict = {}
         assert wait_for(lambda: stats.update(call(
             "GET", f"{served.base}/v1/functions/{FUNCTION}")[2]) or "lastDraw" in stats, 10)
-        seed = int(stats["lastDraw"]["seed"])
-        order = documented_draw(seed, early)
+        order = documented_draw(stats["lastDraw"]["seed"], early)
         assert order != early
         latecomer = join(served.base)
         assert places(served.base, early + [latecomer]) == order + [latecomer]
