@@ -43,7 +43,7 @@ logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning th
 segment the same way; each record is reserved when it is made, the GONE with the first.
 A room event's draw (ROOM_DRAW) is kept the same way, each function's latest for good
 (there is no GONE): it pins its segment, and compaction copies it forward from this
-journal's own books (`draws`), so a restart long after the opening still has it.
+journal's own books (`draws`, records.DrawBooks), so a restart long after the opening still has it.
 
 Slow rates keep their last start across a restart in a side file (directory.py).
 
@@ -131,10 +131,7 @@ class Binlog:
         self.task_extra: dict[str, dict] = {}
         self.schedule_file: dict[str, int] = {}
         self.schedule_size: dict[str, int] = {}
-        # each function's latest room draw: its record's list, segment and size
-        self.draws: dict[str, list] = {}
-        self.draw_file: dict[str, int] = {}
-        self.draw_size: dict[str, int] = {}
+        self.draws = records.DrawBooks()    # each function's latest room draw
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
@@ -458,10 +455,9 @@ class Binlog:
         self._log_draw(records.draw_fields(draw))
 
     def _log_draw(self, fields: list) -> None:
-        name, record = fields[0], wf.encode_room_draw(fields)
-        self.live_bytes += len(record) - self.draw_size.get(name, 0)
-        self.draw_size[name], self.draws[name] = len(record), fields
-        self.pending.append((record, _DRAW, name))
+        record, grown = self.draws.logged(fields)
+        self.live_bytes += grown
+        self.pending.append((record, _DRAW, fields[0]))
         self.pending_reserve += self._reservation(len(record))
 
     def mark_next_id(self, next_id: int) -> None:
@@ -503,7 +499,7 @@ class Binlog:
                     if tasks is not None and tasks.get(owner.uid) is owner:
                         self._place(self.task_file, owner.uid).uids.append(owner.uid)
                 elif place == _DRAW:
-                    self._place(self.draw_file, owner)      # (`owner`: the function)
+                    self._place(self.draws.file, owner)     # (`owner`: the function)
                 elif schedules is not None and schedules.get(owner.name) is owner:
                     self._place(self.schedule_file, owner.name).names.append(owner.name)
         self._write_frame(chunk, size)
@@ -653,8 +649,8 @@ class Binlog:
             seg.name_cursor += 1
 
     def _migrate_draws(self, seg: Segment) -> None:
-        for name in [n for n, seq in self.draw_file.items() if seq == seg.seq]:
-            fields = self.draws[name]
+        for name in self.draws.placed_in(seg.seq):
+            fields = self.draws.fields[name]
             if not self.reserve(self._reservation(len(wf.encode_room_draw(fields)))):
                 return                      # disk full: try again next turn
             self._log_draw(fields)
@@ -764,13 +760,8 @@ class Binlog:
             schedules.append(records.schedule_image(fields))
             self.schedule_file[name] = seq
             self.schedule_size[name] = len(wf.encode_schedule(fields))
-        draws = []
-        for name, (fields, seq) in replayed.draws.items():
-            draws.append(records.draw_image(fields))
-            self.draws[name], self.draw_file[name] = fields, seq
-            self.draw_size[name] = len(wf.encode_room_draw(fields))
         return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
-                          replayed.warnings, draws)
+                          replayed.warnings, self.draws.restore(replayed.draws))
 
     def start(self, loop, on_durable) -> None:
         """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""

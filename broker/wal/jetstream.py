@@ -120,10 +120,7 @@ class JetStreamJournal:
         self.task_extra: dict[str, dict] = {}
         self.schedule_file: dict[str, int] = {}
         self.schedule_size: dict[str, int] = {}
-        # each function's latest room draw: its record's list, message and size
-        self.draws: dict[str, list] = {}
-        self.draw_file: dict[str, int] = {}
-        self.draw_size: dict[str, int] = {}
+        self.draws = records.DrawBooks()    # each function's latest room draw
         self.draws_pending: set[str] = set()    # draws whose latest record is not sent yet
         self._tube_bytes: dict[str, bytes] = {}
         self.purging = False
@@ -202,12 +199,10 @@ class JetStreamJournal:
             schedules.append(records.schedule_image(fields))
             self._restored(self.schedule_file, self.schedule_size, name, seq,
                            wf.encode_schedule(fields))
-        draws = []
-        for name, (fields, seq) in replayed.draws.items():
-            draws.append(records.draw_image(fields))
-            self.draws[name] = fields
-            self._restored(self.draw_file, self.draw_size, name, seq,
-                           wf.encode_room_draw(fields))
+        draws = self.draws.restore(replayed.draws)
+        for name, seq in self.draws.file.items():
+            self.live_bytes += self.draws.size[name]
+            self._span(seq).live += 1
         return J.Restored(replayed.jobs.values(), replayed.next_id, tasks, schedules,
                           replayed.gates, replayed.warnings, draws)
 
@@ -359,7 +354,7 @@ class JetStreamJournal:
                     self._moved(self.task_file, owner.uid, span)
                     span.uids.append(owner.uid)
             elif place == _DRAW:
-                self._moved(self.draw_file, owner, span)    # (`owner`: the function)
+                self._moved(self.draws.file, owner, span)   # (`owner`: the function)
                 self.draws_pending.discard(owner)
             elif schedules.get(owner.name) is owner:
                 self._moved(self.schedule_file, owner.name, span)
@@ -637,11 +632,10 @@ class JetStreamJournal:
         self._log_draw(records.draw_fields(draw))
 
     def _log_draw(self, fields: list) -> None:
-        name, record = fields[0], wf.encode_room_draw(fields)
-        self.live_bytes += len(record) - self.draw_size.get(name, 0)
-        self.draw_size[name], self.draws[name] = len(record), fields
-        self.pending.append((record, _DRAW, name))
-        self.draws_pending.add(name)
+        record, grown = self.draws.logged(fields)
+        self.live_bytes += grown
+        self.pending.append((record, _DRAW, fields[0]))
+        self.draws_pending.add(fields[0])
 
     def _unplace(self, seq: int) -> None:
         span = self.spans.get(seq)
@@ -696,9 +690,9 @@ class JetStreamJournal:
                 self.records_migrated += 1
             span.name_cursor += 1
             budget -= 1
-        for name in [n for n, seq in self.draw_file.items() if seq == span.seq]:
+        for name in self.draws.placed_in(span.seq):
             if name not in self.draws_pending and budget > 0:
-                self._log_draw(self.draws[name])
+                self._log_draw(self.draws.fields[name])
                 self.records_migrated += 1
                 budget -= 1
         return budget

@@ -12,6 +12,7 @@ import statistics
 
 import pytest
 
+import test_waiting_room
 from test_tasks_core import T0, WALL
 from zstalk.broker.config_file import ConfigError, load
 from zstalk.broker.core.shared.journal import ROOM_DRAW, NullJournal, RoomDraw, by_kind, ignore
@@ -31,26 +32,17 @@ class Kept(NullJournal):
         self.append = by_kind(ignore, {ROOM_DRAW: self.draws.append})
 
 
-class Room:
+class Room(test_waiting_room.Room):
+    """test_waiting_room's Room (join, advance) of a function with a room event, a seed
+    the test gives and a journal that keeps the draws."""
+
     def __init__(self, seed: int = 7, **spec) -> None:
         self.spec = FunctionSpec("shop", "http://fn/shop", **{
-            "concurrency": 1, "online": "public", "opens_at": OPENS, **spec})
+            "concurrency": 1, "online": "public", "opens_at": OPENS,
+            "max_waiting_per_client": 1_000_000, **spec})
         self.store = Tasks({"shop": self.spec}, wall_offset=WALL, seeds=lambda: seed)
         self.store.journal = self.journal = Kept()
         self.now, self.n = T0, 0
-
-    def join(self, client=None, **options):
-        self.n += 1
-        task = self.store.enqueue("shop", b"{}", options or None, self.now, uid=f"t{self.n}",
-                                  client_ip=client or f"10.0.{self.n // 250}.{self.n % 250}",
-                                  online=True)
-        self.store.admit(self.now)
-        return task
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        self.store.expire(self.now)
-        self.store.admit(self.now)
 
     def reconfigure(self, **spec) -> None:
         self.spec = self.spec._replace(**spec)

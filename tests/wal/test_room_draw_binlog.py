@@ -64,7 +64,7 @@ def test_a_restart_keeps_the_draw_and_its_order_and_does_not_draw_again(tmp_path
     assert again.broker.tasks.room.draws == {"shop": RoomDraw("shop", OPENS, 2026)}
     again.advance(1)
     assert line(again) == order + ["later"]
-    assert again.wal.draws == {"shop": ["shop", OPENS, 2026]}
+    assert again.wal.draws.fields == {"shop": ["shop", OPENS, 2026]}
 
 
 def test_a_draw_outlives_the_segment_it_was_written_in(tmp_path):
@@ -76,13 +76,13 @@ def test_a_draw_outlives_the_segment_it_was_written_in(tmp_path):
         join(node, uid)
     opened(node, 77)
     order = line(node)
-    first = node.wal.draw_file["shop"]
+    first = node.wal.draws.file["shop"]
     for n in range(1000):
         node.enqueue(f"x{n}", {"keepResult": 1})
         node.send(HTTP, (Op.T_CANCEL, 1, f"x{n}"))
         if n % 100 == 99:
             node.advance(2)                     # (their keepResult ran out: forgotten)
-    assert node.wal.draw_file["shop"] > first
+    assert node.wal.draws.file["shop"] > first
     assert not os.path.exists(os.path.join(node.path, f"zstalk.{first:08d}.wal"))
     assert node.wal.records_migrated > 0
     again = node.restart()
