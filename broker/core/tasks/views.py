@@ -25,6 +25,10 @@ expected_duration) is left out; with none at all, and the task due now, there is
 estimate (None: the API leaves the field out), nor for a task whose function left the
 config (no spec).  The bounds are taken as a maximum, not a sum: a rate slower than the
 calls' pace is the only limit that counts, and a delay runs while the tasks ahead start.
+
+A held line (a room event's pre-line, or `closed`: room.py) starts nobody, so it has no
+waitTime; a queued task there shows its line's `phase` instead (and `opensAt` before the
+opening), and in a pre-line no waitNum either, as nobody's place is drawn yet.
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, function_json,
-                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem, rfc3339,
+                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem,
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...schema import VERSION
 from ...schema.task_info import (ENQUEUED, ENQUEUED_TOKEN, FIELDS, FRONT_FIELDS, STATUS_ORDER,
-                                 UNIQUE_ID_SCHEMA, WAIT_TIME, time_schema)
+                                 WAIT_TIME, time_schema)
 from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
                              DEFAULT_TIMEOUT_MS, FUNCTION_NAME, GROUP, INT64, MAX_ATTEMPTS,
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
