@@ -9,6 +9,7 @@ import os
 
 from test_tasks_binlog import WALL_OFFSET, Node
 from zstalk.broker.core.shared.journal import RoomDraw
+from zstalk.broker.core.tasks.components.room import place_in_draw
 from zstalk.broker.core.tasks.store import ADMITTED, FunctionSpec
 from zstalk.broker.wal import format as wf, records
 from zstalk.broker.wal.fold import Fold
@@ -65,6 +66,19 @@ def test_a_restart_keeps_the_draw_and_its_order_and_does_not_draw_again(tmp_path
     again.advance(1)
     assert line(again) == order + ["later"]
     assert again.wal.draws.fields == {"shop": ["shop", OPENS, 2026]}
+
+
+def test_an_opening_that_came_while_the_broker_was_down_is_drawn_as_it_starts(tmp_path):
+    node = room(tmp_path)
+    uids = [f"w{n}" for n in range(6)]
+    for uid in uids:
+        join(node, uid)
+    again = node.restart(later_s=120)           # (the opening was a minute ago)
+    assert again.info("w0")["phase"] == "pre-line"
+    again.broker.tasks.seeds = lambda: 31
+    again.advance(0.001)
+    assert again.broker.tasks.room.draws == {"shop": RoomDraw("shop", OPENS, 31)}
+    assert line(again) == sorted(uids, key=lambda uid: place_in_draw(31, uid))
 
 
 def test_a_draw_outlives_the_segment_it_was_written_in(tmp_path):
