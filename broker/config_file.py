@@ -28,6 +28,7 @@ is half applied.  tomllib is Python's own (3.11+).
 """
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import tomllib
@@ -160,6 +161,14 @@ KEYS: tuple[Key, ...] = (
         "calls of a group that may start at once beyond its group_rate"),
     Key(EVERY, "admit_url", "URL", "", "",
         "where an admitted user goes: admitUrl, with the pass in its fragment"),
+    Key((FUNCTION,), "opens_at", "offset date-time", None, "",
+        "a room event: before it, visitors join a pre-line, admitted in a random draw "
+        "made at the opening, later joiners behind; a TOML offset date-time or an RFC "
+        "3339 string with Z or an offset (a local time is refused)"),
+    Key((FUNCTION,), "closed", "boolean", False, "",
+        "true: the line fills, nobody is admitted (SIGHUP with false opens it)"),
+    Key((FUNCTION,), "max_waiting", "integer", 0, "tasks",
+        "online tasks that may wait at once; one more is a 429 line_full (0: no cap)"),
     Key(EVERY, "allow_origins", "list of origins", [], "",
         "pages (scheme://host[:port], or \"*\") that may call the API from a browser (CORS)"),
     Key((UPSTREAM,), "balance", "string", "round_robin", "",
@@ -481,7 +490,8 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, next_upstream[0], max(connect_ms, 1), origins,
-                        *_groups(entry, where), *_lifecycle(entry, where), *next_upstream[1:])
+                        *_groups(entry, where), *_lifecycle(entry, where), *next_upstream[1:],
+                        *_room_event(entry, where))
 
 
 def _next_upstream(entry: dict, where: str) -> tuple[frozenset, int, int]:
@@ -509,6 +519,40 @@ def _lifecycle(entry: dict, where: str) -> tuple[int, int | None]:
         raise ConfigError(f"{where}: expected_duration must be above 0")
     return expected_ms, None if keep is None else duration_ms(
         keep, f"{where}: keep_result_after_read")
+
+
+def _room_event(entry: dict, where: str) -> tuple[float | None, bool, int]:
+    """opens_at as wall-clock seconds (None: unset), closed and max_waiting, as
+    FunctionSpec has them (room.py says what they do)."""
+    closed = _get(entry, FUNCTION, "closed")
+    if type(closed) is not bool:
+        raise ConfigError(f"{where}: closed must be true or false")
+    max_waiting = _integer(entry, "max_waiting", 0, 0, 100_000_000, where, "0 (no cap)")
+    opens_at = entry.get("opens_at")
+    return (None if opens_at is None else offset_time(opens_at, f"{where}: opens_at"),
+            closed, max_waiting)
+
+
+def offset_time(value: Any, where: str) -> float:
+    """A TOML offset date-time (tomllib: an aware datetime) or an RFC 3339 string with
+    "Z" or an offset, as POSIX seconds.  A local date-time or a date is refused: the
+    opening would depend on the server's timezone (TOML 1.0 section "Local Date-Time":
+    it "cannot be converted to an instant in time without additional information")."""
+    when = value
+    if isinstance(value, str):
+        try:
+            when = datetime.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ConfigError(f"{where}: {value!r} is not an RFC 3339 date-time, like "
+                              f"\"2026-12-24T18:00:00Z\"") from None
+    if not isinstance(when, datetime.datetime):
+        raise ConfigError(f"{where}: an offset date-time, like 2026-12-24T18:00:00Z or "
+                          f"2026-12-24T19:00:00+01:00, not {value!r}")
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ConfigError(f"{where}: {when.isoformat()} has no offset (a local time would "
+                          f"open at the server's idea of it): give Z or ±hh:mm, like "
+                          f"{when.isoformat()}Z")
+    return when.timestamp()
 
 
 def _groups(entry: dict, where: str) -> tuple:

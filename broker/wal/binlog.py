@@ -41,6 +41,9 @@ call's end) when a dispatcher takes it; a success whose result needs a whole rec
 reserves that when it comes (TASK_END's room, `_room_task_end`).  Cron schedules (schedules.py) are
 logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
 segment the same way; each record is reserved when it is made, the GONE with the first.
+A room event's draw (ROOM_DRAW) is kept the same way, each function's latest for good
+(there is no GONE): it pins its segment, and compaction copies it forward from this
+journal's own books (`draws`, records.DrawBooks), so a restart long after the opening still has it.
 
 Slow rates keep their last start across a restart in a side file (directory.py).
 
@@ -77,8 +80,9 @@ assert (J.JOB_ID, J.JOB_PRI, J.JOB_DELAY, J.JOB_TTR, J.JOB_CREATED, J.JOB_KEY, J
         J.JOB_COUNTS) == (1, 2, 3, 4, 5, 6, 7, slice(8, 13))
 assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DELAYED, J.BURIED,
                                                                 J.HELD)
-#: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
-_NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
+#: what a pending record is: nobody's latest full record, or a job's, a task's, a
+#: schedule's, a function's room draw's
+_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW = 0, 1, 2, 3, 4
 _FRAME = wf.FRAME.size
 _DELETE_ROOM = 2 * (wf.DELETE_SIZE + _FRAME)     # a put reserves its DELETE too (_reservation)
 
@@ -127,6 +131,7 @@ class Binlog:
         self.task_extra: dict[str, dict] = {}
         self.schedule_file: dict[str, int] = {}
         self.schedule_size: dict[str, int] = {}
+        self.draws = records.DrawBooks()    # each function's latest room draw
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
@@ -200,7 +205,8 @@ class Binlog:
         for seq, live in collections.Counter(j[3] for j in jobs.values()).items():
             self.by_seq[seq].live = live
         for seq, live in collections.Counter(
-                t[1] for t in [*tasks.values(), *schedules.values()]).items():
+                t[1] for t in [*tasks.values(), *schedules.values(),
+                               *replayed.draws.values()]).items():
             self.by_seq[seq].live += live
         self.live_bytes = sum(wf.JOB_FIXED_SIZE + j[0][13] + j[0][14] for j in jobs.values())
         self.promised = len(jobs) * self._reservation(wf.DELETE_SIZE)
@@ -217,6 +223,8 @@ class Binlog:
             self.live_bytes += size
             biggest = max(biggest, size)
             self.promised += self._reservation(len(wf.encode_schedule_gone(fields[0])))
+        for fields, _ in replayed.draws.values():
+            self.live_bytes += len(wf.encode_room_draw(fields))
         self.least_seg_size = wf.HEADER_SIZE + _FRAME + biggest
         self.seg_size = max(self.seg_size, self.least_seg_size)
 
@@ -437,6 +445,21 @@ class Binlog:
         self.pending.append((record, _NOWHERE, None))
         self.pending_reserve += self._reservation(len(record))
 
+    # -- room draws (called by the waiting room, waiting.py) ---------------------------------
+    def reserve_draw(self, draw: J.RoomDraw) -> bool:
+        return self.reserve(self._reservation(len(wf.encode_room_draw(
+            records.draw_fields(draw)))))
+
+    def log_draw(self, draw: J.RoomDraw) -> None:
+        """A function's latest draw (reserved by reserve_draw, or by compaction)."""
+        self._log_draw(records.draw_fields(draw))
+
+    def _log_draw(self, fields: list) -> None:
+        record, grown = self.draws.logged(fields)
+        self.live_bytes += grown
+        self.pending.append((record, _DRAW, fields[0]))
+        self.pending_reserve += self._reservation(len(record))
+
     def mark_next_id(self, next_id: int) -> None:
         """Record `next_id` as the high-water mark in the segment being written."""
         seg = self.segments[-1]
@@ -475,6 +498,8 @@ class Binlog:
                 elif place == _TASK:
                     if tasks is not None and tasks.get(owner.uid) is owner:
                         self._place(self.task_file, owner.uid).uids.append(owner.uid)
+                elif place == _DRAW:
+                    self._place(self.draws.file, owner)     # (`owner`: the function)
                 elif schedules is not None and schedules.get(owner.name) is owner:
                     self._place(self.schedule_file, owner.name).names.append(owner.name)
         self._write_frame(chunk, size)
@@ -582,6 +607,7 @@ class Binlog:
                 self._migrate_tasks(oldest, tasks)
             if schedules:
                 self._migrate_schedules(oldest, schedules)
+            self._migrate_draws(oldest)
             break
         self._unlink_doomed()
 
@@ -622,6 +648,14 @@ class Binlog:
                 self.records_migrated += 1
             seg.name_cursor += 1
 
+    def _migrate_draws(self, seg: Segment) -> None:
+        for name in self.draws.placed_in(seg.seq):
+            fields = self.draws.fields[name]
+            if not self.reserve(self._reservation(len(wf.encode_room_draw(fields)))):
+                return                      # disk full: try again next turn
+            self._log_draw(fields)
+            self.records_migrated += 1
+
     def _unlink_doomed(self) -> None:
         busy = self.syncer is not None and self.syncer.busy
         keep = []
@@ -650,13 +684,14 @@ class Binlog:
             J.JOB_HELD: self._room_update, J.TASK_NEW: self.reserve_task,
             J.TASK_CALL: self.reserve_call, J.TASK_STATE: self.reserve_task_state,
             J.TASK_END: self._room_task_end, J.SCHEDULE_NEW: self._room_new_schedule,
-            J.SCHEDULE: self.reserve_schedule})
+            J.SCHEDULE: self.reserve_schedule, J.ROOM_DRAW: self.reserve_draw})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self._log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
             J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
-            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
+            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
+            J.ROOM_DRAW: self.log_draw})
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))
@@ -726,7 +761,7 @@ class Binlog:
             self.schedule_file[name] = seq
             self.schedule_size[name] = len(wf.encode_schedule(fields))
         return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
-                          replayed.warnings)
+                          replayed.warnings, self.draws.restore(replayed.draws))
 
     def start(self, loop, on_durable) -> None:
         """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""

@@ -3,7 +3,7 @@ and the side file of the slow rates' last starts.  binlog.py owns what is writte
 when; this module what is on disk and what a start finds there.
 
 Replay (`replay`): segments are read oldest first, each frame checked (format.py's scan),
-its records applied to the live jobs, tasks and schedules; a spare allocated but never
+its records applied to the live jobs, tasks, schedules and room draws; a spare allocated but never
 written (its header may never have reached the disk) is removed; a torn tail (a crash
 mid-write) is truncated in the newest segment that has data, and anything unreadable
 elsewhere is skipped with a warning, since what follows it is not lost only if nothing
@@ -96,6 +96,7 @@ def replay(path: str, max_job_size: int) -> Found:
     jobs: dict = {}
     tasks: dict = {}
     schedules: dict = {}
+    draws: dict = {}
     tubes: dict = {}
     warnings: list[str] = []
     segments: list[Segment] = []
@@ -124,7 +125,7 @@ def replay(path: str, max_job_size: int) -> Found:
         try:
             for start, stop in spans:
                 top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
-                                       tasks, seg.uids, schedules, seg.names)
+                                       tasks, seg.uids, schedules, seg.names, draws)
                 next_id = max(next_id, top + 1)
         except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
             raise BinlogError(f"{full}: {exc}") from None
@@ -133,7 +134,7 @@ def replay(path: str, max_job_size: int) -> Found:
     for w in warnings:
         log.warning("binlog: %s", w)
     return Found(wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules,
-                             load_gates(path)),
+                             load_gates(path), draws),
                  segments, names[-1][0] if names else 0)
 
 

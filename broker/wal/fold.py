@@ -3,9 +3,10 @@ time, so the same fold serves a start (stream.read: the whole stream at once) an
 standby (follow.py: each message as the leader appends it, for hours).
 
 `apply(seq, headers, data)` takes one message of the stream (stream.py says what its
-headers and payload are) and folds its records into `jobs`, `tasks` and `schedules` as a
-binlog's replay does (format.apply_records: the latest full record of each live thing,
-its later UPDATEs folded in, a DELETE or a GONE forgets it), and keeps, per message, the
+headers and payload are) and folds its records into `jobs`, `tasks`, `schedules` and
+`draws` (each function's latest room draw) as a binlog's replay does
+(format.apply_records: the latest full record of each live thing, its later UPDATEs
+folded in, a DELETE or a GONE forgets it), and keeps, per message, the
 `Span` compaction's books need (jetstream.py).  Nothing else is kept: a message's bytes
 are not (a job's body is its own slice), so a standby holds what a restore would build,
 plus one Span per message the stream still has.
@@ -71,6 +72,7 @@ class Fold:
         self.jobs: dict = {}
         self.tasks: dict = {}
         self.schedules: dict = {}
+        self.draws: dict = {}
         self.tubes: dict = {}
         self.spans: dict[int, Span] = {}
         self.gates: dict = {}
@@ -105,7 +107,8 @@ class Fold:
             raise Corrupt(f"message {seq} of the journal fails its checksum")
         try:
             wf.apply_records(data, wf.FRAME.size, len(data), seq, self.jobs, span.ids,
-                             self.tubes, self.tasks, span.uids, self.schedules, span.names)
+                             self.tubes, self.tasks, span.uids, self.schedules, span.names,
+                             self.draws)
         except (wf.BadSegment, struct.error) as exc:
             raise Corrupt(f"message {seq} of the journal: {exc}") from None
 
@@ -125,5 +128,5 @@ class Fold:
         """The state as a restore takes it (the dicts themselves: the fold is spent)."""
         top = max(self.jobs, default=0)
         replayed = wf.Replayed(self.jobs, max(self.next_id, top + 1, 1), self.state_id, [],
-                               self.tasks, self.schedules, self.gates)
+                               self.tasks, self.schedules, self.gates, self.draws)
         return Read(replayed, self.spans, self.last_seq, self.gates_seq, self)

@@ -49,6 +49,13 @@ reader takes the keys it knows and ignores the others, and a record without the 
 (formats 2 and 3) has their defaults, so later versions add task fields without a new
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
 refuses a newer format.
+
+Format 5 adds a record kind (kind 10 is another's, of the same format):
+  * ROOM_DRAW  a room event's draw (core/tasks/components/room.py): ROOM_DRAW_FIELDS,
+               the function, its opening (wall-clock seconds) and the seed, an unsigned
+               64-bit integer.  A later one for the same function replaces it; there is
+               no GONE (each function's latest is kept for good, and pins its segment).
+A format-5 reader reads formats 1 to 4 as they were (no draw in them).
 """
 from __future__ import annotations
 
@@ -61,8 +68,8 @@ from typing import NamedTuple
 msgpack = None
 
 MAGIC = b"ZSTALKWL"
-FORMAT = 4
-READS = (1, 2, 3, 4)    # formats this zstalk replays
+FORMAT = 5
+READS = (1, 2, 3, 4, 5)     # formats this zstalk replays
 HEADER = struct.Struct("<8sIQQQ")
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")
@@ -71,6 +78,7 @@ MAX_FRAME = 1 << 31
 JOB, UPDATE, DELETE = 1, 2, 3
 TASK, TASK_STATE, TASK_GONE = 4, 5, 6
 SCHEDULE, SCHEDULE_GONE = 7, 8
+ROOM_DRAW = 9
 #: state codes on disk
 S_READY, S_DELAYED, S_BURIED, S_RESERVED = 1, 2, 3, 4
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
@@ -92,6 +100,7 @@ T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after th
 #: the keys this zstalk writes and reads
 TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers", "balance_key",
                  "client_ip", "online", "pass_exp", "ended_by", "group", "token_sha256")
+ROOM_DRAW_FIELDS = ("function", "opens_at", "seed")
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")
 
@@ -125,6 +134,7 @@ class Replayed(NamedTuple):
     tasks: dict = {}      # uid -> (TASK list with its result, seq) of each live task
     schedules: dict = {}  # name -> (SCHEDULE list, seq) of each live schedule
     gates: dict = {}      # function -> the wall-clock TAT of its slow rate (GATES_NAME)
+    draws: dict = {}      # function -> (ROOM_DRAW list, seq): its latest draw
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -178,6 +188,11 @@ def encode_schedule(fields: list) -> bytes:
 
 def encode_schedule_gone(name: str) -> bytes:
     return _packed(SCHEDULE_GONE, [name])
+
+
+def encode_room_draw(fields: list) -> bytes:
+    """A ROOM_DRAW record: ROOM_DRAW_FIELDS' values."""
+    return _packed(ROOM_DRAW, fields)
 
 
 def _packed(kind: int, fields: list) -> bytes:
@@ -252,12 +267,13 @@ def image(live: tuple) -> Image:
 
 def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
                   tubes: dict, tasks: dict | None = None, task_uids: list | None = None,
-                  schedules: dict | None = None, names: list | None = None) -> int:
+                  schedules: dict | None = None, names: list | None = None,
+                  draws: dict | None = None) -> int:
     """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
-    above), `tasks` (uid -> (TASK list, seq)) and `schedules` (name -> (SCHEDULE list,
-    seq)); returns the largest job id seen in a JOB record.  The uids of TASK records go
-    to `task_uids` and the names of SCHEDULE records to `names`, as job ids go to
-    `job_ids`."""
+    above), `tasks` (uid -> (TASK list, seq)), `schedules` (name -> (SCHEDULE list,
+    seq)) and `draws` (function -> (ROOM_DRAW list, seq)); returns the largest job id
+    seen in a JOB record.  The uids of TASK records go to `task_uids` and the names of
+    SCHEDULE records to `names`, as job ids go to `job_ids`."""
     top = 0
     unpack_job, unpack_update, unpack_delete = _JOB.unpack_from, _UPDATE.unpack_from, _DELETE.unpack_from
     append = job_ids.append
@@ -293,6 +309,12 @@ def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids
             pos = _apply_task(data, pos, kind, seq, tasks, task_uids)
         elif SCHEDULE <= kind <= SCHEDULE_GONE and schedules is not None:
             pos = _apply_schedule(data, pos, kind, seq, schedules, names)
+        elif kind == ROOM_DRAW and draws is not None:
+            fields, pos = _unpack_list(data, pos)
+            if (len(fields) != len(ROOM_DRAW_FIELDS) or type(fields[0]) is not str
+                    or type(fields[2]) is not int):
+                raise BadSegment(f"room draw record with fields {fields!r}")
+            draws[fields[0]] = (fields, seq)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top

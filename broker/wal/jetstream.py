@@ -38,7 +38,9 @@ another leads.
 Compaction as the binlog's: each message is a Span (stream.py) that knows the full records
 it holds and how many are still the latest of something live; while the stream holds
 more than twice the live records' bytes plus COMPACT_SLACK, live records of the oldest
-messages are copied forward, a few thousand per turn, and once the copies are
+messages are copied forward, a few thousand per turn (a function's latest room draw,
+ROOM_DRAW, from this journal's own books: it has no GONE and stays live for good), and
+once the copies are
 acknowledged the stream is purged up to the first message still holding something live
 (never the last, whose Zstalk-Next-Id header keeps ids going up; the slow rates' TATs go
 again in a later message first).
@@ -65,8 +67,9 @@ _MIGRATE_SCAN_PER_TURN = 4096
 COMPACT_SLACK = 8 * 1024 * 1024
 #: an append not acknowledged this long is sent again (same id: NATS answers a duplicate)
 RESEND_S = 1.0
-#: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
-_NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
+#: what a pending record is: nobody's latest full record, or a job's, a task's, a
+#: schedule's, a function's room draw's
+_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW = 0, 1, 2, 3, 4
 
 
 class Append:
@@ -117,6 +120,8 @@ class JetStreamJournal:
         self.task_extra: dict[str, dict] = {}
         self.schedule_file: dict[str, int] = {}
         self.schedule_size: dict[str, int] = {}
+        self.draws = records.DrawBooks()    # each function's latest room draw
+        self.draws_pending: set[str] = set()    # draws whose latest record is not sent yet
         self._tube_bytes: dict[str, bytes] = {}
         self.purging = False
         self.max_bytes = -1                 # the stream's max_bytes (-1: no limit)
@@ -194,8 +199,12 @@ class JetStreamJournal:
             schedules.append(records.schedule_image(fields))
             self._restored(self.schedule_file, self.schedule_size, name, seq,
                            wf.encode_schedule(fields))
+        draws = self.draws.restore(replayed.draws)
+        for name, seq in self.draws.file.items():
+            self.live_bytes += self.draws.size[name]
+            self._span(seq).live += 1
         return J.Restored(replayed.jobs.values(), replayed.next_id, tasks, schedules,
-                          replayed.gates, replayed.warnings)
+                          replayed.gates, replayed.warnings, draws)
 
     def _restored(self, files: dict, sizes: dict, key: str, seq: int, record: bytes) -> None:
         """A replayed task's or schedule's latest full record: in message `seq`, live."""
@@ -344,6 +353,9 @@ class JetStreamJournal:
                 if tasks.get(owner.uid) is owner:
                     self._moved(self.task_file, owner.uid, span)
                     span.uids.append(owner.uid)
+            elif place == _DRAW:
+                self._moved(self.draws.file, owner, span)   # (`owner`: the function)
+                self.draws_pending.discard(owner)
             elif schedules.get(owner.name) is owner:
                 self._moved(self.schedule_file, owner.name, span)
                 span.names.append(owner.name)
@@ -530,13 +542,14 @@ class JetStreamJournal:
     def _tables(self) -> None:
         self.room = J.by_kind(J.accept, {
             J.JOB_PUT: self._room_put, J.TASK_NEW: self._room_record,
-            J.SCHEDULE_NEW: self._room_record})
+            J.SCHEDULE_NEW: self._room_record, J.ROOM_DRAW: self._room_record})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self.log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
             J.TASK_STATE: self.log_task_state, J.TASK_END: self.log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
-            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
+            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
+            J.ROOM_DRAW: self.log_draw})
 
     def _room_put(self, job: Job) -> bool:
         """A full stream refuses new work as a full disk does (OUT_OF_MEMORY); what is
@@ -615,6 +628,15 @@ class JetStreamJournal:
         self._unplace(self.schedule_file.pop(s.name, 0))
         self.pending.append((wf.encode_schedule_gone(s.name), _NOWHERE, None))
 
+    def log_draw(self, draw: J.RoomDraw) -> None:
+        self._log_draw(records.draw_fields(draw))
+
+    def _log_draw(self, fields: list) -> None:
+        record, grown = self.draws.logged(fields)
+        self.live_bytes += grown
+        self.pending.append((record, _DRAW, fields[0]))
+        self.draws_pending.add(fields[0])
+
     def _unplace(self, seq: int) -> None:
         span = self.spans.get(seq)
         if span is not None:
@@ -668,6 +690,11 @@ class JetStreamJournal:
                 self.records_migrated += 1
             span.name_cursor += 1
             budget -= 1
+        for name in self.draws.placed_in(span.seq):
+            if name not in self.draws_pending and budget > 0:
+                self._log_draw(self.draws.fields[name])
+                self.records_migrated += 1
+                budget -= 1
         return budget
 
     def _first_live(self) -> int:

@@ -146,3 +146,44 @@ def schedule_max(s: Schedule) -> int:
 
 def schedule_image(fields: list) -> J.ScheduleImage:
     return J.ScheduleImage(*fields)
+
+
+# -- room draws --------------------------------------------------------------------------
+def draw_fields(draw: J.RoomDraw) -> list:
+    return [draw.function, draw.opens_at, draw.seed]
+
+
+def draw_image(fields: list) -> J.RoomDraw:
+    return J.RoomDraw(fields[0], float(fields[1]), fields[2])
+
+
+class DrawBooks:
+    """A journal's own books on the room draws, each function's latest: its record's
+    list, size and place (`file`: a binlog segment, a stream message; the journal moves
+    it as it writes).  A draw has no live object in the core's LiveView, so compaction
+    copies it forward from here, and never drops it (there is no GONE)."""
+    __slots__ = ("fields", "size", "file")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, list] = {}
+        self.size: dict[str, int] = {}
+        self.file: dict[str, int] = {}
+
+    def logged(self, fields: list) -> tuple[bytes, int]:
+        """The ROOM_DRAW record of `fields`, now its function's latest, and how much the
+        live records' bytes grow by it."""
+        name, record = fields[0], wf.encode_room_draw(fields)
+        grown = len(record) - self.size.get(name, 0)
+        self.size[name], self.fields[name] = len(record), fields
+        return record, grown
+
+    def restore(self, replayed: dict) -> list[J.RoomDraw]:
+        """A replay's draws (function -> (list, place)) in the books, as the core's images."""
+        for name, (fields, seq) in replayed.items():
+            self.fields[name], self.file[name] = fields, seq
+            self.size[name] = len(wf.encode_room_draw(fields))
+        return [draw_image(fields) for fields, _ in replayed.values()]
+
+    def placed_in(self, seq: int) -> list[str]:
+        """The functions whose latest draw is in segment or message `seq`."""
+        return [name for name, at in self.file.items() if at == seq]

@@ -102,6 +102,16 @@ FIELDS = (
                                           "$upstream_addr (\"http://a:8000, "
                                           "http://b:8000\"): more than one when a failed "
                                           "call moved to the next server (next_upstream)."}),
+    Field("phase", {"type": "string", "enum": ["pre-line", "closed"],
+                    "description": "Its function's line is held (queued only; absent: "
+                                   "open): `pre-line` until a room event's opening "
+                                   "(`opensAt`), when the visitors who joined before it "
+                                   "are drawn in a random order, ahead of later joiners "
+                                   "(no `waitNum` or `waitTime` before the draw); `closed`: "
+                                   "the line fills and nobody is admitted (no "
+                                   "`waitTime`)."}),
+    Field("opensAt", time_schema("When the room event's pre-line is drawn and the line "
+                                 "opens (phase pre-line only)"), time=True),
 )
 #: what the HTTP front adds to an admitted task's info (protocol/fronts/http/room.py)
 FRONT_FIELDS = (
@@ -110,10 +120,10 @@ FRONT_FIELDS = (
 )
 TIMES = tuple(f.name for f in FIELDS if f.time)
 #: an enqueue's answer, the fields of its 201 (made after the turn's hand-out): the id,
-#: the status, createdAt and, queued, the place; admitted at once, the pass's fields (the
+#: the status, createdAt and, queued, the place (or a held line's phase); admitted at once, the pass's fields (the
 #: front adds `pass`, FRONT_FIELDS, and the task's own `token`, ENQUEUED_TOKEN)
 ENQUEUED = ("uniqueId", "status", "createdAt", "waitNum", "waitTime", "passExpiresAt",
-            "admitUrl")
+            "admitUrl", "phase", "opensAt")
 ENQUEUED_TOKEN = Field("token", {
     "type": "string", "pattern": "^zt1_[A-Za-z0-9_-]{43}$",
     "description": "The task's own token, given once: `Authorization: Bearer <token>` reads "
@@ -149,6 +159,8 @@ class TaskInfo(NamedTuple):
     wait_time: int | None = None
     retry_at: float | None = None
     upstream_addr: str | None = None
+    phase: str | None = None
+    opens_at: float | None = None
 
     def wire(self) -> dict[str, Any]:
         """The map that travels: the fields that apply, by their API names."""

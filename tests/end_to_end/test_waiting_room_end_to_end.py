@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -22,6 +23,7 @@ import zmq
 from nginx import Backend
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check, wait_for
 from test_pass_gateway_nginx import forge, get, start_gateway
+from test_task_limits_end_to_end import docs_block
 from zstalk.protocol.codecs.passes import PassKeys, sign_pass
 from zstalk.protocol.schema import Heartbeat, Hello, Welcome, decode, encode
 
@@ -400,3 +402,141 @@ def test_sighup_keeps_the_config_in_use_when_the_new_one_adds_a_room_without_pas
         assert code == 404, body            # (the function the refused file would add)
     finally:
         served.server.stop()
+
+
+# -- room events: a pre-line drawn at the opening, closed, max_waiting -------------------------
+def event_config(concurrency: int = 1, **keys) -> str:
+    """A room of FUNCTION, `concurrency` admitted at a time, with the room event's `keys`
+    (TOML values as written)."""
+    lines = "".join(f"{name} = {value}\n" for name, value in keys.items())
+    return (f'[functions.{FUNCTION}]\nonline = "only"\nconcurrency = {concurrency}\n'
+            f'pass_ttl = "60s"\n'
+            f'online_heartbeat = "60s"\nmax_waiting_per_client = 1000\n'
+            f'admit_url = "https://shop.example/in"\n{lines}')
+
+
+def rfc3339(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}Z"
+
+
+def reload(served: Served, tmp_path, config_text: str) -> None:
+    """Write the config anew and SIGHUP (the caller waits for what it changes: serve
+    logs no info line without -V)."""
+    (tmp_path / "zstalk.toml").write_text(config_text)
+    served.server.process.send_signal(signal.SIGHUP)
+
+
+def documented_draw(seed: str, uids: list[str]) -> list[str]:
+    """The order of a draw as docs/waiting-room.md's check_draw.py computes it, run as
+    written (its own code, not the broker's)."""
+    space: dict = {}
+    exec(docs_block("waiting-room.md", "# check_draw.py: the order a draw gives "
+                    "(docs/waiting-room.md), from its published seed"), space)
+    return space["drawn_order"](seed, uids)
+
+
+def launch_config(**keys) -> str:
+    """docs/waiting-room.md's launch.toml as written, but for `keys` (TOML values)."""
+    text = docs_block("waiting-room.md", "# launch.toml")
+    for name, value in keys.items():
+        text, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", text, flags=re.M)
+        assert n == 1, name
+    return text.replace("[functions.drop]", f"[functions.{FUNCTION}]") + (
+        'pass_ttl = "60s"\nonline_heartbeat = "60s"\nmax_waiting_per_client = 1000\n')
+
+
+def places(base: str, uids: list[str]) -> list[str]:
+    """Who is admitted, then the rest by waitNum (each GET keeps its visitor's place)."""
+    infos = {uid: call("GET", f"{base}/v1/tasks/{uid}")[2] for uid in uids}
+    admitted = [uid for uid, info in infos.items() if info["status"] == "admitted"]
+    waiting = sorted((info["waitNum"], uid) for uid, info in infos.items()
+                     if info["status"] == "queued")
+    return admitted + [uid for _, uid in waiting]
+
+
+def test_a_pre_line_is_drawn_at_the_opening_and_a_restart_with_the_binlog_keeps_the_order(
+        tmp_path):
+    """Visitors join before opens_at (a pre-line: no place); a SIGHUP brings the opening
+    to now, the broker draws, the order is the documented one for the published seed, a
+    later joiner is behind; kill -9 and a restart from the binlog keep the draw and the
+    order (no new draw)."""
+    later = rfc3339(time.time() + 3600)
+    served = serve(tmp_path, "100/s", 1, "-b", str(tmp_path / "wal"),
+                   config_text=launch_config(opens_at=f'"{later}"', concurrency=1))
+    try:
+        early = []
+        for _ in range(8):
+            code, _, body = call("POST", f"{served.base}/v1/tasks",
+                                 {"function": FUNCTION, "type": "online"})
+            assert code == 201 and (body["status"], body["phase"]) == ("queued", "pre-line")
+            assert body["opensAt"] == later and "waitNum" not in body, body
+            early.append(body["uniqueId"])
+        info = call("GET", f"{served.base}/v1/tasks/{early[0]}")[2]
+        assert (info["phase"], info["opensAt"]) == ("pre-line", later) and "waitNum" not in info
+        time.sleep(0.01)            # (the opening after every join's createdAt)
+        reload(served, tmp_path, launch_config(opens_at=rfc3339(time.time()), concurrency=1))
+        stats: dict = {}
+        assert wait_for(lambda: stats.update(call(
+            "GET", f"{served.base}/v1/functions/{FUNCTION}")[2]) or "lastDraw" in stats, 10)
+        order = documented_draw(stats["lastDraw"]["seed"], early)
+        assert order != early
+        latecomer = join(served.base)
+        assert places(served.base, early + [latecomer]) == order + [latecomer]
+        served.server.kill()
+        served.server.start()
+        assert wait_for(lambda: call("GET", f"{served.base}/v1/tasks/nosuch")[0] == 404, 20)
+        again = call("GET", f"{served.base}/v1/functions/{FUNCTION}")[2]
+        assert again["lastDraw"] == stats["lastDraw"] and "phase" not in again
+        assert places(served.base, early + [latecomer]) == order + [latecomer]
+    finally:
+        served.server.stop()
+
+
+def test_closed_admits_nobody_max_waiting_refuses_with_429_and_a_sighup_opens_the_line(
+        tmp_path):
+    served = serve(tmp_path, "100/s", 1, config_text=event_config(closed="true",
+                                                                   max_waiting=3))
+    try:
+        uids = []
+        for n in range(3):
+            code, _, body = call("POST", f"{served.base}/v1/tasks",
+                                 {"function": FUNCTION, "type": "online"})
+            assert code == 201 and (body["phase"], body["waitNum"]) == ("closed", n), body
+            uids.append(body["uniqueId"])
+        code, headers, body = call("POST", f"{served.base}/v1/tasks",
+                                   {"function": FUNCTION, "type": "online"})
+        assert (code, body["error"], headers["Retry-After"]) == (429, "line_full", "5")
+        assert f"'{FUNCTION}'" in body["message"] and "max_waiting" in body["message"]
+        code, _, items = call("POST", f"{served.base}/v1/tasks",
+                              [{"function": FUNCTION, "type": "online"}])
+        assert code == 200 and (items[0]["status"], items[0]["error"]) == (429, "line_full")
+        time.sleep(0.5)
+        assert places(served.base, uids) == uids        # (nobody was admitted)
+        reload(served, tmp_path, event_config(max_waiting=10, concurrency=3))
+        info: dict = {}
+        assert wait_for(lambda: info.update(call("GET", f"{served.base}/v1/tasks/{uids[0]}")[2])
+                        or info["status"] == "admitted", 10), info
+        assert "phase" not in info and info["pass"]
+        call("POST", f"{served.base}/v1/tasks/{uids[0]}/done", {},
+             {"Authorization": f"Bearer {info['pass']}"})
+        code, _, items = call("POST", f"{served.base}/v1/tasks",
+                              [{"function": FUNCTION, "type": "online"}] * 2)
+        assert code == 200
+        admitted = [item for item in items if "pass" in item]
+        assert admitted, items      # (concurrency 3: the slot done freed is taken at once)
+        item = admitted[0]
+        assert item["status"] == 201 and item["admitUrl"] == (
+            f"https://shop.example/in#zstalk_pass={item['pass']}")
+        assert item["passExpiresAt"].endswith("Z") and "waitNum" in item
+    finally:
+        served.server.stop()
+
+
+def test_an_opens_at_without_an_offset_stops_the_start_naming_the_file_and_the_key(tmp_path):
+    keys, config = room_files(tmp_path, config_text=event_config(opens_at="2026-12-24T18:00:00"))
+    done = subprocess.run([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(free_port()),
+                           "--counter-port", "0", "--worker-bind", "none", "--config", config,
+                           "--pass-key-file", keys], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stderr.startswith(
+        f"zstalk: {config}: [functions.{FUNCTION}]: opens_at: 2026-12-24T18:00:00 has no "
+        "offset"), done.stderr

@@ -14,6 +14,8 @@ wheel), R3, sync_interval always.
     jobs); the lease's own failovers are in test_failover.py;
   * an acknowledgement lost with its connection (a proxy swallows what NATS answers, then
     drops the connection): the broker sends again, NATS answers a duplicate, it goes on;
+  * a waiting room's draw (ROOM_DRAW) in the stream: a kill -9 and a restart keep the
+    seed and the drawn order;
   * bad input: NATS out of reach (exit 10 naming the URLs), a stream that drops records
     (discard old, max_age: exit 2 naming the setting), -z above max_payload, --journal with
     --binlog, a NATS beyond this host without credentials (exit 2).
@@ -26,6 +28,7 @@ import asyncio
 import os
 import random
 import re
+import signal
 import socket
 import sys
 import subprocess
@@ -537,3 +540,42 @@ def test_journal_without_the_nats_client_names_the_extra_to_install():
                           timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
     assert "zstalk[ha]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_room_draw_is_in_the_stream_and_a_restart_from_it_keeps_the_drawn_order(
+        cluster, name, tmp_path):
+    """docs/waiting-room.md's launch.toml on the journal: eight visitors in a pre-line, a
+    SIGHUP brings the opening to now and the broker draws; a kill -9 and a restart from
+    the stream alone keep the draw (the same published seed, no second draw) and every
+    visitor's drawn place, a later joiner behind them."""
+    from test_waiting_room_end_to_end import (FUNCTION, call, documented_draw,
+                                              launch_config, places, rfc3339, room_files)
+    later = rfc3339(time.time() + 3600)
+    keys, config = room_files(tmp_path, config_text=launch_config(
+        opens_at=f'"{later}"', concurrency=1))
+    server = serve(cluster.urls, name, "--pass-key-file", keys, config=config).start()
+    base = f"http://{LOOPBACK}:{server.http_port}"
+    try:
+        assert wait_for(lambda: call("GET", f"{base}/v1/tasks/nosuch")[0] == 404, 20)
+        early = [call("POST", f"{base}/v1/tasks", {"function": FUNCTION, "type": "online"}
+                      )[2]["uniqueId"] for _ in range(8)]
+        assert call("GET", f"{base}/v1/tasks/{early[-1]}")[2]["phase"] == "pre-line"
+        time.sleep(0.01)
+        (tmp_path / "zstalk.toml").write_text(launch_config(opens_at=rfc3339(time.time()),
+                                                            concurrency=1))
+        server.process.send_signal(signal.SIGHUP)
+        stats: dict = {}
+        assert wait_for(lambda: stats.update(call("GET", f"{base}/v1/functions/{FUNCTION}")[2])
+                        or "lastDraw" in stats, 10), stats
+        order = documented_draw(stats["lastDraw"]["seed"], early)
+        latecomer = call("POST", f"{base}/v1/tasks",
+                         {"function": FUNCTION, "type": "online"})[2]["uniqueId"]
+        assert places(base, early + [latecomer]) == order + [latecomer]
+        server.kill()
+        server.start()
+        assert wait_for(lambda: call("GET", f"{base}/v1/tasks/nosuch")[0] == 404, 20)
+        assert call("GET", f"{base}/v1/functions/{FUNCTION}")[2]["lastDraw"] == \
+            stats["lastDraw"]
+        assert places(base, early + [latecomer]) == order + [latecomer]
+    finally:
+        server.stop()

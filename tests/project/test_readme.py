@@ -70,6 +70,8 @@ RUN_BY = {
     "# tenants.py": "test_the_groups_example_runs_as_written",
     "# tenant_limits.toml": "tests/end_to_end/test_task_limits_end_to_end.py",
     "# lifecycle.toml": "tests/end_to_end/test_task_lifecycle_end_to_end.py",
+    "# launch.toml": "tests/end_to_end/test_waiting_room_end_to_end.py",
+    "# check_draw.py": "tests/end_to_end/test_waiting_room_end_to_end.py",
     "# protect.toml": "test_the_limits_example_runs_as_written",
     "# limits.py": "test_the_limits_example_runs_as_written",
     "# reports.py": "test_the_request_task_example_runs_as_written",

@@ -60,9 +60,11 @@ SCHEDULE_NEW = 9    # Schedule: room for its record and its SCHEDULE_GONE (appen
 SCHEDULE = 10       # Schedule: the whole schedule as it is now (made, fired, paused)
 SCHEDULE_GONE = 11  # Schedule: deleted
 GATES = 12          # {function: TAT, wall-clock seconds}: the slow rates' last starts
+ROOM_DRAW = 13      # RoomDraw: a room event's opening drew its pre-line's order (the
+                    #   journal keeps each function's latest for good: there is no GONE)
 KINDS = ("JOB_PUT", "JOB_UPDATE", "JOB_HELD", "JOB_DELETE", "TASK_NEW", "TASK_CALL",
          "TASK_STATE", "TASK_END", "TASK_GONE", "SCHEDULE_NEW", "SCHEDULE", "SCHEDULE_GONE",
-         "GATES")
+         "GATES", "ROOM_DRAW")
 
 # -- what restore gives back ----------------------------------------------------------------
 #: a replayed job is (rec, tube, body, file): `rec` a tuple with these fields at these
@@ -125,6 +127,15 @@ class ScheduleImage(NamedTuple):
     created: float
 
 
+class RoomDraw(NamedTuple):
+    """A room event's draw (core/tasks/components/room.py), the record and its image: the
+    function, the opening it was made for and the seed that orders its pre-line (the
+    online tasks that joined before `opens_at`, wall-clock seconds)."""
+    function: str
+    opens_at: float
+    seed: int
+
+
 class Restored(NamedTuple):
     jobs: Collection            # (rec, tube, body, file) of each live job (a million: not copied)
     next_id: int                # ids continue from here
@@ -132,6 +143,7 @@ class Restored(NamedTuple):
     schedules: list             # ScheduleImage of each live schedule
     gates: dict                 # function -> the wall-clock TAT of its slow rate
     warnings: list = []         # what the journal found amiss (and logged), for tests
+    draws: list = []            # RoomDraw: each function's latest (older journals: none)
 
 
 class LiveView(Protocol):

@@ -11,7 +11,8 @@ them to it):
     components/   each the one owner of its state, returning data and calling nothing
                   back: lines.py (the lines and the hand-out order; rotation.py,
                   a line whose tasks have groups: served in turn), room.py (who waits
-                  online), calls.py (calls in flight), limits.py and limiter.py (when a
+                  online; room events: a pre-line's draw, closed, max_waiting),
+                  calls.py (calls in flight), limits.py and limiter.py (when a
                   function may call), group_limits.py (when a group of it may),
                   upstream_calls.py (which server), deadlines.py
                   (timers), stats.py (counts)

@@ -126,10 +126,11 @@ class TaskCommands:
 
     # -- timers --------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        return self.store.next_deadline() if self.store.tasks else None
+        store = self.store      # (a room event opens, and draws, before anyone came)
+        return store.next_deadline() if store.tasks or store.room.openings else None
 
     def expire(self, now: float) -> None:
-        if self.store.tasks:
+        if self.store.tasks or self.store.room.openings:
             self.store.expire(now)
             self.feed(now)
 

@@ -189,8 +189,8 @@ class Ledger:
         that holds it back (one at its limits is offered again when a call ends)."""
         head = self.lines.head(name)
         spec = self.specs.get(name)
-        if head is None or spec is None:
-            return
+        if head is None or spec is None or self.room.holds(name, spec):
+            return                  # (a held room is offered again as it opens: waiting.py)
         opens = self.limits.opens_at(name, spec, now)
         if opens is None:
             return

@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import secrets
 from typing import Any, Callable
 
 from ....protocol.ratelog import RateLog
@@ -92,22 +93,31 @@ log = logging.getLogger("zstalk.tasks")
 _NO_SPACE = TaskError("out_of_space", "the binlog's disk is full")
 
 
+def _seed() -> int:
+    """A room event's draw seed: 64 bits of the system's CSPRNG (nobody can guess the
+    order from the time of the opening)."""
+    return secrets.randbits(64)
+
+
 class Tasks:
     def __init__(self, functions: dict[str, FunctionSpec], wall_offset: float = 0.0,
                  rand: Callable[[], float] = random.random,
                  base: FunctionSpec | None = None, started_at: float = -math.inf,
-                 upstreams: tuple = ()) -> None:
+                 upstreams: tuple = (), seeds: Callable[[], int] = _seed) -> None:
+        """`rand` (retries' jitter) and `seeds` (a room event's draw) are the randomness
+        the core takes as input, so a test gives its own."""
         self.fns = Functions(functions, base)     # the functions, their specs in use
         self.function = self.fns.function           # name -> its spec (None: no such)
         self.specs = self.fns.specs                 # (the same dict for the store's life)
         self.wall_offset = wall_offset
-        self.rand = rand
+        self.rand, self.seeds = rand, seeds
         self.journal: Journal = NullJournal()     # what is kept of changes (set by the core)
         self.inflight = Calls()                 # the calls in flight, their deadlines
         self.upstream = UpstreamCalls(upstreams, started_at=started_at)
         self.limits = Limiter(self.upstream, self.function, started_at)
         self.group_limits = GroupLimits(self.function, started_at)
         self.room = Room()
+        self.room.plan(self.fns.functions, wall_offset)     # (room events to draw)
         self.ledger = ledger = Ledger(self.fns, self.limits, self.room, self.group_limits)
         self.waiting_room = WaitingRoom(ledger)
         self.moves = Moves(self.upstream, self.limits, self.inflight, self.function)
@@ -133,6 +143,7 @@ class Tasks:
         gate keeps its TAT, and a new rate applies from the next start; a server keeps its
         state while its upstream lists its url as written."""
         self.fns.configure(functions, base)
+        self.room.plan(self.fns.functions, self.wall_offset)
         if upstreams is not None:
             self.upstream.reload(upstreams)
         self.limits.configure()
@@ -410,6 +421,7 @@ class Tasks:
         return min(heads) if heads else None
 
     def expire(self, now: float) -> None:
+        self.waiting_room.open_rooms(now, self.journal, self.seeds, self.wall_offset)
         self.ledger.make_due(now)
         self.ledger.open_gates(now)
         self.ledger.time_out(now, self.journal)
@@ -425,11 +437,15 @@ class Tasks:
         self.ledger.forget(now, self.journal)
 
     # -- restart -------------------------------------------------------------------------
-    def restore(self, images: list, now: float) -> None:
+    def restore(self, images: list, now: float, draws: list = ()) -> None:
         """The tasks a journal restored (journal.TaskImage each), wall-clock times back to
         our clock, each where its status says (restoring sets it, no move: the journal
-        holds what it was)."""
-        restart.restore(self.ledger, self.inflight, images, self.wall_offset, now)
+        holds what it was); `draws` (journal.RoomDraw, each function's latest) put the
+        members of each in their drawn places, and an event drawn is not drawn again."""
+        for draw in draws:                  # (first: the lines they opened are offered)
+            self.room.drawn(draw)
+        self.room.plan(self.fns.functions, self.wall_offset)
+        restart.restore(self.ledger, self.inflight, images, self.wall_offset, now, draws)
         self.ledger.regroup(now)            # (the groups' calls in flight)
 
     def claim(self, uid: str, attempt: int, holder, now: float) -> bool:

@@ -25,6 +25,10 @@ expected_duration) is left out; with none at all, and the task due now, there is
 estimate (None: the API leaves the field out), nor for a task whose function left the
 config (no spec).  The bounds are taken as a maximum, not a sum: a rate slower than the
 calls' pace is the only limit that counts, and a delay runs while the tasks ahead start.
+
+A held line (a room event's pre-line, or `closed`: room.py) starts nobody, so it has no
+waitTime; a queued task there shows its line's `phase` instead (and `opensAt` before the
+opening), and in a pre-line no waitNum either, as nobody's place is drawn yet.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from typing import Any
 
 from ....protocol.schema.task_info import TaskInfo
 from ....protocol.schema.tasks import ADMITTED, QUEUED
+from .components.room import PRE_LINE
 from .model.spec import PER_UNIT, FunctionSpec
 from .model.task import Task
 from .store import PAGE_SCAN, Tasks
@@ -51,8 +56,9 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         return None
     wall = store.wall_offset
     queued, admitted = task.status == QUEUED, task.online and task.status == ADMITTED
-    spec = store.specs.get(task.function) if admitted else None
-    wait_num, wait_ms = _place(store, task, now) if queued else (None, None)
+    spec = store.specs.get(task.function) if admitted or queued else None
+    phase = store.room.phase(task.function, spec) if queued else None
+    wait_num, wait_ms = _place(store, task, now, phase) if queued else (None, None)
     return TaskInfo(
         task.uid, task.function, task.status, task.created + wall,
         # (the Cloud Queue's names, attempt and attempts, beside calls and maxCalls)
@@ -64,11 +70,12 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         level=task.level or None, group=task.group or None, client_ip=task.client_ip if keyed else None,
         type="online" if task.online else None,
         pass_expires_at=task.pass_exp + wall if admitted else None,
-        admit_url=spec.admit_url or None if spec is not None else None,
+        admit_url=spec.admit_url or None if admitted and spec is not None else None,
         ended_by=task.ended_by or None if task.online else None,
         wait_num=wait_num, wait_time=wait_ms,
         retry_at=task.due + wall if queued and task.attempt and task.due > now else None,
         upstream_addr=", ".join(task.tried) or None,
+        phase=phase[0] if phase else None, opens_at=phase[1] if phase else None,
     ).wire()
 
 
@@ -82,7 +89,14 @@ def enqueued(store: Tasks, task: Task, now: float) -> dict:
     out: dict[str, Any] = {"uniqueId": task.uid, "status": task.status,
                            "createdAt": task.created + store.wall_offset}
     if task.status == QUEUED:
-        out["waitNum"], wait_ms = _place(store, task, now)
+        phase = store.room.phase(task.function, store.specs.get(task.function))
+        wait_num, wait_ms = _place(store, task, now, phase)
+        if phase is not None:
+            out["phase"] = phase[0]
+            if phase[1] is not None:
+                out["opensAt"] = phase[1]
+        if wait_num is not None:
+            out["waitNum"] = wait_num
         if wait_ms is not None:
             out["waitTime"] = wait_ms
     elif task.online and task.status == ADMITTED:
@@ -93,9 +107,14 @@ def enqueued(store: Tasks, task: Task, now: float) -> dict:
     return out
 
 
-def _place(store: Tasks, task: Task, now: float) -> tuple[int, int | None]:
+def _place(store: Tasks, task: Task, now: float,
+           phase: tuple | None = None) -> tuple[int | None, int | None]:
     """A queued task's waitNum, and its waitTime (ms) if there is an estimate (the
-    waitNum asked once: with groups it is a walk of the rotation)."""
+    waitNum asked once: with groups it is a walk of the rotation).  A held line
+    (`phase`, room.py) has no waitTime, as nobody starts; a pre-line no waitNum either,
+    as its order is drawn at the opening."""
+    if phase is not None:
+        return None if phase[0] == PRE_LINE else store.lines.wait_num(task), None
     ahead = store.lines.wait_num(task)
     spec = store.specs.get(task.function)
     wait = None if spec is None else _wait(store, spec, ahead, task.due, now)
@@ -186,6 +205,7 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.group_rate:
         out["groupRate"] = f"{spec.group_rate}/{PER_UNIT[spec.group_per_s]}"
         out["groupBurst"] = spec.group_burst
+    _room_event(store, spec, out)
     gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset
@@ -197,10 +217,26 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
             seconds = recent.quantile_s(now, q, admissions)
             if seconds is not None:
                 out[key] = round(seconds * 1000)
-    wait = _wait(store, spec, due, now, now)
+    wait = None if store.room.holds(name, spec) else _wait(store, spec, due, now, now)
     if wait is not None:
         out["waitTime"] = round(wait * 1000)
     return out
+
+
+def _room_event(store: Tasks, spec: FunctionSpec, out: dict) -> None:
+    """A function's room event as its stats show it: its line's phase (held: pre-line
+    until opensAt, or closed), max_waiting, and its latest draw, seed and all (anyone may
+    check the order: docs/waiting-room.md), as a string (JSON numbers lose 64 bits)."""
+    phase = store.room.phase(spec.name, spec)
+    if phase is not None:
+        out["phase"] = phase[0]
+        if phase[1] is not None:
+            out["opensAt"] = phase[1]
+    if spec.max_waiting:
+        out["maxWaiting"] = spec.max_waiting
+    draw = store.room.draws.get(spec.name)
+    if draw is not None:
+        out["lastDraw"] = {"opensAt": draw.opens_at, "seed": str(draw.seed)}
 
 
 def _groups(groups: dict[str, list[int]]) -> dict:

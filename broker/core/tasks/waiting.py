@@ -12,12 +12,21 @@ down into both, and the store (store.py) calls it: the ops, a cancel's release, 
 timers.  The journal is passed in: each change is appended as it is made, its room asked
 first (an admission reserves the room of its end, so done, expiry and a cancel of an
 admitted task never find the disk full).
+
+A room event's opening (`open_rooms`, room.py says what the draw is) is a timer of the
+room: its seed comes from the caller (the store's `seeds`, the system's randomness,
+which a test gives), one ROOM_DRAW record keeps it, and every online task still queued
+that joined before the opening takes its drawn place in its line (`draw`; a restore
+puts them there from the record the same way: restart.py).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ....protocol.schema.tasks import ADMITTED, QUEUED
-from ..shared.journal import TASK_CALL, TASK_STATE, Journal
-from .ledger import Ledger
+from ..shared.journal import ROOM_DRAW, TASK_CALL, TASK_STATE, Journal, RoomDraw
+from .components.room import drawn_priority
+from .ledger import AGAIN_S, Ledger
 from .model.task import ABANDONED, Task, TaskError
 
 
@@ -53,6 +62,30 @@ class WaitingRoom:
                 self._admit(task, now, journal)
                 admitted += 1
         return admitted
+
+    def open_rooms(self, now: float, journal: Journal, seeds: Callable[[], int],
+                   wall_offset: float) -> None:
+        """Each room event whose opening has come draws its pre-line's order and opens its
+        line (admissions follow in the same turn: commands.feed)."""
+        for name, opens_at in self.room.opened(now):
+            draw = RoomDraw(name, opens_at, seeds())
+            if not journal.room[ROOM_DRAW](draw):
+                self.room.again(name, now + AGAIN_S)    # (the disk is full: still held)
+                continue
+            self.draw(draw, lambda task: task.created + wall_offset)
+            journal.append[ROOM_DRAW](draw)
+            self.ledger.offer(name, now)
+
+    def draw(self, draw: RoomDraw, joined: Callable[[Task], float]) -> None:
+        """Every online task of `draw`'s function still queued that joined (`joined`:
+        its createdAt, wall-clock) before the opening takes its drawn place."""
+        ledger, name = self.ledger, draw.function
+        for seq in list(ledger.lines.queued.heaps.get(name, ())):
+            task = ledger.by_seq.get(seq)
+            if (task is not None and task.online and task.status == QUEUED
+                    and joined(task) < draw.opens_at):
+                ledger.lines.replace(task, drawn_priority(draw, task.uid))
+        self.room.drawn(draw)
 
     def _admit(self, task: Task, now: float, journal: Journal) -> None:
         self.room.leave(task)

@@ -42,6 +42,7 @@ STATUS = {
     "unsupported_media_type": 415,
     "too_many_waiting": 429,
     "too_many_groups": 429,
+    "line_full": 429,
     "internal": 500,
     "unavailable": 503,
     "draining": 503,
@@ -51,8 +52,10 @@ STATUS = {
 
 
 #: codes answered with Retry-After (seconds): the broker out of reach (lost, a failover
-#: under way, the hold time run out) is back within seconds, or another instance leads
-RETRY_AFTER_S = {"unavailable": 1}
+#: under way, the hold time run out) is back within seconds, or another instance leads;
+#: a full line (max_waiting) has a place again as soon as one visitor is admitted or
+#: leaves, which nobody can foretell: a few seconds, so a page polls without hammering
+RETRY_AFTER_S = {"unavailable": 1, "line_full": 5}
 
 
 #: the code of each status the front answers on its own
@@ -221,10 +224,13 @@ def schedule_json(info: dict) -> dict:
 
 
 def function_json(info: dict) -> dict:
-    """A broker function stats dict as the API shows it (pausedUntil in RFC 3339)."""
+    """A broker function stats dict as the API shows it (its times in RFC 3339)."""
     out = dict(info)
-    if out.get("pausedUntil") is not None:
-        out["pausedUntil"] = rfc3339(out["pausedUntil"])
+    for name in ("pausedUntil", "opensAt"):
+        if out.get(name) is not None:
+            out[name] = rfc3339(out[name])
+    if isinstance(out.get("lastDraw"), dict):
+        out["lastDraw"] = {**out["lastDraw"], "opensAt": rfc3339(out["lastDraw"]["opensAt"])}
     if out.get("servers"):
         out["servers"] = [{**s, "usableAt": rfc3339(s["usableAt"])} if "usableAt" in s else s
                           for s in out["servers"]]

@@ -74,7 +74,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, function_json,
-                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem, rfc3339,
+                  loads_strict, parse_enqueue, parse_listing, refuse, reply_problem,
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
@@ -423,6 +423,18 @@ class HttpFront(LinkOwner):
         body[ENQUEUED_TOKEN.name] = token
         return body
 
+    def enqueued_item(self, info: dict, function: str, token: str) -> dict:
+        """An array's item for a task enqueued: its HTTP status, then the 201's fields
+        (`enqueued`: the pass of an online task admitted at once too), but for the
+        task's status (the item's `status` is the HTTP one); waitNum 0 when it is not
+        queued, as items always said, unless its line is a pre-line (no place yet)."""
+        body = self.enqueued(info, function, token)
+        del body["status"]
+        item = {"status": 201, **body}
+        if "waitNum" not in item and "phase" not in item:
+            item["waitNum"] = 0
+        return item
+
     async def enqueue_many(self, tasks: list[Enqueue | Problem], key: bool,
                            client: dict | None = None) -> list[dict]:
         """Every well-formed task's op leaves in this loop turn (one Batch: one broker
@@ -433,22 +445,14 @@ class HttpFront(LinkOwner):
                  else self.send(enqueue_op(task, key, client, uid, token), loop)
                  for task, uid, token in zip(tasks, ids, tokens)]
         results = []
-        for call, token in zip(calls, tokens):
+        for task, call, token in zip(tasks, calls, tokens):
             if isinstance(call, Problem):
                 results.append({"status": call.status, "error": call.code,
                                 "message": call.message})
                 continue
             reply = await call
             if reply[1] == R.T_TASK:
-                info = reply[2]
-                item = {"status": 201, "uniqueId": info["uniqueId"],
-                        "waitNum": info.get("waitNum", 0)}
-                if "waitTime" in info:
-                    item["waitTime"] = info["waitTime"]
-                if "createdAt" in info:
-                    item["createdAt"] = rfc3339(info["createdAt"])
-                item[ENQUEUED_TOKEN.name] = token
-                results.append(item)
+                results.append(self.enqueued_item(reply[2], task.function, token))
             else:
                 problem = reply_problem(reply)
                 results.append({"status": problem.status, "error": problem.code,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...schema import VERSION
 from ...schema.task_info import (ENQUEUED, ENQUEUED_TOKEN, FIELDS, FRONT_FIELDS, STATUS_ORDER,
-                                 UNIQUE_ID_SCHEMA, WAIT_TIME, time_schema)
+                                 WAIT_TIME, time_schema)
 from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
                              DEFAULT_TIMEOUT_MS, FUNCTION_NAME, GROUP, INT64, MAX_ATTEMPTS,
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
@@ -214,8 +214,10 @@ def enqueued() -> dict:
         "description": "Made after the hand-out of the enqueue's turn, so it says what a GET "
                        "right after would: queued with its place (waitNum, waitTime); "
                        "running when a dispatcher took it at once; an online task admitted "
-                       "at once with its pass, passExpiresAt and admitUrl. And the task's "
-                       "own token, given only here.",
+                       "at once with its pass, passExpiresAt and admitUrl; queued in a held "
+                       "line with its phase (a room event's pre-line: opensAt and no place "
+                       "yet; closed: its place and no waitTime). And the task's own token, "
+                       "given only here.",
         "properties": {
             **schemas,
             "status": {"type": "string", "enum": [QUEUED, RUNNING, ADMITTED]},
@@ -227,14 +229,14 @@ def enqueued() -> dict:
 
 
 def batch_item() -> dict:
+    fields = {name: schema for name, schema in enqueued()["properties"].items()
+              if name != "status"}
     ok = {"type": "object", "additionalProperties": False,
-          "required": ["status", "uniqueId", "waitNum"],
-          "properties": {"status": {"type": "integer", "enum": [201]},
-                         "uniqueId": UNIQUE_ID_SCHEMA,
-                         "waitNum": {"type": "integer", "minimum": 0},
-                         "waitTime": WAIT_TIME,
-                         "createdAt": time_schema("When it was enqueued"),
-                         ENQUEUED_TOKEN.name: ENQUEUED_TOKEN.schema}}
+          "required": ["status", "uniqueId", "createdAt", ENQUEUED_TOKEN.name],
+          "description": "The 201's fields but the task's status: an online task admitted "
+                         "at once has its pass, passExpiresAt and admitUrl here too; "
+                         "waitNum is 0 for a task not queued, and absent in a pre-line.",
+          "properties": {"status": {"type": "integer", "enum": [201]}, **fields}}
     refused = {"type": "object", "additionalProperties": False,
                "required": ["status", "error", "message"],
                "properties": {"status": {"type": "integer", "minimum": 400, "maximum": 599},
@@ -408,10 +410,18 @@ _ERRORS = {
     "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
     "429": "Too many: online tasks waiting from this client address (the function's "
-           "max_waiting_per_client), or a new group beyond the function's max_groups.",
+           "max_waiting_per_client, too_many_waiting), a new group beyond the function's "
+           "max_groups (too_many_groups), or the function's line is full: as many online "
+           "tasks wait as its max_waiting says (line_full, with Retry-After).",
     "503": "The broker cannot take it now: draining, out of job memory (--max-jobs-bytes), "
            "or out of reach.",
 }
+
+
+#: a 429 line_full's header: when to try again (api.py RETRY_AFTER_S)
+_RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer", "minimum": 0},
+                                "description": "line_full only: seconds to wait before "
+                                               "trying again."}}
 
 
 def _responses(ok: dict, *errors: str) -> dict:
@@ -420,7 +430,8 @@ def _responses(ok: dict, *errors: str) -> dict:
     for name in errors:
         status = name.split()[0]
         headers = {"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}}
-        out[status] = _json(_ref("Error"), _ERRORS[name], headers if status == "401" else None)
+        out[status] = _json(_ref("Error"), _ERRORS[name], headers if status == "401" else
+                            _RETRY_AFTER if status == "429" else None)
     return out
 
 
@@ -690,7 +701,24 @@ def function_stats() -> dict:
                                                 "(absent: none ended)."},
             "holdP90Ms": {**count, "description": "... and 90th percentile."},
             "waitTime": {**WAIT_TIME, "description": "The waitTime a task enqueued now "
-                                                        "would get."},
+                                                        "would get (absent in a held line)."},
+            "phase": {"type": "string", "enum": ["pre-line", "closed"],
+                      "description": "Its line is held (absent: open): a room event's "
+                                     "pre-line until opensAt, or closed; nobody starts."},
+            "opensAt": time_schema("When the room event's pre-line is drawn and the line "
+                                   "opens (phase pre-line only)"),
+            "maxWaiting": {"type": "integer", "minimum": 1,
+                           "description": "Online tasks that may wait at once (absent: no "
+                                          "cap); one more is a 429 line_full."},
+            "lastDraw": {"type": "object", "additionalProperties": False,
+                         "required": ["opensAt", "seed"],
+                         "description": "Its latest room event's draw: the order of the "
+                                        "pre-line is reproducible from the seed and the "
+                                        "tasks' ids (docs/waiting-room.md).",
+                         "properties": {
+                             "opensAt": time_schema("The opening the draw was made for"),
+                             "seed": {"type": "string", "pattern": "^[0-9]{1,20}$",
+                                      "description": "The draw's 64-bit seed, in decimal."}}},
         },
     }
 

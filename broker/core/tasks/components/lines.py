@@ -69,6 +69,16 @@ class Lines:
         self.by_key[task.key] = task
         return ready[0] == task.key
 
+    def replace(self, task: Task, priority: int) -> None:
+        """A queued task takes `priority` (a room's draw): out of its line if it is due,
+        and back in at its new key (the caller offers its function again)."""
+        due = task.key in self.by_key
+        if due:
+            self.unready(task)
+        task.place(task.level, priority)
+        if due:
+            self.make_due(task)
+
     def _rotation(self, name: str, keys: SortedList = ()) -> Rotation:
         held = self.held
         return Rotation(keys, lambda group: held(name, group))

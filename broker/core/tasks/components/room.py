@@ -7,11 +7,32 @@ expires, and when to look again whether its user still looks (an online task nob
 looked at within its function's heartbeat is abandoned).  It ends no task itself: `expired`
 and `abandoned` return the tasks whose time is up, and the waiting room's flow (waiting.py)
 ends them.
+
+Room events (a function's opens_at, closed, max_waiting; docs/waiting-room.md): this also
+knows each function's phase.  Until its `opens_at` the line is a pre-line: visitors join,
+nobody is admitted, and nobody's place is known yet.  At the opening (`openings`, a
+timer of the core like the others) waiting.py draws: a seed, one ROOM_DRAW record, and
+every online task that joined before the opening takes the place `drawn_priority` gives
+it, all of them ahead of later joiners.  The order is a shuffle by the seed, made as a
+sort by a keyed hash rather than random.Random(seed).shuffle of a list: a visitor's
+place depends only on the seed and its own id, so a restart that finds some visitors
+gone (admitted, left, abandoned) puts the rest in the same order without knowing who
+else was there.  Sorting by independent uniform keys gives every order the same chance
+(Knuth, TAOCP vol. 2, 3.4.2, "sorting random numbers"); two equal 40-bit keys, about
+N²/2^41 for N visitors, keep their join order.  `draws` keeps each function's latest
+draw: a draw made stays whatever the config says later, and only an `opens_at` after
+it is a new event (everyone waiting at its opening takes part in its draw).  `closed`
+holds the line after the opening as the pre-line does before it; `max_waiting` caps the
+online tasks waiting (`refusal`).  A held line is not offered to take() or admit()
+(ledger.offer asks `holds`).
 """
 from __future__ import annotations
 
+import hashlib
+import math
 from typing import Callable, Iterator
 
+from ...shared.journal import RoomDraw
 from ..model.options import bad
 from ..model.spec import DEFAULTS, FunctionSpec
 from ..model.task import Task, TaskError, client_net
@@ -19,6 +40,26 @@ from .deadlines import Deadlines
 
 #: a liveness check waiting.py could not log (the journal is full): looked at again after
 LOOK_AGAIN_S = 1.0
+#: the bits of a visitor's key in a draw (`place_in_draw`); members' priorities span
+#: 2**DRAW_BITS ms (34 years) below the opening's
+DRAW_BITS = 40
+PRE_LINE, CLOSED = "pre-line", "closed"
+_SEED_MASK = (1 << 64) - 1
+
+
+def place_in_draw(seed: int, uid: str) -> int:
+    """A pre-line visitor's key in the draw seeded `seed`: SHA-256 of the seed as 8 bytes
+    (big-endian) followed by the task's uniqueId in UTF-8, its first 5 bytes as a
+    big-endian integer.  Lower keys are admitted first."""
+    digest = hashlib.sha256((seed & _SEED_MASK).to_bytes(8, "big") + uid.encode()).digest()
+    return int.from_bytes(digest[:DRAW_BITS // 8], "big")
+
+
+def drawn_priority(draw: RoomDraw, uid: str) -> int:
+    """The priority a member of `draw` takes: its key, counted up from 2**DRAW_BITS below
+    the opening in ms, so every member is ahead of every later joiner (whose default
+    priority, its enqueue's wall-clock ms, is the opening's or later)."""
+    return math.floor(draw.opens_at * 1000) - (1 << DRAW_BITS) + place_in_draw(draw.seed, uid)
 
 
 class Room:
@@ -26,6 +67,9 @@ class Room:
         self.timers = Deadlines("passes", "liveness")   # (pass expires | look at, seq)
         self.waiting_by: dict[tuple[str, str], int] = {}    # (function, client) -> waiting
         self.counts: dict[str, list[int]] = {}  # function -> [online waiting, admitted]
+        self.draws: dict[str, RoomDraw] = {}        # function -> its latest draw
+        # function -> (opens_at wall-clock, monotonic) of an event not drawn yet
+        self.openings: dict[str, tuple[float, float]] = {}
 
     def refusal(self, spec: FunctionSpec, options: dict, online: bool,
                 client_ip: str | None) -> TaskError | None:
@@ -36,6 +80,9 @@ class Room:
         if "uniqueId" in options:
             return bad("an online task gets a server-made uniqueId (its id is its user's "
                        "key to it): give none")
+        if spec.max_waiting and self.counts.get(spec.name, (0,))[0] >= spec.max_waiting:
+            return TaskError("line_full", f"the line of {spec.name!r} is full: "
+                             f"{spec.max_waiting} online tasks wait (max_waiting)")
         net = client_net(client_ip)
         if net is not None and self.waiting_by.get((spec.name, net), 0) >= (
                 spec.max_waiting_per_client):
@@ -109,5 +156,43 @@ class Room:
         full): it is looked at again a little later."""
         self.timers.add("liveness", now + LOOK_AGAIN_S, task.seq)
 
+    # -- room events ------------------------------------------------------------------------
+    def plan(self, functions: dict[str, FunctionSpec], wall_offset: float) -> None:
+        """The config (at start, SIGHUP, after a restore's draws): the events to draw, those
+        whose opens_at is after their function's latest draw (a draw made stays)."""
+        self.openings = {}
+        for name, spec in functions.items():
+            drawn = self.draws.get(name)
+            if spec.opens_at is not None and (drawn is None or spec.opens_at > drawn.opens_at):
+                self.openings[name] = (spec.opens_at, spec.opens_at - wall_offset)
+
+    def opened(self, now: float) -> list[tuple[str, float]]:
+        """(function, opens_at) of each event whose opening has come (waiting.py draws)."""
+        return [(name, wall) for name, (wall, at) in self.openings.items() if at <= now]
+
+    def drawn(self, draw: RoomDraw) -> None:
+        """`draw` was made (or restored): its function's pre-line is over."""
+        self.draws[draw.function] = draw
+        self.openings.pop(draw.function, None)
+
+    def again(self, name: str, at: float) -> None:
+        """A draw waiting.py could not log (the journal is full): tried again at `at`."""
+        self.openings[name] = (self.openings[name][0], at)
+
+    def holds(self, name: str, spec: FunctionSpec) -> bool:
+        """Whether nobody may start from `name`'s line now (a pre-line, or closed)."""
+        return spec.closed or name in self.openings
+
+    def phase(self, name: str, spec: FunctionSpec | None) -> tuple[str, float | None] | None:
+        """A held line's phase: (PRE_LINE, opens_at) or (CLOSED, None); None: open."""
+        opening = self.openings.get(name)
+        if opening is not None:
+            return PRE_LINE, opening[0]
+        return (CLOSED, None) if spec is not None and spec.closed else None
+
     def next_deadline(self) -> float | None:
-        return self.timers.next_deadline()
+        heads = [at for _, at in self.openings.values()]
+        timers = self.timers.next_deadline()
+        if timers is not None:
+            heads.append(timers)
+        return min(heads) if heads else None

@@ -59,6 +59,13 @@ class FunctionSpec(NamedTuple):
     # nginx's proxy_next_upstream_tries and _timeout (core/upstreams/next.py; 0: none)
     next_upstream_tries: int = 0
     next_upstream_timeout_ms: int = 0
+    # room events (room.py): when the line opens, as wall-clock seconds (None: it is
+    # open; before it, visitors join a pre-line, drawn at the opening); `closed`: the
+    # line fills and nobody is admitted; `max_waiting`: online tasks that may wait at
+    # once, one more is a 429 line_full (0: no cap)
+    opens_at: float | None = None
+    closed: bool = False
+    max_waiting: int = 0
 
     @property
     def interval(self) -> float:
