@@ -201,6 +201,10 @@ KEYS: tuple[Key, ...] = (
         "called only while no other server is usable"),
     Key((SERVER,), "down", "boolean", False, "",
         "never called"),
+    Key((SERVER,), "slow_start", "duration", "0s", "ms, s, m, h",
+        "after the server recovers from failed, comes back from down or is added by a "
+        "reload, its weight ramps up from zero over this long (round_robin and least_conn "
+        "only; 0: at once)"),
 )
 _DEFAULT = {(table, key.name): key.default for key in KEYS for table in key.tables}
 
@@ -389,8 +393,10 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
 def _server(entry: dict, where: str) -> ServerSpec:
     _no_unknown(entry, keys_of(SERVER), where)
     seconds = duration_ms(_get(entry, SERVER, "fail_timeout"), f"{where}: fail_timeout") / 1000
+    ramp_s = duration_ms(_get(entry, SERVER, "slow_start"), f"{where}: slow_start") / 1000
     return ServerSpec(entry.get("url"), *(_get(entry, SERVER, k) for k in ("weight", "max_fails")),
-                      seconds, *(_get(entry, SERVER, k) for k in ("max_conns", "backup", "down")))
+                      seconds, *(_get(entry, SERVER, k) for k in ("max_conns", "backup", "down")),
+                      ramp_s)
 
 
 def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:

@@ -145,7 +145,7 @@ class Tasks:
         self.fns.configure(functions, base)
         self.room.plan(self.fns.functions, self.wall_offset)
         if upstreams is not None:
-            self.upstream.reload(upstreams)
+            self.upstream.reload(upstreams, now)
         self.limits.configure()
         self.ledger.regroup(now)
         for name in list(self.lines.ready):

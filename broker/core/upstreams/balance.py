@@ -85,25 +85,24 @@ def round_robin(peers: Peers, key: str | None, now: float) -> Peer | None:
 
 
 def _fewest(peers: Sequence[Peer], now: float) -> Peer | None:
-    """ngx_http_upstream_get_least_conn_peer over one list (primaries or backups)."""
-    best, start, tied = None, 0, False
+    """ngx_http_upstream_get_least_conn_peer over one list (primaries or backups); a peer
+    in slow start weighs its conns by its weight as ramped (peer.py `weight_at`)."""
+    best, start, tied, best_w = None, 0, False, 1.0
     for i, peer in enumerate(peers):
         if not peer.usable(now):
             continue
-        if best is None or peer.conns * best.weight < best.conns * peer.weight:
-            best, start, tied = peer, i, False
-        elif peer.conns * best.weight == best.conns * peer.weight:
+        w = peer.weight_at(now)
+        if best is None or peer.conns * best_w < best.conns * w:
+            best, start, tied, best_w = peer, i, False, w
+        elif peer.conns * best_w == best.conns * w:
             tied = True
     if best is None or not tied:
         return best         # no tie: the weights are left alone
-    first, total = best, 0  # smooth weighted round robin over the tied, from the first on
-    for peer in peers[start:]:
-        if peer.conns * first.weight != first.conns * peer.weight or not peer.usable(now):
+    first, first_w, total = best, best_w, 0     # smooth weighted round robin over the
+    for peer in peers[start:]:                  # tied, from the first on
+        if peer.conns * first_w != first.conns * peer.weight_at(now) or not peer.usable(now):
             continue
-        peer.current_weight += peer.effective_weight
-        total += peer.effective_weight
-        if peer.effective_weight < peer.weight:
-            peer.effective_weight += 1
+        total += peer.step(now)
         if peer.current_weight > best.current_weight:
             best = peer
     best.current_weight -= total

@@ -13,7 +13,8 @@ ended, pause a server, and say when a server will be usable again.
 zstalk has one state owner, so every dispatcher shares this one view of every server:
 what open-source nginx has only with a `zone`, each worker otherwise keeping its own.
 The state is not durable (a restart starts every server fresh); a reload keeps each
-server's state while its url as written stays in the upstream (`reload`).
+server's state while its url as written stays in the upstream (`reload`), and starts the
+slow start (peer.py) of a server it adds to an upstream or brings back from `down`.
 
 Pure: no clock, socket or thread; `now` is monotonic seconds, a parameter.  nginx's
 sources for each rule are cited in peer.py (state, failures) and balance.py (methods).
@@ -37,18 +38,21 @@ class PeerView(NamedTuple):
     conns: int
     fails: int
     usable_at: float | None     # when time alone makes it usable (now if it is)
+    ramp_until: float | None = None     # in slow start (peer.py) until then; None: not
+    share: float = 1.0          # ... with this part of its weight now
 
 
 class UpstreamGroup:
     """One upstream: its spec, its peers in config order and the method that picks."""
 
     def __init__(self, spec: UpstreamSpec, rand: Rand = random.randrange,
-                 keep: Mapping[str, Peer] | None = None) -> None:
-        """`spec` must have passed `validate`.  `keep`: peers by url to carry over."""
+                 keep: Mapping[str, Peer] | None = None, now: float | None = None) -> None:
+        """`spec` must have passed `validate`.  `keep`: peers by url to carry over (a
+        reload at `now`: a server added or back from down starts its slow start)."""
         keep = keep or {}
         self.spec = spec
         self.rand = rand
-        self.peers = tuple(self._peer(server, keep) for server in spec.servers)
+        self.peers = tuple(self._peer(server, keep, now) for server in spec.servers)
         self._set = Peers(self.peers, rand, consistent=spec.consistent)
         self._method = method(spec.balance, spec.consistent, spec.two)
         # a group of one server (nginx's peers->single) is picked the same way whatever
@@ -56,11 +60,15 @@ class UpstreamGroup:
         self._only = self.peers[0] if self._set.single else None
 
     @staticmethod
-    def _peer(server: ServerSpec, keep: Mapping[str, Peer]) -> Peer:
+    def _peer(server: ServerSpec, keep: Mapping[str, Peer], now: float | None) -> Peer:
         peer = keep.get(server.url)
+        back = peer is None or peer.down and not server.down
         if peer is None:
-            return Peer(server)
-        peer.respec(server)
+            peer = Peer(server)
+        else:
+            peer.respec(server)
+        if back and now is not None and not server.down:
+            peer.ramp_up(now)
         return peer
 
     def pick(self, key: str | None, now: float, tried: Iterable[Peer] = ()) -> Peer | None:
@@ -122,13 +130,18 @@ class UpstreamGroup:
 
     def view(self, now: float) -> list[PeerView]:
         """Every server's state, in config order."""
-        return [PeerView(p.url, _state(p, now, self._set.single), p.backup, p.conns, p.fails,
-                         p.usable_at(now, self._set.single)) for p in self.peers]
+        single = self._set.single
+        return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
+                         p.usable_at(now, single),
+                         *((p.ramp_until, p.share(now)) if now < p.ramp_until and not single
+                           else ()))
+                for p in self.peers]
 
-    def reload(self, spec: UpstreamSpec) -> UpstreamGroup:
-        """This upstream under a new spec (SIGHUP): a server whose url as written is in
-        both keeps its state; the others start fresh."""
-        return UpstreamGroup(spec, self.rand, keep={peer.url: peer for peer in self.peers})
+    def reload(self, spec: UpstreamSpec, now: float | None = None) -> UpstreamGroup:
+        """This upstream under a new spec (SIGHUP at `now`): a server whose url as
+        written is in both keeps its state; the others start fresh, in slow start."""
+        return UpstreamGroup(spec, self.rand, keep={peer.url: peer for peer in self.peers},
+                             now=now)
 
 
 def _state(peer: Peer, now: float, single: bool) -> str:
@@ -142,8 +155,10 @@ def _state(peer: Peer, now: float, single: bool) -> str:
 
 
 def reload_groups(groups: Mapping[str, UpstreamGroup], specs: Iterable[UpstreamSpec],
-                  rand: Rand = random.randrange) -> dict[str, UpstreamGroup]:
-    """The groups for a reloaded config: an upstream that stays keeps its servers' state
-    by (upstream name, url as written); a new one starts fresh; a removed one is gone."""
-    return {spec.name: groups[spec.name].reload(spec) if spec.name in groups
+                  rand: Rand = random.randrange,
+                  now: float | None = None) -> dict[str, UpstreamGroup]:
+    """The groups for a reloaded config (at `now`): an upstream that stays keeps its
+    servers' state by (upstream name, url as written), and the servers it gains start
+    slow; a new upstream starts fresh, at full weight; a removed one is gone."""
+    return {spec.name: groups[spec.name].reload(spec, now) if spec.name in groups
             else UpstreamGroup(spec, rand) for spec in specs}

@@ -15,6 +15,17 @@ Failure accounting (ngx_http_upstream_free_round_robin_peer_locked):
   that pick is the one probe of a failed peer, and a failed probe shuts it again;
 - a group of one server never counts failures (`peers->single`): fails reset, always.
 
+Slow start (nginx Plus's `slow_start=time`, which open-source nginx lacks): a server
+"recovers its weight from zero to a nominal value" over that time after it becomes
+usable again, so a server back from a failure, or just added, is not handed its full
+share at once.  It ramps (`ramp_up`) when the probe of a failed server succeeds (its
+fails were at max_fails), and, group.py, when a reload adds it or brings it back from
+`down`; never for a group of one (nginx Plus ignores it there) and not at the broker's
+start.  Its weight at `now` (`weight_at`, and the effective weight smooth weighted round
+robin adds, `step`) is scaled by the time gone over the ramp, from zero linearly, never
+quite zero (MIN_SHARE: a server at weight 0 would tie with everything in least_conn's
+crosswise products).  The ramp is in floats, so current weights may carry fractions.
+
 Time is zstalk's monotonic seconds, a float.  nginx compares whole seconds (ngx_time())
 with `now - checked <= fail_timeout`, so its window lasts fail_timeout to fail_timeout + 1
 seconds; here a failed peer is shut for exactly fail_timeout and usable again at
@@ -28,13 +39,16 @@ from typing import Sequence
 from .spec import ServerSpec
 
 NEVER = -math.inf       # nginx's zeroed `checked`/`accessed`: the first pick probes
+#: the least share of its weight a server in slow start has (the ramp starts here)
+MIN_SHARE = 0.01
 
 
 class Peer:
     """A server of an upstream group: its spec and nginx's per-peer counters."""
     __slots__ = ("spec", "url", "server", "weight", "max_fails", "fail_timeout_s", "max_conns",
                  "down", "backup", "current_weight", "effective_weight", "conns", "fails",
-                 "accessed", "checked", "paused_until", "conn_cap", "fail_cap")
+                 "accessed", "checked", "paused_until", "conn_cap", "fail_cap", "slow_start_s",
+                 "ramp_from", "ramp_until")
 
     def __init__(self, spec: ServerSpec) -> None:
         self.current_weight = 0
@@ -42,6 +56,7 @@ class Peer:
         self.fails = 0
         self.accessed = self.checked = NEVER
         self.paused_until = NEVER
+        self.ramp_from = self.ramp_until = NEVER    # (no ramp: the full weight)
         self.effective_weight = spec.weight
         self.respec(spec)
 
@@ -53,6 +68,8 @@ class Peer:
         self.fail_timeout_s, self.max_conns = spec.fail_timeout_s, spec.max_conns
         self.down, self.backup = spec.down, spec.backup
         self.effective_weight = min(self.effective_weight, self.weight)
+        self.slow_start_s = spec.slow_start_s
+        self.ramp_until = self.ramp_from + spec.slow_start_s   # (a ramp under way: its new end)
         # max_conns and max_fails with 0 ("no limit") as infinity: `usable`, which every
         # pick asks of every peer, is then one expression
         self.conn_cap = spec.max_conns or math.inf
@@ -92,6 +109,32 @@ class Peer:
         if not single and now >= self.checked + self.fail_timeout_s:
             self.checked = now
 
+    def ramp_up(self, now: float) -> None:
+        """Slow start: the weight ramps from MIN_SHARE of it at `now` to all of it."""
+        self.ramp_from, self.ramp_until = now, now + self.slow_start_s
+
+    def share(self, now: float) -> float:
+        """The part of its weight slow start gives the server at `now` (1: all)."""
+        if now >= self.ramp_until:
+            return 1.0
+        return max(MIN_SHARE, (now - self.ramp_from) / self.slow_start_s)
+
+    def weight_at(self, now: float) -> float:
+        """Its weight as least_conn weighs its conns: `weight`, scaled while it ramps."""
+        return self.weight if now >= self.ramp_until else self.weight * self.share(now)
+
+    def step(self, now: float) -> float:
+        """One pass of smooth weighted round robin over the peer: its current weight
+        grows by its effective weight (scaled while it ramps), which recovers by one
+        towards its weight; what it grew by (the pass's total counts it)."""
+        grown = self.effective_weight
+        if now < self.ramp_until:
+            grown *= self.share(now)
+        self.current_weight += grown
+        if self.effective_weight < self.weight:
+            self.effective_weight += 1
+        return grown
+
     def free(self, failed: bool, now: float, single: bool = False) -> None:
         """The end of a call: nginx's free_round_robin_peer."""
         self.conns -= 1
@@ -103,6 +146,8 @@ class Peer:
             if self.max_fails:
                 self.effective_weight = max(0, self.effective_weight - self.weight // self.max_fails)
         elif self.accessed < self.checked:
+            if self.fails >= self.fail_cap:     # (the probe of a failed server: it recovers)
+                self.ramp_up(now)
             self.fails = 0
 
 
@@ -110,15 +155,12 @@ def swrr(peers: Sequence[Peer], now: float) -> Peer | None:
     """Smooth weighted round robin over the usable peers (ngx_http_upstream_get_peer):
     each adds its effective weight to its current weight and recovers one effective
     weight; the highest current weight wins, ties to the earlier peer; the winner gives
-    back the total.  (Slow start, a later issue, would scale effective_weight here.)"""
+    back the total.  A peer in slow start adds its effective weight scaled (`step`)."""
     best, total = None, 0
     for peer in peers:
         if not peer.usable(now):
             continue
-        peer.current_weight += peer.effective_weight
-        total += peer.effective_weight
-        if peer.effective_weight < peer.weight:
-            peer.effective_weight += 1
+        total += peer.step(now)
         if best is None or peer.current_weight > best.current_weight:
             best = peer
     if best is not None:

@@ -9,7 +9,9 @@ so `http://a:80` and `http://a` are different points, as `a:80` and `a` are in n
 Defaults and refusals follow nginx's `server` directive (ngx_http_upstream.c,
 ngx_http_upstream_server): weight=1 max_fails=1 fail_timeout=10s, max_conns=0 (no limit);
 weight=0 is invalid; `backup` is a parameter only round robin and least_conn accept
-(the hash, ip_hash and random modules leave NGX_HTTP_UPSTREAM_BACKUP out of their flags);
+(the hash, ip_hash and random modules leave NGX_HTTP_UPSTREAM_BACKUP out of their flags),
+and so is nginx Plus's `slow_start` ("cannot be used along with the hash, ip_hash, and
+random load balancing methods", its `server` directive's documentation);
 an upstream needs a server that is not a backup (ngx_http_upstream_init_round_robin:
 "no servers in upstream").  `consistent` belongs to `hash`, `two` to `random`, as they
 are arguments of those directives.
@@ -27,7 +29,7 @@ import re
 from typing import NamedTuple
 
 BALANCES = ("round_robin", "least_conn", "ip_hash", "hash", "random")
-BACKUP_BALANCES = ("round_robin", "least_conn")
+BACKUP_BALANCES = ("round_robin", "least_conn")     # (and slow_start's)
 SCHEMES = ("http", "https")
 # host: a name or IPv4 address, or an IPv6 address in brackets; then an optional :port
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?")
@@ -42,6 +44,7 @@ class ServerSpec(NamedTuple):
     max_conns: int = 0              # 0: no limit
     backup: bool = False
     down: bool = False
+    slow_start_s: float = 0.0       # nginx Plus's slow_start (peer.py: the ramp); 0: none
 
     @property
     def server(self) -> str:
@@ -103,15 +106,19 @@ def server_errors(server: ServerSpec, where: str, balance: str) -> list[SpecErro
     for name in ("max_fails", "max_conns"):
         if not _is_int(getattr(server, name), 0):
             errors.append(SpecError(f"{where}.{name}", "must be an integer of at least 0"))
-    timeout = server.fail_timeout_s
-    if type(timeout) not in (int, float) or not 0 <= timeout < float("inf"):
-        errors.append(SpecError(f"{where}.fail_timeout", "must be a duration of at least 0"))
+    for name, value in (("fail_timeout", server.fail_timeout_s),
+                        ("slow_start", server.slow_start_s)):
+        if type(value) not in (int, float) or not 0 <= value < float("inf"):
+            errors.append(SpecError(f"{where}.{name}", "must be a duration of at least 0"))
     for name in ("backup", "down"):
         if type(getattr(server, name)) is not bool:
             errors.append(SpecError(f"{where}.{name}", "must be true or false"))
     if server.backup is True and balance not in BACKUP_BALANCES:
         errors.append(SpecError(f"{where}.backup", f"balance = {balance!r} does not support "
                                 "backup servers (only round_robin and least_conn do)"))
+    if server.slow_start_s and balance not in BACKUP_BALANCES:
+        errors.append(SpecError(f"{where}.slow_start", f"balance = {balance!r} does not "
+                                "support slow_start (only round_robin and least_conn do)"))
     return errors
 
 

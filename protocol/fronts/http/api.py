@@ -232,8 +232,8 @@ def function_json(info: dict) -> dict:
     if isinstance(out.get("lastDraw"), dict):
         out["lastDraw"] = {**out["lastDraw"], "opensAt": rfc3339(out["lastDraw"]["opensAt"])}
     if out.get("servers"):
-        out["servers"] = [{**s, "usableAt": rfc3339(s["usableAt"])} if "usableAt" in s else s
-                          for s in out["servers"]]
+        out["servers"] = [{**s, **{k: rfc3339(s[k]) for k in ("usableAt", "slowStartUntil")
+                                   if k in s}} for s in out["servers"]]
     return out
 
 

@@ -650,6 +650,15 @@ def function_stats() -> dict:
                                       "backup": {"type": "boolean"},
                                       "inFlight": count, "fails": count,
                                       "usableAt": {"type": "string", "format": "date-time"},
+                                      "slowStartUntil": {
+                                          "type": "string", "format": "date-time",
+                                          "description": "In slow start until then: its "
+                                                         "weight ramps up after it recovered "
+                                                         "or was added (absent: full)."},
+                                      "weightShare": {
+                                          "type": "number", "minimum": 0, "maximum": 1,
+                                          "description": "In slow start: the part of its "
+                                                         "weight it has now."},
                                       "lastError": {"type": "string"}}}},
             "groups": {"type": "object", "additionalProperties": False,
                        "required": ["count", "busiest"],

@@ -59,13 +59,13 @@ class UpstreamCalls:
         self.gates: dict[str, Gate] = {}    # upstream -> its own rate
         self.waiting: dict[str, set[str]] = {}  # upstream -> functions it held back (full)
 
-    def reload(self, specs: Iterable[UpstreamSpec]) -> None:
-        """SIGHUP: a server keeps its state while (upstream, url as written) stays; a
-        rate keeps its TAT."""
+    def reload(self, specs: Iterable[UpstreamSpec], now: float | None = None) -> None:
+        """SIGHUP (at `now`): a server keeps its state while (upstream, url as written)
+        stays, one added starts slow (peer.py); a rate keeps its TAT."""
         specs = list(specs)
         if specs or self.groups:
             from ...upstreams.group import reload_groups
-            self.groups = reload_groups(self.groups, specs, self.rand)
+            self.groups = reload_groups(self.groups, specs, self.rand, now)
         self.limited = {s.name: s for s in specs if s.concurrency or s.rate}
         self.keyed = _keyed(specs)
         for spec in specs:
@@ -176,6 +176,9 @@ class UpstreamCalls:
                 server["backup"] = True
             if view.state in ("failed", "paused") and view.usable_at is not None:
                 server["usableAt"] = view.usable_at + wall_offset
+            if view.ramp_until is not None:     # (slow start: its weight now, and until)
+                server["weightShare"] = round(view.share, 3)
+                server["slowStartUntil"] = view.ramp_until + wall_offset
             error = self.last_error.get((upstream, view.url))
             if error:
                 server["lastError"] = error
