@@ -130,6 +130,13 @@ KEYS: tuple[Key, ...] = (
         "what counts as a server's failure: " + ", ".join(NEXT_UPSTREAM)),
     Key(EVERY, "connect_timeout", "duration", "5s", "ms, s, m, h",
         "the longest connect of a call to a server"),
+    Key(EVERY, "max_fails", "integer", 1, "calls",
+        "a plain url: failures (next_upstream) within fail_timeout that shut its host, its "
+        "tasks waiting in place; a call that could not connect spends no attempt (0: "
+        "never counted, every failure spends one)"),
+    Key(EVERY, "fail_timeout", "duration", "10s", "ms, s, m, h",
+        "a plain url: the window of max_fails, and how long a shut host waits for its "
+        "probe call"),
     Key(EVERY, "online", "string", "master", "",
         "online tasks (a waiting room): \"public\", \"master\" (with the master key) or "
         "\"only\" (online only, public, no url needed)"),
@@ -479,7 +486,20 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         burst, queue_timeout_ms, max_pause_ms, request_headers, result_headers,
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, frozenset(next_upstream), max(connect_ms, 1), origins,
-                        *_groups(entry, where), *_lifecycle(entry, where))
+                        *_groups(entry, where), *_lifecycle(entry, where),
+                        *_host_failures(entry, where))
+
+
+def _host_failures(entry: dict, where: str) -> tuple[int, float]:
+    """max_fails and fail_timeout (seconds), as FunctionSpec has them (a plain url's host:
+    components/hosts.py)."""
+    max_fails = _integer(entry, "max_fails", _DEFAULT[FUNCTION, "max_fails"], 0, 1_000_000,
+                         where)
+    fail_timeout_ms = duration_ms(_get(entry, FUNCTION, "fail_timeout"),
+                                  f"{where}: fail_timeout")
+    if max_fails and not fail_timeout_ms:
+        raise ConfigError(f"{where}: fail_timeout must be above 0 (or max_fails 0)")
+    return max_fails, fail_timeout_ms / 1000
 
 
 def _lifecycle(entry: dict, where: str) -> tuple[int, int | None]:

@@ -27,10 +27,15 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+#: the version from which a dispatcher takes R.T_ABORT (abort the call of a task cancelled
+#: while it ran): an older one is sent none, and its call runs to its end (the broker
+#: has cancelled the task all the same, and reads the late report only for
+#: possiblyExecuted)
+ABORT_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 6 (the first with NotLeader) had no group_headers in Settings
+#: version back.  Version 7 had no R.T_ABORT (`_downgrade` leaves it out).  Version 6 (the first with NotLeader) had no group_headers in Settings
 #: (its seven first fields), and no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
 #: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
@@ -269,7 +274,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}  # (7 and later: all)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:
@@ -279,6 +284,8 @@ def _downgrade(msg: Message, version: int) -> Message | tuple | None:
         return None                     # version 5 and older: a standby says nothing
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
+    if isinstance(msg, Replies) and version < ABORT_SINCE:
+        msg = Replies([item for item in msg.items if item[1] != R.T_ABORT])
     fields = _SETTINGS_FIELDS.get(version)
     if isinstance(msg, Settings) and fields is not None:
         return tuple(msg[:fields]) if version >= 2 else None

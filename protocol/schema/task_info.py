@@ -96,6 +96,12 @@ FIELDS = (
                                      "only; one not due yet: as if it were due now)."}),
     Field("waitTime", WAIT_TIME),
     Field("retryAt", time_schema("When the next try is due (queued after a failure)"), time=True),
+    Field("possiblyExecuted", {"type": "boolean", "enum": [True],
+                               "description": "Cancelled during a call, which was aborted, "
+                                              "and the function may have run all the same: "
+                                              "the call's report came later and was a "
+                                              "success, or (atMostOnce) says the request "
+                                              "reached the host. Absent: not known to."}),
 )
 #: what the HTTP front adds to an admitted task's info (protocol/fronts/http/room.py)
 FRONT_FIELDS = (
@@ -142,6 +148,7 @@ class TaskInfo(NamedTuple):
     wait_num: int | None = None
     wait_time: int | None = None
     retry_at: float | None = None
+    possibly_executed: bool | None = None
 
     def wire(self) -> dict[str, Any]:
         """The map that travels: the fields that apply, by their API names."""

@@ -26,7 +26,7 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (7, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (8, 1)
 
 
 def test_a_version_6_front_reads_and_cancels_by_the_master_key_as_it_did():

@@ -12,10 +12,15 @@ Request tasks (requests.py) come in T_ENQUEUE's ext as {"request": {...}}, from 
 master key only; their T_CALL carries an ext with the method and headers, and a
 dispatcher of a schema older than 4 (which would POST the body instead) is never handed
 one: `old_peers`, filled by the actor as it decodes, says who speaks what.
+
+A T_CANCEL of a running task cancels it at once and pushes R.T_ABORT to the dispatcher
+making its call (schema ABORT_SINCE or later; an older one is sent nothing and its call
+runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always.
 """
 from __future__ import annotations
 
 from ....protocol.schema import Op, R
+from ....protocol.schema.messages import ABORT_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
@@ -23,7 +28,7 @@ from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from . import enqueue, views
 from .model import requests
-from .store import MAX_PAGE, STATUSES, ApiPolicy, Task, TaskError, Tasks
+from .store import MAX_PAGE, RUNNING, STATUSES, ApiPolicy, Task, TaskError, Tasks
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
@@ -208,13 +213,30 @@ class TaskCommands:
                 self.store.tasks.get(op[2]) if type(op[2]) is str else None, op[2], token)
             if refused is not None:
                 return (s.conn, R.T_ERROR, *refused)
+        running = self.store.tasks.get(op[2]) if type(op[2]) is str else None
+        holder, attempt = (running.holder, running.attempt) if running is not None \
+            and running.status == RUNNING else (None, 0)
         task = self.store.cancel(op[2], now) if type(op[2]) is str else None
         if task is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
-        self.feed(now)                  # (an admitted task's slot is free again)
+        if holder is not None:
+            self.abort(holder, task.uid, attempt)
+        self.feed(now)                  # (an admitted task's or a call's slot is free again)
         return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+
+    def abort(self, holder, uid: str, attempt: int) -> None:
+        """Tell the dispatcher making call `attempt` of cancelled task `uid` to abort it
+        (R.T_ABORT), if it is one that takes it: a dispatcher session still here, of
+        schema ABORT_SINCE or later (an older one's call runs to its end; a call the
+        broker found running at a restart has no dispatcher until claimed, and a claim
+        of a cancelled task fails, so its report is only read for possiblyExecuted)."""
+        if holder not in self.dispatchers:
+            return
+        if self.old_peers and self.old_peers.get(holder.front.peer, ABORT_SINCE) < ABORT_SINCE:
+            return
+        self.out.reply(holder, R.T_ABORT, uid, attempt)
 
     def t_done(self, s, op, now):
         """An admitted online task's user is through (the front checked the pass or the

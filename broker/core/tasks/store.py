@@ -71,7 +71,8 @@ from .ledger import AGAIN_S, Ledger
 from .model import requests
 from .model.functions import Functions
 from .model.options import bad, parse_options  # noqa: F401
-from .model.outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
+from .model.outcomes import (FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call,
+                             never_sent)
 from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
@@ -182,13 +183,18 @@ class Tasks:
                 else:
                     return None
                 task, peer = lines.by_key[key], None
-                upstream = self.specs[name].upstream
+                spec = self.specs[name]
+                upstream = spec.upstream
                 if upstream is not None:
                     peer = self.upstream.pick(upstream, task.balance_key, now)
                     if type(peer) is Unavailable:   # held back, or its attempt fails
                         passed.drop()
                         self._unavailable(task, peer, now)
                         continue
+                elif not self.limits.host_pick(name, spec, now):
+                    passed.drop()               # its host is shut: its tasks wait in
+                    self.ledger.offer(name, now)    # place until the probe may go
+                    continue
                 if not self.journal.room[TASK_CALL](task):
                     if peer is not None:
                         peer.conns -= 1
@@ -241,14 +247,21 @@ class Tasks:
         task's current one (a late report after a timeout gave up on it), or `holder` is
         given and is not the dispatcher the call was handed to."""
         task = self.tasks.get(uid)
-        if task is None or task.status != RUNNING or task.attempt != attempt:
+        if task is None or task.attempt != attempt:
+            return False
+        if task.status != RUNNING:
+            if task.aborted == attempt:         # the report of an aborted call
+                self._after_abort(task, result)
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
         peer, task.peer = task.peer, None       # (where the call went: for the log)
+        spec = self.function(task.function)
         if peer is not None:                    # (its server's accounting: limiter.py)
-            for name in self.limits.server_done(*peer, self.function(task.function),
-                                                result, now):
+            for name in self.limits.server_done(*peer, spec, result, now):
+                self.ledger.offer(name, now)
+        elif spec is not None and spec.max_fails and spec.upstream is None:
+            for name in self.limits.host_done(spec, result, now):   # (its host's: hosts.py)
                 self.ledger.offer(name, now)
         self._end_call(task, now)
         if result.kind != "declined":           # (a declined call was never made)
@@ -267,14 +280,16 @@ class Tasks:
         return True
 
     def _apply(self, task: Task, result: Outcome, now: float) -> None:
-        """Carry out what the outcome does to the task (outcomes.decide)."""
-        action = decide(result, task, self.rand)
+        """Carry out what the outcome does to the task (outcomes.decide; a call that never
+        reached a plain url's host waits in place when its function counts failures)."""
+        spec = self.function(task.function)
+        action = decide(result, task, self.rand, waits=spec is not None and spec.max_fails > 0
+                        and spec.upstream is None)
         if result.kind != "declined":
             task.status_code = result.status_code
             task.error = action.error
         if action.pause:
-            self.limits.slow_down(task.function, self.function(task.function), task.started,
-                                  result, now)
+            self.limits.slow_down(task.function, spec, task.started, result, now)
         if action.do == SUCCEED:
             self.ledger.set_result(task, result.result, result.result_headers)
             self.ledger.finish(task, "succeed", now)
@@ -309,21 +324,49 @@ class Tasks:
 
     # -- cancel --------------------------------------------------------------------------
     def cancel(self, uid: str, now: float) -> Task | TaskError:
+        """Cancel a queued task, end an admitted one, or abort a running one's call: it is
+        cancelled at once, its slot free (the caller tells its dispatcher to abort the
+        call: commands.py)."""
         task = self.tasks.get(uid)
         if task is None:
             return TaskError("not_found", f"no task {uid!r}")
-        if task.status not in (QUEUED, ADMITTED):
+        if task.status not in (QUEUED, ADMITTED, RUNNING):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
-        # (an admission's end was reserved when it was admitted)
+        # (an admission's end was reserved when it was admitted, a call's with its start)
         if task.status == QUEUED and not self.journal.room[TASK_STATE](task):
             return _NO_SPACE
         if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
             self.waiting_room.release(task, now)
+        elif task.status == RUNNING:
+            self._abort(task, now)
         else:
             self.ledger.dequeue(task, now)
         self.ledger.finish(task, "cancel", now)
         self.journal.append[TASK_STATE](task)
         return task
+
+    def _abort(self, task: Task, now: float) -> None:
+        """The call of running `task` is aborted: its slots are free now (its function's,
+        its group's, its server's with nothing counted for or against it: limiter.py);
+        a report on it that comes later is only looked at for `possibly_executed`."""
+        peer, task.peer = task.peer, None
+        if peer is not None:
+            for name in self.limits.server_aborted(*peer):
+                self.ledger.offer(name, now)
+        task.aborted = task.attempt
+        task.error = "cancelled during its call (the call was aborted)"
+        self._end_call(task, now)
+
+    @staticmethod
+    def _after_abort(task: Task, result: Outcome) -> None:
+        """A report on the aborted call of cancelled `task`: it stays cancelled, but a
+        success says the function ran, and for an atMostOnce task any report but one of
+        a call that never reached its host says it may have (not journaled: a restart
+        forgets it)."""
+        task.aborted = 0                    # (one report per call: resent ones are the same)
+        if result.kind == "success" or task.delivery == AT_MOST_ONCE and not (
+                result.kind == "declined" or never_sent(result)):
+            task.possibly_executed = True
 
     # -- reading -------------------------------------------------------------------------
     def read(self, task: Task, now: float) -> None:

@@ -56,6 +56,12 @@ class FunctionSpec(NamedTuple):
     # or the master key (store.read; None: as keepResult says)
     expected_duration_ms: int = 0
     keep_result_after_read_ms: int | None = None
+    # a plain url's host (scheme, host, port), shared by every function under it, counted
+    # as nginx counts a server (components/hosts.py): max_fails calls that could not
+    # connect or timed out within fail_timeout shut it for fail_timeout, its tasks waiting
+    # in place; 0: never counted, a refused call spends an attempt (before 0.3)
+    max_fails: int = 1
+    fail_timeout_s: float = 10.0
 
     @property
     def interval(self) -> float:
