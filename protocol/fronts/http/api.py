@@ -221,13 +221,17 @@ def schedule_json(info: dict) -> dict:
 
 
 def function_json(info: dict) -> dict:
-    """A broker function stats dict as the API shows it (pausedUntil in RFC 3339)."""
+    """A broker function stats dict as the API shows it (pausedUntil, and a server's or a
+    host's usableAt, in RFC 3339)."""
     out = dict(info)
     if out.get("pausedUntil") is not None:
         out["pausedUntil"] = rfc3339(out["pausedUntil"])
     if out.get("servers"):
         out["servers"] = [{**s, "usableAt": rfc3339(s["usableAt"])} if "usableAt" in s else s
                           for s in out["servers"]]
+    host = out.get("host")
+    if host and "usableAt" in host:
+        out["host"] = {**host, "usableAt": rfc3339(host["usableAt"])}
     return out
 
 
