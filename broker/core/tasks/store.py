@@ -21,16 +21,18 @@ The coordinators call down into the ledger, and it into the components, which ow
 rest, return data and call nothing back: functions.py knows the functions and the specs
 in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
 function's line and the order of hand-outs (rotation.py: a function's groups served in
-turn); limiter.py says whether and when a function
-may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
-slots) and hears how calls ended, group_limits.py the same of each group of a function
-(its group_concurrency and group_rate); upstream_calls.py picks a call's server; calls.py
-keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
-outcome does; deadlines.py is every component's timers.  The store keeps the names it
+turn); limiter.py says whether and when a function may start a call (concurrency,
+rates and pauses, its upstream's limits, counter clients' slots, its plain url's host:
+hosts.py) and hears how calls ended, group_limits.py the same of each group of a
+function (its group_concurrency and group_rate); upstream_calls.py picks a call's
+server; calls.py keeps the calls in flight; room.py the waiting room; outcomes.py says
+what a call's outcome does; deadlines.py is every component's timers.  The store keeps the names it
 always exported and, read only, the components' state the views and tests read.
 
 A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
-unknown outcome then.  A task still queued `queueTimeout` after its
+unknown outcome then.  Cancelled while running, it is cancelled at once and its slots
+freed (`cancel`; commands.py tells its dispatcher to abort the call), and the call's
+report is read only for possiblyExecuted.  A task still queued `queueTimeout` after its
 createdAt fails ("queue timeout") and is never called.  Every call that did not succeed
 (a failure, fatal or unknown outcome, also one the broker decides) is logged with its
 function, URL, status or error and the task's fate, at most once per FAILED_CALL_LOG_S
@@ -71,8 +73,8 @@ from .ledger import AGAIN_S, Ledger
 from .model import requests
 from .model.functions import Functions
 from .model.options import bad, parse_options  # noqa: F401
-from .model.outcomes import (FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call,
-                             never_sent)
+from .model.outcomes import (FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, after_abort, decide,
+                             failed_call)
 from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
@@ -251,7 +253,7 @@ class Tasks:
             return False
         if task.status != RUNNING:
             if task.aborted == attempt:         # the report of an aborted call
-                self._after_abort(task, result)
+                after_abort(task, result)
             return False
         if holder is not None and task.holder is not holder and task.holder != RESTARTED:
             return False
@@ -348,7 +350,8 @@ class Tasks:
     def _abort(self, task: Task, now: float) -> None:
         """The call of running `task` is aborted: its slots are free now (its function's,
         its group's, its server's with nothing counted for or against it: limiter.py);
-        a report on it that comes later is only looked at for `possibly_executed`."""
+        a report on it that comes later is only read for `possibly_executed`
+        (outcomes.after_abort)."""
         peer, task.peer = task.peer, None
         if peer is not None:
             for name in self.limits.server_aborted(*peer):
@@ -356,17 +359,6 @@ class Tasks:
         task.aborted = task.attempt
         task.error = "cancelled during its call (the call was aborted)"
         self._end_call(task, now)
-
-    @staticmethod
-    def _after_abort(task: Task, result: Outcome) -> None:
-        """A report on the aborted call of cancelled `task`: it stays cancelled, but a
-        success says the function ran, and for an atMostOnce task any report but one of
-        a call that never reached its host says it may have (not journaled: a restart
-        forgets it)."""
-        task.aborted = 0                    # (one report per call: resent ones are the same)
-        if result.kind == "success" or task.delivery == AT_MOST_ONCE and not (
-                result.kind == "declined" or never_sent(result)):
-            task.possibly_executed = True
 
     # -- reading -------------------------------------------------------------------------
     def read(self, task: Task, now: float) -> None:

@@ -16,7 +16,8 @@ workers/job.py's (the store carries it out).
     otherwise                   fail
 
 A 429 or 503 on a function behind an upstream pauses that server, not the function
-(upstream_calls.py), when it came with a Retry-After.
+(upstream_calls.py), when it came with a Retry-After.  The report of a call aborted by a
+cancel changes nothing but `possibly_executed` (`after_abort`).
 """
 from __future__ import annotations
 
@@ -71,6 +72,17 @@ def never_sent(result: Outcome) -> bool:
     aiohttp could not connect: workers/dispatcher.py; a dispatcher before schema 4 says
     no such thing, and its calls spend attempts as they did)."""
     return result.kind == "failure" and result.status_code is None and bool(result.failure)
+
+
+def after_abort(task: Task, result: Outcome) -> None:
+    """A report on the aborted call of cancelled `task` (store.cancel): it stays cancelled,
+    but a success says the function ran, and for an atMostOnce task any report but one of
+    a call that never reached its host says it may have (`possibly_executed`; not
+    journaled: a restart forgets it, as it forgets which call was aborted)."""
+    task.aborted = 0                    # (one report per call: a resent one is the same)
+    if result.kind == "success" or task.delivery == AT_MOST_ONCE and not (
+            result.kind == "declined" or never_sent(result)):
+        task.possibly_executed = True
 
 
 def failed_call(task: Task, attempt: int, result: Outcome, url: str, now: float) -> tuple:
