@@ -177,6 +177,18 @@ def test_a_report_that_does_not_say_how_it_failed_spends_its_attempt_and_shuts_n
     assert first.status == FAILED and h.take() is second
 
 
+def test_a_probe_that_says_nothing_of_the_host_neither_reopens_nor_charges_it():
+    h = Host(fail_timeout_s=1.0)
+    h.enqueue(count=2)
+    h.end(h.take(), REFUSED)
+    for said in (Outcome("declined", error="the dispatcher is stopping"),
+                 Outcome("unknown", error="the dispatcher went away", failure="")):
+        h.advance(1.0)
+        h.end(h.take(), said)
+        assert h.take() is None, said
+        assert h.store.limits.hosts.failing["http://fn:3000"].fails == 1
+
+
 def test_a_success_started_before_the_failure_does_not_reopen_the_host():
     h = Host()
     early, late, waiting = h.enqueue(count=3)

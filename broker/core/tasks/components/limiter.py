@@ -238,11 +238,15 @@ class Limiter:
 
     def host_done(self, spec: FunctionSpec, result: Outcome, now: float) -> set[str] | tuple:
         """A call on a plain url's host ended: its accounting; the functions that host
-        blocked, if it is usable again."""
-        # (a report that does not say how it failed, from a dispatcher before schema 4,
-        # counts against no host: as before, it spends an attempt and shuts nothing)
-        failed = counts_against(spec, result) and (
-            result.status_code is not None or bool(result.failure))
+        blocked, if it is usable again.  A failure counts as next_upstream says; a call
+        the host answered is a good one; any other end says nothing of the host (declined,
+        never made; the broker's own verdict, a dispatcher gone; a report that does not
+        say how it failed, from a dispatcher before schema 4, which spends its attempt
+        and shuts nothing, as before)."""
+        answered = result.kind == "success" or result.status_code is not None
+        failed = counts_against(spec, result) and (answered or bool(result.failure))
+        if not (failed or answered):
+            return ()
         origin = self.hosts.done(spec, failed, now)
         if origin is None or not self.blocked:
             return ()
