@@ -54,6 +54,7 @@ def test_a_host_down_at_enqueue_and_up_two_seconds_later_runs_every_task_on_its_
                                                headers=MASTER)[2], 10)
         down = call("GET", f"{served.base}/v1/functions/f", headers=MASTER)[2]
         assert down["host"]["url"] == f"http://{LOOPBACK}:{host.port}" and down["queued"] == 5
+        assert down["host"]["fails"] >= 1 and down["host"].get("usableAt", "Z").endswith("Z")
         time.sleep(2.0)
         assert all(info(served.base, uid)["status"] == "queued" for uid in uids)
         with host:
