@@ -193,7 +193,7 @@ class Tasks:
                         passed.drop()
                         self._unavailable(task, peer, now)
                         continue
-                elif not self.limits.host_pick(name, spec, now):
+                elif self.limits.hosts.failing and not self.limits.host_pick(name, spec, now):
                     passed.drop()               # its host is shut: its tasks wait in
                     self.ledger.offer(name, now)    # place until the probe may go
                     continue

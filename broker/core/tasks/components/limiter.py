@@ -227,8 +227,8 @@ class Limiter:
     def host_pick(self, name: str, spec: FunctionSpec, now: float) -> bool:
         """Whether a call of `name` may go to its host now (on a failing host: the probe);
         if not, the function is blocked until the host's probe may go (the caller offers
-        it again, which arms the timer)."""
-        if not self.hosts.failing or not spec.max_fails:
+        it again, which arms the timer).  Asked only while some host fails (store.take)."""
+        if not spec.max_fails:
             return True
         until = self.hosts.pick(spec, now)
         if until is None:
@@ -243,6 +243,8 @@ class Limiter:
         never made; the broker's own verdict, a dispatcher gone; a report that does not
         say how it failed, from a dispatcher before schema 4, which spends its attempt
         and shuts nothing, as before)."""
+        if result.kind == "success" and not self.hosts.failing:
+            return ()                       # (the hot path: every host is well)
         answered = result.kind == "success" or result.status_code is not None
         failed = counts_against(spec, result) and (answered or bool(result.failure))
         if not (failed or answered):
