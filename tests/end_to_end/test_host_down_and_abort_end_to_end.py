@@ -18,7 +18,7 @@ import time
 import pytest
 
 from servers import LOOPBACK, free_port, self_check, wait_for
-from test_tasks_end_to_end import FunctionHost
+from test_tasks_end_to_end import FunctionHost, start_split
 from test_waiting_room_end_to_end import call, serve
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
@@ -148,4 +148,20 @@ def test_a_running_call_cancelled_is_aborted_its_host_sees_the_close_and_its_slo
         assert (code, again["error"]) == (409, "not_cancellable")
     finally:
         served.server.stop()
+        host.stop()
+
+
+def test_a_dispatcher_in_its_own_process_is_told_over_zeromq_to_abort_the_call(tmp_path):
+    host = SilentHost()
+    procs, api, _ = start_split(tmp_path, host)         # (no master key: none needed)
+    try:
+        code, body = api.request("POST", "/v1/tasks", {"function": "remote"})
+        assert code == 201, body
+        assert wait_for(lambda: host.requests == [body["uniqueId"]], 10)
+        code, info = api.request("DELETE", f"/v1/tasks/{body['uniqueId']}")
+        assert (code, info["status"]) == (200, "cancelled"), info
+        assert wait_for(lambda: host.closed == [body["uniqueId"]], 10), "the call runs on"
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
         host.stop()
