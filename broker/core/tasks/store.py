@@ -26,8 +26,9 @@ rates and pauses, its upstream's limits, counter clients' slots, its plain url's
 hosts.py) and hears how calls ended, group_limits.py the same of each group of a
 function (its group_concurrency and group_rate); upstream_calls.py picks a call's
 server; calls.py keeps the calls in flight; room.py the waiting room; outcomes.py says
-what a call's outcome does; deadlines.py is every component's timers.  The store keeps the names it
-always exported and, read only, the components' state the views and tests read.
+what a call's outcome does; deadlines.py is every component's timers.  The store keeps
+the names it always exported and, read only, the components' state the views and tests
+read.
 
 A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
 unknown outcome then.  Cancelled while running, it is cancelled at once and its slots
@@ -283,7 +284,9 @@ class Tasks:
 
     def _apply(self, task: Task, result: Outcome, now: float) -> None:
         """Carry out what the outcome does to the task (outcomes.decide; a call that never
-        reached a plain url's host waits in place when its function counts failures)."""
+        reached a plain url's host waits in place when its function counts failures: an
+        error or a timeout always counts against the host, which then holds the next try
+        back, so a refused host is not called again and again)."""
         spec = self.function(task.function)
         action = decide(result, task, self.rand, waits=spec is not None and spec.max_fails > 0
                         and spec.upstream is None)
