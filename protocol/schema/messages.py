@@ -35,7 +35,8 @@ SCHEMA_VERSION = 8
 ABORT_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 7 had no R.T_ABORT (`_downgrade` leaves it out).  Version 6 (the first with NotLeader) had no group_headers in Settings
+#: version back.  Version 7 had no R.T_ABORT (`_downgrade` leaves it out of Replies).
+#: Version 6 (the first with NotLeader) had no group_headers in Settings
 #: (its seven first fields), and no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
 #: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
