@@ -209,7 +209,13 @@ class Dispatcher(LinkOwner):
         task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task) -> None:
-        self.calls.pop(task, None)
+        call = self.calls.pop(task, None)
+        if task in self.aborting and call is not None:
+            # aborted before it began (its T_CALL and T_ABORT came together): no request
+            # left, and `_run_call` never ran to report it
+            self.aborting.discard(task)
+            self._report((Op.T_OUTCOME, CONN, *call, *Outcome(
+                DECLINED, error="aborted before the call began").fields()))
 
     def _abort(self, uid: str, attempt: int) -> None:
         """Abort call `attempt` of task `uid` (R.T_ABORT: the task was cancelled while it

@@ -488,7 +488,18 @@ def test_an_abort_cancels_the_running_call_and_the_host_sees_its_connection_clos
             assert (outcome.kind, outcome.status_code) == ("unknown", None)
             assert outcome.error.startswith("aborted")
             await until(lambda: host.aborted == ["/abortable"])
-            assert time.monotonic() - started < 2 and not d.calls
+            assert time.monotonic() - started < 2 and not d.calls and not d.aborting
+    asyncio.run(main())
+
+
+def test_a_call_aborted_before_it_began_is_reported_declined_and_never_made() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            d.on_replies([(1, R.T_CALL, "t1", 1, host.url + "/echo", PARAMS, 1000),
+                          (1, R.T_ABORT, "t1", 1)])
+            outcome = await link.outcome("t1")
+            assert (outcome.kind, outcome.error) == ("declined", "aborted before the call began")
+            assert host.hits == [] and not d.calls and not d.aborting
     asyncio.run(main())
 
 
