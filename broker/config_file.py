@@ -136,6 +136,13 @@ KEYS: tuple[Key, ...] = (
         "no move once this long has passed since the attempt's first call (0s: none)"),
     Key(EVERY, "connect_timeout", "duration", "5s", "ms, s, m, h",
         "the longest connect of a call to a server"),
+    Key(EVERY, "max_fails", "integer", 1, "calls",
+        "a plain url: failures (next_upstream) within fail_timeout that shut its host, its "
+        "tasks waiting in place; a call that could not connect spends no attempt (0: "
+        "never counted, every failure spends one)"),
+    Key(EVERY, "fail_timeout", "duration", "10s", "ms, s, m, h",
+        "a plain url: the window of max_fails, and how long a shut host waits for its "
+        "probe call"),
     Key(EVERY, "online", "string", "master", "",
         "online tasks (a waiting room): \"public\", \"master\" (with the master key) or "
         "\"only\" (online only, public, no url needed)"),
@@ -497,7 +504,7 @@ def _spec(name: str, entry: dict, where: str) -> FunctionSpec:
                         online, pass_ttl, heartbeat, most_waiting, admit_url,
                         upstream, path, next_upstream[0], max(connect_ms, 1), origins,
                         *_groups(entry, where), *_lifecycle(entry, where), *next_upstream[1:],
-                        *_room_event(entry, where))
+                        *_room_event(entry, where), *_host_failures(entry, where))
 
 
 def _next_upstream(entry: dict, where: str) -> tuple[frozenset, int, int]:
@@ -514,6 +521,18 @@ def _next_upstream(entry: dict, where: str) -> tuple[frozenset, int, int]:
     timeout_ms = duration_ms(_get(entry, FUNCTION, "next_upstream_timeout"),
                              f"{where}: next_upstream_timeout")
     return frozenset(words), tries, timeout_ms
+
+
+def _host_failures(entry: dict, where: str) -> tuple[int, float]:
+    """max_fails and fail_timeout (seconds), as FunctionSpec has them (a plain url's host:
+    components/hosts.py)."""
+    max_fails = _integer(entry, "max_fails", _DEFAULT[FUNCTION, "max_fails"], 0, 1_000_000,
+                         where)
+    fail_timeout_ms = duration_ms(_get(entry, FUNCTION, "fail_timeout"),
+                                  f"{where}: fail_timeout")
+    if max_fails and not fail_timeout_ms:
+        raise ConfigError(f"{where}: fail_timeout must be above 0 (or max_fails 0)")
+    return max_fails, fail_timeout_ms / 1000
 
 
 def _lifecycle(entry: dict, where: str) -> tuple[int, int | None]:

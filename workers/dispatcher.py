@@ -18,6 +18,13 @@ broker may call it again (broker/core/tasks/store.py says what it does with each
                                                      or 503 may say when to retry
     no connection made (refused, DNS)       failure  the request never left
     timeout; connection lost mid-call       unknown  the function may have run
+    aborted (R.T_ABORT, below)              unknown  the request may have reached it
+
+A task cancelled while its call runs is cancelled by the broker at once, which pushes
+R.T_ABORT (schema 8): the call's asyncio task is cancelled, and so its aiohttp request,
+whose connection is closed, not put back in the pool (the host sees it close).  The call
+is reported all the same (that report frees its slot), and the broker reads it only to
+say whether the function may have run (possiblyExecuted).
 
 The broker counts a dispatcher's *free* slots: T_SUBSCRIBE sets the count and each
 T_OUTCOME adds one (broker/core/tasks/commands.py, `t_subscribe` / `t_outcome`).  So calls keep
@@ -108,6 +115,7 @@ class Dispatcher(LinkOwner):
         self.slots = slots
         self.signing_key = signing.signing_key(signing_key)
         self.calls: dict[asyncio.Task, tuple[str, int]] = {}    # running: (uid, attempt)
+        self.aborting: set[asyncio.Task] = set()    # calls R.T_ABORT cancelled
         self.unacked: dict[tuple[str, int], tuple] = {}     # (uid, attempt) -> sent report
         self.resend: list[tuple] = []   # reports to send after the next Welcome
         self.opened = False             # the broker has our session, as far as we know
@@ -156,6 +164,8 @@ class Dispatcher(LinkOwner):
         for item in items:
             if item[1] == R.T_NOTED:        # that report arrived
                 self.unacked.pop((item[2], item[3]), None)
+            elif item[1] == R.T_ABORT:      # that call's task was cancelled
+                self._abort(item[2], item[3])
             elif item[1] != R.T_CALL:       # an error: the report stays, sent again later
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
@@ -205,12 +215,37 @@ class Dispatcher(LinkOwner):
         task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task) -> None:
-        self.calls.pop(task, None)
+        call = self.calls.pop(task, None)
+        if task in self.aborting and call is not None:
+            # aborted before it began (its T_CALL and T_ABORT came together): no request
+            # left, and `_run_call` never ran to report it
+            self.aborting.discard(task)
+            self._report((Op.T_OUTCOME, CONN, *call, *Outcome(
+                DECLINED, error="aborted before the call began").fields()))
+
+    def _abort(self, uid: str, attempt: int) -> None:
+        """Abort call `attempt` of task `uid` (R.T_ABORT: the task was cancelled while it
+        ran): cancelling its asyncio task cancels the aiohttp request, which closes its
+        connection (the host sees it go); `_run_call` then reports it.  A call already
+        over is left alone (its report is on its way)."""
+        for task, call in self.calls.items():
+            if call == (uid, attempt):
+                self.aborting.add(task)
+                task.cancel()
+                return
 
     async def _run_call(self, uid: str, attempt: int, url: str, params: bytes,
                         timeout_ms: int, call: "Call") -> None:
         try:
             outcome = await self._call(uid, attempt, url, params, timeout_ms, call)
+        except asyncio.CancelledError:
+            if asyncio.current_task() not in self.aborting:
+                raise                       # (close() after its grace: no report)
+            self.aborting.discard(asyncio.current_task())
+            # the broker has cancelled the task and reads this only for possiblyExecuted:
+            # the request may have reached the host ("" : no fault of the host's)
+            outcome = Outcome(UNKNOWN, error="aborted: the task was cancelled during the "
+                              "call", failure="")
         except Exception as exc:    # a bug here or in aiohttp: the request may have left
             log.exception("call %s (attempt %d) to %s failed unexpectedly", uid, attempt, url)
             outcome = Outcome(UNKNOWN, error=f"the dispatcher failed during the call: {exc!r}")

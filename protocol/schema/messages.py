@@ -33,9 +33,15 @@ SCHEMA_VERSION = 8
 #: echoes the T_CALL's "move" (outcome.py, task_messages.Call); an older dispatcher says
 #: neither, so the broker never moves its calls (broker/core/tasks/commands.py)
 NEXT_UPSTREAM_SINCE = 8
+#: the version from which a dispatcher takes R.T_ABORT (abort the call of a task cancelled
+#: while it ran): an older one is sent none, and its call runs to its end (the broker
+#: has cancelled the task all the same, and reads the late report only for
+#: possiblyExecuted)
+ABORT_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE).  Version 6 (the
+#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE) and no R.T_ABORT
+#: (`_downgrade` leaves it out of Replies).  Version 6 (the
 #: first with NotLeader) had no group_headers in Settings (its seven first fields), and
 #: no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
@@ -275,7 +281,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}  # (7 and later: all)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:
@@ -285,6 +291,8 @@ def _downgrade(msg: Message, version: int) -> Message | tuple | None:
         return None                     # version 5 and older: a standby says nothing
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
+    if isinstance(msg, Replies) and version < ABORT_SINCE:
+        msg = Replies([item for item in msg.items if item[1] != R.T_ABORT])
     fields = _SETTINGS_FIELDS.get(version)
     if isinstance(msg, Settings) and fields is not None:
         return tuple(msg[:fields]) if version >= 2 else None

@@ -174,6 +174,8 @@ class R(Codes):
     T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
     T_FUNCTIONS = 47    # (infos, next)  a page of function stats by name; next None: no more
     T_FUNCTION = 48     # (info)  one function's stats (broker/core/tasks/views.py)
+    T_ABORT = 49        # (unique_id, attempt)  pushed to a dispatcher (version 8): that
+    # call's task was cancelled, abort it; its T_OUTCOME still comes (and frees the slot)
 
 
 
@@ -204,5 +206,9 @@ class R(Codes):
 # again after losing the broker (a report on a call the broker no longer waits for is
 # ignored).  Its SessionState lists, in `holds`, the calls ([unique_id, attempt]) it is
 # making or has reports on, so a broker restarted with its binlog gives them back to it.
+# A running task cancelled (T_CANCEL) is cancelled at once, and its dispatcher, of
+# version 8 or later, is pushed `R.T_ABORT`: it cancels the HTTP request (the host sees
+# the connection close) and reports the call as usual, a report the broker only reads
+# for possiblyExecuted (an older dispatcher is sent nothing: its call runs to its end).
 #: worker-protocol versions this code speaks (bump the max on an incompatible change)
 WORKER_VERSIONS = (1, 1)

@@ -112,6 +112,12 @@ FIELDS = (
                                    "`waitTime`)."}),
     Field("opensAt", time_schema("When the room event's pre-line is drawn and the line "
                                  "opens (phase pre-line only)"), time=True),
+    Field("possiblyExecuted", {"type": "boolean", "enum": [True],
+                               "description": "Cancelled during a call, which was aborted, "
+                                              "and the function may have run all the same: "
+                                              "the call's report came later and was a "
+                                              "success, or (atMostOnce) says the request "
+                                              "reached the host. Absent: not known to."}),
 )
 #: what the HTTP front adds to an admitted task's info (protocol/fronts/http/room.py)
 FRONT_FIELDS = (
@@ -161,6 +167,7 @@ class TaskInfo(NamedTuple):
     upstream_addr: str | None = None
     phase: str | None = None
     opens_at: float | None = None
+    possibly_executed: bool | None = None
 
     def wire(self) -> dict[str, Any]:
         """The map that travels: the fields that apply, by their API names."""

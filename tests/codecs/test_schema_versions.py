@@ -108,6 +108,14 @@ def test_a_dispatcher_older_than_version_4_gets_its_calls_without_the_ext(versio
     assert msgpack.unpackb(encode(Replies([call])))[2] == [list(call)]
 
 
+@pytest.mark.parametrize("version", [V1, V3, V4, 7])
+def test_a_dispatcher_older_than_version_8_is_never_sent_an_abort(version):
+    replies = Replies([(1, R.T_ABORT, "t1", 1), (1, R.T_ERROR, "not_found", "no task")])
+    items = msgpack.unpackb(encode(replies, version))[2]
+    assert [item[1] for item in items] == [R.T_ERROR]
+    assert msgpack.unpackb(encode(replies))[2][0] == [1, R.T_ABORT, "t1", 1]
+
+
 ORIGINS = Settings(65535, 200, 300, True, False, {"shop": ["https://shop.example"]},
                    ["https://shop.example"])
 

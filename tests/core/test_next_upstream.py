@@ -257,3 +257,31 @@ def test_a_dispatcher_of_schema_8_gets_the_move_in_the_same_slot_and_an_older_on
         assert broker.tasks.tasks["t1"].status == RUNNING
     else:           # (the slot is free again: t2 takes it)
         assert [m[2] for m in moved] == ["t2"] and broker.tasks.tasks["t1"].status == FAILED
+
+
+def test_a_task_cancelled_while_its_move_waits_for_the_rate_gives_its_dispatcher_the_slot_back():
+    from test_tasks_core import D1, HTTP
+    from zstalk.broker.core.broker import Broker, Config
+    from zstalk.protocol.schema import Batch, Hello, Op, R
+    broker = Broker(Config(functions=(FunctionSpec("gen", "", 10, rate=1, per_s=2.0,
+                                                   upstream="gpu", path="/g",
+                                                   next_upstream_timeout_ms=5000),),
+                           upstreams=(UpstreamSpec("gpu", (ServerSpec(A), ServerSpec(B))),)), T0)
+    for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2)):
+        broker.handle(peer, Hello(front_id, kind, 1, 0, []), T0)
+        broker.handle(peer, Batch([(Op.OPEN, 1)]), T0)
+    broker.handle(HTTP, Batch([(Op.T_ENQUEUE, 1, "gen", b"{}", {"attempts": 0}, uid, True)
+                               for uid in ("t1", "t2")]), T0)
+    broker.flush()
+    [call] = [r for r in replies_to(broker, D1, (Op.T_SUBSCRIBE, 1, 1, False)) if r[1] == R.T_CALL]
+    assert call[2] == "t1"
+    out = replies_to(broker, D1, (Op.T_OUTCOME, 1, "t1", 1, *REFUSED.fields()))
+    assert [r for r in out if r[1] == R.T_CALL] == []       # (the move waits for the gate)
+    assert broker.tasks.moves.is_waiting(broker.tasks.tasks["t1"])
+    broker.handle(HTTP, Batch([(Op.T_CANCEL, 1, "t1")]), T0)
+    to_dispatcher = [item for p, msg in broker.flush() if p == D1 for item in msg.items]
+    assert [r for r in to_dispatcher if r[1] == R.T_ABORT] == []    # (no call runs there)
+    assert broker.tasks.tasks["t1"].status == "cancelled"
+    broker.expire(T0 + 2.0)                                  # (the gate opens: t2 takes the slot)
+    pushed = [item for p, msg in broker.flush() if p == D1 for item in msg.items]
+    assert [r[2] for r in pushed if r[1] == R.T_CALL] == ["t2"]

@@ -280,11 +280,12 @@ def test_a_failed_call_kept_quiet_makes_no_line_not_even_its_url(caplog, monkeyp
 
 
 # -- cancel and memory -----------------------------------------------------------------------------
-def test_cancel_takes_a_queued_or_retrying_task_and_refuses_a_running_one(c):
+def test_cancel_takes_a_queued_retrying_or_running_task_and_refuses_a_finished_one(c):
     queued, delayed, running = c.enqueue(), c.enqueue(options={"delay": 5000}), c.enqueue()
     c.store.functions["f"] = FunctionSpec("f", "http://fn/f", concurrency=5)
     assert c.take() is queued          # (first come) -- now running
     assert c.store.cancel(delayed.uid, c.now) is delayed and c.status(delayed.uid) == CANCELLED
+    assert c.store.cancel(queued.uid, c.now) is queued and c.status(queued.uid) == CANCELLED
     assert c.store.cancel(queued.uid, c.now).code == "not_cancellable"
     assert c.store.cancel(running.uid, c.now) is running
     assert c.take() is None

@@ -259,9 +259,9 @@ def test_deleting_a_task_cancels_it_and_answers_its_info() -> None:
     assert reply["finishedAt"] == "2026-11-24T20:30:00.123Z"
 
 
-def test_deleting_a_running_task_answers_the_brokers_409() -> None:
+def test_deleting_a_finished_task_answers_the_brokers_409() -> None:
     status, reply, _ = request("DELETE", "/v1/tasks/t",
-                               error("not_cancellable", "task 't' is running"))
+                               error("not_cancellable", "task 't' is success"))
     assert (status, reply["error"]) == (409, "not_cancellable")
 
 

@@ -67,7 +67,8 @@ class FunctionHost:
             web.post("/slow", self.slow), web.post("/nap", self.nap),
             web.post("/hang-up", self.hang_up), web.post("/redirect", self.redirect),
             web.post("/bytes/{n}", self.sized), web.post("/chunked/{n}", self.chunked),
-            web.post("/typed", self.typed)])
+            web.post("/typed", self.typed), web.post("/abortable", self.abortable)])
+        self.aborted: list[str] = []        # calls whose connection closed under them
 
     @web.middleware
     async def _count(self, request: web.Request, handler):
@@ -93,6 +94,16 @@ class FunctionHost:
 
     async def slow(self, request: web.Request) -> web.Response:
         await asyncio.sleep(SLOW_S)
+        return web.Response(text="too late")
+
+    async def abortable(self, request: web.Request) -> web.Response:
+        """/slow, noting when its caller closes the connection (aiohttp then cancels the
+        handler: handler_cancellation)."""
+        try:
+            await asyncio.sleep(SLOW_S)
+        except asyncio.CancelledError:
+            self.aborted.append(request.path)
+            raise
         return web.Response(text="too late")
 
     async def nap(self, request: web.Request) -> web.Response:
@@ -482,6 +493,50 @@ def test_a_moved_call_echoes_its_move_in_its_report() -> None:
             outcome = await link.outcome("t1")
             assert (outcome.move, outcome.sent) == (2, False)
             assert Outcome.read(*outcome.fields()) == outcome
+    asyncio.run(main())
+
+
+def test_a_refused_connection_says_it_failed_to_connect_so_the_broker_may_call_again(
+        ) -> None:
+    async def main() -> None:
+        async with dispatcher() as (d, link):
+            push(d, f"http://127.0.0.1:{refused_port()}/f")
+            assert (await link.outcome("t1")).failure == "error"
+    asyncio.run(main())
+
+
+def test_an_abort_cancels_the_running_call_and_the_host_sees_its_connection_close() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            push(d, host.url + "/abortable", timeout_ms=10_000)
+            await until(lambda: host.hits == ["/abortable"])
+            started = time.monotonic()
+            d.on_replies([(1, R.T_ABORT, "t1", 1)])
+            outcome = await link.outcome("t1")
+            assert (outcome.kind, outcome.status_code) == ("unknown", None)
+            assert outcome.error.startswith("aborted")
+            await until(lambda: host.aborted == ["/abortable"])
+            assert time.monotonic() - started < 2 and not d.calls and not d.aborting
+    asyncio.run(main())
+
+
+def test_a_call_aborted_before_it_began_is_reported_declined_and_never_made() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            d.on_replies([(1, R.T_CALL, "t1", 1, host.url + "/echo", PARAMS, 1000),
+                          (1, R.T_ABORT, "t1", 1)])
+            outcome = await link.outcome("t1")
+            assert (outcome.kind, outcome.error) == ("declined", "aborted before the call began")
+            assert host.hits == [] and not d.calls and not d.aborting
+    asyncio.run(main())
+
+
+def test_an_abort_of_a_call_that_is_not_running_changes_nothing() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            push(d, host.url + "/nap")
+            d.on_replies([(1, R.T_ABORT, "t1", 2), (1, R.T_ABORT, "other", 1)])
+            assert (await link.outcome("t1")).kind == "success"
     asyncio.run(main())
 
 

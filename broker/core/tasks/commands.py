@@ -15,11 +15,15 @@ one: `old_peers`, filled by the actor as it decodes, says who speaks what.  Nor 
 dispatcher older than NEXT_UPSTREAM_SINCE get a failed call moved to the next server of
 its upstream (moves.py): the T_CALL of a move goes to the dispatcher whose call failed,
 in the slot that call held (its T_OUTCOME frees none).
+
+A T_CANCEL of a running task cancels it at once and pushes R.T_ABORT to the dispatcher
+making its call (schema ABORT_SINCE or later; an older one is sent nothing and its call
+runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always.
 """
 from __future__ import annotations
 
 from ....protocol.schema import Op, R
-from ....protocol.schema.messages import NEXT_UPSTREAM_SINCE
+from ....protocol.schema.messages import ABORT_SINCE, NEXT_UPSTREAM_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
@@ -27,7 +31,7 @@ from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from . import enqueue, views
 from .model import requests
-from .store import MAX_PAGE, MOVED, STATUSES, ApiPolicy, Task, TaskError, Tasks
+from .store import MAX_PAGE, MOVED, RUNNING, STATUSES, ApiPolicy, Task, TaskError, Tasks
 
 #: the schema version from which a dispatcher makes request tasks' calls (T_CALL's ext)
 REQUEST_TASKS_SCHEMA = 4
@@ -213,13 +217,35 @@ class TaskCommands:
                 self.store.tasks.get(op[2]) if type(op[2]) is str else None, op[2], token)
             if refused is not None:
                 return (s.conn, R.T_ERROR, *refused)
+        running = self.store.tasks.get(op[2]) if type(op[2]) is str else None
+        holder, attempt = (running.holder, running.attempt) if running is not None \
+            and running.status == RUNNING else (None, 0)
+        # (a move waiting for its rate holds its dispatcher's slot with no call running)
+        moving = holder is not None and self.store.moves.is_waiting(running)
         task = self.store.cancel(op[2], now) if type(op[2]) is str else None
         if task is None:
             return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
-        self.feed(now)                  # (an admitted task's slot is free again)
+        if moving:
+            if holder in self.dispatchers and not holder.draining:
+                holder.slots = min(holder.slots + 1, MAX_SLOTS)
+        elif holder is not None:
+            self.abort(holder, task.uid, attempt)
+        self.feed(now)                  # (an admitted task's or a call's slot is free again)
         return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+
+    def abort(self, holder, uid: str, attempt: int) -> None:
+        """Tell the dispatcher making call `attempt` of cancelled task `uid` to abort it
+        (R.T_ABORT), if it is one that takes it: a dispatcher session still here, of
+        schema ABORT_SINCE or later (an older one's call runs to its end; a call the
+        broker found running at a restart has no dispatcher until claimed, and a claim
+        of a cancelled task fails, so its report is only read for possiblyExecuted)."""
+        if holder not in self.dispatchers:
+            return
+        if self.old_peers and self.old_peers.get(holder.front.peer, ABORT_SINCE) < ABORT_SINCE:
+            return
+        self.out.reply(holder, R.T_ABORT, uid, attempt)
 
     def t_done(self, s, op, now):
         """An admitted online task's user is through (the front checked the pass or the

@@ -23,16 +23,19 @@ The coordinators call down into the ledger, and it into the components, which ow
 rest, return data and call nothing back: functions.py knows the functions and the specs
 in use; enqueue.py checks an enqueue (options.py its options); lines.py keeps each
 function's line and the order of hand-outs (rotation.py: a function's groups served in
-turn); limiter.py says whether and when a function
-may start a call (concurrency, rates and pauses, its upstream's limits, counter clients'
-slots) and hears how calls ended, group_limits.py the same of each group of a function
-(its group_concurrency and group_rate); upstream_calls.py picks a call's server; calls.py
-keeps the calls in flight; room.py the waiting room; outcomes.py says what a call's
-outcome does; deadlines.py is every component's timers.  The store keeps the names it
-always exported and, read only, the components' state the views and tests read.
+turn); limiter.py says whether and when a function may start a call (concurrency,
+rates and pauses, its upstream's limits, counter clients' slots, its plain url's host:
+hosts.py) and hears how calls ended, group_limits.py the same of each group of a
+function (its group_concurrency and group_rate); upstream_calls.py picks a call's
+server; calls.py keeps the calls in flight; room.py the waiting room; outcomes.py says
+what a call's outcome does; deadlines.py is every component's timers.  The store keeps
+the names it always exported and, read only, the components' state the views and tests
+read.
 
 A running task has a deadline (calls.py): a dispatcher that dies mid-call gives an
-unknown outcome then.  A task still queued `queueTimeout` after its
+unknown outcome then.  Cancelled while running, it is cancelled at once and its slots
+freed (`cancel`; commands.py tells its dispatcher to abort the call), and the call's
+report is read only for possiblyExecuted.  A task still queued `queueTimeout` after its
 createdAt fails ("queue timeout") and is never called.  Every call that did not succeed
 (a failure, fatal or unknown outcome, also one the broker decides) is logged with its
 function, URL, status or error and the task's fate, at most once per FAILED_CALL_LOG_S
@@ -74,7 +77,8 @@ from .ledger import AGAIN_S, Ledger
 from .model import requests
 from .model.functions import Functions
 from .model.options import bad, parse_options  # noqa: F401
-from .model.outcomes import FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, decide, failed_call
+from .model.outcomes import (FAIL, FAILED_KINDS, REQUEUE, RETRY, SUCCEED, after_abort, decide,
+                             failed_call)
 from .model.spec import DEFAULTS, PER_UNIT, ApiPolicy, FunctionSpec  # noqa: F401
 from .model.task import (ABANDONED, CALL_GRACE_S, CLAIM_S, RESTARTED,  # noqa: F401
                          TASK_ERROR_CHARS, TASK_OVERHEAD_BYTES, Outcome, Task, TaskBackoff,
@@ -199,13 +203,18 @@ class Tasks:
                 else:
                     return None
                 task, peer = lines.by_key[key], None
-                upstream = self.specs[name].upstream
+                spec = self.specs[name]
+                upstream = spec.upstream
                 if upstream is not None:
                     peer = self.upstream.pick(upstream, task.balance_key, now)
                     if type(peer) is Unavailable:   # held back, or its attempt fails
                         passed.drop()
                         self._unavailable(task, peer, now)
                         continue
+                elif self.limits.hosts.failing and not self.limits.host_pick(name, spec, now):
+                    passed.drop()               # its host is shut: its tasks wait in
+                    self.ledger.offer(name, now)    # place until the probe may go
+                    continue
                 if not self.journal.room[TASK_CALL](task):
                     if peer is not None:
                         peer.conns -= 1
@@ -261,7 +270,11 @@ class Tasks:
         call was handed to.  `moves`: the dispatcher can take a move (moves.py): MOVED
         when the call went on to another server."""
         task = self.tasks.get(uid)
-        if task is None or task.status != RUNNING or task.attempt != attempt:
+        if task is None or task.attempt != attempt:
+            return False
+        if task.status != RUNNING:
+            if task.aborted == attempt:         # the report of an aborted call
+                after_abort(task, result)
             return False
         # (a restart forgets `tried`: a claimed call's report is then taken whatever its move)
         if holder is not None and (task.holder is not holder and task.holder != RESTARTED
@@ -269,13 +282,16 @@ class Tasks:
                                    or self.moves.is_waiting(task)):
             return False
         peer, task.peer = task.peer, None       # (where the call went: for the log)
+        spec = self.function(task.function)
         if peer is not None:                    # (its server's accounting: limiter.py)
-            for name in self.limits.server_done(*peer, self.function(task.function),
-                                                result, now):
+            for name in self.limits.server_done(*peer, spec, result, now):
                 self.ledger.offer(name, now)
             if moves and result.kind in FAILED_KINDS and self.moves.after(
                     task, peer, result, now):
                 return MOVED
+        elif spec is not None and spec.max_fails and spec.upstream is None:
+            for name in self.limits.host_done(spec, result, now):   # (its host's: hosts.py)
+                self.ledger.offer(name, now)
         self.moves.drop(task)
         self._ended(task, attempt, result, peer, now)
         return True
@@ -298,14 +314,18 @@ class Tasks:
             self.journal.append[TASK_STATE](task)   # (its room came with the call)
 
     def _apply(self, task: Task, result: Outcome, now: float) -> None:
-        """Carry out what the outcome does to the task (outcomes.decide)."""
-        action = decide(result, task, self.rand)
+        """Carry out what the outcome does to the task (outcomes.decide; a call that never
+        reached a plain url's host waits in place when its function counts failures: an
+        error or a timeout always counts against the host, which then holds the next try
+        back, so a refused host is not called again and again)."""
+        spec = self.function(task.function)
+        action = decide(result, task, self.rand, waits=spec is not None and spec.max_fails > 0
+                        and spec.upstream is None)
         if result.kind != "declined":
             task.status_code = result.status_code
             task.error = action.error
         if action.pause:
-            self.limits.slow_down(task.function, self.function(task.function), task.started,
-                                  result, now)
+            self.limits.slow_down(task.function, spec, task.started, result, now)
         if action.do == SUCCEED:
             self.ledger.set_result(task, result.result, result.result_headers)
             self.ledger.finish(task, "succeed", now)
@@ -340,21 +360,40 @@ class Tasks:
 
     # -- cancel --------------------------------------------------------------------------
     def cancel(self, uid: str, now: float) -> Task | TaskError:
+        """Cancel a queued task, end an admitted one, or abort a running one's call: it is
+        cancelled at once, its slot free (the caller tells its dispatcher to abort the
+        call: commands.py)."""
         task = self.tasks.get(uid)
         if task is None:
             return TaskError("not_found", f"no task {uid!r}")
-        if task.status not in (QUEUED, ADMITTED):
+        if task.status not in (QUEUED, ADMITTED, RUNNING):
             return TaskError("not_cancellable", f"task {uid!r} is {task.status}")
-        # (an admission's end was reserved when it was admitted)
+        # (an admission's end was reserved when it was admitted, a call's with its start)
         if task.status == QUEUED and not self.journal.room[TASK_STATE](task):
             return _NO_SPACE
         if task.status == ADMITTED:         # (its pass is revoked: the verify check asks)
             self.waiting_room.release(task, now)
+        elif task.status == RUNNING:
+            self._abort(task, now)
         else:
             self.ledger.dequeue(task, now)
         self.ledger.finish(task, "cancel", now)
         self.journal.append[TASK_STATE](task)
         return task
+
+    def _abort(self, task: Task, now: float) -> None:
+        """The call of running `task` is aborted: its slots are free now (its function's,
+        its group's, its server's with nothing counted for or against it: limiter.py);
+        a report on it that comes later is only read for `possibly_executed`
+        (outcomes.after_abort)."""
+        peer, task.peer = task.peer, None
+        if peer is not None:
+            for name in self.limits.server_aborted(*peer):
+                self.ledger.offer(name, now)
+        self.moves.drop(task)               # (a move waiting for its gate: no call runs)
+        task.aborted = task.attempt
+        task.error = "cancelled during its call (the call was aborted)"
+        self._end_call(task, now)
 
     # -- reading -------------------------------------------------------------------------
     def read(self, task: Task, now: float) -> None:

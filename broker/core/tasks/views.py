@@ -76,6 +76,7 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         retry_at=task.due + wall if queued and task.attempt and task.due > now else None,
         upstream_addr=", ".join(task.tried) or None,
         phase=phase[0] if phase else None, opens_at=phase[1] if phase else None,
+        possibly_executed=True if task.possibly_executed else None,
     ).wire()
 
 
@@ -197,6 +198,10 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.upstream is not None:
         out["upstream"] = spec.upstream
         out["servers"] = store.upstream.servers(spec.upstream, now, store.wall_offset)
+    elif store.limits.hosts.failing:
+        host = store.limits.hosts.view(spec, now, store.wall_offset)
+        if host is not None:
+            out["host"] = host          # a plain url's host that fails (hosts.py)
     if spec.rate:
         out["rate"] = f"{spec.rate}/{PER_UNIT[spec.per_s]}"
         out["burst"] = spec.burst

@@ -8,6 +8,7 @@ ended, pause a server, and say when a server will be usable again.
         why = group.unavailable(now)     # every server down, or busy until why.until
     ...
     group.done(peer, failed, now)        # conns - 1 and nginx's failure accounting
+    group.release(peer)                  # conns - 1 only: an aborted call
     group.pause(peer, until)             # a 429/503 with Retry-After: skip it until then
 
 zstalk has one state owner, so every dispatcher shares this one view of every server:
@@ -110,6 +111,12 @@ class UpstreamGroup:
         """A call on `peer` ended; `failed` as nginx's next_upstream counts failures
         (the caller decides: errors and timeouts, and the statuses it lists)."""
         peer.free(failed, now, self._set.single)
+
+    def release(self, peer: Peer) -> None:
+        """A call on `peer` was aborted (its task cancelled): one call fewer, nothing
+        counted.  (nginx frees an aborted request's peer as a success, which may reset its
+        fails; an abort says nothing of the server, so zstalk counts neither way.)"""
+        peer.conns = max(0, peer.conns - 1)
 
     def pause(self, peer: Peer, until: float) -> None:
         """Skip `peer` until `until` (zstalk's, for Retry-After; not a failure).  Of two

@@ -224,7 +224,8 @@ def schedule_json(info: dict) -> dict:
 
 
 def function_json(info: dict) -> dict:
-    """A broker function stats dict as the API shows it (its times in RFC 3339)."""
+    """A broker function stats dict as the API shows it (pausedUntil, and a server's or a
+    host's usableAt, in RFC 3339)."""
     out = dict(info)
     for name in ("pausedUntil", "opensAt"):
         if out.get(name) is not None:
@@ -234,6 +235,9 @@ def function_json(info: dict) -> dict:
     if out.get("servers"):
         out["servers"] = [{**s, **{k: rfc3339(s[k]) for k in ("usableAt", "slowStartUntil")
                                    if k in s}} for s in out["servers"]]
+    host = out.get("host")
+    if host and "usableAt" in host:
+        out["host"] = {**host, "usableAt": rfc3339(host["usableAt"])}
     return out
 
 

@@ -407,6 +407,8 @@ _ERRORS = {
     "408": "The body did not all arrive within the server's body timeout "
            "(--http-body-timeout, 30 s by default); the connection is closed.",
     "409": "A conflict: the uniqueId is taken, or the task can no longer be cancelled.",
+    "409 finished": "The task has finished (success, failed or cancelled): there is "
+                    "nothing left to cancel.",
     "413": "A body over the config's `[api] max_body` (1 MiB by default).",
     "415": "A body not sent as Content-Type: application/json.",
     "429": "Too many: online tasks waiting from this client address (the function's "
@@ -524,17 +526,22 @@ def get_task() -> dict:
 def cancel() -> dict:
     return {
         "operationId": "cancelTask",
-        "summary": "Cancel a task that is queued or waiting for a retry, or leave the "
-                   "waiting room",
+        "summary": "Cancel a task that is queued, waiting for a retry or running (its call "
+                   "is aborted), or leave the waiting room",
         "description": "With the master key, or the task's own token (Authorization: Bearer "
                        "zt1_..., from its 201: this task only). An online task waiting in "
                        "line leaves it at once and everyone behind moves up; an admitted "
-                       "one frees its slot and its pass is revoked.",
+                       "one frees its slot and its pass is revoked. A running task is "
+                       "cancelled at once, its slot free: its dispatcher aborts the HTTP "
+                       "call (the function's host sees the connection close), and what "
+                       "the call reports later only sets possiblyExecuted (a success; for "
+                       "atMostOnce, a request that reached the host). A dispatcher older "
+                       "than schema 8 is not told: its call runs to its end.",
         "security": [*_key(), *_token()],
         "parameters": [_unique_id()],
         "responses": {**_responses({"200": _json(_ref("TaskInfo"), "Cancelled: the task, "
                                                  "with status cancelled.")},
-                                   "401", "403", "404", "409", "503"),
+                                   "401", "403", "404", "409 finished", "503"),
                       "403": _json(_ref("Error"), _WRONG_TOKEN)},
     }
 
@@ -634,6 +641,17 @@ def function_stats() -> dict:
             "due": count, "delayed": count,
             "running": {**count, "description": "Calls in flight."},
             "upstream": {"type": "string", "description": "The upstream its calls go to."},
+            "host": {"type": "object", "additionalProperties": False,
+                     "required": ["url", "state", "fails"],
+                     "description": "Its plain url's host (scheme, host and port, shared "
+                                    "by the functions under it) while calls to it fail "
+                                    "(absent: they do not, or max_fails is 0). Failed: "
+                                    "shut by this function's max_fails, its tasks wait in "
+                                    "place until one probe call may go at usableAt.",
+                     "properties": {"url": {"type": "string"},
+                                    "state": {"type": "string", "enum": ["usable", "failed"]},
+                                    "fails": {"type": "integer", "minimum": 1},
+                                    "usableAt": {"type": "string", "format": "date-time"}}},
             "waitingOnline": {**count, "description": "Online tasks waiting in line."},
             "admitted": {**count, "description": "Online tasks admitted now (each holds a "
                                                  "slot until done or its pass expires)."},

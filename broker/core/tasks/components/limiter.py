@@ -6,7 +6,10 @@ all (`blocked`).  `opens_at` folds them into one answer for the lines (lines.py)
 time (the limiter's timer says when that comes: `opened`), or None (the function is
 offered again when a call ends: a slot frees, a server comes back).  How a call ended
 feeds them: `slow_down` pauses a function a 429 or 503 came from, `server_done` does the
-server's accounting and says which functions may look for a server again.
+server's accounting and says which functions may look for a server again, `host_done`
+the same of a plain url's host (hosts.py: while it fails, `host_pick` blocks its
+functions until its probe may go), and `server_aborted` frees a server's call that was
+aborted, counting nothing against it.
 
 It also keeps what the estimates read (`recent`: starts and ends of the last minutes,
 limits.Recent), the most in use per counters' interval (`peaks`), and which slow rates'
@@ -24,6 +27,7 @@ from .....protocol.schema.outcome import Outcome
 from ..model.outcomes import SLOW_DOWN
 from ..model.spec import DEFAULTS, FunctionSpec
 from .deadlines import Deadlines
+from .hosts import Hosts
 from .limits import Gate, Recent
 from .upstream_calls import UpstreamCalls, failed as server_failed
 
@@ -32,6 +36,14 @@ if TYPE_CHECKING:
 
 #: a rate this slow or slower (its T, seconds) keeps its TAT across a restart
 DURABLE_RATE_S = 1.0
+
+
+def counts_against(spec: FunctionSpec, result: Outcome) -> bool:
+    """Whether a call's end counts as its server's (or host's) failure: as the function's
+    next_upstream says; never a success, nor the broker's own verdict (failure "": a
+    dispatcher gone, no report in time), which is no server's fault."""
+    return result.kind != "success" and result.failure != "" and server_failed(
+        spec.next_upstream, result.kind, result.status_code)
 
 
 class Seen(NamedTuple):
@@ -61,6 +73,7 @@ class Limiter:
         self.gates_changed = False          # a slow rate's TAT moved since durable_gates()
         self.timers = Deadlines("shut", "idle")     # (opens at | drop at, function)
         self.shut_at: dict[str, float] = {}         # function -> its timer in "shut"
+        self.hosts = Hosts()                # plain urls' hosts that fail (hosts.py)
 
     def seen(self, name: str) -> Seen:
         """A function's limits as the views read them, creating nothing."""
@@ -199,8 +212,7 @@ class Limiter:
         the server's failure is the function's `next_upstream`), a 429 / 503 with
         Retry-After pauses that server; the functions that may look for a server again
         (held back by the upstream's limits, or blocked with none usable)."""
-        counted = result.kind != "success" and result.failure != "" and spec is not None \
-            and server_failed(spec.next_upstream, result.kind, result.status_code)
+        counted = spec is not None and counts_against(spec, result)
         if result.status_code in SLOW_DOWN and result.retry_after_ms >= 0:
             self.upstream.pause(upstream, peer, now + result.retry_after_ms / 1000)
         again = self.upstream.done(upstream, peer, counted,
@@ -211,6 +223,61 @@ class Limiter:
                                if getattr(self.spec_of(n), "upstream", None) == upstream)}
             for name in again:
                 blocked.pop(name, None)
+        return again
+
+    def server_aborted(self, upstream: str, peer: Peer) -> set[str]:
+        """A call on `peer` was aborted (its task cancelled while it ran): one call fewer on
+        the server and its upstream, and nothing counted for or against the server (it
+        did not answer, nor fail to); the functions that may look for a server again."""
+        group = self.upstream.groups.get(upstream)
+        if group is not None and peer in group.peers:
+            group.release(peer)
+        else:
+            peer.conns = max(0, peer.conns - 1)     # (a server reloaded away meanwhile)
+        return self.unblock(lambda spec: spec.upstream == upstream,
+                            self.upstream.ended(upstream))
+
+    # -- a plain url's host (hosts.py) ------------------------------------------------------
+    def host_pick(self, name: str, spec: FunctionSpec, now: float) -> bool:
+        """Whether a call of `name` may go to its host now (on a failing host: the probe);
+        if not, the function is blocked until the host's probe may go (the caller offers
+        it again, which arms the timer).  Asked only while some host fails (store.take)."""
+        if not spec.max_fails:
+            return True
+        until = self.hosts.pick(spec, now)
+        if until is None:
+            return True
+        self.block(name, until)
+        return False
+
+    def host_done(self, spec: FunctionSpec, result: Outcome, now: float) -> set[str] | tuple:
+        """A call on a plain url's host ended: its accounting; the functions that host
+        blocked, if it is usable again.  A failure counts as next_upstream says; a call
+        the host answered is a good one; any other end says nothing of the host (declined,
+        never made; the broker's own verdict, a dispatcher gone; a report that does not
+        say how it failed, from a dispatcher before schema 4, which spends its attempt
+        and shuts nothing, as before)."""
+        if result.kind == "success" and not self.hosts.failing:
+            return ()                       # (the hot path: every host is well)
+        answered = result.kind == "success" or result.status_code is not None
+        failed = counts_against(spec, result) and (answered or bool(result.failure))
+        if not (failed or answered):
+            return ()
+        origin = self.hosts.done(spec, failed, now)
+        if origin is None or not self.blocked:
+            return ()
+        hosts = self.hosts
+        return self.unblock(lambda other: other.upstream is None and other.max_fails > 0
+                            and hosts.origin(other.url) == origin)
+
+    def unblock(self, on: Callable[[FunctionSpec], bool], also=()) -> set[str]:
+        """The blocked functions whose spec `on` says may look for a server again (and
+        `also`), no longer blocked."""
+        again = set(also)
+        if self.blocked:
+            for name in [n for n in self.blocked if (s := self.spec_of(n)) is not None and on(s)]:
+                del self.blocked[name]
+                again.add(name)
         return again
 
     def recent_of(self, name: str) -> Recent:

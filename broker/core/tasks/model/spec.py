@@ -66,6 +66,12 @@ class FunctionSpec(NamedTuple):
     opens_at: float | None = None
     closed: bool = False
     max_waiting: int = 0
+    # a plain url's host (scheme, host, port), shared by every function under it, counted
+    # as nginx counts a server (components/hosts.py): max_fails calls that could not
+    # connect or timed out within fail_timeout shut it for fail_timeout, its tasks waiting
+    # in place; 0: never counted, a refused call spends an attempt (as it always did)
+    max_fails: int = 1
+    fail_timeout_s: float = 10.0
 
     @property
     def interval(self) -> float:

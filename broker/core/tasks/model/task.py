@@ -7,9 +7,11 @@ task API's (protocol/schema/tasks.py):
 
     enqueue --> queued --take--> running --succeed--> success
                   ^  |              |---- queue (a failure with attempts left, a call
-                  |  |              |      declined, a 429: back in line) ---> queued
+                  |  |              |      declined, a 429, a call that never reached its
+                  |  |              |      host: back in line) ---> queued
                   |  |              |---- fail (none left, fatal, unknown atMostOnce) --> failed
-                  |  |              '---- time out (a retry due after its queueTimeout) -> failed
+                  |  |              |---- time out (a retry due after its queueTimeout) -> failed
+                  |  |              '---- cancel (its call is aborted) --> cancelled
                   |  |-- cancel, abandon (an online task nobody looked at) --> cancelled
                   |  |-- time out (still queued at its queueTimeout) ---------> failed
                   |  '-- admit (an online task whose turn came) --> admitted
@@ -53,6 +55,7 @@ MOVES: dict[tuple[str, str], str] = {
     (RUNNING, "succeed"): SUCCESS,
     (RUNNING, "fail"): FAILED,
     (RUNNING, "time out"): FAILED,      # a retry due after its queueTimeout
+    (RUNNING, "cancel"): CANCELLED,     # a DELETE: its call is aborted (store.cancel)
     (ADMITTED, "done"): SUCCESS,
     (ADMITTED, "expire"): SUCCESS,
     (ADMITTED, "cancel"): CANCELLED,
@@ -89,7 +92,7 @@ class Task:
                  "status_code", "result", "error", "holder", "level",
                  "queue_deadline", "key", "request", "result_headers", "peer",
                  "balance_key", "client_ip", "online", "last_seen", "pass_exp", "ended_by",
-                 "group", "token", "tried")
+                 "group", "token", "tried", "aborted", "possibly_executed")
 
     def __init__(self, uid: str, function: str, params: bytes, priority: int, seq: int,
                  now: float) -> None:
@@ -130,6 +133,8 @@ class Task:
         self.result: bytes | None = None    # the function's response body
         self.error: str | None = None
         self.holder = None              # the dispatcher session running it
+        self.aborted = 0                # cancelled while running: the call aborted (attempt)
+        self.possibly_executed = False  # ... and a later report says it may have run
 
     def place(self, level: int, priority: int) -> None:
         self.level, self.priority = level, priority
