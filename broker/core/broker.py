@@ -142,6 +142,7 @@ class Broker:
         if restored is not None:
             self.beanstalk.load(restored.jobs, restored.next_id, now, wall_offset)
             self.tasks.restore_gates(restored.gates, now)
+            self.tasks.restore_paused(restored.paused)     # (before its tasks are offered)
             self.tasks.restore(restored.tasks, now)
             # a time missed while we were down fires once, now
             self.scheduling.fire(self.schedules.restore(restored.schedules, now), now)

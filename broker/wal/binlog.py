@@ -42,6 +42,10 @@ reserves that when it comes (TASK_END's room, `_room_task_end`).  Cron schedules
 logged whole each time they change or fire (SCHEDULE, SCHEDULE_GONE), pinning their
 segment the same way; each record is reserved when it is made, the GONE with the first.
 
+An operator's pause of a function (format 5's FUNCTION_STATE) pins its segment while the
+function stays paused, as a schedule's record does; its resume unpins it, and compaction
+copies a pause still in force forward (`function_file`: the journal's own book).
+
 Slow rates keep their last start across a restart in a side file (directory.py).
 
 Ids: each segment header carries the broker's next id when it became the one being
@@ -77,8 +81,9 @@ assert (J.JOB_ID, J.JOB_PRI, J.JOB_DELAY, J.JOB_TTR, J.JOB_CREATED, J.JOB_KEY, J
         J.JOB_COUNTS) == (1, 2, 3, 4, 5, 6, 7, slice(8, 13))
 assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DELAYED, J.BURIED,
                                                                 J.HELD)
-#: what a pending record is: nobody's latest full record, or a job's, a task's, a schedule's
-_NOWHERE, _JOB, _TASK, _SCHEDULE = 0, 1, 2, 3
+#: what a pending record is: nobody's latest full record, or a job's, a task's, a
+#: schedule's, a paused function's
+_NOWHERE, _JOB, _TASK, _SCHEDULE, _FUNCTION = 0, 1, 2, 3, 4
 _FRAME = wf.FRAME.size
 _DELETE_ROOM = 2 * (wf.DELETE_SIZE + _FRAME)     # a put reserves its DELETE too (_reservation)
 
@@ -128,6 +133,8 @@ class Binlog:
         self.schedule_file: dict[str, int] = {}
         self.schedule_size: dict[str, int] = {}
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
+        # paused functions -> the segment of the record that paused them (0: not written yet)
+        self.function_file: dict[str, int] = {}
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
         self.logs_reserves = False          # (held jobs only at a graceful stop, JOB_HELD)
@@ -212,6 +219,9 @@ class Binlog:
             self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
             if fields[wf.T_STATUS] in ("running", "admitted"):     # (its end, reserved)
                 self.promised += self._task_state_reservation(fields[wf.T_UID])
+        for name, seq in replayed.functions.items():
+            self.by_seq[seq].live += 1
+            self.function_file[name] = seq
         for fields, _ in schedules.values():
             size = len(wf.encode_schedule(fields))
             self.live_bytes += size
@@ -475,6 +485,9 @@ class Binlog:
                 elif place == _TASK:
                     if tasks is not None and tasks.get(owner.uid) is owner:
                         self._place(self.task_file, owner.uid).uids.append(owner.uid)
+                elif place == _FUNCTION:
+                    if owner in self.function_file:     # (still paused: not resumed since)
+                        self._place(self.function_file, owner)
                 elif schedules is not None and schedules.get(owner.name) is owner:
                     self._place(self.schedule_file, owner.name).names.append(owner.name)
         self._write_frame(chunk, size)
@@ -582,6 +595,7 @@ class Binlog:
                 self._migrate_tasks(oldest, tasks)
             if schedules:
                 self._migrate_schedules(oldest, schedules)
+            self._migrate_functions(oldest)
             break
         self._unlink_doomed()
 
@@ -622,6 +636,14 @@ class Binlog:
                 self.records_migrated += 1
             seg.name_cursor += 1
 
+    def _migrate_functions(self, seg: Segment) -> None:
+        """The pauses still in force whose record is in `seg`, copied forward (a few)."""
+        for name in [n for n, seq in self.function_file.items() if seq == seg.seq]:
+            if not self._room_function((name, True)):
+                return                      # disk full: try again next turn
+            self._log_function((name, True))
+            self.records_migrated += 1
+
     def _unlink_doomed(self) -> None:
         busy = self.syncer is not None and self.syncer.busy
         keep = []
@@ -650,13 +672,15 @@ class Binlog:
             J.JOB_HELD: self._room_update, J.TASK_NEW: self.reserve_task,
             J.TASK_CALL: self.reserve_call, J.TASK_STATE: self.reserve_task_state,
             J.TASK_END: self._room_task_end, J.SCHEDULE_NEW: self._room_new_schedule,
-            J.SCHEDULE: self.reserve_schedule})
+            J.SCHEDULE: self.reserve_schedule, J.FUNCTION_PAUSE: self._room_function,
+            J.TASK_RETRY: self._room_task_whole})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self._log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
             J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
-            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates})
+            J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
+            J.FUNCTION_PAUSE: self._log_function, J.TASK_RETRY: self.log_task})
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))
@@ -692,6 +716,29 @@ class Binlog:
         else:
             self.log_task_state(task)
 
+    def _room_task_whole(self, task: Task) -> bool:
+        """Room for a whole TASK record of `task` as it is (an operator's retry)."""
+        size = len(self._task_record(task, None))
+        return self._fits(size) and self.reserve(self._reservation(size))
+
+    def _room_function(self, change: tuple) -> bool:
+        return self.reserve(self._reservation(len(wf.encode_function_state(*change))))
+
+    def _log_function(self, change: tuple) -> None:
+        """(name, paused): a pause pins the segment it goes to (write places it); a
+        resume unpins the pause's."""
+        name, paused = change
+        record = wf.encode_function_state(name, paused)
+        if paused:
+            self.function_file.setdefault(name, 0)
+            self.pending.append((record, _FUNCTION, name))
+        else:
+            seq = self.function_file.pop(name, 0)
+            if seq:
+                self._segment(seq).live -= 1
+            self.pending.append((record, _NOWHERE, None))
+        self.pending_reserve += self._reservation(len(record))
+
     def _keep_gates(self, tats: dict) -> None:
         self.gates = tats               # (the side file is replaced once, at end_turn)
 
@@ -726,7 +773,7 @@ class Binlog:
             self.schedule_file[name] = seq
             self.schedule_size[name] = len(wf.encode_schedule(fields))
         return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
-                          replayed.warnings)
+                          replayed.warnings, sorted(replayed.functions))
 
     def start(self, loop, on_durable) -> None:
         """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""

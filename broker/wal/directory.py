@@ -96,6 +96,7 @@ def replay(path: str, max_job_size: int) -> Found:
     jobs: dict = {}
     tasks: dict = {}
     schedules: dict = {}
+    functions: dict = {}
     tubes: dict = {}
     warnings: list[str] = []
     segments: list[Segment] = []
@@ -124,7 +125,7 @@ def replay(path: str, max_job_size: int) -> Found:
         try:
             for start, stop in spans:
                 top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
-                                       tasks, seg.uids, schedules, seg.names)
+                                       tasks, seg.uids, schedules, seg.names, functions)
                 next_id = max(next_id, top + 1)
         except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
             raise BinlogError(f"{full}: {exc}") from None
@@ -133,7 +134,7 @@ def replay(path: str, max_job_size: int) -> Found:
     for w in warnings:
         log.warning("binlog: %s", w)
     return Found(wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules,
-                             load_gates(path)),
+                             load_gates(path), functions),
                  segments, names[-1][0] if names else 0)
 
 

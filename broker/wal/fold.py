@@ -71,6 +71,7 @@ class Fold:
         self.jobs: dict = {}
         self.tasks: dict = {}
         self.schedules: dict = {}
+        self.functions: dict = {}   # paused functions -> the message that paused them
         self.tubes: dict = {}
         self.spans: dict[int, Span] = {}
         self.gates: dict = {}
@@ -105,7 +106,8 @@ class Fold:
             raise Corrupt(f"message {seq} of the journal fails its checksum")
         try:
             wf.apply_records(data, wf.FRAME.size, len(data), seq, self.jobs, span.ids,
-                             self.tubes, self.tasks, span.uids, self.schedules, span.names)
+                             self.tubes, self.tasks, span.uids, self.schedules, span.names,
+                             self.functions)
         except (wf.BadSegment, struct.error) as exc:
             raise Corrupt(f"message {seq} of the journal: {exc}") from None
 
@@ -125,5 +127,5 @@ class Fold:
         """The state as a restore takes it (the dicts themselves: the fold is spent)."""
         top = max(self.jobs, default=0)
         replayed = wf.Replayed(self.jobs, max(self.next_id, top + 1, 1), self.state_id, [],
-                               self.tasks, self.schedules, self.gates)
+                               self.tasks, self.schedules, self.gates, self.functions)
         return Read(replayed, self.spans, self.last_seq, self.gates_seq, self)

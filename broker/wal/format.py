@@ -49,6 +49,13 @@ reader takes the keys it knows and ignores the others, and a record without the 
 (formats 2 and 3) has their defaults, so later versions add task fields without a new
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
 refuses a newer format.
+
+Format 5 adds an operator's pause of a function (PATCH /v1/functions/{name}), a msgpack
+list as the task records are:
+  * FUNCTION_STATE  [name, paused]: paused true pins its segment (compaction copies it
+                    forward while the function stays paused, as a schedule's record);
+                    false ends it, like a GONE.  Replay keeps the names still paused.
+A reader of format 4 or older refuses a format-5 segment by name.
 """
 from __future__ import annotations
 
@@ -61,8 +68,8 @@ from typing import NamedTuple
 msgpack = None
 
 MAGIC = b"ZSTALKWL"
-FORMAT = 4
-READS = (1, 2, 3, 4)    # formats this zstalk replays
+FORMAT = 5
+READS = (1, 2, 3, 4, 5)     # formats this zstalk replays
 HEADER = struct.Struct("<8sIQQQ")
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")
@@ -71,6 +78,7 @@ MAX_FRAME = 1 << 31
 JOB, UPDATE, DELETE = 1, 2, 3
 TASK, TASK_STATE, TASK_GONE = 4, 5, 6
 SCHEDULE, SCHEDULE_GONE = 7, 8
+FUNCTION_STATE = 10         # (format 5; kind 9 is another record's)
 #: state codes on disk
 S_READY, S_DELAYED, S_BURIED, S_RESERVED = 1, 2, 3, 4
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
@@ -125,6 +133,7 @@ class Replayed(NamedTuple):
     tasks: dict = {}      # uid -> (TASK list with its result, seq) of each live task
     schedules: dict = {}  # name -> (SCHEDULE list, seq) of each live schedule
     gates: dict = {}      # function -> the wall-clock TAT of its slow rate (GATES_NAME)
+    functions: dict = {}  # name -> seq of the FUNCTION_STATE that paused it (still paused)
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -178,6 +187,10 @@ def encode_schedule(fields: list) -> bytes:
 
 def encode_schedule_gone(name: str) -> bytes:
     return _packed(SCHEDULE_GONE, [name])
+
+
+def encode_function_state(name: str, paused: bool) -> bytes:
+    return _packed(FUNCTION_STATE, [name, paused])
 
 
 def _packed(kind: int, fields: list) -> bytes:
@@ -252,10 +265,12 @@ def image(live: tuple) -> Image:
 
 def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
                   tubes: dict, tasks: dict | None = None, task_uids: list | None = None,
-                  schedules: dict | None = None, names: list | None = None) -> int:
+                  schedules: dict | None = None, names: list | None = None,
+                  functions: dict | None = None) -> int:
     """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
     above), `tasks` (uid -> (TASK list, seq)) and `schedules` (name -> (SCHEDULE list,
-    seq)); returns the largest job id seen in a JOB record.  The uids of TASK records go
+    seq)) and `functions` (name -> seq of the record that paused it, while paused);
+    returns the largest job id seen in a JOB record.  The uids of TASK records go
     to `task_uids` and the names of SCHEDULE records to `names`, as job ids go to
     `job_ids`."""
     top = 0
@@ -293,6 +308,8 @@ def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids
             pos = _apply_task(data, pos, kind, seq, tasks, task_uids)
         elif SCHEDULE <= kind <= SCHEDULE_GONE and schedules is not None:
             pos = _apply_schedule(data, pos, kind, seq, schedules, names)
+        elif kind == FUNCTION_STATE and functions is not None:
+            pos = _apply_function(data, pos, seq, functions)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top
@@ -323,6 +340,17 @@ def _apply_schedule(data: bytes, pos: int, kind: int, seq: int, schedules: dict,
         names.append(fields[0])
     else:
         schedules.pop(fields[0], None)
+    return pos
+
+
+def _apply_function(data: bytes, pos: int, seq: int, functions: dict) -> int:
+    fields, pos = _unpack_list(data, pos)
+    if len(fields) != 2 or type(fields[0]) is not str or type(fields[1]) is not bool:
+        raise BadSegment(f"function record at {pos} is not [name, paused]")
+    if fields[1]:
+        functions[fields[0]] = seq
+    else:
+        functions.pop(fields[0], None)
     return pos
 
 

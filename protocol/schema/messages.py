@@ -27,10 +27,15 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+#: the version from which an HTTP front sends an operator's ops (T_FUNCTION_PAUSE,
+#: T_RETRY: docs/operations/operator.md): an older broker would answer them
+#: INTERNAL_ERROR, so a front of this version must not reach one (it refuses us as too
+#: new); an older front never sends them, and nothing of it changes
+OPERATOR_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 6 (the first with NotLeader) had no group_headers in Settings
+#: version back.  Version 7 had no operator's ops (OPERATOR_SINCE).  Version 6 (the first with NotLeader) had no group_headers in Settings
 #: (its seven first fields), and no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
 #: ext no "token_sha256".  The bump is for the other direction: a version-6 broker would
@@ -269,7 +274,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}     # (7 on: all eight)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:

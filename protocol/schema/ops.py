@@ -111,6 +111,9 @@ class Op(Codes):
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
+    # an operator's hand (version 8, OPERATOR_SINCE; the HTTP front checked the master key)
+    T_FUNCTION_PAUSE = 70   # (conn, name, paused: bool)  answered T_FUNCTION or T_ERROR
+    T_RETRY = 71        # (conn, unique_id)  a failed or cancelled task again: T_TASK or T_ERROR
 
 
 #: where an op's fields are (ops stay tuples: a put is built and read on the hot path).

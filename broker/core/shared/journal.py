@@ -60,9 +60,12 @@ SCHEDULE_NEW = 9    # Schedule: room for its record and its SCHEDULE_GONE (appen
 SCHEDULE = 10       # Schedule: the whole schedule as it is now (made, fired, paused)
 SCHEDULE_GONE = 11  # Schedule: deleted
 GATES = 12          # {function: TAT, wall-clock seconds}: the slow rates' last starts
+FUNCTION_PAUSE = 13     # (name, paused): an operator paused a function or resumed it
+TASK_RETRY = 14     # Task: an operator's retry of a failed or cancelled task, as a whole
+                    #   record (room: that record; its TASK_GONE was reserved at enqueue)
 KINDS = ("JOB_PUT", "JOB_UPDATE", "JOB_HELD", "JOB_DELETE", "TASK_NEW", "TASK_CALL",
          "TASK_STATE", "TASK_END", "TASK_GONE", "SCHEDULE_NEW", "SCHEDULE", "SCHEDULE_GONE",
-         "GATES")
+         "GATES", "FUNCTION_PAUSE", "TASK_RETRY")
 
 # -- what restore gives back ----------------------------------------------------------------
 #: a replayed job is (rec, tube, body, file): `rec` a tuple with these fields at these
@@ -132,6 +135,7 @@ class Restored(NamedTuple):
     schedules: list             # ScheduleImage of each live schedule
     gates: dict                 # function -> the wall-clock TAT of its slow rate
     warnings: list = []         # what the journal found amiss (and logged), for tests
+    paused: list = []           # the functions an operator paused (FUNCTION_PAUSE)
 
 
 class LiveView(Protocol):

@@ -15,7 +15,7 @@ one: `old_peers`, filled by the actor as it decodes, says who speaks what.
 """
 from __future__ import annotations
 
-from ....protocol.schema import Op, R
+from ....protocol.schema import OPERATOR_SINCE, Op, R
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
@@ -32,6 +32,8 @@ MAX_SLOTS = 1 << 16
 #: a task token that is not the task's own (another task's, a wrong one; or the task has
 #: none: enqueued before tokens, or by a schedule)
 WRONG_TOKEN = TaskError("forbidden", "this token is not the task's own")
+#: an operator's op from a front of a schema before OPERATOR_SINCE
+TOO_OLD = TaskError("bad_request", f"an operator's op needs schema version {OPERATOR_SINCE}")
 
 
 def token_of(op: tuple, at: int) -> bytes | None | TaskError:
@@ -86,7 +88,8 @@ class TaskCommands:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
                 Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
-                Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done}
+                Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done,
+                Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -249,6 +252,39 @@ class TaskCommands:
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no function {op[2]!r}")
         return (s.conn, R.T_FUNCTION, info)
+
+    def t_function_pause(self, s, op, now):
+        """An operator pauses a function or resumes it (the front checked the master key);
+        the answer is the function as GET shows it."""
+        _, conn, name, paused = op
+        if self._too_old(s):
+            return (conn, R.T_ERROR, *TOO_OLD)
+        if type(name) is not str or type(paused) is not bool:
+            return (conn, R.T_ERROR, "bad_request", "a function's name and paused: a boolean")
+        refused = self.store.pause_function(name, paused, now)
+        if refused is not None:
+            return (conn, R.T_ERROR, *refused)
+        if not paused:
+            self.feed(now)          # (its tasks go to the dispatchers with free slots)
+        return (conn, R.T_FUNCTION, views.function_stats(self.store, name, now))
+
+    def t_retry(self, s, op, now):
+        """An operator runs a failed or cancelled task again (the front checked the key)."""
+        if self._too_old(s):
+            return (s.conn, R.T_ERROR, *TOO_OLD)
+        task = self.store.retry(op[2], now) if type(op[2]) is str else None
+        if task is None:
+            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
+        if isinstance(task, TaskError):
+            return (s.conn, R.T_ERROR, *task)
+        self.feed(now)
+        return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+
+    def _too_old(self, s) -> bool:
+        """A front older than OPERATOR_SINCE has no operator's ops: one such op from it is
+        not what it seems (its codes meant nothing then)."""
+        return bool(self.old_peers) and self.old_peers.get(
+            s.front.peer, OPERATOR_SINCE) < OPERATOR_SINCE
 
     def t_subscribe(self, s, op, now):
         _, _, slots, stopping = op

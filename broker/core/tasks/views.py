@@ -185,6 +185,7 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
     if spec.group_rate:
         out["groupRate"] = f"{spec.group_rate}/{PER_UNIT[spec.group_per_s]}"
         out["groupBurst"] = spec.group_burst
+    out["paused"] = name in store.limits.stopped    # (an operator's, beside pausedUntil)
     gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset
