@@ -133,3 +133,12 @@ def test_a_consumer_never_made_within_the_journal_timeout_is_a_journal_error():
     with pytest.raises(JournalError, match="cannot read stream ZSTALK_zstalk from sequence 2"):
         asyncio.run(read(ElectingNats(1000, []), Options(("nats://n1:4222",), timeout_s=0.3),
                          info, 65535, fold))
+
+
+def test_a_functions_operator_pause_folds_in_and_its_resume_folds_it_out():
+    fold = Fold()
+    fold.apply(1, *message(wf.encode_function_state("f", True),
+                           wf.encode_function_state("g", True)))
+    fold.apply(2, *message(wf.encode_function_state("g", False)))
+    fold.apply(3, *message(wf.encode_function_state("f", True)))     # (compaction's copy)
+    assert fold.read().replayed.functions == {"f": 3}
