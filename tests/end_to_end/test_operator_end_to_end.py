@@ -5,8 +5,10 @@ real `zstalk tasks | functions | schedules` commands run against it, their table
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +176,39 @@ def test_an_api_out_of_reach_exits_3_naming_its_address_and_port():
 def test_a_url_that_is_not_http_is_a_usage_error():
     done = zstalk(None, "functions", "list", "--url", "ftp://example.org")
     assert done.returncode == 2 and "--url" in done.stderr
+
+
+# -- the operations page's example (docs/operations/operator.md), as written -------------------
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "operations" / "operator.md"
+
+
+def page_block(marker: str) -> str:
+    """The sh block of the operations page holding `marker` (test_readme.py's RUN_BY says
+    this file runs it)."""
+    [found] = [m[1] for m in re.finditer(r"```sh\n(.*?)\n```", PAGE.read_text(), re.S)
+               if marker in m[1]]
+    return found
+
+
+def test_the_operations_pages_example_runs_as_written(server, host):
+    host.script["resize"] = [{"status": 500, "text": "down"}]
+    code, failed = server.enqueue("resize", {"n": 1}, attempts=0)
+    assert code == 201
+    server.wait_status(failed["uniqueId"], "failed")
+    code, later = server.enqueue("thumbnail", {"n": 2}, delay=3_600_000)
+    assert code == 201
+    code, _ = server.request("POST", "/v1/schedules", {
+        "name": "nightly-report", "cron": "0 0 2 * * ?", "function": "report"})
+    assert code == 201
+    script = "set -eo pipefail\n" + page_block("zstalk functions pause resize")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                          env={"PATH": f"{Path(find_zstalk()).parent}:/usr/bin:/bin",
+                               "ZSTALK_URL": server.base, "ZSTALK_MASTER_KEY": KEY},
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resize" in done.stdout and "nightly-report" in done.stdout
+    assert server.wait_status(failed["uniqueId"], "success")["attempt"] == 1
+    assert server.request("GET", f"/v1/tasks/{later['uniqueId']}")[1]["status"] == "cancelled"
+    assert server.request("GET", "/v1/functions/resize")[1]["paused"] is False
+    assert server.request("GET", "/v1/schedules/nightly-report")[1]["paused"] is False
