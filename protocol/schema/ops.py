@@ -114,6 +114,16 @@ class Op(Codes):
     # an operator's hand (version 8, OPERATOR_SINCE; the HTTP front checked the master key)
     T_FUNCTION_PAUSE = 70   # (conn, name, paused: bool)  answered T_FUNCTION or T_ERROR
     T_RETRY = 71        # (conn, unique_id)  a failed or cancelled task again: T_TASK or T_ERROR
+    # the HTTP front's views of tubes, jobs and counters (version 8, OPERATOR_SINCE;
+    # broker/core/views.py): no beanstalk `cmd-*` or counter command is counted for them;
+    # each answered V_PAGE, V_INFO or T_ERROR
+    V_TUBES = 72        # (conn, q: a substring, sort: "name" | "activity", after: a name, limit)
+    V_TUBE = 73         # (conn, tube)
+    V_KICK = 74         # (conn, tube, bound)
+    V_PAUSE_TUBE = 75   # (conn, tube, seconds)
+    V_JOB = 76          # (conn, id, with_body: bool)
+    V_DELETE_JOB = 77   # (conn, id)
+    V_COUNTERS = 78     # (conn)
 
 
 #: where an op's fields are (ops stay tuples: a put is built and read on the hot path).
@@ -177,6 +187,8 @@ class R(Codes):
     T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
     T_FUNCTIONS = 47    # (infos, next)  a page of function stats by name; next None: no more
     T_FUNCTION = 48     # (info)  one function's stats (broker/core/tasks/views.py)
+    V_PAGE = 49         # (infos, next)  a page of a view (tubes); next None: no more
+    V_INFO = 50         # (info)  one view's dict (a tube, a job, the counters, a kick's count)
 
 
 

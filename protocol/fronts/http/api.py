@@ -38,6 +38,7 @@ STATUS = {
     "duplicate": 409,
     "not_cancellable": 409,
     "not_retryable": 409,
+    "reserved": 409,
     "not_admitted": 409,
     "too_large": 413,
     "unsupported_media_type": 415,
