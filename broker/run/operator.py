@@ -44,7 +44,8 @@ MAX_PAGES = 1000
 
 
 class Unreachable(Exception):
-    """The API did not answer (refused, timed out, not HTTP): exit 3."""
+    """A server did not answer, or not as one (the API, or stats.py's beanstalk and
+    counter servers): exit 3."""
 
 
 class Api(NamedTuple):

@@ -18,6 +18,8 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
     PATCH  /v1/functions/{name}   {"paused": bool}, an operator's    -> T_FUNCTION_PAUSE -> 200
     POST   /v1/tasks/{uniqueId}/retry   a failed or cancelled task   -> T_RETRY   -> 200
+    /v1/tubes[/{tube}[/kick]], /v1/jobs/{id}, /v1/counters   an operator's views of the
+                                  beanstalk and counter families: protocol/fronts/http/views.py
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
     OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
@@ -81,6 +83,7 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
 from .room import Room
+from .views import Views
 from .pass_check import find_pass
 from .site import GuardedSite, close_after_408
 from ...network.listen import HttpLimits
@@ -335,6 +338,9 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/functions/{name}", self.function)
         app.router.add_patch("/v1/functions/{name}", self.pause_function)
         app.router.add_post("/v1/tasks/{uniqueId}/retry", self.retry)
+        Views(CONN, self.call, lambda r: check_key(r, self.master_key),
+              lambda r: keyed(r, self.master_key), self._json_body,
+              problem_response).add_routes(app)     # (tubes, jobs, counters: views.py)
         from .openapi import PATH, document  # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)

@@ -24,6 +24,7 @@ from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
                              QUEUE_TIMEOUT, QUEUED, RUNNING, SAFE_HEADERS, SCHEDULE_NAME,
                              STATUSES, UNIQUE_ID, ADMITTED)
+from . import openapi_views
 from .api import MAX_BATCH, PAGE_LIMIT
 from .cors import MAX_AGE_S, ROUTES
 
@@ -785,6 +786,7 @@ def document() -> dict:
             "/v1/passes/verify": {"get": passes_verify()},
             **schedule_paths(),
             **function_paths(),
+            **openapi_views.paths(_keyed_op, _json, _responses),
             PATH: {"get": openapi()},
         },
         "components": {
@@ -793,7 +795,8 @@ def document() -> dict:
                         "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
                         "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
                         "ScheduleRequest": schedule_request(), "Schedule": schedule(),
-                        "SchedulePage": schedule_page(), "FunctionStats": function_stats()},
+                        "SchedulePage": schedule_page(), "FunctionStats": function_stats(),
+                        **openapi_views.schemas()},
             "securitySchemes": {"masterKey": {
                 "type": "http", "scheme": "bearer",
                 "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "
