@@ -41,7 +41,7 @@ def host_port(ctx, param, value: str | None) -> tuple[str, int] | None:
         return None
     host, _, port = value.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{value!r} is not HOST:PORT")
     return host, int(port)
 
@@ -117,7 +117,8 @@ def yaml_map(body: bytes) -> dict:
         key, sep, value = line.partition(": ")
         if sep:
             value = value.strip('"')
-            out[camel(key)] = int(value) if value.lstrip("-").isdigit() else value
+            digits = value.lstrip("-")
+            out[camel(key)] = int(value) if digits.isascii() and digits.isdigit() else value
     return out
 
 

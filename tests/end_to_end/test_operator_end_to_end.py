@@ -191,6 +191,15 @@ def page_block(marker: str) -> str:
     return found
 
 
+def run_block(api: Api, marker: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The page's block holding `marker`, run by bash (stopping at its first failure) with
+    zstalk on the PATH and the server's API and key in the environment."""
+    return subprocess.run(["bash", "-c", "set -eo pipefail\n" + page_block(marker)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={"PATH": f"{Path(find_zstalk()).parent}:/usr/bin:/bin",
+                               "ZSTALK_URL": api.base, "ZSTALK_MASTER_KEY": KEY, **(env or {})})
+
+
 def test_the_operations_pages_example_runs_as_written(server, host):
     host.script["resize"] = [{"status": 500, "text": "down"}]
     code, failed = server.enqueue("resize", {"n": 1}, attempts=0)
@@ -201,11 +210,7 @@ def test_the_operations_pages_example_runs_as_written(server, host):
     code, _ = server.request("POST", "/v1/schedules", {
         "name": "nightly-report", "cron": "0 0 2 * * ?", "function": "report"})
     assert code == 201
-    script = "set -eo pipefail\n" + page_block("zstalk functions pause resize")
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
-                          env={"PATH": f"{Path(find_zstalk()).parent}:/usr/bin:/bin",
-                               "ZSTALK_URL": server.base, "ZSTALK_MASTER_KEY": KEY},
-                          stdin=subprocess.DEVNULL)
+    done = run_block(server, "zstalk functions pause resize")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resize" in done.stdout and "nightly-report" in done.stdout
     assert server.wait_status(failed["uniqueId"], "success")["attempt"] == 1

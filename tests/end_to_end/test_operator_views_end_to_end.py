@@ -10,7 +10,7 @@ import pytest
 
 from servers import (LOOPBACK, RawClient, ServerProcess, acquire_request, find_zstalk,
                      free_port, self_check)
-from test_operator_end_to_end import KEY, zstalk
+from test_operator_end_to_end import KEY, run_block, zstalk
 from test_tasks_end_to_end import Api
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
@@ -106,6 +106,7 @@ def test_actions_need_the_master_key_and_kick_pause_and_delete_act(server):
     ("GET", "/v1/tubes?sort=size", None, "sort is name or activity"),
     ("GET", "/v1/tubes?limit=0", None, "limit is 1 to"),
     ("GET", "/v1/jobs/x1", None, "a job id is a whole number"),
+    ("GET", "/v1/jobs/%C2%B3", None, "a job id is a whole number"),    # ("³": a digit to str)
     ("POST", "/v1/tubes/work/kick", {"bound": -1}, "bound is a whole number"),
     ("PATCH", "/v1/tubes/work", {"pausedFor": 1.5}, "pausedFor is a whole number"),
     ("PATCH", "/v1/tubes/work", {"paused": True}, 'the body must be {"pausedFor"'),
@@ -160,3 +161,14 @@ def test_zstalk_stats_out_of_reach_exits_3_naming_the_address_and_port():
     assert done.returncode == 3 and f"{LOOPBACK}:{port}" in done.stderr
     done = zstalk(None, "stats", "--url", f"http://{LOOPBACK}:{port}")
     assert done.returncode == 3 and f"{LOOPBACK}:{port}" in done.stderr
+
+
+def test_the_operations_pages_stats_example_runs_as_written(server, beanstalkd_server):
+    """docs/operations/operator.md's block: over the API, then over the plain ports of
+    this server, and of Debian's beanstalkd."""
+    put(server.server.address, "emails", b"1")
+    for beanstalk in (server.server.address, beanstalkd_server.address):
+        done = run_block(server, "zstalk stats --beanstalk", {
+            "BEANSTALK": "%s:%d" % beanstalk, "COUNTER": f"{LOOPBACK}:{server.counter_port}"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.count("TUBE ") == 2 and '"tubes"' in done.stdout

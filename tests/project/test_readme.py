@@ -103,6 +103,8 @@ RUN_BY = {
     "kubectl kustomize k8s/overlays/ha": "test_the_ha_overlay_renders_as_docs_ha_says",
     "zstalk functions pause resize":
         "tests/end_to_end/test_operator_end_to_end.py (on free ports, through ZSTALK_URL)",
+    "zstalk stats --beanstalk": "tests/end_to_end/test_operator_views_end_to_end.py (on free "
+                                "ports, and against Debian's beanstalkd)",
     "max by (tube) (zstalk_tube_oldest_ready_age_seconds)":
         "tests/end_to_end/test_metrics_end_to_end.py (each query, on a real Prometheus)",
 }

@@ -51,7 +51,8 @@ def parse_tubes(query) -> tuple | str:
 
 
 def parse_job_id(text: str) -> int | str:
-    if not text.isdigit() or not 0 < int(text) <= MAX_ID:
+    # (ASCII digits only: str.isdigit takes "³", which int() refuses)
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_ID:
         return f"a job id is a whole number, 1 to {MAX_ID}"
     return int(text)
 
