@@ -211,20 +211,21 @@ class TaskCommands:
                 self.store.tasks.get(op[2]) if type(op[2]) is str else None, op[2], token)
             if refused is not None:
                 return (s.conn, R.T_ERROR, *refused)
-        task = self.store.cancel(op[2], now) if type(op[2]) is str else None
-        if task is None:
-            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
-        if isinstance(task, TaskError):
-            return (s.conn, R.T_ERROR, *task)
-        self.feed(now)                  # (an admitted task's slot is free again)
-        return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+        # (an admitted task's slot is free again: the dispatchers are fed)
+        return self._changed(s, self.store.cancel(op[2], now) if type(op[2]) is str else None,
+                             op[2], now)
 
     def t_done(self, s, op, now):
         """An admitted online task's user is through (the front checked the pass or the
         key): its slot goes to the next in line."""
-        task = self.store.done(op[2], now) if type(op[2]) is str else None
+        return self._changed(s, self.store.done(op[2], now) if type(op[2]) is str else None,
+                             op[2], now)
+
+    def _changed(self, s, task: Task | TaskError | None, uid, now):
+        """The reply to an op that changed task `uid` (the store's answer: the task, why
+        not, or None: no such task); a change fed the dispatchers first."""
         if task is None:
-            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
+            return (s.conn, R.T_ERROR, "not_found", f"no task {uid!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
         self.feed(now)
@@ -272,13 +273,8 @@ class TaskCommands:
         """An operator runs a failed or cancelled task again (the front checked the key)."""
         if self._too_old(s):
             return (s.conn, R.T_ERROR, *TOO_OLD)
-        task = self.store.retry(op[2], now) if type(op[2]) is str else None
-        if task is None:
-            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
-        if isinstance(task, TaskError):
-            return (s.conn, R.T_ERROR, *task)
-        self.feed(now)
-        return (s.conn, R.T_TASK, views.info(self.store, task.uid, now))
+        return self._changed(s, self.store.retry(op[2], now) if type(op[2]) is str else None,
+                             op[2], now)
 
     def _too_old(self, s) -> bool:
         """A front older than OPERATOR_SINCE has no operator's ops: one such op from it is
