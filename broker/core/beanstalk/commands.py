@@ -319,11 +319,15 @@ class BeanstalkCommands:
         if job is None or (job.state == RESERVED and job.holder is not s):
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
-        self.remove(job, now)
+        # (`remove`'s lines, inline: a delete is on the hot path, and a call costs)
+        self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        self.journal.append[JOB_DELETE](job)    # (its room came with its put)
+        self.queue.delete(job, now)
         return (s.conn, R.DELETED)
 
     def remove(self, job: Job, now: float) -> None:
-        """`job` is gone (a delete; the HTTP front's, core/views.py, counts nothing)."""
+        """`job` is gone, as `delete` does it (the HTTP front's delete, core/views.py,
+        which counts no command)."""
         self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
         self.journal.append[JOB_DELETE](job)    # (its room came with its put)
         self.queue.delete(job, now)
