@@ -135,6 +135,7 @@ class Binlog:
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         # paused functions -> the segment of the record that paused them (0: not written yet)
         self.function_file: dict[str, int] = {}
+        self.retry_room: dict[str, int] = {}    # a retry's reservation, until it is logged
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
         self.logs_reserves = False          # (held jobs only at a graceful stop, JOB_HELD)
@@ -680,7 +681,7 @@ class Binlog:
             J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
-            J.FUNCTION_PAUSE: self._log_function, J.TASK_RETRY: self.log_task})
+            J.FUNCTION_PAUSE: self._log_function, J.TASK_RETRY: self._log_retry})
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))
@@ -717,9 +718,21 @@ class Binlog:
             self.log_task_state(task)
 
     def _room_task_whole(self, task: Task) -> bool:
-        """Room for a whole TASK record of `task` as it is (an operator's retry)."""
+        """Room for the whole TASK record of an operator's retry: the record as the task
+        is now without its result, which the retried one never outgrows (it drops the
+        result, the error, the times and the queue deadline); what is reserved is what
+        `_log_retry` consumes, so nothing stays promised."""
         size = len(self._task_record(task, None))
-        return self._fits(size) and self.reserve(self._reservation(size))
+        amount = self._reservation(size)
+        if not self._fits(size) or not self.reserve(amount):
+            return False
+        self.retry_room[task.uid] = amount
+        return True
+
+    def _log_retry(self, task: Task) -> None:
+        amount = self.retry_room.pop(task.uid)
+        self.log_task(task)
+        self.pending_reserve += amount - self._reservation(self.task_size[task.uid])
 
     def _room_function(self, change: tuple) -> bool:
         return self.reserve(self._reservation(len(wf.encode_function_state(*change))))

@@ -647,3 +647,14 @@ def test_an_operators_op_from_a_front_older_than_schema_8_is_refused(node):
     node.broker.old_peers[HTTP] = 7
     assert pause(node, "f", True)[1:3] == (R.T_ERROR, "bad_request")
     assert node.broker.tasks.limits.stopped == set()
+
+
+def test_a_retry_leaves_promised_only_the_room_its_task_still_needs(node):
+    node.enqueue("t1", {"attempts": 0}, params=b'"' + b"p" * 3000 + b'"')
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "failure", 500, b"r" * 2000, "x" * 500)
+    node.subscribe(0)
+    [(_, code, _)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and node.wal.retry_room == {}
+    wal = node.wal
+    assert wal.promised == wal._reservation(len(wf.encode_task_gone("t1")))
