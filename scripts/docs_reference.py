@@ -56,12 +56,14 @@ def config_page() -> str:
 
 
 def commands(group, path: tuple[str, ...]):
-    """(command path, command) for the group and everything under it, in the help's order."""
+    """(command path, command) for the group and everything under it, in the help's order
+    (asked by name: `zstalk`'s operator commands load when asked for, cli.py's LAZY)."""
     import click
     yield path, group
     if isinstance(group, click.Group):
-        for name in group.list_commands(click.Context(group)):
-            yield from commands(group.commands[name], path + (name,))
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            yield from commands(group.get_command(ctx, name), path + (name,))
 
 
 def cli_page() -> str:
@@ -91,7 +93,7 @@ def _parents(path: tuple[str, ...], main):
     ctx, command = None, main
     for i, name in enumerate(path[:-1]):
         if i:
-            command = command.commands[name]
+            command = command.get_command(ctx, name)
         ctx = click.Context(command, info_name=name, parent=ctx,
                             terminal_width=WIDTH, max_content_width=WIDTH)
     return ctx

@@ -20,6 +20,8 @@ Components: each protocol family's state and rules live in a component of its ow
     counters    counters.py             the yrmcds counters and their sessions
     tasks       tasks/commands.py       cloud tasks, HTTP fronts' and dispatchers' sessions
     schedules   schedules/commands.py   cron schedules, fired as tasks
+    views       views.py                the HTTP front's looks at tubes, jobs and counters
+                                        (built with the task family: its front's)
 
 A component takes (session, op, now) and returns the reply, and opens, closes and
 restores the sessions of the front kinds it owns.  The task family (tasks, schedules)
@@ -142,6 +144,7 @@ class Broker:
         if restored is not None:
             self.beanstalk.load(restored.jobs, restored.next_id, now, wall_offset)
             self.tasks.restore_gates(restored.gates, now)
+            self.tasks.restore_paused(restored.paused)     # (before its tasks are offered)
             self.tasks.restore(restored.tasks, now, restored.draws)
             # a time missed while we were down fires once, now
             self.scheduling.fire(self.schedules.restore(restored.schedules, now), now)
@@ -182,6 +185,7 @@ class Broker:
         from .schedules.commands import ScheduleCommands
         from .schedules.schedules import Schedules
         from .tasks.store import Tasks
+        from .views import OperatorViews        # (the HTTP front's: with the task family)
         config, out, admission, journal = self.config, self.out, self.admission, self.journal
         tasks = Tasks({f.name: f for f in config.functions}, self.wall_offset,
                       base=config.base_function, started_at=self.started,
@@ -190,12 +194,13 @@ class Broker:
         tasks.journal = schedules.journal = journal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
         self.scheduling = ScheduleCommands(schedules, self.tasking, journal)
+        self.views = OperatorViews(self.beanstalk, self.counting)
         self.counting.functions = self.tasking      # fn:NAME counters (core/counters.py)
         admission.holders = (self.beanstalk, tasks, schedules)
         self._families.append(self.tasking)
         self._kinds.update(http=self.tasking, dispatcher=self.tasking)
         self._handlers[Op.T_ENQUEUE:] = [None] * (len(self._handlers) - Op.T_ENQUEUE)
-        for component in (self.tasking, self.scheduling):
+        for component in (self.tasking, self.scheduling, self.views):
             for code, handler in component.handlers().items():
                 self._handlers[code] = handler
         tasks.counts.room = self.label_room

@@ -357,11 +357,16 @@ class CounterCommands:
 
     def c_dump(self, s, op, now):
         self._counted("dump")
+        return (s.conn, R.C_DUMP, self.dump(now))
+
+    def dump(self, now: float) -> list[tuple[bytes, int, int]]:
+        """(name, current, most this interval) of every counter and fn:NAME slot (the
+        HTTP front's view, core/views.py, reads it too, counting no command)."""
         dump = self.store.dump(self.wall(now))
         if self.functions is not None and self.functions.counted():
             dump += [(FN + name.encode(), used, peak)
                      for name, used, peak in self.functions.slots_dump()]
-        return (s.conn, R.C_DUMP, dump)
+        return dump
 
 
 def _is_name(name) -> bool:

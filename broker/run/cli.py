@@ -12,6 +12,9 @@
                  [--tls-cert FILE --tls-key FILE] [--max-connections N] ...
     zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
+    zstalk tasks | functions | schedules ...         an operator's commands over the HTTP
+                                                     API (operator.py, loaded when run)
+    zstalk stats [--beanstalk H:P] [--counter H:P]   tubes and counters (stats.py)
 
 `--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
 whichever leads (protocol/links/zeromq.py).
@@ -262,9 +265,26 @@ def counter_host(addr: str) -> str:
     return f"[{host}]" if host and ":" in host else host or ""
 
 
+#: commands in modules of their own, loaded only when one runs (never on serve's start
+#: path): name -> (module of this package, its click command)
+LAZY = {"tasks": ("operator", "tasks_group"), "functions": ("operator", "functions_group"),
+        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command")}
+
+
 class _Main(click.Group):
     """Keys that cannot be used, or a non-local endpoint without them, end any command
-    with the reason and exit status 2 (protocol/network/curve.py)."""
+    with the reason and exit status 2 (protocol/network/curve.py).  The LAZY commands are
+    found by name and imported then."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY])
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in LAZY:
+            import importlib
+            module, attr = LAZY[name]
+            return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         from ...protocol.network.curve import CurveError

@@ -45,6 +45,10 @@ A room event's draw (ROOM_DRAW) is kept the same way, each function's latest for
 (there is no GONE): it pins its segment, and compaction copies it forward from this
 journal's own books (`draws`, records.DrawBooks), so a restart long after the opening still has it.
 
+An operator's pause of a function (format 5's FUNCTION_STATE) pins its segment while the
+function stays paused, as a schedule's record does; its resume unpins it, and compaction
+copies a pause still in force forward (`function_file`: the journal's own book).
+
 Slow rates keep their last start across a restart in a side file (directory.py).
 
 Ids: each segment header carries the broker's next id when it became the one being
@@ -81,8 +85,8 @@ assert (J.JOB_ID, J.JOB_PRI, J.JOB_DELAY, J.JOB_TTR, J.JOB_CREATED, J.JOB_KEY, J
 assert (wf.S_READY, wf.S_DELAYED, wf.S_BURIED, wf.S_RESERVED) == (J.READY, J.DELAYED, J.BURIED,
                                                                 J.HELD)
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a
-#: schedule's, a function's room draw's
-_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW = 0, 1, 2, 3, 4
+#: schedule's, a function's room draw's, a paused function's
+_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW, _FUNCTION = 0, 1, 2, 3, 4, 5
 _FRAME = wf.FRAME.size
 _DELETE_ROOM = 2 * (wf.DELETE_SIZE + _FRAME)     # a put reserves its DELETE too (_reservation)
 
@@ -133,6 +137,9 @@ class Binlog:
         self.schedule_size: dict[str, int] = {}
         self.draws = records.DrawBooks()    # each function's latest room draw
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
+        # paused functions -> the segment of the record that paused them (0: not written yet)
+        self.function_file: dict[str, int] = {}
+        self.retry_room: dict[str, int] = {}    # a retry's reservation, until it is logged
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
         self.logs_reserves = False          # (held jobs only at a graceful stop, JOB_HELD)
@@ -218,6 +225,9 @@ class Binlog:
             self.promised += self._reservation(wf.encode_task_gone(fields[wf.T_UID]).__len__())
             if fields[wf.T_STATUS] in ("running", "admitted"):     # (its end, reserved)
                 self.promised += self._task_state_reservation(fields[wf.T_UID])
+        for name, seq in replayed.functions.items():
+            self.by_seq[seq].live += 1
+            self.function_file[name] = seq
         for fields, _ in schedules.values():
             size = len(wf.encode_schedule(fields))
             self.live_bytes += size
@@ -500,6 +510,9 @@ class Binlog:
                         self._place(self.task_file, owner.uid).uids.append(owner.uid)
                 elif place == _DRAW:
                     self._place(self.draws.file, owner)     # (`owner`: the function)
+                elif place == _FUNCTION:
+                    if owner in self.function_file:     # (still paused: not resumed since)
+                        self._place(self.function_file, owner)
                 elif schedules is not None and schedules.get(owner.name) is owner:
                     self._place(self.schedule_file, owner.name).names.append(owner.name)
         self._write_frame(chunk, size)
@@ -608,6 +621,7 @@ class Binlog:
             if schedules:
                 self._migrate_schedules(oldest, schedules)
             self._migrate_draws(oldest)
+            self._migrate_functions(oldest)
             break
         self._unlink_doomed()
 
@@ -656,6 +670,14 @@ class Binlog:
             self._log_draw(fields)
             self.records_migrated += 1
 
+    def _migrate_functions(self, seg: Segment) -> None:
+        """The pauses still in force whose record is in `seg`, copied forward (a few)."""
+        for name in [n for n, seq in self.function_file.items() if seq == seg.seq]:
+            if not self._room_function((name, True)):
+                return                      # disk full: try again next turn
+            self._log_function((name, True))
+            self.records_migrated += 1
+
     def _unlink_doomed(self) -> None:
         busy = self.syncer is not None and self.syncer.busy
         keep = []
@@ -684,14 +706,16 @@ class Binlog:
             J.JOB_HELD: self._room_update, J.TASK_NEW: self.reserve_task,
             J.TASK_CALL: self.reserve_call, J.TASK_STATE: self.reserve_task_state,
             J.TASK_END: self._room_task_end, J.SCHEDULE_NEW: self._room_new_schedule,
-            J.SCHEDULE: self.reserve_schedule, J.ROOM_DRAW: self.reserve_draw})
+            J.SCHEDULE: self.reserve_schedule, J.ROOM_DRAW: self.reserve_draw,
+            J.FUNCTION_PAUSE: self._room_function, J.TASK_RETRY: self._room_task_whole})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self._log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
             J.TASK_STATE: self.log_task_state, J.TASK_END: self._log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
-            J.ROOM_DRAW: self.log_draw})
+            J.ROOM_DRAW: self.log_draw, J.FUNCTION_PAUSE: self._log_function,
+            J.TASK_RETRY: self._log_retry})
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))
@@ -727,6 +751,41 @@ class Binlog:
         else:
             self.log_task_state(task)
 
+    def _room_task_whole(self, task: Task) -> bool:
+        """Room for the whole TASK record of an operator's retry: the record as the task
+        is now without its result, which the retried one never outgrows (it drops the
+        result, the error, the times and the queue deadline); what is reserved is what
+        `_log_retry` consumes, so nothing stays promised."""
+        size = len(self._task_record(task, None))
+        amount = self._reservation(size)
+        if not self._fits(size) or not self.reserve(amount):
+            return False
+        self.retry_room[task.uid] = amount
+        return True
+
+    def _log_retry(self, task: Task) -> None:
+        amount = self.retry_room.pop(task.uid)
+        self.log_task(task)
+        self.pending_reserve += amount - self._reservation(self.task_size[task.uid])
+
+    def _room_function(self, change: tuple) -> bool:
+        return self.reserve(self._reservation(len(wf.encode_function_state(*change))))
+
+    def _log_function(self, change: tuple) -> None:
+        """(name, paused): a pause pins the segment it goes to (write places it); a
+        resume unpins the pause's."""
+        name, paused = change
+        record = wf.encode_function_state(name, paused)
+        if paused:
+            self.function_file.setdefault(name, 0)
+            self.pending.append((record, _FUNCTION, name))
+        else:
+            seq = self.function_file.pop(name, 0)
+            if seq:
+                self._segment(seq).live -= 1
+            self.pending.append((record, _NOWHERE, None))
+        self.pending_reserve += self._reservation(len(record))
+
     def _keep_gates(self, tats: dict) -> None:
         self.gates = tats               # (the side file is replaced once, at end_turn)
 
@@ -761,7 +820,8 @@ class Binlog:
             self.schedule_file[name] = seq
             self.schedule_size[name] = len(wf.encode_schedule(fields))
         return J.Restored(jobs, replayed.next_id, tasks, schedules, replayed.gates,
-                          replayed.warnings, self.draws.restore(replayed.draws))
+                          replayed.warnings, self.draws.restore(replayed.draws),
+                          sorted(replayed.functions))
 
     def start(self, loop, on_durable) -> None:
         """Watch the sync thread from `loop`: each finished fsync moves `durable` on."""

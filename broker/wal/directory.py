@@ -97,6 +97,7 @@ def replay(path: str, max_job_size: int) -> Found:
     tasks: dict = {}
     schedules: dict = {}
     draws: dict = {}
+    functions: dict = {}
     tubes: dict = {}
     warnings: list[str] = []
     segments: list[Segment] = []
@@ -125,7 +126,7 @@ def replay(path: str, max_job_size: int) -> Found:
         try:
             for start, stop in spans:
                 top = wf.apply_records(data, start, stop, seq, jobs, seg.ids, tubes,
-                                       tasks, seg.uids, schedules, seg.names, draws)
+                                       tasks, seg.uids, schedules, seg.names, draws, functions)
                 next_id = max(next_id, top + 1)
         except (wf.BadSegment, struct.error) as exc:   # a checked frame we cannot read
             raise BinlogError(f"{full}: {exc}") from None
@@ -134,7 +135,7 @@ def replay(path: str, max_job_size: int) -> Found:
     for w in warnings:
         log.warning("binlog: %s", w)
     return Found(wf.Replayed(jobs, max(next_id, 1), state_id, warnings, tasks, schedules,
-                             load_gates(path), draws),
+                             load_gates(path), draws, functions),
                  segments, names[-1][0] if names else 0)
 
 

@@ -73,6 +73,7 @@ class Fold:
         self.tasks: dict = {}
         self.schedules: dict = {}
         self.draws: dict = {}
+        self.functions: dict = {}   # paused functions -> the message that paused them
         self.tubes: dict = {}
         self.spans: dict[int, Span] = {}
         self.gates: dict = {}
@@ -108,7 +109,7 @@ class Fold:
         try:
             wf.apply_records(data, wf.FRAME.size, len(data), seq, self.jobs, span.ids,
                              self.tubes, self.tasks, span.uids, self.schedules, span.names,
-                             self.draws)
+                             self.draws, self.functions)
         except (wf.BadSegment, struct.error) as exc:
             raise Corrupt(f"message {seq} of the journal: {exc}") from None
 
@@ -128,5 +129,6 @@ class Fold:
         """The state as a restore takes it (the dicts themselves: the fold is spent)."""
         top = max(self.jobs, default=0)
         replayed = wf.Replayed(self.jobs, max(self.next_id, top + 1, 1), self.state_id, [],
-                               self.tasks, self.schedules, self.gates, self.draws)
+                               self.tasks, self.schedules, self.gates, self.draws,
+                               self.functions)
         return Read(replayed, self.spans, self.last_seq, self.gates_seq, self)

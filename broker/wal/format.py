@@ -50,12 +50,17 @@ reader takes the keys it knows and ignores the others, and a record without the 
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
 refuses a newer format.
 
-Format 5 adds a record kind (kind 10 is another's, of the same format):
+Format 5 adds two record kinds:
   * ROOM_DRAW  a room event's draw (core/tasks/components/room.py): ROOM_DRAW_FIELDS,
                the function, its opening (wall-clock seconds) and the seed, an unsigned
                64-bit integer.  A later one for the same function replaces it; there is
                no GONE (each function's latest is kept for good, and pins its segment).
-A format-5 reader reads formats 1 to 4 as they were (no draw in them).
+  * FUNCTION_STATE  an operator's pause of a function (PATCH /v1/functions/{name}):
+                    [name, paused]: paused true pins its segment (compaction copies it
+                    forward while the function stays paused, as a schedule's record);
+                    false ends it, like a GONE.  Replay keeps the names still paused.
+A format-5 reader reads formats 1 to 4 as they were (neither record is in them); a reader
+of format 4 or older refuses a format-5 segment by name.
 """
 from __future__ import annotations
 
@@ -79,6 +84,7 @@ JOB, UPDATE, DELETE = 1, 2, 3
 TASK, TASK_STATE, TASK_GONE = 4, 5, 6
 SCHEDULE, SCHEDULE_GONE = 7, 8
 ROOM_DRAW = 9
+FUNCTION_STATE = 10
 #: state codes on disk
 S_READY, S_DELAYED, S_BURIED, S_RESERVED = 1, 2, 3, 4
 _JOB = struct.Struct("<BQIIIddB5IHI")      # ... tube_len, body_len; then tube, body
@@ -135,6 +141,7 @@ class Replayed(NamedTuple):
     schedules: dict = {}  # name -> (SCHEDULE list, seq) of each live schedule
     gates: dict = {}      # function -> the wall-clock TAT of its slow rate (GATES_NAME)
     draws: dict = {}      # function -> (ROOM_DRAW list, seq): its latest draw
+    functions: dict = {}  # name -> seq of the FUNCTION_STATE that paused it (still paused)
 
 
 # -- encoding ------------------------------------------------------------------------
@@ -193,6 +200,10 @@ def encode_schedule_gone(name: str) -> bytes:
 def encode_room_draw(fields: list) -> bytes:
     """A ROOM_DRAW record: ROOM_DRAW_FIELDS' values."""
     return _packed(ROOM_DRAW, fields)
+
+
+def encode_function_state(name: str, paused: bool) -> bytes:
+    return _packed(FUNCTION_STATE, [name, paused])
 
 
 def _packed(kind: int, fields: list) -> bytes:
@@ -268,12 +279,13 @@ def image(live: tuple) -> Image:
 def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids: list,
                   tubes: dict, tasks: dict | None = None, task_uids: list | None = None,
                   schedules: dict | None = None, names: list | None = None,
-                  draws: dict | None = None) -> int:
+                  draws: dict | None = None, functions: dict | None = None) -> int:
     """Apply the records in data[pos:end] (one frame) to `jobs` (id -> live tuple, see
     above), `tasks` (uid -> (TASK list, seq)), `schedules` (name -> (SCHEDULE list,
-    seq)) and `draws` (function -> (ROOM_DRAW list, seq)); returns the largest job id
-    seen in a JOB record.  The uids of TASK records go to `task_uids` and the names of
-    SCHEDULE records to `names`, as job ids go to `job_ids`."""
+    seq)), `draws` (function -> (ROOM_DRAW list, seq)) and `functions` (name -> seq of
+    the record that paused it, while paused); returns the largest job id seen in a JOB
+    record.  The uids of TASK records go to `task_uids` and the names of SCHEDULE records
+    to `names`, as job ids go to `job_ids`."""
     top = 0
     unpack_job, unpack_update, unpack_delete = _JOB.unpack_from, _UPDATE.unpack_from, _DELETE.unpack_from
     append = job_ids.append
@@ -315,6 +327,8 @@ def apply_records(data: bytes, pos: int, end: int, seq: int, jobs: dict, job_ids
                     or type(fields[2]) is not int):
                 raise BadSegment(f"room draw record with fields {fields!r}")
             draws[fields[0]] = (fields, seq)
+        elif kind == FUNCTION_STATE and functions is not None:
+            pos = _apply_function(data, pos, seq, functions)
         else:
             raise BadSegment(f"unknown record type {kind} at {pos}")
     return top
@@ -345,6 +359,17 @@ def _apply_schedule(data: bytes, pos: int, kind: int, seq: int, schedules: dict,
         names.append(fields[0])
     else:
         schedules.pop(fields[0], None)
+    return pos
+
+
+def _apply_function(data: bytes, pos: int, seq: int, functions: dict) -> int:
+    fields, pos = _unpack_list(data, pos)
+    if len(fields) != 2 or type(fields[0]) is not str or type(fields[1]) is not bool:
+        raise BadSegment(f"function record at {pos} is not [name, paused]")
+    if fields[1]:
+        functions[fields[0]] = seq
+    else:
+        functions.pop(fields[0], None)
     return pos
 
 

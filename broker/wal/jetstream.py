@@ -68,8 +68,8 @@ COMPACT_SLACK = 8 * 1024 * 1024
 #: an append not acknowledged this long is sent again (same id: NATS answers a duplicate)
 RESEND_S = 1.0
 #: what a pending record is: nobody's latest full record, or a job's, a task's, a
-#: schedule's, a function's room draw's
-_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW = 0, 1, 2, 3, 4
+#: schedule's, a function's room draw's, a paused function's (binlog.py's own)
+_NOWHERE, _JOB, _TASK, _SCHEDULE, _DRAW, _FUNCTION = 0, 1, 2, 3, 4, 5
 
 
 class Append:
@@ -122,6 +122,8 @@ class JetStreamJournal:
         self.schedule_size: dict[str, int] = {}
         self.draws = records.DrawBooks()    # each function's latest room draw
         self.draws_pending: set[str] = set()    # draws whose latest record is not sent yet
+        # paused functions -> the message holding the record that paused them (0: unsent)
+        self.function_file: dict[str, int] = {}
         self._tube_bytes: dict[str, bytes] = {}
         self.purging = False
         self.max_bytes = -1                 # the stream's max_bytes (-1: no limit)
@@ -203,8 +205,11 @@ class JetStreamJournal:
         for name, seq in self.draws.file.items():
             self.live_bytes += self.draws.size[name]
             self._span(seq).live += 1
+        for name, seq in replayed.functions.items():
+            self.function_file[name] = seq
+            self._span(seq).live += 1
         return J.Restored(replayed.jobs.values(), replayed.next_id, tasks, schedules,
-                          replayed.gates, replayed.warnings, draws)
+                          replayed.gates, replayed.warnings, draws, sorted(replayed.functions))
 
     def _restored(self, files: dict, sizes: dict, key: str, seq: int, record: bytes) -> None:
         """A replayed task's or schedule's latest full record: in message `seq`, live."""
@@ -356,6 +361,9 @@ class JetStreamJournal:
             elif place == _DRAW:
                 self._moved(self.draws.file, owner, span)   # (`owner`: the function)
                 self.draws_pending.discard(owner)
+            elif place == _FUNCTION:
+                if owner in self.function_file:     # (still paused: not resumed since)
+                    self._moved(self.function_file, owner, span)
             elif schedules.get(owner.name) is owner:
                 self._moved(self.schedule_file, owner.name, span)
                 span.names.append(owner.name)
@@ -542,14 +550,16 @@ class JetStreamJournal:
     def _tables(self) -> None:
         self.room = J.by_kind(J.accept, {
             J.JOB_PUT: self._room_put, J.TASK_NEW: self._room_record,
-            J.SCHEDULE_NEW: self._room_record, J.ROOM_DRAW: self._room_record})
+            J.SCHEDULE_NEW: self._room_record, J.ROOM_DRAW: self._room_record,
+            J.TASK_RETRY: self._room_record, J.FUNCTION_PAUSE: self._room_record})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self.log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
             J.TASK_STATE: self.log_task_state, J.TASK_END: self.log_task_end,
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
-            J.ROOM_DRAW: self.log_draw})
+            J.ROOM_DRAW: self.log_draw, J.FUNCTION_PAUSE: self.log_function,
+            J.TASK_RETRY: self.log_task})
 
     def _room_put(self, job: Job) -> bool:
         """A full stream refuses new work as a full disk does (OUT_OF_MEMORY); what is
@@ -637,6 +647,16 @@ class JetStreamJournal:
         self.pending.append((record, _DRAW, fields[0]))
         self.draws_pending.add(fields[0])
 
+    def log_function(self, change: tuple) -> None:
+        """(name, paused): a pause is live while in force (_place); a resume ends it."""
+        name, paused = change
+        if paused:
+            self.function_file.setdefault(name, 0)
+            self.pending.append((wf.encode_function_state(name, True), _FUNCTION, name))
+        else:
+            self._unplace(self.function_file.pop(name, 0))
+            self.pending.append((wf.encode_function_state(name, False), _NOWHERE, None))
+
     def _unplace(self, seq: int) -> None:
         span = self.spans.get(seq)
         if span is not None:
@@ -695,6 +715,9 @@ class JetStreamJournal:
                 self._log_draw(self.draws.fields[name])
                 self.records_migrated += 1
                 budget -= 1
+        for name in [n for n, seq in self.function_file.items() if seq == span.seq]:
+            self.log_function((name, True))         # (a pause still in force: a few)
+            self.records_migrated += 1
         return budget
 
     def _first_live(self) -> int:

@@ -19,7 +19,8 @@ of zstalk, and everything else may import it.
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name
 did before it became this package.
 """
-from .messages import (HEARTBEAT_S, OLDEST_PEER_VERSION, PEER_TIMEOUT_S, SCHEMA_VERSION,
+from .messages import (HEARTBEAT_S, OLDEST_PEER_VERSION, OPERATOR_SINCE, PEER_TIMEOUT_S,
+                       SCHEMA_VERSION,
                        V1_ERROR_STATUS, Batch, Fenced, Heartbeat, Hello, Holding, Message,
                        NotLeader, Replies, SchemaError, SessionState, Settings, Stopping, Welcome,
                        decode, decode_peer, encodable, encode)
@@ -28,7 +29,7 @@ from .ops import (SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS, WORKER_VERSION
 from .version import VERSION
 
 __all__ = ["Batch", "Codes", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
-           "Message", "NotLeader", "OLDEST_PEER_VERSION", "Op", "PEER_TIMEOUT_S", "R", "Replies",
+           "Message", "NotLeader", "OLDEST_PEER_VERSION", "OPERATOR_SINCE", "Op", "PEER_TIMEOUT_S", "R", "Replies",
            "SCHEMA_VERSION", "SESSION_BYTES_MAX", "SESSION_OPS_MAX", "SILENT_OPS",
            "SchemaError", "SessionState", "Settings", "Stopping", "V1_ERROR_STATUS",
            "VERSION", "WORKER_VERSIONS", "Welcome", "decode", "decode_peer", "encodable",

@@ -38,10 +38,15 @@ NEXT_UPSTREAM_SINCE = 8
 #: has cancelled the task all the same, and reads the late report only for
 #: possiblyExecuted)
 ABORT_SINCE = 8
+#: the version from which an HTTP front sends an operator's ops (T_FUNCTION_PAUSE,
+#: T_RETRY: docs/operations/operator.md): an older broker would answer them
+#: INTERNAL_ERROR, so a front of this version must not reach one (it refuses us as too
+#: new); an older front never sends them, and nothing of it changes
+OPERATOR_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE) and no R.T_ABORT
-#: (`_downgrade` leaves it out of Replies).  Version 6 (the
+#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT
+#: (`_downgrade` leaves it out of Replies) and no operator's ops (OPERATOR_SINCE).  Version 6 (the
 #: first with NotLeader) had no group_headers in Settings (its seven first fields), and
 #: no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
@@ -281,7 +286,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}  # (7 and later: all)
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}     # (7 on: all eight)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:

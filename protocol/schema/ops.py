@@ -111,6 +111,19 @@ class Op(Codes):
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
+    # an operator's hand (version 8, OPERATOR_SINCE; the HTTP front checked the master key)
+    T_FUNCTION_PAUSE = 70   # (conn, name, paused: bool)  answered T_FUNCTION or T_ERROR
+    T_RETRY = 71        # (conn, unique_id)  a failed or cancelled task again: T_TASK or T_ERROR
+    # the HTTP front's views of tubes, jobs and counters (version 8, OPERATOR_SINCE;
+    # broker/core/views.py): no beanstalk `cmd-*` or counter command is counted for them;
+    # each answered V_PAGE, V_INFO or T_ERROR
+    V_TUBES = 72        # (conn, q: a substring, sort: "name" | "activity", after: a name, limit)
+    V_TUBE = 73         # (conn, tube)
+    V_KICK = 74         # (conn, tube, bound)
+    V_PAUSE_TUBE = 75   # (conn, tube, seconds)
+    V_JOB = 76          # (conn, id, with_body: bool)
+    V_DELETE_JOB = 77   # (conn, id)
+    V_COUNTERS = 78     # (conn)
 
 
 #: where an op's fields are (ops stay tuples: a put is built and read on the hot path).
@@ -176,6 +189,8 @@ class R(Codes):
     T_FUNCTION = 48     # (info)  one function's stats (broker/core/tasks/views.py)
     T_ABORT = 49        # (unique_id, attempt)  pushed to a dispatcher (version 8): that
     # call's task was cancelled, abort it; its T_OUTCOME still comes (and frees the slot)
+    V_PAGE = 50         # (infos, next)  a page of a view (tubes); next None: no more
+    V_INFO = 51         # (info)  one view's dict (a tube, a job, the counters, a kick's count)
 
 
 

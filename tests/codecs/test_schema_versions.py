@@ -12,11 +12,12 @@ import pytest
 import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
-from zstalk.protocol.schema import (OLDEST_PEER_VERSION, SCHEMA_VERSION, NotLeader, Op, R,
+from zstalk.protocol.schema import (OLDEST_PEER_VERSION, OPERATOR_SINCE, SCHEMA_VERSION,
+                                    NotLeader, Op, R,
                                     Replies, SchemaError, Settings, Stopping, Welcome, decode,
                                     decode_peer, encode)
 
-V1, V2, V3, V4, V5, V6 = 1, 2, 3, 4, 5, 6
+V1, V2, V3, V4, V5, V6, V7 = 1, 2, 3, 4, 5, 6, 7
 HELLO, BATCH = 1, 3
 
 
@@ -27,6 +28,18 @@ def packed(version: int, kind: int, *fields) -> bytes:
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
     assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (8, 1)
+
+
+def test_the_operators_ops_came_with_version_8_and_a_version_7_batch_is_taken_as_it_is():
+    assert OPERATOR_SINCE == 8
+    ops = [(Op.T_INFO, 1, "u", True, None), (Op.T_CANCEL, 1, "u", None)]
+    version, msg = decode_peer(packed(V7, BATCH, ops))
+    assert version == V7 and [tuple(op) for op in msg.ops] == ops
+
+
+def test_a_version_7_peer_gets_settings_with_all_its_fields():
+    welcome = Welcome(7, 9, ORIGINS, True)
+    assert msgpack.unpackb(encode(welcome, V7)) == [V7, *msgpack.unpackb(encode(welcome))[1:]]
 
 
 def test_a_version_6_front_reads_and_cancels_by_the_master_key_as_it_did():

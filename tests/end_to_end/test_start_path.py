@@ -26,7 +26,9 @@ BIN = Path(sys.executable).parent
 #: and the first message encoded for another process or the first task record
 ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.schedules.cron",
              "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk",
-             "nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream")
+             "nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream",
+             # the operator's commands (`zstalk tasks`, `zstalk stats`, ...): never by serve
+             "zstalk.broker.run.operator", "zstalk.broker.run.stats")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
 

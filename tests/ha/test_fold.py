@@ -133,3 +133,40 @@ def test_a_consumer_never_made_within_the_journal_timeout_is_a_journal_error():
     with pytest.raises(JournalError, match="cannot read stream ZSTALK_zstalk from sequence 2"):
         asyncio.run(read(ElectingNats(1000, []), Options(("nats://n1:4222",), timeout_s=0.3),
                          info, 65535, fold))
+
+
+def test_a_functions_operator_pause_folds_in_and_its_resume_folds_it_out():
+    fold = Fold()
+    fold.apply(1, *message(wf.encode_function_state("f", True),
+                           wf.encode_function_state("g", True)))
+    fold.apply(2, *message(wf.encode_function_state("g", False)))
+    fold.apply(3, *message(wf.encode_function_state("f", True)))     # (compaction's copy)
+    assert fold.read().replayed.functions == {"f": 3}
+
+
+def test_the_nats_journal_carries_an_operators_pause_and_a_restore_gives_it_back():
+    """The JetStream journal's own appends (no NATS: the messages it would send), folded
+    as a restore folds the stream: the pause comes back, a resume takes it away, and a
+    pause still in force is copied forward by compaction."""
+    from zstalk.broker.core.shared import journal as J
+    from zstalk.broker.wal.jetstream import JetStreamJournal
+    live = SimpleNamespace(jobs={}, tasks={}, schedules={}, next_id=1)
+    writer = JetStreamJournal(Options(("nats://127.0.0.1:4222",)))
+    fold = Fold()
+    for change in (("f", True), ("g", True), ("g", False)):
+        assert writer.room[J.FUNCTION_PAUSE](change)
+        writer.append[J.FUNCTION_PAUSE](change)
+        a = writer._append(None, 1, live)
+        fold.apply(a.seq, a.headers, a.payload)
+    assert writer.function_file == {"f": 1} and writer.spans[1].live == 1
+    read = fold.read()
+    assert read.replayed.functions == {"f": 1}
+    info = SimpleNamespace(state=SimpleNamespace(first_seq=1))
+    restored = JetStreamJournal(Options(("nats://127.0.0.1:4222",)))._account(read, info)
+    assert restored.paused == ["f"]
+    writer.acked_seq, writer.loop = 3, object()     # (acknowledged, as compaction asks)
+    writer._migrate(writer.spans[1], live, 100)
+    a = writer._append(None, 2, live)
+    assert writer.function_file == {"f": 4} and writer.spans[1].live == 0
+    fold.apply(a.seq, a.headers, a.payload)
+    assert fold.read().replayed.functions == {"f": 4}

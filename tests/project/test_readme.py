@@ -103,6 +103,10 @@ RUN_BY = {
     "nats-server -c nats.conf": "test_the_journal_example_keeps_a_job_through_a_kill_9",
     "scripts/ha-local            # Ctrl-C": "tests/ha/test_ha_local.py (on free ports, a kill -9)",
     "kubectl kustomize k8s/overlays/ha": "test_the_ha_overlay_renders_as_docs_ha_says",
+    "zstalk functions pause resize":
+        "tests/end_to_end/test_operator_end_to_end.py (on free ports, through ZSTALK_URL)",
+    "zstalk stats --beanstalk": "tests/end_to_end/test_operator_views_end_to_end.py (on free "
+                                "ports, and against Debian's beanstalkd)",
     "max by (tube) (zstalk_tube_oldest_ready_age_seconds)":
         "tests/end_to_end/test_metrics_end_to_end.py (each query, on a real Prometheus)",
 }

@@ -571,3 +571,90 @@ def test_a_keep_shortened_by_a_read_is_journaled_and_a_restart_keeps_it_short(tm
     third = again.restart()
     third.advance(0)
     assert "read" not in third.broker.tasks.tasks, "its TASK_GONE was logged"
+
+
+# -- an operator's hand: a function's pause (FUNCTION_STATE, format 5) and a task's retry ----
+def pause(node, name: str, paused: bool):
+    [reply] = node.send(HTTP, (Op.T_FUNCTION_PAUSE, 1, name, paused))[HTTP]
+    return reply
+
+
+def test_a_function_an_operator_paused_hands_nothing_out_and_stays_paused_after_a_restart(node):
+    [_, code, info] = pause(node, "f", True)
+    assert (code, info["name"], info["paused"]) == (R.T_FUNCTION, "f", True)
+    node.enqueue("t1")
+    assert node.subscribe(1) == []
+    again = node.restart()
+    assert again.broker.tasks.limits.stopped == {"f"}
+    assert again.subscribe(1) == []
+    assert pause(again, "f", False)[2]["paused"] is False
+    assert [c[0] for c in again.subscribe(1)] == ["t1"]
+    third = again.restart()
+    assert third.broker.tasks.limits.stopped == set(), "the resume is kept too"
+
+
+def test_pausing_an_unknown_function_is_refused_and_nothing_is_written(node):
+    written = node.wal.records_written
+    assert pause(node, "nope", True)[1:3] == (R.T_ERROR, "unknown_function")
+    assert node.wal.records_written == written
+
+
+def test_a_pause_still_in_force_is_carried_forward_when_its_segment_is_compacted(tmp_path):
+    node = Node(tmp_path, segment_size=64 * 1024)
+    pause(node, "f", True)
+    first = node.wal.function_file["f"]
+    for i in range(400):            # short-lived jobs that fill many segments
+        node.send(HTTP)             # (a turn)
+        node.broker.handle(b"bs", Hello(9, "beanstalk", 1, 0, []), node.now)
+        node.send(b"bs", (Op.OPEN, 1), (Op.PUT, 1, 0, 0, 60, b"x" * 1000))
+        node.send(b"bs", (Op.DELETE, 1, i + 1))
+    for _ in range(50):
+        node.advance(0.001)
+    assert node.wal.function_file["f"] > first and node.wal.records_migrated >= 1
+    assert not os.path.exists(tmp_path / segment_name(first))
+    assert node.restart().broker.tasks.limits.stopped == {"f"}
+
+
+def test_a_failed_task_retried_runs_again_from_its_first_attempt_and_a_restart_keeps_that(node):
+    node.enqueue("t1", {"attempts": 0})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "failure", 500, b"no", "HTTP 500")
+    assert node.info("t1")["status"] == FAILED
+    node.subscribe(0)               # (else the retried task is handed out at once)
+    [(_, code, info)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and (info["status"], info["attempt"]) == (QUEUED, 0)
+    assert info.get("error") is None and info.get("result") is None
+    again = node.restart()
+    info = again.info("t1")
+    assert (info["status"], info["attempt"], info.get("error")) == (QUEUED, 0, None)
+    assert [c[:2] for c in again.subscribe(1)] == [("t1", 1)]
+
+
+def test_only_a_failed_or_cancelled_task_is_retried(node):
+    node.enqueue("t1")
+    node.subscribe(0)
+    [(_, code, *why)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
+    assert (code, why[0]) == (R.T_ERROR, "not_retryable")
+    [(_, code, *why)] = node.send(HTTP, (Op.T_RETRY, 1, "t9"))[HTTP]
+    assert (code, why[0]) == (R.T_ERROR, "not_found")
+    node.send(HTTP, (Op.T_CANCEL, 1, "t1"))
+    [(_, code, info)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and info["status"] == QUEUED
+    assert [c[:2] for c in node.subscribe(1)] == [("t1", 1)]
+
+
+def test_an_operators_op_from_a_front_older_than_schema_8_is_refused(node):
+    node.broker.old_peers[HTTP] = 7
+    assert pause(node, "f", True)[1:3] == (R.T_ERROR, "bad_request")
+    assert node.broker.tasks.limits.stopped == set()
+
+
+def test_a_retry_leaves_promised_only_the_room_its_task_still_needs(node):
+    node.enqueue("t1", {"attempts": 0}, params=b'"' + b"p" * 3000 + b'"')
+    [(uid, attempt, *_)] = node.subscribe(1)
+    node.report(uid, attempt, "failure", 500, b"r" * 2000, "x" * 500)
+    node.subscribe(0)
+    [(_, code, _)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
+    assert code == R.T_TASK and node.wal.retry_room == {}
+    wal = node.wal
+    assert wal.promised == wal._reservation(len(wf.encode_task_gone("t1")))

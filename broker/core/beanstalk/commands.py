@@ -32,7 +32,7 @@ from ..shared.journal import (DELAYED as J_DELAYED, HELD as J_HELD, JOB_COUNTS, 
 from ..shared import Admission, Identity, Out
 from . import stats
 from .jobs import (BURIED, BURIES, DELAYED, JOB_OVERHEAD_BYTES, READY, RELEASES, RESERVED,
-                   Job, Session, key_id)
+                   Job, Session, Tube, key_id)
 from .pools import PoolSession
 from .queue import Queue
 
@@ -319,10 +319,18 @@ class BeanstalkCommands:
         if job is None or (job.state == RESERVED and job.holder is not s):
             return (s.conn, R.NOT_FOUND)
         job.tube.cmd_delete += 1
+        # (`remove`'s lines, inline: a delete is on the hot path, and a call costs)
         self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
         self.journal.append[JOB_DELETE](job)    # (its room came with its put)
         self.queue.delete(job, now)
         return (s.conn, R.DELETED)
+
+    def remove(self, job: Job, now: float) -> None:
+        """`job` is gone, as `delete` does it (the HTTP front's delete, core/views.py,
+        which counts no command)."""
+        self.bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        self.journal.append[JOB_DELETE](job)    # (its room came with its put)
+        self.queue.delete(job, now)
 
     def release(self, s: Session, op, now):
         _, conn, job_id, pri, delay_s = op
@@ -414,12 +422,16 @@ class BeanstalkCommands:
     # -- kicking -----------------------------------------------------------------------
     def kick(self, s: Session, op, now):
         self.counters["cmd-kick"] += 1
+        return (s.conn, R.KICKED, self.kick_tube(s.use, op[ARG], now))
+
+    def kick_tube(self, t: Tube, bound: int, now: float) -> int:
+        """Kick up to `bound` jobs of `t` (buried first, else delayed): how many were."""
         kicked = 0
-        for job in self.queue.kick_victims(s.use, op[ARG]):
+        for job in self.queue.kick_victims(t, bound):
             if not self._kick_logged(job, now):
                 break               # no binlog space: the rest stay where they are
             kicked += 1
-        return (s.conn, R.KICKED, kicked)
+        return kicked
 
     def kick_job(self, s: Session, op, now):
         """Only buried or delayed jobs, in any tube (prot.c, OP_KICKJOB)."""

@@ -62,9 +62,12 @@ SCHEDULE_GONE = 11  # Schedule: deleted
 GATES = 12          # {function: TAT, wall-clock seconds}: the slow rates' last starts
 ROOM_DRAW = 13      # RoomDraw: a room event's opening drew its pre-line's order (the
                     #   journal keeps each function's latest for good: there is no GONE)
+FUNCTION_PAUSE = 14     # (name, paused): an operator paused a function or resumed it
+TASK_RETRY = 15     # Task: an operator's retry of a failed or cancelled task, as a whole
+                    #   record (room: that record; its TASK_GONE was reserved at enqueue)
 KINDS = ("JOB_PUT", "JOB_UPDATE", "JOB_HELD", "JOB_DELETE", "TASK_NEW", "TASK_CALL",
          "TASK_STATE", "TASK_END", "TASK_GONE", "SCHEDULE_NEW", "SCHEDULE", "SCHEDULE_GONE",
-         "GATES", "ROOM_DRAW")
+         "GATES", "ROOM_DRAW", "FUNCTION_PAUSE", "TASK_RETRY")
 
 # -- what restore gives back ----------------------------------------------------------------
 #: a replayed job is (rec, tube, body, file): `rec` a tuple with these fields at these
@@ -144,6 +147,7 @@ class Restored(NamedTuple):
     gates: dict                 # function -> the wall-clock TAT of its slow rate
     warnings: list = []         # what the journal found amiss (and logged), for tests
     draws: list = []            # RoomDraw: each function's latest (older journals: none)
+    paused: list = []           # the functions an operator paused (FUNCTION_PAUSE)
 
 
 class LiveView(Protocol):

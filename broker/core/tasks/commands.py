@@ -22,7 +22,7 @@ runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always
 """
 from __future__ import annotations
 
-from ....protocol.schema import Op, R
+from ....protocol.schema import OPERATOR_SINCE, Op, R
 from ....protocol.schema.messages import ABORT_SINCE, NEXT_UPSTREAM_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
@@ -40,6 +40,8 @@ MAX_SLOTS = 1 << 16
 #: a task token that is not the task's own (another task's, a wrong one; or the task has
 #: none: enqueued before tokens, or by a schedule)
 WRONG_TOKEN = TaskError("forbidden", "this token is not the task's own")
+#: an operator's op from a front of a schema before OPERATOR_SINCE
+TOO_OLD = TaskError("bad_request", f"an operator's op needs schema version {OPERATOR_SINCE}")
 
 
 def token_of(op: tuple, at: int) -> bytes | None | TaskError:
@@ -94,7 +96,8 @@ class TaskCommands:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
                 Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
-                Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done}
+                Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done,
+                Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -250,9 +253,14 @@ class TaskCommands:
     def t_done(self, s, op, now):
         """An admitted online task's user is through (the front checked the pass or the
         key): its slot goes to the next in line."""
-        task = self.store.done(op[2], now) if type(op[2]) is str else None
+        return self._changed(s, self.store.done(op[2], now) if type(op[2]) is str else None,
+                             op[2], now)
+
+    def _changed(self, s, task: Task | TaskError | None, uid, now):
+        """The reply to an op that changed task `uid` (the store's answer: the task, why
+        not, or None: no such task); a change fed the dispatchers first."""
         if task is None:
-            return (s.conn, R.T_ERROR, "not_found", f"no task {op[2]!r}")
+            return (s.conn, R.T_ERROR, "not_found", f"no task {uid!r}")
         if isinstance(task, TaskError):
             return (s.conn, R.T_ERROR, *task)
         self.feed(now)
@@ -280,6 +288,34 @@ class TaskCommands:
         if info is None:
             return (s.conn, R.T_ERROR, "not_found", f"no function {op[2]!r}")
         return (s.conn, R.T_FUNCTION, info)
+
+    def t_function_pause(self, s, op, now):
+        """An operator pauses a function or resumes it (the front checked the master key);
+        the answer is the function as GET shows it."""
+        _, conn, name, paused = op
+        if self._too_old(s):
+            return (conn, R.T_ERROR, *TOO_OLD)
+        if type(name) is not str or type(paused) is not bool:
+            return (conn, R.T_ERROR, "bad_request", "a function's name and paused: a boolean")
+        refused = self.store.pause_function(name, paused, now)
+        if refused is not None:
+            return (conn, R.T_ERROR, *refused)
+        if not paused:
+            self.feed(now)          # (its tasks go to the dispatchers with free slots)
+        return (conn, R.T_FUNCTION, views.function_stats(self.store, name, now))
+
+    def t_retry(self, s, op, now):
+        """An operator runs a failed or cancelled task again (the front checked the key)."""
+        if self._too_old(s):
+            return (s.conn, R.T_ERROR, *TOO_OLD)
+        return self._changed(s, self.store.retry(op[2], now) if type(op[2]) is str else None,
+                             op[2], now)
+
+    def _too_old(self, s) -> bool:
+        """A front older than OPERATOR_SINCE has no operator's ops: one such op from it is
+        not what it seems (its codes meant nothing then)."""
+        return bool(self.old_peers) and self.old_peers.get(
+            s.front.peer, OPERATOR_SINCE) < OPERATOR_SINCE
 
     def t_subscribe(self, s, op, now):
         _, _, slots, stopping = op

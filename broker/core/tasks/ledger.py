@@ -147,6 +147,21 @@ class Ledger:
         task.expires = now + task.keep_result_ms / 1000
         self.timers.add("keeping", task.expires, task.seq)
 
+    def retry(self, task: Task, now: float) -> None:
+        """A failed or cancelled task queued again by an operator, as if new but for its
+        uid and place (seq): its result no longer kept, its attempts, error and queue
+        timeout gone (its queueTimeout was spent; an operator's retry runs it), due now."""
+        self.timers.remove("keeping", task.expires, task.seq)
+        self.set_result(task, None)
+        move(task, "retry")
+        task.attempt, task.status_code, task.error = 0, None, None
+        task.started = task.finished = None
+        task.expires = task.queue_deadline = 0.0
+        self.counted(task.function).enqueued += 1
+        if task.group:
+            self.grouped(task, 1, 0)
+        self.queue(task, now, now)
+
     def keep_until(self, task: Task, expires: float) -> None:
         """A finished task is forgotten at `expires` instead (store.read: sooner)."""
         self.timers.remove("keeping", task.expires, task.seq)

@@ -64,7 +64,8 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS,
                                        OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
                                        SUCCESS, UNIQUE_ID)
-from ..shared.journal import TASK_CALL, TASK_END, TASK_NEW, TASK_STATE, Journal, NullJournal
+from ..shared.journal import (FUNCTION_PAUSE, TASK_CALL, TASK_END, TASK_NEW, TASK_RETRY,
+                              TASK_STATE, Journal, NullJournal)
 from ..upstreams.unavailable import NO_LIVE_UPSTREAMS, Unavailable
 from . import restart
 from .components.calls import Calls
@@ -394,6 +395,50 @@ class Tasks:
         task.aborted = task.attempt
         task.error = "cancelled during its call (the call was aborted)"
         self._end_call(task, now)
+
+    # -- an operator's hand (PATCH /v1/functions/{name}, POST /v1/tasks/{id}/retry) --------
+    def retry(self, uid: str, now: float) -> Task | TaskError:
+        """Queue a failed or cancelled task again, its attempts from the start and its
+        error cleared (ledger.retry); journalled whole (TASK_RETRY), as it drops its result
+        and queue timeout.  An online task is not retried: its user has left the line."""
+        task = self.tasks.get(uid)
+        if task is None:
+            return TaskError("not_found", f"no task {uid!r}")
+        if task.status not in (FAILED, CANCELLED) or task.online:
+            return TaskError("not_retryable", f"task {uid!r} is {task.status}" + (
+                "" if task.status in (FAILED, CANCELLED) else "; only a failed or cancelled "
+                "task is retried") + (", and online" if task.online else ""))
+        if self.function(task.function) is None:
+            return TaskError("unknown_function", f"no function named {task.function!r}")
+        if not self.journal.room[TASK_RETRY](task):
+            return _NO_SPACE
+        self.ledger.retry(task, now)
+        self.journal.append[TASK_RETRY](task)
+        return task
+
+    def pause_function(self, name: str, paused: bool, now: float) -> TaskError | None:
+        """An operator's pause of function `name` (no call starts, no online task is
+        admitted, until resumed), or its end; kept by the journal (FUNCTION_PAUSE), so a
+        restart keeps it.  Pausing what is paused changes nothing and appends nothing."""
+        if self.function(name) is None:
+            return TaskError("unknown_function", f"no function named {name!r}")
+        stopped = self.limits.stopped
+        if (name in stopped) == paused:
+            return None
+        if not self.journal.room[FUNCTION_PAUSE]((name, paused)):
+            return _NO_SPACE
+        if paused:
+            stopped.add(name)
+            self.lines.forget_offer(name)       # (its head is no longer a candidate)
+        else:
+            stopped.discard(name)
+            self.ledger.offer(name, now)
+        self.journal.append[FUNCTION_PAUSE]((name, paused))
+        return None
+
+    def restore_paused(self, names: list) -> None:
+        """The functions an operator paused, as a journal kept them."""
+        self.limits.stopped.update(n for n in names if type(n) is str)
 
     # -- reading -------------------------------------------------------------------------
     def read(self, task: Task, now: float) -> None:

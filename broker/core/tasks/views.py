@@ -211,6 +211,7 @@ def function_stats(store: Tasks, name: str, now: float) -> dict | None:
         out["groupRate"] = f"{spec.group_rate}/{PER_UNIT[spec.group_per_s]}"
         out["groupBurst"] = spec.group_burst
     _room_event(store, spec, out)
+    out["paused"] = name in store.limits.stopped    # (an operator's, beside pausedUntil)
     gate = seen.gate
     if gate is not None and gate.paused(now):
         out["pausedUntil"] = gate.paused_until + store.wall_offset

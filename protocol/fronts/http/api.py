@@ -37,6 +37,8 @@ STATUS = {
     "request_timeout": 408,
     "duplicate": 409,
     "not_cancellable": 409,
+    "not_retryable": 409,
+    "reserved": 409,
     "not_admitted": 409,
     "too_large": 413,
     "unsupported_media_type": 415,

@@ -16,6 +16,10 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http/schedules.py
     GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
+    PATCH  /v1/functions/{name}   {"paused": bool}, an operator's    -> T_FUNCTION_PAUSE -> 200
+    POST   /v1/tasks/{uniqueId}/retry   a failed or cancelled task   -> T_RETRY   -> 200
+    /v1/tubes[/{tube}[/kick]], /v1/jobs/{id}, /v1/counters   an operator's views of the
+                                  beanstalk and counter families: protocol/fronts/http/views.py
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
     OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
@@ -76,9 +80,10 @@ from aiohttp import web
 from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, function_json,
                   loads_strict, parse_enqueue, parse_listing, refuse, reply_problem,
                   schedule_json, task_json)
-from .schedules import parse_page, parse_pause, parse_schedule
+from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
 from .room import Room
+from .views import Views
 from .pass_check import find_pass
 from .site import GuardedSite, close_after_408
 from ...network.listen import HttpLimits
@@ -103,6 +108,7 @@ _T_INFO, _T_CANCEL = Op.T_INFO, Op.T_CANCEL
 _T_LIST = Op.T_LIST
 _T_FUNCTIONS, _T_FUNCTION = Op.T_FUNCTIONS, Op.T_FUNCTION
 _T_DONE = Op.T_DONE
+_T_FUNCTION_PAUSE, _T_RETRY = Op.T_FUNCTION_PAUSE, Op.T_RETRY
 _T_SCHEDULE_INFO, _T_UNSCHEDULE = Op.T_SCHEDULE_INFO, Op.T_UNSCHEDULE
 
 
@@ -330,6 +336,11 @@ class HttpFront(LinkOwner):
         app.router.add_delete("/v1/schedules/{name}", self.unschedule)
         app.router.add_get("/v1/functions", self.functions)
         app.router.add_get("/v1/functions/{name}", self.function)
+        app.router.add_patch("/v1/functions/{name}", self.pause_function)
+        app.router.add_post("/v1/tasks/{uniqueId}/retry", self.retry)
+        Views(CONN, self.call, lambda r: check_key(r, self.master_key),
+              lambda r: keyed(r, self.master_key), self._json_body,
+              problem_response).add_routes(app)     # (tubes, jobs, counters: views.py)
         from .openapi import PATH, document  # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
@@ -571,6 +582,31 @@ class HttpFront(LinkOwner):
         if reply[1] != R.T_FUNCTION:
             return problem_response(reply_problem(reply))
         return web.json_response(function_json(reply[2]))
+
+    async def pause_function(self, request: web.Request) -> web.Response:
+        """An operator's pause of a function, or its end (the master key): durable, beside
+        the server-driven pausedUntil; the answer is the function as GET shows it."""
+        doc = await self._json_body(request)
+        if isinstance(doc, Problem):
+            return problem_response(doc)
+        paused = parse_paused(doc)
+        if isinstance(paused, str):
+            return problem_response(refuse(400, paused))
+        reply = await self.call((_T_FUNCTION_PAUSE, CONN, request.match_info["name"], paused))
+        if reply[1] != R.T_FUNCTION:
+            return problem_response(reply_problem(reply))
+        return web.json_response(function_json(reply[2]))
+
+    async def retry(self, request: web.Request) -> web.Response:
+        """A failed or cancelled task queued again, its attempts from the start (the
+        master key; any other status 409)."""
+        denied = check_key(request, self.master_key)
+        if denied:
+            return problem_response(denied)
+        reply = await self.call((_T_RETRY, CONN, request.match_info["uniqueId"]))
+        if reply[1] == R.T_TASK:
+            note(request, reply[2]["function"])
+        return reply_response(reply)
 
     async def schedule_info(self, request: web.Request) -> web.Response:
         return await self._named_schedule(request, _T_SCHEDULE_INFO)

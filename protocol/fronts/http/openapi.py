@@ -24,6 +24,7 @@ from ...schema.tasks import (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_MS, DEFAULT_KEEP_
                              MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS, METHODS,
                              QUEUE_TIMEOUT, QUEUED, RUNNING, SAFE_HEADERS, SCHEDULE_NAME,
                              STATUSES, UNIQUE_ID, ADMITTED)
+from . import openapi_views
 from .api import MAX_BATCH, PAGE_LIMIT
 from .cors import MAX_AGE_S, ROUTES
 
@@ -640,6 +641,11 @@ def function_stats() -> dict:
             "queued": {**count, "description": "Tasks queued: due and delayed."},
             "due": count, "delayed": count,
             "running": {**count, "description": "Calls in flight."},
+            "paused": {"type": "boolean",
+                       "description": "An operator paused it (PATCH): no call starts and "
+                                      "no online task is admitted until resumed; kept "
+                                      "across restarts. Apart from pausedUntil, the "
+                                      "server's own pause after a 429 or 503."},
             "upstream": {"type": "string", "description": "The upstream its calls go to."},
             "host": {"type": "object", "additionalProperties": False,
                      "required": ["url", "state", "fails"],
@@ -765,10 +771,35 @@ def function_paths() -> dict:
         "/v1/functions": {"get": _keyed_op(
             "listFunctions", "A page of functions (configured, or used by tasks) by name",
             {"200": _json(page, "A page.")}, "400", parameters=[after, limit])},
-        "/v1/functions/{name}": {"get": _keyed_op(
-            "getFunction", "A function's queue, limits and pause",
-            {"200": _json(_ref("FunctionStats"), "The function.")}, "404",
-            parameters=[name])},
+        "/v1/functions/{name}": {
+            "get": _keyed_op("getFunction", "A function's queue, limits and pause",
+                             {"200": _json(_ref("FunctionStats"), "The function.")}, "404",
+                             parameters=[name]),
+            "patch": _keyed_op("pauseFunction", "Pause a function, or resume it (an "
+                               "operator's pause: kept across restarts)",
+                               {"200": _json(_ref("FunctionStats"), "The function.")},
+                               "400", "404", "408", "413", "415", parameters=[name],
+                               requestBody={"required": True, "content": {
+                                   "application/json": {"schema": {
+                                       "type": "object", "additionalProperties": False,
+                                       "required": ["paused"],
+                                       "properties": {"paused": {"type": "boolean"}}}}}})},
+    }
+
+
+def retry() -> dict:
+    return {
+        "operationId": "retryTask",
+        "summary": "Run a failed or cancelled task again",
+        "description": "Its attempts start again from the first and its error, status code "
+                       "and result are cleared; it is queued, due now (no queueTimeout: it "
+                       "had its time). Any other status, or an online task, is 409 "
+                       "not_retryable.",
+        "security": _key(),
+        "parameters": [_unique_id()],
+        "responses": _responses({"200": _json(_ref("TaskInfo"), "The task, queued again (or "
+                                              "running, when a dispatcher took it at once).")},
+                                "401", "403", "404", "409", "503"),
     }
 
 
@@ -806,9 +837,11 @@ def document() -> dict:
             "/v1/tasks/{uniqueId}/done": {
                 "post": done(),
                 "options": preflight("/v1/tasks/{uniqueId}/done", "preflightTaskDone")},
+            "/v1/tasks/{uniqueId}/retry": {"post": retry()},
             "/v1/passes/verify": {"get": passes_verify()},
             **schedule_paths(),
             **function_paths(),
+            **openapi_views.paths(_keyed_op, _json, _responses),
             PATH: {"get": openapi()},
         },
         "components": {
@@ -817,7 +850,8 @@ def document() -> dict:
                         "Backoff": backoff(), "TaskInfo": task_info(), "Enqueued": enqueued(),
                         "BatchItem": batch_item(), "TaskPage": page(), "Error": error(),
                         "ScheduleRequest": schedule_request(), "Schedule": schedule(),
-                        "SchedulePage": schedule_page(), "FunctionStats": function_stats()},
+                        "SchedulePage": schedule_page(), "FunctionStats": function_stats(),
+                        **openapi_views.schemas()},
             "securitySchemes": {"masterKey": {
                 "type": "http", "scheme": "bearer",
                 "description": "The master key (--master-key or ZSTALK_MASTER_KEY, or the "

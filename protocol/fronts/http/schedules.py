@@ -54,7 +54,14 @@ def parse_page(query, conn: int, opcode: int = Op.T_SCHEDULES) -> tuple | str:
     return (opcode, conn, query.get("after", ""), limit)
 
 
-def parse_pause(doc: Any, conn: int, name: str) -> tuple | str:
+def parse_paused(doc: Any) -> bool | str:
+    """A PATCH body that pauses or resumes (a schedule, a function): its boolean, or why
+    not (a 400)."""
     if not isinstance(doc, dict) or set(doc) != {"paused"} or type(doc["paused"]) is not bool:
         return 'the body must be {"paused": true} or {"paused": false}'
-    return (Op.T_SCHEDULE_PAUSE, conn, name, doc["paused"])
+    return doc["paused"]
+
+
+def parse_pause(doc: Any, conn: int, name: str) -> tuple | str:
+    paused = parse_paused(doc)
+    return paused if isinstance(paused, str) else (Op.T_SCHEDULE_PAUSE, conn, name, paused)

@@ -30,10 +30,13 @@ Pure: `now` is monotonic seconds, a parameter; nothing here reads a clock or a s
 """
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import math
 
 from ..model.spec import FunctionSpec
-from ...upstreams.peer import NEVER
+
+#: nginx's zeroed `checked`/`accessed`, as upstreams/peer.py has it (not imported: the
+#: balancing code loads only with upstreams, off zstalkd's start path)
+NEVER = -math.inf
 
 _DEFAULT_PORT = {"http": 80, "https": 443}
 
@@ -61,6 +64,7 @@ class Hosts:
         """`scheme://host:port` of `url`, the default port written out."""
         origin = self._origins.get(url)
         if origin is None:
+            from urllib.parse import urlsplit   # (off the start path: a host's first failure)
             parts = urlsplit(url)
             port = parts.port or _DEFAULT_PORT.get(parts.scheme, 0)
             host = parts.hostname or ""

@@ -4,7 +4,8 @@ rate and the pauses a 429 or 503 asked for: limits.py's Gate, GCRA), its upstrea
 concurrency and rate (upstream_calls.py), and whether its upstream has a usable server at
 all (`blocked`).  `opens_at` folds them into one answer for the lines (lines.py): now, a
 time (the limiter's timer says when that comes: `opened`), or None (the function is
-offered again when a call ends: a slot frees, a server comes back).  How a call ended
+offered again when a call ends: a slot frees, a server comes back; an operator's pause,
+`stopped`, until it is lifted).  How a call ended
 feeds them: `slow_down` pauses a function a 429 or 503 came from, `server_done` does the
 server's accounting and says which functions may look for a server again, `host_done`
 the same of a plain url's host (hosts.py: while it fails, `host_pick` blocks its
@@ -74,6 +75,10 @@ class Limiter:
         self.timers = Deadlines("shut", "idle")     # (opens at | drop at, function)
         self.shut_at: dict[str, float] = {}         # function -> its timer in "shut"
         self.hosts = Hosts()                # plain urls' hosts that fail (hosts.py)
+        # functions an operator paused (PATCH /v1/functions/{name}): none starts a call
+        # until resumed, which offers it again (store.pause_function); durable, unlike a
+        # gate's pause (the journal's FUNCTION_PAUSE)
+        self.stopped: set[str] = set()
 
     def seen(self, name: str) -> Seen:
         """A function's limits as the views read them, creating nothing."""
@@ -89,8 +94,8 @@ class Limiter:
 
     def opens_at(self, name: str, spec: FunctionSpec, now: float) -> float | None:
         """When function `name` may start a call: now or earlier (0: no gate), a later
-        time, or None when only a call's end (a slot, a server) can open it."""
-        if self.in_use(name) >= spec.concurrency:
+        time, or None when only a call's end (a slot, a server) or a resume can open it."""
+        if self.in_use(name) >= spec.concurrency or self.stopped and name in self.stopped:
             return None
         gate = self.gates.get(name)
         opens = gate.opens_at() if gate is not None else 0.0
@@ -111,7 +116,8 @@ class Limiter:
         return opens
 
     def may_start(self, name: str, spec: FunctionSpec | None, now: float) -> bool:
-        if spec is None or self.in_use(name) >= spec.concurrency:
+        if spec is None or self.in_use(name) >= spec.concurrency or (
+                self.stopped and name in self.stopped):
             return False
         upstream = spec.upstream
         if upstream is not None and upstream in self.upstream.limited and (

@@ -18,6 +18,7 @@ task API's (protocol/schema/tasks.py):
                   |                    admitted --done, expire--> success
                   '------------------- admitted --cancel--> cancelled
     success, failed, cancelled --keepResult--> forgotten (the uniqueId is free again)
+    failed, cancelled --retry (an operator's: POST /v1/tasks/{id}/retry)--> queued
 
 A task keeps its place in its function's line by `key`, (-level, priority, seq); `seq`
 is the enqueue order, so equal priorities run first come, first served.
@@ -59,6 +60,8 @@ MOVES: dict[tuple[str, str], str] = {
     (ADMITTED, "done"): SUCCESS,
     (ADMITTED, "expire"): SUCCESS,
     (ADMITTED, "cancel"): CANCELLED,
+    (FAILED, "retry"): QUEUED,          # an operator's retry: its attempts start again
+    (CANCELLED, "retry"): QUEUED,
 }
 
 

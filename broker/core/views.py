@@ -1,0 +1,152 @@
+"""The HTTP front's own views of the beanstalk and counter families: tubes, jobs and
+counters looked at and acted on by an operator (GET /v1/tubes, ..., GET /v1/counters:
+protocol/fronts/http/views.py), as one component of the Broker (core/broker.py).
+
+How it works: the handlers read the beanstalk component's queue and the counters
+component's store directly and answer V_PAGE / V_INFO / T_ERROR; they count no beanstalk
+`cmd-*` and no counter command, so an operator looking at a server does not change what
+`stats` says (beanstalkd counts every command its clients send; these are not theirs).
+The actions go through the same methods the beanstalk commands use (`kick_tube`,
+`remove`, `Queue.pause`), so the journal and the memory budget see them as any kick,
+delete or pause-tube.
+
+Activity (`sort=activity`): a tube's events are the counts the queue keeps anyway
+(total-jobs, reserves, deletes: one integer each per event, nothing added to the hot
+path); the ranking is sorted on request, at most once every RANK_S, and pages walk
+that ranking (`after`: the last name of the previous page).
+
+Rules an operator meets (the beanstalk commands' own, with one more): a kick takes up to
+`bound` buried jobs of the tube, else delayed ones; a pause of 0 seconds ends one; a
+reserved job is not deleted here (its holder is working on it: 409 reserved), which
+beanstalkd would not let another client do either.
+"""
+from __future__ import annotations
+
+import math
+
+from ...protocol.schema import Op, R
+from ...protocol.schema.tasks import MAX_PAGE
+from .beanstalk import stats
+from .beanstalk.jobs import RESERVED
+
+#: the activity ranking is sorted again at most this often (seconds)
+RANK_S = 1.0
+#: a tube pause at most this long (beanstalkd's own bound: a 32-bit delay)
+MAX_PAUSE_S = 2 ** 32 - 1
+SORTS = ("name", "activity")
+
+
+def camel(key: str) -> str:
+    """A beanstalk stats key as the API spells it: current-jobs-ready -> currentJobsReady."""
+    head, *rest = key.split("-")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def activity(t) -> int:
+    """A tube's events so far: puts, reserves and deletes (the queue's own counts)."""
+    return t.total_jobs + t.reserves + t.cmd_delete
+
+
+class OperatorViews:
+    """The V_* ops: the tubes, jobs and counters as an operator sees them."""
+
+    def __init__(self, beanstalk, counting) -> None:
+        self.beanstalk = beanstalk          # beanstalk/commands.py: the queue, kick, remove
+        self.counting = counting            # counters.py: dump
+        self.order: list[str] = []          # tubes by activity, most first (`ranked`)
+        self.ranked_at = -math.inf
+
+    def handlers(self) -> dict:
+        return {Op.V_TUBES: self.v_tubes, Op.V_TUBE: self.v_tube, Op.V_KICK: self.v_kick,
+                Op.V_PAUSE_TUBE: self.v_pause_tube, Op.V_JOB: self.v_job,
+                Op.V_DELETE_JOB: self.v_delete_job, Op.V_COUNTERS: self.v_counters}
+
+    # -- looking ---------------------------------------------------------------------------
+    def tube_info(self, t, now: float) -> dict:
+        info = {camel(k): v for k, v in stats.tube_stats(t, now)}
+        info["paused"] = t.unpause_at > now
+        info["activity"] = activity(t)
+        return info
+
+    def ranked(self, now: float) -> list[str]:
+        """The tubes by activity, most first (name for ties), sorted at most every RANK_S."""
+        if now - self.ranked_at >= RANK_S:
+            tubes = self.beanstalk.queue.tubes
+            self.order = sorted(tubes, key=lambda name: (-activity(tubes[name]), name))
+            self.ranked_at = now
+        return self.order
+
+    def v_tubes(self, s, op, now):
+        _, conn, q, sort, after, limit = op
+        if (type(q) is not str or sort not in SORTS or type(after) is not str
+                or type(limit) is not int or not 1 <= limit <= MAX_PAGE):
+            return (conn, R.T_ERROR, "bad_request",
+                    f"sort is name or activity, limit 1 to {MAX_PAGE}")
+        tubes = self.beanstalk.queue.tubes
+        if sort == "name":
+            names = sorted(n for n in tubes if n > after and q in n)
+        else:
+            order = [n for n in self.ranked(now) if n in tubes and q in n]
+            names = order[order.index(after) + 1:] if after in order else (
+                [] if after else order)
+        shown = names[:limit]
+        return (conn, R.V_PAGE, [self.tube_info(tubes[n], now) for n in shown],
+                shown[-1] if len(names) > limit else None)
+
+    def _tube(self, conn: int, name):
+        t = self.beanstalk.queue.tubes.get(name) if type(name) is str else None
+        return t if t is not None else (conn, R.T_ERROR, "not_found", f"no tube {name!r}")
+
+    def v_tube(self, s, op, now):
+        t = self._tube(op[1], op[2])
+        return t if type(t) is tuple else (op[1], R.V_INFO, self.tube_info(t, now))
+
+    def v_job(self, s, op, now):
+        _, conn, job_id, with_body = op
+        job = self.beanstalk.queue.jobs.get(job_id) if type(job_id) is int else None
+        if job is None:
+            return (conn, R.T_ERROR, "not_found", f"no job {job_id!r}")
+        info = {camel(k): v for k, v in stats.job_stats(job, now)}
+        if with_body is True:
+            info["body"] = job.body
+        return (conn, R.V_INFO, info)
+
+    def v_counters(self, s, op, now):
+        counters = [{"name": name.decode("utf-8", "replace"), "current": current, "max": peak}
+                    for name, current, peak in sorted(self.counting.dump(now))]
+        return (op[1], R.V_INFO, {"counters": counters,
+                                  "stats": dict(self.counting.store.stats())})
+
+    # -- acting ----------------------------------------------------------------------------
+    def v_kick(self, s, op, now):
+        _, conn, name, bound = op
+        if type(bound) is not int or not 0 <= bound < 2 ** 32:
+            return (conn, R.T_ERROR, "bad_request", "bound is an integer, 0 to 2^32-1")
+        t = self._tube(conn, name)
+        if type(t) is tuple:
+            return t
+        return (conn, R.V_INFO, {"tube": t.name,
+                                 "kicked": self.beanstalk.kick_tube(t, bound, now)})
+
+    def v_pause_tube(self, s, op, now):
+        _, conn, name, seconds = op
+        if type(seconds) is not int or not 0 <= seconds <= MAX_PAUSE_S:
+            return (conn, R.T_ERROR, "bad_request",
+                    f"pausedFor is whole seconds, 0 (resume) to {MAX_PAUSE_S}")
+        t = self._tube(conn, name)
+        if type(t) is tuple:
+            return t
+        self.beanstalk.queue.pause(t, seconds, now)
+        return (conn, R.V_INFO, self.tube_info(t, now))
+
+    def v_delete_job(self, s, op, now):
+        _, conn, job_id = op
+        job = self.beanstalk.queue.jobs.get(job_id) if type(job_id) is int else None
+        if job is None:
+            return (conn, R.T_ERROR, "not_found", f"no job {job_id!r}")
+        if job.state == RESERVED:
+            return (conn, R.T_ERROR, "reserved",
+                    f"job {job_id} is reserved: its holder deletes or releases it")
+        info = {camel(k): v for k, v in stats.job_stats(job, now)}
+        self.beanstalk.remove(job, now)
+        return (conn, R.V_INFO, info)

@@ -1,0 +1,106 @@
+"""The OpenAPI document's part for the views of tubes, jobs and counters (views.py): their
+paths and schemas, which openapi.py's `document` merges into the whole.  The few shared
+helpers (a keyed operation, a JSON answer, the refusals) are openapi.py's, handed in by
+`paths`' caller, so neither module imports the other in a circle."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...schema.tasks import MAX_PAGE
+
+COUNT = {"type": "integer", "minimum": 0}
+TUBE_FIELDS = ("currentJobsUrgent", "currentJobsReady", "currentJobsReserved",
+               "currentJobsDelayed", "currentJobsBuried", "totalJobs", "currentUsing",
+               "currentWatching", "currentWaiting", "cmdDelete", "cmdPauseTube", "pause",
+               "pauseTimeLeft", "activity")
+JOB_FIELDS = ("id", "pri", "age", "delay", "ttr", "timeLeft", "file", "reserves", "timeouts",
+              "releases", "buries", "kicks")
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def schemas() -> dict:
+    tube = {"type": "object", "additionalProperties": False,
+            "required": ["name", *TUBE_FIELDS, "paused"],
+            "description": "A tube as beanstalk's stats-tube shows it (its keys in camelCase), "
+                           "whether it is paused now, and its activity: puts, reserves and "
+                           "deletes so far (what sort=activity orders by).",
+            "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
+                           **{k: COUNT for k in TUBE_FIELDS}}}
+    job = {"type": "object", "additionalProperties": False,
+           "required": ["tube", "state", *JOB_FIELDS],
+           "description": "A job as beanstalk's stats-job shows it (camelCase); its body "
+                          "only to the master key.",
+           "properties": {"tube": {"type": "string"},
+                          "state": {"enum": ["ready", "delayed", "reserved", "buried"]},
+                          "body": {"type": "string"},
+                          "bodyEncoding": {"enum": ["base64"], "description":
+                                           "Present when the body is not UTF-8 text."},
+                          **{k: COUNT for k in JOB_FIELDS}}}
+    counters = {"type": "object", "additionalProperties": False,
+                "required": ["counters", "stats"],
+                "properties": {
+                    "counters": {"type": "array", "items": {
+                        "type": "object", "additionalProperties": False,
+                        "required": ["name", "current", "max"],
+                        "properties": {"name": {"type": "string"}, "current": COUNT,
+                                       "max": {**COUNT, "description": "The most in use this "
+                                               "stat interval."}}}},
+                    "stats": {"type": "object", "description": "yrmcds' counter stats.",
+                              "additionalProperties": {"type": "integer"}}}}
+    page = {"type": "object", "additionalProperties": False, "required": ["tubes", "next"],
+            "properties": {"tubes": {"type": "array", "maxItems": MAX_PAGE,
+                                     "items": _ref("TubeStats")},
+                           "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
+                                    "description": "The `after` of the next page."}}}
+    return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page}
+
+
+def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
+    """The views' paths, with openapi.py's `_keyed_op`, `_json` and `_responses`."""
+    tube = {"name": "tube", "in": "path", "required": True, "example": "default",
+            "schema": {"type": "string"}}
+    job = {"name": "id", "in": "path", "required": True, "example": "1",
+           "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+    looked = lambda op, summary, ok, *errors, **extra: {   # noqa: E731 (a keyless look)
+        "operationId": op, "summary": summary, "security": [{}, {"masterKey": []}], **extra,
+        "responses": responses(ok, "403", *errors, "503")}
+    one = lambda key: {"required": True, "content": {"application/json": {"schema": {  # noqa
+        "type": "object", "additionalProperties": False, "required": [key],
+        "properties": {key: {"type": "integer", "minimum": 0, "maximum": 2 ** 32 - 1}}}}}}
+    query = [{"name": name, "in": "query", "required": False, "schema": schema,
+              "description": text} for name, schema, text in (
+        ("q", {"type": "string"}, "Only tubes whose name holds this."),
+        ("sort", {"enum": ["name", "activity"], "default": "name"},
+         "By name, or by activity, busiest first (ranked at most once a second)."),
+        ("after", {"type": "string"}, "A cursor: the previous page's `next`."),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100},
+         "At most this many."))]
+    tube_ok = {"200": json(_ref("TubeStats"), "The tube.")}
+    kicked = {"type": "object", "additionalProperties": False, "required": ["tube", "kicked"],
+              "properties": {"tube": {"type": "string"}, "kicked": COUNT}}
+    return {
+        "/v1/tubes": {"get": looked("listTubes", "A page of tubes, by name or activity",
+                                    {"200": json(_ref("TubePage"), "A page.")}, "400",
+                                    parameters=query)},
+        "/v1/tubes/{tube}": {
+            "get": looked("getTube", "A tube's stats", tube_ok, "404", parameters=[tube]),
+            "patch": keyed_op("pauseTube", "Pause a tube for some seconds (0: resume)",
+                              tube_ok, "400", "404", "408", "413", "415", parameters=[tube],
+                              requestBody=one("pausedFor"))},
+        "/v1/tubes/{tube}/kick": {"post": keyed_op(
+            "kickTube", "Kick up to `bound` buried jobs of a tube (else delayed ones)",
+            {"200": json(kicked, "How many were kicked.")}, "400", "404", "408", "413", "415",
+            parameters=[tube], requestBody=one("bound"))},
+        "/v1/jobs/{id}": {
+            "get": looked("getJob", "A job's stats, and its body with the master key",
+                          {"200": json(_ref("JobStats"), "The job.")}, "400", "404",
+                          parameters=[job]),
+            "delete": keyed_op("deleteJob", "Delete a ready, delayed or buried job",
+                               {"200": json(_ref("JobStats"), "The job, as it was.")},
+                               "400", "404", "409", parameters=[job])},
+        "/v1/counters": {"get": looked("listCounters", "Every counter: in use and the most",
+                                       {"200": json(_ref("Counters"), "The counters.")})},
+    }
