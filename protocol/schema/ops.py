@@ -111,6 +111,10 @@ class Op(Codes):
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
+    # the waiting room, live (version 8, messages.POSITIONS_SINCE): the places of many tasks
+    # at once, for an HTTP front's event streams (protocol/fronts/http/streams.py), each a
+    # waiting user who looks (it keeps the place); at most MAX_POSITIONS ids
+    T_POSITIONS = 64    # (conn, [unique_id, ...])  answered T_POSITIONS or T_ERROR
 
 
 #: where an op's fields are (ops stay tuples: a put is built and read on the hot path).
@@ -126,6 +130,9 @@ PUT_PRI, PUT_DELAY, PUT_TTR, PUT_BODY = 2, 3, 4, 5
 #: body crosses the byte bound is still sent, so the broker allows one job beyond it
 SESSION_OPS_MAX = 1024
 SESSION_BYTES_MAX = 4 * 1024 * 1024
+#: task ids one T_POSITIONS may ask about: a front with more open streams sends several
+#: (the broker's turn for one is ~5 us a task: 500 keep it to a few ms)
+MAX_POSITIONS = 500
 
 #: ops that produce no reply
 SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE})
@@ -174,6 +181,8 @@ class R(Codes):
     T_SCHEDULES = 46    # (infos, next)  a page of them by name; next None: no more
     T_FUNCTIONS = 47    # (infos, next)  a page of function stats by name; next None: no more
     T_FUNCTION = 48     # (info)  one function's stats (broker/core/tasks/views.py)
+    T_POSITIONS = 49    # (places)  one per unique_id asked, in order: its place (a TaskInfo
+    # without what is not about its place: task_info.position), or None: no such task
 
 
 

@@ -32,7 +32,7 @@ import heapq
 import math
 from typing import Any
 
-from ....protocol.schema.task_info import TaskInfo
+from ....protocol.schema.task_info import TaskInfo, position
 from ....protocol.schema.tasks import ADMITTED, QUEUED
 from .model.spec import PER_UNIT, FunctionSpec
 from .model.task import Task
@@ -69,6 +69,14 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         wait_num=wait_num, wait_time=wait_ms,
         retry_at=task.due + wall if queued and task.attempt and task.due > now else None,
     ).wire()
+
+
+def place(store: Tasks, task: Task, now: float) -> dict:
+    """A task's place (T_POSITIONS): its info without what is not about its place
+    (task_info.position), so whatever the info shows of a place, the place shows.  Its
+    cost is its info's: the waitNum is a bisect of its function's line (lines.wait_num),
+    never a walk of it, so the places of n tasks cost n log(line)."""
+    return position(info(store, task.uid, now))
 
 
 def enqueued(store: Tasks, task: Task, now: float) -> dict:
