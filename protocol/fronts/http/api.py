@@ -42,8 +42,10 @@ STATUS = {
     "unsupported_media_type": 415,
     "too_many_waiting": 429,
     "too_many_groups": 429,
+    "too_many_streams": 429,
     "internal": 500,
     "unavailable": 503,
+    "streams_full": 503,
     "draining": 503,
     "out_of_memory": 503,
     "out_of_space": 503,
@@ -51,8 +53,9 @@ STATUS = {
 
 
 #: codes answered with Retry-After (seconds): the broker out of reach (lost, a failover
-#: under way, the hold time run out) is back within seconds, or another instance leads
-RETRY_AFTER_S = {"unavailable": 1}
+#: under way, the hold time run out) is back within seconds, or another instance leads;
+#: an event stream refused for the caps (streams.py) may be tried again a little later
+RETRY_AFTER_S = {"unavailable": 1, "too_many_streams": 10, "streams_full": 10}
 
 
 #: the code of each status the front answers on its own
