@@ -28,7 +28,9 @@ Caps, each refused in the API's JSON with Retry-After:
   client reads slower than its place changes, or not at all) aborts the connection;
   the client reconnects with Last-Event-ID and gets the place as it is then.  The
   transport's high-water mark is set above it, so a write never waits for the client:
-  one stuck reader holds BUFFER_MAX and one event at most, and holds up no one.
+  one stuck reader holds BUFFER_MAX and one event at most, and holds up no one; and the
+  socket's kernel buffer is kept small (`_hold_little`), so the unsent bytes are the
+  front's to see.
 
 A comment is written every PING_S (proxies and clients see the connection alive); a
 client gone is noticed at the next tick, a write, or a ping.  `close` (the front stops)
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -141,8 +144,7 @@ class Streams:
             response.force_close()          # (a stream's connection carries nothing after)
             dress(response)
             await response.prepare(request)
-            # a write never waits on the client: BUFFER_MAX decides, below the high mark
-            transport.set_write_buffer_limits(high=4 * self.buffer_max + (1 << 16))
+            _hold_little(transport, self.buffer_max)
             self.following.setdefault(uid, set()).add(stream)
             self.open += 1
             stream.offer(position(info))
@@ -264,6 +266,21 @@ class Streams:
                 stream.wake.set()
         for _ in range(3):              # (each writes nothing more and returns)
             await asyncio.sleep(0)
+
+
+def _hold_little(transport: asyncio.Transport, buffer_max: int) -> None:
+    """A stream's connection: its writes never wait on the client (BUFFER_MAX decides,
+    below the high-water mark), and the kernel holds little of what it has not sent
+    (SO_SNDBUF: a quarter of BUFFER_MAX, which Linux doubles), so what a client does not
+    read piles up where the front sees it, not in an autotuned kernel buffer of megabytes
+    per connection.  Events are small: that is room for hundreds in flight."""
+    transport.set_write_buffer_limits(high=4 * buffer_max + (1 << 16))
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_max // 4)
+        except OSError:
+            pass
 
 
 async def _quietly(write: Awaitable) -> None:
