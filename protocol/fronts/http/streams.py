@@ -69,7 +69,7 @@ TOO_MANY = Problem(STATUS["too_many_streams"], "too_many_streams", f"at most {PE
 
 class Stream:
     """One open stream: its task, what it last sent, the newest place not yet looked at."""
-    __slots__ = ("uid", "function", "client", "sent", "place", "wake", "transport")
+    __slots__ = ("uid", "function", "client", "sent", "place", "wake", "transport", "written")
 
     def __init__(self, uid: str, function: str, client: str | None, sent: events.Sent | None,
                  transport: asyncio.Transport) -> None:
@@ -78,6 +78,7 @@ class Stream:
         self.place: dict | None = None
         self.wake = asyncio.Event()
         self.transport = transport
+        self.written = 0.0          # when it was last written to (loop time): pings after
 
     def offer(self, place: dict) -> None:
         self.place = place          # (only the newest: a slow stream skips, never queues)
@@ -160,7 +161,7 @@ class Streams:
         client goes, or the front closes."""
         while True:
             try:
-                async with asyncio.timeout(self.ping_s):
+                async with asyncio.timeout_at(stream.written + self.ping_s):
                     await stream.wake.wait()
                 stream.wake.clear()
                 chunk, done = self._news(stream)
@@ -196,6 +197,7 @@ class Streams:
             await response.write(chunk)
         except ConnectionError:
             return False
+        stream.written = asyncio.get_running_loop().time()
         unsent = stream.transport.get_write_buffer_size()
         if unsent > self.buffer_max:
             log.info("HTTP front: an event stream of task %s left %d bytes unsent: closed "
