@@ -234,25 +234,29 @@ def test_one_positions_query_a_tick_asks_about_every_followed_task_once(monkeypa
     assert len(first) == 2 and MAX_POSITIONS == 500
 
 
+async def fill(client: aiohttp.ClientSession, url: str, n: int) -> tuple[list, tuple]:
+    """Open `n` streams of `url`, kept open, and one more: (the n, the refusal's status,
+    Retry-After and error code)."""
+    kept = [await client.get(url) for _ in range(n)]
+    async with client.get(url) as refused:
+        return kept, (refused.status, refused.headers.get("Retry-After"),
+                      (await refused.json())["error"])
+
+
 def test_beyond_the_fronts_stream_cap_a_stream_is_refused_503_with_retry_after():
     broker = Broker(t1=queued(5))
 
     async def scenario(port, front):
         async with aiohttp.ClientSession() as client:
-            url = f"http://127.0.0.1:{port}/v1/tasks/t1/events"
-            kept = [await client.get(url) for _ in range(2)]
-            async with client.get(url) as refused:
-                answer = (refused.status, refused.headers.get("Retry-After"),
-                          await refused.json())
+            kept, answer = await fill(client, f"http://127.0.0.1:{port}/v1/tasks/t1/events", 2)
             async with client.get(f"http://127.0.0.1:{port}/v1/openapi.json") as other:
                 plain = other.status     # (streams are apart from the connection cap)
             for response in kept:
                 response.close()
         return answer, plain
 
-    (status, retry_after, body), plain = serve_streams(
-        scenario, broker, HttpLimits(max_connections=2, max_streams=2))
-    assert (status, retry_after, body["error"]) == (503, "10", "streams_full")
+    answer, plain = serve_streams(scenario, broker, HttpLimits(max_connections=2, max_streams=2))
+    assert answer == (503, "10", "streams_full")
     assert plain == 200
 
 
@@ -262,10 +266,7 @@ def test_a_fifth_stream_from_one_address_is_refused_429_and_others_are_not():
     async def scenario(port, front):
         async with aiohttp.ClientSession() as client:
             url = f"http://127.0.0.1:{port}/v1/tasks/t1/events"
-            kept = [await client.get(url) for _ in range(4)]
-            async with client.get(url) as refused:
-                answer = (refused.status, refused.headers.get("Retry-After"),
-                          (await refused.json())["error"])
+            kept, answer = await fill(client, url, 4)
             kept[0].close()
             await until(lambda: front.streams.count == 3, "the closed stream gone")
             again = await client.get(url)
