@@ -45,6 +45,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from ...ratelog import RateLog
 from ...schema import MAX_POSITIONS, R
 from ...schema.task_info import position
 from . import events
@@ -63,6 +64,8 @@ HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-store",
            "X-Accel-Buffering": "no"}      # (nginx: pass each event on, do not buffer)
 STREAMS_FULL = Problem(STATUS["streams_full"], "streams_full", "this front follows as many event streams as "
                                             "it may: try again later, or poll the task")
+#: a positions query that failed is said at most this often (it is asked every tick)
+SAY_FAILED_S = 60.0
 TOO_MANY = Problem(STATUS["too_many_streams"], "too_many_streams", f"at most {PER_CLIENT} event streams per client "
                                             "address")
 
@@ -102,7 +105,8 @@ class Streams:
         self.by_client: dict[str, int] = {}
         self.closing = False
         self.ticker: asyncio.Task | None = None
-        self.closed_full = 0        # streams aborted for their unsent bytes (/metrics)
+        self.closed_full = 0        # streams aborted for their unsent bytes
+        self.failed = RateLog(log, SAY_FAILED_S, "failed")
 
     # -- the caps ----------------------------------------------------------------------
     def take(self, client: str | None) -> Problem | None:
@@ -240,8 +244,10 @@ class Streams:
         for at in range(0, len(uids), MAX_POSITIONS):
             asked = uids[at:at + MAX_POSITIONS]
             reply = await self.ask(asked)
-            if reply[1] != R.T_POSITIONS:
-                log.warning("HTTP front: the broker answered the positions query %r", reply[1:4])
+            if reply[1] != R.T_POSITIONS:       # (the streams ping on, their places kept)
+                self.failed.say("positions", asyncio.get_running_loop().time(),
+                                "HTTP front: the broker answered the event streams' "
+                                "positions query %r", reply[1:4])
                 return
             for uid, place in zip(asked, reply[2]):
                 for stream in self.following.get(uid, ()):
