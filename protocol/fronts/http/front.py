@@ -89,7 +89,7 @@ from ...network.files import stream_capacity
 from ...network.listen import HttpLimits
 from ...links import open_link
 from ...links.owner import READY, LinkOwner
-from ...schema import Op, R, SessionState, Welcome
+from ...schema import Op, R, SessionState, Settings, Welcome
 from ...schema.task_info import ENQUEUED_TOKEN
 from ...schema.task_messages import MAX_GROUP_HEADER_CHARS, TaskEnqueue
 from ...schema.tasks import client_net
@@ -166,7 +166,7 @@ def client_of(request: web.Request, group_headers: list | None = ()) -> dict:
     return out
 
 
-def stream_client(request: web.Request, settings) -> str | None:
+def stream_client(request: web.Request, settings: Settings) -> str | None:
     """The client address an event stream counts against (streams.PER_CLIENT): as the
     waiting room counts it, the first X-Forwarded-For hop when the broker's [api]
     trust_forwarded says so (Settings), else the peer; None without one (a unix socket)."""
