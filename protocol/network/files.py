@@ -44,13 +44,18 @@ def open_now() -> int:
         return 0
 
 
+#: the cap where neither --http-max-streams nor the open files set one
+NO_CAP = 1 << 31
+
+
 def stream_capacity(max_streams: int, max_connections: int) -> tuple[int, str]:
-    """The streams a front may hold (its cap, or fewer if the open files allow fewer; 0
-    is no cap of its own) after raising its open-files limit, and what its start line
-    says of them."""
+    """The streams a front may hold (its cap, `max_streams`, 0 for none of its own; or
+    fewer if the open files allow fewer: then 0 may be all) after raising its open-files
+    limit, and what its start line says of them."""
     files = raise_open_files()
     if not files:
-        return max_streams, f"up to {max_streams:,} event streams" if max_streams else ""
+        return (max_streams, f"up to {max_streams:,} event streams") if max_streams else (
+            NO_CAP, "")
     fit = max(0, files - open_now() - max_connections - RESERVE)
     if max_streams and max_streams <= fit:
         return max_streams, f"up to {max_streams:,} event streams (open files {files:,})"

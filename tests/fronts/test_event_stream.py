@@ -338,3 +338,30 @@ def test_a_stream_pings_when_nothing_changes():
 
     assert serve_streams(scenario, broker,
                          tweak=lambda front: setattr(front.streams, "ping_s", 0.2))
+
+
+def test_the_stream_cap_is_what_the_open_files_allow_when_they_allow_fewer(monkeypatch):
+    from zstalk.protocol.network import files
+    monkeypatch.setattr(files, "open_now", lambda: 36)
+    monkeypatch.setattr(files, "raise_open_files", lambda: 1_048_576)
+    assert files.stream_capacity(10_000, 1000) == (
+        10_000, "up to 10,000 event streams (open files 1,048,576)")
+    monkeypatch.setattr(files, "raise_open_files", lambda: 4096)
+    fit = 4096 - 36 - 1000 - files.RESERVE
+    assert files.stream_capacity(10_000, 1000) == (
+        fit, f"up to {fit:,} event streams (open files 4,096, fewer than "
+             "--http-max-streams 10,000)")
+    assert files.stream_capacity(0, 0)[0] == 4096 - 36 - files.RESERVE
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_limit():
+    import resource
+
+    from zstalk.protocol.network.files import raise_open_files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+        assert raise_open_files() == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (
+            hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -97,7 +97,7 @@ class Streams:
         self.ask = ask              # T_POSITIONS of these ids to the broker: its reply
         self.ready = ready          # whether the broker is there to ask now
         self.sign = sign            # an admitted place with its pass (room.with_pass)
-        self.max_streams = max_streams      # 0: no cap of its own
+        self.max_streams = max_streams      # (network/files.py: the cap, or what fits)
         self.tick_s, self.ping_s, self.buffer_max = TICK_S, PING_S, BUFFER_MAX
         self.following: dict[str, set[Stream]] = {}     # task id -> its open streams
         self.count = 0              # streams open or opening
@@ -111,7 +111,7 @@ class Streams:
     # -- the caps ----------------------------------------------------------------------
     def take(self, client: str | None) -> Problem | None:
         """Count a stream about to open for `client`, or say why it may not."""
-        if self.closing or (self.max_streams and self.count >= self.max_streams):
+        if self.closing or self.count >= self.max_streams:
             return STREAMS_FULL
         if client is not None and self.by_client.get(client, 0) >= PER_CLIENT:
             return TOO_MANY
