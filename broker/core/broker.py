@@ -321,10 +321,12 @@ class Broker:
         c = self.config
         sizes = (c.max_job_size, c.max_body_bytes, c.max_result_bytes)
         if not self.tasks_built:        # (the task fields' defaults: no origins, no headers)
-            return Settings(*sizes, c.api.public_enqueue, c.api.private_results)
+            return Settings(*sizes, c.api.public_enqueue, c.api.private_results,
+                            trust_forwarded=c.api.trust_forwarded)
         api = self.tasking.api
         return Settings(*sizes, api.public_enqueue, api.private_results,
-                        *self.tasking.cross_origin(), self.tasking.group_headers())
+                        *self.tasking.cross_origin(), self.tasking.group_headers(),
+                        api.trust_forwarded)
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and

@@ -149,7 +149,13 @@ def http_options(prefix: str):
             click.option(f"--{prefix}max-connections", "http_max_connections",
                          type=click.IntRange(min=0), default=limits.max_connections,
                          show_default=True,
-                         help="HTTP connections; beyond it accepted, then closed (0: no limit)."),
+                         help="HTTP connections; beyond it accepted, then closed (0: no limit). "
+                              "Event streams are apart."),
+            click.option(f"--{prefix}max-streams", "http_max_streams",
+                         type=click.IntRange(min=0), default=limits.max_streams,
+                         show_default=True,
+                         help="Event streams (GET /v1/tasks/{id}/events) open at once; beyond "
+                              "it 503 (0: as many as the open files allow)."),
         ]):
             f = opt(f)
         return f
@@ -157,7 +163,7 @@ def http_options(prefix: str):
 
 
 def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: float,
-                  body_timeout: float, max_connections: int):
+                  body_timeout: float, max_connections: int, max_streams: int):
     """The HTTP front's (HttpLimits, ssl.SSLContext or None) from http_options; TLS needs
     both files (a usage error names the missing one), and a file that cannot be used
     ends the command with exit 2, naming it."""
@@ -172,7 +178,7 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
         except TlsError as exc:
             click.echo(f"zstalk: {exc}", err=True)
             sys.exit(2)
-    return HttpLimits(header_timeout, body_timeout, max_connections), tls
+    return HttpLimits(header_timeout, body_timeout, max_connections, max_streams), tls
 
 
 PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
@@ -376,12 +382,13 @@ def main(ctx: click.Context, verbose: int) -> None:
 def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connections,
           counter_port, counter_listen, counter_max_connections, stat_interval, worker_bind,
           config_path, http_port, master_key, master_key_file, tls_cert, tls_key,
-          header_timeout, body_timeout, http_max_connections, binlog_dir, fsync_ms, no_fsync,
-          binlog_size, journal, health):
+          header_timeout, body_timeout, http_max_connections, http_max_streams, binlog_dir,
+          fsync_ms, no_fsync, binlog_size, journal, health):
     """Run a broker, beanstalk fronts (port 11300), a counter front (port 11215) and, with
     --config, the HTTP task API (port 8080) and a dispatcher."""
     http_limits, _ = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
-                                   http_max_connections)   # (TLS: the files are checked)
+                                   http_max_connections,
+                                   http_max_streams)   # (TLS: the files are checked)
     master_key = master_key_from(master_key, master_key_file)
     functions = load_config_or_exit(config_path)
     # a standby's client ports are bound, not listening, until it leads (docs/ha.md)
@@ -730,20 +737,22 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
 @log_format_option
 @insecure_option
 def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key,
-         header_timeout, body_timeout, http_max_connections, hold_s, health):
+         header_timeout, body_timeout, http_max_connections, http_max_streams, hold_s, health):
     """Serve the HTTP/JSON cloud-task API; the tasks live in the broker."""
+    from ...protocol.network.files import stream_capacity
     from ...protocol.network.listen import is_loopback
     exit_with_parent()
     master_key = master_key_from(master_key, master_key_file)
     limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
-                                http_max_connections)
+                                http_max_connections, http_max_streams)
     sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])
     if not master_key and not all(is_loopback(s) for s in sockets):
         raise click.UsageError("without --master-key the HTTP API listens on loopback only")
     from .fronts import run_http_front
     start_line("front http", with_health(
         f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
-        f"{'' if master_key else ' (no --master-key: loopback only)'}; broker {broker_ep}",
+        f"{'' if master_key else ' (no --master-key: loopback only)'}; "
+        f"{stream_capacity(limits.max_streams, limits.max_connections)[1]}; broker {broker_ep}",
         health))
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)
 

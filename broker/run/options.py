@@ -63,7 +63,8 @@ class ServeOptions(NamedTuple):
         limits = self.http_limits
         args = ["--header-timeout", str(limits.header_timeout_s),
                 "--body-timeout", str(limits.body_timeout_s),
-                "--max-connections", str(limits.max_connections)]
+                "--max-connections", str(limits.max_connections),
+                "--max-streams", str(limits.max_streams)]
         if self.tls_files:
             cert, key = map(os.path.abspath, self.tls_files)
             args += ["--tls-cert", cert, "--tls-key", key]
@@ -112,9 +113,11 @@ def where(sock) -> str:
 
 def announcement(listeners, counter_listeners, worker_endpoint: str | None,
                  http_listeners=(), master_key: str | None = None, tls: bool = False,
-                 functions: bool = True, health: str = "", binlog: str = "") -> str:
+                 functions: bool = True, health: str = "", binlog: str = "",
+                 http_limits: HttpLimits = HttpLimits()) -> str:
     """What `zstalk serve` says it listens on, once everything listens (logs.start_line);
-    `health` and `binlog`: health_said's and binlog_said's parts, if any."""
+    `health` and `binlog`: health_said's and binlog_said's parts, if any; with the HTTP
+    API, how many event streams fit (its open-files limit raised: network/files.py)."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
@@ -122,6 +125,9 @@ def announcement(listeners, counter_listeners, worker_endpoint: str | None,
         parts.append(("https on " if tls else "http on ")
                      + ", ".join(where(s) for s in http_listeners)
                      + _http_notes(master_key, functions))
+        from ...protocol.network.files import stream_capacity
+        said = stream_capacity(http_limits.max_streams, http_limits.max_connections)[1]
+        parts += [said] if said else []
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
     return "; ".join(parts + [p for p in (health, binlog) if p])
 

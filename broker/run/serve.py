@@ -212,7 +212,8 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
                                                binlog_said(opts.binlog_dir, actor.restored)
                                                or journal_said(opts.journal, actor.restored,
                                                                getattr(actor.journal,
-                                                                       "sync_said", ""))))
+                                                                       "sync_said", "")),
+                                               opts.http_limits))
         await actor.wait_stopped()
     if probes is not None:
         probes.close()

@@ -247,7 +247,7 @@ class Supervisor:
                 self.opts.functions is not None,
                 health_said(self.opts.health, self.health_ports),
                 binlog_said(self.opts.binlog_dir, self.restored)
-                or journal_said(self.opts.journal, self.restored)))
+                or journal_said(self.opts.journal, self.restored), self.opts.http_limits))
         return None
 
     def _start_probes(self) -> int | None:

@@ -106,7 +106,9 @@ class HttpLimits(NamedTuple):
     """What the HTTP front allows a client (protocol/fronts/http/site.py enforces it)."""
     header_timeout_s: float = 10.0  # a request's headers, from connect or the last response
     body_timeout_s: float = 30.0    # its body, from the end of its headers
-    max_connections: int = 1000     # 0: no limit
+    max_connections: int = 1000     # 0: no limit; event streams are apart (max_streams)
+    max_streams: int = 10_000       # event streams (protocol/fronts/http/streams.py); 0: as
+                                    # many as the open files allow
 
 
 class HealthOptions(NamedTuple):

@@ -43,10 +43,18 @@ ABORT_SINCE = 8
 #: INTERNAL_ERROR, so a front of this version must not reach one (it refuses us as too
 #: new); an older front never sends them, and nothing of it changes
 OPERATOR_SINCE = 8
+#: the version from which a broker answers T_POSITIONS (the places of many tasks at once,
+#: for the HTTP front's event streams).  Only a front sends it, and a front reaches no
+#: older broker (such a broker refuses it as too new, and a front takes only its own
+#: version from a broker), so a front of this version never has to fall back; a front of
+#: an older version, on a newer broker in a rolling update, has no event streams (404)
+#: and its users poll GET /v1/tasks/{id} as before.
+POSITIONS_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
 #: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT
-#: (`_downgrade` leaves it out of Replies) and no operator's ops (OPERATOR_SINCE).  Version 6 (the
+#: (`_downgrade` leaves it out of Replies), no operator's ops (OPERATOR_SINCE), no
+#: trust_forwarded in Settings (its eight first fields) and no T_POSITIONS.  Version 6 (the
 #: first with NotLeader) had no group_headers in Settings (its seven first fields), and
 #: no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
@@ -87,6 +95,9 @@ class Settings(NamedTuple):
     # (version 7) the request headers, lower case, some function's group_by names
     # ("header:NAME"): an HTTP front sends their values with an enqueue (TaskEnqueue)
     group_headers: list = []
+    # (version 8) the [api] trust_forwarded policy: a client's address is the first
+    # X-Forwarded-For hop, for the HTTP front's own per-address caps (its event streams)
+    trust_forwarded: bool = False
 
 
 class SessionState(NamedTuple):
@@ -286,7 +297,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7}     # (7 on: all eight)
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7, 7: 8}     # (8 on: all nine)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:

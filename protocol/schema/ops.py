@@ -111,6 +111,10 @@ class Op(Codes):
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
+    # the waiting room, live (version 8, messages.POSITIONS_SINCE): the places of many tasks
+    # at once, for an HTTP front's event streams (protocol/fronts/http/streams.py), each a
+    # waiting user who looks (it keeps the place); at most MAX_POSITIONS ids
+    T_POSITIONS = 64    # (conn, [unique_id, ...])  answered T_POSITIONS or T_ERROR
     # an operator's hand (version 8, OPERATOR_SINCE; the HTTP front checked the master key)
     T_FUNCTION_PAUSE = 70   # (conn, name, paused: bool)  answered T_FUNCTION or T_ERROR
     T_RETRY = 71        # (conn, unique_id)  a failed or cancelled task again: T_TASK or T_ERROR
@@ -139,6 +143,9 @@ PUT_PRI, PUT_DELAY, PUT_TTR, PUT_BODY = 2, 3, 4, 5
 #: body crosses the byte bound is still sent, so the broker allows one job beyond it
 SESSION_OPS_MAX = 1024
 SESSION_BYTES_MAX = 4 * 1024 * 1024
+#: task ids one T_POSITIONS may ask about: a front with more open streams sends several
+#: (the broker's turn for one is ~5 us a task: 500 keep it to a few ms)
+MAX_POSITIONS = 500
 
 #: ops that produce no reply
 SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE})
@@ -191,6 +198,8 @@ class R(Codes):
     # call's task was cancelled, abort it; its T_OUTCOME still comes (and frees the slot)
     V_PAGE = 50         # (infos, next)  a page of a view (tubes); next None: no more
     V_INFO = 51         # (info)  one view's dict (a tube, a job, the counters, a kick's count)
+    T_POSITIONS = 52    # (places)  one per unique_id asked, in order: its place (a TaskInfo
+    # without what is not about its place: task_info.position), or None: no such task
 
 
 

@@ -125,6 +125,13 @@ FRONT_FIELDS = (
     Field("passError", {"type": "string", "description": "Why no pass was issued."}),
 )
 TIMES = tuple(f.name for f in FIELDS if f.time)
+#: what a task's place leaves out of its info (T_POSITIONS, the HTTP front's event stream):
+#: the fields about the task rather than where it stands.  Left out by name, not picked:
+#: any other field, today's (status, waitNum, waitTime, the pass's, an end's error) or one
+#: a later version adds to the info (a room's phase), is part of the place.
+NOT_PLACE = frozenset({"uniqueId", "function", "createdAt", "calls", "maxCalls", "attempt",
+                       "attempts", "startedAt", "finishedAt", "statusCode", "result",
+                       "resultHeaders", "level", "group", "clientIp", "type"})
 #: an enqueue's answer, the fields of its 201 (made after the turn's hand-out): the id,
 #: the status, createdAt and, queued, the place (or a held line's phase); admitted at once, the pass's fields (the
 #: front adds `pass`, FRONT_FIELDS, and the task's own `token`, ENQUEUED_TOKEN)
@@ -176,3 +183,8 @@ class TaskInfo(NamedTuple):
 
 _NAMES = tuple(f.name for f in FIELDS)
 assert len(_NAMES) == len(TaskInfo._fields), "TaskInfo and FIELDS name the same fields"
+
+
+def position(info: dict[str, Any]) -> dict[str, Any]:
+    """A task's place, from its info as it travels (`wire()`): what NOT_PLACE leaves."""
+    return {name: value for name, value in info.items() if name not in NOT_PLACE}

@@ -18,6 +18,19 @@ SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: group of a task enqueued without one
 GROUP = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 
+def client_net(ip: str | None) -> str | None:
+    """A client address as the waiting room counts it (the broker its waiting tasks, the
+    HTTP front its event streams): IPv6 by its /64 (one user often has a whole /64), IPv4
+    as it is.  (Not a task's `group`: that is its tenant.)"""
+    if not ip or ":" not in ip:
+        return ip or None
+    import ipaddress        # (here: not on zstalkd's start path)
+    try:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    except ValueError:
+        return ip
+
+
 # -- a task's life -------------------------------------------------------------------------
 QUEUED, RUNNING, SUCCESS, FAILED, CANCELLED = "queued", "running", "success", "failed", "cancelled"
 ADMITTED = "admitted"       # an online task whose turn came: it holds a slot, its user a pass

@@ -12,10 +12,9 @@ import pytest
 import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
-from zstalk.protocol.schema import (OLDEST_PEER_VERSION, OPERATOR_SINCE, SCHEMA_VERSION,
-                                    NotLeader, Op, R,
-                                    Replies, SchemaError, Settings, Stopping, Welcome, decode,
-                                    decode_peer, encode)
+from zstalk.protocol.schema import (OLDEST_PEER_VERSION, OPERATOR_SINCE, POSITIONS_SINCE,
+                                    SCHEMA_VERSION, NotLeader, Op, R, Replies, SchemaError,
+                                    Settings, Stopping, Welcome, decode, decode_peer, encode)
 
 V1, V2, V3, V4, V5, V6, V7 = 1, 2, 3, 4, 5, 6, 7
 HELLO, BATCH = 1, 3
@@ -36,10 +35,6 @@ def test_the_operators_ops_came_with_version_8_and_a_version_7_batch_is_taken_as
     version, msg = decode_peer(packed(V7, BATCH, ops))
     assert version == V7 and [tuple(op) for op in msg.ops] == ops
 
-
-def test_a_version_7_peer_gets_settings_with_all_its_fields():
-    welcome = Welcome(7, 9, ORIGINS, True)
-    assert msgpack.unpackb(encode(welcome, V7)) == [V7, *msgpack.unpackb(encode(welcome))[1:]]
 
 
 def test_a_version_6_front_reads_and_cancels_by_the_master_key_as_it_did():
@@ -67,14 +62,26 @@ def test_a_peer_older_than_version_6_is_not_told_anything_by_a_standby(version):
     assert encode(NotLeader("tcp://10.0.0.2:11400", 3), version) is None
 
 
-@pytest.mark.parametrize("version", [V5, V6])
-def test_a_version_5_or_6_peer_gets_settings_without_the_group_headers(version):
-    # (a peer builds Settings from every field it gets: an eighth would not fit)
+@pytest.mark.parametrize("version, fields", [(V5, 7), (V6, 7), (V7, 8)])
+def test_a_version_5_or_6_peer_gets_settings_without_the_group_headers_and_7_without_trust(
+        version, fields):
+    # (a peer builds Settings from every field it gets: one more would not fit)
     welcome = Welcome(7, 9, ORIGINS, True)
-    without = welcome._replace(settings=tuple(ORIGINS[:7]))     # (its Settings has seven)
+    without = welcome._replace(settings=tuple(ORIGINS[:fields]))
     assert msgpack.unpackb(encode(welcome, version)) == [
         version, *msgpack.unpackb(encode(without))[1:]]
-    assert msgpack.unpackb(encode(ORIGINS, version))[2:] == msgpack.unpackb(encode(ORIGINS))[2:-1]
+    assert msgpack.unpackb(encode(ORIGINS, version))[2:] == \
+        msgpack.unpackb(encode(ORIGINS))[2:2 + fields]
+
+
+def test_a_version_7_batch_is_taken_as_it_is_and_positions_came_with_version_8():
+    ops = [(Op.T_INFO, 1, "u", False, b"d" * 32), (Op.T_CANCEL, 1, "u", None),
+           (Op.T_ENQUEUE, 1, "f", b"{}", None, "u", True, {"type": "online"})]
+    version, msg = decode_peer(packed(V7, BATCH, ops))
+    assert version == V7 and [tuple(op) for op in msg.ops] == ops
+    # (a front of version 8 reaches no version-7 broker: it refuses it as too new, so a
+    # front never sends T_POSITIONS to a broker that does not know it)
+    assert POSITIONS_SINCE == SCHEMA_VERSION == 8 and Op.T_POSITIONS == 64
 
 
 def test_a_version_5_batch_is_taken_as_it_is():
@@ -270,7 +277,7 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
         new.send(packed(SCHEMA_VERSION, HELLO, 2, "http", os.getpid(), 0, []))
         assert next_of(old, WELCOME)[4] == [65535, 1 << 20, 1 << 20, False, False]
         assert next_of(new, WELCOME)[4][5:] == [{"shop": ["https://shop.example"]},
-                                                ["https://shop.example"], []]
+                                                ["https://shop.example"], [], False]
         old.send(packed(V4, BATCH, [[Op.OPEN, 1], [Op.T_ENQUEUE, 1, "shop", b"{}", None, "u",
                                                    False, {"type": "online"}]]))
         [[_, code, info]] = next_of(old, REPLIES)[2]
@@ -279,8 +286,8 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
         config.write_text(room + 'allow_origins = ["https://other.example"]\n')
         broker.process.send_signal(signal.SIGHUP)
         assert next_of(old, SETTINGS) == [V4, 7, 65535, 1 << 20, 1 << 20, False, False]
-        assert next_of(new, SETTINGS)[-3:] == [{"shop": ["https://other.example"]},
-                                               ["https://other.example"], []]
+        assert next_of(new, SETTINGS)[-4:] == [{"shop": ["https://other.example"]},
+                                               ["https://other.example"], [], False]
     finally:
         old.close()
         new.close()

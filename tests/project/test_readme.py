@@ -88,6 +88,8 @@ RUN_BY = {
     "<!-- shop.html": "test_the_shop_page_joins_the_line_from_a_browser",
     "curl -si -X OPTIONS http://127.0.0.1:8080/v1/tasks":
         "test_the_waiting_room_example_runs_as_written",
+    "curl -sN $api/v1/tasks/$id/events":
+        "tests/end_to_end/test_event_stream_end_to_end.py (on a free port)",
     "# verify_signature.py": "test_the_signature_check_example_agrees_with_signing",
     "api=http://127.0.0.1:8080/v1/schedules": "test_the_cloud_task_examples_run_as_written",
     "# emails.py": "test_the_native_worker_examples_run_as_written",

@@ -2,7 +2,8 @@
 handlers of their ops, as one component of the Broker (core/broker.py).
 
 An HTTP front sends T_ENQUEUE / T_INFO / T_CANCEL / T_LIST on one session and gets
-T_TASK, T_LIST or T_ERROR back; a dispatcher's session has `slots`, the calls it can
+T_TASK, T_LIST or T_ERROR back (and T_POSITIONS, the places its event streams follow,
+answered T_POSITIONS); a dispatcher's session has `slots`, the calls it can
 take now: T_SUBSCRIBE sets them (or says it is stopping: outcomes free none), each pushed
 T_CALL takes one and each T_OUTCOME gives it back.  The task store (store.py) decides
 everything else; whatever frees a function's slot or makes a task due feeds the
@@ -22,7 +23,7 @@ runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always
 """
 from __future__ import annotations
 
-from ....protocol.schema import OPERATOR_SINCE, Op, R
+from ....protocol.schema import MAX_POSITIONS, OPERATOR_SINCE, Op, R
 from ....protocol.schema.messages import ABORT_SINCE, NEXT_UPSTREAM_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
@@ -97,7 +98,8 @@ class TaskCommands:
                 Op.T_SUBSCRIBE: self.t_subscribe, Op.T_OUTCOME: self.t_outcome,
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
                 Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done,
-                Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry}
+                Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry,
+                Op.T_POSITIONS: self.t_positions}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -209,6 +211,24 @@ class TaskCommands:
         if token is not None or op[3] is True:  # (its owner read it: keep_result_after_read)
             self.store.read(task, now)
         return (s.conn, R.T_TASK, info)
+
+    def t_positions(self, s, op, now):
+        """The places of many tasks at once (views.place, None for a task not kept), for
+        an HTTP front's event streams, once a second; each waiting online task among them
+        counts as looked at, so an open stream keeps its user's place.  The front checked
+        who may follow each task when its stream opened (its T_INFO), so none is asked
+        here; at most MAX_POSITIONS ids, each a string."""
+        uids = op[2]
+        if not isinstance(uids, (list, tuple)) or len(uids) > MAX_POSITIONS:
+            return (s.conn, R.T_ERROR, "bad_request",
+                    f"positions take a list of at most {MAX_POSITIONS} task ids")
+        store, places = self.store, []
+        for uid in uids:
+            task = store.tasks.get(uid) if type(uid) is str else None
+            if task is not None:
+                store.seen(task, now)
+            places.append(None if task is None else views.place(store, task, now))
+        return (s.conn, R.T_POSITIONS, places)
 
     def t_cancel(self, s, op, now):
         """Cancel a queued task, or end an admitted online one; a waiting visitor leaves

@@ -36,7 +36,7 @@ import heapq
 import math
 from typing import Any
 
-from ....protocol.schema.task_info import TaskInfo
+from ....protocol.schema.task_info import TaskInfo, position
 from ....protocol.schema.tasks import ADMITTED, QUEUED
 from .components.room import PRE_LINE
 from .model.spec import PER_UNIT, FunctionSpec
@@ -78,6 +78,14 @@ def info(store: Tasks, uid: str, now: float, keyed: bool = False) -> dict | None
         phase=phase[0] if phase else None, opens_at=phase[1] if phase else None,
         possibly_executed=True if task.possibly_executed else None,
     ).wire()
+
+
+def place(store: Tasks, task: Task, now: float) -> dict:
+    """A task's place (T_POSITIONS): its info without what is not about its place
+    (task_info.position), so whatever the info shows of a place, the place shows.  Its
+    cost is its info's: the waitNum is a bisect of its function's line (lines.wait_num),
+    never a walk of it, so the places of n tasks cost n log(line)."""
+    return position(info(store, task.uid, now))
 
 
 def enqueued(store: Tasks, task: Task, now: float) -> dict:

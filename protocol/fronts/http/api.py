@@ -45,8 +45,10 @@ STATUS = {
     "too_many_waiting": 429,
     "too_many_groups": 429,
     "line_full": 429,
+    "too_many_streams": 429,
     "internal": 500,
     "unavailable": 503,
+    "streams_full": 503,
     "draining": 503,
     "out_of_memory": 503,
     "out_of_space": 503,
@@ -57,7 +59,8 @@ STATUS = {
 #: under way, the hold time run out) is back within seconds, or another instance leads;
 #: a full line (max_waiting) has a place again as soon as one visitor is admitted or
 #: leaves, which nobody can foretell: a few seconds, so a page polls without hammering
-RETRY_AFTER_S = {"unavailable": 1, "line_full": 5}
+#: an event stream refused for the caps (streams.py) may be tried again a little later
+RETRY_AFTER_S = {"unavailable": 1, "line_full": 5, "too_many_streams": 10, "streams_full": 10}
 
 
 #: the code of each status the front answers on its own

@@ -5,7 +5,7 @@ enqueue, follow and end its tasks from the browser, from the origins its functio
 The broker owns the config, so it sends the origins in Settings (schema version 5), and
 again on SIGHUP: `allow_origins`, function -> its origins ("" for any other name under
 base_url; "*": any origin), and `enqueue_origins`, those of the functions a request
-without the master key can enqueue to.  Three routes take part, each with the methods
+without the master key can enqueue to.  Four routes take part, each with the methods
 a page needs and the request headers it may send:
 
     route                        methods  headers a page may send   preflight judged by
@@ -15,6 +15,8 @@ a page needs and the request headers it may send:
     /v1/tasks/{uniqueId}/done    POST     Content-Type,             every function's origins
                                           Authorization (its pass),
                                           X-Zstalk-Pass
+    /v1/tasks/{uniqueId}/events  GET      Authorization (its token),  every function's origins
+                                          Last-Event-ID
 
 A preflight (OPTIONS with an Origin and Access-Control-Request-Method) carries no body, so
 it is judged by its route (the last column); allowed, it is answered 204 with the route's
@@ -61,6 +63,7 @@ ROUTES = {
     "/v1/tasks/{uniqueId}": Route(("GET", "DELETE"), ("Content-Type", "Authorization"), False),
     "/v1/tasks/{uniqueId}/done": Route(("POST",), ("Content-Type", "Authorization",
                                                    "X-Zstalk-Pass"), False),
+    "/v1/tasks/{uniqueId}/events": Route(("GET",), ("Authorization", "Last-Event-ID"), False),
 }
 _NOTED = web.RequestKey("zstalk_cors_functions", tuple)
 
@@ -121,16 +124,21 @@ class Cors:
     @web.middleware
     async def middleware(self, request: web.Request, handler) -> web.StreamResponse:
         response = await handler(request)
+        if not response.prepared:       # (an event stream set its own before it began)
+            self.apply(request, response)
+        return response
+
+    def apply(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The CORS headers of the reply to an actual request, before it is sent."""
         origin = request.headers.get("Origin")
         route = _route(request)
         if origin is None or route is None or request.method == "OPTIONS":
-            return response
+            return
         _vary(response)
         if request.method in route.methods and allowed(self.settings(), route, origin,
                                                       request.get(_NOTED)):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSED
-        return response
 
     async def preflight(self, request: web.Request) -> web.Response:
         """OPTIONS on a route of ROUTES: a preflight, or a plain OPTIONS."""

@@ -11,6 +11,9 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     POST   /v1/tasks              [up to MAX_BATCH of those]        -> T_ENQUEUEs -> 200
     GET    /v1/tasks?function=&status=&limit=&after=                  -> T_LIST    -> 200
     GET    /v1/tasks/{uniqueId}                                          -> T_INFO    -> 200
+    GET    /v1/tasks/{uniqueId}/events   its place as it changes (text/event-stream), for
+                                  whoever may read it: T_INFO, then T_POSITIONS once a
+                                  second for every stream: protocol/fronts/http/streams.py
     DELETE /v1/tasks/{uniqueId}   cancel, or leave the waiting room  -> T_CANCEL  -> 200
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/http/openapi.py)   -> 200
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http/schedules.py
@@ -83,15 +86,18 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
 from .room import Room
+from .streams import Streams
 from .views import Views
 from .pass_check import find_pass
 from .site import GuardedSite, close_after_408
+from ...network.files import stream_capacity
 from ...network.listen import HttpLimits
 from ...links import open_link
 from ...links.owner import READY, LinkOwner
-from ...schema import Op, R, SessionState, Welcome
+from ...schema import Op, R, SessionState, Settings, Welcome
 from ...schema.task_info import ENQUEUED_TOKEN
 from ...schema.task_messages import MAX_GROUP_HEADER_CHARS, TaskEnqueue
+from ...schema.tasks import client_net
 from ...schema.tokens import digest, is_token, make_tokens
 
 log = logging.getLogger("zstalk.http")
@@ -109,6 +115,7 @@ _T_LIST = Op.T_LIST
 _T_FUNCTIONS, _T_FUNCTION = Op.T_FUNCTIONS, Op.T_FUNCTION
 _T_DONE = Op.T_DONE
 _T_FUNCTION_PAUSE, _T_RETRY = Op.T_FUNCTION_PAUSE, Op.T_RETRY
+_T_POSITIONS = Op.T_POSITIONS
 _T_SCHEDULE_INFO, _T_UNSCHEDULE = Op.T_SCHEDULE_INFO, Op.T_UNSCHEDULE
 
 
@@ -163,6 +170,15 @@ def client_of(request: web.Request, group_headers: list | None = ()) -> dict:
         if said:
             out["headers"] = said
     return out
+
+
+def stream_client(request: web.Request, settings: Settings) -> str | None:
+    """The client address an event stream counts against (streams.PER_CLIENT): as the
+    waiting room counts it, the first X-Forwarded-For hop when the broker's [api]
+    trust_forwarded says so (Settings), else the peer; None without one (a unix socket)."""
+    said = client_of(request, ())
+    return client_net((said.get("forwarded") if settings.trust_forwarded else None)
+                      or said.get("client"))
 
 
 def reply_response(reply: tuple, status: int = 200) -> web.Response:
@@ -316,6 +332,11 @@ class HttpFront(LinkOwner):
         self.commands = 0           # requests, and those answered without the broker
         self.own_replies = 0        # (for /metrics: base.front_samples)
         self.link = link if link is not None else open_link(broker, self.kind, self, hold_s=hold_s)
+        max_streams, self.streams_said = stream_capacity(limits.max_streams,
+                                                         limits.max_connections)
+        self.streams = Streams(lambda ids: self.call((_T_POSITIONS, CONN, ids)),
+                               lambda: self.link.state is READY, self.room.with_pass,
+                               max_streams)
 
     # -- serving -------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -324,6 +345,7 @@ class HttpFront(LinkOwner):
         app.router.add_post("/v1/tasks", self.enqueue)
         app.router.add_get("/v1/tasks", self.listing)
         app.router.add_get("/v1/tasks/{uniqueId}", self.info)
+        app.router.add_get("/v1/tasks/{uniqueId}/events", self.events)
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         app.router.add_post("/v1/tasks/{uniqueId}/done", self.done)
         app.router.add_get("/v1/passes/verify", self.passes_verify)
@@ -377,10 +399,13 @@ class HttpFront(LinkOwner):
                                     keepalive_timeout=self.limits.header_timeout_s)
         await self.runner.setup()
         for sock in sockets:
-            await GuardedSite(self.runner, sock, self.limits, self.tls).start()
+            await GuardedSite(self.runner, sock, self.limits, self.tls,
+                              self.streams.streaming).start()
+        self.streams.start()
 
     async def close(self) -> None:
         """Stop taking requests, give those in flight the grace period, end the session."""
+        await self.streams.close()          # (their clients reconnect to another front)
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -486,20 +511,49 @@ class HttpFront(LinkOwner):
                                   "next": None if reply[3] is None else str(reply[3])})
 
     async def info(self, request: web.Request) -> web.Response:
-        uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
-        if token is not None:           # (the task's own token: the broker compares)
-            reply = await self.call((_T_INFO, CONN, uid, False, token))
-        else:
-            key = keyed(request, self.master_key)
-            if key is False and self.link.settings.private_results:
-                key = refuse(401, "this needs Authorization: Bearer <master key>")
-            if isinstance(key, Problem):
-                return problem_response(key)
-            reply = await self.call((_T_INFO, CONN, uid, key))
+        reply = await self.read(request)
+        if isinstance(reply, Problem):
+            return problem_response(reply)
         if reply[1] == R.T_TASK:
             note(request, reply[2]["function"])
             reply = (*reply[:2], self.room.with_pass(reply[2]))
         return reply_response(reply)
+
+    async def read(self, request: web.Request) -> tuple | Problem:
+        """The broker's answer to reading the request's task, as the request may: with
+        the task's own token (the broker compares), the master key, or none where the
+        [api] policy lets a read by id alone; or the refusal."""
+        uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
+        if token is not None:
+            return await self.call((_T_INFO, CONN, uid, False, token))
+        key = keyed(request, self.master_key)
+        if key is False and self.link.settings.private_results:
+            key = refuse(401, "this needs Authorization: Bearer <master key>")
+        if isinstance(key, Problem):
+            return key
+        return await self.call((_T_INFO, CONN, uid, key))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """A task's event stream (streams.py): for whoever may read the task, within the
+        front's caps; the read is its first place."""
+        client = stream_client(request, self.link.settings)
+        refused = self.streams.take(client)
+        if refused is not None:
+            return problem_response(refused)
+        handed = False
+        try:
+            reply = await self.read(request)
+            if isinstance(reply, Problem):
+                return problem_response(reply)
+            if reply[1] != R.T_TASK:
+                return problem_response(reply_problem(reply))
+            note(request, reply[2]["function"])
+            handed = True
+            return await self.streams.serve(request, reply[2]["uniqueId"], reply[2], client,
+                                            lambda response: self.cors.apply(request, response))
+        finally:
+            if not handed:
+                self.streams.give_back(client)
 
     async def done(self, request: web.Request) -> web.Response:
         uid = request.match_info["uniqueId"]

@@ -524,6 +524,43 @@ def get_task() -> dict:
     }
 
 
+def task_events() -> dict:
+    """GET /v1/tasks/{uniqueId}/events (protocol/fronts/http/streams.py, events.py)."""
+    retry = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds."}}
+    event = {"type": "object", "description": "One event (its data: JSON).",
+             "properties": {"event": {"type": "string", "enum": ["place", "admitted", "end"]},
+                            "id": {"type": "string"}, "retry": {"type": "integer"},
+                            "data": {"type": "string", "contentMediaType": "application/json"}}}
+    return {
+        "operationId": "taskEvents",
+        "summary": "A task's place as it changes: Server-Sent Events",
+        "description": "For whoever may read the task (as getTask). Events, each with an `id` "
+                       "that is the state it sent: `place` {status, waitNum, waitTime, and "
+                       "whatever else the task shows of its place} when waitNum or anything "
+                       "but waitTime changes, or waitTime moves by 10 % or 5 s; `admitted` "
+                       "{pass, passExpiresAt, admitUrl}; `end` {status, error, endedBy}, "
+                       "then the stream ends. A comment every 15 s, `retry: 2000` first. "
+                       "With `Last-Event-ID` (on any front) the current place is sent first "
+                       "only if it moved from that one. An open stream keeps a waiting "
+                       "online task's place (it counts as looking). A stream whose client "
+                       "leaves 64 KiB unsent is closed.",
+        "security": [{}, *_key(), *_token()],
+        "parameters": [_unique_id(),
+                       {"name": "Last-Event-ID", "in": "header", "required": False,
+                        "schema": {"type": "string"},
+                        "description": "The id of the last event the client had."}],
+        "responses": {**_responses({"200": {"description": "The stream.", "content": {
+                          "text/event-stream": {"schema": event}}}},
+                                   "401", "404"),
+                      "403": _json(_ref("Error"), _WRONG_TOKEN),
+                      "429": _json(_ref("Error"), "This client address has 4 streams open "
+                                                  "(too_many_streams).", retry),
+                      "503": _json(_ref("Error"), "The front holds as many streams as it may "
+                                                  "(--http-max-streams, streams_full), or the "
+                                                  "broker is out of reach.", retry)},
+    }
+
+
 def cancel() -> dict:
     return {
         "operationId": "cancelTask",
@@ -834,6 +871,9 @@ def document() -> dict:
             "/v1/tasks/{uniqueId}": {
                 "get": get_task(), "delete": cancel(),
                 "options": preflight("/v1/tasks/{uniqueId}", "preflightGetTask")},
+            "/v1/tasks/{uniqueId}/events": {
+                "get": task_events(),
+                "options": preflight("/v1/tasks/{uniqueId}/events", "preflightTaskEvents")},
             "/v1/tasks/{uniqueId}/done": {
                 "post": done(),
                 "options": preflight("/v1/tasks/{uniqueId}/done", "preflightTaskDone")},

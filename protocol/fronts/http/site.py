@@ -24,12 +24,15 @@ front uses `GuardedSite` and the limits of `HttpLimits` (protocol/network/listen
   sends (RFC 9112 section 9.6), and answering reliably means reading the request, which
   is the work the limit is there to refuse.  A connection in its TLS handshake is not
   counted until the handshake ends (aiohttp sees it only then); the handshake timeout
-  bounds how long it can wait.
+  bounds how long it can wait.  A connection that became an event stream is not counted
+  (`streaming`): streams have their own cap (streams.py), so a front full of visitors'
+  streams still answers requests.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Callable
 
 from aiohttp import web
 
@@ -47,10 +50,11 @@ class GuardedSite(web.BaseSite):
     """aiohttp's SockSite with a TLS handshake timeout and the connection limit."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, limits: HttpLimits,
-                 tls=None) -> None:
+                 tls=None, streaming: Callable[[], int] = lambda: 0) -> None:
         super().__init__(runner, ssl_context=tls)
         self.sock = sock
         self.limits = limits
+        self.streaming = streaming      # connections that are event streams now
 
     @property
     def name(self) -> str:
@@ -70,7 +74,7 @@ class GuardedSite(web.BaseSite):
         """The protocol for a new connection: aiohttp's, or Refused past the limit."""
         server = self._runner.server
         limit = self.limits.max_connections
-        if limit and len(server.connections) >= limit:
+        if limit and len(server.connections) - self.streaming() >= limit:
             return Refused()
         return server()
 

@@ -30,6 +30,7 @@ from .....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, CANCELLED, DEFA
                                         DEFAULT_BACKOFF_MS, DEFAULT_KEEP_RESULT_MS,
                                         DEFAULT_TIMEOUT_MS, FAILED, MAX_DURATION_MS, QUEUED,
                                         RUNNING, SUCCESS, TASK_ERROR_CHARS)
+from .....protocol.schema.tasks import client_net  # noqa: F401  (the room's, and the front's)
 from .requests import Request
 
 #: how long past its timeout a running task waits for its dispatcher's report
@@ -152,18 +153,6 @@ def held_bytes(task: Task) -> int:
     if task.result_headers:
         size += sum(len(k) + len(v) for k, v in task.result_headers.items())
     return size
-
-
-def client_net(ip: str | None) -> str | None:
-    """A client address as the waiting room counts it: IPv6 by its /64 (one user often
-    has a whole /64), IPv4 as it is.  (Not a task's `group`: that is its tenant.)"""
-    if not ip or ":" not in ip:
-        return ip or None
-    import ipaddress        # (here: not on zstalkd's start path)
-    try:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    except ValueError:
-        return ip
 
 
 def client_group(ip: str | None) -> str:
