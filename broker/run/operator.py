@@ -190,7 +190,7 @@ def _named(kind: str, name: str) -> str:
 # -- zstalk tasks --------------------------------------------------------------------------
 @click.group("tasks")
 def tasks_group():
-    """Cloud tasks: list, look at one, retry a failed one, cancel a queued one."""
+    """Cloud tasks: list, look at one, retry a failed one, cancel one."""
 
 
 @tasks_group.command("list")
@@ -222,8 +222,8 @@ def _task_command(name: str, method: str, suffix: str, help_text: str):
 tasks_get = _task_command("get", "GET", "", "A task: its status, attempts, result or error.")
 tasks_retry = _task_command("retry", "POST", "/retry", "Run a failed or cancelled task again, "
                             "its attempts from the first (else refused: 409).")
-tasks_cancel = _task_command("cancel", "DELETE", "", "Cancel a queued task (or one waiting "
-                             "for a retry).")
+tasks_cancel = _task_command("cancel", "DELETE", "", "Cancel a queued task, one waiting for "
+                             "a retry, or a running one (its call is aborted).")
 
 
 # -- zstalk functions and zstalk schedules ---------------------------------------------------
