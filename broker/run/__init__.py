@@ -2,6 +2,14 @@
 server, the supervisor of front processes, and the settings each actor is built from.
 No actor imports this package."""
 
+import signal
+
+#: the signals a server holds from binding its ports until its loop handles them: by
+#: default each ends a process, and a server may take seconds to replay its binlog or
+#: stand by for hours, its ports already accepting, so a reload (SIGHUP) or drain
+#: (SIGUSR1) sent meanwhile, by a config tool or an impatient operator, killed it
+HELD_SIGNALS = (signal.SIGHUP, signal.SIGUSR1)
+
 #: the cyclic garbage collector's thresholds in zstalk's processes (gc.set_threshold)
 GC_THRESHOLDS = (50_000, 20, 20)
 
@@ -20,3 +28,10 @@ def tune_gc() -> None:
     zstalkd's ~90 ms to its first answer."""
     import gc
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def hold_signals() -> None:
+    """Block HELD_SIGNALS, before the ports are bound: one that comes meanwhile waits,
+    pending, and is handled once the server's loop unblocks it (`serve._main`; threads
+    started meanwhile inherit the block, so none of them takes it with its default)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)

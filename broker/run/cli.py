@@ -34,6 +34,7 @@ import click
 from ...protocol.network.listen import (HealthOptions, HttpLimits, bind_listen, describe_listen,
                                         parse_listen)
 from .. import VERSION
+from . import hold_signals
 from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
@@ -395,6 +396,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     listen = journal is None or fronts > 0
     if journal is not None and not journal.advertise:   # (--advertise's default)
         journal = journal._replace(advertise=worker_endpoint(worker_bind) or "")
+    hold_signals()                  # (a SIGHUP from now waits for the loop's handler)
     listener = bind_or_exit(addr, port, listen)
     counter_listeners = []
     if counter_port:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import tune_gc
+from . import hold_signals, tune_gc
 
 USAGE = """\
 Use: {prog} [OPTIONS]
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog} {VERSION}")
         return 0
     from ...protocol.network.listen import bind_listen, describe_listen, systemd_sockets
+    hold_signals()                  # (a SIGHUP from now waits for the loop's handler)
     listeners = systemd_sockets()
     if not listeners:
         try:

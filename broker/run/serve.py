@@ -36,7 +36,7 @@ import signal
 import socket
 import sys
 
-from . import tune_gc
+from . import HELD_SIGNALS, tune_gc
 from .fronts import beanstalk_front, counter_front, start_front
 from ...protocol.network.loop import run
 from .. import VERSION
@@ -189,6 +189,7 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
         loop.add_signal_handler(sig, actor.stop)
     loop.add_signal_handler(signal.SIGUSR1, actor.drain)
     loop.add_signal_handler(signal.SIGHUP, actor.reload)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)   # (one held since the bind: now)
     for _ in range(_FIRST_TURNS):   # a client already waiting is answered before the rest loads
         await asyncio.sleep(0)
     await load_on_a_thread(_the_rest(opts, counter_listeners))

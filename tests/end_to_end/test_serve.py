@@ -379,3 +379,46 @@ def test_zstalkd_wraps_a_port_above_65535_as_beanstalkd_does(start):
         p = start([server, "-l", "127.0.0.1", "-p", str(port + 65536)])
         p.wait_answering(("127.0.0.1", port))
         p.stop()
+
+
+def connectable(port: int, timeout: float = 10.0) -> None:
+    """Wait until the port accepts (the kernel's backlog: bound, maybe not yet served)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "never listened"
+            time.sleep(0.002)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1], ids=["SIGHUP", "SIGUSR1"])
+def test_a_reload_or_drain_signal_sent_as_soon_as_zstalkd_listens_waits_instead_of_killing_it(
+        start, signum):
+    port = free_port()
+    p = start([ZSTALKD, "-l", "127.0.0.1", "-p", str(port)])
+    connectable(port)
+    p.proc.send_signal(signum)      # (before its loop has a handler: held until it has)
+    p.wait_answering(("127.0.0.1", port))
+    assert p.proc.poll() is None
+
+
+def test_a_sighup_sent_while_serve_starts_reads_the_config_again_once_its_loop_handles_it(
+        start, tmp_path):
+    import json
+    import urllib.request
+    config = tmp_path / "zstalk.toml"
+    config.write_text('[functions.first]\nurl = "http://127.0.0.1:9/first"\n')
+    port, http = free_port(), free_port()
+    p = start([ZSTALK, "serve", "-l", "127.0.0.1", "-p", str(port), "--counter-port", "0",
+               "--worker-bind", "none", "--config", str(config), "--http-port", str(http)])
+    connectable(port)
+    config.write_text('[functions.second]\nurl = "http://127.0.0.1:9/second"\n')
+    p.proc.send_signal(signal.SIGHUP)
+    p.wait_answering(("127.0.0.1", port))
+
+    def names() -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/v1/functions", timeout=5) as r:
+            return [f["name"] for f in json.loads(r.read())["functions"]]
+    assert wait_until(lambda: names() == ["second"], 10), names()
