@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import signal
 import socket
 import threading
 import time
@@ -355,3 +356,45 @@ def test_hash_on_a_params_field_sends_each_key_where_nginx_sends_it(tmp_path, ba
     by_uid = {request.headers.get("X-Zstalk-Task-Id"): name
               for name, backend in backends.items() for request in backend.requests}
     assert {u: by_uid[uid] for u, uid in zip(users, uids)} == expected
+
+
+# -- slow start (nginx Plus's slow_start): a server back from down ramps its share up --------
+def slow_start_config(a: Backend, b: Backend, b_down: bool) -> str:
+    return (f'[upstreams.gpu]\nservers = [\n  {{ url = "http://{a.server}" }},\n'
+            f'  {{ url = "http://{b.server}", slow_start = "10s"'
+            f'{", down = true" if b_down else ""} }},\n]\n'
+            '[functions.gen]\nupstream = "gpu"\npath = "/gen"\nconcurrency = 1\n')
+
+
+def test_a_server_a_sighup_brings_back_from_down_takes_a_growing_share_over_its_slow_start(
+        tmp_path):
+    a, b = Backend("a"), Backend("b")
+    config = tmp_path / "zstalk.toml"
+    config.write_text(slow_start_config(a, b, b_down=True))
+    http = free_port()
+    server = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(free_port()),
+                            "--counter-port", "0", "--config", str(config),
+                            "--http-port", str(http)], (LOOPBACK, http), name="serve").start()
+    api = f"http://{LOOPBACK}:{http}/v1"
+    try:
+        config.write_text(slow_start_config(a, b, b_down=False))
+        server.process.send_signal(signal.SIGHUP)
+        url_b = f"http://{b.server}"
+        assert wait_for(lambda: servers(api)[url_b]["state"] == "usable", 10), server.output()
+        reloaded = time.monotonic()
+        ramping = servers(api)[url_b]
+        assert 0 < ramping["weightShare"] < 0.5 and ramping["slowStartUntil"].endswith("Z"), \
+            ramping
+        early = finished(api, enqueue(api, 20))     # (a second or two into its ten)
+        early_took = time.monotonic() - reloaded
+        time.sleep(max(0.0, 10.5 - (time.monotonic() - reloaded)))
+        assert "weightShare" not in servers(api)[url_b]     # (the ramp is over)
+        late = finished(api, enqueue(api, 20))
+    finally:
+        server.stop()
+        a.stop()
+        b.stop()
+    on_b = [sum(i["result"] == "b" for i in batch) for batch in (early, late)]
+    # (its weight early is at most early_took / 10 of a's: a share of 1 in 5 even after 2.5 s;
+    # after the ramp, round robin between two equal weights alternates exactly)
+    assert on_b[0] <= 6 and on_b[1] == 10, (on_b, f"{early_took:.1f} s")
