@@ -194,6 +194,9 @@ KEYS: tuple[Key, ...] = (
         "the burst of the upstream's rate"),
     Key((UPSTREAM,), "concurrency", "integer", 0, "calls",
         "calls at once on the upstream, every function's together (0: no limit)"),
+    Key((UPSTREAM,), "resolve_interval", "duration", "30s", "ms, s, m, h",
+        "how often the names of its servers with resolve are looked up (each server may "
+        "say its own)"),
     Key((SERVER,), "url", "URL", None, "",
         "scheme://host[:port]; host[:port] as written is nginx's server string"),
     Key((SERVER,), "weight", "integer", 1, "",
@@ -212,6 +215,12 @@ KEYS: tuple[Key, ...] = (
         "after the server recovers from failed, comes back from down or is added by a "
         "reload, its weight ramps up from zero over this long (round_robin and least_conn "
         "only; 0: at once)"),
+    Key((SERVER,), "resolve", "boolean", False, "",
+        "the url names a host: the broker looks it up every resolve_interval and makes "
+        "one server per address, each with these parameters, called with the name as "
+        "Host (nginx's resolve)"),
+    Key((SERVER,), "resolve_interval", "duration", None, "ms, s, m, h",
+        "how often this server's name is looked up (unset: its upstream's)"),
 )
 _DEFAULT = {(table, key.name): key.default for key in KEYS for table in key.tables}
 
@@ -381,7 +390,11 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
             raise ConfigError(f"{where}: servers must be a list of server tables "
                               "({ url = \"http://10.0.0.1:8000\", weight = 5 })")
-        spec = UpstreamSpec(name, tuple(_server(s, f"{where} servers[{i}]")
+        interval = _get(entry, UPSTREAM, "resolve_interval")    # (its servers' default)
+        if not duration_ms(interval, f"{where}: resolve_interval"):
+            raise ConfigError(f"{where}: resolve_interval must be above 0")
+        spec = UpstreamSpec(name, tuple(_server({"resolve_interval": interval, **s},
+                                                f"{where} servers[{i}]")
                                         for i, s in enumerate(servers)),
                             _get(entry, UPSTREAM, "balance"), _get(entry, UPSTREAM, "key"),
                             _get(entry, UPSTREAM, "consistent"), _get(entry, UPSTREAM, "two"),
@@ -401,9 +414,10 @@ def _server(entry: dict, where: str) -> ServerSpec:
     _no_unknown(entry, keys_of(SERVER), where)
     seconds = duration_ms(_get(entry, SERVER, "fail_timeout"), f"{where}: fail_timeout") / 1000
     ramp_s = duration_ms(_get(entry, SERVER, "slow_start"), f"{where}: slow_start") / 1000
+    interval_s = duration_ms(entry["resolve_interval"], f"{where}: resolve_interval") / 1000
     return ServerSpec(entry.get("url"), *(_get(entry, SERVER, k) for k in ("weight", "max_fails")),
                       seconds, *(_get(entry, SERVER, k) for k in ("max_conns", "backup", "down")),
-                      ramp_s)
+                      ramp_s, _get(entry, SERVER, "resolve"), interval_s)
 
 
 def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:

@@ -59,6 +59,12 @@ broker may move it to the next server of its upstream within its attempt, even w
 task is atMostOnce (broker/core/upstreams/next.py); a T_CALL that is such a move says
 its number (Call.move), and its report echoes it.
 
+A call to a server of an upstream that resolves its name (broker/core/upstreams/spec.py
+`resolve`) has an address in its url and the name in its ext (Call.host): the connection
+goes to the address, and the request says the name as Host and, over TLS, as the server
+name (SNI) its certificate is checked against, as nginx's proxy_pass to a resolved
+upstream does with `proxy_set_header Host` and `proxy_ssl_name`.
+
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
 X-Zstalk-Signature, stamped when the call is sent: v1 over the time, the task id and
@@ -302,12 +308,17 @@ class Dispatcher(LinkOwner):
                 target.raw_query_string)
         if self.link.settings.private_results:      # only the key reads task info: the
             headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
+        tls_name = None
+        if call.host is not None:       # (an address its upstream resolved the name to)
+            headers["Host"] = call.host
+            if target.scheme == "https":
+                tls_name = _name_of(call.host)
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000,
                                         sock_connect=call.connect_timeout_ms / 1000)
         async with self._session().request(
                 call.method, target, data=params or None,
                 headers=headers, timeout=timeout, allow_redirects=False,
-                trace_request_ctx=sent) as resp:
+                trace_request_ctx=sent, server_hostname=tls_name) as resp:
             if 200 <= resp.status < 300:
                 return await self._success(resp, call)
             return _refused(resp, time.time())
@@ -484,6 +495,12 @@ async def _read_up_to(stream: aiohttp.StreamReader, n: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def _name_of(host: str) -> str:
+    """A Host's name without its port (a resolved server's name is never an address)."""
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() else host
 
 
 def _say(exc: BaseException) -> str:

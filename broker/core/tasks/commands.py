@@ -434,4 +434,5 @@ class TaskCommands:
         self.out.reply(d, R.T_CALL, task.uid, task.attempt,
                        self.store.call_url(task, spec), task.params, task.timeout_ms,
                        requests.call_ext(task.request, spec.result_headers,
-                                         spec.connect_timeout_ms, max(0, len(task.tried) - 1)))
+                                         spec.connect_timeout_ms, max(0, len(task.tried) - 1),
+                                         task.peer[1].spec.host if task.peer else None))

@@ -13,6 +13,9 @@ The task store asks this at three points:
   gives the functions a full upstream held back, to be offered again (`ended`).
 * `pause(task, until)` for a 429 / 503 with Retry-After: that server only.
 
+A server with `resolve` is one peer per address of its name (upstreams/group.py); the
+broker looks the names (`names`) up off the core and hands each answer to `resolved`.
+
 An upstream may also have a `concurrency` and a `rate` of its own (zstalk's, not
 nginx's), which every function on it shares beside its own: `full` and `opens_at` say
 whether one more call may start, `started` and `ended` count them, and the functions a
@@ -35,7 +38,7 @@ from .limits import Gate
 if TYPE_CHECKING:
     from ...upstreams.group import UpstreamGroup
     from ...upstreams.peer import Peer
-    from ...upstreams.spec import UpstreamSpec
+    from ...upstreams.spec import ServerSpec, UpstreamSpec
 
 SERVER_ERROR_CHARS = 200    # a server's last error, as shown
 
@@ -74,6 +77,22 @@ class UpstreamCalls:
                 gate.configure(spec.per_s / spec.rate if spec.rate else 0.0, spec.burst)
         kept = {(name, peer.url) for name, g in self.groups.items() for peer in g.peers}
         self.last_error = {k: v for k, v in self.last_error.items() if k in kept}
+
+    # -- resolved names -------------------------------------------------------------------
+    def names(self) -> list[tuple[str, ServerSpec]]:
+        """(upstream, server) of every server whose name the broker looks up."""
+        return [(name, server) for name, group in self.groups.items()
+                for server in group.names()]
+
+    def resolved(self, upstream: str, url: str, addresses: Iterable[str], now: float) -> bool:
+        """A lookup of the name of `upstream`'s server `url` found `addresses` (sorted;
+        none: the last set stays); whether the peers changed."""
+        group = self.groups.get(upstream)
+        if group is None:
+            return False
+        new = group.resolved(url, addresses, now)
+        self.groups[upstream] = new
+        return new is not group
 
     # -- at enqueue ----------------------------------------------------------------------
     def balance_key(self, upstream: str | None, uid: str, params: bytes,
@@ -172,6 +191,8 @@ class UpstreamCalls:
         for view in group.view(now):
             server = {"url": view.url, "state": view.state, "inFlight": view.conns,
                       "fails": view.fails}
+            if view.name:                       # (a resolved name's peer: its address)
+                server["name"] = view.name
             if view.backup:
                 server["backup"] = True
             if view.state in ("failed", "paused") and view.usable_at is not None:
