@@ -143,3 +143,45 @@ def test_the_config_file_takes_resolve_and_an_interval_per_upstream_or_server(tm
     path.write_text('[upstreams.api]\nresolve_interval = "0s"\nservers = [{ url = "http://a" }]\n')
     with pytest.raises(ConfigError, match=r"\[upstreams.api\]: resolve_interval"):
         load(str(path))
+
+
+# -- the actor's lookups (broker/resolver.py), with a lookup the test answers -------------
+def test_the_resolver_looks_each_name_up_when_due_and_warns_once_per_outage(caplog):
+    import asyncio
+    from zstalk.broker.resolver import Resolver, host_port
+
+    answers = {"api.internal": ("10.0.0.5",)}
+    names = [("g", named(resolve_interval_s=5.0))]
+    told, asked = [], []
+
+    def look(host: str, port: int) -> tuple:
+        asked.append((host, port))
+        return answers.get(host, ())
+
+    resolver = Resolver(lambda: names, lambda *a: told.append(a) or True, look)
+
+    async def main() -> None:
+        await resolver.round(0.0)
+        await resolver.round(4.0)           # not due
+        answers.clear()
+        await resolver.round(5.0)
+        await resolver.round(10.0)          # still out: said once
+        answers["api.internal"] = ("10.0.0.6",)
+        await resolver.round(15.0)
+        names.clear()
+        await resolver.round(20.0)          # dropped by a reload: forgotten
+    with caplog.at_level("INFO", logger="zstalk.broker"):
+        asyncio.run(main())
+    assert asked == [("api.internal", 8000)] * 4
+    assert told == [("g", NAME, ("10.0.0.5",)), ("g", NAME, ("10.0.0.6",))]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"upstream g: {NAME} resolves to no address; its servers stay as "
+                        "last found"]
+    assert resolver.due == {} and resolver.out == set()
+    assert host_port("https://a.b") == ("a.b", 443) and host_port("http://a:81") == ("a", 81)
+
+
+def test_lookup_gives_each_address_once_sorted_ipv4_first():
+    from zstalk.broker.resolver import lookup
+    found = lookup("localhost", 80)         # (/etc/hosts: no DNS server asked)
+    assert found[0] == "127.0.0.1" and len(set(found)) == len(found)
