@@ -194,6 +194,13 @@ KEYS: tuple[Key, ...] = (
         "the burst of the upstream's rate"),
     Key((UPSTREAM,), "concurrency", "integer", 0, "calls",
         "calls at once on the upstream, every function's together (0: no limit)"),
+    Key((UPSTREAM,), "keepalive", "integer", 32, "connections",
+        "idle connections each dispatcher keeps open to the upstream's servers, in a pool "
+        "of the upstream's own (nginx's keepalive; 0: a connection per call)"),
+    Key((UPSTREAM,), "keepalive_timeout", "duration", "60s", "ms, s, m, h",
+        "an idle connection is closed after this long"),
+    Key((UPSTREAM,), "keepalive_requests", "integer", 1000, "calls",
+        "calls one connection carries: the last says Connection: close"),
     Key((UPSTREAM,), "resolve_interval", "duration", "30s", "ms, s, m, h",
         "how often the names of its servers with resolve are looked up (each server may "
         "say its own)"),
@@ -398,7 +405,7 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
                                         for i, s in enumerate(servers)),
                             _get(entry, UPSTREAM, "balance"), _get(entry, UPSTREAM, "key"),
                             _get(entry, UPSTREAM, "consistent"), _get(entry, UPSTREAM, "two"),
-                            concurrency, rate, per_s, burst)
+                            concurrency, rate, per_s, burst, *_keepalive(entry, where))
         errors = validate(spec)
         if errors:
             raise ConfigError(f"{where} {errors[0]}")
@@ -408,6 +415,15 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
             raise ConfigError(f"{where} key: uniqueId, clientIp or params.NAME, not {key!r}")
         out[name] = spec
     return out
+
+
+def _keepalive(entry: dict, where: str) -> tuple[int, float, int]:
+    """keepalive, keepalive_timeout (seconds) and keepalive_requests, as UpstreamSpec has
+    them (validate checks the numbers)."""
+    timeout_ms = duration_ms(_get(entry, UPSTREAM, "keepalive_timeout"),
+                             f"{where}: keepalive_timeout")
+    return (_get(entry, UPSTREAM, "keepalive"), timeout_ms / 1000,
+            _get(entry, UPSTREAM, "keepalive_requests"))
 
 
 def _server(entry: dict, where: str) -> ServerSpec:

@@ -94,6 +94,11 @@ class UpstreamSpec(NamedTuple):
     rate: int = 0                   # calls per `per_s` seconds
     per_s: float = 1.0
     burst: int = 0
+    # nginx's keepalive (idle connections each dispatcher keeps to the upstream's servers,
+    # its default since 1.29.7), keepalive_timeout and keepalive_requests
+    keepalive: int = 32
+    keepalive_timeout_s: float = 60.0
+    keepalive_requests: int = 1000
 
 
 class SpecError(NamedTuple):
@@ -181,9 +186,21 @@ def _method_errors(spec: UpstreamSpec) -> list[SpecError]:
     return errors
 
 
+def _keepalive_errors(spec: UpstreamSpec) -> list[SpecError]:
+    errors = []
+    if not _is_int(spec.keepalive, 0):
+        errors.append(SpecError("keepalive", "must be an integer of at least 0"))
+    if not _is_int(spec.keepalive_requests, 1):
+        errors.append(SpecError("keepalive_requests", "must be an integer of at least 1"))
+    if type(spec.keepalive_timeout_s) not in (int, float) or not (
+            0 < spec.keepalive_timeout_s < float("inf")):
+        errors.append(SpecError("keepalive_timeout", "must be a duration above 0"))
+    return errors
+
+
 def validate(spec: UpstreamSpec) -> list[SpecError]:
     """Every reason nginx (or zstalk, for repeated urls) would refuse `spec`; [] if none."""
-    errors = _method_errors(spec)
+    errors = _method_errors(spec) + _keepalive_errors(spec)
     servers = spec.servers
     if not isinstance(servers, (tuple, list)) or not servers:
         return errors + [SpecError("servers", "must list at least one server")]

@@ -94,6 +94,15 @@ class UpstreamCalls:
         self.groups[upstream] = new
         return new is not group
 
+    def pool(self, upstream: str) -> tuple | None:
+        """A call's "pool" (task_messages.Call): the upstream and its keep-alive settings."""
+        group = self.groups.get(upstream)
+        if group is None:
+            return None
+        spec = group.spec
+        return (upstream, spec.keepalive, round(spec.keepalive_timeout_s * 1000),
+                spec.keepalive_requests)
+
     # -- at enqueue ----------------------------------------------------------------------
     def balance_key(self, upstream: str | None, uid: str, params: bytes,
                     client_ip: str | None) -> str | None:
