@@ -85,7 +85,10 @@ class Resolver:
 
     async def run(self) -> None:
         while True:
-            await self.round(time.monotonic())
+            try:
+                await self.round(time.monotonic())
+            except Exception:       # (a bug: say it, and keep the lookups going)
+                log.exception("looking up the upstreams' names failed")
             wait = min((*self.due.values(), time.monotonic() + RECHECK_S)) - time.monotonic()
             await asyncio.sleep(max(wait, 0.01))
 

@@ -185,3 +185,18 @@ def test_lookup_gives_each_address_once_sorted_ipv4_first():
     from zstalk.broker.resolver import lookup
     found = lookup("localhost", 80)         # (/etc/hosts: no DNS server asked)
     assert found[0] == "127.0.0.1" and len(set(found)) == len(found)
+
+
+def test_the_broker_shows_each_address_with_its_name_and_forgets_gone_addresses_errors():
+    from zstalk.broker.core.tasks.components.upstream_calls import UpstreamCalls
+    calls = UpstreamCalls([UpstreamSpec("g", (named(),))])
+    assert calls.names() == [("g", named())]
+    assert calls.resolved("g", NAME, ("10.0.0.5", "10.0.0.6"), 0.0)
+    peer = calls.pick("g", None, 0.0)
+    calls.done("g", peer, True, "HTTP 502", 0.0)
+    assert calls.servers("g", 0.0, 0.0)[0] == {
+        "url": "http://10.0.0.5:8000", "name": NAME, "state": "failed", "inFlight": 0,
+        "fails": 1, "usableAt": 10.0, "lastError": "HTTP 502"}
+    assert not calls.resolved("g", NAME, ("10.0.0.5", "10.0.0.6"), 1.0)     # (the same)
+    assert calls.resolved("g", NAME, ("10.0.0.6",), 1.0)
+    assert calls.last_error == {} and calls.pool("g") == ("g", 32, 60_000, 1000)

@@ -75,6 +75,10 @@ class UpstreamCalls:
             gate = self.gates.get(spec.name)
             if gate is not None:
                 gate.configure(spec.per_s / spec.rate if spec.rate else 0.0, spec.burst)
+        self._forget_errors()
+
+    def _forget_errors(self) -> None:
+        """Drop the last errors of servers no upstream has now."""
         kept = {(name, peer.url) for name, g in self.groups.items() for peer in g.peers}
         self.last_error = {k: v for k, v in self.last_error.items() if k in kept}
 
@@ -91,8 +95,11 @@ class UpstreamCalls:
         if group is None:
             return False
         new = group.resolved(url, addresses, now)
+        if new is group:
+            return False
         self.groups[upstream] = new
-        return new is not group
+        self._forget_errors()           # (of addresses gone: DNS churn must not grow it)
+        return True
 
     def pool(self, upstream: str) -> tuple | None:
         """A call's "pool" (task_messages.Call): the upstream and its keep-alive settings."""
