@@ -41,11 +41,11 @@ from .balance import Peers, Rand, method
 from .next import tries
 from .peer import Peer
 from .spec import ServerSpec, UpstreamSpec
+from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
 
 #: where a group keeps a peer's state: (the url as written of a resolved name's peer or
 #: "", its url): two names at one address are two peers, each its name's
 Ident = tuple[str, str]
-from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
 
 class PeerView(NamedTuple):
     """One server as an operator sees it."""
@@ -167,10 +167,8 @@ class UpstreamGroup:
     def view(self, now: float) -> list[PeerView]:
         """Every server's state, in config order."""
         single = self._set.single
-        ramping = (lambda p: (p.ramp_until, p.share(now)) if now < p.ramp_until and not single
-                   else (None, 1.0))
         return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
-                         p.usable_at(now, single), *ramping(p), p.spec.written)
+                         p.usable_at(now, single), *_ramp(p, now, single), p.spec.written)
                 for p in self.peers] + [
                 PeerView(p.url, "draining", p.backup, p.conns, p.fails, None,
                          name=p.spec.written) for p in self.draining if p.conns > 0]
@@ -188,8 +186,9 @@ class UpstreamGroup:
         if not addresses or self.addresses.get(url) == addresses or not any(
                 server.url == url and server.resolve for server in self.spec.servers):
             return self
-        first = url not in self.addresses
-        return self._rebuild(self.spec, None if first else now, {**self.addresses, url: addresses})
+        first = url not in self.addresses       # (no slow start: as at the broker's start)
+        return self._rebuild(self.spec, None if first else now,
+                             {**self.addresses, url: addresses})
 
     def _rebuild(self, spec: UpstreamSpec, now: float | None,
                  addresses: Mapping[str, tuple[str, ...]]) -> UpstreamGroup:
@@ -208,6 +207,13 @@ class UpstreamGroup:
 def ident(server: ServerSpec) -> Ident:
     """Where a group keeps the state of the peer of `server` (a peer's own spec)."""
     return server.written, server.url
+
+
+def _ramp(peer: Peer, now: float, single: bool) -> tuple[float | None, float]:
+    """A view's slow start: until when, and the share of its weight now."""
+    if now < peer.ramp_until and not single:
+        return peer.ramp_until, peer.share(now)
+    return None, 1.0
 
 
 def _state(peer: Peer, now: float, single: bool) -> str:
