@@ -20,7 +20,7 @@ zstalk's own rule: a url appears once per upstream (a server keeps its state acr
 reload by its url as written, so two servers may not share one; nginx accepts a repeated
 `server` line).
 
-A DNS name is one server, resolved by the HTTP client at each connection, unless the
+A DNS name is one server, resolved by the dispatcher's HTTP client as it connects, unless the
 server says `resolve = true` (nginx's `server ... resolve`, open source since 1.27.3):
 then the broker resolves the name every `resolve_interval_s` and the group makes one
 peer per address (group.py `resolved`), each a copy of the server's parameters whose
