@@ -20,10 +20,10 @@ zstalk's own rule: a url appears once per upstream (a server keeps its state acr
 reload by its url as written, so two servers may not share one; nginx accepts a repeated
 `server` line).
 
-A DNS name is one server, resolved by the dispatcher's HTTP client as it connects, unless the
-server says `resolve = true` (nginx's `server ... resolve`, open source since 1.27.3):
-then the broker resolves the name every `resolve_interval_s` and the group makes one
-peer per address (group.py `resolved`), each a copy of the server's parameters whose
+A DNS name is one server, resolved by the dispatcher's HTTP client as it connects,
+unless the server says `resolve = true` (nginx's `server ... resolve`, open source since
+1.27.3): then the broker resolves the name every `resolve_interval_s` and the group makes
+one peer per address (group.py `resolved`), each a copy of the server's parameters whose
 url is the address (`http://10.0.0.5:8000`) and whose `written` is the url as written:
 its server string, so the peers of one name share its hash points as nginx's do (the
 consistent hash's ring drops the repeated points and picks among the peers of a point
