@@ -45,6 +45,10 @@ FD; the stream's acknowledgements, on our loop).  A journal that fails (`failed`
 by another writer, NATS out of reach too long) has what is held dropped, never sent, its
 fronts Fenced (they close their clients), and the process exits with its code.
 
+Servers with `resolve` (core/upstreams/spec.py) have their names looked up off the core
+by a Resolver (resolver.py), an asyncio task beside us started when the config (at start
+or on SIGHUP) has one; each answer is handed to the core (`_resolved`) and a turn follows.
+
 zmq is imported only when an endpoint is bound, so a server whose fronts all live in this
 process answers its first client before the ZeroMQ machinery has loaded.
 """
@@ -137,6 +141,7 @@ class BrokerActor:
         self.closed = False
         self.exit_code: int | None = None   # the journal failed: the process exits so
         self._refusal_watch = None      # with CURVE: the ROUTER's monitor (_watch_refusals)
+        self.resolver = None            # resolver.Resolver, once a server has `resolve`
         if bind is not None or also_bind:
             self.bind(*((bind,) if bind is not None else ()), *also_bind)
 
@@ -260,11 +265,31 @@ class BrokerActor:
         for warning in warnings:
             log.warning("SIGHUP: %s", warning)
         self.core.configure_functions(fns, time.monotonic())
+        self._follow_names(fns.upstreams)
         log.info("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
                  ", and any under base_url" if fns.base else "")
         self._again = True
         if not self._busy:
             self._turn()
+
+    def _follow_names(self, upstreams) -> None:
+        """Start looking names up once an upstream has a server with `resolve` (the
+        Resolver asks the core which, every round: a reload that drops them idles it)."""
+        if self.resolver is not None or not any(
+                server.resolve for spec in upstreams for server in spec.servers):
+            return
+        from .resolver import Resolver
+        self.resolver = Resolver(self.core.resolving, self._resolved)
+        self.resolver.start()
+
+    def _resolved(self, upstream: str, url: str, addresses: tuple) -> bool:
+        """A lookup's answer: the core's peers follow it, and a turn offers the calls."""
+        changed = self.core.resolved(upstream, url, addresses, time.monotonic())
+        if changed:
+            self._again = True
+            if not self._busy:
+                self._turn()
+        return changed
 
     def drain(self) -> None:
         log.info("SIGUSR1: drain mode on, put now answers DRAINING")
@@ -347,6 +372,7 @@ class BrokerActor:
         if self.sock is not None:
             self._watch_socket()
         self.journal.start(self.loop, self._on_journal)
+        self._follow_names(self.core.config.upstreams)
         self._beat()
         self._turn()
         log.info("broker %016x listening on %s", self.core.broker_id,
@@ -384,6 +410,8 @@ class BrokerActor:
             if handle is not None:
                 handle.cancel()
         self._timer = self._heartbeat = None
+        if self.resolver is not None:
+            self.resolver.stop()
         self._shutdown_journal()
         if self._told:              # after the last replies: go to the next broker
             self._send([(peer, Stopping(self.core.broker_id, True)) for peer in self._told])

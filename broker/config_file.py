@@ -194,6 +194,16 @@ KEYS: tuple[Key, ...] = (
         "the burst of the upstream's rate"),
     Key((UPSTREAM,), "concurrency", "integer", 0, "calls",
         "calls at once on the upstream, every function's together (0: no limit)"),
+    Key((UPSTREAM,), "keepalive", "integer", 32, "connections",
+        "idle connections each dispatcher keeps open to the upstream's servers, in a pool "
+        "of the upstream's own (nginx's keepalive; 0: a connection per call)"),
+    Key((UPSTREAM,), "keepalive_timeout", "duration", "60s", "ms, s, m, h",
+        "an idle connection is closed after this long"),
+    Key((UPSTREAM,), "keepalive_requests", "integer", 1000, "calls",
+        "calls one connection carries: the last says Connection: close"),
+    Key((UPSTREAM,), "resolve_interval", "duration", "30s", "ms, s, m, h",
+        "how often the names of its servers with resolve are looked up (each server may "
+        "say its own)"),
     Key((SERVER,), "url", "URL", None, "",
         "scheme://host[:port]; host[:port] as written is nginx's server string"),
     Key((SERVER,), "weight", "integer", 1, "",
@@ -212,6 +222,12 @@ KEYS: tuple[Key, ...] = (
         "after the server recovers from failed, comes back from down or is added by a "
         "reload, its weight ramps up from zero over this long (round_robin and least_conn "
         "only; 0: at once)"),
+    Key((SERVER,), "resolve", "boolean", False, "",
+        "the url names a host: the broker looks it up every resolve_interval and makes "
+        "one server per address, each with these parameters, called with the name as "
+        "Host (nginx's resolve)"),
+    Key((SERVER,), "resolve_interval", "duration", None, "ms, s, m, h",
+        "how often this server's name is looked up (unset: its upstream's)"),
 )
 _DEFAULT = {(table, key.name): key.default for key in KEYS for table in key.tables}
 
@@ -381,11 +397,15 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
         if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
             raise ConfigError(f"{where}: servers must be a list of server tables "
                               "({ url = \"http://10.0.0.1:8000\", weight = 5 })")
-        spec = UpstreamSpec(name, tuple(_server(s, f"{where} servers[{i}]")
+        interval = _get(entry, UPSTREAM, "resolve_interval")    # (its servers' default)
+        if not duration_ms(interval, f"{where}: resolve_interval"):
+            raise ConfigError(f"{where}: resolve_interval must be above 0")
+        spec = UpstreamSpec(name, tuple(_server({"resolve_interval": interval, **s},
+                                                f"{where} servers[{i}]")
                                         for i, s in enumerate(servers)),
                             _get(entry, UPSTREAM, "balance"), _get(entry, UPSTREAM, "key"),
                             _get(entry, UPSTREAM, "consistent"), _get(entry, UPSTREAM, "two"),
-                            concurrency, rate, per_s, burst)
+                            concurrency, rate, per_s, burst, *_keepalive(entry, where))
         errors = validate(spec)
         if errors:
             raise ConfigError(f"{where} {errors[0]}")
@@ -397,13 +417,23 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
     return out
 
 
+def _keepalive(entry: dict, where: str) -> tuple[int, float, int]:
+    """keepalive, keepalive_timeout (seconds) and keepalive_requests, as UpstreamSpec has
+    them (validate checks the numbers)."""
+    timeout_ms = duration_ms(_get(entry, UPSTREAM, "keepalive_timeout"),
+                             f"{where}: keepalive_timeout")
+    return (_get(entry, UPSTREAM, "keepalive"), timeout_ms / 1000,
+            _get(entry, UPSTREAM, "keepalive_requests"))
+
+
 def _server(entry: dict, where: str) -> ServerSpec:
     _no_unknown(entry, keys_of(SERVER), where)
     seconds = duration_ms(_get(entry, SERVER, "fail_timeout"), f"{where}: fail_timeout") / 1000
     ramp_s = duration_ms(_get(entry, SERVER, "slow_start"), f"{where}: slow_start") / 1000
+    interval_s = duration_ms(entry["resolve_interval"], f"{where}: resolve_interval") / 1000
     return ServerSpec(entry.get("url"), *(_get(entry, SERVER, k) for k in ("weight", "max_fails")),
                       seconds, *(_get(entry, SERVER, k) for k in ("max_conns", "backup", "down")),
-                      ramp_s)
+                      ramp_s, _get(entry, SERVER, "resolve"), interval_s)
 
 
 def _old_rule(path: str, base_url, tables: dict, defaults: dict) -> tuple[str, ...]:

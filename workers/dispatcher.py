@@ -5,9 +5,11 @@ which owns Hello/Welcome, heartbeats, batching and reconnects (protocol/links/ma
 a BrokerLink over ZeroMQ or a LocalLink beside the broker).  After Welcome it OPENs and
 T_SUBSCRIBEs with its slots; the broker pushes `R.T_CALL`s while it has free slots, each
 becomes an asyncio task that POSTs the task's params to its function's URL, and the
-task's T_OUTCOME frees the slot again (protocol/schema/ops.py, "Cloud tasks").  Every call
-goes through one aiohttp ClientSession, whose keep-alive pool holds at most `slots`
-connections.
+task's T_OUTCOME frees the slot again (protocol/schema/ops.py, "Cloud tasks").  A call to
+a plain url goes through one aiohttp ClientSession, whose keep-alive pool holds at most
+`slots` connections; a call on an upstream's server through that upstream's own pool,
+kept by its keepalive, keepalive_timeout and keepalive_requests as nginx keeps
+its upstream connections (keepalive.py).
 
 An outcome says whether the function may have run, because that decides whether the
 broker may call it again (broker/core/tasks/store.py says what it does with each kind):
@@ -59,6 +61,12 @@ broker may move it to the next server of its upstream within its attempt, even w
 task is atMostOnce (broker/core/upstreams/next.py); a T_CALL that is such a move says
 its number (Call.move), and its report echoes it.
 
+A call to a server of an upstream that resolves its name (broker/core/upstreams/spec.py
+`resolve`) has an address in its url and the name in its ext (Call.host): the connection
+goes to the address, and the request says the name as Host and, over TLS, as the server
+name (SNI) its certificate is checked against, as nginx's proxy_pass to a resolved
+upstream does with `proxy_set_header Host` and `proxy_ssl_name`.
+
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
 X-Zstalk-Signature, stamped when the call is sent: v1 over the time, the task id and
@@ -84,6 +92,7 @@ from ..protocol.schema import Op, R, SessionState, Welcome
 from ..protocol.schema.outcome import Outcome
 from ..protocol.schema.task_messages import Call
 from . import signing
+from .keepalive import Pools, session
 
 log = logging.getLogger("zstalk.dispatcher")
 
@@ -122,6 +131,7 @@ class Dispatcher(LinkOwner):
         self.ready = False              # the link has had Welcome and not lost it since
         self.closing = False
         self.http: aiohttp.ClientSession | None = None
+        self.pools = Pools(slots, [_SENT_TRACE])     # an upstream's calls (keepalive.py)
         self.link = link if link is not None else open_link(broker, self.kind, self)
 
     # -- life cycle --------------------------------------------------------------------
@@ -150,6 +160,7 @@ class Dispatcher(LinkOwner):
             self.link.flush_now()
         if self.http is not None:
             await self.http.close()
+        await self.pools.close()
         self.link.close(linger_ms=GOODBYE_LINGER_MS)
 
     def samples(self) -> list:
@@ -302,23 +313,31 @@ class Dispatcher(LinkOwner):
                 target.raw_query_string)
         if self.link.settings.private_results:      # only the key reads task info: the
             headers[signing.EXPOSE_HEADER] = "1"    # function's errors may show in it
+        tls_name = None
+        if call.host is not None:       # (an address its upstream resolved the name to)
+            headers["Host"] = call.host
+            if target.scheme == "https":
+                tls_name = _name_of(call.host)
         timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000,
                                         sock_connect=call.connect_timeout_ms / 1000)
-        async with self._session().request(
-                call.method, target, data=params or None,
-                headers=headers, timeout=timeout, allow_redirects=False,
-                trace_request_ctx=sent) as resp:
-            if 200 <= resp.status < 300:
-                return await self._success(resp, call)
-            return _refused(resp, time.time())
+        pool = None if call.pool is None else await self.pools.take(call.pool)
+        try:
+            async with (self._session() if pool is None else pool.session).request(
+                    call.method, target, data=params or None,
+                    headers=headers, timeout=timeout, allow_redirects=False,
+                    trace_request_ctx=sent, server_hostname=tls_name) as resp:
+                if 200 <= resp.status < 300:
+                    return await self._success(resp, call)
+                return _refused(resp, time.time())
+        finally:
+            if pool is not None:
+                await self.pools.done(pool)
 
     def _session(self) -> aiohttp.ClientSession:
-        """One keep-alive pool for every call, made on first use (on the running loop)."""
+        """One keep-alive pool for every call to a plain url, made on first use (on the
+        running loop)."""
         if self.http is None:
-            self.http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.slots),
-                cookie_jar=aiohttp.DummyCookieJar(),    # one task's cookies are not another's
-                trace_configs=[_SENT_TRACE])
+            self.http = session(aiohttp.TCPConnector(limit=self.slots), [_SENT_TRACE])
         return self.http
 
     async def _success(self, resp: aiohttp.ClientResponse, call: "Call") -> Outcome:
@@ -484,6 +503,12 @@ async def _read_up_to(stream: aiohttp.StreamReader, n: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def _name_of(host: str) -> str:
+    """A Host's name without its port (a resolved server's name is never an address)."""
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() else host
 
 
 def _say(exc: BaseException) -> str:

@@ -340,6 +340,18 @@ class Broker:
             if front.kind in ("http", "dispatcher"):
                 self.control.append((peer, settings))
 
+    def resolving(self) -> list:
+        """(upstream, server) of each server whose name the actor looks up (`resolve`,
+        core/upstreams/spec.py); none until the task family is built (nothing is
+        called before, and a name not yet looked up is called by its name)."""
+        return self.tasking.store.upstream.names() if self.tasks_built else []
+
+    def resolved(self, upstream: str, url: str, addresses, now: float) -> bool:
+        """The actor's lookup of a resolved name (sorted addresses; none: the last set
+        stays): its upstream's peers follow; whether they changed."""
+        return self.tasks_built and self.tasking.store.upstream.resolved(
+            upstream, url, addresses, now)
+
     def observe_wall(self, wall: float, now: float) -> None:
         self.scheduling.observe_wall(wall, now)
 

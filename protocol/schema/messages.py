@@ -50,6 +50,11 @@ OPERATOR_SINCE = 8
 #: an older version, on a newer broker in a rolling update, has no event streams (404)
 #: and its users poll GET /v1/tasks/{id} as before.
 POSITIONS_SINCE = 8
+#: the version from which a dispatcher keeps a connection pool per upstream: a T_CALL on
+#: an upstream's server says which, with its keep-alive settings (task_messages.Call
+#: `pool`); an older dispatcher would ignore the ext key (a reader skips names it does
+#: not know) and call through its one shared pool, so the broker sends it none
+KEEPALIVE_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
 #: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT

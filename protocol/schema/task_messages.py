@@ -102,24 +102,39 @@ class Call(NamedTuple):
     ext, None for a plain one (POST the params as JSON, keep no header but a binary
     result's Content-Type), else {"result_headers": [names to keep], and for a request
     task "method", "headers": [[name, value], ...], "connect_timeout_ms" when its
-    function's is not the default, and (schema 8) "move": n when the call is its
-    attempt's nth move to another server of its upstream, which the outcome echoes}."""
+    function's is not the default, (schema 8) "move": n when the call is its
+    attempt's nth move to another server of its upstream, which the outcome echoes, and
+    (schema 8) "host": the Host, and the TLS server name, of a call whose url is an
+    address its upstream resolved a name to (core/upstreams/spec.py `resolve`)}.  A
+    dispatcher older than "host" ignores it and sends the address as Host: its calls
+    reach the address, and a server that routes by Host may refuse them (upgrade the
+    dispatchers before giving servers `resolve`); and (KEEPALIVE_SINCE) "pool":
+    [upstream, keepalive, keepalive_timeout_ms, keepalive_requests] for a call on an
+    upstream's server: the dispatcher's connection pool for that upstream, and its
+    settings (nginx's keepalive directives)."""
     method: str = "POST"
     headers: tuple = ()             # a request task's, (name, value) pairs
     request: bool = False           # a request task: send method, URL and headers as given
     keep: tuple = ()                # response headers the task keeps (resultHeaders)
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS    # the function's connect_timeout
     move: int = 0                   # (schema 8) its attempt's nth move to another server
+    host: str | None = None         # (schema 8) the Host to send (None: the url's)
+    pool: tuple | None = None       # (schema 8) (upstream, idle kept, idle ms, requests)
 
     def ext(self) -> dict | None:
         """The wire form (None: a plain call)."""
         connect = self.connect_timeout_ms if self.connect_timeout_ms != CONNECT_TIMEOUT_MS \
             else None
-        if not self.request and not self.keep and connect is None and not self.move:
+        if not self.request and not self.keep and connect is None and not self.move \
+                and self.host is None and self.pool is None:
             return None
         out: dict[str, Any] = {"result_headers": list(self.keep)}
         if self.move:
             out["move"] = self.move
+        if self.host is not None:
+            out["host"] = self.host
+        if self.pool is not None:
+            out["pool"] = list(self.pool)
         if self.request:
             out["method"] = self.method
             out["headers"] = [list(h) for h in self.headers]
@@ -137,12 +152,27 @@ class Call(NamedTuple):
         connect = connect if type(connect) is int and connect > 0 else CONNECT_TIMEOUT_MS
         move = ext.get("move")
         move = move if type(move) is int and move > 0 else 0
+        host = ext.get("host")
+        host = host if isinstance(host, str) and host else None
+        pool = _pool(ext.get("pool"))
         method = ext.get("method")
         if not isinstance(method, str):
-            return cls(keep=keep, connect_timeout_ms=connect, move=move)
+            return cls(keep=keep, connect_timeout_ms=connect, move=move, host=host, pool=pool)
         headers = tuple((h[0], h[1]) for h in ext.get("headers") or ()
                         if isinstance(h, list) and len(h) == 2)
-        return cls(method, headers, True, keep, connect, move)
+        return cls(method, headers, True, keep, connect, move, host, pool)
+
+
+def _pool(value: Any) -> tuple | None:
+    """A T_CALL's "pool" as (upstream, keepalive, keepalive_timeout_ms, keepalive_requests),
+    or None (absent or malformed: the dispatcher's shared pool)."""
+    if not isinstance(value, list) or len(value) != 4 or not isinstance(value[0], str):
+        return None
+    idle, timeout_ms, requests = value[1:]
+    if not all(type(n) is int for n in (idle, timeout_ms, requests)) or idle < 0 \
+            or timeout_ms < 1 or requests < 1:
+        return None
+    return tuple(value)
 
 
 PLAIN = Call()

@@ -252,8 +252,8 @@ def test_a_dispatcher_of_schema_8_gets_the_move_in_the_same_slot_and_an_older_on
     moved = [r for r in out if r[1] == R.T_CALL]
     assert (R.T_NOTED, "t1", 1) in [r[1:4] for r in out]
     if moves:       # (its one slot stays with the moved call: t2 is not pushed)
-        assert [m[2:5] + (m[7],) for m in moved] == [("t1", 1, B + "/g",
-                                                      {"result_headers": [], "move": 1})]
+        assert [m[2:5] + (m[7],) for m in moved] == [("t1", 1, B + "/g", {
+            "result_headers": [], "move": 1, "pool": ["gpu", 32, 60_000, 1000]})]
         assert broker.tasks.tasks["t1"].status == RUNNING
     else:           # (the slot is free again: t2 takes it)
         assert [m[2] for m in moved] == ["t2"] and broker.tasks.tasks["t1"].status == FAILED
@@ -285,3 +285,16 @@ def test_a_task_cancelled_while_its_move_waits_for_the_rate_gives_its_dispatcher
     broker.expire(T0 + 2.0)                                  # (the gate opens: t2 takes the slot)
     pushed = [item for p, msg in broker.flush() if p == D1 for item in msg.items]
     assert [r[2] for r in pushed if r[1] == R.T_CALL] == ["t2"]
+
+
+@pytest.mark.parametrize("version, ext", [(8, {"result_headers": [],
+                                              "pool": ["gpu", 32, 60_000, 1000]}), (7, None)])
+def test_a_dispatcher_of_schema_8_is_told_the_upstreams_pool_and_an_older_one_is_not(
+        version, ext):
+    from test_tasks_core import D1
+    from zstalk.protocol.schema import Op, R
+    broker = broker_with_upstream()
+    if version < 8:
+        broker.old_peers[D1] = version
+    [call] = [r for r in replies_to(broker, D1, (Op.T_SUBSCRIBE, 1, 1, False)) if r[1] == R.T_CALL]
+    assert call[7] == ext

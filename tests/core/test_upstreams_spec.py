@@ -103,3 +103,23 @@ def test_every_error_is_reported_at_once_and_reads_as_key_then_reason():
                     balance="hash")
     assert keys(spec) == ["key", "servers[0].weight", "servers[1].url", "servers[1].max_fails"]
     assert str(validate(spec)[1]) == "servers[0].weight: must be an integer of at least 1"
+
+
+def test_keep_alive_has_nginxs_defaults_and_refuses_what_nginx_would():
+    spec = upstream()
+    assert (spec.keepalive, spec.keepalive_timeout_s, spec.keepalive_requests) == (32, 60, 1000)
+    assert keys(upstream(keepalive=0)) == []        # (a connection per call)
+    assert keys(upstream(keepalive=-1, keepalive_timeout_s=0, keepalive_requests=0)) == [
+        "keepalive", "keepalive_requests", "keepalive_timeout"]
+
+
+def test_the_config_file_names_the_file_and_the_keep_alive_key(tmp_path):
+    from zstalk.broker.config_file import ConfigError, load
+    path = tmp_path / "zstalk.toml"
+    path.write_text('[upstreams.gpu]\nkeepalive = 4\nkeepalive_timeout = "5s"\n'
+                    'keepalive_requests = 10\nservers = [{ url = "http://a:1" }]\n')
+    spec = load(str(path)).upstreams[0]
+    assert (spec.keepalive, spec.keepalive_timeout_s, spec.keepalive_requests) == (4, 5.0, 10)
+    path.write_text('[upstreams.gpu]\nkeepalive_requests = 0\nservers = [{ url = "http://a:1" }]\n')
+    with pytest.raises(ConfigError, match=r"zstalk.toml: \[upstreams.gpu\] keepalive_requests"):
+        load(str(path))

@@ -82,6 +82,10 @@ RUN_BY = {
     "# gpus.toml": "test_the_upstream_example_runs_as_written",
     "# gpu_servers.py": "test_the_upstream_example_runs_as_written",
     "# render.py": "test_the_upstream_example_runs_as_written",
+    "# gpu-service.yaml": "tests/end_to_end/test_upstreams_resolve_end_to_end.py (its name "
+                          "and port, in a network namespace's hosts file)",
+    "# headless.toml": "tests/end_to_end/test_upstreams_resolve_end_to_end.py (as written, "
+                       "its name in a network namespace's hosts file)",
     "# room.toml": "test_the_waiting_room_example_runs_as_written",
     "# passes.keys": "test_the_waiting_room_example_runs_as_written",
     "# room.py": "test_the_waiting_room_example_runs_as_written",

@@ -133,13 +133,15 @@ class Reply(NamedTuple):
 
 
 class Backend:
-    """A recording HTTP/1.1 server on 127.0.0.1 that answers with its name."""
+    """A recording HTTP/1.1 server on 127.0.0.1 (or `address`: (host, port)) that answers
+    with its name."""
 
-    def __init__(self, name: str, reply: Callable[[Recorded], Reply] | None = None) -> None:
+    def __init__(self, name: str, reply: Callable[[Recorded], Reply] | None = None,
+                 address: tuple[str, int] = (LOOPBACK, 0)) -> None:
         self.name = name
         self.reply = reply or (lambda request: Reply(200, {}, name.encode()))
         self.requests: list[Recorded] = []
-        self._server = http.server.ThreadingHTTPServer((LOOPBACK, 0), _handler(self))
+        self._server = http.server.ThreadingHTTPServer(address, _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"backend-{name}",
                                         kwargs={"poll_interval": 0.05}, daemon=True)

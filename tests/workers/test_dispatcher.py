@@ -641,3 +641,47 @@ def test_retry_after_is_delta_seconds_or_an_http_date(value, ms: int) -> None:
 @given(st.text())
 def test_any_retry_after_gives_a_wait_and_never_an_exception(value: str) -> None:
     assert -1 <= retry_after_ms(value, NOW) <= RETRY_AFTER_MAX_MS
+
+
+# -- a resolved name's address (T_CALL ext "host") ----------------------------------------
+def test_a_call_to_a_resolved_address_says_the_name_as_its_host() -> None:
+    async def main() -> None:
+        async with function_host() as host, dispatcher() as (d, link):
+            d.on_replies([(1, R.T_CALL, "t1", 1, host.url + "/echo", PARAMS, 1000,
+                           {"result_headers": [], "host": "api.test:8000"})])
+            got = json.loads((await link.outcome("t1")).result)["headers"]
+            assert got["Host"] == "api.test:8000"
+    asyncio.run(main())
+
+
+def test_an_https_call_to_a_resolved_address_names_the_host_in_its_tls_handshake(
+        tmp_path) -> None:
+    """The server name (SNI) is the name, not the address: the host's callback hears it
+    (the self-signed certificate is then refused: the call fails before any request)."""
+    import ssl
+    import subprocess
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=api.test", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    names: list[str | None] = []
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+
+    async def main() -> None:
+        host = FunctionHost()
+        runner = web.AppRunner(host.app, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+        try:
+            url = f"https://127.0.0.1:{runner.addresses[0][1]}/echo"
+            async with dispatcher() as (d, link):
+                d.on_replies([(1, R.T_CALL, "t1", 1, url, PARAMS, 1000,
+                               {"result_headers": [], "host": "api.test:8443"})])
+                outcome = await link.outcome("t1")
+                assert (outcome.kind, outcome.sent) == ("failure", False), outcome
+                assert "certificate" in outcome.error.lower()
+        finally:
+            await runner.cleanup()
+        assert names == ["api.test"] and host.hits == []
+    asyncio.run(main())

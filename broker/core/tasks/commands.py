@@ -24,7 +24,7 @@ runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always
 from __future__ import annotations
 
 from ....protocol.schema import MAX_POSITIONS, OPERATOR_SINCE, Op, R
-from ....protocol.schema.messages import ABORT_SINCE, NEXT_UPSTREAM_SINCE
+from ....protocol.schema.messages import ABORT_SINCE, KEEPALIVE_SINCE, NEXT_UPSTREAM_SINCE
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
@@ -434,4 +434,17 @@ class TaskCommands:
         self.out.reply(d, R.T_CALL, task.uid, task.attempt,
                        self.store.call_url(task, spec), task.params, task.timeout_ms,
                        requests.call_ext(task.request, spec.result_headers,
-                                         spec.connect_timeout_ms, max(0, len(task.tried) - 1)))
+                                         spec.connect_timeout_ms, max(0, len(task.tried) - 1),
+                                         *self._server_ext(d, task)))
+
+    def _server_ext(self, d: TaskSession, task: Task) -> tuple:
+        """A call on an upstream's server: the Host of a resolved name's address, and the
+        upstream's pool (none for a dispatcher older than KEEPALIVE_SINCE)."""
+        if task.peer is None:
+            return None, None
+        upstream, peer = task.peer
+        pool = None
+        if not self.old_peers or self.old_peers.get(
+                d.front.peer, KEEPALIVE_SINCE) >= KEEPALIVE_SINCE:
+            pool = self.store.upstream.pool(upstream)
+        return peer.spec.host, pool

@@ -17,6 +17,18 @@ The state is not durable (a restart starts every server fresh); a reload keeps e
 server's state while its url as written stays in the upstream (`reload`), and starts the
 slow start (peer.py) of a server it adds to an upstream or brings back from `down`.
 
+A server with `resolve` (spec.py) is one peer per address of its name, as nginx's
+`server ... resolve` is: `resolved(url, addresses, now)` is the broker's lookup of the
+name (made off the core, broker/resolver.py), and the group it returns has a peer per
+address, in the order of the addresses (sorted by the caller, so a hash map does not
+move with the resolver's order), each a copy of the server's parameters.  An address
+that stays keeps its peer's state; a new one starts fresh, in slow start unless it is
+the name's first lookup (the broker's start, like a server of the config file); one
+that went leaves the picks at once, its calls in flight ending on it (`draining`, shown
+until they have).  A lookup that found nothing keeps the last set (the caller warns).
+Until its first lookup the name is one peer at its url as written, which the HTTP
+client resolves itself, as a server without `resolve` is.
+
 Pure: no clock, socket or thread; `now` is monotonic seconds, a parameter.  nginx's
 sources for each rule are cited in peer.py (state, failures) and balance.py (methods).
 """
@@ -31,6 +43,10 @@ from .peer import Peer
 from .spec import ServerSpec, UpstreamSpec
 from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
 
+#: where a group keeps a peer's state: (the url as written of a resolved name's peer or
+#: "", its url): two names at one address are two peers, each its name's
+Ident = tuple[str, str]
+
 class PeerView(NamedTuple):
     """One server as an operator sees it."""
     url: str
@@ -41,28 +57,41 @@ class PeerView(NamedTuple):
     usable_at: float | None     # when time alone makes it usable (now if it is)
     ramp_until: float | None = None     # in slow start (peer.py) until then; None: not
     share: float = 1.0          # ... with this part of its weight now
+    name: str = ""              # a resolved name's peer: the url as written (`url`: its
+    #                             address's)
 
 
 class UpstreamGroup:
     """One upstream: its spec, its peers in config order and the method that picks."""
 
     def __init__(self, spec: UpstreamSpec, rand: Rand = random.randrange,
-                 keep: Mapping[str, Peer] | None = None, now: float | None = None) -> None:
-        """`spec` must have passed `validate`.  `keep`: peers by url to carry over (a
-        reload at `now`: a server added or back from down starts its slow start)."""
+                 keep: Mapping[Ident, Peer] | None = None, now: float | None = None,
+                 addresses: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        """`spec` must have passed `validate`.  `keep`: peers by `ident` to carry over (a
+        reload at `now`: a server added or back from down starts its slow start).
+        `addresses`: the last lookup of each resolved name, by its url as written."""
         keep = keep or {}
         self.spec = spec
         self.rand = rand
-        self.peers = tuple(self._peer(server, keep, now) for server in spec.servers)
+        self.addresses = {server.url: addresses[server.url] for server in spec.servers
+                          if server.resolve and addresses and server.url in addresses}
+        self.peers = tuple(self._peer(one, keep, now) for server in spec.servers
+                           for one in self._expand(server))
+        self.draining: list[Peer] = []      # gone from the peers with calls in flight
         self._set = Peers(self.peers, rand, consistent=spec.consistent)
         self._method = method(spec.balance, spec.consistent, spec.two)
         # a group of one server (nginx's peers->single) is picked the same way whatever
         # its method: that server unless it is down, full or paused, failures ignored
         self._only = self.peers[0] if self._set.single else None
 
+    def _expand(self, server: ServerSpec) -> list[ServerSpec]:
+        """A server's peers: one per address of a resolved name, else itself."""
+        addresses = self.addresses.get(server.url) if server.resolve else None
+        return [server.at(address) for address in addresses] if addresses else [server]
+
     @staticmethod
-    def _peer(server: ServerSpec, keep: Mapping[str, Peer], now: float | None) -> Peer:
-        peer = keep.get(server.url)
+    def _peer(server: ServerSpec, keep: Mapping[Ident, Peer], now: float | None) -> Peer:
+        peer = keep.get(ident(server))
         back = peer is None or peer.down and not server.down
         if peer is None:
             peer = Peer(server)
@@ -139,16 +168,52 @@ class UpstreamGroup:
         """Every server's state, in config order."""
         single = self._set.single
         return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
-                         p.usable_at(now, single),
-                         *((p.ramp_until, p.share(now)) if now < p.ramp_until and not single
-                           else ()))
-                for p in self.peers]
+                         p.usable_at(now, single), *_ramp(p, now, single), p.spec.written)
+                for p in self.peers] + [
+                PeerView(p.url, "draining", p.backup, p.conns, p.fails, None,
+                         name=p.spec.written) for p in self.draining if p.conns > 0]
 
     def reload(self, spec: UpstreamSpec, now: float | None = None) -> UpstreamGroup:
         """This upstream under a new spec (SIGHUP at `now`): a server whose url as
-        written is in both keeps its state; the others start fresh, in slow start."""
-        return UpstreamGroup(spec, self.rand, keep={peer.url: peer for peer in self.peers},
-                             now=now)
+        written is in both keeps its state (and a resolved name its last lookup); the
+        others start fresh, in slow start."""
+        return self._rebuild(spec, now, self.addresses)
+
+    def resolved(self, url: str, addresses: Iterable[str], now: float) -> UpstreamGroup:
+        """This upstream after a lookup of the resolved name `url` found `addresses`
+        (self when nothing changed: none found, the same set, or no such server now)."""
+        addresses = tuple(addresses)
+        if not addresses or self.addresses.get(url) == addresses or not any(
+                server.url == url and server.resolve for server in self.spec.servers):
+            return self
+        first = url not in self.addresses       # (no slow start: as at the broker's start)
+        return self._rebuild(self.spec, None if first else now,
+                             {**self.addresses, url: addresses})
+
+    def _rebuild(self, spec: UpstreamSpec, now: float | None,
+                 addresses: Mapping[str, tuple[str, ...]]) -> UpstreamGroup:
+        group = UpstreamGroup(spec, self.rand, {ident(p.spec): p for p in self.peers}, now,
+                              addresses)
+        kept = set(map(id, group.peers))
+        group.draining = [p for p in (*self.peers, *self.draining)
+                          if p.conns > 0 and id(p) not in kept]
+        return group
+
+    def names(self) -> list[ServerSpec]:
+        """The servers whose names the broker looks up (`resolve`)."""
+        return [server for server in self.spec.servers if server.resolve]
+
+
+def ident(server: ServerSpec) -> Ident:
+    """Where a group keeps the state of the peer of `server` (a peer's own spec)."""
+    return server.written, server.url
+
+
+def _ramp(peer: Peer, now: float, single: bool) -> tuple[float | None, float]:
+    """A view's slow start: until when, and the share of its weight now."""
+    if now < peer.ramp_until and not single:
+        return peer.ramp_until, peer.share(now)
+    return None, 1.0
 
 
 def _state(peer: Peer, now: float, single: bool) -> str:

@@ -16,9 +16,19 @@ an upstream needs a server that is not a backup (ngx_http_upstream_init_round_ro
 "no servers in upstream").  `consistent` belongs to `hash`, `two` to `random`, as they
 are arguments of those directives.
 
-zstalk's own rules: a url appears once per upstream (a server keeps its state across a
+zstalk's own rule: a url appears once per upstream (a server keeps its state across a
 reload by its url as written, so two servers may not share one; nginx accepts a repeated
-`server` line), and a DNS name is one server (nginx expands it to every address).
+`server` line).
+
+A DNS name is one server, resolved by the dispatcher's HTTP client as it connects,
+unless the server says `resolve = true` (nginx's `server ... resolve`, open source since
+1.27.3): then the broker resolves the name every `resolve_interval_s` and the group makes
+one peer per address (group.py `resolved`), each a copy of the server's parameters whose
+url is the address (`http://10.0.0.5:8000`) and whose `written` is the url as written:
+its server string, so the peers of one name share its hash points as nginx's do (the
+consistent hash's ring drops the repeated points and picks among the peers of a point
+by smooth weighted round robin, balance.py), and the Host (and TLS SNI) of its calls.
+`resolve` needs a name, not an address.
 
 `validate` returns every problem as a `SpecError` naming the key; the config-file layer
 prefixes the file and the table.
@@ -33,6 +43,7 @@ BACKUP_BALANCES = ("round_robin", "least_conn")     # (and slow_start's)
 SCHEMES = ("http", "https")
 # host: a name or IPv4 address, or an IPv6 address in brackets; then an optional :port
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?")
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 
 
 class ServerSpec(NamedTuple):
@@ -45,11 +56,29 @@ class ServerSpec(NamedTuple):
     backup: bool = False
     down: bool = False
     slow_start_s: float = 0.0       # nginx Plus's slow_start (peer.py: the ramp); 0: none
+    resolve: bool = False           # nginx's `resolve`: one peer per address of the name
+    resolve_interval_s: float = 30.0    # ... looked up again this often
+    written: str = ""               # a peer of a resolved name: the url as written (its
+    #                                 `url` is then the address's)
 
     @property
     def server(self) -> str:
-        """`host[:port]` exactly as written: nginx's server string for hash points."""
-        return self.url.partition("://")[2]
+        """`host[:port]` exactly as written: nginx's server string for hash points (a
+        resolved name's, for each of its peers)."""
+        return (self.written or self.url).partition("://")[2]
+
+    @property
+    def host(self) -> str | None:
+        """The Host a call to a peer of a resolved name sends (None: its url's own)."""
+        return self.server if self.written else None
+
+    def at(self, address: str) -> ServerSpec:
+        """The peer of this server (`resolve`) at `address` (an IP address as text)."""
+        scheme, _, rest = self.url.partition("://")
+        port = _HOST_PORT.fullmatch(rest)[1]
+        host = f"[{address}]" if ":" in address else address
+        return self._replace(url=f"{scheme}://{host}{':' + port if port else ''}",
+                             written=self.url)
 
 
 class UpstreamSpec(NamedTuple):
@@ -65,6 +94,11 @@ class UpstreamSpec(NamedTuple):
     rate: int = 0                   # calls per `per_s` seconds
     per_s: float = 1.0
     burst: int = 0
+    # nginx's keepalive (idle connections each dispatcher keeps to the upstream's servers,
+    # its default since 1.29.7), keepalive_timeout and keepalive_requests
+    keepalive: int = 32
+    keepalive_timeout_s: float = 60.0
+    keepalive_requests: int = 1000
 
 
 class SpecError(NamedTuple):
@@ -91,6 +125,12 @@ def url_error(url: object) -> str | None:
     return None
 
 
+def _is_address(url: str) -> bool:
+    """Whether a valid url's host is an IP address (IPv6 in brackets, or IPv4)."""
+    rest = url.partition("://")[2]
+    return rest.startswith("[") or bool(_IPV4.fullmatch(rest.partition(":")[0]))
+
+
 def _is_int(value: object, least: int) -> bool:
     return type(value) is int and value >= least
 
@@ -110,7 +150,13 @@ def server_errors(server: ServerSpec, where: str, balance: str) -> list[SpecErro
                         ("slow_start", server.slow_start_s)):
         if type(value) not in (int, float) or not 0 <= value < float("inf"):
             errors.append(SpecError(f"{where}.{name}", "must be a duration of at least 0"))
-    for name in ("backup", "down"):
+    if type(server.resolve_interval_s) not in (int, float) or not (
+            0 < server.resolve_interval_s < float("inf")):
+        errors.append(SpecError(f"{where}.resolve_interval", "must be a duration above 0"))
+    if server.resolve is True and not problem and _is_address(server.url):
+        errors.append(SpecError(f"{where}.resolve", "needs a url that names a host, not "
+                                f"an address: {server.url!r}"))
+    for name in ("backup", "down", "resolve"):
         if type(getattr(server, name)) is not bool:
             errors.append(SpecError(f"{where}.{name}", "must be true or false"))
     if server.backup is True and balance not in BACKUP_BALANCES:
@@ -140,9 +186,21 @@ def _method_errors(spec: UpstreamSpec) -> list[SpecError]:
     return errors
 
 
+def _keepalive_errors(spec: UpstreamSpec) -> list[SpecError]:
+    errors = []
+    if not _is_int(spec.keepalive, 0):
+        errors.append(SpecError("keepalive", "must be an integer of at least 0"))
+    if not _is_int(spec.keepalive_requests, 1):
+        errors.append(SpecError("keepalive_requests", "must be an integer of at least 1"))
+    if type(spec.keepalive_timeout_s) not in (int, float) or not (
+            0 < spec.keepalive_timeout_s < float("inf")):
+        errors.append(SpecError("keepalive_timeout", "must be a duration above 0"))
+    return errors
+
+
 def validate(spec: UpstreamSpec) -> list[SpecError]:
     """Every reason nginx (or zstalk, for repeated urls) would refuse `spec`; [] if none."""
-    errors = _method_errors(spec)
+    errors = _method_errors(spec) + _keepalive_errors(spec)
     servers = spec.servers
     if not isinstance(servers, (tuple, list)) or not servers:
         return errors + [SpecError("servers", "must list at least one server")]

@@ -705,9 +705,18 @@ def function_stats() -> dict:
                         "items": {"type": "object", "additionalProperties": False,
                                   "required": ["url", "state", "inFlight", "fails"],
                                   "properties": {
-                                      "url": {"type": "string"},
-                                      "state": {"type": "string", "enum": [
-                                          "usable", "failed", "paused", "full", "down"]},
+                                      "url": {"type": "string", "description":
+                                              "scheme://host[:port]; for a server whose name "
+                                              "its upstream resolves (resolve), one of the "
+                                              "name's addresses."},
+                                      "name": {"type": "string", "description":
+                                               "A resolved name's server: the url as "
+                                               "written, sent as Host (absent: url is)."},
+                                      "state": {"type": "string", "description":
+                                                "draining: an address its name no longer "
+                                                "resolves to, shown while calls on it run.",
+                                                "enum": ["usable", "failed", "paused", "full",
+                                                         "down", "draining"]},
                                       "backup": {"type": "boolean"},
                                       "inFlight": count, "fails": count,
                                       "usableAt": {"type": "string", "format": "date-time"},

@@ -13,6 +13,9 @@ The task store asks this at three points:
   gives the functions a full upstream held back, to be offered again (`ended`).
 * `pause(task, until)` for a 429 / 503 with Retry-After: that server only.
 
+A server with `resolve` is one peer per address of its name (upstreams/group.py); the
+broker looks the names (`names`) up off the core and hands each answer to `resolved`.
+
 An upstream may also have a `concurrency` and a `rate` of its own (zstalk's, not
 nginx's), which every function on it shares beside its own: `full` and `opens_at` say
 whether one more call may start, `started` and `ended` count them, and the functions a
@@ -35,7 +38,7 @@ from .limits import Gate
 if TYPE_CHECKING:
     from ...upstreams.group import UpstreamGroup
     from ...upstreams.peer import Peer
-    from ...upstreams.spec import UpstreamSpec
+    from ...upstreams.spec import ServerSpec, UpstreamSpec
 
 SERVER_ERROR_CHARS = 200    # a server's last error, as shown
 
@@ -72,8 +75,40 @@ class UpstreamCalls:
             gate = self.gates.get(spec.name)
             if gate is not None:
                 gate.configure(spec.per_s / spec.rate if spec.rate else 0.0, spec.burst)
+        self._forget_errors()
+
+    def _forget_errors(self) -> None:
+        """Drop the last errors of servers no upstream has now."""
         kept = {(name, peer.url) for name, g in self.groups.items() for peer in g.peers}
         self.last_error = {k: v for k, v in self.last_error.items() if k in kept}
+
+    # -- resolved names -------------------------------------------------------------------
+    def names(self) -> list[tuple[str, ServerSpec]]:
+        """(upstream, server) of every server whose name the broker looks up."""
+        return [(name, server) for name, group in self.groups.items()
+                for server in group.names()]
+
+    def resolved(self, upstream: str, url: str, addresses: Iterable[str], now: float) -> bool:
+        """A lookup of the name of `upstream`'s server `url` found `addresses` (sorted;
+        none: the last set stays); whether the peers changed."""
+        group = self.groups.get(upstream)
+        if group is None:
+            return False
+        new = group.resolved(url, addresses, now)
+        if new is group:
+            return False
+        self.groups[upstream] = new
+        self._forget_errors()           # (of addresses gone: DNS churn must not grow it)
+        return True
+
+    def pool(self, upstream: str) -> tuple | None:
+        """A call's "pool" (task_messages.Call): the upstream and its keep-alive settings."""
+        group = self.groups.get(upstream)
+        if group is None:
+            return None
+        spec = group.spec
+        return (upstream, spec.keepalive, round(spec.keepalive_timeout_s * 1000),
+                spec.keepalive_requests)
 
     # -- at enqueue ----------------------------------------------------------------------
     def balance_key(self, upstream: str | None, uid: str, params: bytes,
@@ -172,6 +207,8 @@ class UpstreamCalls:
         for view in group.view(now):
             server = {"url": view.url, "state": view.state, "inFlight": view.conns,
                       "fails": view.fails}
+            if view.name:                       # (a resolved name's peer: its address)
+                server["name"] = view.name
             if view.backup:
                 server["backup"] = True
             if view.state in ("failed", "paused") and view.usable_at is not None:

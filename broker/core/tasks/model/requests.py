@@ -231,14 +231,18 @@ def url(base: str, request: Request) -> str:
 
 
 def call_ext(request: Request | None, result_headers: tuple[str, ...],
-             connect_timeout_ms: int = CONNECT_TIMEOUT_MS, move: int = 0) -> dict | None:
+             connect_timeout_ms: int = CONNECT_TIMEOUT_MS, move: int = 0,
+             host: str | None = None, pool: tuple | None = None) -> dict | None:
     """T_CALL's ext for a task (protocol/schema/task_messages.py Call): None for a plain
     first call of a function that keeps no header at the default connect timeout, most
-    calls, which costs no Call.  `move`: the attempt's nth move to another server."""
+    calls, which costs no Call.  `move`: the attempt's nth move to another server;
+    `host`: the name a resolved server's address stands for (sent as Host); `pool`: the
+    upstream's connection pool and its keep-alive settings."""
     if request is None:
-        if not result_headers and connect_timeout_ms == CONNECT_TIMEOUT_MS and not move:
+        if not result_headers and connect_timeout_ms == CONNECT_TIMEOUT_MS and not move \
+                and host is None and pool is None:
             return None
         return Call(keep=result_headers, connect_timeout_ms=connect_timeout_ms,
-                    move=move).ext()
+                    move=move, host=host, pool=pool).ext()
     return Call(request.method, request.headers, True, result_headers,
-                connect_timeout_ms, move).ext()
+                connect_timeout_ms, move, host, pool).ext()
