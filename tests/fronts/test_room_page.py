@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from servers import find_zstalk, self_check
+from test_task_limits_end_to_end import docs_block
 from test_waiting_room_end_to_end import FUNCTION, room_files, serve
 from zstalk.protocol.fronts.http.api import Problem
 from zstalk.protocol.fronts.http.page import CSP, Pages, duration_text, language
@@ -154,3 +155,20 @@ def test_a_room_template_that_cannot_be_read_at_start_refuses_the_config_naming_
                           "--pass-key-file", keys], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert f"room_template {tmp_path / 'missing.html'}: No such file or directory" in out.stderr
+
+
+@needs_zstalk
+def test_the_docs_template_puts_the_room_inside_the_shops_own_page(tmp_path):
+    """docs/waiting-room.md's shop-room.toml and shop-room.html as written."""
+    (tmp_path / "shop-room.html").write_text(
+        docs_block("waiting-room.md", "<!-- shop-room.html -->"))
+    served = serve(tmp_path, config_text=docs_block("waiting-room.md", "# shop-room.toml"))
+    try:
+        code, headers, body = get(f"{served.base}/room/checkout")
+        assert code == 200 and "<title>Shop: the line</title>" in body
+        header, room = body.index('<header><a href="/">The shop</a></header>'), \
+            body.index('<main id="zstalk-room"')
+        assert header < room < body.index("</body>")
+        assert headers["Content-Security-Policy"] == CSP
+    finally:
+        served.server.stop()
