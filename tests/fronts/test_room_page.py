@@ -17,6 +17,8 @@ import pytest
 from servers import find_zstalk, self_check
 from test_task_limits_end_to_end import docs_block
 from test_waiting_room_end_to_end import FUNCTION, room_files, serve
+from zstalk.broker.config_file import core_fields, load
+from zstalk.broker.core.broker import Broker, Config
 from zstalk.protocol.fronts.http.api import Problem
 from zstalk.protocol.fronts.http.page import CSP, Pages, duration_text, language
 
@@ -172,3 +174,17 @@ def test_the_docs_template_puts_the_room_inside_the_shops_own_page(tmp_path):
         assert headers["Content-Security-Policy"] == CSP
     finally:
         served.server.stop()
+
+
+def test_a_room_template_is_read_relative_to_the_config_and_inherited_from_functions(tmp_path):
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "all.html").write_text(TEMPLATE.format(n="all"))
+    (tmp_path / "pages" / "own.html").write_text(TEMPLATE.format(n="own"))
+    config = tmp_path / "zstalk.toml"
+    config.write_text('[functions]\nbase_url = "http://127.0.0.1:9"\nfunctions = ["listed"]\n'
+                      'online = "public"\nroom_template = "pages/all.html"\n'
+                      '[functions.own]\nroom_template = "pages/own.html"\n'
+                      '[functions.members]\nonline = "master"\n')
+    rooms = Broker(Config(**core_fields(load(str(config)))), 0.0).settings().rooms
+    assert set(rooms) == {"own", "listed"}, "not members (master), nor others (no base_url_any)"
+    assert "Shop own" in rooms["own"][0] and "Shop all" in rooms["listed"][0]

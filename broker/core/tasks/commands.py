@@ -180,9 +180,10 @@ class TaskCommands:
     def rooms(self, pages: dict[str, str]) -> dict[str, list]:
         """The waiting pages the HTTP fronts serve (Settings): each function the public
         may join (online "public" or "only"; "" for names under base_url) -> [its
-        template's HTML, as `pages` has it ("": the built-in page), online_heartbeat ms]."""
+        template's HTML, as `pages` has it, else [functions]' own ("": the built-in
+        page), online_heartbeat ms]."""
         specs = {**self.store.functions, **({"": self.store.base} if self.store.base else {})}
-        return {name: [pages.get(name, ""), spec.heartbeat_ms]
+        return {name: [pages.get(name, pages.get("", "")), spec.heartbeat_ms]
                 for name, spec in specs.items() if spec.online in enqueue.PUBLIC_ONLINE}
 
     def group_headers(self) -> list[str]:
