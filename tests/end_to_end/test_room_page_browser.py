@@ -10,6 +10,7 @@ waiting page", shows one of them: docs/images/room-waiting.png)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.server
 import os
 import pathlib
@@ -179,3 +180,25 @@ def test_a_german_visitor_waits_on_a_german_page(room, visitors):
     code, headers, _ = get(page, {"Accept-Language": "de"})
     assert code == 200 and "unsafe-inline" not in headers["Content-Security-Policy"]
     assert csp_breaches(german) == []
+
+
+def test_a_visitor_sees_a_pre_line_before_the_opening_and_a_closed_line_as_such(
+        tmp_path, visitors):
+    opens = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
+    served = serve(tmp_path, config_text=(
+        f'[functions.drop]\nonline = "only"\nmax_waiting_per_client = 100\n'
+        f'opens_at = {opens.strftime("%Y-%m-%dT%H:%M:%SZ")}\n'
+        f'[functions.shut]\nonline = "only"\nconcurrency = 1\nclosed = true\n'
+        f'max_waiting_per_client = 100\n'))
+    try:
+        [driver] = visitors(1)
+        driver.get(f"{served.base}/room/drop")
+        shows(driver, "The line opens at")
+        assert opens.strftime("%Y") in text(driver, "room-status")
+        screenshot(driver, "pre-line")
+        driver.get(f"{served.base}/room/shut")
+        shows(driver, "The line is closed for now: nobody is admitted.")
+        assert "Ahead of you in line: 0" in text(driver, "room-status"), "the place, held"
+        screenshot(driver, "closed")
+    finally:
+        served.server.stop()
