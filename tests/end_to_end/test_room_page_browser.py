@@ -202,3 +202,35 @@ def test_a_visitor_sees_a_pre_line_before_the_opening_and_a_closed_line_as_such(
         screenshot(driver, "closed")
     finally:
         served.server.stop()
+
+
+def test_a_waiting_page_reconnects_after_a_restart_and_follows_its_place_on(tmp_path, shop,
+                                                                              visitors):
+    """kill -9 of the server under a waiting page, then a start from its binlog: the page
+    says the connection was lost, reconnects by itself (Last-Event-ID, backoff), and its
+    stream goes on: when the visitor ahead is done, it is sent to admit_url."""
+    served = serve(tmp_path, "100/s", 1, "-b", str(tmp_path / "wal"),
+                   config_text=ROOM.replace("{admit_url}", shop))
+    try:
+        ahead = call("POST", f"{served.base}/v1/tasks",
+                     {"function": FUNCTION, "type": "online"})[2]
+        [driver] = visitors(1)
+        driver.get(f"{served.base}/room/{FUNCTION}")
+        shows(driver, "Ahead of you in line: 0")
+        uid = kept(driver)
+        driver.execute_script("window.zstalkNotReloaded = true")
+        served.server.kill()
+        until(lambda: "connection was lost" in text(driver, "room-time"),
+              message="the page never said the connection was lost")
+        served.server.start()
+        until(lambda: "Time left: about" in text(driver, "room-time"),
+              message="the page never came back from the restart")
+        assert driver.execute_script("return window.zstalkNotReloaded") is True, "by itself"
+        code, _, body = call("POST", f"{served.base}/v1/tasks/{ahead['uniqueId']}/done", {},
+                             {"Authorization": f"Bearer {ahead['pass']}"})
+        assert code == 200, body
+        until(lambda: driver.current_url.startswith(shop),
+              message="the resumed stream never brought the turn")
+        assert call("GET", f"{served.base}/v1/tasks/{uid}")[2]["status"] == "admitted"
+    finally:
+        served.server.stop()

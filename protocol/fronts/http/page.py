@@ -97,7 +97,8 @@ STRINGS = {
 
 BUILT_IN = ('<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            '<title>{title}</title>\n<link rel="icon" href="data:,">\n</head>\n<body>\n' + PLACEHOLDER + '\n</body>\n</html>\n')
+            '<title>{title}</title>\n<link rel="icon" href="data:,">\n</head>\n<body>\n'
+            + PLACEHOLDER + '\n</body>\n</html>\n')
 _QUALITY = re.compile(r"^\s*q\s*=\s*([01](?:\.\d{0,3})?)\s*$", re.I)
 
 

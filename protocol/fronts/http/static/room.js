@@ -45,9 +45,11 @@
   let backoffMs = 0;        // grows while reconnecting fails
   let controller = null;    // aborts the stream being read
   let finished = false;     // admitted, ended or left: no more reconnecting
+  let lastPlace = null;     // shown again when a stream resumes (it sends no news if none)
 
   function fill(text, values) {
-    return text.replace(/\{(\w+)\}/g, (whole, name) => (name in values ? String(values[name]) : whole));
+    return text.replace(/\{(\w+)\}/g,
+                        (whole, name) => (name in values ? String(values[name]) : whole));
   }
 
   function say(text, time) {
@@ -82,19 +84,23 @@
     }
     visit = null;
     lastEventId = "";
+    lastPlace = null;
   }
 
   function duration(ms) {
     const seconds = Math.max(0, Math.round(ms / 1000));
-    return seconds < 120 ? fill(words.seconds, {s: seconds}) : fill(words.minutes, {m: Math.round(seconds / 60)});
+    return seconds < 120 ? fill(words.seconds, {s: seconds})
+                         : fill(words.minutes, {m: Math.round(seconds / 60)});
   }
 
   function when(instant) {
     const date = new Date(instant);
-    return isNaN(date) ? String(instant) : date.toLocaleString(lang, {dateStyle: "medium", timeStyle: "short"});
+    return isNaN(date) ? String(instant)
+                       : date.toLocaleString(lang, {dateStyle: "medium", timeStyle: "short"});
   }
 
   function showPlace(place) {
+    lastPlace = place;
     if (place.phase === "pre-line") {
       say(fill(words.preline, {at: when(place.opensAt)}));
       return;
@@ -104,7 +110,8 @@
       say([ahead, words.closed].filter(Boolean).join(" "));
       return;
     }
-    const time = place.waitTime === undefined ? words.timeUnknown : fill(words.time, {t: duration(place.waitTime)});
+    const time = place.waitTime === undefined ? words.timeUnknown
+                                              : fill(words.time, {t: duration(place.waitTime)});
     say(ahead || words.joining, time);
   }
 
@@ -224,6 +231,9 @@
       return reconnect(Number(response.headers.get("Retry-After")) * 1000 || 0);
     }
     backoffMs = 0;
+    if (lastPlace) {
+      showPlace(lastPlace);     // (away with "connection lost": the stream is back)
+    }
     const parser = eventParser();
     const decoder = new TextDecoder();
     const reader = response.body.getReader();
