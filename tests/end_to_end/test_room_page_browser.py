@@ -5,8 +5,9 @@ own profiles (so three localStorages), driven by Selenium through Debian's chrom
 page served here) with a pass that /v1/passes/verify takes; the others see their places,
 and when the first is done the last one's place falls on screen, without a reload; a
 visitor who reloads keeps their place; one who leaves (the button) gives it up; the page
-breaks no rule of its CSP.  Screenshots go to SCREENSHOTS (docs/waiting-room.md, "The
-waiting page", shows one of them: docs/images/room-waiting.png)."""
+breaks no rule of its CSP; a German visitor; a pre-line and a closed line; a page that
+reconnects by itself across a restart.  Screenshots go to SCREENSHOTS (docs/waiting-room.md,
+"The waiting page", shows one of them: docs/images/room-waiting.png)."""
 from __future__ import annotations
 
 import contextlib
