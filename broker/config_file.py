@@ -288,7 +288,8 @@ def load(path: str, pages_in_use: dict | None = None) -> TaskConfig:
 
 def _room_templates(table: dict, path: str) -> dict[str, str]:
     """Each function's room_template (\"\" for [functions]' own, which the named ones
-    inherit), as a path: relative to the config file's folder, as written otherwise."""
+    inherit), as a path: relative to the config file's folder, as written otherwise; ""
+    where one says "" (the built-in page, whatever [functions] says)."""
     folder = os.path.dirname(os.path.abspath(path))
     default = table.get("room_template", "")
     named = {name: entry.get("room_template", default) for name, entry in table.items()
@@ -298,7 +299,7 @@ def _room_templates(table: dict, path: str) -> dict[str, str]:
         if not isinstance(file, str):
             where = f"[functions.{name}]" if name else "[functions]"
             raise ConfigError(f"{path}: {where} room_template must be a file's path")
-    return {name: os.path.join(folder, file) for name, file in files.items() if file}
+    return {name: file and os.path.join(folder, file) for name, file in files.items()}
 
 
 def room_pages(files: dict[str, str], in_use: dict | None) -> tuple[dict, tuple[str, ...]]:
@@ -308,7 +309,7 @@ def room_pages(files: dict[str, str], in_use: dict | None) -> tuple[dict, tuple[
     pages, warnings = {}, []
     for name, file in files.items():
         try:
-            pages[name] = read_room_template(file)
+            pages[name] = file and read_room_template(file)
         except ConfigError as exc:
             if in_use is None:
                 raise

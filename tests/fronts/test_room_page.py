@@ -184,7 +184,10 @@ def test_a_room_template_is_read_relative_to_the_config_and_inherited_from_funct
     config.write_text('[functions]\nbase_url = "http://127.0.0.1:9"\nfunctions = ["listed"]\n'
                       'online = "public"\nroom_template = "pages/all.html"\n'
                       '[functions.own]\nroom_template = "pages/own.html"\n'
-                      '[functions.members]\nonline = "master"\n')
+                      '[functions.members]\nonline = "master"\n'
+                      '[functions.plain]\nroom_template = ""\n')
     rooms = Broker(Config(**core_fields(load(str(config)))), 0.0).settings().rooms
-    assert set(rooms) == {"own", "listed"}, "not members (master), nor others (no base_url_any)"
+    assert set(rooms) == {"own", "listed", "plain"}, \
+        "not members (master), nor others (no base_url_any)"
     assert "Shop own" in rooms["own"][0] and "Shop all" in rooms["listed"][0]
+    assert rooms["plain"][0] == "", 'its own "": the built-in page'
