@@ -107,7 +107,7 @@
     }
     const ahead = place.waitNum === undefined ? "" : fill(words.place, {n: place.waitNum});
     if (place.phase === "closed") {
-      say([ahead, words.closed].filter(Boolean).join(" "));
+      say([ahead, words.closed].filter(Boolean).join(". "));
       return;
     }
     const time = place.waitTime === undefined ? words.timeUnknown
