@@ -257,7 +257,7 @@ class BrokerActor:
             return
         from .config_file import ConfigError, check_passes, load
         try:
-            fns = load(self.config_path)
+            fns = load(self.config_path, self.core.config.room_pages)
             warnings = fns.warnings + check_passes(fns, self.config_path)
         except ConfigError as exc:
             log.warning("SIGHUP: kept the config in use: %s", exc)

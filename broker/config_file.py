@@ -176,6 +176,10 @@ KEYS: tuple[Key, ...] = (
         "true: the line fills, nobody is admitted (SIGHUP with false opens it)"),
     Key((FUNCTION,), "max_waiting", "integer", 0, "tasks",
         "online tasks that may wait at once; one more is a 429 line_full (0: no cap)"),
+    Key(EVERY, "room_template", "path", "", "",
+        "the waiting page's HTML (GET /room/NAME, online \"public\" or \"only\"): a file, "
+        "relative to this one, with one {{ room }} where the room goes; read at start and "
+        "on SIGHUP, where an error keeps the page in use (\"\": the built-in page)"),
     Key(EVERY, "allow_origins", "list of origins", [], "",
         "pages (scheme://host[:port], or \"*\") that may call the API from a browser (CORS)"),
     Key((UPSTREAM,), "balance", "string", "round_robin", "",
@@ -256,9 +260,20 @@ class TaskConfig(NamedTuple):
     max_body_bytes: int = DEFAULT_SIZE
     warnings: tuple[str, ...] = ()       # said at start and on SIGHUP; nothing refused
     online_keys: tuple[str, ...] = ()    # where `online` is set ("[functions.NAME] online")
+    # each function's room_template as read (name -> its HTML; "" for [functions]' own):
+    # the HTTP fronts' waiting pages (Settings.rooms)
+    room_pages: dict = {}
 
 
-def load(path: str) -> TaskConfig:
+#: a room_template's placeholder, and the most a template may be (it travels in Settings)
+ROOM_PLACEHOLDER = "{{ room }}"
+ROOM_TEMPLATE_MAX_BYTES = 64 * 1024
+
+
+def load(path: str, pages_in_use: dict | None = None) -> TaskConfig:
+    """The config file at `path`.  `pages_in_use`: the room templates read before (SIGHUP),
+    which a template that cannot be read now keeps, with a warning naming its file (at
+    start, None: such a template is a ConfigError)."""
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -281,8 +296,61 @@ def load(path: str) -> TaskConfig:
     max_body = size_bytes(_get(table, API, "max_body"), f"{path}: [api] max_body")
     upstreams = _upstreams(doc.get("upstreams", {}), path)
     api = ApiPolicy(**{k: _get(flags, API, k) for k in ApiPolicy._fields})
-    return functions(doc.get("functions", {}), path, upstreams)._replace(
-        api=api, max_body_bytes=max_body, upstreams=tuple(upstreams.values()))
+    fns = functions(doc.get("functions", {}), path, upstreams)
+    pages, kept = room_pages(_room_templates(doc.get("functions", {}), path), pages_in_use)
+    return fns._replace(api=api, max_body_bytes=max_body, upstreams=tuple(upstreams.values()),
+                        room_pages=pages, warnings=fns.warnings + kept)
+
+
+def _room_templates(table: dict, path: str) -> dict[str, str]:
+    """Each function's room_template (\"\" for [functions]' own, which the named ones
+    inherit), as a path: relative to the config file's folder, as written otherwise; ""
+    where one says "" (the built-in page, whatever [functions] says)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    default = table.get("room_template", "")
+    named = {name: entry.get("room_template", default) for name, entry in table.items()
+             if isinstance(entry, dict)}
+    files = {"": default, **named} if default else named
+    for name, file in files.items():
+        if not isinstance(file, str):
+            where = f"[functions.{name}]" if name else "[functions]"
+            raise ConfigError(f"{path}: {where} room_template must be a file's path")
+    return {name: file and os.path.join(folder, file) for name, file in files.items()}
+
+
+def room_pages(files: dict[str, str], in_use: dict | None) -> tuple[dict, tuple[str, ...]]:
+    """The templates read (name -> HTML), and the warnings of those that kept the page in
+    use (`in_use`: SIGHUP; None at start, where a template that cannot be read is a
+    ConfigError naming its file)."""
+    pages, warnings = {}, []
+    for name, file in files.items():
+        try:
+            pages[name] = file and read_room_template(file)
+        except ConfigError as exc:
+            if in_use is None:
+                raise
+            warnings.append(f"{exc}: kept the waiting page in use")
+            pages[name] = in_use.get(name, "")
+    return pages, tuple(warnings)
+
+
+def read_room_template(file: str) -> str:
+    """A room template's HTML: UTF-8, at most ROOM_TEMPLATE_MAX_BYTES, with
+    ROOM_PLACEHOLDER exactly once; or a ConfigError naming the file."""
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(ROOM_TEMPLATE_MAX_BYTES + 1)
+        text = raw.decode()
+    except OSError as exc:
+        raise ConfigError(f"room_template {file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"room_template {file}: not UTF-8") from None
+    if len(raw) > ROOM_TEMPLATE_MAX_BYTES:
+        raise ConfigError(f"room_template {file}: over {ROOM_TEMPLATE_MAX_BYTES} bytes")
+    if text.count(ROOM_PLACEHOLDER) != 1:
+        raise ConfigError(f"room_template {file}: needs {ROOM_PLACEHOLDER} exactly once, "
+                          "where the room goes")
+    return text
 
 
 def functions(table: Any, path: str = "config", upstreams: dict | None = None) -> TaskConfig:
@@ -471,7 +539,7 @@ def core_fields(fns: TaskConfig | None) -> dict:
         return {}
     return {"functions": fns.named, "base_function": fns.base, "api": fns.api,
             "max_body_bytes": fns.max_body_bytes, "max_result_bytes": fns.max_result_bytes,
-            "upstreams": fns.upstreams}
+            "upstreams": fns.upstreams, "room_pages": dict(fns.room_pages)}
 
 
 def _no_unknown(entry: dict, known: set, where: str) -> None:

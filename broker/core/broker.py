@@ -91,6 +91,9 @@ class Config(NamedTuple):
     api: ApiPolicy = ApiPolicy()      # what a request without the master key may do
     max_body_bytes: int = 1 << 20     # HTTP fronts: a request body (Settings)
     max_result_bytes: int = 1 << 20   # dispatchers: a function's result (Settings)
+    # HTTP fronts: each function's waiting-page template, as the config file's reader read
+    # it (broker/config_file.py: room_pages; the core reads no file)
+    room_pages: dict = {}
     # build the task family when first used, not at start (Broker._build_tasks): a server
     # whose config names no function (zstalkd) answers its first command without it
     tasks_later: bool = False
@@ -326,13 +329,14 @@ class Broker:
         api = self.tasking.api
         return Settings(*sizes, api.public_enqueue, api.private_results,
                         *self.tasking.cross_origin(), self.tasking.group_headers(),
-                        api.trust_forwarded)
+                        api.trust_forwarded, self.tasking.rooms(c.room_pages))
 
     def configure_functions(self, functions, now: float) -> None:
         """A config read again (config_file.TaskConfig): calls go where it says now, and
         HTTP fronts and dispatchers get the new Settings."""
         self.config = self.config._replace(max_body_bytes=functions.max_body_bytes,
-                                           max_result_bytes=functions.max_result_bytes)
+                                           max_result_bytes=functions.max_result_bytes,
+                                           room_pages=dict(functions.room_pages))
         self.tasking.configure({f.name: f for f in functions.named}, functions.base,
                                functions.api, now, functions.upstreams)
         settings = self.settings()

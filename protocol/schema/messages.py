@@ -27,7 +27,7 @@ from .ops import Op, R
 #: its process, the default, never encodes a message and starts without it
 msgpack = None
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: the version from which a dispatcher's failed call may move to the next server of its
 #: upstream within its attempt: it reports whether the request may have been sent and
 #: echoes the T_CALL's "move" (outcome.py, task_messages.Call); an older dispatcher says
@@ -55,11 +55,16 @@ POSITIONS_SINCE = 8
 #: `pool`); an older dispatcher would ignore the ext key (a reader skips names it does
 #: not know) and call through its one shared pool, so the broker sends it none
 KEEPALIVE_SINCE = 8
+#: the version from which Settings carry `rooms` (the waiting pages an HTTP front serves
+#: at /room/{function}): a version-8 front is sent its nine fields and serves no page (404)
+ROOMS_SINCE = 9
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
-#: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT
-#: (`_downgrade` leaves it out of Replies), no operator's ops (OPERATOR_SINCE), no
-#: trust_forwarded in Settings (its eight first fields) and no T_POSITIONS.  Version 6 (the
+#: version back.  Version 8 had no rooms in Settings (its nine first fields, ROOMS_SINCE).
+#: Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT (`_downgrade` leaves
+#: it out of Replies), no operator's ops (OPERATOR_SINCE), no trust_forwarded in Settings
+#: (its eight first fields), no T_POSITIONS and no keep-alive pools (KEEPALIVE_SINCE).
+#: Version 6 (the
 #: first with NotLeader) had no group_headers in Settings (its seven first fields), and
 #: no task token: T_INFO and T_CANCEL end before their
 #: `token` field (an older front sends none: the key decides, as it did), and a T_ENQUEUE
@@ -103,6 +108,11 @@ class Settings(NamedTuple):
     # (version 8) the [api] trust_forwarded policy: a client's address is the first
     # X-Forwarded-For hop, for the HTTP front's own per-address caps (its event streams)
     trust_forwarded: bool = False
+    # (version 9) the waiting pages (protocol/fronts/http/page.py): each function the public
+    # may join (online "public" or "only"; "" for any name under base_url) -> [its
+    # room_template's HTML ("": the built-in page), its online_heartbeat in ms].  The
+    # broker reads the templates (broker/config_file.py: room_pages), at start and on SIGHUP
+    rooms: dict = {}
 
 
 class SessionState(NamedTuple):
@@ -302,7 +312,7 @@ def _upgrade_op(op, version: int):
 
 
 #: the Settings fields of each older version (version 1 also had no Settings message)
-_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7, 7: 8}     # (8 on: all nine)
+_SETTINGS_FIELDS = {1: 1, 2: 5, 3: 5, 4: 5, 5: 7, 6: 7, 7: 8, 8: 9}    # (9 on: all ten)
 
 
 def _downgrade(msg: Message, version: int) -> Message | tuple | None:

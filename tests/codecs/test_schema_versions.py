@@ -13,10 +13,11 @@ import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
 from zstalk.protocol.schema import (OLDEST_PEER_VERSION, OPERATOR_SINCE, POSITIONS_SINCE,
+                                    ROOMS_SINCE,
                                     SCHEMA_VERSION, NotLeader, Op, R, Replies, SchemaError,
                                     Settings, Stopping, Welcome, decode, decode_peer, encode)
 
-V1, V2, V3, V4, V5, V6, V7 = 1, 2, 3, 4, 5, 6, 7
+V1, V2, V3, V4, V5, V6, V7, V8 = 1, 2, 3, 4, 5, 6, 7, 8
 HELLO, BATCH = 1, 3
 
 
@@ -26,7 +27,7 @@ def packed(version: int, kind: int, *fields) -> bytes:
 
 # -- the schema module -----------------------------------------------------------------------
 def test_this_version_takes_peers_back_to_version_1():
-    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (8, 1)
+    assert (SCHEMA_VERSION, OLDEST_PEER_VERSION) == (9, 1)
 
 
 def test_the_operators_ops_came_with_version_8_and_a_version_7_batch_is_taken_as_it_is():
@@ -62,8 +63,8 @@ def test_a_peer_older_than_version_6_is_not_told_anything_by_a_standby(version):
     assert encode(NotLeader("tcp://10.0.0.2:11400", 3), version) is None
 
 
-@pytest.mark.parametrize("version, fields", [(V5, 7), (V6, 7), (V7, 8)])
-def test_a_version_5_or_6_peer_gets_settings_without_the_group_headers_and_7_without_trust(
+@pytest.mark.parametrize("version, fields", [(V5, 7), (V6, 7), (V7, 8), (V8, 9)])
+def test_a_version_5_or_6_peer_gets_settings_without_the_group_headers_7_without_trust_8_rooms(
         version, fields):
     # (a peer builds Settings from every field it gets: one more would not fit)
     welcome = Welcome(7, 9, ORIGINS, True)
@@ -81,7 +82,15 @@ def test_a_version_7_batch_is_taken_as_it_is_and_positions_came_with_version_8()
     assert version == V7 and [tuple(op) for op in msg.ops] == ops
     # (a front of version 8 reaches no version-7 broker: it refuses it as too new, so a
     # front never sends T_POSITIONS to a broker that does not know it)
-    assert POSITIONS_SINCE == SCHEMA_VERSION == 8 and Op.T_POSITIONS == 64
+    assert POSITIONS_SINCE == 8 and Op.T_POSITIONS == 64
+
+
+def test_the_waiting_pages_came_with_version_9_and_a_version_8_batch_is_taken_as_it_is():
+    # (a version-8 front is sent nine Settings fields, without rooms: it serves no page)
+    assert ROOMS_SINCE == SCHEMA_VERSION == 9 and Settings._fields[9] == "rooms"
+    ops = [(Op.T_POSITIONS, 1, ["u"]), (Op.T_INFO, 1, "u", False, b"d" * 32)]
+    version, msg = decode_peer(packed(V8, BATCH, ops))
+    assert version == V8 and [tuple(op) for op in msg.ops] == ops
 
 
 def test_a_version_5_batch_is_taken_as_it_is():
@@ -277,7 +286,8 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
         new.send(packed(SCHEMA_VERSION, HELLO, 2, "http", os.getpid(), 0, []))
         assert next_of(old, WELCOME)[4] == [65535, 1 << 20, 1 << 20, False, False]
         assert next_of(new, WELCOME)[4][5:] == [{"shop": ["https://shop.example"]},
-                                                ["https://shop.example"], [], False]
+                                                ["https://shop.example"], [], False,
+                                                {"shop": ["", 300_000]}]
         old.send(packed(V4, BATCH, [[Op.OPEN, 1], [Op.T_ENQUEUE, 1, "shop", b"{}", None, "u",
                                                    False, {"type": "online"}]]))
         [[_, code, info]] = next_of(old, REPLIES)[2]
@@ -286,8 +296,9 @@ def test_a_version_4_http_front_gets_five_settings_fields_in_welcome_and_after_s
         config.write_text(room + 'allow_origins = ["https://other.example"]\n')
         broker.process.send_signal(signal.SIGHUP)
         assert next_of(old, SETTINGS) == [V4, 7, 65535, 1 << 20, 1 << 20, False, False]
-        assert next_of(new, SETTINGS)[-4:] == [{"shop": ["https://other.example"]},
-                                               ["https://other.example"], [], False]
+        assert next_of(new, SETTINGS)[-5:] == [{"shop": ["https://other.example"]},
+                                               ["https://other.example"], [], False,
+                                               {"shop": ["", 300_000]}]
     finally:
         old.close()
         new.close()

@@ -1,5 +1,5 @@
-# A real browser for the tests of what only a browser enforces (CORS): Debian's chromium,
-# headless, which scripts/test installs.
+# A real browser for the tests of what only a browser enforces (CORS) and of the waiting
+# page: Debian's chromium, headless, which scripts/test installs.
 #
 # page_text(url, element_id) opens the page in a fresh profile, lets its scripts run until
 # nothing is left to do (virtual time: a page's timers fire at once, while its fetches are
@@ -7,9 +7,16 @@
 # scripts left it.  No WebDriver: `--dump-dom` is all the tests need, and one process per
 # page starts in about a second.  Without chromium, or with ZSTALK_TEST_SKIP=browser, the test
 # is skipped, or fails under CI=true (servers.needs_group).
+#
+# visitor(profile) is a whole browser driven through WebDriver, for a page that goes on
+# living while the test acts (the waiting page): Selenium with Debian's chromedriver
+# (Service("/usr/bin/chromedriver"), SE_OFFLINE=true: Selenium Manager never downloads a
+# driver or a browser), one profile folder each, so each visitor has a localStorage of
+# its own.
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import tempfile
@@ -36,3 +43,21 @@ def page_text(url: str, element_id: str) -> str:
     match = re.search(rf'<(\w+) id="{re.escape(element_id)}"[^>]*>(.*?)</\1>', out.stdout, re.S)
     assert match, f"no #{element_id} in the page's DOM:\n{out.stdout}\n{out.stderr[-2000:]}"
     return html.unescape(match[2])
+
+
+def visitor(profile: str, language: str = "en"):
+    """A headless chromium of its own `profile` folder, asking for pages in `language`;
+    the caller quits it."""
+    browser, driver = chromium(), needs_group("browser", "chromedriver")
+    os.environ["SE_OFFLINE"] = "true"       # (never a downloaded driver)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                     "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+                     "--window-size=900,640", f"--lang={language}"):
+        options.add_argument(argument)
+    options.add_experimental_option("prefs", {"intl.accept_languages": language})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)

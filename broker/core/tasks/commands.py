@@ -177,6 +177,15 @@ class TaskCommands:
                    for origin in spec.allow_origins]
         return origins, list(dict.fromkeys(enqueue))
 
+    def rooms(self, pages: dict[str, str]) -> dict[str, list]:
+        """The waiting pages the HTTP fronts serve (Settings): each function the public
+        may join (online "public" or "only"; "" for names under base_url) -> [its
+        template's HTML, as `pages` has it, else [functions]' own ("": the built-in
+        page), online_heartbeat ms]."""
+        specs = {**self.store.functions, **({"": self.store.base} if self.store.base else {})}
+        return {name: [pages.get(name, pages.get("", "")), spec.heartbeat_ms]
+                for name, spec in specs.items() if spec.online in enqueue.PUBLIC_ONLINE}
+
     def group_headers(self) -> list[str]:
         """The request headers some function groups by (group_by = "header:NAME"), lower
         case: an HTTP front sends their values with each enqueue (Settings)."""

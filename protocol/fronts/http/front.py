@@ -25,6 +25,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
                                   beanstalk and counter families: protocol/fronts/http/views.py
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
+    GET    /room/{function}, /room/static/{name}   its waiting page: protocol/fronts/http/page.py
     OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
                                   functions allow: protocol/fronts/http/cors.py
 
@@ -85,6 +86,7 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
+from .page import Pages
 from .room import Room
 from .streams import Streams
 from .views import Views
@@ -320,6 +322,7 @@ class HttpFront(LinkOwner):
                  pass_key_file: str | None = None) -> None:
         self.master_key = master_key.encode() if master_key else None
         self.room = Room(pass_key_file)
+        self.pages = Pages()        # the waiting pages (page.py)
         self.cors = Cors(lambda: self.link.settings)
         self.limits = limits
         self.tls = tls              # an ssl.SSLContext: serve HTTPS
@@ -349,6 +352,8 @@ class HttpFront(LinkOwner):
         app.router.add_delete("/v1/tasks/{uniqueId}", self.cancel)
         app.router.add_post("/v1/tasks/{uniqueId}/done", self.done)
         app.router.add_get("/v1/passes/verify", self.passes_verify)
+        app.router.add_get("/room/static/{name}", self.room_static)
+        app.router.add_get("/room/{function}", self.room_page)
         for path in CORS_ROUTES:
             app.router.add_route("OPTIONS", path, self.cors.preflight)
         app.router.add_post("/v1/schedules", self.schedule)
@@ -577,6 +582,15 @@ class HttpFront(LinkOwner):
         # request; meanwhile the pass's signature and expiry decide at once (room.py)
         return await self.room.verify(request, self.link.state is READY, lambda uid: self.call(
             (_T_INFO, CONN, uid, True)))
+
+    async def room_page(self, request: web.Request) -> web.Response:
+        """The waiting page of a function the public may join (page.py; Settings.rooms)."""
+        made = self.pages.response(self.link.settings.rooms, request)
+        return problem_response(made) if isinstance(made, Problem) else made
+
+    async def room_static(self, request: web.Request) -> web.Response:
+        made = self.pages.static_response(request)
+        return problem_response(made) if isinstance(made, Problem) else made
 
     async def cancel(self, request: web.Request) -> web.Response:
         """Cancel a task, or leave the waiting room: with the master key, or with the

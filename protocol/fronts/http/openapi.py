@@ -622,6 +622,34 @@ def passes_verify() -> dict:
     }
 
 
+def room_paths() -> dict:
+    """The waiting page and its static files (protocol/fronts/http/page.py): for browsers."""
+    name = {"name": "function", "in": "path", "required": True, "schema": {"type": "string"}}
+    static = {"name": "name", "in": "path", "required": True,
+              "schema": {"type": "string", "enum": ["room.js", "room.css"]}}
+    return {
+        "/room/{function}": {"get": {
+            "operationId": "roomPage",
+            "summary": "The waiting page of a function the public may join",
+            "description": "HTML (its room_template, or the built-in page) in English or "
+                           "German by Accept-Language, under a Content-Security-Policy "
+                           "without 'unsafe-inline'. Its script joins the line, or takes "
+                           "back the place its localStorage keeps, follows taskEvents and "
+                           "goes to admitUrl when admitted. Only for a function whose "
+                           "`online` is \"public\" or \"only\".",
+            "security": [{}], "parameters": [name],
+            "responses": _responses({"200": {"description": "The page.", "content": {
+                "text/html": {"schema": {"type": "string"}}}}}, "404")}},
+        "/room/static/{name}": {"get": {
+            "operationId": "roomStatic",
+            "summary": "The waiting page's script or style, cached for a year",
+            "security": [{}], "parameters": [static],
+            "responses": _responses({"200": {"description": "The file.", "content": {
+                "text/javascript": {"schema": {"type": "string"}},
+                "text/css": {"schema": {"type": "string"}}}}}, "404")}},
+    }
+
+
 def preflight(path: str, operation_id: str) -> dict:
     """OPTIONS on a route a page may call (protocol/fronts/http/cors.py)."""
     route, plain = ROUTES[path], {"schema": {"type": "string"}}
@@ -888,6 +916,7 @@ def document() -> dict:
                 "options": preflight("/v1/tasks/{uniqueId}/done", "preflightTaskDone")},
             "/v1/tasks/{uniqueId}/retry": {"post": retry()},
             "/v1/passes/verify": {"get": passes_verify()},
+            **room_paths(),
             **schedule_paths(),
             **function_paths(),
             **openapi_views.paths(_keyed_op, _json, _responses),
