@@ -10,12 +10,16 @@ ended, pause a server, and say when a server will be usable again.
     group.done(peer, failed, now)        # conns - 1 and nginx's failure accounting
     group.release(peer)                  # conns - 1 only: an aborted call
     group.pause(peer, until)             # a 429/503 with Retry-After: skip it until then
+    group.checked(peer, ok, now)         # an active health check's result (health.py)
 
 zstalk has one state owner, so every dispatcher shares this one view of every server:
 what open-source nginx has only with a `zone`, each worker otherwise keeping its own.
 The state is not durable (a restart starts every server fresh); a reload keeps each
 server's state while its url as written stays in the upstream (`reload`), and starts the
 slow start (peer.py) of a server it adds to an upstream or brings back from `down`.
+With a `health_check`, each server carries its check state (health.Check): a server
+new to the group starts healthy, or unhealthy if the check is `mandatory`; a reload
+that removes the check makes every server healthy.
 
 Pure: no clock, socket or thread; `now` is monotonic seconds, a parameter.  nginx's
 sources for each rule are cited in peer.py (state, failures) and balance.py (methods).
@@ -34,13 +38,15 @@ from .unavailable import BUSY, NO_LIVE_UPSTREAMS, Unavailable
 class PeerView(NamedTuple):
     """One server as an operator sees it."""
     url: str
-    state: str                  # usable | failed | paused | full | down
+    state: str                  # usable | failed | paused | full | unhealthy | down
     backup: bool
     conns: int
     fails: int
     usable_at: float | None     # when time alone makes it usable (now if it is)
     ramp_until: float | None = None     # in slow start (peer.py) until then; None: not
     share: float = 1.0          # ... with this part of its weight now
+    up: bool | None = None      # active health checks: healthy or not (None: no checks)
+    last_check: float | None = None     # ... when the last result came (None: never)
 
 
 class UpstreamGroup:
@@ -54,6 +60,7 @@ class UpstreamGroup:
         self.spec = spec
         self.rand = rand
         self.peers = tuple(self._peer(server, keep, now) for server in spec.servers)
+        self._attach_checks(spec.health_check)
         self._set = Peers(self.peers, rand, consistent=spec.consistent)
         self._method = method(spec.balance, spec.consistent, spec.two)
         # a group of one server (nginx's peers->single) is picked the same way whatever
@@ -71,6 +78,31 @@ class UpstreamGroup:
         if back and now is not None and not server.down:
             peer.ramp_up(now)
         return peer
+
+    def _attach_checks(self, health) -> None:
+        """Give each peer its check state (a new one: healthy unless `mandatory`), or,
+        with no checks, none: healthy."""
+        if health is None:
+            for peer in self.peers:
+                peer.up, peer.check = True, None
+            return
+        from .health import Check
+        for peer in self.peers:
+            if peer.check is None:
+                peer.check = Check(up=not health.mandatory)
+                peer.up = peer.check.up
+
+    def checked(self, peer: Peer, ok: bool, now: float, error: str | None = None) -> bool:
+        """An active health check of `peer` passed (`ok`) or failed; True when it made the
+        server healthy again, which starts its slow start (not for a group of one)."""
+        health = self.spec.health_check
+        if health is None or peer.check is None:
+            return False
+        back = peer.check.report(ok, health, now, error)
+        peer.up = peer.check.up
+        if back and not self._set.single:
+            peer.ramp_up(now)
+        return back
 
     def pick(self, key: str | None, now: float, tried: Iterable[Peer] = ()) -> Peer | None:
         """The server for a call (its conns + 1), or None when none is usable.  `key`:
@@ -130,8 +162,9 @@ class UpstreamGroup:
         return min(times, default=None)
 
     def unavailable(self, now: float) -> Unavailable:
-        """Why `pick` gave None at `now`."""
-        if all(peer.down for peer in self.peers):
+        """Why `pick` gave None at `now`: every server down or unhealthy is nginx's "no
+        live upstreams" (a health check, not time, brings one back)."""
+        if all(peer.down or not peer.up for peer in self.peers):
             return Unavailable(NO_LIVE_UPSTREAMS, None)
         return Unavailable(BUSY, self.next_usable(now))
 
@@ -141,7 +174,8 @@ class UpstreamGroup:
         return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
                          p.usable_at(now, single),
                          *((p.ramp_until, p.share(now)) if now < p.ramp_until and not single
-                           else ()))
+                           else (None, 1.0)),
+                         *((p.up, p.check.last_check) if p.check is not None else ()))
                 for p in self.peers]
 
     def reload(self, spec: UpstreamSpec, now: float | None = None) -> UpstreamGroup:
@@ -154,6 +188,8 @@ class UpstreamGroup:
 def _state(peer: Peer, now: float, single: bool) -> str:
     if peer.down:
         return "down"
+    if not peer.up:
+        return "unhealthy"
     if not single and peer.failed(now):
         return "failed"
     if now < peer.paused_until:

@@ -20,6 +20,8 @@ zstalk's own rules: a url appears once per upstream (a server keeps its state ac
 reload by its url as written, so two servers may not share one; nginx accepts a repeated
 `server` line), and a DNS name is one server (nginx expands it to every address).
 
+An upstream's `health_check` (nginx Plus's active checks) is checked in health.py.
+
 `validate` returns every problem as a `SpecError` naming the key; the config-file layer
 prefixes the file and the table.
 """
@@ -65,6 +67,7 @@ class UpstreamSpec(NamedTuple):
     rate: int = 0                   # calls per `per_s` seconds
     per_s: float = 1.0
     burst: int = 0
+    health_check: object = None     # nginx Plus's active checks: a health.HealthSpec
 
 
 class SpecError(NamedTuple):
@@ -159,4 +162,7 @@ def validate(spec: UpstreamSpec) -> list[SpecError]:
         seen.setdefault(server.url, i)
     if all(isinstance(s, ServerSpec) and s.backup is True for s in servers):
         errors.append(SpecError("servers", "needs a server that is not a backup"))
+    if spec.health_check is not None:
+        from .health import health_errors      # (loads only for an upstream with checks)
+        errors += health_errors(spec.health_check)
     return errors
