@@ -59,6 +59,11 @@ broker may move it to the next server of its upstream within its attempt, even w
 task is atMostOnce (broker/core/upstreams/next.py); a T_CALL that is such a move says
 its number (Call.move), and its report echoes it.
 
+The broker may give this dispatcher servers to probe for its upstreams' active health
+checks (R.T_CHECKS, schema 8): workers/health_checks.py runs them on their own timers and
+each result goes back as T_CHECKED; losing the broker stops them (it gives them out
+again, to us or another dispatcher, when we come back), and so does stopping.
+
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
 X-Zstalk-Signature, stamped when the call is sent: v1 over the time, the task id and
@@ -84,6 +89,7 @@ from ..protocol.schema import Op, R, SessionState, Welcome
 from ..protocol.schema.outcome import Outcome
 from ..protocol.schema.task_messages import Call
 from . import signing
+from .health_checks import HealthChecker
 
 log = logging.getLogger("zstalk.dispatcher")
 
@@ -122,6 +128,7 @@ class Dispatcher(LinkOwner):
         self.ready = False              # the link has had Welcome and not lost it since
         self.closing = False
         self.http: aiohttp.ClientSession | None = None
+        self.checks = HealthChecker(self._checked)      # the servers we probe (R.T_CHECKS)
         self.link = link if link is not None else open_link(broker, self.kind, self)
 
     # -- life cycle --------------------------------------------------------------------
@@ -137,6 +144,7 @@ class Dispatcher(LinkOwner):
         left (closing our session makes the broker count those unknown: they may have
         reached their functions).  A call pushed meanwhile is declined, not made."""
         self.closing = True
+        await self.checks.close()
         if self.ready:
             self.link.submit((Op.T_SUBSCRIBE, CONN, 0, True))
             self.link.flush_now()
@@ -166,6 +174,9 @@ class Dispatcher(LinkOwner):
                 self.unacked.pop((item[2], item[3]), None)
             elif item[1] == R.T_ABORT:      # that call's task was cancelled
                 self._abort(item[2], item[3])
+            elif item[1] == R.T_CHECKS:     # the servers to probe from now on
+                if not self.closing:
+                    self.checks.assign(item[2])
             elif item[1] != R.T_CALL:       # an error: the report stays, sent again later
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
@@ -189,6 +200,7 @@ class Dispatcher(LinkOwner):
         """Calls keep running; their reports, and those not yet NOTED, wait in `resend`
         for the next Welcome."""
         self.ready = False
+        self.checks.stop()
         self.resend[:0] = self.unacked.values()
         self.unacked.clear()
 
@@ -205,6 +217,11 @@ class Dispatcher(LinkOwner):
         claims = [[uid, attempt] for uid, attempt in self.calls.values()]
         claims += [[op[2], op[3]] for op in (*self.unacked.values(), *self.resend)]
         return [SessionState(CONN, "", [], [], claims)]
+
+    def _checked(self, upstream: str, url: str, ok: bool, error: str | None) -> None:
+        """A probe's result, to the broker (lost with the link: the next probe says it)."""
+        if self.ready:
+            self.link.submit((Op.T_CHECKED, CONN, upstream, url, ok, error))
 
     # -- calls -------------------------------------------------------------------------
     def _start_call(self, uid: str, attempt: int, url: str, params: bytes,

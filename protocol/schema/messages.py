@@ -50,6 +50,10 @@ OPERATOR_SINCE = 8
 #: an older version, on a newer broker in a rolling update, has no event streams (404)
 #: and its users poll GET /v1/tasks/{id} as before.
 POSITIONS_SINCE = 8
+#: the version from which a dispatcher probes servers for the broker's active health
+#: checks (R.T_CHECKS, answered with T_CHECKED per probe: broker/core/upstreams/health.py):
+#: an older dispatcher is given no probes (the others probe every server)
+HEALTH_CHECKS_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
 #: version back.  Version 7 had no next upstream (NEXT_UPSTREAM_SINCE), no R.T_ABORT
@@ -308,7 +312,7 @@ def _downgrade(msg: Message, version: int) -> Message | tuple | None:
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
     if isinstance(msg, Replies) and version < ABORT_SINCE:
-        msg = Replies([item for item in msg.items if item[1] != R.T_ABORT])
+        msg = Replies([item for item in msg.items if item[1] not in (R.T_ABORT, R.T_CHECKS)])
     fields = _SETTINGS_FIELDS.get(version)
     if isinstance(msg, Settings) and fields is not None:
         return tuple(msg[:fields]) if version >= 2 else None

@@ -93,11 +93,13 @@ def test_statuses_are_codes_or_inclusive_ranges_within_100_to_599():
         assert status_ranges(bad) is None
 
 
-def test_each_server_goes_to_one_dispatcher_spread_and_kept_while_it_lives():
+def test_each_server_goes_to_one_dispatcher_spread_and_a_joining_one_takes_only_its_share():
     servers = [f"s{i}" for i in range(6)]
     first = assign(servers, ["d1", "d2"], {})
     assert sorted(first.values()) == ["d1"] * 3 + ["d2"] * 3
-    assert assign(servers, ["d1", "d2", "d3"], first) == first   # (no churn on a join)
+    joined = assign(servers, ["d1", "d2", "d3"], first)
+    assert sorted(joined.values()) == ["d1"] * 2 + ["d2"] * 2 + ["d3"] * 2
+    assert sum(joined[s] != first[s] for s in servers) == 2     # (only what d3 took moved)
 
 
 def test_a_leaving_dispatchers_servers_are_shared_out_and_with_none_no_probes_run():
@@ -115,3 +117,13 @@ def test_probes_over_the_bound_stretch_every_interval_by_one_factor():
     factor = stretch([0.5] * 100)           # (200 probes a second)
     assert factor == 2.0
     assert sum(1 / (0.5 * factor) for _ in range(100)) == pytest.approx(MAX_PROBES_PER_S)
+
+
+def test_the_start_line_says_the_bound_and_a_stretch_when_the_configs_ask_more():
+    from zstalk.broker.core.upstreams.health import describe
+    servers = tuple(ServerSpec(f"http://s{i}:1") for i in range(300))
+    fast = UpstreamSpec("g", servers, health_check=HealthSpec(interval_s=1.0))
+    line = describe([fast, UpstreamSpec("plain", servers[:1])])
+    assert "300 servers of 1 upstreams" in line and f"at most {MAX_PROBES_PER_S} probes/s" in line
+    assert "stretched 3.00 times" in line
+    assert describe([UpstreamSpec("plain", servers[:1])]) is None

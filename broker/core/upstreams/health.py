@@ -11,7 +11,7 @@ A server that passes again after failing starts its `slow_start` (peer.py: `ramp
 as nginx Plus documents.  zstalk has no `match` body tests: status ranges only.
 
 zstalk's broker makes no HTTP call itself: it gives each checked server to ONE live
-dispatcher (`assign`), which probes it on its own timer (GET server url + path, a
+dispatcher (`assign`, spread evenly), which probes it on its own timer (GET server url + path, a
 `User-Agent: zstalk-health-check/...`) and reports each result; the broker's state
 (`Check`, on the Peer, so every dispatcher's picks see it at once) moves by the report
 (`Check.report`).  A dispatcher that goes hands its servers to the others; with no live
@@ -25,8 +25,6 @@ server healthy (or, mandatory, unhealthy until it passes).
 from __future__ import annotations
 
 from typing import Hashable, Iterable, Mapping, NamedTuple
-
-from .spec import SpecError
 
 #: probes per second over every upstream together, at most (say in the start line)
 MAX_PROBES_PER_S = 100
@@ -68,24 +66,26 @@ def status_ranges(values: object) -> tuple[tuple[int, int], ...] | None:
     return tuple(out)
 
 
-def health_errors(spec: HealthSpec) -> list[SpecError]:
-    """Why `spec` cannot be used ([] if it can); keys as `health_check.KEY`."""
+def health_errors(spec: HealthSpec) -> list[tuple[str, str]]:
+    """Why `spec` cannot be used, as (key, why) with keys as `health_check.KEY` ([] if it
+    can; spec.py makes them SpecErrors: this module does not import it, which imports
+    this one)."""
     errors = []
     if not isinstance(spec.path, str) or not spec.path.startswith("/"):
-        errors.append(SpecError("health_check.path", "must be a path starting with /"))
+        errors.append(("health_check.path", "must be a path starting with /"))
     for name, value in (("interval", spec.interval_s), ("timeout", spec.timeout_s)):
         if type(value) not in (int, float) or not MIN_INTERVAL_S <= value < float("inf"):
-            errors.append(SpecError(f"health_check.{name}",
+            errors.append((f"health_check.{name}",
                                     f"must be a duration of at least {MIN_INTERVAL_S:g}s"))
     for name in ("fails", "passes"):
         value = getattr(spec, name)
         if type(value) is not int or value < 1:
-            errors.append(SpecError(f"health_check.{name}", "must be an integer of at least 1"))
+            errors.append((f"health_check.{name}", "must be an integer of at least 1"))
     if spec.status is None:
-        errors.append(SpecError("health_check.status", "must list statuses or ranges "
+        errors.append(("health_check.status", "must list statuses or ranges "
                                 "like [\"200-399\", 404], each within 100-599"))
     if type(spec.mandatory) is not bool:
-        errors.append(SpecError("health_check.mandatory", "must be true or false"))
+        errors.append(("health_check.mandatory", "must be true or false"))
     return errors
 
 
@@ -117,18 +117,21 @@ class Check:
 
 def assign(servers: Iterable[Hashable], dispatchers: Iterable[Hashable],
            before: Mapping[Hashable, Hashable]) -> dict:
-    """Which dispatcher probes each server: one each, kept where it was while that
-    dispatcher lives, the others given one at a time to the one with fewest (ties to the
-    earlier), so servers spread over dispatchers and a leaving one's are shared out.  No
-    dispatcher: {} (no probes run)."""
+    """Which dispatcher probes each server: one each, spread evenly (no dispatcher holds
+    more than its share, the ceiling of servers / dispatchers).  A server stays where it
+    was while that dispatcher lives and is within its share; the others (new, a leaving
+    dispatcher's, or over a share after a dispatcher joined) go one at a time to the one
+    with fewest, ties to the earlier.  No dispatcher: {} (no probes run)."""
     live = list(dict.fromkeys(dispatchers))
     if not live:
         return {}
+    servers = list(servers)
+    share = -(-len(servers) // len(live))
     load = dict.fromkeys(live, 0)
     out, orphans = {}, []
     for server in servers:
         holder = before.get(server)
-        if holder in load:
+        if holder in load and load[holder] < share:
             out[server] = holder
             load[holder] += 1
         else:
@@ -145,3 +148,23 @@ def stretch(intervals_s: Iterable[float], bound: float = MAX_PROBES_PER_S) -> fl
     interval per server stays within `bound` per second altogether."""
     rate = sum(1.0 / interval for interval in intervals_s)
     return max(1.0, rate / bound)
+
+
+def describe(specs: Iterable) -> str | None:
+    """What the broker's start line says of the health checks of upstreams `specs`
+    (UpstreamSpecs), or None if none has any: servers, the bound and any stretch."""
+    intervals, upstreams = [], 0
+    for spec in specs:
+        if spec.health_check is not None:
+            upstreams += 1
+            intervals += [spec.health_check.interval_s for s in spec.servers if not s.down]
+    if not upstreams:
+        return None
+    factor = stretch(intervals)
+    line = (f"health checks: {len(intervals)} servers of {upstreams} upstreams, each probed "
+            f"by one dispatcher, at most {MAX_PROBES_PER_S} probes/s")
+    if factor > 1:
+        asked = sum(1 / i for i in intervals)
+        line += (f" (the configs ask {asked:.0f}/s: every interval is stretched "
+                 f"{factor:.2f} times)")
+    return line

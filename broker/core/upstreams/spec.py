@@ -164,5 +164,5 @@ def validate(spec: UpstreamSpec) -> list[SpecError]:
         errors.append(SpecError("servers", "needs a server that is not a backup"))
     if spec.health_check is not None:
         from .health import health_errors      # (loads only for an upstream with checks)
-        errors += health_errors(spec.health_check)
+        errors += [SpecError(*error) for error in health_errors(spec.health_check)]
     return errors

@@ -1,0 +1,110 @@
+"""Who probes which server for the active health checks, in the broker core on a fake clock
+(broker/core/tasks/components/health_probes.py, commands.py): each checked server goes to
+one live dispatcher, pushed as R.T_CHECKS, and to another when that one leaves or stops;
+only the assigned dispatcher's T_CHECKED moves a server's state, and a server failing its
+checks is skipped by every dispatcher's calls until it passes again.  A dispatcher older
+than HEALTH_CHECKS_SINCE is given none.  End to end: tests/end_to_end/test_health_checks.py."""
+from __future__ import annotations
+
+from test_tasks_core import D1, D2, HTTP, T0
+from zstalk.broker.core.broker import Broker, Config
+from zstalk.broker.core.tasks.store import FunctionSpec
+from zstalk.broker.core.upstreams import ServerSpec, UpstreamSpec
+from zstalk.broker.core.upstreams.health import HealthSpec
+from zstalk.protocol.schema import Batch, Hello, Op, R, Replies
+from zstalk.protocol.schema.messages import HEALTH_CHECKS_SINCE
+
+A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
+HEALTH = HealthSpec(path="/health", interval_s=2.0, fails=2, passes=1)
+
+
+class Cluster:
+    """A broker whose function `gen` is on upstream `gpu` (servers A, B, C, checked)."""
+
+    def __init__(self, health: HealthSpec = HEALTH, servers=(A, B, C)) -> None:
+        self.now = T0
+        upstream = UpstreamSpec("gpu", tuple(ServerSpec(u) for u in servers),
+                                health_check=health)
+        fn = FunctionSpec("gen", "", 100, upstream="gpu", path="/generate")
+        self.broker = Broker(Config(functions=(fn,), upstreams=(upstream,)), self.now)
+        for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
+                                     (D2, "dispatcher", 3)):
+            self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)
+            self.send(peer, (Op.OPEN, 1))
+
+    def send(self, peer: bytes, *ops) -> dict[bytes, list]:
+        self.broker.handle(peer, Batch(list(ops)), self.now)
+        out: dict[bytes, list] = {}
+        for p, msg in self.broker.flush():
+            if isinstance(msg, Replies):
+                out.setdefault(p, []).extend(msg.items)
+        return out
+
+    def checks(self, out: dict, peer: bytes) -> list[str] | None:
+        """The servers the last R.T_CHECKS to `peer` lists (None: none sent)."""
+        sent = [item[2] for item in out.get(peer, []) if item[1] == R.T_CHECKS]
+        return [check[1] for check in sent[-1]] if sent else None
+
+    def report(self, peer: bytes, url: str, ok: bool) -> None:
+        self.send(peer, (Op.T_CHECKED, 1, "gpu", url, ok, None if ok else "answered 500"))
+
+    def states(self) -> list[str]:
+        view = self.broker.tasking.store.upstream.servers("gpu", self.now, 0.0)
+        return [s.get("health", {}).get("status") for s in view]
+
+
+def test_each_server_is_probed_by_one_dispatcher_and_servers_spread_over_dispatchers():
+    c = Cluster()
+    first = c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    assert c.checks(first, D1) == [A, B, C]
+    assert first[D1][0][2][0] == ["gpu", A, "/health", 2000, 5000, [[200, 399]]]
+    second = c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False))
+    assert c.checks(second, D1) == [A, B] and c.checks(second, D2) == [C]     # (its share)
+    c.send(D1, (Op.CLOSE, 1))
+    c.send(D1, (Op.OPEN, 1))
+    again = c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False))
+    assert c.checks(again, D2) == [A, B, C]
+
+
+def test_a_leaving_dispatchers_servers_go_to_another_and_with_none_nothing_probes():
+    c = Cluster()
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False))
+    out = c.send(D1, (Op.T_SUBSCRIBE, 1, 0, True))      # (stopping: it probes no more)
+    assert c.checks(out, D1) == [] and c.checks(out, D2) == [A, B, C]
+    c.send(D2, (Op.CLOSE, 1))
+    assert c.broker.tasking.probes.holder == {}
+    assert c.states() == ["up", "up", "up"]             # (no probes: state kept)
+
+
+def test_only_the_assigned_dispatchers_reports_count_and_an_unhealthy_server_gets_no_calls():
+    c = Cluster(servers=(A, B))
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False))
+    for _ in range(3):
+        c.report(D2, A, False)                          # (not D2's server: ignored)
+    assert c.states() == ["up", "up"]
+    c.report(D1, A, False)
+    c.report(D1, A, False)
+    assert c.states() == ["down", "up"]
+    for n in range(4):
+        out = c.send(HTTP, (Op.T_ENQUEUE, 1, "gen", b"{}", None, f"t{n}", True))
+        calls = [item for items in out.values() for item in items if item[1] == R.T_CALL]
+        assert calls and all(call[4].startswith(B) for call in calls)
+    c.report(D1, A, True)
+    assert c.states() == ["up", "up"]
+
+
+def test_a_mandatory_check_keeps_servers_out_until_their_first_pass():
+    c = Cluster(health=HEALTH._replace(mandatory=True), servers=(A, B))
+    assert c.states() == ["down", "down"]
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    c.report(D1, B, True)
+    assert c.states() == ["down", "up"]
+
+
+def test_a_dispatcher_older_than_health_checks_is_given_no_probes():
+    c = Cluster()
+    c.broker.tasking.old_peers[D1] = HEALTH_CHECKS_SINCE - 1
+    assert c.checks(c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False)), D1) is None
+    assert c.checks(c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False)), D2) == [A, B, C]
