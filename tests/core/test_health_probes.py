@@ -108,3 +108,17 @@ def test_a_dispatcher_older_than_health_checks_is_given_no_probes():
     c.broker.tasking.old_peers[D1] = HEALTH_CHECKS_SINCE - 1
     assert c.checks(c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False)), D1) is None
     assert c.checks(c.send(D2, (Op.T_SUBSCRIBE, 1, 4, False)), D2) == [A, B, C]
+
+
+def test_the_broker_exports_each_checked_servers_health_and_last_check():
+    from zstalk.broker.metrics import BrokerMetrics
+    c = Cluster(servers=(A, B))
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    c.report(D1, A, False)
+    c.report(D1, A, False)
+    samples = BrokerMetrics(c.broker).samples(c.now)
+    up = {s.labels: s.value for s in samples if s.name == "zstalk_upstream_server_up"}
+    last = {s.labels: s.value for s in samples
+            if s.name == "zstalk_upstream_server_last_check_timestamp_seconds"}
+    assert up == {("gpu", A): 0, ("gpu", B): 1}
+    assert list(last) == [("gpu", A)] and last["gpu", A] == c.now + c.broker.wall_offset
