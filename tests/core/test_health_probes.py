@@ -6,39 +6,26 @@ checks is skipped by every dispatcher's calls until it passes again.  A dispatch
 than HEALTH_CHECKS_SINCE is given none.  End to end: tests/end_to_end/test_health_checks.py."""
 from __future__ import annotations
 
-from test_tasks_core import D1, D2, HTTP, T0
-from zstalk.broker.core.broker import Broker, Config
+from test_tasks_core import D1, D2, HTTP, BrokerClock
+from zstalk.broker.core.broker import Config
 from zstalk.broker.core.tasks.store import FunctionSpec
 from zstalk.broker.core.upstreams import ServerSpec, UpstreamSpec
 from zstalk.broker.core.upstreams.health import HealthSpec
-from zstalk.protocol.schema import Batch, Hello, Op, R, Replies
+from zstalk.protocol.schema import Op, R
 from zstalk.protocol.schema.messages import HEALTH_CHECKS_SINCE
 
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
 HEALTH = HealthSpec(path="/health", interval_s=2.0, fails=2, passes=1)
 
 
-class Cluster:
+class Cluster(BrokerClock):
     """A broker whose function `gen` is on upstream `gpu` (servers A, B, C, checked)."""
 
     def __init__(self, health: HealthSpec = HEALTH, servers=(A, B, C)) -> None:
-        self.now = T0
         upstream = UpstreamSpec("gpu", tuple(ServerSpec(u) for u in servers),
                                 health_check=health)
         fn = FunctionSpec("gen", "", 100, upstream="gpu", path="/generate")
-        self.broker = Broker(Config(functions=(fn,), upstreams=(upstream,)), self.now)
-        for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
-                                     (D2, "dispatcher", 3)):
-            self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)
-            self.send(peer, (Op.OPEN, 1))
-
-    def send(self, peer: bytes, *ops) -> dict[bytes, list]:
-        self.broker.handle(peer, Batch(list(ops)), self.now)
-        out: dict[bytes, list] = {}
-        for p, msg in self.broker.flush():
-            if isinstance(msg, Replies):
-                out.setdefault(p, []).extend(msg.items)
-        return out
+        super().__init__(config=Config(functions=(fn,), upstreams=(upstream,)))
 
     def checks(self, out: dict, peer: bytes) -> list[str] | None:
         """The servers the last R.T_CHECKS to `peer` lists (None: none sent)."""
