@@ -262,7 +262,9 @@ class BrokerActor:
         self.core.configure_functions(fns, time.monotonic())
         log.info("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
                  ", and any under base_url" if fns.base else "")
-        self._say_health_checks(fns.upstreams)
+        if any(spec.health_check is not None for spec in fns.upstreams):
+            from .core.upstreams.health import describe     # (the start line's, again)
+            log.info("SIGHUP: %s", describe(fns.upstreams))
         self._again = True
         if not self._busy:
             self._turn()
@@ -352,14 +354,6 @@ class BrokerActor:
         self._turn()
         log.info("broker %016x listening on %s", self.core.broker_id,
                  ", ".join(self.endpoints + self.local_names) or "nothing")
-        self._say_health_checks(self.core.config.upstreams)
-
-    @staticmethod
-    def _say_health_checks(upstreams) -> None:
-        """The upstreams' active health checks, if any, and the probe bound."""
-        if any(spec.health_check is not None for spec in upstreams):
-            from .core.upstreams.health import describe
-            log.info("%s", describe(upstreams))
 
     def let_last_replies_leave(self) -> None:
         """At process exit, after close(): a process that just exits drops what its

@@ -17,6 +17,7 @@ in step.  The probes have their own connection pool: they never take a call's sl
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import socket
@@ -26,6 +27,7 @@ import aiohttp
 
 from ..protocol.schema import VERSION
 
+log = logging.getLogger("zstalk.dispatcher")
 #: connections the probes may hold at once (the broker bounds probes per second)
 PROBE_CONNECTIONS = 64
 USER_AGENT = f"zstalk-health-check/{VERSION} (dispatcher {socket.gethostname()}:{os.getpid()})"
@@ -50,9 +52,13 @@ class HealthChecker:
                 task.cancel()
                 del self.loops[key]
         loop = asyncio.get_running_loop()
+        started = 0
         for key, entry in wanted.items():
             if key not in self.loops:
                 self.loops[key] = (entry, loop.create_task(self._probe_loop(*entry[:6])))
+                started += 1
+        log.info("dispatcher: health checks of %d servers (%d new) for the broker",
+                 len(self.loops), started)
 
     def stop(self) -> None:
         for _, task in self.loops.values():
