@@ -127,3 +127,11 @@ def test_the_start_line_says_the_bound_and_a_stretch_when_the_configs_ask_more()
     assert "300 servers of 1 upstreams" in line and f"at most {MAX_PROBES_PER_S} probes/s" in line
     assert "stretched 3.00 times" in line
     assert describe([UpstreamSpec("plain", servers[:1])]) is None
+
+
+def test_a_group_of_one_unhealthy_server_has_no_live_upstream_and_no_slow_start():
+    g = group(HealthSpec(), "a", slow_start_s=10.0)
+    g.checked(g.peers[0], False, 1.0)
+    assert g.pick(None, 1.0) is None and g.unavailable(1.0).reason == NO_LIVE_UPSTREAMS
+    assert g.checked(g.peers[0], True, 2.0)
+    assert g.pick(None, 2.0) is g.peers[0] and g.view(2.0)[0].ramp_until is None
