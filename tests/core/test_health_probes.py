@@ -11,7 +11,7 @@ from zstalk.broker.core.broker import Config
 from zstalk.broker.core.tasks.store import FunctionSpec
 from zstalk.broker.core.upstreams import ServerSpec, UpstreamSpec
 from zstalk.broker.core.upstreams.health import HealthSpec
-from zstalk.protocol.schema import Op, R
+from zstalk.protocol.schema import Batch, Op, R, Replies
 from zstalk.protocol.schema.messages import HEALTH_CHECKS_SINCE
 
 A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
@@ -109,3 +109,19 @@ def test_the_broker_exports_each_checked_servers_health_and_last_check():
             if s.name == "zstalk_upstream_server_last_check_timestamp_seconds"}
     assert up == {("gpu", A): 0, ("gpu", B): 1}
     assert list(last) == [("gpu", A)] and last["gpu", A] == c.now + c.broker.wall_offset
+
+
+def test_a_function_waiting_for_a_busy_upstream_runs_as_soon_as_a_server_is_healthy_again():
+    c = Cluster(servers=(A, B))
+    upstream = c.broker.tasking.store.upstream.groups["gpu"]
+    upstream.peers[1].conn_cap = 1              # (B takes one call at a time)
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    c.report(D1, A, False)
+    c.report(D1, A, False)
+    c.send(HTTP, (Op.T_ENQUEUE, 1, "gen", b"{}", None, "t1", True))    # (on B: full now)
+    held = c.send(HTTP, (Op.T_ENQUEUE, 1, "gen", b"{}", None, "t2", True))
+    assert not [item for item in held.get(D1, []) if item[1] == R.T_CALL]
+    c.broker.handle(D1, Batch([(Op.T_CHECKED, 1, "gpu", A, True, None)]), c.now)
+    out = {p: m.items for p, m in c.broker.flush() if isinstance(m, Replies)}
+    [call] = [item for item in out[D1] if item[1] == R.T_CALL]
+    assert call[2] == "t2" and call[4].startswith(A)

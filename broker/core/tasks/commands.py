@@ -396,7 +396,8 @@ class TaskCommands:
     def t_checked(self, s, op, now):
         """A probe's result (silent): from the dispatcher that probes that server only."""
         if len(op) >= 6 and self.probes.checked(s, op[2], op[3], op[4], op[5], now):
-            self.feed(now)          # (a server healthy again: calls may go to it)
+            self.store.server_back(op[2], now)  # (healthy again: calls may go to it)
+            self.feed(now)
 
     # -- fn:NAME, a function's concurrency as a counter (core/counters.py asks) ----------
     def counted(self) -> bool:
