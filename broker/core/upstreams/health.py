@@ -43,9 +43,6 @@ class HealthSpec(NamedTuple):
     timeout_s: float = 5.0
     mandatory: bool = False
 
-    def passes_status(self, code: int | None) -> bool:
-        return code is not None and any(lo <= code <= hi for lo, hi in self.status)
-
 
 def status_ranges(values: object) -> tuple[tuple[int, int], ...] | None:
     """["200-399", 404] as inclusive ranges, or None if a value is not a status or range."""
