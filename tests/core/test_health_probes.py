@@ -3,7 +3,7 @@
 one live dispatcher, pushed as R.T_CHECKS, and to another when that one leaves or stops;
 only the assigned dispatcher's T_CHECKED moves a server's state, and a server failing its
 checks is skipped by every dispatcher's calls until it passes again.  A dispatcher older
-than HEALTH_CHECKS_SINCE is given none.  End to end: tests/end_to_end/test_health_checks.py."""
+than HEALTH_CHECKS_SINCE is given none.  End to end: tests/end_to_end/test_health_checks_end_to_end.py."""
 from __future__ import annotations
 
 from test_tasks_core import D1, D2, HTTP, BrokerClock

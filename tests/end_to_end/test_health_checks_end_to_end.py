@@ -30,6 +30,7 @@ class Checked:
     def __init__(self) -> None:
         self.health = 200
         self.probes: Counter[str] = Counter()
+        self.last_agent = ""
         self.calls = 0
         owner = self
 
@@ -39,7 +40,8 @@ class Checked:
 
             def do_GET(self) -> None:
                 if self.path == "/health":
-                    owner.probes[self.headers.get("User-Agent", "")] += 1
+                    owner.last_agent = agent = self.headers.get("User-Agent", "")
+                    owner.probes[agent] += 1
                     self._answer(owner.health)
                 else:
                     self._answer(404)
@@ -84,7 +86,13 @@ def test_a_failing_server_is_skipped_by_every_dispatcher_and_back_after_its_pass
     a, b = Checked(), Checked()
     try:
         with cluster(tmp_path, config(a, b), dispatchers=2) as api:
-            assert wait_for(lambda: a.probes and b.probes, SLACK_S, step=0.05)
+            # the first dispatcher gets both servers, and hands one to the second when it
+            # comes (an even spread): from then on, each is probed by one dispatcher
+            assert wait_for(lambda: a.last_agent and b.last_agent
+                            and a.last_agent != b.last_agent, SLACK_S, step=0.05)
+            time.sleep(2 * INTERVAL_S)          # (a probe of the handover in flight)
+            a.probes.clear()
+            b.probes.clear()
             assert health(api, a.url) == health(api, b.url) == "up"
             a.health = 503
             failing_since = time.monotonic()
@@ -103,11 +111,13 @@ def test_a_failing_server_is_skipped_by_every_dispatcher_and_back_after_its_pass
             assert a.calls > calls_on_a
             shown = servers(api)[a.url]["health"]
             assert shown["lastCheck"].endswith("Z") or "+" in shown["lastCheck"]
+            # (before the cluster stops: a stopping dispatcher hands its server over)
+            probed = [Counter(a.probes), Counter(b.probes)]
     finally:
         a.close()
         b.close()
-    for server in (a, b):           # (one dispatcher probed each, named in its User-Agent)
-        assert len(server.probes) == 1, server.probes
-        [agent] = server.probes
+    for agents in probed:           # (one dispatcher probed each, named in its User-Agent)
+        assert len(agents) == 1, agents
+        [agent] = agents
         assert agent.startswith("zstalk-health-check/") and "(dispatcher " in agent
-    assert set(a.probes) != set(b.probes)       # (spread: one server for each dispatcher)
+    assert set(probed[0]) != set(probed[1])     # (spread: one server for each dispatcher)
