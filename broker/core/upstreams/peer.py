@@ -5,7 +5,9 @@ The fields are nginx's `ngx_http_upstream_rr_peer_t` (ngx_http_upstream_round_ro
 weight, effective_weight, current_weight, conns, fails, accessed, checked.  Every
 balancer skips a peer that is `down`, failed (max_fails > 0, fails >= max_fails, and
 fail_timeout has not passed since `checked`), or at max_conns.  zstalk adds `paused_until`
-(a 429/503 with Retry-After): skipped the same way, kept apart from the failure state.
+(a 429/503 with Retry-After): skipped the same way, kept apart from the failure state;
+and `up`, False while the upstream's active health checks find the server unhealthy
+(health.py, nginx Plus's health_check): skipped like `down`, its check state in `check`.
 
 Failure accounting (ngx_http_upstream_free_round_robin_peer_locked):
 - a failed call: fails += 1, accessed = checked = now, and effective_weight falls by
