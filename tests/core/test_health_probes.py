@@ -125,3 +125,20 @@ def test_a_function_waiting_for_a_busy_upstream_runs_as_soon_as_a_server_is_heal
     out = {p: m.items for p, m in c.broker.flush() if isinstance(m, Replies)}
     [call] = [item for item in out[D1] if item[1] == R.T_CALL]
     assert call[2] == "t2" and call[4].startswith(A)
+
+
+def test_a_reload_sends_each_dispatcher_its_new_list_and_without_checks_an_empty_one():
+    from zstalk.broker.config_file import TaskConfig
+    c = Cluster()
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    fn = c.broker.tasking.store.functions["gen"]
+    slower = UpstreamSpec("gpu", tuple(ServerSpec(u) for u in (A, B)),
+                          health_check=HEALTH._replace(interval_s=10.0))
+    c.broker.configure_functions(TaskConfig(named=(fn,), upstreams=(slower,)), c.now)
+    out = {p: m.items for p, m in c.broker.flush() if isinstance(m, Replies)}
+    assert [check[1:4] for check in out[D1][0][2]] == [[A, "/health", 10_000],
+                                                       [B, "/health", 10_000]]
+    c.broker.configure_functions(TaskConfig(named=(fn,), upstreams=(
+        slower._replace(health_check=None),)), c.now)
+    out = {p: m.items for p, m in c.broker.flush() if isinstance(m, Replies)}
+    assert out[D1] == [(1, R.T_CHECKS, [])] and c.states() == [None, None]
