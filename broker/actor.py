@@ -268,6 +268,9 @@ class BrokerActor:
         self._follow_names(fns.upstreams)
         log.info("SIGHUP: read %s again (%d functions%s)", self.config_path, len(fns.named),
                  ", and any under base_url" if fns.base else "")
+        if any(spec.health_check is not None for spec in fns.upstreams):
+            from .core.upstreams.health import describe     # (the start line's, again)
+            log.info("SIGHUP: %s", describe(fns.upstreams))
         self._again = True
         if not self._busy:
             self._turn()

@@ -62,6 +62,7 @@ PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
 # -- the keys ------------------------------------------------------------------------------
 API, FUNCTIONS, FUNCTION = "[api]", "[functions]", "[functions.NAME]"
 UPSTREAM, SERVER = "[upstreams.NAME]", "[upstreams.NAME] servers"
+HEALTH = "[upstreams.NAME] health_check"
 EVERY = (FUNCTIONS, FUNCTION)       # a default for every function, or one function's own
 
 
@@ -208,6 +209,25 @@ KEYS: tuple[Key, ...] = (
     Key((UPSTREAM,), "resolve_interval", "duration", "30s", "ms, s, m, h",
         "how often the names of its servers with resolve are looked up (each server may "
         "say its own)"),
+    Key((UPSTREAM,), "health_check", "table", None, "",
+        "active health checks (nginx Plus's health_check), { path = \"/health\", ... } with "
+        "the keys below: a server failing them is skipped by every dispatcher"),
+    Key((HEALTH,), "path", "string", "/", "",
+        "the path each server is sent a GET on (after its url)"),
+    Key((HEALTH,), "interval", "duration", "5s", "ms, s, m, h",
+        "how often each server is checked (stretched when every upstream's checks "
+        "together would pass 100 probes a second: the start line says so)"),
+    Key((HEALTH,), "fails", "integer", 1, "checks",
+        "failed checks in a row that make a server unhealthy"),
+    Key((HEALTH,), "passes", "integer", 1, "checks",
+        "passed checks in a row that make an unhealthy server healthy again"),
+    Key((HEALTH,), "status", "list of statuses", ["200-399"], "",
+        "the statuses that pass, each a code (404) or a range (\"200-399\")"),
+    Key((HEALTH,), "timeout", "duration", "5s", "ms, s, m, h",
+        "a check with no answer within this long fails"),
+    Key((HEALTH,), "mandatory", "boolean", False, "",
+        "true: a server is unhealthy until its first check passes (at start, or added "
+        "by a reload)"),
     Key((SERVER,), "url", "URL", None, "",
         "scheme://host[:port]; host[:port] as written is nginx's server string"),
     Key((SERVER,), "weight", "integer", 1, "",
@@ -473,7 +493,8 @@ def _upstreams(table: Any, path: str) -> dict[str, UpstreamSpec]:
                                         for i, s in enumerate(servers)),
                             _get(entry, UPSTREAM, "balance"), _get(entry, UPSTREAM, "key"),
                             _get(entry, UPSTREAM, "consistent"), _get(entry, UPSTREAM, "two"),
-                            concurrency, rate, per_s, burst, *_keepalive(entry, where))
+                            concurrency, rate, per_s, burst, *_keepalive(entry, where),
+                            _health(entry.get("health_check"), f"{where} health_check"))
         errors = validate(spec)
         if errors:
             raise ConfigError(f"{where} {errors[0]}")
@@ -492,6 +513,22 @@ def _keepalive(entry: dict, where: str) -> tuple[int, float, int]:
                              f"{where}: keepalive_timeout")
     return (_get(entry, UPSTREAM, "keepalive"), timeout_ms / 1000,
             _get(entry, UPSTREAM, "keepalive_requests"))
+
+
+def _health(entry: Any, where: str):
+    """An upstream's health_check table (None: no checks); the rules are health.py's."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: must be a table ({{ path = \"/health\", interval = \"5s\" }})")
+    _no_unknown(entry, keys_of(HEALTH), where)
+    from .core.upstreams.health import HealthSpec, status_ranges
+    seconds = {k: duration_ms(_get(entry, HEALTH, k), f"{where}.{k}") / 1000
+               for k in ("interval", "timeout")}
+    status = status_ranges(_get(entry, HEALTH, "status"))
+    return HealthSpec(_get(entry, HEALTH, "path"), seconds["interval"],
+                      _get(entry, HEALTH, "fails"), _get(entry, HEALTH, "passes"), status,
+                      seconds["timeout"], _get(entry, HEALTH, "mandatory"))
 
 
 def _server(entry: dict, where: str) -> ServerSpec:

@@ -233,4 +233,16 @@ class BrokerMetrics:
                     for outcome, n in sorted(c.finished.items())]
         out += [Sample("zstalk_schedule_fires_total", (), scheduling.fires),
                 Sample("zstalk_schedule_lateness_seconds", (), scheduling.lateness)]
+        return out + self.health_checks(store.upstream.groups)
+
+    def health_checks(self, groups) -> list[Sample]:
+        """Each checked server's health and last check (bounded by the config's servers)."""
+        out, wall = [], self.core.wall_offset
+        for name, group in groups.items():
+            for peer in group.peers if group.spec.health_check is not None else ():
+                check = peer.check
+                out.append(Sample("zstalk_upstream_server_up", (name, peer.url), int(peer.up)))
+                if check is not None and check.last_check is not None:
+                    out.append(Sample("zstalk_upstream_server_last_check_timestamp_seconds",
+                                      (name, peer.url), check.last_check + wall))
         return out

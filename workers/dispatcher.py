@@ -66,6 +66,10 @@ A call to a server of an upstream that resolves its name (broker/core/upstreams/
 goes to the address, and the request says the name as Host and, over TLS, as the server
 name (SNI) its certificate is checked against, as nginx's proxy_pass to a resolved
 upstream does with `proxy_set_header Host` and `proxy_ssl_name`.
+The broker may give this dispatcher servers to probe for its upstreams' active health
+checks (R.T_CHECKS, schema 8): workers/health_checks.py runs them on their own timers and
+each result goes back as T_CHECKED; losing the broker stops them (it gives them out
+again, to us or another dispatcher, when we come back), and so does stopping.
 
 Every call carries X-Zstalk-Task-Id and X-Zstalk-Attempt and, when the dispatcher has a
 signing key (given, else $ZSTALK_SIGNING_KEY or the file $ZSTALK_SIGNING_KEY_FILE names),
@@ -93,6 +97,7 @@ from ..protocol.schema.outcome import Outcome
 from ..protocol.schema.task_messages import Call
 from . import signing
 from .keepalive import Pools, session
+from .health_checks import HealthChecker
 
 log = logging.getLogger("zstalk.dispatcher")
 
@@ -132,6 +137,7 @@ class Dispatcher(LinkOwner):
         self.closing = False
         self.http: aiohttp.ClientSession | None = None
         self.pools = Pools(slots, [_SENT_TRACE])     # an upstream's calls (keepalive.py)
+        self.checks = HealthChecker(self._checked)      # the servers we probe (R.T_CHECKS)
         self.link = link if link is not None else open_link(broker, self.kind, self)
 
     # -- life cycle --------------------------------------------------------------------
@@ -147,6 +153,7 @@ class Dispatcher(LinkOwner):
         left (closing our session makes the broker count those unknown: they may have
         reached their functions).  A call pushed meanwhile is declined, not made."""
         self.closing = True
+        await self.checks.close()
         if self.ready:
             self.link.submit((Op.T_SUBSCRIBE, CONN, 0, True))
             self.link.flush_now()
@@ -177,6 +184,9 @@ class Dispatcher(LinkOwner):
                 self.unacked.pop((item[2], item[3]), None)
             elif item[1] == R.T_ABORT:      # that call's task was cancelled
                 self._abort(item[2], item[3])
+            elif item[1] == R.T_CHECKS:     # the servers to probe from now on
+                if not self.closing:
+                    self.checks.assign(item[2])
             elif item[1] != R.T_CALL:       # an error: the report stays, sent again later
                 continue
             elif self.closing:      # pushed before our stopping reached the broker
@@ -200,6 +210,7 @@ class Dispatcher(LinkOwner):
         """Calls keep running; their reports, and those not yet NOTED, wait in `resend`
         for the next Welcome."""
         self.ready = False
+        self.checks.stop()
         self.resend[:0] = self.unacked.values()
         self.unacked.clear()
 
@@ -216,6 +227,11 @@ class Dispatcher(LinkOwner):
         claims = [[uid, attempt] for uid, attempt in self.calls.values()]
         claims += [[op[2], op[3]] for op in (*self.unacked.values(), *self.resend)]
         return [SessionState(CONN, "", [], [], claims)]
+
+    def _checked(self, upstream: str, url: str, ok: bool, error: str | None) -> None:
+        """A probe's result, to the broker (lost with the link: the next probe says it)."""
+        if self.ready:
+            self.link.submit((Op.T_CHECKED, CONN, upstream, url, ok, error))
 
     # -- calls -------------------------------------------------------------------------
     def _start_call(self, uid: str, attempt: int, url: str, params: bytes,

@@ -38,7 +38,7 @@ from . import hold_signals
 from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
-                      health_said, journal_said, where, worker_endpoint)
+                      checks_said, health_said, journal_said, where, worker_endpoint)
 from .ports import PORT, Endpoint, Endpoints, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
@@ -527,7 +527,7 @@ def broker(bind, max_job_size, max_jobs_bytes, drain, stat_interval, recovering,
     from ...protocol.network.loop import run
     said = "; ".join(part for part in (
         "listening on " + ", ".join(actor.endpoints), health_said(health),
-        binlog_said(binlog_dir, actor.restored),
+        checks_said(actor.core.config.upstreams), binlog_said(binlog_dir, actor.restored),
         journal_said(wal if journal is not None else None, actor.restored,
                      getattr(actor.journal, "sync_said", "")),
         f"config {config_path}" if config_path else "",

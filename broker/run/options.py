@@ -114,10 +114,11 @@ def where(sock) -> str:
 def announcement(listeners, counter_listeners, worker_endpoint: str | None,
                  http_listeners=(), master_key: str | None = None, tls: bool = False,
                  functions: bool = True, health: str = "", binlog: str = "",
-                 http_limits: HttpLimits = HttpLimits()) -> str:
+                 http_limits: HttpLimits = HttpLimits(), checks: str = "") -> str:
     """What `zstalk serve` says it listens on, once everything listens (logs.start_line);
-    `health` and `binlog`: health_said's and binlog_said's parts, if any; with the HTTP
-    API, how many event streams fit (its open-files limit raised: network/files.py)."""
+    `health`, `binlog` and `checks`: health_said's, binlog_said's and checks_said's parts,
+    if any; with the HTTP API, how many event streams fit (its open-files limit raised:
+    network/files.py)."""
     parts = ["beanstalk on " + ", ".join(where(s) for s in listeners)]
     if counter_listeners:
         parts.append("counters on " + ", ".join(where(s) for s in counter_listeners))
@@ -129,7 +130,16 @@ def announcement(listeners, counter_listeners, worker_endpoint: str | None,
         said = stream_capacity(http_limits.max_streams, http_limits.max_connections)[1]
         parts += [said] if said else []
     parts.append(f"workers on {worker_endpoint}" if worker_endpoint else "no worker endpoint")
-    return "; ".join(parts + [p for p in (health, binlog) if p])
+    return "; ".join(parts + [p for p in (health, binlog, checks) if p])
+
+
+def checks_said(upstreams) -> str:
+    """A start line's part for the upstreams' active health checks ('' with none): how
+    many servers, the bound on probes a second and any stretch (core/upstreams/health.py)."""
+    if not any(spec.health_check is not None for spec in upstreams):
+        return ""
+    from ..core.upstreams.health import describe
+    return describe(upstreams)
 
 
 def health_said(health: HealthOptions, children: dict[str, int] | None = None) -> str:

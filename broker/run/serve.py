@@ -41,7 +41,7 @@ from .fronts import beanstalk_front, counter_front, start_front
 from ...protocol.network.loop import run
 from .. import VERSION
 from .logs import start_line
-from .options import (ServeOptions, announcement, binlog_said, health_said, journal_said,
+from .options import (ServeOptions, announcement, binlog_said, checks_said, health_said, journal_said,
                       no_endpoint)
 
 BINLOG_EXIT = 10        # beanstalkd's exit code for a binlog directory it cannot use
@@ -214,7 +214,8 @@ async def _main(actor, listeners, counter_listeners, opts: ServeOptions, probes=
                                                or journal_said(opts.journal, actor.restored,
                                                                getattr(actor.journal,
                                                                        "sync_said", "")),
-                                               opts.http_limits))
+                                               opts.http_limits,
+                                               checks_said(actor.core.config.upstreams)))
         await actor.wait_stopped()
     if probes is not None:
         probes.close()

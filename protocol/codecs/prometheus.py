@@ -111,6 +111,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("zstalk_schedule_fires_total", "counter", "Cron schedule fires (each enqueues a task)."),
     Metric("zstalk_schedule_lateness_seconds", "histogram", "How late cron schedules fired.",
            (), LATENCY_BUCKETS),
+    Metric("zstalk_upstream_server_up", "gauge", "1 while the server passes its upstream's "
+           "active health checks, 0 while it fails them and every pick skips it (upstreams "
+           "with a health_check only; server: its url as configured).", ("upstream", "server")),
+    Metric("zstalk_upstream_server_last_check_timestamp_seconds", "gauge", "When the last "
+           "result of the server's active health check came (Unix time; absent before the "
+           "first).", ("upstream", "server")),
     # -- fronts ---------------------------------------------------------------------------
     Metric("zstalk_front_connections", "gauge", "Client connections open.", ("kind",),
            role="front"),

@@ -58,6 +58,10 @@ KEEPALIVE_SINCE = 8
 #: the version from which Settings carry `rooms` (the waiting pages an HTTP front serves
 #: at /room/{function}): a version-8 front is sent its nine fields and serves no page (404)
 ROOMS_SINCE = 9
+#: the version from which a dispatcher probes servers for the broker's active health
+#: checks (R.T_CHECKS, answered with T_CHECKED per probe: broker/core/upstreams/health.py):
+#: an older dispatcher is given no probes (the others probe every server)
+HEALTH_CHECKS_SINCE = 8
 #: a broker accepts peers this much older (a rolling update: the broker first, then the
 #: rest); `decode_peer` upgrades what they send and `encode(msg, version)` speaks their
 #: version back.  Version 8 had no rooms in Settings (its nine first fields, ROOMS_SINCE).
@@ -323,7 +327,7 @@ def _downgrade(msg: Message, version: int) -> Message | tuple | None:
     if isinstance(msg, (Stopping, Holding)) and version < 3:
         return None                     # version 2 and 1
     if isinstance(msg, Replies) and version < ABORT_SINCE:
-        msg = Replies([item for item in msg.items if item[1] != R.T_ABORT])
+        msg = Replies([item for item in msg.items if item[1] not in (R.T_ABORT, R.T_CHECKS)])
     fields = _SETTINGS_FIELDS.get(version)
     if isinstance(msg, Settings) and fields is not None:
         return tuple(msg[:fields]) if version >= 2 else None

@@ -128,6 +128,9 @@ class Op(Codes):
     V_JOB = 76          # (conn, id, with_body: bool)
     V_DELETE_JOB = 77   # (conn, id)
     V_COUNTERS = 78     # (conn)
+    # active health checks (version 8, messages.HEALTH_CHECKS_SINCE): a dispatcher's
+    # result of one probe of a server the broker gave it (R.T_CHECKS); silent
+    T_CHECKED = 80      # (conn, upstream, url, ok: bool, error: str | None)
 
 
 #: where an op's fields are (ops stay tuples: a put is built and read on the hot path).
@@ -148,7 +151,8 @@ SESSION_BYTES_MAX = 4 * 1024 * 1024
 MAX_POSITIONS = 500
 
 #: ops that produce no reply
-SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE})
+SILENT_OPS = frozenset({Op.OPEN, Op.CLOSE, Op.COUNT, Op.HALF_CLOSE, Op.CREDIT, Op.T_SUBSCRIBE,
+                        Op.T_CHECKED})
 
 
 class R(Codes):
@@ -200,6 +204,9 @@ class R(Codes):
     V_INFO = 51         # (info)  one view's dict (a tube, a job, the counters, a kick's count)
     T_POSITIONS = 52    # (places)  one per unique_id asked, in order: its place (a TaskInfo
     # without what is not about its place: task_info.position), or None: no such task
+    T_CHECKS = 60       # (checks)  pushed to a dispatcher (version 8): every server it is
+    # to probe now, replacing what it probed: [[upstream, url, path, interval_ms,
+    # timeout_ms, [[lo, hi], ...] statuses that pass], ...] ([]: none)
 
 
 

@@ -20,7 +20,8 @@ from zstalk.protocol.schema import Op  # noqa: E402
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations" / "metrics.md"
 #: the only label names any metric has: never a job's or a task's id
 LABEL_NAMES = {"version", "role", "state", "tube", "command", "kind", "function", "outcome",
-               "standby"}
+               "standby",
+               "upstream", "server"}    # (bounded: the config's upstreams and their servers)
 
 
 def parse(text: bytes) -> dict[tuple, float]:

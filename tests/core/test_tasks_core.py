@@ -323,10 +323,12 @@ HTTP, D1, D2, BEANSTALK = b"http", b"disp-1", b"disp-2", b"bean"
 
 
 class BrokerClock:
-    def __init__(self, max_jobs_bytes: int = 0, api: ApiPolicy = ApiPolicy(), **spec) -> None:
+    def __init__(self, max_jobs_bytes: int = 0, api: ApiPolicy = ApiPolicy(),
+                 config: Config | None = None, **spec) -> None:
+        """A broker of function `f` (with `spec`), or of `config`, and its fronts."""
         self.now = T0
-        self.broker = Broker(Config(functions=(FunctionSpec("f", "http://fn/f", **spec),),
-                                    max_jobs_bytes=max_jobs_bytes, api=api), self.now)
+        self.broker = Broker(config or Config(functions=(FunctionSpec("f", "http://fn/f", **spec),),
+                                              max_jobs_bytes=max_jobs_bytes, api=api), self.now)
         for peer, kind, front_id in ((HTTP, "http", 1), (D1, "dispatcher", 2),
                                      (D2, "dispatcher", 3), (BEANSTALK, "beanstalk", 4)):
             self.broker.handle(peer, Hello(front_id, kind, 1, 0, []), self.now)

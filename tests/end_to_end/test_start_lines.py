@@ -91,6 +91,31 @@ def test_the_broker_says_its_health_port_and_its_binlog_with_what_it_restored(tm
         f"binlog {tmp_path} (restored 0 jobs, 0 tasks)")
 
 
+def checked_config(tmp_path: Path) -> Path:
+    """150 servers checked every second: more than 100 probes a second."""
+    servers = ", ".join(f'{{ url = "http://10.0.0.{i}:8000" }}' for i in range(1, 151))
+    path = tmp_path / "zstalk.toml"
+    path.write_text(f'[upstreams.gpu]\nservers = [{servers}]\n'
+                    f'health_check = {{ path = "/health", interval = "1s" }}\n'
+                    f'[functions.gen]\nupstream = "gpu"\n')
+    return path
+
+
+CHECKS_SAID = ("health checks: 150 servers of 1 upstreams, each probed by one dispatcher, "
+               "at most 100 probes/s (the configs ask 150/s: every interval is stretched "
+               "1.50 times)")
+
+
+def test_the_broker_and_serve_say_the_bound_on_health_probes_and_the_stretch(tmp_path):
+    config, endpoint = checked_config(tmp_path), f"tcp://{LOOPBACK}:{free_port()}"
+    assert first_line(ZSTALK, "broker", "--bind", endpoint, "--config", str(config)) == (
+        f"zstalk broker {VERSION}: listening on {endpoint}; {CHECKS_SAID}; config {config}")
+    line = first_line(ZSTALK, "serve", "-l", LOOPBACK, "-p", str(free_port()),
+                      "--counter-port", "0", "--worker-bind", "none", "--http-port",
+                      str(free_port()), "--config", str(config))
+    assert line.startswith(f"zstalk serve {VERSION}: ") and line.endswith(CHECKS_SAID), line
+
+
 @pytest.mark.parametrize("kind", ["beanstalk", "counter", "http"])
 def test_a_front_says_where_it_listens_and_which_broker_it_reaches(kind):
     port, broker = free_port(), f"tcp://{LOOPBACK}:{free_port()}"

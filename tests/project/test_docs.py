@@ -75,7 +75,7 @@ def test_the_table_has_each_key_once_per_table_and_only_the_reader_tables():
     seen = [(table, k.name) for k in cf.KEYS for table in k.tables]
     assert len(seen) == len(set(seen))
     assert {table for table, _ in seen} == {cf.API, cf.FUNCTIONS, cf.FUNCTION, cf.UPSTREAM,
-                                           cf.SERVER}
+                                           cf.SERVER, cf.HEALTH}
 
 
 def test_the_api_keys_are_the_api_policy_and_its_defaults_the_policy_defaults():

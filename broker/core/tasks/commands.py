@@ -20,17 +20,25 @@ in the slot that call held (its T_OUTCOME frees none).
 A T_CANCEL of a running task cancels it at once and pushes R.T_ABORT to the dispatcher
 making its call (schema ABORT_SINCE or later; an older one is sent nothing and its call
 runs on): the dispatcher's slot comes back with that call's T_OUTCOME, as always.
+
+Active health checks (components/health_probes.py): each checked server is given to one
+live dispatcher of schema HEALTH_CHECKS_SINCE or later, not stopping; whenever the
+dispatchers or the config change, each dispatcher whose servers changed is pushed
+R.T_CHECKS with its whole list, and its T_CHECKED reports (silent) move the servers'
+state; one that made a server healthy again feeds the dispatchers.
 """
 from __future__ import annotations
 
 from ....protocol.schema import MAX_POSITIONS, OPERATOR_SINCE, Op, R
-from ....protocol.schema.messages import ABORT_SINCE, KEEPALIVE_SINCE, NEXT_UPSTREAM_SINCE
+from ....protocol.schema.messages import (ABORT_SINCE, HEALTH_CHECKS_SINCE, KEEPALIVE_SINCE,
+                                       NEXT_UPSTREAM_SINCE)
 from ....protocol.schema.outcome import Outcome
 from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
 from . import enqueue, views
+from .components.health_probes import HealthProbes
 from .model import requests
 from .store import MAX_PAGE, MOVED, RUNNING, STATUSES, ApiPolicy, Task, TaskError, Tasks
 
@@ -92,6 +100,7 @@ class TaskCommands:
         self.out = out
         self.admission = admission
         self.dispatchers: dict = {}         # dispatcher sessions, in the order they came
+        self.probes = HealthProbes(store.upstream)  # who probes which server
 
     def handlers(self) -> dict:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
@@ -99,7 +108,7 @@ class TaskCommands:
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
                 Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done,
                 Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry,
-                Op.T_POSITIONS: self.t_positions}
+                Op.T_POSITIONS: self.t_positions, Op.T_CHECKED: self.t_checked}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -108,6 +117,8 @@ class TaskCommands:
     def close(self, s: TaskSession, now: float) -> None:
         self.dispatchers.pop(s, None)
         self.store.lost(s, now)
+        if s in self.probes.sent:
+            self.assign_checks()        # (its servers go to the others)
         self.feed(now)
 
     def restore(self, front, s: TaskSession | None, st, now: float) -> TaskSession:
@@ -131,6 +142,7 @@ class TaskCommands:
         """A config read again: calls go where it says now."""
         self.store.configure(functions, base, now, upstreams)
         self.api = api
+        self.assign_checks()
         self.feed(now)
 
     # -- timers --------------------------------------------------------------------------
@@ -354,6 +366,9 @@ class TaskCommands:
             s.draining = stopping is True
             s.slots = 0 if s.draining else max(0, min(slots, MAX_SLOTS))
             self.dispatchers[s] = None
+            if not s.draining:      # (a reconnect stopped its probes: send them again)
+                self.probes.sent.pop(s, None)
+            self.assign_checks()
             self.feed(now)
 
     def t_outcome(self, s, op, now):
@@ -372,6 +387,27 @@ class TaskCommands:
             s.slots = min(s.slots + 1, MAX_SLOTS)   # the call is over for the dispatcher
         self.feed(now)
         return noted
+
+    # -- active health checks ------------------------------------------------------------
+    def assign_checks(self) -> None:
+        """Give every checked server to one prober; push R.T_CHECKS to each dispatcher
+        whose list changed (none with no health checks configured: no cost)."""
+        probes = self.probes
+        if not probes.sent and not any(g.spec.health_check is not None
+                                       for g in self.store.upstream.groups.values()):
+            return
+        old = self.old_peers
+        probers = [d for d in self.dispatchers if not d.draining and not (old and old.get(
+            d.front.peer, HEALTH_CHECKS_SINCE) < HEALTH_CHECKS_SINCE)]
+        for d, checks in probes.assign(probers).items():
+            if d in self.dispatchers:       # (not one whose session just closed)
+                self.out.reply(d, R.T_CHECKS, checks)
+
+    def t_checked(self, s, op, now):
+        """A probe's result (silent): from the dispatcher that probes that server only."""
+        if len(op) >= 6 and self.probes.checked(s, op[2], op[3], op[4], op[5], now):
+            self.store.server_back(op[2], now)  # (healthy again: calls may go to it)
+            self.feed(now)
 
     # -- fn:NAME, a function's concurrency as a counter (core/counters.py asks) ----------
     def counted(self) -> bool:

@@ -382,6 +382,12 @@ class Tasks:
         self.journal.append[TASK_STATE](task)
         return task
 
+    def server_back(self, upstream: str, now: float) -> None:
+        """A server of `upstream` passed its health checks again: the functions on it that
+        waited for a usable server look again now (not at the time their wait was for)."""
+        for name in self.limits.unblock(lambda spec: spec.upstream == upstream):
+            self.ledger.offer(name, now)
+
     def _abort(self, task: Task, now: float) -> None:
         """The call of running `task` is aborted: its slots are free now (its function's,
         its group's, its server's with nothing counted for or against it: limiter.py);

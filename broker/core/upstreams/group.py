@@ -10,12 +10,16 @@ ended, pause a server, and say when a server will be usable again.
     group.done(peer, failed, now)        # conns - 1 and nginx's failure accounting
     group.release(peer)                  # conns - 1 only: an aborted call
     group.pause(peer, until)             # a 429/503 with Retry-After: skip it until then
+    group.checked(peer, ok, now)         # an active health check's result (health.py)
 
 zstalk has one state owner, so every dispatcher shares this one view of every server:
 what open-source nginx has only with a `zone`, each worker otherwise keeping its own.
 The state is not durable (a restart starts every server fresh); a reload keeps each
 server's state while its url as written stays in the upstream (`reload`), and starts the
 slow start (peer.py) of a server it adds to an upstream or brings back from `down`.
+With a `health_check`, each server carries its check state (health.Check): a server
+new to the group starts healthy, or unhealthy if the check is `mandatory`; a reload
+that removes the check makes every server healthy.
 
 A server with `resolve` (spec.py) is one peer per address of its name, as nginx's
 `server ... resolve` is: `resolved(url, addresses, now)` is the broker's lookup of the
@@ -50,7 +54,7 @@ Ident = tuple[str, str]
 class PeerView(NamedTuple):
     """One server as an operator sees it."""
     url: str
-    state: str                  # usable | failed | paused | full | down
+    state: str                  # usable | failed | paused | full | unhealthy | down
     backup: bool
     conns: int
     fails: int
@@ -59,6 +63,8 @@ class PeerView(NamedTuple):
     share: float = 1.0          # ... with this part of its weight now
     name: str = ""              # a resolved name's peer: the url as written (`url`: its
     #                             address's)
+    up: bool | None = None      # active health checks: healthy or not (None: no checks)
+    last_check: float | None = None     # ... when the last result came (None: never)
 
 
 class UpstreamGroup:
@@ -78,6 +84,7 @@ class UpstreamGroup:
         self.peers = tuple(self._peer(one, keep, now) for server in spec.servers
                            for one in self._expand(server))
         self.draining: list[Peer] = []      # gone from the peers with calls in flight
+        self._attach_checks(spec.health_check)
         self._set = Peers(self.peers, rand, consistent=spec.consistent)
         self._method = method(spec.balance, spec.consistent, spec.two)
         # a group of one server (nginx's peers->single) is picked the same way whatever
@@ -100,6 +107,31 @@ class UpstreamGroup:
         if back and now is not None and not server.down:
             peer.ramp_up(now)
         return peer
+
+    def _attach_checks(self, health) -> None:
+        """Give each peer its check state (a new one: healthy unless `mandatory`), or,
+        with no checks, none: healthy."""
+        if health is None:
+            for peer in self.peers:
+                peer.up, peer.check = True, None
+            return
+        from .health import Check
+        for peer in self.peers:
+            if peer.check is None:
+                peer.check = Check(up=not health.mandatory)
+                peer.up = peer.check.up
+
+    def checked(self, peer: Peer, ok: bool, now: float, error: str | None = None) -> bool:
+        """An active health check of `peer` passed (`ok`) or failed; True when it made the
+        server healthy again, which starts its slow start (not for a group of one)."""
+        health = self.spec.health_check
+        if health is None or peer.check is None:
+            return False
+        back = peer.check.report(ok, health, now, error)
+        peer.up = peer.check.up
+        if back and not self._set.single:
+            peer.ramp_up(now)
+        return back
 
     def pick(self, key: str | None, now: float, tried: Iterable[Peer] = ()) -> Peer | None:
         """The server for a call (its conns + 1), or None when none is usable.  `key`:
@@ -159,8 +191,9 @@ class UpstreamGroup:
         return min(times, default=None)
 
     def unavailable(self, now: float) -> Unavailable:
-        """Why `pick` gave None at `now`."""
-        if all(peer.down for peer in self.peers):
+        """Why `pick` gave None at `now`: every server down or unhealthy is nginx's "no
+        live upstreams" (a health check, not time, brings one back)."""
+        if all(peer.down or not peer.up for peer in self.peers):
             return Unavailable(NO_LIVE_UPSTREAMS, None)
         return Unavailable(BUSY, self.next_usable(now))
 
@@ -168,7 +201,8 @@ class UpstreamGroup:
         """Every server's state, in config order."""
         single = self._set.single
         return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
-                         p.usable_at(now, single), *_ramp(p, now, single), p.spec.written)
+                         p.usable_at(now, single), *_ramp(p, now, single), p.spec.written,
+                         *((p.up, p.check.last_check) if p.check is not None else ()))
                 for p in self.peers] + [
                 PeerView(p.url, "draining", p.backup, p.conns, p.fails, None,
                          name=p.spec.written) for p in self.draining if p.conns > 0]
@@ -219,6 +253,8 @@ def _ramp(peer: Peer, now: float, single: bool) -> tuple[float | None, float]:
 def _state(peer: Peer, now: float, single: bool) -> str:
     if peer.down:
         return "down"
+    if not peer.up:
+        return "unhealthy"
     if not single and peer.failed(now):
         return "failed"
     if now < peer.paused_until:

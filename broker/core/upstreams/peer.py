@@ -5,7 +5,9 @@ The fields are nginx's `ngx_http_upstream_rr_peer_t` (ngx_http_upstream_round_ro
 weight, effective_weight, current_weight, conns, fails, accessed, checked.  Every
 balancer skips a peer that is `down`, failed (max_fails > 0, fails >= max_fails, and
 fail_timeout has not passed since `checked`), or at max_conns.  zstalk adds `paused_until`
-(a 429/503 with Retry-After): skipped the same way, kept apart from the failure state.
+(a 429/503 with Retry-After): skipped the same way, kept apart from the failure state;
+and `up`, False while the upstream's active health checks find the server unhealthy
+(health.py, nginx Plus's health_check): skipped like `down`, its check state in `check`.
 
 Failure accounting (ngx_http_upstream_free_round_robin_peer_locked):
 - a failed call: fails += 1, accessed = checked = now, and effective_weight falls by
@@ -48,7 +50,7 @@ class Peer:
     __slots__ = ("spec", "url", "server", "weight", "max_fails", "fail_timeout_s", "max_conns",
                  "down", "backup", "current_weight", "effective_weight", "conns", "fails",
                  "accessed", "checked", "paused_until", "conn_cap", "fail_cap", "slow_start_s",
-                 "ramp_from", "ramp_until")
+                 "ramp_from", "ramp_until", "up", "check")
 
     def __init__(self, spec: ServerSpec) -> None:
         self.current_weight = 0
@@ -58,6 +60,8 @@ class Peer:
         self.paused_until = NEVER
         self.ramp_from = self.ramp_until = NEVER    # (no ramp: the full weight)
         self.effective_weight = spec.weight
+        self.up = True          # active health checks (health.py) say it is healthy
+        self.check = None       # ... and their state (a health.Check), if the upstream has them
         self.respec(spec)
 
     def respec(self, spec: ServerSpec) -> None:
@@ -89,15 +93,17 @@ class Peer:
     def usable(self, now: float, single: bool = False) -> bool:
         """nginx's skip test (a group of one ignores failures), plus zstalk's pause:
         `full` and `failed` written out (this runs for every peer on every pick).
-        (Active health checks, a later issue, would shut a peer here like `down`.)"""
-        return (not self.down and self.conns < self.conn_cap and now >= self.paused_until
+        A server its active health checks found unhealthy (`up` False) is skipped like
+        `down`, by every method and for a group of one too, as nginx Plus does."""
+        return (not self.down and self.up and self.conns < self.conn_cap and now >= self.paused_until
                 and (single or self.fails < self.fail_cap
                      or now >= self.checked + self.fail_timeout_s))
 
     def usable_at(self, now: float, single: bool = False) -> float | None:
         """When time alone makes the peer usable: `now` if it is, None if time cannot
-        (down, or at max_conns: only the end of a call frees it)."""
-        if self.down or self.full():
+        (down, unhealthy, or at max_conns: only the end of a call, or a passed health
+        check, frees it)."""
+        if self.down or not self.up or self.full():
             return None
         failed_until = NEVER if single or not self.failed(now) else self.checked + self.fail_timeout_s
         return max(now, failed_until, self.paused_until)

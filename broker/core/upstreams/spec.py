@@ -30,6 +30,8 @@ consistent hash's ring drops the repeated points and picks among the peers of a 
 by smooth weighted round robin, balance.py), and the Host (and TLS SNI) of its calls.
 `resolve` needs a name, not an address.
 
+An upstream's `health_check` (nginx Plus's active checks) is checked in health.py.
+
 `validate` returns every problem as a `SpecError` naming the key; the config-file layer
 prefixes the file and the table.
 """
@@ -99,6 +101,7 @@ class UpstreamSpec(NamedTuple):
     keepalive: int = 32
     keepalive_timeout_s: float = 60.0
     keepalive_requests: int = 1000
+    health_check: object = None     # nginx Plus's active checks: a health.HealthSpec
 
 
 class SpecError(NamedTuple):
@@ -217,4 +220,7 @@ def validate(spec: UpstreamSpec) -> list[SpecError]:
         seen.setdefault(server.url, i)
     if all(isinstance(s, ServerSpec) and s.backup is True for s in servers):
         errors.append(SpecError("servers", "needs a server that is not a backup"))
+    if spec.health_check is not None:
+        from .health import health_errors      # (loads only for an upstream with checks)
+        errors += [SpecError(*error) for error in health_errors(spec.health_check)]
     return errors

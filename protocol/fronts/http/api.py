@@ -230,7 +230,7 @@ def schedule_json(info: dict) -> dict:
 
 def function_json(info: dict) -> dict:
     """A broker function stats dict as the API shows it (pausedUntil, and a server's or a
-    host's usableAt, in RFC 3339)."""
+    host's usableAt, and a server's slow start and last health check, in RFC 3339)."""
     out = dict(info)
     for name in ("pausedUntil", "opensAt"):
         if out.get(name) is not None:
@@ -238,11 +238,20 @@ def function_json(info: dict) -> dict:
     if isinstance(out.get("lastDraw"), dict):
         out["lastDraw"] = {**out["lastDraw"], "opensAt": rfc3339(out["lastDraw"]["opensAt"])}
     if out.get("servers"):
-        out["servers"] = [{**s, **{k: rfc3339(s[k]) for k in ("usableAt", "slowStartUntil")
-                                   if k in s}} for s in out["servers"]]
+        out["servers"] = [_server(s) for s in out["servers"]]
     host = out.get("host")
     if host and "usableAt" in host:
         out["host"] = {**host, "usableAt": rfc3339(host["usableAt"])}
+    return out
+
+
+def _server(server: dict) -> dict:
+    """An upstream server's times in RFC 3339 (its health's last check too)."""
+    out = {**server, **{k: rfc3339(server[k]) for k in ("usableAt", "slowStartUntil")
+                        if k in server}}
+    health = server.get("health")
+    if isinstance(health, dict) and health.get("lastCheck") is not None:
+        out["health"] = {**health, "lastCheck": rfc3339(health["lastCheck"])}
     return out
 
 

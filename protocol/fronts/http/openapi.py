@@ -744,7 +744,7 @@ def function_stats() -> dict:
                                                 "draining: an address its name no longer "
                                                 "resolves to, shown while calls on it run.",
                                                 "enum": ["usable", "failed", "paused", "full",
-                                                         "down", "draining"]},
+                                                         "down", "unhealthy", "draining"]},
                                       "backup": {"type": "boolean"},
                                       "inFlight": count, "fails": count,
                                       "usableAt": {"type": "string", "format": "date-time"},
@@ -757,6 +757,17 @@ def function_stats() -> dict:
                                           "type": "number", "minimum": 0, "maximum": 1,
                                           "description": "In slow start: the part of its "
                                                          "weight it has now."},
+                                      "health": {
+                                          "type": "object", "additionalProperties": False,
+                                          "required": ["status", "lastCheck"],
+                                          "description": "Its upstream's active health "
+                                                         "checks (absent: it has none): "
+                                                         "down is skipped by every pick.",
+                                          "properties": {
+                                              "status": {"type": "string",
+                                                         "enum": ["up", "down"]},
+                                              "lastCheck": {"type": ["string", "null"],
+                                                            "format": "date-time"}}},
                                       "lastError": {"type": "string"}}}},
             "groups": {"type": "object", "additionalProperties": False,
                        "required": ["count", "busiest"],

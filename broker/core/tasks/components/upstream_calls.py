@@ -216,6 +216,10 @@ class UpstreamCalls:
             if view.ramp_until is not None:     # (slow start: its weight now, and until)
                 server["weightShare"] = round(view.share, 3)
                 server["slowStartUntil"] = view.ramp_until + wall_offset
+            if view.up is not None:     # (active health checks: the last result's)
+                server["health"] = {"status": "up" if view.up else "down", "lastCheck":
+                                    None if view.last_check is None
+                                    else view.last_check + wall_offset}
             error = self.last_error.get((upstream, view.url))
             if error:
                 server["lastError"] = error
