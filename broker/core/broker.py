@@ -353,8 +353,11 @@ class Broker:
     def resolved(self, upstream: str, url: str, addresses, now: float) -> bool:
         """The actor's lookup of a resolved name (sorted addresses; none: the last set
         stays): its upstream's peers follow; whether they changed."""
-        return self.tasks_built and self.tasking.store.upstream.resolved(
+        changed = self.tasks_built and self.tasking.store.upstream.resolved(
             upstream, url, addresses, now)
+        if changed:         # (new addresses are probed too, gone ones no more)
+            self.tasking.assign_checks()
+        return changed
 
     def observe_wall(self, wall: float, now: float) -> None:
         self.scheduling.observe_wall(wall, now)

@@ -142,3 +142,21 @@ def test_a_reload_sends_each_dispatcher_its_new_list_and_without_checks_an_empty
         slower._replace(health_check=None),)), c.now)
     out = {p: m.items for p, m in c.broker.flush() if isinstance(m, Replies)}
     assert out[D1] == [(1, R.T_CHECKS, [])] and c.states() == [None, None]
+
+
+def test_the_addresses_a_resolved_name_gains_are_probed_and_those_it_loses_are_not():
+    upstream = UpstreamSpec("gpu", (ServerSpec("http://api.internal:8000", resolve=True),),
+                            health_check=HEALTH)
+    fn = FunctionSpec("gen", "", 100, upstream="gpu", path="/generate")
+    c = BrokerClock(config=Config(functions=(fn,), upstreams=(upstream,)))
+    first = c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    assert Cluster.checks(c, first, D1) == ["http://api.internal:8000"]
+    for addresses, probed in ((("10.0.0.5", "10.0.0.6"),
+                               ["http://10.0.0.5:8000", "http://10.0.0.6:8000"]),
+                              (("10.0.0.6",), ["http://10.0.0.6:8000"])):
+        assert c.broker.resolved("gpu", "http://api.internal:8000", addresses, c.now)
+        out: dict = {}
+        for peer, msg in c.broker.flush():
+            if isinstance(msg, Replies):
+                out.setdefault(peer, []).extend(msg.items)
+        assert Cluster.checks(c, out, D1) == probed
