@@ -15,6 +15,7 @@
     zstalk tasks | functions | schedules ...         an operator's commands over the HTTP
                                                      API (operator.py, loaded when run)
     zstalk stats [--beanstalk H:P] [--counter H:P]   tubes and counters (stats.py)
+    zstalk top [--url URL | --beanstalk H:P]         the same, live in the terminal (top.py)
 
 `--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
 whichever leads (protocol/links/zeromq.py).
@@ -274,7 +275,8 @@ def counter_host(addr: str) -> str:
 #: commands in modules of their own, loaded only when one runs (never on serve's start
 #: path): name -> (module of this package, its click command)
 LAZY = {"tasks": ("operator", "tasks_group"), "functions": ("operator", "functions_group"),
-        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command")}
+        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command"),
+        "top": ("top", "top_command")}
 
 
 class _Main(click.Group):
