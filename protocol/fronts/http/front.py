@@ -23,6 +23,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     POST   /v1/tasks/{uniqueId}/retry   a failed or cancelled task   -> T_RETRY   -> 200
     /v1/tubes[/{tube}[/kick]], /v1/jobs/{id}, /v1/counters   an operator's views of the
                                   beanstalk and counter families: protocol/fronts/http/views.py
+    GET    /v1/dashboard[/events]  the whole broker, once or every second: dashboard.py
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
     OPTIONS /v1/tasks, /v1/tasks/{uniqueId}[/done]   CORS preflights, for the origins the
@@ -75,6 +76,7 @@ import json
 import logging
 import secrets
 import socket
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -85,6 +87,7 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
+from .dashboard import Dashboard
 from .room import Room
 from .streams import Streams
 from .views import Views
@@ -363,6 +366,10 @@ class HttpFront(LinkOwner):
         Views(CONN, self.call, lambda r: check_key(r, self.master_key),
               lambda r: keyed(r, self.master_key), self._json_body,
               problem_response).add_routes(app)     # (tubes, jobs, counters: views.py)
+        Dashboard(CONN, self.call, lambda r: check_key(r, self.master_key),
+                  lambda r: keyed(r, self.master_key), problem_response, self.streams,
+                  lambda r: stream_client(r, self.link.settings),
+                  time.monotonic).add_routes(app)  # (the dashboard: dashboard.py)
         from .openapi import PATH, document  # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
