@@ -205,6 +205,30 @@ pass_key_option = click.option(
          "read again when the file changes). A --config with `online` set needs it.")
 
 
+VIEWER_KEY_FILE_ENV = "ZSTALK_VIEWER_KEY_FILE"     # (protocol/fronts/http/access.py reads it)
+
+
+def _use_viewer_key_file(ctx, param, value):
+    """The dashboard's read-only key: checked now (a file that cannot be read, or is
+    empty: exit 2), then named to the HTTP front (and any process serve starts) by the
+    environment, as --pass-key-file is."""
+    if value:
+        from ...protocol.network.secret import SecretError, read_secret_file
+        try:
+            read_secret_file(value, f"--viewer-key-file ({VIEWER_KEY_FILE_ENV})")
+        except SecretError as exc:
+            raise click.BadParameter(str(exc)) from None
+        os.environ[VIEWER_KEY_FILE_ENV] = os.path.abspath(value)
+    return value
+
+
+viewer_key_option = click.option(
+    "--viewer-key-file", metavar="FILE", default=None, envvar=VIEWER_KEY_FILE_ENV,
+    expose_value=False, callback=_use_viewer_key_file,
+    help="A read-only key for the dashboard and the API's views: counts, never job bodies, "
+         "no actions (needs a master key).")
+
+
 def master_key_options(help_key: str):
     """--master-key (ZSTALK_MASTER_KEY) and --master-key-file (ZSTALK_MASTER_KEY_FILE),
     shared by `serve` and `front http`; `master_key_from` reads them."""
@@ -235,6 +259,14 @@ def master_key_from(value: str | None, path: str | None) -> str | None:
     except SecretError as exc:
         click.echo(f"zstalk: {exc}", err=True)
     sys.exit(2)
+
+
+def viewer_needs_master(master_key: str | None) -> None:
+    """A viewer key without a master key is a usage error: the dashboard's cookies are
+    signed with a key derived from the master key, and without one everything is open."""
+    if os.environ.get(VIEWER_KEY_FILE_ENV) and not master_key:
+        raise click.UsageError("--viewer-key-file needs a master key (--master-key or "
+                               "--master-key-file)")
 
 
 def exit_with_parent() -> None:
@@ -373,6 +405,7 @@ def main(ctx: click.Context, verbose: int) -> None:
                    "0: none).")
 @master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
                     "it listens on loopback only.")
+@viewer_key_option
 @pass_key_option
 @http_options("http-")
 @binlog_options
@@ -392,6 +425,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                                    http_max_connections,
                                    http_max_streams)   # (TLS: the files are checked)
     master_key = master_key_from(master_key, master_key_file)
+    viewer_needs_master(master_key)
     functions = load_config_or_exit(config_path)
     # a standby's client ports are bound, not listening, until it leads (docs/ha.md)
     listen = journal is None or fronts > 0
@@ -730,6 +764,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
+@viewer_key_option
 @pass_key_option
 @http_options("")
 @click.option("--hold-s", default=None, type=float, callback=hold_default,
@@ -745,6 +780,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     from ...protocol.network.listen import is_loopback
     exit_with_parent()
     master_key = master_key_from(master_key, master_key_file)
+    viewer_needs_master(master_key)
     limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                 http_max_connections, http_max_streams)
     sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])

@@ -8,7 +8,8 @@ with `putRate`, puts in the last second, and `puts`, the last HISTORY_S per-seco
 differences of total-jobs, for a sparkline), `counters`, `functions` (queued, running,
 startRate, the `waitTime` a newcomer would get, pauses, upstream servers) and `schedules`
 (next fire), each list with the `next` cursor of its page.  Functions and schedules are
-shown where the API shows them (the master key, or none configured); else they are null.
+shown with the master key or the viewer key (counts: no task's params or result), or
+where none is configured; else they are null.
 
 How it works: a snapshot is four asks the operator's views already answer (V_TUBES by
 activity, V_COUNTERS, a T_FUNCTIONS page and a T_SCHEDULES page), so the broker counts no
@@ -98,15 +99,15 @@ class History:
 
 
 class Dashboard:
-    """The two routes over the front's tools: `call` an op, `check_key` (None: the master
-    key, or none needed), `keyed` (True, False or a wrong key's Problem), `respond` (a
-    Problem as the response), `streams` (the task streams: their caps) and `client` (a
-    request's client address as the caps count it)."""
+    """The two routes over the front's tools: `call` an op, `viewing` (True: the master or
+    the viewer key; False: neither; a wrong key's Problem), `respond` (a Problem as the
+    response), `streams` (the task streams: their caps) and `client` (a request's client
+    address as the caps count it)."""
 
     def __init__(self, conn: int, call: Callable[[tuple], Awaitable[tuple]],
-                 check_key: Callable, keyed: Callable, respond: Callable, streams,
-                 client: Callable, clock: Callable[[], float]) -> None:
-        self.conn, self.call, self.check_key, self.keyed = conn, call, check_key, keyed
+                 viewing: Callable, respond: Callable, streams, client: Callable,
+                 clock: Callable[[], float]) -> None:
+        self.conn, self.call, self.viewing = conn, call, viewing
         self.respond, self.streams, self.client, self.clock = respond, streams, client, clock
         self.history = History()
         self.made: dict[tuple, tuple[int, asyncio.Future]] = {}    # (query, full) -> (second, snapshot)
@@ -161,13 +162,13 @@ class Dashboard:
 
     def _asked(self, request: web.Request) -> tuple[Query, bool] | Problem:
         """The query, and whether functions and schedules are shown; or a refusal."""
-        key = self.keyed(request)
-        if isinstance(key, Problem):
-            return key
+        shown = self.viewing(request)
+        if isinstance(shown, Problem):
+            return shown
         query = parse_query(request.query)
         if isinstance(query, str):
             return refuse(400, query)
-        return query, self.check_key(request) is None
+        return query, shown
 
     # -- the routes ----------------------------------------------------------------------
     async def get(self, request: web.Request) -> web.Response:

@@ -128,6 +128,35 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
         "/v1/counters": {"get": looked("listCounters", "Every counter: in use and the most",
                                        {"200": json(_ref("Counters"), "The counters.")})},
         **dashboard_paths(looked, json),
+        **ui_paths(looked, json),
+    }
+
+
+def ui_paths(looked: Callable, json: Callable) -> dict:
+    """The dashboard's log-in (protocol/fronts/http/ui.py, access.py)."""
+    role = {"type": "object", "additionalProperties": False, "required": ["role"],
+            "properties": {"role": {"enum": ["master", "viewer", "nobody"]},
+                           "keyed": {"type": "boolean", "description": "Whether the server "
+                                     "has a master key (false: loopback only, no log-in)."}}}
+    cookie = {"Set-Cookie": {"schema": {"type": "string"}, "description":
+                             "zstalk_ui: HttpOnly; SameSite=Strict; Path=/ (Secure on HTTPS)."}}
+    login_ok = json(role, "Logged in: the cookie is set (with a master key configured).")
+    login_ok["headers"] = cookie
+    body = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False, "required": ["key"],
+        "properties": {"key": {"type": "string"}}}}}}
+    return {
+        "/ui/login": {"post": looked(
+            "uiLogin", "Exchange the master key or the viewer key for the dashboard's cookie",
+            {"200": login_ok}, "400", "408", "413", "415", requestBody=body,
+            description="The cookie, signed with a key derived from the master key, is "
+                        "taken by every front with the same keys, for 12 hours; rotating "
+                        "the key logs everyone out. An action (not GET) made with the "
+                        "cookie and no bearer key also needs the header X-Zstalk-Action: 1.")},
+        "/ui/logout": {"post": looked("uiLogout", "Clear the dashboard's cookie",
+                                      {"200": json(role, "The cookie is cleared.")})},
+        "/ui/session": {"get": looked("uiSession", "Who this request is: master, viewer "
+                                      "or nobody", {"200": json(role, "The role.")})},
     }
 
 

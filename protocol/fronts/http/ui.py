@@ -1,0 +1,64 @@
+"""The dashboard's own routes (issue 50): the log-in that hands out its cookie, and the page.
+
+    POST /ui/login    {"key": "<master or viewer key>"}  -> {"role"} and the cookie
+    POST /ui/logout                                       -> the cookie cleared
+    GET  /ui/session                                      -> {"role", "keyed"}
+
+How it works: the keys and the cookie's rules are access.py's; this module only turns them
+into responses.  The cookie is HttpOnly (no script reads it), SameSite=Strict (no other
+site's page sends it), Secure on HTTPS, Path=/ and good for COOKIE_TTL_S.  A log-in body
+must be JSON (Content-Type: application/json), which no HTML form can send.  Without a
+master key nobody logs in: every loopback client is the master (`keyed` false says so).
+"""
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from .access import COOKIE, COOKIE_TTL_S, MASTER, NOBODY, Keys
+from .api import Problem, refuse
+
+
+class Ui:
+    """The routes over the front's keys, `json_body` (a request's JSON body, or its
+    Problem) and `respond` (a Problem as the response)."""
+
+    def __init__(self, keys: Keys, json_body: Callable[[web.Request], Awaitable],
+                 respond: Callable[[Problem], web.Response]) -> None:
+        self.keys, self.json_body, self.respond = keys, json_body, respond
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/ui/login", self.login)
+        app.router.add_post("/ui/logout", self.logout)
+        app.router.add_get("/ui/session", self.session)
+
+    async def login(self, request: web.Request) -> web.Response:
+        doc = await self.json_body(request)
+        if isinstance(doc, Problem):
+            return self.respond(doc)
+        if not isinstance(doc, dict) or set(doc) != {"key"} or type(doc["key"]) is not str:
+            return self.respond(refuse(400, 'the body must be {"key": "<master or viewer key>"}'))
+        if self.keys.master is None:
+            return web.json_response({"role": MASTER})
+        role = self.keys.login(doc["key"])
+        if role is None:
+            return self.respond(refuse(403, "that is neither the master key nor the viewer key"))
+        response = web.json_response({"role": role})
+        response.set_cookie(COOKIE, self.keys.cookie(role, time.time()), max_age=COOKIE_TTL_S,
+                            path="/", httponly=True, samesite="Strict", secure=request.secure)
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        response = web.json_response({"role": NOBODY})
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        """Who this request is (a wrong bearer key: 403), and whether keys are needed."""
+        who = self.keys.who(request.method, request.headers, time.time())
+        if isinstance(who, Problem):
+            return self.respond(who)
+        return web.json_response({"role": who, "keyed": self.keys.master is not None},
+                                 headers={"Cache-Control": "no-store"})
