@@ -38,7 +38,7 @@ from .. import VERSION
 from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
-                      health_said, journal_said, where, worker_endpoint)
+                      dashboard_at, health_said, journal_said, where, worker_endpoint)
 from .ports import PORT, Endpoint, Endpoints, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
@@ -790,6 +790,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     start_line("front http", with_health(
         f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
         f"{'' if master_key else ' (no --master-key: loopback only)'}; "
+        f"{dashboard_at(sockets[0], bool(tls))}; "
         f"{stream_capacity(limits.max_streams, limits.max_connections)[1]}; broker {broker_ep}",
         health))
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)

@@ -145,7 +145,19 @@ def ui_paths(looked: Callable, json: Callable) -> dict:
     body = {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "additionalProperties": False, "required": ["key"],
         "properties": {"key": {"type": "string"}}}}}}
+    asset = {"name": "name", "in": "path", "required": True,
+             "schema": {"enum": ["dashboard.js", "dashboard.css"]}}
+    page = lambda *kinds: {"description": "The file, with a Content-Security-Policy that "  # noqa
+                           "allows only this origin.", "content": {kind: {"schema": {
+                               "type": "string"}} for kind in kinds}}
     return {
+        "/ui/": {"get": {"operationId": "uiPage", "summary": "The dashboard: one page",
+                         "security": [{}], "responses": {"200": page("text/html")}}},
+        "/ui/assets/{name}": {"get": {
+            "operationId": "uiAsset", "summary": "The dashboard's script and style",
+            "security": [{}], "parameters": [asset],
+            "responses": {"200": page("text/javascript", "text/css"),
+                          "404": json({"$ref": "#/components/schemas/Error"}, "No such file.")}}},
         "/ui/login": {"post": looked(
             "uiLogin", "Exchange the master key or the viewer key for the dashboard's cookie",
             {"200": login_ok}, "400", "408", "413", "415", requestBody=body,

@@ -1,5 +1,7 @@
 """The dashboard's own routes (issue 50): the log-in that hands out its cookie, and the page.
 
+    GET  /ui/                                             the page (dashboard_page/)
+    GET  /ui/assets/{name}                                its script and its style
     POST /ui/login    {"key": "<master or viewer key>"}  -> {"role"} and the cookie
     POST /ui/logout                                       -> the cookie cleared
     GET  /ui/session                                      -> {"role", "keyed"}
@@ -9,16 +11,37 @@ into responses.  The cookie is HttpOnly (no script reads it), SameSite=Strict (n
 site's page sends it), Secure on HTTPS, Path=/ and good for COOKIE_TTL_S.  A log-in body
 must be JSON (Content-Type: application/json), which no HTML form can send.  Without a
 master key nobody logs in: every loopback client is the master (`keyed` false says so).
+
+The page is three files in the package (dashboard_page/), read once when the front starts
+and served from memory with a Content-Security-Policy that allows this origin's script,
+style and requests and nothing else (no inline script or style, no frames: CSP below),
+nosniff and no referrer.  Nothing is built and nothing comes from another site.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from .access import COOKIE, COOKIE_TTL_S, MASTER, NOBODY, Keys
 from .api import Problem, refuse
+
+
+PAGE_DIR = Path(__file__).with_name("dashboard_page")
+#: the page's files: name -> content type ("index.html" is GET /ui/)
+FILES = {"index.html": "text/html", "dashboard.js": "text/javascript",
+         "dashboard.css": "text/css"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+       "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                "Cache-Control": "no-cache"}
+
+
+def page_files() -> dict[str, bytes]:
+    return {name: (PAGE_DIR / name).read_bytes() for name in FILES}
 
 
 class Ui:
@@ -28,11 +51,27 @@ class Ui:
     def __init__(self, keys: Keys, json_body: Callable[[web.Request], Awaitable],
                  respond: Callable[[Problem], web.Response]) -> None:
         self.keys, self.json_body, self.respond = keys, json_body, respond
+        self.files = page_files()
 
     def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/ui/", self.index)
+        app.router.add_get("/ui/assets/{name}", self.asset)
         app.router.add_post("/ui/login", self.login)
         app.router.add_post("/ui/logout", self.logout)
         app.router.add_get("/ui/session", self.session)
+
+    async def index(self, request: web.Request) -> web.Response:
+        return self._file("index.html")
+
+    async def asset(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == "index.html" or name not in self.files:
+            return self.respond(refuse(404, f"no {name!r} here"))
+        return self._file(name)
+
+    def _file(self, name: str) -> web.Response:
+        return web.Response(body=self.files[name], headers=PAGE_HEADERS,
+                            content_type=FILES[name], charset="utf-8")
 
     async def login(self, request: web.Request) -> web.Response:
         doc = await self.json_body(request)
