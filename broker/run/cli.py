@@ -185,48 +185,44 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
 PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
 
 
-def _use_pass_key_file(ctx, param, value):
-    """The waiting room's pass keys (protocol/fronts/http/room.py): checked now, then
-    named to the HTTP front (and any process serve starts) by the environment."""
-    if value:
-        from ...workers.signing import as_pass_keys
-        try:
-            as_pass_keys(value)
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(f"{value}: {exc}") from None
-        os.environ[PASS_KEY_FILE_ENV] = os.path.abspath(value)
-    return value
+def key_file_option(option: str, env: str, check, help_text: str):
+    """An option naming a file of keys that `check(path)` reads (raising OSError,
+    ValueError or SecretError: exit 2, naming it): checked as the option is parsed, then
+    named to the HTTP front (and any process serve starts) by the environment `env`."""
+    def use(ctx, param, value):
+        if value:
+            from ...protocol.network.secret import SecretError
+            try:
+                check(value)
+            except (OSError, ValueError, SecretError) as exc:
+                raise click.BadParameter(f"{value}: {exc}") from None
+            os.environ[env] = os.path.abspath(value)
+        return value
+    return click.option(option, metavar="FILE", default=None, envvar=env, expose_value=False,
+                        callback=use, help=help_text)
 
 
-pass_key_option = click.option(
-    "--pass-key-file", metavar="FILE", default=None, envvar=PASS_KEY_FILE_ENV,
-    expose_value=False, callback=_use_pass_key_file,
-    help="The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
-         "read again when the file changes). A --config with `online` set needs it.")
+def _pass_keys(path: str) -> None:
+    """The waiting room's pass keys (protocol/fronts/http/room.py)."""
+    from ...workers.signing import as_pass_keys
+    as_pass_keys(path)
+
+
+def _viewer_key(path: str) -> None:
+    """The dashboard's read-only key (protocol/fronts/http/access.py): not empty."""
+    from ...protocol.network.secret import read_secret_file
+    read_secret_file(path, f"--viewer-key-file ({VIEWER_KEY_FILE_ENV})")
 
 
 VIEWER_KEY_FILE_ENV = "ZSTALK_VIEWER_KEY_FILE"     # (protocol/fronts/http/access.py reads it)
-
-
-def _use_viewer_key_file(ctx, param, value):
-    """The dashboard's read-only key: checked now (a file that cannot be read, or is
-    empty: exit 2), then named to the HTTP front (and any process serve starts) by the
-    environment, as --pass-key-file is."""
-    if value:
-        from ...protocol.network.secret import SecretError, read_secret_file
-        try:
-            read_secret_file(value, f"--viewer-key-file ({VIEWER_KEY_FILE_ENV})")
-        except SecretError as exc:
-            raise click.BadParameter(str(exc)) from None
-        os.environ[VIEWER_KEY_FILE_ENV] = os.path.abspath(value)
-    return value
-
-
-viewer_key_option = click.option(
-    "--viewer-key-file", metavar="FILE", default=None, envvar=VIEWER_KEY_FILE_ENV,
-    expose_value=False, callback=_use_viewer_key_file,
-    help="A read-only key for the dashboard and the API's views: counts, never job bodies, "
-         "no actions (needs a master key).")
+pass_key_option = key_file_option(
+    "--pass-key-file", PASS_KEY_FILE_ENV, _pass_keys,
+    "The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
+    "read again when the file changes). A --config with `online` set needs it.")
+viewer_key_option = key_file_option(
+    "--viewer-key-file", VIEWER_KEY_FILE_ENV, _viewer_key,
+    "A read-only key for the dashboard and the API's views: counts, never job bodies, "
+    "no actions (needs a master key).")
 
 
 def master_key_options(help_key: str):

@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from browser import webdriver_chromium
-from servers import LOOPBACK, RawClient, ServerProcess, acquire_request, find_zstalk, free_port
-from servers import self_check, wait_for
-from test_operator_views_end_to_end import KEY, put
-from test_tasks_end_to_end import Api
+from servers import LOOPBACK, RawClient, acquire_request, self_check, wait_for
+from test_operator_views_end_to_end import KEY, put, start_server
 
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 VIEWER = "viewer-browser-key"
@@ -29,22 +27,12 @@ XSS = b"<script>alert(1)</script>"
 
 @pytest.fixture
 def server(tmp_path):
-    config = tmp_path / "zstalk.toml"
-    config.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:9/fn"\n')
     viewer = tmp_path / "viewer.key"
     viewer.write_text(VIEWER)
-    port, http_port, counter_port = free_port(), free_port(), free_port()
-    process = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
-                             "--counter-port", str(counter_port), "--worker-bind", "none",
-                             "--config", str(config), "--http-port", str(http_port),
-                             "--master-key", KEY, "--viewer-key-file", str(viewer)],
-                            (LOOPBACK, port), name="zstalk-dashboard-browser").start()
-    api = Api(f"http://{LOOPBACK}:{http_port}", process)
-    api.key = KEY
-    api.wait_listening()
-    api.counter_port = counter_port
+    api = start_server(tmp_path, "--viewer-key-file", str(viewer),
+                       name="zstalk-dashboard-browser")
     yield api
-    process.stop()
+    api.server.stop()
 
 
 @pytest.fixture

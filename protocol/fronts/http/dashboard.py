@@ -38,6 +38,7 @@ from ...schema import Op, R
 from ...schema.tasks import MAX_PAGE
 from .api import Problem, function_json, refuse, reply_problem, schedule_json
 from .streams import BUFFER_MAX, HEADERS, TICK_S, _hold_little
+from .views import parse_limit
 
 HISTORY_S = 60              # seconds of per-second differences kept for a sparkline
 MAX_NAMES = 20_000          # tubes whose history is kept (the least recently seen go)
@@ -57,12 +58,9 @@ def parse_query(query) -> Query | str:
     unknown = [key for key in query if key not in PARAMETERS]
     if unknown:
         return f"unknown parameter {unknown[0]!r}; parameters are {', '.join(PARAMETERS)}"
-    try:
-        limit = int(query.get("limit", DEFAULT_LIMIT))
-    except ValueError:
-        return "limit must be an integer"
-    if not 1 <= limit <= MAX_PAGE:
-        return f"limit is 1 to {MAX_PAGE}"
+    limit = parse_limit(query, DEFAULT_LIMIT)
+    if isinstance(limit, str):
+        return limit
     return Query(query.get("q", ""), limit, query.get("tubesAfter", ""),
                  query.get("functionsAfter", ""))
 
