@@ -191,3 +191,22 @@ def test_search_finds_one_tube_among_ten_thousand(server, browser):
     browser.find_element("id", "search").send_keys("t04242")
     assert shows(lambda: list(rows(browser, "tubes")) == ["t04242"])
     assert rows(browser, "tubes")["t04242"][1] == "1"
+
+
+def test_a_task_looked_up_shows_its_status_and_a_function_pauses_by_a_click(server, browser):
+    code, task = server.enqueue("reports", {"n": 1}, delay=600000)
+    assert code == 201
+    log_in(browser, server.base, KEY)
+    browser.find_element("id", "task-id").send_keys(task["uniqueId"])
+    browser.find_element("css selector", "#task-form button").click()
+    found = browser.find_element("id", "task")
+    assert shows(lambda: "queued" in found.text and "reports" in found.text)
+    assert task["uniqueId"] in found.text
+    assert shows(lambda: "reports" in rows(browser, "functions"))
+    browser.find_element("css selector", '#functions tr[data-name="reports"]').find_element(
+        "xpath", ".//button[text()='pause']").click()
+    assert shows(lambda: server.request("GET", "/v1/functions/reports")[1]["paused"] is True)
+    assert shows(lambda: rows(browser, "functions")["reports"][9] == "yes")
+    browser.find_element("xpath", "//div[@id='task-acts']/button[text()='cancel']").click()
+    assert shows(lambda: server.request("GET", f"/v1/tasks/{task['uniqueId']}")[1]["status"]
+                 == "cancelled")

@@ -179,7 +179,8 @@ function render(snap) {
   if (snap.functions !== null) {
     fill($("functions").tBodies[0], snap.functions, [
       (f) => f.name, (f) => f.queued, (f) => f.running, (f) => f.delayed, (f) => show(f.startRate),
-      (f) => ms(f.waitTime), (f) => ms(f.oldestQueuedAgeMs),
+      (f) => ms(f.waitTime), (f) => ms(f.oldestQueuedAgeMs), (f) => limits(f),
+      (f) => (f.waitingOnline === undefined ? "-" : `${f.waitingOnline} waiting, ${f.admitted} admitted`),
       (f) => (f.paused ? "yes" : f.pausedUntil ? `until ${f.pausedUntil}` : "-"),
       (f) => upstream(f),
     ], pauseActions("functions", "function"));
@@ -191,6 +192,14 @@ function render(snap) {
       (s) => s.name, (s) => s.cron, (s) => s.function, (s) => show(s.nextFireAt), (s) => yes(s.paused),
     ], pauseActions("schedules", "schedule"));
   }
+}
+
+function limits(f) {
+  const said = [];
+  if (f.concurrency) said.push(`${f.concurrency} at once`);
+  if (f.rate) said.push(f.rate);
+  if (f.groups) said.push(`${f.groups.count} groups`);
+  return said.length ? said.join(", ") : "-";
 }
 
 function upstream(f) {
