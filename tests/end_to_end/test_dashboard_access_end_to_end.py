@@ -142,3 +142,11 @@ def test_a_viewer_key_without_a_master_key_is_a_usage_error(tmp_path):
                            "--viewer-key-file", str(viewer)], capture_output=True, text=True,
                           timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "--viewer-key-file needs a master key" in done.stderr
+
+
+def test_ten_wrong_keys_from_one_address_make_its_log_ins_wait(server):
+    for _ in range(10):
+        assert ask(server, "POST", "/ui/login", {"key": "guess"})[0] == 403
+    code, doc, headers = ask(server, "POST", "/ui/login", {"key": KEY})
+    assert (code, doc["error"], headers["Retry-After"]) == (429, "too_many_logins", "60")
+    assert ask(server, "GET", "/v1/tubes", headers={"Authorization": f"Bearer {KEY}"})[0] == 200

@@ -73,3 +73,14 @@ def test_a_keyless_dashboard_answers_loopback_peers_that_name_no_proxy():
     for header in ("X-Forwarded-For", "Forwarded"):
         assert keyless_refusal(None, "127.0.0.1", {header: "for=192.0.2.7"}).status == 403
     assert keyless_refusal(b"k", "192.0.2.7", {"Forwarded": "x"}) is None
+
+
+def test_wrong_keys_are_counted_per_address_over_a_sliding_minute():
+    from zstalk.protocol.fronts.http.ui import MAX_FAILURES, WINDOW_S, Failures
+    failures = Failures()
+    for i in range(MAX_FAILURES):
+        assert failures.allowed("192.0.2.1", i)
+        failures.failed("192.0.2.1", i)
+    assert not failures.allowed("192.0.2.1", MAX_FAILURES)
+    assert failures.allowed("192.0.2.2", MAX_FAILURES)
+    assert failures.allowed("192.0.2.1", WINDOW_S + 0.5)        # (the first went out of it)

@@ -160,11 +160,12 @@ def ui_paths(looked: Callable, json: Callable) -> dict:
                           "404": json({"$ref": "#/components/schemas/Error"}, "No such file.")}}},
         "/ui/login": {"post": looked(
             "uiLogin", "Exchange the master key or the viewer key for the dashboard's cookie",
-            {"200": login_ok}, "400", "408", "413", "415", requestBody=body,
+            {"200": login_ok}, "400", "408", "413", "415", "429", requestBody=body,
             description="The cookie, signed with a key derived from the master key, is "
                         "taken by every front with the same keys, for 12 hours; rotating "
                         "the key logs everyone out. An action (not GET) made with the "
-                        "cookie and no bearer key also needs the header X-Zstalk-Action: 1.")},
+                        "cookie and no bearer key also needs the header X-Zstalk-Action: 1. "
+                        "10 wrong keys from one address within 60 s: 429 for a while.")},
         "/ui/logout": {"post": looked("uiLogout", "Clear the dashboard's cookie",
                                       {"200": json(role, "The cookie is cleared.")})},
         "/ui/session": {"get": looked("uiSession", "Who this request is: master, viewer "

@@ -9,7 +9,9 @@
 How it works: the keys and the cookie's rules are access.py's; this module only turns them
 into responses.  The cookie is HttpOnly (no script reads it), SameSite=Strict (no other
 site's page sends it), Secure on HTTPS, Path=/ and good for COOKIE_TTL_S.  A log-in body
-must be JSON (Content-Type: application/json), which no HTML form can send.  Without a
+must be JSON (Content-Type: application/json), which no HTML form can send.  A client
+address that gives MAX_FAILURES wrong keys within WINDOW_S waits (429 too_many_logins,
+Retry-After): a key is not found by trying.  Without a
 master key nobody logs in: every loopback client is the master (`keyed` false says so).
 
 The page is three files in the package (dashboard_page/), read once when the front starts
@@ -19,6 +21,7 @@ nosniff and no referrer.  Nothing is built and nothing comes from another site.
 """
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -26,7 +29,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from .access import COOKIE, COOKIE_TTL_S, MASTER, NOBODY, Keys
-from .api import Problem, refuse
+from .api import STATUS, Problem, refuse
 
 
 PAGE_DIR = Path(__file__).with_name("dashboard_page")
@@ -38,6 +41,31 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
 PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                 "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
                 "Cache-Control": "no-cache"}
+
+
+#: wrong keys a client address may try in WINDOW_S before its log-ins wait (429)
+MAX_FAILURES, WINDOW_S, MAX_CLIENTS = 10, 60.0, 10_000
+TOO_MANY_LOGINS = Problem(STATUS["too_many_logins"], "too_many_logins",
+                          f"{MAX_FAILURES} wrong keys from this address within "
+                          f"{WINDOW_S:.0f} s: try again later")
+
+
+class Failures:
+    """Wrong keys by client address, the last WINDOW_S of them (pure: the clock is
+    passed in); the addresses least recently wrong are forgotten beyond MAX_CLIENTS."""
+
+    def __init__(self) -> None:
+        self.seen: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+
+    def allowed(self, client: str, now: float) -> bool:
+        recent = [t for t in self.seen.get(client, ()) if t > now - WINDOW_S]
+        return len(recent) < MAX_FAILURES
+
+    def failed(self, client: str, now: float) -> None:
+        recent = [t for t in self.seen.pop(client, ()) if t > now - WINDOW_S]
+        self.seen[client] = recent + [now]
+        while len(self.seen) > MAX_CLIENTS:
+            self.seen.popitem(last=False)
 
 
 def page_files() -> dict[str, bytes]:
@@ -52,6 +80,7 @@ class Ui:
                  respond: Callable[[Problem], web.Response]) -> None:
         self.keys, self.json_body, self.respond = keys, json_body, respond
         self.files = page_files()
+        self.failures = Failures()
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/ui/", self.index)
@@ -81,8 +110,12 @@ class Ui:
             return self.respond(refuse(400, 'the body must be {"key": "<master or viewer key>"}'))
         if self.keys.master is None:
             return web.json_response({"role": MASTER})
+        client, now = request.remote or "", time.monotonic()
+        if not self.failures.allowed(client, now):
+            return self.respond(TOO_MANY_LOGINS)
         role = self.keys.login(doc["key"])
         if role is None:
+            self.failures.failed(client, now)
             return self.respond(refuse(403, "that is neither the master key nor the viewer key"))
         response = web.json_response({"role": role})
         response.set_cookie(COOKIE, self.keys.cookie(role, time.time()), max_age=COOKIE_TTL_S,
