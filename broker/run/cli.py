@@ -15,6 +15,7 @@
     zstalk tasks | functions | schedules ...         an operator's commands over the HTTP
                                                      API (operator.py, loaded when run)
     zstalk stats [--beanstalk H:P] [--counter H:P]   tubes and counters (stats.py)
+    zstalk top [--url URL | --beanstalk H:P]         the same, live in the terminal (top.py)
 
 `--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
 whichever leads (protocol/links/zeromq.py).
@@ -38,7 +39,8 @@ from . import hold_signals
 from .journal_flags import journal_options
 from .logs import FORMAT_ENV, FORMATS, setup_logging, start_line
 from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, binlog_said,
-                      checks_said, health_said, journal_said, where, worker_endpoint)
+                      checks_said, dashboard_at, health_said, journal_said, where,
+                      worker_endpoint)
 from .ports import PORT, Endpoint, Endpoints, ListenAddress
 
 MAX_JOB_SIZE_CAP = 1073741824   # beanstalkd's -z cap (1 GiB)
@@ -185,24 +187,44 @@ def http_settings(tls_cert: str | None, tls_key: str | None, header_timeout: flo
 PASS_KEY_FILE_ENV = "ZSTALK_PASS_KEY_FILE"
 
 
-def _use_pass_key_file(ctx, param, value):
-    """The waiting room's pass keys (protocol/fronts/http/room.py): checked now, then
-    named to the HTTP front (and any process serve starts) by the environment."""
-    if value:
-        from ...workers.signing import as_pass_keys
-        try:
-            as_pass_keys(value)
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(f"{value}: {exc}") from None
-        os.environ[PASS_KEY_FILE_ENV] = os.path.abspath(value)
-    return value
+def key_file_option(option: str, env: str, check, help_text: str):
+    """An option naming a file of keys that `check(path)` reads (raising OSError,
+    ValueError or SecretError: exit 2, naming it): checked as the option is parsed, then
+    named to the HTTP front (and any process serve starts) by the environment `env`."""
+    def use(ctx, param, value):
+        if value:
+            from ...protocol.network.secret import SecretError
+            try:
+                check(value)
+            except (OSError, ValueError, SecretError) as exc:
+                raise click.BadParameter(f"{value}: {exc}") from None
+            os.environ[env] = os.path.abspath(value)
+        return value
+    return click.option(option, metavar="FILE", default=None, envvar=env, expose_value=False,
+                        callback=use, help=help_text)
 
 
-pass_key_option = click.option(
-    "--pass-key-file", metavar="FILE", default=None, envvar=PASS_KEY_FILE_ENV,
-    expose_value=False, callback=_use_pass_key_file,
-    help="The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
-         "read again when the file changes). A --config with `online` set needs it.")
+def _pass_keys(path: str) -> None:
+    """The waiting room's pass keys (protocol/fronts/http/room.py)."""
+    from ...workers.signing import as_pass_keys
+    as_pass_keys(path)
+
+
+def _viewer_key(path: str) -> None:
+    """The dashboard's read-only key (protocol/fronts/http/access.py): not empty."""
+    from ...protocol.network.secret import read_secret_file
+    read_secret_file(path, f"--viewer-key-file ({VIEWER_KEY_FILE_ENV})")
+
+
+VIEWER_KEY_FILE_ENV = "ZSTALK_VIEWER_KEY_FILE"     # (protocol/fronts/http/access.py reads it)
+pass_key_option = key_file_option(
+    "--pass-key-file", PASS_KEY_FILE_ENV, _pass_keys,
+    "The waiting room's pass keys, 'kid:key' lines (the first signs, all verify; "
+    "read again when the file changes). A --config with `online` set needs it.")
+viewer_key_option = key_file_option(
+    "--viewer-key-file", VIEWER_KEY_FILE_ENV, _viewer_key,
+    "A read-only key for the dashboard and the API's views: counts, never job bodies, "
+    "no actions (needs a master key).")
 
 
 def master_key_options(help_key: str):
@@ -235,6 +257,14 @@ def master_key_from(value: str | None, path: str | None) -> str | None:
     except SecretError as exc:
         click.echo(f"zstalk: {exc}", err=True)
     sys.exit(2)
+
+
+def viewer_needs_master(master_key: str | None) -> None:
+    """A viewer key without a master key is a usage error: the dashboard's cookies are
+    signed with a key derived from the master key, and without one everything is open."""
+    if os.environ.get(VIEWER_KEY_FILE_ENV) and not master_key:
+        raise click.UsageError("--viewer-key-file needs a master key (--master-key or "
+                               "--master-key-file)")
 
 
 def exit_with_parent() -> None:
@@ -275,7 +305,8 @@ def counter_host(addr: str) -> str:
 #: commands in modules of their own, loaded only when one runs (never on serve's start
 #: path): name -> (module of this package, its click command)
 LAZY = {"tasks": ("operator", "tasks_group"), "functions": ("operator", "functions_group"),
-        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command")}
+        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command"),
+        "top": ("top", "top_command")}
 
 
 class _Main(click.Group):
@@ -372,6 +403,7 @@ def main(ctx: click.Context, verbose: int) -> None:
                    "0: none).")
 @master_key_options("Bearer key the HTTP API requires to enqueue and cancel; without one "
                     "it listens on loopback only.")
+@viewer_key_option
 @pass_key_option
 @http_options("http-")
 @binlog_options
@@ -391,6 +423,7 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                                    http_max_connections,
                                    http_max_streams)   # (TLS: the files are checked)
     master_key = master_key_from(master_key, master_key_file)
+    viewer_needs_master(master_key)
     functions = load_config_or_exit(config_path)
     # a standby's client ports are bound, not listening, until it leads (docs/ha.md)
     listen = journal is None or fronts > 0
@@ -730,6 +763,7 @@ def counter(broker_ep, listens, fds, max_connections, hold_s, health):
                    "127.0.0.1 without --listen or --fd).")
 @click.option("--fd", "fds", multiple=True, type=int, help="Inherited listening socket.")
 @master_key_options("Bearer key required to enqueue and cancel; without one, loopback only.")
+@viewer_key_option
 @pass_key_option
 @http_options("")
 @click.option("--hold-s", default=None, type=float, callback=hold_default,
@@ -745,6 +779,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     from ...protocol.network.listen import is_loopback
     exit_with_parent()
     master_key = master_key_from(master_key, master_key_file)
+    viewer_needs_master(master_key)
     limits, tls = http_settings(tls_cert, tls_key, header_timeout, body_timeout,
                                 http_max_connections, http_max_streams)
     sockets = front_sockets(fds, listens, HTTP_PORT, ["127.0.0.1"])
@@ -754,6 +789,7 @@ def http(broker_ep, listens, fds, master_key, master_key_file, tls_cert, tls_key
     start_line("front http", with_health(
         f"{'https' if tls else 'http'} on {', '.join(map(where, sockets))}"
         f"{'' if master_key else ' (no --master-key: loopback only)'}; "
+        f"{dashboard_at(sockets[0], bool(tls))}; "
         f"{stream_capacity(limits.max_streams, limits.max_connections)[1]}; broker {broker_ep}",
         health))
     run_http_front(broker_ep, sockets, master_key, limits, tls, health, hold_s)

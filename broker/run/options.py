@@ -126,6 +126,7 @@ def announcement(listeners, counter_listeners, worker_endpoint: str | None,
         parts.append(("https on " if tls else "http on ")
                      + ", ".join(where(s) for s in http_listeners)
                      + _http_notes(master_key, functions))
+        parts.append(dashboard_at(http_listeners[0], tls))
         from ...protocol.network.files import stream_capacity
         said = stream_capacity(http_limits.max_streams, http_limits.max_connections)[1]
         parts += [said] if said else []
@@ -187,6 +188,11 @@ def binlog_said(directory: str | None, restored: tuple[int, int, int] | None) ->
 
 def _count(n: int, what: str) -> str:
     return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
+def dashboard_at(listener, tls: bool) -> str:
+    """Where the web dashboard is (protocol/fronts/http/ui.py): on the first HTTP socket."""
+    return f"dashboard at {'https' if tls else 'http'}://{where(listener)}/ui/"
 
 
 def _http_notes(master_key: str | None, functions: bool) -> str:

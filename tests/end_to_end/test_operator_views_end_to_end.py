@@ -16,22 +16,28 @@ from test_tasks_end_to_end import Api
 pytestmark = pytest.mark.skipif(self_check(), reason="needs zstalk")
 
 
-@pytest.fixture
-def server(tmp_path):
+def start_server(tmp_path, *args: str, name: str = "zstalk-views") -> Api:
+    """A started `zstalk serve` with functions (their host out of reach), a counter port
+    (`.counter_port`), the master key KEY and `args`; the caller stops `.server`."""
     config = tmp_path / "zstalk.toml"
     config.write_text(f'[functions]\nbase_url = "http://{LOOPBACK}:9/fn"\n')
     port, http_port, counter_port = free_port(), free_port(), free_port()
     process = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
                              "--counter-port", str(counter_port), "--worker-bind", "none",
                              "--config", str(config), "--http-port", str(http_port),
-                             "--master-key", KEY], (LOOPBACK, port),
-                            name="zstalk-views").start()
+                             "--master-key", KEY, *args], (LOOPBACK, port), name=name).start()
     api = Api(f"http://{LOOPBACK}:{http_port}", process)
     api.key = KEY
     api.wait_listening()
     api.counter_port = counter_port
+    return api
+
+
+@pytest.fixture
+def server(tmp_path):
+    api = start_server(tmp_path)
     yield api
-    process.stop()
+    api.server.stop()
 
 
 def put(address, tube: str, *bodies: bytes) -> list[int]:

@@ -45,8 +45,9 @@ def test_serve_says_what_listens_where_and_that_an_http_port_without_config_has_
                       "--worker-bind", "none", "--http-port", str(http))
     assert re.fullmatch(re.escape(
         f"zstalk serve {VERSION}: beanstalk on {LOOPBACK}:{port}; http on 127.0.0.1:{http} "
-        "(no --master-key: loopback only; no --config: no functions, every task answers 404); ")
-        + STREAMS + "; no worker endpoint", line), line
+        "(no --master-key: loopback only; no --config: no functions, every task answers 404); "
+        f"dashboard at http://127.0.0.1:{http}/ui/; ") + STREAMS + "; no worker endpoint",
+        line), line
 
 
 def test_zstalkd_is_silent_as_beanstalkd_and_says_where_it_listens_with_v():
@@ -122,7 +123,8 @@ def test_a_front_says_where_it_listens_and_which_broker_it_reaches(kind):
     line = first_line(ZSTALK, "front", kind, "--broker", broker, "--listen",
                       f"{LOOPBACK}:{port}")
     listens = {"http": re.escape(f"http on {LOOPBACK}:{port} (no --master-key: loopback "
-                                 "only); ") + STREAMS}.get(
+                                 f"only); dashboard at http://{LOOPBACK}:{port}/ui/; ")
+               + STREAMS}.get(
         kind, re.escape(f"listening on {LOOPBACK}:{port}"))
     assert re.fullmatch(re.escape(f"zstalk front {kind} {VERSION}: ") + listens
                         + re.escape(f"; broker {broker}"), line), line

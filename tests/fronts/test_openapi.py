@@ -235,11 +235,15 @@ def cases(operation) -> st.SearchStrategy:
 @pytest.mark.parametrize("method, path", [(method.upper(), path) for path, item in
                                           document()["paths"].items() for method in item])
 def test_every_answer_of_the_real_server_is_one_its_document_names(live_schema, method, path):
-    @settings(max_examples=50, deadline=None, database=None,
+    # (the dashboard's stream never ends: each valid request waits out its timeout, so
+    # it gets a few examples and a short wait; its refusals come at once all the same)
+    endless = path == "/v1/dashboard/events"
+
+    @settings(max_examples=8 if endless else 50, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(case=cases(live_schema[path][method]))
     def run(case):
-        case.call_and_validate(checks=CHECKS, timeout=10)
+        case.call_and_validate(checks=CHECKS, timeout=2 if endless else 10)
 
     run()
 

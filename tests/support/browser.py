@@ -1,5 +1,6 @@
-# A real browser for the tests of what only a browser enforces (CORS) and of the waiting
-# page: Debian's chromium, headless, which scripts/test installs.
+# A real browser for the tests of what only a browser enforces (CORS) or shows (the
+# waiting page, the dashboard): Debian's chromium, headless, which scripts/test installs
+# (the browser group: chromium and chromium-driver).
 #
 # page_text(url, element_id) opens the page in a fresh profile, lets its scripts run until
 # nothing is left to do (virtual time: a page's timers fire at once, while its fetches are
@@ -13,6 +14,8 @@
 # (Service("/usr/bin/chromedriver"), SE_OFFLINE=true: Selenium Manager never downloads a
 # driver or a browser), one profile folder each, so each visitor has a localStorage of
 # its own.
+#
+# webdriver_chromium(profile) is the same for the dashboard's tests, at a desktop's size.
 from __future__ import annotations
 
 import html
@@ -45,9 +48,9 @@ def page_text(url: str, element_id: str) -> str:
     return html.unescape(match[2])
 
 
-def visitor(profile: str, language: str = "en"):
-    """A headless chromium of its own `profile` folder, asking for pages in `language`;
-    the caller quits it."""
+def visitor(profile: str, language: str = "en", width: int = 900, height: int = 640):
+    """A headless chromium of its own `profile` folder, asking for pages in `language`,
+    its console kept (get_log); the caller quits it."""
     browser, driver = chromium(), needs_group("browser", "chromedriver")
     os.environ["SE_OFFLINE"] = "true"       # (never a downloaded driver)
     from selenium import webdriver
@@ -56,8 +59,13 @@ def visitor(profile: str, language: str = "en"):
     options.binary_location = browser
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                      "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-                     "--window-size=900,640", f"--lang={language}"):
+                     f"--window-size={width},{height}", f"--lang={language}"):
         options.add_argument(argument)
     options.add_experimental_option("prefs", {"intl.accept_languages": language})
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def webdriver_chromium(profile: str, width: int = 1400, height: int = 1000):
+    """`visitor` at a desktop's size (the dashboard's tests)."""
+    return visitor(profile, "en", width, height)

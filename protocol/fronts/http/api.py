@@ -46,6 +46,7 @@ STATUS = {
     "too_many_groups": 429,
     "line_full": 429,
     "too_many_streams": 429,
+    "too_many_logins": 429,
     "internal": 500,
     "unavailable": 503,
     "streams_full": 503,
@@ -60,7 +61,8 @@ STATUS = {
 #: a full line (max_waiting) has a place again as soon as one visitor is admitted or
 #: leaves, which nobody can foretell: a few seconds, so a page polls without hammering
 #: an event stream refused for the caps (streams.py) may be tried again a little later
-RETRY_AFTER_S = {"unavailable": 1, "line_full": 5, "too_many_streams": 10, "streams_full": 10}
+RETRY_AFTER_S = {"unavailable": 1, "line_full": 5, "too_many_streams": 10, "streams_full": 10,
+                 "too_many_logins": 60}
 
 
 #: the code of each status the front answers on its own

@@ -23,6 +23,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     POST   /v1/tasks/{uniqueId}/retry   a failed or cancelled task   -> T_RETRY   -> 200
     /v1/tubes[/{tube}[/kick]], /v1/jobs/{id}, /v1/counters   an operator's views of the
                                   beanstalk and counter families: protocol/fronts/http/views.py
+    GET    /v1/dashboard[/events]  the whole broker, once or every second: dashboard.py
     POST   /v1/tasks/{uniqueId}/done   the waiting room: protocol/fronts/http/room.py
     GET    /v1/passes/verify           (passes, done, the gateway's check)
     GET    /room/{function}, /room/static/{name}   its waiting page: protocol/fronts/http/page.py
@@ -76,6 +77,7 @@ import json
 import logging
 import secrets
 import socket
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -86,6 +88,9 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
+from .access import KEYLESS_LOCAL, MASTER, VIEWER, Keys, keyless_refusal, viewer_from_env
+from .dashboard import Dashboard
+from .ui import Ui
 from .page import Pages
 from .room import Room
 from .streams import Streams
@@ -210,25 +215,28 @@ def task_token(request: web.Request, master_key: bytes | None) -> bytes | None:
     return digest(credential)
 
 
-def check_key(request: web.Request, master_key: bytes | None) -> Problem | None:
-    """None if the request may change tasks (RFC 6750 bearer token), else the refusal."""
-    if master_key is None:
+def check_key(request: web.Request, keys: Keys) -> Problem | None:
+    """None if the request may act (RFC 6750 bearer token: the master key; or the
+    dashboard's master cookie with X-Zstalk-Action, access.py), else the refusal."""
+    who = keys.who(request.method, request.headers, time.time())
+    if who == MASTER:
         return None
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return refuse(401, "this needs Authorization: Bearer <master key>")
-    if not hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), master_key):
-        return refuse(403, "wrong master key")
-    return None
+    if who == VIEWER:
+        return refuse(403, "the viewer key only looks; acting needs the master key")
+    return who if isinstance(who, Problem) else NEEDS_KEY
 
 
-def keyed(request: web.Request, master_key: bytes | None) -> bool | Problem:
-    """True: the request has the master key (or none is configured); False: it has none
-    (the broker's [api] policy decides); a wrong key is refused (403)."""
-    problem = check_key(request, master_key)
-    if problem is None:
-        return True
-    return False if problem.status == 401 else problem
+def keyed(request: web.Request, keys: Keys) -> bool | Problem:
+    """True: the request has the master key (or none is configured); False: it has none,
+    or the viewer's (the broker's [api] policy decides); a wrong key is refused (403)."""
+    who = keys.who(request.method, request.headers, time.time())
+    return who if isinstance(who, Problem) else who == MASTER
+
+
+def viewing(request: web.Request, keys: Keys) -> bool | Problem:
+    """True: the master key or the viewer key (counts may be shown); a wrong key: 403."""
+    who = keys.who(request.method, request.headers, time.time())
+    return who if isinstance(who, Problem) else who in (MASTER, VIEWER)
 
 
 def check_json(request: web.Request) -> Problem | None:
@@ -319,8 +327,9 @@ class HttpFront(LinkOwner):
 
     def __init__(self, broker: str, master_key: str | None = None, link=None,
                  limits: HttpLimits = HttpLimits(), tls=None, hold_s: float = 5.0,
-                 pass_key_file: str | None = None) -> None:
+                 pass_key_file: str | None = None, viewer_key: str | None = None) -> None:
         self.master_key = master_key.encode() if master_key else None
+        self.keys = Keys(self.master_key, viewer_key.encode() if viewer_key else viewer_from_env())
         self.room = Room(pass_key_file)
         self.pages = Pages()        # the waiting pages (page.py)
         self.cors = Cors(lambda: self.link.settings)
@@ -365,9 +374,13 @@ class HttpFront(LinkOwner):
         app.router.add_get("/v1/functions/{name}", self.function)
         app.router.add_patch("/v1/functions/{name}", self.pause_function)
         app.router.add_post("/v1/tasks/{uniqueId}/retry", self.retry)
-        Views(CONN, self.call, lambda r: check_key(r, self.master_key),
-              lambda r: keyed(r, self.master_key), self._json_body,
+        Views(CONN, self.call, lambda r: check_key(r, self.keys),
+              lambda r: keyed(r, self.keys), self._json_body,
               problem_response).add_routes(app)     # (tubes, jobs, counters: views.py)
+        Dashboard(CONN, self.call, lambda r: viewing(r, self.keys), problem_response, self.streams,
+                  lambda r: stream_client(r, self.link.settings),
+                  time.monotonic).add_routes(app)  # (the dashboard: dashboard.py)
+        Ui(self.keys, lambda r: self._json_body(r, keyed=False), problem_response).add_routes(app)
         from .openapi import PATH, document  # (loaded with the app, not before)
         self.openapi_body = json.dumps(document()).encode()
         app.router.add_get(PATH, self.openapi)
@@ -394,7 +407,9 @@ class HttpFront(LinkOwner):
 
     @web.middleware
     async def loopback_only(self, request: web.Request, handler) -> web.StreamResponse:
-        denied = check_host(request, self.master_key)
+        denied = check_host(request, self.master_key) or (
+            request.path.startswith(KEYLESS_LOCAL) and keyless_refusal(
+                self.master_key, request.remote, request.headers))
         return problem_response(denied) if denied else await handler(request)
 
     async def start(self, sockets: list[socket.socket]) -> None:
@@ -423,7 +438,7 @@ class HttpFront(LinkOwner):
 
     # -- handlers: parse, one op, format -------------------------------------------------
     async def enqueue(self, request: web.Request) -> web.Response:
-        key = keyed(request, self.master_key)
+        key = keyed(request, self.keys)
         denied = key if isinstance(key, Problem) else check_json(request)
         if denied:
             return problem_response(denied)
@@ -503,7 +518,7 @@ class HttpFront(LinkOwner):
     async def listing(self, request: web.Request) -> web.Response:
         """A page of tasks for operators (the master key), oldest first; `next` is the
         `after` of the following page (null: no more)."""
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         if denied:
             return problem_response(denied)
         query = parse_listing(request.query)
@@ -531,7 +546,7 @@ class HttpFront(LinkOwner):
         uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
         if token is not None:
             return await self.call((_T_INFO, CONN, uid, False, token))
-        key = keyed(request, self.master_key)
+        key = keyed(request, self.keys)
         if key is False and self.link.settings.private_results:
             key = refuse(401, "this needs Authorization: Bearer <master key>")
         if isinstance(key, Problem):
@@ -566,7 +581,7 @@ class HttpFront(LinkOwner):
         if token and token.startswith("zp1."):      # a pass, not a (wrong) master key
             denied = self.room.done_refusal(request, uid, False)
         else:
-            key = keyed(request, self.master_key)
+            key = keyed(request, self.keys)
             denied = key if isinstance(key, Problem) else self.room.done_refusal(
                 request, uid, key is True and self.master_key is not None)
         if denied:
@@ -597,7 +612,7 @@ class HttpFront(LinkOwner):
         task's own token (that task only)."""
         uid, token = request.match_info["uniqueId"], task_token(request, self.master_key)
         if token is None:
-            denied = check_key(request, self.master_key)
+            denied = check_key(request, self.keys)
             if denied:
                 return problem_response(denied)
         reply = await self.call((_T_CANCEL, CONN, uid) if token is None
@@ -620,7 +635,7 @@ class HttpFront(LinkOwner):
         return response
 
     async def schedules(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         op = denied or parse_page(request.query, CONN)
         if isinstance(op, (Problem, str)):
             return problem_response(op if isinstance(op, Problem) else refuse(400, op))
@@ -632,7 +647,7 @@ class HttpFront(LinkOwner):
 
     async def functions(self, request: web.Request) -> web.Response:
         """A page of functions' queues, limits and pauses, by name (the master key)."""
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         op = denied or parse_page(request.query, CONN, _T_FUNCTIONS)
         if isinstance(op, (Problem, str)):
             return problem_response(op if isinstance(op, Problem) else refuse(400, op))
@@ -643,7 +658,7 @@ class HttpFront(LinkOwner):
                                   "next": reply[3]})
 
     async def function(self, request: web.Request) -> web.Response:
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         if denied:
             return problem_response(denied)
         reply = await self.call((_T_FUNCTION, CONN, request.match_info["name"]))
@@ -668,7 +683,7 @@ class HttpFront(LinkOwner):
     async def retry(self, request: web.Request) -> web.Response:
         """A failed or cancelled task queued again, its attempts from the start (the
         master key; any other status 409)."""
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         if denied:
             return problem_response(denied)
         reply = await self.call((_T_RETRY, CONN, request.match_info["uniqueId"]))
@@ -693,14 +708,15 @@ class HttpFront(LinkOwner):
 
     async def _named_schedule(self, request: web.Request, opcode: int) -> web.Response:
         """GET or DELETE /v1/schedules/{name}: keyed, the name the only argument."""
-        denied = check_key(request, self.master_key)
+        denied = check_key(request, self.keys)
         if denied:
             return problem_response(denied)
         return schedule_response(await self.call((opcode, CONN, request.match_info["name"])))
 
-    async def _json_body(self, request: web.Request) -> Any:
-        """A keyed JSON request's body, decoded; or the refusal."""
-        denied = check_key(request, self.master_key) or check_json(request)
+    async def _json_body(self, request: web.Request, keyed: bool = True) -> Any:
+        """A keyed JSON request's body (any JSON request's: keyed False), decoded; or the
+        refusal."""
+        denied = (keyed and check_key(request, self.keys)) or check_json(request)
         if denied:
             return denied
         body = await read_body(request, self.link.settings.max_body_bytes,

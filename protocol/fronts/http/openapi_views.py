@@ -55,7 +55,31 @@ def schemas() -> dict:
                                      "items": _ref("TubeStats")},
                            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
                                     "description": "The `after` of the next page."}}}
-    return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page}
+    return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page,
+            "Dashboard": dashboard(tube, counters)}
+
+
+def dashboard(tube: dict, counters: dict) -> dict:
+    """GET /v1/dashboard's snapshot (dashboard.py)."""
+    rated = {**tube, "required": [*tube["required"], "puts", "putRate"], "properties": {
+        **tube["properties"], "putRate": {**COUNT, "description": "Puts in the last second."},
+        "puts": {"type": "array", "items": COUNT, "description": "Puts a second, the last "
+                 "60 seconds, oldest first (differences kept by the front)."}}}
+    cursor = {"oneOf": [{"type": "string"}, {"type": "null"}],
+              "description": "The next page's start (tubesAfter, functionsAfter)."}
+    shown = lambda item, text: {"oneOf": [  # noqa: E731
+        {"type": "array", "items": item}, {"type": "null"}], "description": text}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["tubes", "tubesNext", "counters", "functions", "functionsNext",
+                         "schedules"],
+            "properties": {
+                "tubes": {"type": "array", "maxItems": MAX_PAGE, "items": rated,
+                          "description": "Busiest first (as sort=activity)."},
+                "tubesNext": cursor, "functionsNext": cursor,
+                "counters": counters["properties"]["counters"],
+                "functions": shown(_ref("FunctionStats"), "A page by name; null without "
+                                   "the master key."),
+                "schedules": shown(_ref("Schedule"), "Null without the master key.")}}
 
 
 def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
@@ -103,4 +127,76 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
                                "400", "404", "409", parameters=[job])},
         "/v1/counters": {"get": looked("listCounters", "Every counter: in use and the most",
                                        {"200": json(_ref("Counters"), "The counters.")})},
+        **dashboard_paths(looked, json),
+        **ui_paths(looked, json),
+    }
+
+
+def ui_paths(looked: Callable, json: Callable) -> dict:
+    """The dashboard's log-in (protocol/fronts/http/ui.py, access.py)."""
+    role = {"type": "object", "additionalProperties": False, "required": ["role"],
+            "properties": {"role": {"enum": ["master", "viewer", "nobody"]},
+                           "keyed": {"type": "boolean", "description": "Whether the server "
+                                     "has a master key (false: loopback only, no log-in)."}}}
+    cookie = {"Set-Cookie": {"schema": {"type": "string"}, "description":
+                             "zstalk_ui: HttpOnly; SameSite=Strict; Path=/ (Secure on HTTPS)."}}
+    login_ok = json(role, "Logged in: the cookie is set (with a master key configured).")
+    login_ok["headers"] = cookie
+    body = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False, "required": ["key"],
+        "properties": {"key": {"type": "string"}}}}}}
+    asset = {"name": "name", "in": "path", "required": True,
+             "schema": {"enum": ["dashboard.js", "dashboard.css"]}}
+    page = lambda *kinds: {"description": "The file, with a Content-Security-Policy that "  # noqa
+                           "allows only this origin.", "content": {kind: {"schema": {
+                               "type": "string"}} for kind in kinds}}
+    return {
+        "/ui/": {"get": {"operationId": "uiPage", "summary": "The dashboard: one page",
+                         "security": [{}], "responses": {"200": page("text/html")}}},
+        "/ui/assets/{name}": {"get": {
+            "operationId": "uiAsset", "summary": "The dashboard's script and style",
+            "security": [{}], "parameters": [asset],
+            "responses": {"200": page("text/javascript", "text/css"),
+                          "404": json({"$ref": "#/components/schemas/Error"}, "No such file.")}}},
+        "/ui/login": {"post": looked(
+            "uiLogin", "Exchange the master key or the viewer key for the dashboard's cookie",
+            {"200": login_ok}, "400", "408", "413", "415", "429", requestBody=body,
+            description="The cookie, signed with a key derived from the master key, is "
+                        "taken by every front with the same keys, for 12 hours; rotating "
+                        "the key logs everyone out. An action (not GET) made with the "
+                        "cookie and no bearer key also needs the header X-Zstalk-Action: 1. "
+                        "10 wrong keys from one address within 60 s: 429 for a while.")},
+        "/ui/logout": {"post": looked("uiLogout", "Clear the dashboard's cookie",
+                                      {"200": json(role, "The cookie is cleared.")})},
+        "/ui/session": {"get": looked("uiSession", "Who this request is: master, viewer "
+                                      "or nobody", {"200": json(role, "The role.")})},
+    }
+
+
+def dashboard_paths(looked: Callable, json: Callable) -> dict:
+    query = [{"name": name, "in": "query", "required": False, "schema": schema,
+              "description": text} for name, schema, text in (
+        ("q", {"type": "string"}, "Only tubes, functions and schedules whose name holds "
+                                  "this (functions: of the page read)."),
+        ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
+         "At most this many tubes, and functions."),
+        ("tubesAfter", {"type": "string"}, "The previous snapshot's `tubesNext`."),
+        ("functionsAfter", {"type": "string"}, "The previous snapshot's `functionsNext`."))]
+    event = {"type": "object", "description": "One event (its data: JSON).",
+             "properties": {"event": {"enum": ["snapshot", "problem"]},
+                            "data": {"type": "string", "contentMediaType": "application/json"}}}
+    return {
+        "/v1/dashboard": {"get": looked(
+            "getDashboard", "The whole broker at a glance: tubes, counters, functions, "
+            "schedules", {"200": json(_ref("Dashboard"), "A snapshot.")}, "400",
+            parameters=query)},
+        "/v1/dashboard/events": {"get": looked(
+            "dashboardEvents", "The dashboard's snapshot every second: Server-Sent Events",
+            {"200": {"description": "The stream: `snapshot` (a Dashboard) every second, or "
+                                    "`problem` (an Error) while the broker does not answer.",
+                     "content": {"text/event-stream": {"schema": event}}}}, "400", "429",
+            parameters=query,
+            description="Under the task streams' caps (4 a client address, "
+                        "--http-max-streams a front); a client that leaves 64 KiB unsent "
+                        "is cut off and reconnects.")},
     }

@@ -41,13 +41,21 @@ def parse_tubes(query) -> tuple | str:
     sort = query.get("sort", "name")
     if sort not in ("name", "activity"):
         return "sort is name or activity"
+    limit = parse_limit(query, PAGE_LIMIT)
+    if isinstance(limit, str):
+        return limit
+    return (query.get("q", ""), sort, query.get("after", ""), limit)
+
+
+def parse_limit(query, default: int) -> int | str:
+    """A page's `limit`, 1 to MAX_PAGE (`default` when not given), or why not (a 400)."""
     try:
-        limit = int(query.get("limit", PAGE_LIMIT))
+        limit = int(query.get("limit", default))
     except ValueError:
         return "limit must be an integer"
     if not 1 <= limit <= MAX_PAGE:
         return f"limit is 1 to {MAX_PAGE}"
-    return (query.get("q", ""), sort, query.get("after", ""), limit)
+    return limit
 
 
 def parse_job_id(text: str) -> int | str:
