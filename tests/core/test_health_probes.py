@@ -160,3 +160,12 @@ def test_the_addresses_a_resolved_name_gains_are_probed_and_those_it_loses_are_n
             if isinstance(msg, Replies):
                 out.setdefault(peer, []).extend(msg.items)
         assert Cluster.checks(c, out, D1) == probed
+
+
+def test_the_only_dispatcher_stopping_is_sent_an_empty_list_and_nobody_probes():
+    c = Cluster()
+    c.send(D1, (Op.T_SUBSCRIBE, 1, 4, False))
+    out = c.send(D1, (Op.T_SUBSCRIBE, 1, 0, True))      # (stopping: the last prober)
+    assert c.checks(out, D1) == [] and c.broker.tasking.probes.holder == {}
+    c.send(D1, (Op.CLOSE, 1))
+    assert c.states() == ["up", "up", "up"]

@@ -53,8 +53,10 @@ class HealthProbes:
                                for name, _ in servers], MAX_PROBES_PER_S)
         self.holder = assign(servers, probers, self.holder)
         lists: dict[Hashable, list] = {p: [] for p in (*self.sent, *probers)}
-        for name, url in servers:       # (each list in config order)
-            lists[self.holder[name, url]].append(self._check(name, url))
+        for name, url in servers:       # (each list in config order; none: no prober left)
+            holder = self.holder.get((name, url))
+            if holder is not None:
+                lists[holder].append(self._check(name, url))
         changed = {p: checks for p, checks in lists.items() if self.sent.get(p, []) != checks}
         self.sent = {p: checks for p, checks in lists.items() if checks}
         return changed
