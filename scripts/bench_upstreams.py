@@ -83,7 +83,13 @@ seen the calls and `GET /v1/tasks?function=F&status=queued|running` comes back e
   its latest attempt called (`upstreamAddr`, one when absent); the calls that failed are
   its calls less one for a task that succeeded; the first failed call is the earliest
   `startedAt` of a task that was retried or moved (a moved task's is its attempt's first
-  call, the one that failed).
+  call, the one that failed).  The last row (issue 47: active health checks) runs that
+  again with this tree's build only (an older one may not know the config): the upstream
+  has `health_check = { path = "/health", interval = "1s", fails = 1, timeout = "500ms" }`
+  (the host answers GET /health 200 on every port) and its servers `max_fails = 0`, so
+  only a failed check takes the stopped server out of the picks; its calls after the
+  stop are the tasks whose `upstreamAddr` begins with it and whose `startedAt` is after
+  the stop (each moved on), the last of them is how long it still got calls.
 
 Each part's rows are rotations: every repetition runs each of the row's systems once
 (each build's zstalk, each variant), the order reversed every other repetition.  A run
@@ -123,6 +129,10 @@ UPSTREAM = "up"
 FAIL_TIMEOUT_S = 10.0
 FAIL_SERVER = f', max_fails = 1, fail_timeout = "{FAIL_TIMEOUT_S:g}s"'
 FAIL_ATTEMPTS = 3
+#: the health checks' row: a check a second, one failure takes a server out, and the calls'
+#: own failures not counted (max_fails = 0), so the checks alone take the server out
+HEALTH_CHECK = 'health_check = { path = "/health", interval = "1s", fails = 1, timeout = "500ms" }\n'
+HEALTH_SERVER = ", max_fails = 0"
 PLAIN = "(a) plain url"
 ONE = "(b) upstream of 1 server, round_robin"
 THREE = "(c) upstream of 3 servers, least_conn"
@@ -151,8 +161,11 @@ def function_host_main(ctl_port: int) -> None:
             first.setdefault(name, now)
             last[name] = now
             return web.Response(body=RESULT, content_type="application/json")
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")      # (the health checks' row: always well)
         app = web.Application()
         app.router.add_post("/{name}", call)
+        app.router.add_get("/health", health)
         return app
 
     async def open_ports(request: web.Request) -> web.Response:
@@ -241,9 +254,11 @@ def plain(url: str, concurrency: int) -> str:
             f'concurrency = {concurrency}\ntimeout = "30s"\n')
 
 
-def on_upstream(urls: list[str], balance: str, concurrency: int, server: str = "") -> str:
+def on_upstream(urls: list[str], balance: str, concurrency: int, server: str = "",
+                upstream: str = "") -> str:
     rows = "".join(f'  {{ url = "{u}"{server} }},\n' for u in urls)
-    return (f'[upstreams.{UPSTREAM}]\nbalance = "{balance}"\nservers = [\n{rows}]\n\n'
+    return (f'[upstreams.{UPSTREAM}]\nbalance = "{balance}"\n{upstream}'
+            f'servers = [\n{rows}]\n\n'
             f'[functions]\nupstream = "{UPSTREAM}"\nbase_url_any = true\n'
             f'concurrency = {concurrency}\ntimeout = "30s"\n')
 
@@ -364,16 +379,20 @@ class Bench(Runs):
                                             for b in self.run.builds])
                 for d, attempts in [*((d, FAIL_ATTEMPTS) for d in a.fail_dispatchers),
                                     (1, 0)]]       # (the last: single-attempt tasks)
+        # (this tree's build only: an older one may not know health_check)
+        rows.append((health_row(a), [(self.run.builds[0].label,
+                                      *self.failover(self.run.builds[0], 1, 0, health=True))]))
         self.rotation("failure", rows, a.fail_repeats)
 
-    def failover(self, build, dispatchers: int, attempts: int):
+    def failover(self, build, dispatchers: int, attempts: int, health: bool = False):
         a = self.args
         expected_s = a.fail_before + a.fail_after
 
         def make(name):
             urls = self.host.open(3)
             z = Placement(build, self.tmp, dispatchers, on_upstream(
-                urls, "round_robin", CONCURRENCY, FAIL_SERVER))
+                urls, "round_robin", CONCURRENCY, HEALTH_SERVER if health else FAIL_SERVER,
+                HEALTH_CHECK if health else ""))
             z.urls = urls
             return z
 
@@ -393,7 +412,8 @@ class Bench(Runs):
                     return dict(stop=stop, capped=capped, function=function, infos=infos,
                                 read_at=read_at, errors=s.errors)
             out = run_async(go())
-            return failure_sample(name, out, victim, self.host.seen(name), attempts)
+            sample = health_sample if health else failure_sample
+            return sample(name, out, victim, self.host.seen(name), attempts)
         return make, fn
 
 
@@ -441,6 +461,31 @@ def failure_sample(name: str, out: dict, victim: str, seen: dict, attempts: int)
                 per_server={u: sv.get("fails") for u, sv in servers.items()}, errors=errors)
 
 
+def health_sample(name: str, out: dict, victim: str, seen: dict, attempts: int) -> dict:
+    """The health checks' row from a run's raw answers: no failure is counted against the
+    stopped server (max_fails = 0), so its calls after the stop, each a task's first call
+    moved on to another server, go on until a check takes it out; the last is the latest
+    `startedAt` among the tasks whose `upstreamAddr` begins with it."""
+    stop, infos, errors = out["stop"], out["infos"], list(out["errors"])
+    n = stop["n"]
+    state = {sv["url"]: sv for sv in out["function"].get("servers", [])}.get(victim, {})
+    st = statuses(infos)
+    after = sorted(seconds(i["startedAt"]) for i in infos if "startedAt" in i
+                   and i.get("upstreamAddr", "").startswith(victim)
+                   and seconds(i["startedAt"]) >= stop["stoppedAt"])
+    if state.get("health", {}).get("status") != "down":
+        errors.append(f"the stopped server is not unhealthy after the run: {state}")
+    if len(infos) != n:
+        errors.append(f"{st} of {n:,} tasks")
+    ms_after = [(t - stop["stoppedAt"]) * 1000.0 for t in after]
+    return dict(n=n, first_call_ms=ms_after[0] if ms_after else None,
+                last_call_ms=ms_after[-1] if ms_after else None, failed_calls=len(after),
+                not_succeeded=n - st.get("success", 0), statuses=st,
+                victim=dict(state, url=victim), aborted=stop["aborted"],
+                load_s=round(stop["load_s"], 3), host_calls=seen["calls"],
+                capped=out["capped"], errors=errors)
+
+
 SHOWN = ("rate", "host_rate", "cpu_per_1k", "spread", "first_call_ms", "last_call_ms",
          "failed_calls", "not_succeeded")
 
@@ -452,6 +497,11 @@ def cost_row(a) -> str:
 def lc_row(a) -> str:
     return (f"{a.lc_dispatchers} dispatchers, concurrency {a.lc_concurrency}, "
             f"{a.lc_tasks:,} tasks")
+
+
+def health_row(a) -> str:
+    return (f"round_robin over 3, 1 dispatcher, {a.fail_rate} tasks/s, one server stops, "
+            "single-attempt tasks, health checks (interval 1 s, fails 1) and max_fails = 0")
 
 
 def fail_row(a, d: int, attempts: int) -> str:

@@ -87,7 +87,9 @@ ROWS = {
         "2: 4 dispatchers, concurrency 64, 2,000 tasks, least_conn over 3 servers: calls/s",
         "most calls on one server / fewest",
         "3: round_robin over 3, 1 dispatcher, 200 tasks/s, one server stops: its last call",
-        "calls failed because of it", "tasks that did not succeed"])],
+        "calls failed because of it", "tasks that did not succeed",
+        "single-attempt tasks, health checks (interval 1 s, fails 1) and max_fails = 0: its "
+        "last call after the stop"])],
     "bench_room": [("room", "zstalk", [
         "(a) broker up: verifies/s through 1 front process", "(a) broker up: front CPU-us",
         "(a) broker up: broker CPU-us", "(b) broker away: verifies/s through 1 front process",
