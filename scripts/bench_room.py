@@ -428,8 +428,10 @@ async def launch_run(s: Session, z: Room, name: str, a) -> dict:
 def launch_figures(g: Launch, infos: list[dict], stop: float, window: float,
                    rss: list[float], meter: ShareMeter) -> dict:
     started = sorted(seconds(i["startedAt"]) for i in infos if "startedAt" in i)
+    steps = [(b - a) * 1000.0 for a, b in zip(started, started[1:]) if b < started[0] + window]
     gaps = g.gaps(stop)
-    return dict(admissions=sum(1 for t in started if t < started[0] + window) if started
+    return dict(step_mean_ms=sum(steps) / len(steps) if steps else None,
+                step_max_ms=max(steps, default=None),admissions=sum(1 for t in started if t < started[0] + window) if started
                 else 0, admitted_all=len(started), streams=len(gaps),
                 gap_max_s=max(gaps), gap_median_s=median(gaps),
                 over_2s=sum(1 for x in gaps if x > GAP_TARGET_S),
@@ -728,6 +730,10 @@ def launch_rows(t: Table, now: str, row: str, cells, per: dict, expected: float)
         CONFIGURED: expected}), target=[
             (now, ">=", expected - slack, f">= {expected - slack:,.0f}"),
             (now, "<=", expected + slack, f"<= {expected + slack:,.0f} (± 2 %)")])
+    t.add("4: mean step between admissions (ms; 1,000 / rate when on time)",
+          cells(per, "step_mean_ms"), fmt="{:.1f}", ratio=False)
+    t.add("4: largest step between admissions (ms)", cells(per, "step_max_ms"), fmt="{:.0f}",
+          ratio=False)
     t.add("4: largest gap between a stream's place events while it falls (s)",
           cells(per, "gap_max_s"), fmt="{:.2f}",
           target=(now, "<=", GAP_TARGET_S, f"<= {GAP_TARGET_S:g} s"), ratio=False)
