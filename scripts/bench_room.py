@@ -709,7 +709,7 @@ def build_table(bench: Bench) -> Table:
                   "(else the first GET's) against `startedAt`; relative error over tasks "
                   "that waited >= 1 s; targets are issue 27's for offline tasks. Part 4: "
                   "a line filled closed, then opened (SIGHUP); the streams read by this "
-                  f"process (aiohttp) from {PER_ADDRESS} a loopback source address, passes "
+                  f"process (aiohttp), {PER_ADDRESS} from each loopback source address, passes "
                   "done at once, the other tasks holding their places without a request "
                   f"(online_heartbeat {HOLD}); gaps by the generator's clock, admissions by "
                   "the broker's `startedAt` from the first one; RSS from /proc, the peak of "
