@@ -373,6 +373,7 @@ class Launch:
         self.ended: dict[str, str] = {}
         self.events = 0
         self.opened_at: float | None = None
+        self.opened_wall = 0.0      # (time.time(): the broker's startedAt is wall-clock)
         self.dones: list[asyncio.Task] = []
 
     def on_event(self, it: dict, first: asyncio.Event):
@@ -441,7 +442,7 @@ async def launch_run(s: Session, z: Room, name: str, a) -> dict:
             raise RuntimeError(f"{len(g.ready)} of {a.streams} streams open, ended: "
                                f"{collections.Counter(g.ended.values())}")
         meter = ShareMeter(front=z.front.pids, broker=z.broker.pids)
-        g.opened_at = meter.start()
+        g.opened_at, g.opened_wall = meter.start(), time.time()
         z.reopen(launch_config(name, a.launch_rate, False))
         rss = [z.front.rss_mib()]
         stop_at = g.opened_at + a.window + TAIL_S
@@ -468,6 +469,7 @@ def launch_figures(g: Launch, infos: list[dict], stop: float, window: float,
     steps = [(b - a) * 1000.0 for a, b in zip(inside, inside[1:])]
     gaps = g.gaps(stop)
     return dict(admissions=len(inside), admitted_all=len(started), streams=len(gaps),
+                first_admission_ms=(started[0] - g.opened_wall) * 1000.0 if started else None,
                 step_mean_ms=sum(steps) / len(steps) if steps else None,
                 step_max_ms=max(steps, default=None),
                 gap_max_s=max(gaps), gap_median_s=median(gaps),
@@ -484,6 +486,10 @@ def launch_errors(g: Launch, infos: list[dict], dones: list, stopped_wall: float
     st = statuses(infos)
     if set(st) - {"queued", "admitted", "success"}:
         errors.append(f"tasks dropped or failed: {st}")
+    early_starts = [i for i in infos if "startedAt" in i
+                    and seconds(i["startedAt"]) < g.opened_wall - 0.005]
+    if early_starts:
+        errors.append(f"{len(early_starts)} tasks admitted while the line was closed")
     bad = [d for d in dones if d != 200]
     if bad:
         errors.append(f"{len(bad)} of {len(dones)} dones not 200, e.g. {bad[0]!r}")
@@ -853,6 +859,8 @@ def parse_args(argv):
           eta_rate_tasks=(200, 150, 60), eta_tasks=(48, 32, 16),
           launch_tasks=(10000, 10000, 500), streams=(2000, 2000, 100), window=(60, 20, 4))
     args.rates = ints(args.rates)
+    if not 0 < args.streams <= args.launch_tasks:
+        ap.error("--streams: from 1 to --launch-tasks")
     return args
 
 
