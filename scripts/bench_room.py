@@ -6,13 +6,17 @@ Usage:
         [--json PATH] [--parts 1,2,3] [--verifies N] [--passes N] [--conns N]
         [--rates 20,100] [--seconds S] [--poll-ms MS] [--eta-rate N] [--eta-rate-tasks N]
         [--eta-concurrency N] [--eta-hold-ms MS] [--eta-warm N] [--eta-tasks N]
-        [--time-cap S]
+        [--launch-tasks N] [--streams N] [--launch-rate N] [--window S] [--time-cap S]
 
 Targets (issue 31): at least 5,000 verifies a second per front process.  The ETA rows
 carry issue 27's targets for the same figure on offline tasks (median error at most 5 %,
 p90 10 %, when the rate holds the line; 15 % and 35 % when the concurrency does).
---quick takes 25 s on 2 cores, --smoke 16 s; a full run (4 rounds of each row, larger
-counts) should take about 2.5 minutes, reckoned from --quick's parts, not yet timed.
+Part 4 carries issue 48's: 1,200 ± 24 admissions in 60 s at 20/s (± 2 % of rate x
+window), no stream's place events more than 2 s apart while its place falls, the HTTP
+front at most 200 MiB of RSS and 0.5 core, the generator below 0.8 core.  --quick takes
+25 s on 2 cores for parts 1-3 and 25 s for part 4, --smoke 16 s and 7 s; a full run (4
+rounds of each row, larger counts, part 4's 60 s runs) should take about 7 minutes,
+reckoned from --quick's parts, not yet timed.
 
 Method
 ------
@@ -80,6 +84,38 @@ at once elsewhere).  Every run checks that each task was admitted once and ended
       their admission --eta-hold-ms (250) before done; --eta-warm (12) tasks go through
       first and are waited for (the estimate needs 10 ended calls in the last minute),
       then --eta-tasks (48; 32 --quick, 16 --smoke) in one array.
+* Part 4, a launch: the event streams at scale (issue 48).  F has `rate =
+  "--launch-rate/s"` (20), concurrency 100000, `online_heartbeat = "1h"` and `closed =
+  true`; --launch-tasks (10,000; 500 --smoke) online tasks are enqueued (arrays of
+  1,000), and every (tasks / --streams)-th of them, --streams (2,000; 100 --smoke) spread
+  along the whole line, is followed by its event stream, `GET /v1/tasks/{id}/events` with
+  its own token from its 201 (harness/sse.py): all read by this one process (aiohttp on
+  uvloop), 200 opening at a time, each ready once its first `place` (phase closed) came.
+  The front's cap of 4 streams per client address is honoured, not lifted: the streams
+  come from 500 loopback source addresses (127.1.x.y), 4 each, so the front counts real
+  peers, as a launch's visitors each have their own (X-Forwarded-For would need [api]
+  trust_forwarded, which changes what the broker counts too); --http-max-streams keeps
+  its default, 10,000.  The other tasks hold their places without a request: nothing
+  polls them, and `online_heartbeat` (1 h, longer than any run; the same for the
+  streamed ones, whose open streams count as looking anyway) keeps them; every run
+  checks that no task was dropped (statuses queued, admitted, success only).  Then the
+  line opens: the config is rewritten with `closed = false` and the broker sent SIGHUP,
+  and this process watches --window (60 s; 20 --quick, 4 --smoke) + 1 s.  A stream that
+  says `admitted` is done at once (POST /done with the pass from its event, through a
+  pool of 64 keep-alive connections from 127.0.0.1); the admitted holders stay admitted
+  (the concurrency is never the limit).  Rows: admissions in the window, by the
+  broker's `startedAt` of every task (the listing, at the end), those within --window
+  of the first one (target rate x window ± 2 %; --quick's 20 s: 400 ± 8), with the mean
+  and the largest step between consecutive ones (where a short count was lost); for
+  every stream the largest gap, by this process's clock, between the opening, the
+  arrivals of its `place` (and `admitted`) events, and its admission or the end of the
+  watch (so a stream gone quiet shows as a gap to the end): their max (target <= 2 s),
+  how many are over 2 s (target 0) and their median; the front's RSS (VmRSS of its
+  process tree, sampled every 0.5 s: the most), its CPU share over the watch (target
+  <= 0.5) and CPU-us per event read; the broker's CPU share; this process's own CPU
+  share (target < 0.8: the generator is not the limit).  A stream that ends before its
+  admission, a done that is not 200, and a followed task admitted 2 s before the stop
+  whose stream never said so are errors.
 
 Each part's rows are rotations: every repetition runs each build's zstalk once, in part
 1 both variants, the order reversed every other repetition.  A run has a time cap
@@ -91,6 +127,7 @@ tasks not admitted exactly once are reported.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import random
@@ -108,6 +145,7 @@ from harness.http import JSON_HEADERS, client, run_async
 from harness.httpload import get_request, run_gets
 from harness.procs import HOST, ShareMeter, Proc, wait_until, zstalk_keep
 from harness.runs import Runs, run_parts
+from harness.sse import Sources, follow, raise_open_files
 from harness.stats import Figure, median, pct
 from harness.table import Table, cpu_shares
 from harness.venv import use_project_venv
@@ -119,6 +157,12 @@ CLIENT_CONNS = 64           # the users' keep-alive connections, in all
 WARM_PER_CONN = 20          # part 1: untimed verifies per connection
 ETA_FLOOR_S = 1.0           # part 3: relative errors over tasks that waited this long
 ETA_TARGETS = {"rate-bound": (5, 10), "concurrency-bound": (15, 35)}   # issue 27's
+PER_ADDRESS = 4             # part 4: streams per client address (the front's cap)
+HOLD = "1h"                 # part 4: online_heartbeat, beyond any run: holders never poll
+OPEN_AT_ONCE = 200          # part 4: streams opening at one time (the front's backlog)
+TAIL_S = 1.0                # part 4: the generator watches this long past the window
+GAP_TARGET_S = 2.0
+RSS_TARGET_MIB, FRONT_CORE_TARGET, GEN_CORE_TARGET = 200, 0.5, 0.8
 CHECK_HEADER = "X-Zstalk-Pass-Check"
 CONFIGURED = "configured"
 UP, AWAY = "(a) broker up", "(b) broker away"
@@ -130,6 +174,12 @@ def room_config(name: str, concurrency: int, rate: str | None = None) -> str:
     return (f'[functions.{name}]\nonline = "only"\nconcurrency = {concurrency}\n'
             f'pass_ttl = "1h"\nmax_waiting_per_client = 1000000\n'
             + (f'rate = "{rate}"\n' if rate else ""))
+
+
+def launch_config(name: str, rate: int, closed: bool) -> str:
+    """Part 4's function: its line filled closed, then opened by SIGHUP."""
+    return room_config(name, ROOMY, f"{rate}/s") + (
+        f'online_heartbeat = "{HOLD}"\nclosed = {"true" if closed else "false"}\n')
 
 
 class Room(Placement):
@@ -156,6 +206,13 @@ class Room(Placement):
         self.killed = True
         self.front.keep = lambda line: zstalk_keep(line) and not any(
             s in line for s in LOST_BROKER)
+
+    def reopen(self, toml: str) -> None:
+        """The broker's config file rewritten, and read again (SIGHUP)."""
+        with open(self.config, "w") as f:
+            f.write(toml)
+        self.broker.p.send_signal(signal.SIGHUP)
+        self.broker.keep = lambda line: zstalk_keep(line) and "SIGHUP" not in line
 
     def stop(self, notes: list[str]) -> None:
         if self.killed:
@@ -301,11 +358,159 @@ def verify_check(z: Room, token: str, name: str) -> str | None:
         return r.headers.get(CHECK_HEADER) if r.status == 204 else None
 
 
+# --------------------------------------------------------------------------- part 4
+
+class Launch:
+    """Part 4's generator: the streams of `followed` tasks, read from many source
+    addresses, their events' arrival times after the opening, done at once when
+    admitted (through `s`, the enqueuer's keep-alive pool)."""
+
+    def __init__(self, s: Session, followed: list[dict]) -> None:
+        self.s, self.followed = s, followed
+        self.times: dict[str, list[float]] = {it["uniqueId"]: [] for it in followed}
+        self.admitted: dict[str, float] = {}
+        self.ready: set[str] = set()
+        self.ended: dict[str, str] = {}
+        self.events = 0
+        self.opened_at: float | None = None
+        self.opened_wall = 0.0      # (time.time(): the broker's startedAt is wall-clock)
+        self.dones: list[asyncio.Task] = []
+
+    def on_event(self, it: dict, first: asyncio.Event):
+        uid = it["uniqueId"]
+
+        def seen(name: str, data: dict, at: float) -> None:
+            self.events += 1
+            if name == "place" and data.get("phase") == "closed":
+                self.ready.add(uid)
+                first.set()
+            elif name in ("place", "admitted") and self.opened_at is not None:
+                self.times[uid].append(at)
+                if name == "admitted":
+                    self.admitted[uid] = at
+                    self.dones.append(asyncio.ensure_future(self.done(uid, data.get("pass"))))
+        return seen
+
+    async def done(self, uid: str, token: str | None) -> int:
+        async with self.s.http.post(f"{self.s.api}/v1/tasks/{uid}/done", data=b"{}", headers={
+                **JSON_HEADERS, "Authorization": f"Bearer {token}"}) as r:
+            return r.status
+
+    async def stream(self, sources: Sources, i: int, it: dict, gate: asyncio.Semaphore):
+        """Follow one task; the gate is held until its first event (or its end)."""
+        first = asyncio.Event()
+        await gate.acquire()
+        waiting = asyncio.ensure_future(first.wait())
+        reading = asyncio.ensure_future(follow(
+            sources.session(i), f"{self.s.api}/v1/tasks/{it['uniqueId']}/events",
+            it["token"], self.on_event(it, first)))
+        await asyncio.wait([waiting, reading], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        gate.release()
+        try:
+            self.ended[it["uniqueId"]] = await reading
+        except Exception as exc:
+            self.ended[it["uniqueId"]] = repr(exc)[:120]
+
+    def gaps(self, stop: float) -> list[float]:
+        """Each stream's largest gap between events from the opening until its admission
+        (or the end of the watch: a stream gone quiet shows)."""
+        out = []
+        for uid, times in self.times.items():
+            end = self.admitted.get(uid, stop)
+            points = [self.opened_at] + [t for t in times if t <= end] + [end]
+            out.append(max(b - a for a, b in zip(points, points[1:])))
+        return out
+
+
+async def launch_run(s: Session, z: Room, name: str, a) -> dict:
+    """Part 4's run (see the module's text): its figures."""
+    raise_open_files()
+    items = await enqueue_online(s, name, a.launch_tasks)
+    every = a.launch_tasks // a.streams
+    g = Launch(s, [items[i * every] for i in range(a.streams)])
+    sources = Sources(a.streams, PER_ADDRESS)
+    gate = asyncio.Semaphore(OPEN_AT_ONCE)
+    readers = [asyncio.ensure_future(g.stream(sources, i, it, gate))
+               for i, it in enumerate(g.followed)]
+    try:
+        while len(g.ready) < a.streams and time.monotonic() < s.deadline:
+            if len(g.ended) + len(g.ready) >= a.streams:
+                break
+            await asyncio.sleep(0.05)
+        if len(g.ready) < a.streams:
+            raise RuntimeError(f"{len(g.ready)} of {a.streams} streams open, ended: "
+                               f"{collections.Counter(g.ended.values())}")
+        meter = ShareMeter(front=z.front.pids, broker=z.broker.pids)
+        g.opened_at, g.opened_wall = meter.start(), time.time()
+        z.reopen(launch_config(name, a.launch_rate, False))
+        rss = [z.front.rss_mib()]
+        stop_at = g.opened_at + a.window + TAIL_S
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(min(0.5, max(0.0, stop_at - time.monotonic())))
+            rss.append(z.front.rss_mib())
+        stop = meter.stop()
+        stopped_wall = time.time()
+    finally:
+        for r in readers:
+            r.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        await sources.close()
+    dones = await asyncio.gather(*g.dones, return_exceptions=True)
+    infos = await s.infos(name)
+    return dict(launch_figures(g, infos, stop, a.window, rss, meter),
+                errors=launch_errors(g, infos, dones, stopped_wall))
+
+
+def launch_figures(g: Launch, infos: list[dict], stop: float, window: float,
+                   rss: list[float], meter: ShareMeter) -> dict:
+    started = sorted(seconds(i["startedAt"]) for i in infos if "startedAt" in i)
+    inside = [t for t in started if t < started[0] + window]
+    steps = [(b - a) * 1000.0 for a, b in zip(inside, inside[1:])]
+    gaps = g.gaps(stop)
+    return dict(admissions=len(inside), admitted_all=len(started), streams=len(gaps),
+                first_admission_ms=(started[0] - g.opened_wall) * 1000.0 if started else None,
+                step_mean_ms=sum(steps) / len(steps) if steps else None,
+                step_max_ms=max(steps, default=None),
+                gap_max_s=max(gaps), gap_median_s=median(gaps),
+                over_2s=sum(1 for x in gaps if x > GAP_TARGET_S),
+                streams_admitted=len(g.admitted), events=g.events,
+                front_rss_mib=max(rss), front_us_per_event=meter.cpu["front"] / g.events * 1e6
+                if g.events else None, **meter.shares)
+
+
+def launch_errors(g: Launch, infos: list[dict], dones: list, stopped_wall: float) -> list[str]:
+    """What is wrong: a place dropped, a pass not done, a stream that ended unadmitted,
+    a followed task admitted well before the stop whose stream never said so."""
+    errors = []
+    st = statuses(infos)
+    if set(st) - {"queued", "admitted", "success"}:
+        errors.append(f"tasks dropped or failed: {st}")
+    early_starts = [i for i in infos if "startedAt" in i
+                    and seconds(i["startedAt"]) < g.opened_wall - 0.005]
+    if early_starts:
+        errors.append(f"{len(early_starts)} tasks admitted while the line was closed")
+    bad = [d for d in dones if d != 200]
+    if bad:
+        errors.append(f"{len(bad)} of {len(dones)} dones not 200, e.g. {bad[0]!r}")
+    early = [why for uid, why in g.ended.items() if uid not in g.admitted]
+    if early:
+        errors.append(f"{len(early)} streams ended before their admission: "
+                      f"{collections.Counter(early)}")
+    info = {i["uniqueId"]: i for i in infos}
+    unseen = [uid for uid in g.times if uid not in g.admitted
+              and "startedAt" in info.get(uid, {})
+              and seconds(info[uid]["startedAt"]) < stopped_wall - GAP_TARGET_S]
+    if unseen:
+        errors.append(f"{len(unseen)} followed tasks admitted, their streams never said so")
+    return errors
+
+
 # --------------------------------------------------------------------------- the runs
 
 class Bench(Runs):
     def __init__(self, run: Run, tmp: str) -> None:
-        super().__init__(run, ("verify", "admission", "eta"), SHOWN)
+        super().__init__(run, ("verify", "admission", "eta", "launch"), SHOWN)
         self.tmp = tmp
 
     # -- part 1 ----------------------------------------------------------------------------
@@ -425,6 +630,20 @@ class Bench(Runs):
                         errors=errors)
         return in_session(z, expected_s + self.args.time_cap, work)
 
+    # -- part 4 ----------------------------------------------------------------------------
+    def launch(self) -> None:
+        a = self.args
+
+        def system(build):
+            def make(name):
+                return Room(build, self.tmp, launch_config(name, a.launch_rate, True))
+
+            def fn(name, z):
+                return in_session(z, a.window + a.time_cap,
+                                  lambda s: launch_run(s, z, name, a))
+            return build.label, make, fn
+        self.rotation("launch", [(launch_row(a), [system(b) for b in self.run.builds])])
+
 
 def verify_sample(res: dict, meter: ShareMeter, n: int, expected: str) -> dict:
     count = res["count"]
@@ -443,7 +662,8 @@ def verify_sample(res: dict, meter: ShareMeter, n: int, expected: str) -> dict:
 
 
 SHOWN = ("rate", "front_us", "broker_us", "front_cpu_share", "gen_cpu_share", "worst_1s",
-         "seen_median_ms", "abs_median_ms", "median_pct", "without_eta")
+         "seen_median_ms", "abs_median_ms", "median_pct", "without_eta", "admissions",
+         "gap_max_s", "over_2s", "front_rss_mib", "broker_cpu_share")
 
 
 def verify_row(a) -> str:
@@ -457,6 +677,11 @@ def rate_row(a, rate: int) -> str:
 
 def eta_rate_row(a) -> str:
     return f"rate-bound: {a.eta_rate}/s, {a.eta_rate_tasks} users in one array"
+
+
+def launch_row(a) -> str:
+    return (f"{a.launch_tasks:,} online tasks at {a.launch_rate}/s, {a.streams:,} "
+            f"streaming, {a.window:g} s")
 
 
 def eta_slots_row(a) -> str:
@@ -473,7 +698,7 @@ def build_table(bench: Bench) -> Table:
     cols = [(CONFIGURED, CONFIGURED)] + [(b, b) for b in labels]
     ratios = [(b, CONFIGURED, f"{b}/{CONFIGURED}") for b in labels] + run.against_ratios()
     t = Table("room", "The waiting room: verifies per front process, admission rates, the "
-              "ETA", cols, ratios, note=(
+              "ETA, a launch's event streams", cols, ratios, note=(
                   "zstalk split (`broker --config`, `front http --pass-key-file`, no "
                   "dispatcher), fresh per run, a function of `online = \"only\"` tasks. "
                   "Part 1: the load is this script's raw-socket HTTP/1.1 generator "
@@ -488,7 +713,13 @@ def build_table(bench: Bench) -> Table:
                   "the broker's `startedAt`; part 2's worst window = most admissions within "
                   "1 s (GCRA allows N + 1). Part 3: ETA = the enqueue answer's `waitTime` "
                   "(else the first GET's) against `startedAt`; relative error over tasks "
-                  "that waited >= 1 s; targets are issue 27's for offline tasks."))
+                  "that waited >= 1 s; targets are issue 27's for offline tasks. Part 4: "
+                  "a line filled closed, then opened (SIGHUP); the streams read by this "
+                  f"process (aiohttp), {PER_ADDRESS} from each loopback source address, passes "
+                  "done at once, the other tasks holding their places without a request "
+                  f"(online_heartbeat {HOLD}); gaps by the generator's clock, admissions by "
+                  "the broker's `startedAt` from the first one; RSS from /proc, the peak of "
+                  "samples every 0.5 s; targets are issue 48's."))
 
     def cells(per, key, variant=None):
         return {b: Figure.of(per.get(f"{b}: {variant}" if variant else b), key)
@@ -529,7 +760,38 @@ def build_table(bench: Bench) -> Table:
         t.add(f"3: ETA, {row}: signed median (predicted - actual) / wait (%)",
               cells(per, "signed_pct"), fmt="{:+.1f}", ratio=False)
         t.add(f"3: ETA, {row}: tasks given no ETA", cells(per, "without_eta"), ratio=False)
+    for row, per in res["launch"].items():
+        launch_rows(t, now, row + bench.flags("launch", row, per), cells,
+                    per, a.launch_rate * a.window)
     return t
+
+
+def launch_rows(t: Table, now: str, row: str, cells, per: dict, expected: float) -> None:
+    """Part 4's rows: issue 48's targets (the admissions' scaled to the window)."""
+    slack = expected * 0.02
+    t.add(f"4: {row}: admissions in the window", dict(cells(per, "admissions"), **{
+        CONFIGURED: expected}), target=[
+            (now, ">=", expected - slack, f">= {expected - slack:,.0f}"),
+            (now, "<=", expected + slack, f"<= {expected + slack:,.0f} (± 2 %)")])
+    t.add("4: mean step between admissions (ms; 1,000 / rate when on time)",
+          cells(per, "step_mean_ms"), fmt="{:.1f}", ratio=False)
+    t.add("4: largest step between admissions (ms)", cells(per, "step_max_ms"), fmt="{:.0f}",
+          ratio=False)
+    t.add("4: largest gap between a stream's place events while it falls (s)",
+          cells(per, "gap_max_s"), fmt="{:.2f}",
+          target=(now, "<=", GAP_TARGET_S, f"<= {GAP_TARGET_S:g} s"), ratio=False)
+    t.add(f"4: streams with a gap over {GAP_TARGET_S:g} s", cells(per, "over_2s"),
+          target=(now, "<=", 0, "0"), ratio=False)
+    t.add("4: median of the streams' largest gaps (s)", cells(per, "gap_median_s"),
+          fmt="{:.2f}", ratio=False)
+    t.add("4: front RSS, most in the window (MiB)", cells(per, "front_rss_mib"),
+          fmt="{:.0f}", target=(now, "<=", RSS_TARGET_MIB, f"<= {RSS_TARGET_MIB} MiB"))
+    t.add("4: front CPU share (1.00 = one core)", cells(per, "front_cpu_share"),
+          fmt="{:.2f}", target=(now, "<=", FRONT_CORE_TARGET, f"<= {FRONT_CORE_TARGET}"))
+    t.add("4: front CPU-us per event read", cells(per, "front_us_per_event"), fmt="{:.0f}")
+    t.add("4: broker CPU share", cells(per, "broker_cpu_share"), fmt="{:.2f}")
+    t.add("4: generator's own CPU share (one asyncio process)", cells(per, "gen_cpu_share"),
+          fmt="{:.2f}", target=(now, "<=", GEN_CORE_TARGET, f"< {GEN_CORE_TARGET}"))
 
 
 def eta_lines(bench: Bench) -> list[str]:
@@ -559,7 +821,7 @@ def seen_lines(bench: Bench) -> list[str]:
 
 def parse_args(argv):
     ap = parser(__doc__)
-    ap.add_argument("--parts", default="1,2,3", help="parts to run, e.g. 1,3")
+    ap.add_argument("--parts", default="1,2,3,4", help="parts to run, e.g. 1,3")
     ap.add_argument("--verifies", type=int, default=None,
                     help="part 1: timed verifies per run (50,000; 20,000 --quick, 2,000 "
                          "--smoke)")
@@ -582,12 +844,23 @@ def parse_args(argv):
                     help="part 3b: users through first (the estimate needs 10 ended calls)")
     ap.add_argument("--eta-tasks", type=int, default=None,
                     help="part 3b: users in the array (48; 32 --quick, 16 --smoke)")
+    ap.add_argument("--launch-tasks", type=int, default=None,
+                    help="part 4: online tasks in the line (10,000; 500 --smoke)")
+    ap.add_argument("--streams", type=int, default=None,
+                    help="part 4: of them, followed by an event stream (2,000; 100 --smoke)")
+    ap.add_argument("--launch-rate", type=int, default=20, help="part 4: the rate a second")
+    ap.add_argument("--window", type=float, default=None,
+                    help="part 4: seconds watched after the opening (60; 20 --quick, 4 "
+                         "--smoke)")
     ap.add_argument("--time-cap", type=float, default=60.0,
                     help="seconds a run may take beyond its expected time")
     args = ap.parse_args(argv)
     sized(args, verifies=(50000, 20000, 2000), passes=(500, 500, 200), seconds=(4, 3, 2),
-          eta_rate_tasks=(200, 150, 60), eta_tasks=(48, 32, 16))
+          eta_rate_tasks=(200, 150, 60), eta_tasks=(48, 32, 16),
+          launch_tasks=(10000, 10000, 500), streams=(2000, 2000, 100), window=(60, 20, 4))
     args.rates = ints(args.rates)
+    if not 0 < args.streams <= args.launch_tasks:
+        ap.error("--streams: from 1 to --launch-tasks")
     return args
 
 
@@ -605,7 +878,8 @@ def main(argv=None) -> int:
     try:
         steps = [(1, "part 1: verifies through one front process", bench.verify),
                  (2, "part 2: admission-rate accuracy", bench.admission),
-                 (3, "part 3: ETA error", bench.eta)]
+                 (3, "part 3: ETA error", bench.eta),
+                 (4, "part 4: a launch: streams at scale", bench.launch)]
         run_parts(steps, parts)
     finally:
         Proc.stop_all(run.notes)

@@ -66,6 +66,8 @@ hotpath    bench_beanstalk's rows 6 and 8 (the hot-path check) with their ceilin
 timers     bench_beanstalk's row 5: how late delays and TTRs fire, as a client sees it
 http       the task API's benchmarks: readiness probes, aiohttp sessions on uvloop
 httpload   a raw-socket keep-alive HTTP/1.1 generator: pre-built GETs, answers tallied
+sse        event streams by the thousand from one process, over many loopback source
+           addresses (the fronts' per-address cap)
 readme     rewrites docs/performance.md's tables between <!-- bench:NAME --> markers
 nats       the NATS JetStream cluster of the journal's benchmarks (the tests' own helper)
 venv       the re-exec under the project's .venv

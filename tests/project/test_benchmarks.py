@@ -7,9 +7,9 @@ skipped, with the reason, when git or pip cannot build it), scripts/bench_readme
 a block of docs/performance.md from a run, and a benchmark started with the system's python3 re-execs
 itself under the project's .venv.  The whole file took about a minute and a
 half before bench_limits, whose smoke adds half a minute; bench_upstreams' adds 13 s,
-bench_room's 17 s, bench_groups' 10 s, bench_journal's (two NATS clusters started) 3-5 s,
-bench_failover's (a NATS cluster, two instances, one kill of each kind, one of them a NATS
-node's) about 20 s."""
+bench_room's 17 s (24 with part 4's launch of event streams), bench_groups' 10 s,
+bench_journal's (two NATS clusters started) 3-5 s, bench_failover's (a NATS cluster, two
+instances, one kill of each kind, one of them a NATS node's) about 20 s."""
 from __future__ import annotations
 
 import glob
@@ -96,7 +96,10 @@ ROWS = {
         "(b) broker away: front CPU-us", "2: rate 20/s, 40 users", "2: rate 100/s, 200 users",
         "most admissions in 1 s", "3: ETA, rate-bound: 50/s, 60 users in one array: median",
         "3: ETA, concurrency-bound: 4 at once, users holding 250 ms, 16 after 12: tasks given "
-        "no ETA"])],
+        "no ETA", "4: 500 online tasks at 20/s, 100 streaming, 4 s: admissions in the window",
+        "largest gap between a stream's place events", "streams with a gap over 2 s",
+        "front RSS, most in the window", "4: front CPU share", "4: broker CPU share",
+        "generator's own CPU share"])],
     "bench_metrics": [("metrics", "zstalk", [
         "100 tubes: scrape time, median", "100 tubes: client round trip max, scraping"])],
     "bench_groups": [("groups", "zstalk: no groups", [
