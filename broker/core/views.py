@@ -15,6 +15,11 @@ Activity (`sort=activity`): a tube's events are the counts the queue keeps anywa
 path); the ranking is sorted on request, at most once every RANK_S, and pages walk
 that ranking (`after`: the last name of the previous page).
 
+Peeking (V_PEEK) shows a tube's next ready, delayed and buried job, the ones beanstalk's
+peek-ready, peek-delayed and peek-buried would show (beanstalk/commands.py: `next_ready`,
+...), with no `cmd-peek-*` counted; the front asks for their bodies only with the master
+key (a viewer sees ids, priorities and ages).
+
 Rules an operator meets (the beanstalk commands' own, with one more): a kick takes up to
 `bound` buried jobs of the tube, else delayed ones; a pause of 0 seconds ends one; a
 reserved job is not deleted here (its holder is working on it: 409 reserved), which
@@ -27,7 +32,7 @@ import math
 from ...protocol.schema import Op, R
 from ...protocol.schema.tasks import MAX_PAGE
 from .beanstalk import stats
-from .beanstalk.jobs import RESERVED
+from .beanstalk.jobs import DELAYED, RESERVED
 
 #: the activity ranking is sorted again at most this often (seconds)
 RANK_S = 1.0
@@ -59,7 +64,8 @@ class OperatorViews:
     def handlers(self) -> dict:
         return {Op.V_TUBES: self.v_tubes, Op.V_TUBE: self.v_tube, Op.V_KICK: self.v_kick,
                 Op.V_PAUSE_TUBE: self.v_pause_tube, Op.V_JOB: self.v_job,
-                Op.V_DELETE_JOB: self.v_delete_job, Op.V_COUNTERS: self.v_counters}
+                Op.V_DELETE_JOB: self.v_delete_job, Op.V_COUNTERS: self.v_counters,
+                Op.V_PEEK: self.v_peek}
 
     # -- looking ---------------------------------------------------------------------------
     def tube_info(self, t, now: float) -> dict:
@@ -110,6 +116,29 @@ class OperatorViews:
         if with_body is True:
             info["body"] = job.body
         return (conn, R.V_INFO, info)
+
+    def v_peek(self, s, op, now):
+        """A tube's next ready, delayed and buried job (what peek-ready, peek-delayed and
+        peek-buried would show a client using it), each None when there is none: its id,
+        priority, age and delay left; its body only `with_body`."""
+        _, conn, name, with_body = op
+        t = self._tube(conn, name)
+        if type(t) is tuple:
+            return t
+        b = self.beanstalk
+        peeked = {"tube": t.name}
+        for state, job in (("ready", b.next_ready(t)), ("delayed", b.next_delayed(t)),
+                           ("buried", b.next_buried(t))):
+            peeked[state] = None if job is None else self.peeked(job, with_body is True, now)
+        return (conn, R.V_INFO, peeked)
+
+    @staticmethod
+    def peeked(job, with_body: bool, now: float) -> dict:
+        info = {"id": job.id, "pri": job.pri, "age": int(now - job.created),
+                "delayLeft": stats.seconds_left(job.deadline, now) if job.state == DELAYED else 0}
+        if with_body:
+            info["body"] = job.body
+        return info
 
     def v_counters(self, s, op, now):
         counters = [{"name": name.decode("utf-8", "replace"), "current": current, "max": peak}

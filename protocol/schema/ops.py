@@ -128,6 +128,10 @@ class Op(Codes):
     V_JOB = 76          # (conn, id, with_body: bool)
     V_DELETE_JOB = 77   # (conn, id)
     V_COUNTERS = 78     # (conn)
+    # the dashboard's peek (version 9, messages.PEEK_SINCE): a tube's next ready, delayed
+    # and buried job, counting no `cmd-peek-*`; their bodies only if with_body (the front
+    # checked the master key); answered V_INFO or T_ERROR
+    V_PEEK = 90         # (conn, tube, with_body: bool)
     # active health checks (version 8, messages.HEALTH_CHECKS_SINCE): a dispatcher's
     # result of one probe of a server the broker gave it (R.T_CHECKS); silent
     T_CHECKED = 80      # (conn, upstream, url, ok: bool, error: str | None)

@@ -56,6 +56,7 @@ def test_looking_at_tubes_jobs_and_counters_counts_no_beanstalk_command(node):
     node.view(Op.V_TUBE, "emails")
     node.view(Op.V_JOB, job, True)
     node.view(Op.V_COUNTERS)
+    node.view(Op.V_PEEK, "emails", True)
     after = {k: v for k, v in node.stats().items() if k.startswith("cmd-")}
     assert after == {**before, "cmd-stats": before["cmd-stats"] + 1}   # (our own stats)
 
@@ -118,6 +119,27 @@ def test_a_job_shows_its_stats_and_its_body_only_when_asked_and_is_deleted_unles
     assert node.view(Op.V_DELETE_JOB, ready)[1]["id"] == ready
     assert node.view(Op.V_JOB, ready, False)[:2] == (R.T_ERROR, "not_found")
     assert node.stats()["cmd-delete"] == 0 and node.stats()["current-jobs-ready"] == 0
+
+
+def test_a_peek_shows_the_next_ready_delayed_and_buried_job_and_counts_no_peek_command(node):
+    [first, second] = node.put("work", 2)
+    [later] = node.put("work", delay=30)
+    node.send(BS, (Op.WATCH, 1, "work"), (Op.IGNORE, 1, "default"), (Op.RESERVE_JOB, 1, second),
+              (Op.BURY, 1, second, 7))
+    node.advance(10)
+    code, info = node.view(Op.V_PEEK, "work", False)
+    assert code == R.V_INFO and info == {
+        "tube": "work",
+        "ready": {"id": first, "pri": 0, "age": 10, "delayLeft": 0},
+        "delayed": {"id": later, "pri": 0, "age": 10, "delayLeft": 19},
+        "buried": {"id": second, "pri": 7, "age": 10, "delayLeft": 0}}
+    # (delayLeft as stats-job's time-left: whole seconds, one less on a whole number)
+    assert node.view(Op.V_JOB, later, False)[1]["timeLeft"] == 19
+    assert node.view(Op.V_PEEK, "work", True)[1]["ready"]["body"] == b"body"
+    assert node.view(Op.V_PEEK, "default", True)[1] == {
+        "tube": "default", "ready": None, "delayed": None, "buried": None}
+    assert node.view(Op.V_PEEK, "nope", False)[:2] == (R.T_ERROR, "not_found")
+    assert not any(node.stats()[f"cmd-peek-{s}"] for s in ("ready", "delayed", "buried"))
 
 
 def test_the_counters_view_lists_each_counter_with_its_current_and_most(node):

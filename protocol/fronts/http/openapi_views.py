@@ -56,7 +56,29 @@ def schemas() -> dict:
                            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
                                     "description": "The `after` of the next page."}}}
     return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page,
-            "Dashboard": dashboard(tube, counters)}
+            "TubePeek": peek(), "Dashboard": dashboard(tube, counters)}
+
+
+def peek() -> dict:
+    """GET /v1/tubes/{tube}/peek's answer: its next ready, delayed and buried job."""
+    job = {"oneOf": [{"type": "object", "additionalProperties": False,
+                      "required": ["id", "pri", "age", "delayLeft"],
+                      "properties": {"id": COUNT, "pri": COUNT, "age": COUNT,
+                                     "delayLeft": {**COUNT, "description": "Seconds until a "
+                                                   "delayed job is ready (stats-job's "
+                                                   "time-left); 0 for the others."},
+                                     "body": {"type": "string", "description":
+                                              "Only to the master key."},
+                                     "bodyEncoding": {"enum": ["base64"], "description":
+                                                      "Present when the body is not "
+                                                      "UTF-8 text."}}},
+                     {"type": "null"}]}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["tube", "ready", "delayed", "buried"],
+            "description": "What peek-ready, peek-delayed and peek-buried would show "
+                           "(null: none); no cmd-peek-* is counted.",
+            "properties": {"tube": {"type": "string"}, "ready": job, "delayed": job,
+                           "buried": job}}
 
 
 def dashboard(tube: dict, counters: dict) -> dict:
@@ -114,6 +136,9 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
             "patch": keyed_op("pauseTube", "Pause a tube for some seconds (0: resume)",
                               tube_ok, "400", "404", "408", "413", "415", parameters=[tube],
                               requestBody=one("pausedFor"))},
+        "/v1/tubes/{tube}/peek": {"get": looked(
+            "peekTube", "A tube's next ready, delayed and buried job (bodies: master key)",
+            {"200": json(_ref("TubePeek"), "The jobs.")}, "404", parameters=[tube])},
         "/v1/tubes/{tube}/kick": {"post": keyed_op(
             "kickTube", "Kick up to `bound` buried jobs of a tube (else delayed ones)",
             {"200": json(kicked, "How many were kicked.")}, "400", "404", "408", "413", "415",
