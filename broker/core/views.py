@@ -20,6 +20,10 @@ peek-ready, peek-delayed and peek-buried would show (beanstalk/commands.py: `nex
 ...), with no `cmd-peek-*` counted; the front asks for their bodies only with the master
 key (a viewer sees ids, priorities and ages).
 
+The peers (V_PEERS) are the broker's own list of fronts (broker.py's `fronts`, each with
+its last word's time), with what their sessions hold: a pool's credits and the jobs it has
+reserved, a dispatcher's free slots; nothing is kept for them.
+
 Rules an operator meets (the beanstalk commands' own, with one more): a kick takes up to
 `bound` buried jobs of the tube, else delayed ones; a pause of 0 seconds ends one; a
 reserved job is not deleted here (its holder is working on it: 409 reserved), which
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from ...protocol.schema import Op, R
+from ...protocol.schema import SCHEMA_VERSION, Op, R
 from ...protocol.schema.tasks import MAX_PAGE
 from .beanstalk import stats
 from .beanstalk.jobs import DELAYED, RESERVED
@@ -55,9 +59,11 @@ def activity(t) -> int:
 class OperatorViews:
     """The V_* ops: the tubes, jobs and counters as an operator sees them."""
 
-    def __init__(self, beanstalk, counting) -> None:
+    def __init__(self, beanstalk, counting, fronts: dict, old_peers: dict) -> None:
         self.beanstalk = beanstalk          # beanstalk/commands.py: the queue, kick, remove
         self.counting = counting            # counters.py: dump
+        self.fronts = fronts                # the broker's: peer -> broker.Front (V_PEERS)
+        self.old_peers = old_peers          # peer -> the older schema version it speaks
         self.order: list[str] = []          # tubes by activity, most first (`ranked`)
         self.ranked_at = -math.inf
 
@@ -65,7 +71,7 @@ class OperatorViews:
         return {Op.V_TUBES: self.v_tubes, Op.V_TUBE: self.v_tube, Op.V_KICK: self.v_kick,
                 Op.V_PAUSE_TUBE: self.v_pause_tube, Op.V_JOB: self.v_job,
                 Op.V_DELETE_JOB: self.v_delete_job, Op.V_COUNTERS: self.v_counters,
-                Op.V_PEEK: self.v_peek}
+                Op.V_PEEK: self.v_peek, Op.V_PEERS: self.v_peers}
 
     # -- looking ---------------------------------------------------------------------------
     def tube_info(self, t, now: float) -> dict:
@@ -138,6 +144,34 @@ class OperatorViews:
                 "delayLeft": stats.seconds_left(job.deadline, now) if job.state == DELAYED else 0}
         if with_body:
             info["body"] = job.body
+        return info
+
+    def v_peers(self, s, op, now):
+        """Every front the broker knows (the HTTP, beanstalk and counter fronts, worker
+        pools, native clients and dispatchers), by kind then process id: at most MAX_PAGE,
+        with how many there are."""
+        fronts = sorted(self.fronts.values(), key=lambda f: (f.kind, f.pid, f.front_id))
+        return (op[1], R.V_INFO, {"peers": [self.peer_info(f, now) for f in fronts[:MAX_PAGE]],
+                                  "total": len(fronts)})
+
+    def peer_info(self, front, now: float) -> dict:
+        """One front: its sessions (client connections; one for a pool or a dispatcher),
+        the jobs they hold, a pool's credits (jobs it can take now), a dispatcher's free
+        slots (calls it can take now) and whether it is stopping, and how long ago it last
+        spoke (a heartbeat at least every HEARTBEAT_S)."""
+        sessions = list(front.sessions.values())
+        info = {"kind": front.kind, "frontId": front.front_id, "pid": front.pid,
+                "version": self.old_peers.get(front.peer, SCHEMA_VERSION),
+                "sessions": len(sessions),
+                "lastSeenMs": max(0, round((now - front.last_seen) * 1000))}
+        if front.kind not in ("http", "dispatcher", "counter"):    # (beanstalk sessions)
+            info["reserved"] = sum(len(x.reserved) for x in sessions)
+        if front.kind == "pool":
+            info["credits"] = sum(x.credits for x in sessions if x.is_pool)
+            info["tubes"] = sorted({t.name for x in sessions for t in x.watch})
+        elif front.kind == "dispatcher":
+            info["slots"] = sum(x.slots for x in sessions)
+            info["stopping"] = any(x.draining for x in sessions)
         return info
 
     def v_counters(self, s, op, now):

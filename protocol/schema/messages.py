@@ -62,6 +62,9 @@ ROOMS_SINCE = 9
 #: ready, delayed and buried job: broker/core/views.py).  Only an HTTP front sends it, and
 #: a front reaches no older broker (it refuses it as too new), so it never falls back
 PEEK_SINCE = 9
+#: the version from which a broker answers V_PEERS (the fronts, worker pools and
+#: dispatchers it knows, for the dashboard), sent by an HTTP front as V_PEEK is
+PEERS_SINCE = 9
 #: the version from which a dispatcher probes servers for the broker's active health
 #: checks (R.T_CHECKS, answered with T_CHECKED per probe: broker/core/upstreams/health.py):
 #: an older dispatcher is given no probes (the others probe every server)

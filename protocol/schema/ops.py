@@ -132,6 +132,9 @@ class Op(Codes):
     # and buried job, counting no `cmd-peek-*`; their bodies only if with_body (the front
     # checked the master key); answered V_INFO or T_ERROR
     V_PEEK = 90         # (conn, tube, with_body: bool)
+    # the connected fronts, worker pools and dispatchers (version 9, messages.PEERS_SINCE):
+    # each one's kind, sessions, credits or slots and last word; answered V_INFO
+    V_PEERS = 91        # (conn)
     # active health checks (version 8, messages.HEALTH_CHECKS_SINCE): a dispatcher's
     # result of one probe of a server the broker gave it (R.T_CHECKS); silent
     T_CHECKED = 80      # (conn, upstream, url, ok: bool, error: str | None)

@@ -142,6 +142,28 @@ def test_a_peek_shows_the_next_ready_delayed_and_buried_job_and_counts_no_peek_c
     assert not any(node.stats()[f"cmd-peek-{s}"] for s in ("ready", "delayed", "buried"))
 
 
+def test_the_peers_are_every_front_with_a_pools_credits_and_a_dispatchers_slots(node):
+    pool, dispatcher = b"pool", b"dispatcher"
+    node.broker.handle(pool, Hello(7, "pool", 4242, 0, []), node.now)
+    node.send(pool, (Op.OPEN, 1), (Op.SUBSCRIBE, 1, [1, 1], ["emails", "sms"], 3))
+    node.broker.handle(dispatcher, Hello(8, "dispatcher", 4343, 0, []), node.now)
+    node.send(dispatcher, (Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 16, False))
+    node.put("emails")                  # (pushed to the pool: one credit taken, one held)
+    node.advance(2)                     # (the node's own fronts say a heartbeat: seen now)
+    code, info = node.view(Op.V_PEERS)
+    assert code == R.V_INFO and info["total"] == 5
+    peers = {p["kind"]: p for p in info["peers"]}
+    assert sorted(peers) == ["beanstalk", "counter", "dispatcher", "http", "pool"]
+    assert {k: peers["pool"][k] for k in ("pid", "frontId", "sessions", "credits", "reserved",
+                                          "tubes")} == {
+        "pid": 4242, "frontId": 7, "sessions": 1, "credits": 2, "reserved": 1,
+        "tubes": ["emails", "sms"]}
+    assert (peers["dispatcher"]["slots"], peers["dispatcher"]["stopping"]) == (16, False)
+    assert "slots" not in peers["http"] and "credits" not in peers["beanstalk"]
+    assert peers["beanstalk"]["reserved"] == 0 and peers["http"]["lastSeenMs"] == 0
+    assert peers["pool"]["lastSeenMs"] == peers["dispatcher"]["lastSeenMs"] == 2000
+
+
 def test_the_counters_view_lists_each_counter_with_its_current_and_most(node):
     node.send(COUNTER, (Op.C_ACQUIRE, 1, b"gpu", 2, 4))
     code, info = node.view(Op.V_COUNTERS)

@@ -110,6 +110,8 @@ def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server
                                said["current-jobs-delayed"], said["current-jobs-buried"],
                                said["total-jobs"]]
         assert shows(lambda: rows(browser, "counters").get("gpu") == ["gpu", "1", "1"])
+        kinds = {name.split()[0] for name in rows(browser, "peers")}    # (this server's fronts)
+        assert {"beanstalk", "counter", "http"} <= kinds, kinds
         assert shows(lambda: rows(browser, "functions").get("reports", [""] * 2)[1] == "1")
         nightly = rows(browser, "schedules")["nightly"]
         assert nightly[1:3] == ["0 0 3 * * ?", "reports"]

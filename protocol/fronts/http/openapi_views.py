@@ -55,8 +55,36 @@ def schemas() -> dict:
                                      "items": _ref("TubeStats")},
                            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
                                     "description": "The `after` of the next page."}}}
+    peered = peers()
     return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page,
-            "TubePeek": peek(), "Dashboard": dashboard(tube, counters)}
+            "TubePeek": peek(), "Peers": peered, "Dashboard": dashboard(tube, counters, peered)}
+
+
+def peers() -> dict:
+    """GET /v1/peers's answer: the fronts, worker pools and dispatchers connected."""
+    peer = {"type": "object", "additionalProperties": False,
+            "required": ["kind", "frontId", "pid", "version", "sessions", "lastSeenMs"],
+            "properties": {
+                "kind": {"type": "string", "description": "beanstalk, counter, http, pool "
+                         "(a zstalk worker), client (a native client) or dispatcher."},
+                "frontId": COUNT, "pid": COUNT,
+                "version": {**COUNT, "description": "The schema version it speaks."},
+                "sessions": {**COUNT, "description": "Its client connections (one for a "
+                             "pool or a dispatcher)."},
+                "lastSeenMs": {**COUNT, "description": "Since it last spoke (a heartbeat "
+                               "at least every second)."},
+                "reserved": {**COUNT, "description": "Jobs its sessions hold (beanstalk "
+                             "fronts, pools and native clients)."},
+                "credits": {**COUNT, "description": "A pool's: jobs it can take now."},
+                "tubes": {"type": "array", "items": {"type": "string"},
+                          "description": "A pool's: the tubes it takes jobs from."},
+                "slots": {**COUNT, "description": "A dispatcher's: calls it can take now."},
+                "stopping": {"type": "boolean", "description": "A dispatcher's: it finishes "
+                             "its calls and takes no more."}}}
+    return {"type": "object", "additionalProperties": False, "required": ["peers", "total"],
+            "properties": {"peers": {"type": "array", "maxItems": MAX_PAGE, "items": peer,
+                                     "description": "By kind, then process id."},
+                           "total": {**COUNT, "description": "How many there are."}}}
 
 
 def peek() -> dict:
@@ -81,7 +109,7 @@ def peek() -> dict:
                            "buried": job}}
 
 
-def dashboard(tube: dict, counters: dict) -> dict:
+def dashboard(tube: dict, counters: dict, peered: dict) -> dict:
     """GET /v1/dashboard's snapshot (dashboard.py)."""
     rated = {**tube, "required": [*tube["required"], "puts", "putRate"], "properties": {
         **tube["properties"], "putRate": {**COUNT, "description": "Puts in the last second."},
@@ -92,13 +120,14 @@ def dashboard(tube: dict, counters: dict) -> dict:
     shown = lambda item, text: {"oneOf": [  # noqa: E731
         {"type": "array", "items": item}, {"type": "null"}], "description": text}
     return {"type": "object", "additionalProperties": False,
-            "required": ["tubes", "tubesNext", "counters", "functions", "functionsNext",
-                         "schedules"],
+            "required": ["tubes", "tubesNext", "counters", "peers", "functions",
+                         "functionsNext", "schedules"],
             "properties": {
                 "tubes": {"type": "array", "maxItems": MAX_PAGE, "items": rated,
                           "description": "Busiest first (as sort=activity)."},
                 "tubesNext": cursor, "functionsNext": cursor,
                 "counters": counters["properties"]["counters"],
+                "peers": peered["properties"]["peers"],
                 "functions": shown(_ref("FunctionStats"), "A page by name; null without "
                                    "the master key."),
                 "schedules": shown(_ref("Schedule"), "Null without the master key.")}}
@@ -152,6 +181,8 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
                                "400", "404", "409", parameters=[job])},
         "/v1/counters": {"get": looked("listCounters", "Every counter: in use and the most",
                                        {"200": json(_ref("Counters"), "The counters.")})},
+        "/v1/peers": {"get": looked("listPeers", "The fronts, worker pools and dispatchers",
+                                    {"200": json(_ref("Peers"), "Those connected.")})},
         **dashboard_paths(looked, json),
         **ui_paths(looked, json),
     }

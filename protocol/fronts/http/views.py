@@ -9,6 +9,7 @@ the beanstalk and counter families, parsed into V_* ops and formatted back.
     GET    /v1/jobs/{id}                         stats-job; its body with the master key
     DELETE /v1/jobs/{id}                         a ready, delayed or buried job (409 reserved)
     GET    /v1/counters                          every counter and fn:NAME slot, and stats
+    GET    /v1/peers                             the fronts, worker pools and dispatchers
 
 Looking needs no key (a wrong one is refused: 403), except a job's body (of GET
 /v1/jobs/{id} or a peek's jobs), shown only with the master key (or when none is configured); acting (kick, pause, delete) needs the
@@ -115,6 +116,7 @@ class Views:
         app.router.add_get("/v1/jobs/{id}", self.job)
         app.router.add_delete("/v1/jobs/{id}", self.delete_job)
         app.router.add_get("/v1/counters", self.counters)
+        app.router.add_get("/v1/peers", self.peers)
 
     async def _answer(self, op: tuple, shape: Callable[[Any], Any] = lambda info: info):
         reply = await self.call(op)
@@ -182,3 +184,9 @@ class Views:
         if denied:
             return self.respond(denied)
         return await self._answer((Op.V_COUNTERS, self.conn))
+
+    async def peers(self, request: web.Request) -> web.Response:
+        denied = self._looking(request)
+        if denied:
+            return self.respond(denied)
+        return await self._answer((Op.V_PEERS, self.conn))

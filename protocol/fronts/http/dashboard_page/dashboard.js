@@ -51,7 +51,7 @@ async function start() {
   $("login").hidden = state.role !== "nobody";
   $("board").hidden = state.role === "nobody";
   $("peek-section").hidden = true;          // (a peek's bodies are not left for the next role)
-  for (const id of ["tubes", "counters", "functions", "schedules"]) {
+  for (const id of ["tubes", "counters", "peers", "functions", "schedules"]) {
     $(id).tBodies[0].replaceChildren();     // (rows are made again: with this role's buttons)
   }
   if (state.role === "nobody") {
@@ -176,6 +176,11 @@ function render(snap) {
   $("tubes-next").disabled = snap.tubesNext === null;
   $("tubes-first").disabled = !state.tubesAfter;
   fill($("counters").tBodies[0], snap.counters, [(c) => c.name, (c) => c.current, (c) => c.max]);
+  const peers = snap.peers.map((p) => ({ ...p, name: `${p.kind} ${p.pid} ${p.frontId}` }));
+  fill($("peers").tBodies[0], peers, [
+    (p) => `${p.kind} ${p.pid}`, (p) => p.sessions, (p) => free(p), (p) => show(p.reserved),
+    (p) => (p.tubes ? p.tubes.join(" ") : "-"), (p) => seconds(p.lastSeenMs / 1000),
+  ]);
   $("functions-section").hidden = snap.functions === null;
   $("schedules-section").hidden = snap.schedules === null;
   if (snap.functions !== null) {
@@ -194,6 +199,13 @@ function render(snap) {
       (s) => s.name, (s) => s.cron, (s) => s.function, (s) => show(s.nextFireAt), (s) => yes(s.paused),
     ], pauseActions("schedules", "schedule"));
   }
+}
+
+// What a peer can take now: a pool's credits (jobs), a dispatcher's free slots (calls).
+function free(p) {
+  if (p.credits !== undefined) return `${p.credits} credits`;
+  if (p.slots !== undefined) return p.stopping ? "stopping" : `${p.slots} slots`;
+  return "-";
 }
 
 function limits(f) {
