@@ -13,7 +13,7 @@ delete or pause-tube.
 Activity (`sort=activity`): a tube's events are the counts the queue keeps anyway
 (total-jobs, reserves, deletes: one integer each per event, nothing added to the hot
 path); the ranking is sorted on request, at most once every RANK_S, and pages walk
-that ranking (`after`: the last name of the previous page).
+that ranking (`after`: the last name of the previous page: shared/ranking.py).
 
 Peeking (V_PEEK) shows a tube's next ready, delayed and buried job, the ones beanstalk's
 peek-ready, peek-delayed and peek-buried would show (beanstalk/commands.py: `next_ready`,
@@ -31,15 +31,11 @@ beanstalkd would not let another client do either.
 """
 from __future__ import annotations
 
-import math
-
 from ...protocol.schema import SCHEMA_VERSION, Op, R
 from ...protocol.schema.tasks import MAX_PAGE
 from .beanstalk import stats
 from .beanstalk.jobs import DELAYED, RESERVED
-
-#: the activity ranking is sorted again at most this often (seconds)
-RANK_S = 1.0
+from .shared.ranking import RANK_S, Ranking, by_name  # noqa: F401  (RANK_S: the tests')
 #: a tube pause at most this long (beanstalkd's own bound: a 32-bit delay)
 MAX_PAUSE_S = 2 ** 32 - 1
 SORTS = ("name", "activity")
@@ -64,8 +60,9 @@ class OperatorViews:
         self.counting = counting            # counters.py: dump
         self.fronts = fronts                # the broker's: peer -> broker.Front (V_PEERS)
         self.old_peers = old_peers          # peer -> the older schema version it speaks
-        self.order: list[str] = []          # tubes by activity, most first (`ranked`)
-        self.ranked_at = -math.inf
+        # the tubes by activity, most first, name for ties (the queue's own counts)
+        self.ranking = Ranking(lambda: self.beanstalk.queue.tubes, lambda name, now: (
+            -activity(self.beanstalk.queue.tubes[name]), name))
 
     def handlers(self) -> dict:
         return {Op.V_TUBES: self.v_tubes, Op.V_TUBE: self.v_tube, Op.V_KICK: self.v_kick,
@@ -80,14 +77,6 @@ class OperatorViews:
         info["activity"] = activity(t)
         return info
 
-    def ranked(self, now: float) -> list[str]:
-        """The tubes by activity, most first (name for ties), sorted at most every RANK_S."""
-        if now - self.ranked_at >= RANK_S:
-            tubes = self.beanstalk.queue.tubes
-            self.order = sorted(tubes, key=lambda name: (-activity(tubes[name]), name))
-            self.ranked_at = now
-        return self.order
-
     def v_tubes(self, s, op, now):
         _, conn, q, sort, after, limit = op
         if (type(q) is not str or sort not in SORTS or type(after) is not str
@@ -95,15 +84,9 @@ class OperatorViews:
             return (conn, R.T_ERROR, "bad_request",
                     f"sort is name or activity, limit 1 to {MAX_PAGE}")
         tubes = self.beanstalk.queue.tubes
-        if sort == "name":
-            names = sorted(n for n in tubes if n > after and q in n)
-        else:
-            order = [n for n in self.ranked(now) if n in tubes and q in n]
-            names = order[order.index(after) + 1:] if after in order else (
-                [] if after else order)
-        shown = names[:limit]
-        return (conn, R.V_PAGE, [self.tube_info(tubes[n], now) for n in shown],
-                shown[-1] if len(names) > limit else None)
+        shown, more = (by_name(tubes, lambda n: q in n, after, limit) if sort == "name" else
+                       self.ranking.page(lambda n: n in tubes and q in n, after, limit, now))
+        return (conn, R.V_PAGE, [self.tube_info(tubes[n], now) for n in shown], more)
 
     def _tube(self, conn: int, name):
         t = self.beanstalk.queue.tubes.get(name) if type(name) is str else None

@@ -19,7 +19,8 @@ of zstalk, and everything else may import it.
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name
 did before it became this package.
 """
-from .messages import (HEARTBEAT_S, OLDEST_PEER_VERSION, OPERATOR_SINCE, PEEK_SINCE,
+from .messages import (FUNCTION_SEARCH_SINCE, HEARTBEAT_S, OLDEST_PEER_VERSION,
+                       OPERATOR_SINCE, PEEK_SINCE,
                        PEER_TIMEOUT_S, PEERS_SINCE, POSITIONS_SINCE, ROOMS_SINCE,
                        SCHEMA_VERSION, V1_ERROR_STATUS, Batch,
                        Fenced, Heartbeat, Hello, Holding, Message,
@@ -29,7 +30,7 @@ from .ops import (MAX_POSITIONS, SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS,
                   WORKER_VERSIONS, Codes, Op, R)
 from .version import VERSION
 
-__all__ = ["Batch", "Codes", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
+__all__ = ["Batch", "Codes", "FUNCTION_SEARCH_SINCE", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
            "MAX_POSITIONS", "Message", "NotLeader", "OLDEST_PEER_VERSION", "OPERATOR_SINCE",
            "Op", "PEEK_SINCE", "PEER_TIMEOUT_S", "PEERS_SINCE", "POSITIONS_SINCE", "R",
            "ROOMS_SINCE", "Replies",

@@ -65,6 +65,9 @@ PEEK_SINCE = 9
 #: the version from which a broker answers V_PEERS (the fronts, worker pools and
 #: dispatchers it knows, for the dashboard), sent by an HTTP front as V_PEEK is
 PEERS_SINCE = 9
+#: the version from which a broker answers V_FUNCTIONS (functions searched by a part of
+#: their name and sorted by activity across all of them), sent by an HTTP front as V_PEEK
+FUNCTION_SEARCH_SINCE = 9
 #: the version from which a dispatcher probes servers for the broker's active health
 #: checks (R.T_CHECKS, answered with T_CHECKED per probe: broker/core/upstreams/health.py):
 #: an older dispatcher is given no probes (the others probe every server)

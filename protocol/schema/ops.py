@@ -135,6 +135,10 @@ class Op(Codes):
     # the connected fronts, worker pools and dispatchers (version 9, messages.PEERS_SINCE):
     # each one's kind, sessions, credits or slots and last word; answered V_INFO
     V_PEERS = 91        # (conn)
+    # functions searched and sorted across all of them (version 9, FUNCTION_SEARCH_SINCE;
+    # broker/core/tasks/commands.py), the page of function stats T_FUNCTIONS gives by
+    # name; answered V_PAGE (each as T_FUNCTION's info) or T_ERROR
+    V_FUNCTIONS = 92    # (conn, q: a substring, sort: "name" | "activity", after: a name, limit)
     # active health checks (version 8, messages.HEALTH_CHECKS_SINCE): a dispatcher's
     # result of one probe of a server the broker gave it (R.T_CHECKS); silent
     T_CHECKED = 80      # (conn, upstream, url, ok: bool, error: str | None)

@@ -128,8 +128,9 @@ def dashboard(tube: dict, counters: dict, peered: dict) -> dict:
                 "tubesNext": cursor, "functionsNext": cursor,
                 "counters": counters["properties"]["counters"],
                 "peers": peered["properties"]["peers"],
-                "functions": shown(_ref("FunctionStats"), "A page by name; null without "
-                                   "the master key."),
+                "functions": shown(_ref("FunctionStats"), "Busiest first (starts a second, "
+                                   "then tasks queued and running); null without the "
+                                   "master or the viewer key."),
                 "schedules": shown(_ref("Schedule"), "Null without the master key.")}}
 
 
@@ -233,7 +234,7 @@ def dashboard_paths(looked: Callable, json: Callable) -> dict:
     query = [{"name": name, "in": "query", "required": False, "schema": schema,
               "description": text} for name, schema, text in (
         ("q", {"type": "string"}, "Only tubes, functions and schedules whose name holds "
-                                  "this (functions: of the page read)."),
+                                  "this (the broker searches all of them)."),
         ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
          "At most this many tubes, and functions."),
         ("tubesAfter", {"type": "string"}, "The previous snapshot's `tubesNext`."),
