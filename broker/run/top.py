@@ -8,10 +8,10 @@ rate), `/` then text and Enter filters by name (Esc drops the filter), `q` quits
 
 How it works: three parts, as a sans-IO parser is split from its socket.
   * A source samples the server once: over the API (as `zstalk stats` reads it, stats.py)
-    the busiest 1,000 tubes matching the filter (the server searches its 10,000), the first
-    1,000 functions, the counters and the peers (fronts, worker pools and dispatchers, with
-    a pool's credits and a dispatcher's free slots); over beanstalk, `list-tubes` and one `stats-tube` per
-    tube (stats.py's `over_beanstalk`).  A source raises Unreachable, said on the screen
+    the busiest 1,000 tubes and functions matching the filter (the server searches all of
+    them), the counters and the peers (fronts, worker pools and dispatchers, with a
+    pool's credits and a dispatcher's free slots); over beanstalk, `list-tubes` and one
+    `stats-tube` per tube (stats.py's `over_beanstalk`).  A source raises Unreachable, said on the screen
     while the next sample is tried.
   * `Board` is pure: it takes each sample with the time it was taken (the loop's
     monotonic clock, passed in), keeps the one before to turn the running totals into
@@ -79,7 +79,8 @@ def over_api(api: Api, q: str) -> Sample:
     configured, or not this key's) and peers refused (a server before them) are left out."""
     tubes = _get(api, "/v1/tubes?" + urlencode({"sort": "activity", "limit": MAX_ROWS, "q": q}))
     counters = _get(api, "/v1/counters")["counters"]
-    status, doc = api.call("GET", "/v1/functions?" + urlencode({"limit": MAX_ROWS}))
+    status, doc = api.call("GET", "/v1/functions?" + urlencode(
+        {"sort": "activity", "limit": MAX_ROWS, "q": q}))
     functions = doc["functions"] if status == 200 and isinstance(doc, dict) else None
     status, doc = api.call("GET", "/v1/peers")
     peers = [{**p, "name": f"{p['kind']} {p['pid']}"} for p in doc["peers"]] if (

@@ -107,7 +107,8 @@ class Op(Codes):
     T_UNSCHEDULE = 59   # (conn, name)
     T_SCHEDULE_PAUSE = 60   # (conn, name, paused: bool)
     # functions (version 4): their queues, limits and pauses, answered T_FUNCTIONS / T_FUNCTION
-    T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)
+    T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)  (a front of
+    # version 9 sends V_FUNCTIONS instead: an older front still sends this)
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR

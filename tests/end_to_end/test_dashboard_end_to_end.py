@@ -55,6 +55,12 @@ def test_functions_come_busiest_first_and_q_finds_one_beyond_the_first_page(serv
     assert later[1]["functions"][0]["name"] not in [f["name"] for f in snap["functions"]]
     code, snap = server.request("GET", "/v1/dashboard?limit=10&q=f-042")
     assert [f["name"] for f in snap["functions"]] == ["f-042"]     # (the 43rd by name)
+    code, page = server.request("GET", "/v1/functions?sort=activity&limit=1")   # (the API's)
+    assert (code, [f["name"] for f in page["functions"]], page["next"]) == (
+        200, ["zz-busy"], "zz-busy")
+    code, page = server.request("GET", "/v1/functions?q=f-04&limit=20")
+    assert [f["name"] for f in page["functions"]] == [f"f-04{i}" for i in range(10)]
+    assert server.request("GET", "/v1/functions?sort=size")[0] == 400
 
 
 def test_puts_show_as_a_rate_from_the_fronts_per_second_differences(server):  # noqa: F811

@@ -35,8 +35,9 @@ PAGE_LIMIT = 100
 MAX_ID = (1 << 64) - 1
 
 
-def parse_tubes(query) -> tuple | str:
-    """GET /v1/tubes's query: (q, sort, after, limit), or why not (a 400)."""
+def parse_ranked(query) -> tuple | str:
+    """GET /v1/tubes's and GET /v1/functions's query: (q, sort, after, limit), or why not
+    (a 400)."""
     unknown = [key for key in query if key not in ("q", "sort", "after", "limit")]
     if unknown:
         return f"unknown parameter {unknown[0]!r}; parameters are q, sort, after, limit"
@@ -133,7 +134,7 @@ class Views:
 
     async def tubes(self, request: web.Request) -> web.Response:
         denied = self._looking(request)
-        query = denied or parse_tubes(request.query)
+        query = denied or parse_ranked(request.query)
         if isinstance(query, (Problem, str)):
             return self.respond(query if isinstance(query, Problem) else refuse(400, query))
         return await self._answer((Op.V_TUBES, self.conn, *query))
