@@ -197,7 +197,7 @@ class Broker:
         tasks.journal = schedules.journal = journal
         self.tasking = TaskCommands(tasks, config.api, out, admission, self.old_peers)
         self.scheduling = ScheduleCommands(schedules, self.tasking, journal)
-        self.views = OperatorViews(self.beanstalk, self.counting)
+        self.views = OperatorViews(self.beanstalk, self.counting, self.fronts, self.old_peers)
         self.counting.functions = self.tasking      # fn:NAME counters (core/counters.py)
         admission.holders = (self.beanstalk, tasks, schedules)
         self._families.append(self.tasking)

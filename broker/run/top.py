@@ -1,6 +1,6 @@
 """`zstalk top`: the live numbers of a broker in the terminal, refreshed every second.
 
-    zstalk top [--url URL]              tubes, functions and counters over the HTTP API
+    zstalk top [--url URL]              tubes, functions, counters and peers over the HTTP API
     zstalk top --beanstalk HOST:PORT    tubes from any beanstalk server (zstalk or beanstalkd)
 
 Keys: `s` sorts by the next column (activity, name, ready, reserved, delayed, buried,
@@ -8,9 +8,10 @@ rate), `/` then text and Enter filters by name (Esc drops the filter), `q` quits
 
 How it works: three parts, as a sans-IO parser is split from its socket.
   * A source samples the server once: over the API (as `zstalk stats` reads it, stats.py)
-    the busiest 1,000 tubes matching the filter (the server searches its 10,000), the first
-    1,000 functions and the counters; over beanstalk, `list-tubes` and one `stats-tube` per
-    tube (stats.py's `over_beanstalk`).  A source raises Unreachable, said on the screen
+    the busiest 1,000 tubes and functions matching the filter (the server searches all of
+    them), the counters and the peers (fronts, worker pools and dispatchers, with a
+    pool's credits and a dispatcher's free slots); over beanstalk, `list-tubes` and one
+    `stats-tube` per tube (stats.py's `over_beanstalk`).  A source raises Unreachable, said on the screen
     while the next sample is tried.
   * `Board` is pure: it takes each sample with the time it was taken (the loop's
     monotonic clock, passed in), keeps the one before to turn the running totals into
@@ -58,6 +59,9 @@ FUNCTION_COLUMNS = [("FUNCTION", "name", 24), ("QUEUED", "queued", 8), ("RUNNING
                     ("WAIT MS", "waitTime", 8), ("OLDEST MS", "oldestQueuedAgeMs", 10),
                     ("PAUSED", "paused", 6)]
 COUNTER_COLUMNS = [("COUNTER", "name", 24), ("CURRENT", "current", 8), ("MAX", "max", 8)]
+#: a peer's name is its kind and process id (GET /v1/peers: pools' credits, dispatchers' slots)
+PEER_COLUMNS = [("PEER", "name", 24), ("SESSIONS", "sessions", 8), ("CREDITS", "credits", 8),
+                ("SLOTS", "slots", 6), ("RESERVED", "reserved", 9), ("SEEN MS", "lastSeenMs", 8)]
 
 
 class Sample(NamedTuple):
@@ -65,18 +69,23 @@ class Sample(NamedTuple):
     tubes: list[dict]
     functions: list[dict] | None = None        # None: the source has none (beanstalk)
     counters: list[dict] | None = None
+    peers: list[dict] | None = None            # the fronts, pools and dispatchers (API only)
 
 
 # -- the sources -----------------------------------------------------------------------------
 def over_api(api: Api, q: str) -> Sample:
-    """The busiest tubes matching q, the functions and the counters; a refusal of the
-    tubes or counters is Unreachable (said on the screen); functions refused (none
-    configured, or not this key's) are left out."""
+    """The busiest tubes matching q, the functions, the counters and the peers; a refusal
+    of the tubes or counters is Unreachable (said on the screen); functions refused (none
+    configured, or not this key's) and peers refused (a server before them) are left out."""
     tubes = _get(api, "/v1/tubes?" + urlencode({"sort": "activity", "limit": MAX_ROWS, "q": q}))
     counters = _get(api, "/v1/counters")["counters"]
-    status, doc = api.call("GET", "/v1/functions?" + urlencode({"limit": MAX_ROWS}))
+    status, doc = api.call("GET", "/v1/functions?" + urlencode(
+        {"sort": "activity", "limit": MAX_ROWS, "q": q}))
     functions = doc["functions"] if status == 200 and isinstance(doc, dict) else None
-    return Sample(tubes["tubes"], functions, counters)
+    status, doc = api.call("GET", "/v1/peers")
+    peers = [{**p, "name": f"{p['kind']} {p['pid']}"} for p in doc["peers"]] if (
+        status == 200 and isinstance(doc, dict)) else None
+    return Sample(tubes["tubes"], functions, counters, peers)
 
 
 def _get(api: Api, path: str) -> dict:
@@ -121,7 +130,7 @@ class Board:
         functions = None if sample.functions is None else [
             {**f, "events": f.get("queued", 0) + f.get("running", 0),
              "eventRate": f.get("startRate", 0.0)} for f in sample.functions]
-        self.sample = Sample(tubes, functions, sample.counters)
+        self.sample = Sample(tubes, functions, sample.counters, sample.peers)
         self.before = (now, {t["name"]: t for t in tubes})
         self.taken_at, self.error = now, None
 
@@ -179,6 +188,9 @@ class Board:
             counters = [c for c in self.sample.counters if self.filter in c["name"]]
             tables.append((COUNTER_COLUMNS, sorted(counters, key=lambda c: (-c["current"],
                                                                             c["name"]))))
+        if self.sample.peers is not None:       # (by kind then process id, as the API lists them)
+            tables.append((PEER_COLUMNS, [p for p in self.sample.peers
+                                          if self.filter in p["name"]]))
         room = max(0, height - 2 - 2 * len(tables))       # (title, status; a header, a gap)
         shares = fair_shares(room, [len(rows) for _, rows in tables])
         out = [self.title()]

@@ -19,8 +19,10 @@ of zstalk, and everything else may import it.
 `zstalk.protocol.schema` gives every name of ops and messages, as the module of that name
 did before it became this package.
 """
-from .messages import (HEARTBEAT_S, OLDEST_PEER_VERSION, OPERATOR_SINCE, PEER_TIMEOUT_S,
-                       POSITIONS_SINCE, ROOMS_SINCE, SCHEMA_VERSION, V1_ERROR_STATUS, Batch,
+from .messages import (FUNCTION_SEARCH_SINCE, HEARTBEAT_S, OLDEST_PEER_VERSION,
+                       OPERATOR_SINCE, PEEK_SINCE,
+                       PEER_TIMEOUT_S, PEERS_SINCE, POSITIONS_SINCE, ROOMS_SINCE,
+                       SCHEMA_VERSION, V1_ERROR_STATUS, Batch,
                        Fenced, Heartbeat, Hello, Holding, Message,
                        NotLeader, Replies, SchemaError, SessionState, Settings, Stopping, Welcome,
                        decode, decode_peer, encodable, encode)
@@ -28,9 +30,10 @@ from .ops import (MAX_POSITIONS, SESSION_BYTES_MAX, SESSION_OPS_MAX, SILENT_OPS,
                   WORKER_VERSIONS, Codes, Op, R)
 from .version import VERSION
 
-__all__ = ["Batch", "Codes", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
+__all__ = ["Batch", "Codes", "FUNCTION_SEARCH_SINCE", "Fenced", "HEARTBEAT_S", "Heartbeat", "Hello", "Holding",
            "MAX_POSITIONS", "Message", "NotLeader", "OLDEST_PEER_VERSION", "OPERATOR_SINCE",
-           "Op", "PEER_TIMEOUT_S", "POSITIONS_SINCE", "R", "ROOMS_SINCE", "Replies",
+           "Op", "PEEK_SINCE", "PEER_TIMEOUT_S", "PEERS_SINCE", "POSITIONS_SINCE", "R",
+           "ROOMS_SINCE", "Replies",
            "SCHEMA_VERSION", "SESSION_BYTES_MAX", "SESSION_OPS_MAX", "SILENT_OPS",
            "SchemaError", "SessionState", "Settings", "Stopping", "V1_ERROR_STATUS",
            "VERSION", "WORKER_VERSIONS", "Welcome", "decode", "decode_peer", "encodable",

@@ -58,6 +58,16 @@ KEEPALIVE_SINCE = 8
 #: the version from which Settings carry `rooms` (the waiting pages an HTTP front serves
 #: at /room/{function}): a version-8 front is sent its nine fields and serves no page (404)
 ROOMS_SINCE = 9
+#: the version from which a broker answers V_PEEK (the dashboard's peek at a tube's next
+#: ready, delayed and buried job: broker/core/views.py).  Only an HTTP front sends it, and
+#: a front reaches no older broker (it refuses it as too new), so it never falls back
+PEEK_SINCE = 9
+#: the version from which a broker answers V_PEERS (the fronts, worker pools and
+#: dispatchers it knows, for the dashboard), sent by an HTTP front as V_PEEK is
+PEERS_SINCE = 9
+#: the version from which a broker answers V_FUNCTIONS (functions searched by a part of
+#: their name and sorted by activity across all of them), sent by an HTTP front as V_PEEK
+FUNCTION_SEARCH_SINCE = 9
 #: the version from which a dispatcher probes servers for the broker's active health
 #: checks (R.T_CHECKS, answered with T_CHECKED per probe: broker/core/upstreams/health.py):
 #: an older dispatcher is given no probes (the others probe every server)

@@ -107,7 +107,8 @@ class Op(Codes):
     T_UNSCHEDULE = 59   # (conn, name)
     T_SCHEDULE_PAUSE = 60   # (conn, name, paused: bool)
     # functions (version 4): their queues, limits and pauses, answered T_FUNCTIONS / T_FUNCTION
-    T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)
+    T_FUNCTIONS = 61    # (conn, after: a name ('' from the start), limit)  (a front of
+    # version 9 sends V_FUNCTIONS instead: an older front still sends this)
     T_FUNCTION = 62     # (conn, name)
     # the waiting room (version 4): an admitted online task's user is through
     T_DONE = 63         # (conn, unique_id)  answered T_TASK or T_ERROR
@@ -128,6 +129,17 @@ class Op(Codes):
     V_JOB = 76          # (conn, id, with_body: bool)
     V_DELETE_JOB = 77   # (conn, id)
     V_COUNTERS = 78     # (conn)
+    # the dashboard's peek (version 9, messages.PEEK_SINCE): a tube's next ready, delayed
+    # and buried job, counting no `cmd-peek-*`; their bodies only if with_body (the front
+    # checked the master key); answered V_INFO or T_ERROR
+    V_PEEK = 90         # (conn, tube, with_body: bool)
+    # the connected fronts, worker pools and dispatchers (version 9, messages.PEERS_SINCE):
+    # each one's kind, sessions, credits or slots and last word; answered V_INFO
+    V_PEERS = 91        # (conn)
+    # functions searched and sorted across all of them (version 9, FUNCTION_SEARCH_SINCE;
+    # broker/core/tasks/commands.py), the page of function stats T_FUNCTIONS gives by
+    # name; answered V_PAGE (each as T_FUNCTION's info) or T_ERROR
+    V_FUNCTIONS = 92    # (conn, q: a substring, sort: "name" | "activity", after: a name, limit)
     # active health checks (version 8, messages.HEALTH_CHECKS_SINCE): a dispatcher's
     # result of one probe of a server the broker gave it (R.T_CHECKS); silent
     T_CHECKED = 80      # (conn, upstream, url, ok: bool, error: str | None)

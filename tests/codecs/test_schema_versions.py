@@ -12,8 +12,8 @@ import pytest
 import zmq
 
 from servers import LOOPBACK, ServerProcess, find_zstalk, free_port, self_check
-from zstalk.protocol.schema import (OLDEST_PEER_VERSION, OPERATOR_SINCE, POSITIONS_SINCE,
-                                    ROOMS_SINCE,
+from zstalk.protocol.schema import (FUNCTION_SEARCH_SINCE, OLDEST_PEER_VERSION, OPERATOR_SINCE,
+                                    PEEK_SINCE, PEERS_SINCE, POSITIONS_SINCE, ROOMS_SINCE,
                                     SCHEMA_VERSION, NotLeader, Op, R, Replies, SchemaError,
                                     Settings, Stopping, Welcome, decode, decode_peer, encode)
 
@@ -83,6 +83,13 @@ def test_a_version_7_batch_is_taken_as_it_is_and_positions_came_with_version_8()
     # (a front of version 8 reaches no version-7 broker: it refuses it as too new, so a
     # front never sends T_POSITIONS to a broker that does not know it)
     assert POSITIONS_SINCE == 8 and Op.T_POSITIONS == 64
+
+
+def test_the_dashboards_peek_peers_and_function_search_came_with_version_9_in_their_op_numbers():
+    # (only an HTTP front sends V_PEEK, V_PEERS and V_FUNCTIONS, and a front reaches no older
+    # broker: it refuses one as too new, so it never sends them where they mean nothing)
+    assert PEEK_SINCE == PEERS_SINCE == FUNCTION_SEARCH_SINCE == SCHEMA_VERSION == 9
+    assert (Op.V_PEEK, Op.V_PEERS, Op.V_FUNCTIONS) == (90, 91, 92)
 
 
 def test_the_waiting_pages_came_with_version_9_and_a_version_8_batch_is_taken_as_it_is():

@@ -56,6 +56,7 @@ def test_looking_at_tubes_jobs_and_counters_counts_no_beanstalk_command(node):
     node.view(Op.V_TUBE, "emails")
     node.view(Op.V_JOB, job, True)
     node.view(Op.V_COUNTERS)
+    node.view(Op.V_PEEK, "emails", True)
     after = {k: v for k, v in node.stats().items() if k.startswith("cmd-")}
     assert after == {**before, "cmd-stats": before["cmd-stats"] + 1}   # (our own stats)
 
@@ -118,6 +119,49 @@ def test_a_job_shows_its_stats_and_its_body_only_when_asked_and_is_deleted_unles
     assert node.view(Op.V_DELETE_JOB, ready)[1]["id"] == ready
     assert node.view(Op.V_JOB, ready, False)[:2] == (R.T_ERROR, "not_found")
     assert node.stats()["cmd-delete"] == 0 and node.stats()["current-jobs-ready"] == 0
+
+
+def test_a_peek_shows_the_next_ready_delayed_and_buried_job_and_counts_no_peek_command(node):
+    [first, second] = node.put("work", 2)
+    [later] = node.put("work", delay=30)
+    node.send(BS, (Op.WATCH, 1, "work"), (Op.IGNORE, 1, "default"), (Op.RESERVE_JOB, 1, second),
+              (Op.BURY, 1, second, 7))
+    node.advance(10)
+    code, info = node.view(Op.V_PEEK, "work", False)
+    assert code == R.V_INFO and info == {
+        "tube": "work",
+        "ready": {"id": first, "pri": 0, "age": 10, "delayLeft": 0},
+        "delayed": {"id": later, "pri": 0, "age": 10, "delayLeft": 19},
+        "buried": {"id": second, "pri": 7, "age": 10, "delayLeft": 0}}
+    # (delayLeft as stats-job's time-left: whole seconds, one less on a whole number)
+    assert node.view(Op.V_JOB, later, False)[1]["timeLeft"] == 19
+    assert node.view(Op.V_PEEK, "work", True)[1]["ready"]["body"] == b"body"
+    assert node.view(Op.V_PEEK, "default", True)[1] == {
+        "tube": "default", "ready": None, "delayed": None, "buried": None}
+    assert node.view(Op.V_PEEK, "nope", False)[:2] == (R.T_ERROR, "not_found")
+    assert not any(node.stats()[f"cmd-peek-{s}"] for s in ("ready", "delayed", "buried"))
+
+
+def test_the_peers_are_every_front_with_a_pools_credits_and_a_dispatchers_slots(node):
+    pool, dispatcher = b"pool", b"dispatcher"
+    node.broker.handle(pool, Hello(7, "pool", 4242, 0, []), node.now)
+    node.send(pool, (Op.OPEN, 1), (Op.SUBSCRIBE, 1, [1, 1], ["emails", "sms"], 3))
+    node.broker.handle(dispatcher, Hello(8, "dispatcher", 4343, 0, []), node.now)
+    node.send(dispatcher, (Op.OPEN, 1), (Op.T_SUBSCRIBE, 1, 16, False))
+    node.put("emails")                  # (pushed to the pool: one credit taken, one held)
+    node.advance(2)                     # (the node's own fronts say a heartbeat: seen now)
+    code, info = node.view(Op.V_PEERS)
+    assert code == R.V_INFO and info["total"] == 5
+    peers = {p["kind"]: p for p in info["peers"]}
+    assert sorted(peers) == ["beanstalk", "counter", "dispatcher", "http", "pool"]
+    assert {k: peers["pool"][k] for k in ("pid", "frontId", "sessions", "credits", "reserved",
+                                          "tubes")} == {
+        "pid": 4242, "frontId": 7, "sessions": 1, "credits": 2, "reserved": 1,
+        "tubes": ["emails", "sms"]}
+    assert (peers["dispatcher"]["slots"], peers["dispatcher"]["stopping"]) == (16, False)
+    assert "slots" not in peers["http"] and "credits" not in peers["beanstalk"]
+    assert peers["beanstalk"]["reserved"] == 0 and peers["http"]["lastSeenMs"] == 0
+    assert peers["pool"]["lastSeenMs"] == peers["dispatcher"]["lastSeenMs"] == 2000
 
 
 def test_the_counters_view_lists_each_counter_with_its_current_and_most(node):

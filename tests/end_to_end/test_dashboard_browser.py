@@ -3,7 +3,8 @@ Selenium through chromium-driver, against a real `zstalk serve` with a master ke
 key, tubes, a counter, a function's task and a schedule.  The page logs in, shows the
 numbers `stats-tube` and the API give, shows a put within 2 s without a reload, shows a
 `<script>` body as text, acts with the master key and cannot with the viewer's or none,
-and finds one tube among 10,000.  ZSTALK_DOCS_SHOTS=1 saves its screenshot where the docs
+and finds one tube among 10,000; a peek at a tube shows its next jobs (bodies as text,
+and only to the master key).  ZSTALK_DOCS_SHOTS=1 saves its screenshot where the docs
 show it (docs/operations/dashboard.png)."""
 from __future__ import annotations
 
@@ -85,6 +86,11 @@ def action_status(driver, method: str, path: str, body: dict) -> int:
           .then((r) => done(r.status), () => done(0));""", method, path, body)
 
 
+def peek_at(driver, tube: str) -> None:
+    driver.find_element("css selector", f'#tubes tr[data-name="{tube}"]').find_element(
+        "xpath", ".//button[text()='peek']").click()
+
+
 # -- the tests -----------------------------------------------------------------------------------
 def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server, browser):
     address = server.server.address
@@ -104,6 +110,8 @@ def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server
                                said["current-jobs-delayed"], said["current-jobs-buried"],
                                said["total-jobs"]]
         assert shows(lambda: rows(browser, "counters").get("gpu") == ["gpu", "1", "1"])
+        kinds = {name.split()[0] for name in rows(browser, "peers")}    # (this server's fronts)
+        assert {"beanstalk", "counter", "http"} <= kinds, kinds
         assert shows(lambda: rows(browser, "functions").get("reports", [""] * 2)[1] == "1")
         nightly = rows(browser, "schedules")["nightly"]
         assert nightly[1:3] == ["0 0 3 * * ?", "reports"]
@@ -126,6 +134,9 @@ def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server
         c.send(b"bury %d 0\r\n" % job)
         assert c.read_reply() == b"BURIED\r\n"
     assert shows(lambda: rows(browser, "tubes").get("images", [""] * 5)[4] == "1")
+    peek_at(browser, "images")
+    assert shows(lambda: rows(browser, "peek").get("buried", [""] * 6)[1] == str(job))
+    assert rows(browser, "peek")["buried"][5] == "1" and rows(browser, "peek")["ready"][1] == "-"
     browser.find_element("css selector", '#tubes tr[data-name="images"]').find_element(
         "xpath", ".//button[text()='kick']").click()
     assert shows(lambda: server.request("GET", "/v1/tubes/images")[1]["currentJobsBuried"] == 0)
@@ -160,6 +171,9 @@ def test_a_script_body_shows_as_text_and_never_runs(server, browser):
     assert browser.execute_script("return document.querySelectorAll('script').length") == 1
     browser.find_element("xpath", "//div[@id='job-acts']/button[text()='as hex']").click()
     assert body.text == " ".join(f"{b:02x}" for b in XSS)
+    peek_at(browser, "hostile")                       # (a peek shows it as text too)
+    assert shows(lambda: rows(browser, "peek").get("ready", [""] * 6)[5] == XSS.decode())
+    assert browser.find_elements("css selector", "#peek script") == []
     from selenium.common.exceptions import NoAlertPresentException
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text
@@ -169,7 +183,10 @@ def test_the_viewer_key_sees_counts_but_cannot_act_nor_see_a_body(server, browse
     [job] = put(server.server.address, "emails", b"private")
     log_in(browser, server.base, VIEWER)
     assert shows(lambda: rows(browser, "tubes").get("emails", [""] * 2)[1] == "1")
-    assert browser.find_elements("css selector", "#tubes button") == []
+    assert {b.text for b in browser.find_elements("css selector", "#tubes button")} == {"peek"}
+    peek_at(browser, "emails")
+    assert shows(lambda: rows(browser, "peek").get("ready", [""] * 6)[1:2] == [str(job)])
+    assert rows(browser, "peek")["ready"][5] == "(master key only)"
     assert action_status(browser, "PATCH", "/v1/tubes/emails", {"pausedFor": 30}) == 403
     browser.find_element("id", "job-id").send_keys(str(job))
     browser.find_element("css selector", "#job-form button").click()

@@ -43,6 +43,26 @@ def test_without_the_master_key_a_snapshot_shows_counts_but_no_functions(server)
     assert server.request("GET", "/v1/dashboard")[0] == 403
 
 
+def test_functions_come_busiest_first_and_q_finds_one_beyond_the_first_page(server):  # noqa: F811
+    for i in range(60):                     # (named under base_url: each one a function)
+        assert server.enqueue(f"f-{i:03}", None, delay=600000)[0] == 201
+    for _ in range(3):
+        assert server.enqueue("zz-busy", None, delay=600000)[0] == 201
+    code, snap = server.request("GET", "/v1/dashboard?limit=10")
+    assert code == 200 and len(snap["functions"]) == 10
+    assert (snap["functions"][0]["name"], snap["functions"][0]["queued"]) == ("zz-busy", 3)
+    later = server.request("GET", f"/v1/dashboard?limit=10&functionsAfter={snap['functionsNext']}")
+    assert later[1]["functions"][0]["name"] not in [f["name"] for f in snap["functions"]]
+    code, snap = server.request("GET", "/v1/dashboard?limit=10&q=f-042")
+    assert [f["name"] for f in snap["functions"]] == ["f-042"]     # (the 43rd by name)
+    code, page = server.request("GET", "/v1/functions?sort=activity&limit=1")   # (the API's)
+    assert (code, [f["name"] for f in page["functions"]], page["next"]) == (
+        200, ["zz-busy"], "zz-busy")
+    code, page = server.request("GET", "/v1/functions?q=f-04&limit=20")
+    assert [f["name"] for f in page["functions"]] == [f"f-04{i}" for i in range(10)]
+    assert server.request("GET", "/v1/functions?sort=size")[0] == 400
+
+
 def test_puts_show_as_a_rate_from_the_fronts_per_second_differences(server):  # noqa: F811
     put(server.server.address, "busy", b"0")
     server.request("GET", "/v1/dashboard?q=busy")

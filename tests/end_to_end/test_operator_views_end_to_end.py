@@ -66,6 +66,7 @@ def test_looking_through_the_views_counts_no_beanstalk_command(server):
     assert server.request("GET", "/v1/tubes/emails")[0] == 200
     assert server.request("GET", f"/v1/jobs/{job}")[0] == 200
     assert server.request("GET", "/v1/counters")[0] == 200
+    assert server.request("GET", "/v1/tubes/emails/peek")[0] == 200
     after = cmd_counts(server.server.address)
     assert after == {**before, "cmd-stats": str(int(before["cmd-stats"]) + 1)}
 
@@ -88,6 +89,29 @@ def test_a_jobs_body_is_shown_only_with_the_master_key(server):
     assert code == 200 and info["tube"] == "emails" and "body" not in info
     server.key = KEY
     assert server.request("GET", f"/v1/jobs/{job}")[1]["body"] == "secret body"
+
+
+def test_a_peek_shows_the_next_ready_delayed_and_buried_job_and_bodies_only_to_the_master_key(
+        server):
+    address = server.server.address
+    [ready] = put(address, "work", b"\xff\x00 not text")
+    with RawClient(address, 10) as c:
+        c.send(b"use work\r\nput 5 30 60 7\r\ndelayed\r\n")
+        c.read_reply()
+        delayed = int(c.read_reply().split()[1])
+    code, peek = server.request("GET", "/v1/tubes/work/peek")
+    assert code == 200 and (peek["tube"], peek["buried"]) == ("work", None)
+    assert (peek["ready"]["id"], peek["ready"]["body"], peek["ready"]["bodyEncoding"]) == (
+        ready, "/wAgbm90IHRleHQ=", "base64")
+    assert (peek["delayed"]["id"], peek["delayed"]["pri"], peek["delayed"]["body"]) == (
+        delayed, 5, "delayed")
+    assert 25 <= peek["delayed"]["delayLeft"] <= 30 and peek["ready"]["delayLeft"] == 0
+    server.key = None
+    code, peek = server.request("GET", "/v1/tubes/work/peek")
+    assert code == 200 and "body" not in peek["ready"] and "body" not in peek["delayed"]
+    assert server.request("GET", "/v1/tubes/nope/peek")[0] == 404
+    server.key = "wrong"
+    assert server.request("GET", "/v1/tubes/work/peek")[0] == 403
 
 
 def test_actions_need_the_master_key_and_kick_pause_and_delete_act(server):

@@ -72,7 +72,7 @@ def terminal():
         t.close()
 
 
-def test_top_shows_tubes_functions_and_counters_busiest_first_and_sorts_and_filters(
+def test_top_shows_tubes_functions_counters_and_peers_busiest_first_and_sorts_and_filters(
         server, host, terminal):  # noqa: F811  (pytest's fixtures)
     address = server.server.address
     put(address, "quiet", b"1")
@@ -87,6 +87,8 @@ def test_top_shows_tubes_functions_and_counters_busiest_first_and_sorts_and_filt
     assert screen.shows(lambda: ["reports", "2", "0", "2"] in [
         r[:4] for r in screen.rows("FUNCTION")]), "\n".join(screen.screen())
     assert screen.shows(lambda: ["resize", "0", "1"] in [r[:3] for r in screen.rows("FUNCTION")])
+    assert screen.shows(lambda: {"beanstalk", "dispatcher", "http"} <= {
+        r[0] for r in screen.rows("PEER")}), "\n".join(screen.screen())  # (the server's fronts)
     assert "sort: activity" in screen.screen()[0]
     if os.environ.get("ZSTALK_DOCS_SHOTS") == "1":
         shown = "\n".join(screen.screen()).rstrip().replace(server.base, "http://127.0.0.1:8080")

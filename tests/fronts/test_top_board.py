@@ -78,6 +78,23 @@ def test_the_screen_fits_its_size_and_shares_rows_between_the_tables():
     assert screen[-1].startswith("tubes: 50  functions: 1  counters: 1")
 
 
+def test_the_peers_show_a_pools_credits_and_a_dispatchers_slots_and_the_filter_takes_them_too():
+    board = Board("http://x")
+    peers = [{"name": "dispatcher 7", "kind": "dispatcher", "pid": 7, "sessions": 1, "slots": 64,
+              "stopping": False, "lastSeenMs": 300},
+             {"name": "pool 9", "kind": "pool", "pid": 9, "sessions": 1, "credits": 2,
+              "reserved": 1, "tubes": ["emails"], "lastSeenMs": 120}]
+    board.take(Sample([tube("emails")], None, None, peers), now=0.0)
+    screen = board.lines(100, 20)
+    assert ["PEER", "SESSIONS", "CREDITS", "SLOTS", "RESERVED", "SEEN", "MS"] in [
+        text.split() for text in screen]
+    assert ["dispatcher", "7", "1", "-", "64", "-", "300"] in [text.split() for text in screen]
+    assert ["pool", "9", "1", "2", "-", "1", "120"] in [text.split() for text in screen]
+    assert screen[-1] == "tubes: 1  peers: 2"
+    board.press("/"), board.press("p"), board.press("o"), board.press("\n")
+    assert board.lines(100, 20)[-1] == "tubes: 0  peers: 1"
+
+
 def test_a_failed_sample_is_said_on_the_status_line_and_the_last_numbers_stay():
     board = Board("here")
     board.take(Sample([tube("a", ready=2)]), now=0.0)

@@ -405,19 +405,27 @@ class BeanstalkCommands:
     def peek_ready(self, s: Session, op, now):
         """peek-* look at the used tube only, paused or not (prot.c, OP_PEEK_READY)."""
         self.counters["cmd-peek-ready"] += 1
-        t = s.use
-        top = t.ready.top
-        return self._found(s, None if top is None else self.queue.jobs[key_id(top)])
+        return self._found(s, self.next_ready(s.use))
 
     def peek_delayed(self, s: Session, op, now):
         self.counters["cmd-peek-delayed"] += 1
-        t = s.use
-        return self._found(s, self.queue.jobs[t.delayed[0][1]] if t.delayed else None)
+        return self._found(s, self.next_delayed(s.use))
 
     def peek_buried(self, s: Session, op, now):
         self.counters["cmd-peek-buried"] += 1
-        t = s.use
-        return self._found(s, next(iter(t.buried.values())) if t.buried else None)
+        return self._found(s, self.next_buried(s.use))
+
+    # (what peek-ready, peek-delayed and peek-buried show: also the operator's peek,
+    # views.py, which counts no command)
+    def next_ready(self, t: Tube) -> Job | None:
+        top = t.ready.top
+        return None if top is None else self.queue.jobs[key_id(top)]
+
+    def next_delayed(self, t: Tube) -> Job | None:
+        return self.queue.jobs[t.delayed[0][1]] if t.delayed else None
+
+    def next_buried(self, t: Tube) -> Job | None:
+        return next(iter(t.buried.values())) if t.buried else None
 
     # -- kicking -----------------------------------------------------------------------
     def kick(self, s: Session, op, now):

@@ -3,7 +3,8 @@ handlers of their ops, as one component of the Broker (core/broker.py).
 
 An HTTP front sends T_ENQUEUE / T_INFO / T_CANCEL / T_LIST on one session and gets
 T_TASK, T_LIST or T_ERROR back (and T_POSITIONS, the places its event streams follow,
-answered T_POSITIONS); a dispatcher's session has `slots`, the calls it can
+answered T_POSITIONS; V_FUNCTIONS, an operator's page of functions searched and sorted
+across all of them, answered V_PAGE); a dispatcher's session has `slots`, the calls it can
 take now: T_SUBSCRIBE sets them (or says it is stopping: outcomes free none), each pushed
 T_CALL takes one and each T_OUTCOME gives it back.  The task store (store.py) decides
 everything else; whatever frees a function's slot or makes a task due feeds the
@@ -37,6 +38,7 @@ from ....protocol.schema.task_messages import TaskEnqueue, digest
 from ....protocol.schema.tokens import matches
 from ....protocol.schema.tasks import OUTCOME_KINDS
 from ..shared import Admission, Out
+from ..shared.ranking import Ranking, by_name
 from . import enqueue, views
 from .components.health_probes import HealthProbes
 from .model import requests
@@ -101,6 +103,9 @@ class TaskCommands:
         self.admission = admission
         self.dispatchers: dict = {}         # dispatcher sessions, in the order they came
         self.probes = HealthProbes(store.upstream)  # who probes which server
+        # the functions by activity, for an operator's pages (V_FUNCTIONS)
+        self.ranking = Ranking(lambda: store.fns.names(),
+                               lambda name, now: views.function_activity(store, name, now))
 
     def handlers(self) -> dict:
         return {Op.T_ENQUEUE: self.t_enqueue, Op.T_INFO: self.t_info, Op.T_CANCEL: self.t_cancel,
@@ -108,7 +113,8 @@ class TaskCommands:
                 Op.T_LIST: self.t_list, Op.T_FUNCTIONS: self.t_functions,
                 Op.T_FUNCTION: self.t_function, Op.T_DONE: self.t_done,
                 Op.T_FUNCTION_PAUSE: self.t_function_pause, Op.T_RETRY: self.t_retry,
-                Op.T_POSITIONS: self.t_positions, Op.T_CHECKED: self.t_checked}
+                Op.T_POSITIONS: self.t_positions, Op.T_CHECKED: self.t_checked,
+                Op.V_FUNCTIONS: self.v_functions}
 
     # -- sessions ----------------------------------------------------------------------
     def open(self, front, conn: int) -> TaskSession:
@@ -323,6 +329,20 @@ class TaskCommands:
             return (conn, R.T_ERROR, "bad_request", f"limit is 1 to {MAX_PAGE}")
         infos, more = views.function_page(self.store, after, limit, now)
         return (conn, R.T_FUNCTIONS, infos, more)
+
+    def v_functions(self, s, op, now):
+        """An operator's page of functions (the dashboard's): those whose name holds `q`,
+        among all of them, by name or busiest first (views.function_activity, ranked at
+        most once every RANK_S: shared/ranking.py)."""
+        _, conn, q, sort, after, limit = op
+        if (type(q) is not str or sort not in ("name", "activity") or type(after) is not str
+                or type(limit) is not int or not 1 <= limit <= MAX_PAGE):
+            return (conn, R.T_ERROR, "bad_request",
+                    f"sort is name or activity, limit 1 to {MAX_PAGE}")
+        names = self.store.fns.names()
+        shown, more = (by_name(names, lambda n: q in n, after, limit) if sort == "name" else
+                       self.ranking.page(lambda n: n in names and q in n, after, limit, now))
+        return (conn, R.V_PAGE, [views.function_stats(self.store, n, now) for n in shown], more)
 
     def t_function(self, s, op, now):
         info = views.function_stats(self.store, op[2], now) if type(op[2]) is str else None

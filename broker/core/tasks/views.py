@@ -262,6 +262,16 @@ def _groups(groups: dict[str, list[int]]) -> dict:
                                              for group, (queued, running) in busiest]}
 
 
+def function_activity(store: Tasks, name: str, now: float) -> tuple:
+    """A function's place when sorted by activity (least first): its starts a second over
+    the last minute, then its tasks queued and running now (zstalk top's STARTS/S, then
+    its load), then its name; read from what the limits and the lines keep anyway."""
+    seen = store.limits.seen(name)
+    load = (store.lines.queued.delayed.get(name, 0) + store.lines.due_count(name)
+            + seen.running)
+    return (-(0.0 if seen.recent is None else seen.recent.start_rate(now)), -load, name)
+
+
 def function_page(store: Tasks, after: str, limit: int,
                   now: float) -> tuple[list[dict], str | None]:
     """The stats of the functions named after `after`, by name: the configured ones and

@@ -5,20 +5,21 @@
 
 A snapshot holds `tubes` (the operator's view, busiest first, `q` a part of the name; each
 with `putRate`, puts in the last second, and `puts`, the last HISTORY_S per-second
-differences of total-jobs, for a sparkline), `counters`, `functions` (queued, running,
+differences of total-jobs, for a sparkline), `counters`, `peers` (the fronts, worker pools
+and dispatchers connected: GET /v1/peers), `functions` (busiest first, as the tubes; queued, running,
 startRate, the `waitTime` a newcomer would get, pauses, upstream servers) and `schedules`
 (next fire), each list with the `next` cursor of its page.  Functions and schedules are
 shown with the master key or the viewer key (counts: no task's params or result), or
 where none is configured; else they are null.
 
-How it works: a snapshot is four asks the operator's views already answer (V_TUBES by
-activity, V_COUNTERS, a T_FUNCTIONS page and a T_SCHEDULES page), so the broker counts no
+How it works: a snapshot is five asks the operator's views already answer (V_TUBES by
+activity, V_COUNTERS, V_PEERS, V_FUNCTIONS by activity and a T_SCHEDULES page), so the broker counts no
 beanstalk command for it.  One snapshot per query is made at most once a second and
 shared by every client asking the same (`Dashboard.snapshot`): a thousand dashboards cost
 the broker what one does.  `History` is pure and takes the clock: it keeps, for the tubes
 it has seen, one total a second and gives their differences; it forgets the least recently
-seen beyond MAX_NAMES.  Functions page by name (the broker's own order); `q` filters the
-page read (a search across every function would need the broker to search them).
+seen beyond MAX_NAMES.  The broker searches and ranks the tubes and the functions alike
+(shared/ranking.py), so `q` finds one among all of them and a page walks the ranking.
 
 The stream takes its place under the task streams' caps (streams.py: the front's
 max_streams, PER_CLIENT a client address) and writes `event: snapshot` every TICK_S; a
@@ -131,11 +132,13 @@ class Dashboard:
         q, limit, tubes_after, functions_after = query
         tubes = await self.call((Op.V_TUBES, self.conn, q, "activity", tubes_after, limit))
         counters = await self.call((Op.V_COUNTERS, self.conn))
-        if tubes[1] != R.V_PAGE or counters[1] != R.V_INFO:
-            return reply_problem(tubes if tubes[1] != R.V_PAGE else counters)
+        peers = await self.call((Op.V_PEERS, self.conn))
+        if tubes[1] != R.V_PAGE or counters[1] != R.V_INFO or peers[1] != R.V_INFO:
+            return reply_problem(tubes if tubes[1] != R.V_PAGE else
+                                 counters if counters[1] != R.V_INFO else peers)
         now = self.clock()
         out: dict[str, Any] = {"tubes": self._rated(tubes[2], now), "tubesNext": tubes[3],
-                               "counters": counters[2]["counters"],
+                               "counters": counters[2]["counters"], "peers": peers[2]["peers"],
                                "functions": None, "functionsNext": None, "schedules": None}
         if full:
             await self._tasks(out, q, limit, functions_after)
@@ -149,9 +152,10 @@ class Dashboard:
         return tubes
 
     async def _tasks(self, out: dict, q: str, limit: int, functions_after: str) -> None:
-        functions = await self.call((Op.T_FUNCTIONS, self.conn, functions_after, limit))
-        if functions[1] == R.T_FUNCTIONS:
-            out["functions"] = [function_json(f) for f in functions[2] if q in f["name"]]
+        functions = await self.call((Op.V_FUNCTIONS, self.conn, q, "activity",
+                                     functions_after, limit))
+        if functions[1] == R.V_PAGE:
+            out["functions"] = [function_json(f) for f in functions[2]]
             out["functionsNext"] = functions[3]
         schedules = await self.call((Op.T_SCHEDULES, self.conn, "", MAX_PAGE))
         if schedules[1] == R.T_SCHEDULES:

@@ -17,7 +17,7 @@ futures: `on_replies` resolves them oldest first, whichever request they belong 
     DELETE /v1/tasks/{uniqueId}   cancel, or leave the waiting room  -> T_CANCEL  -> 200
     GET    /v1/openapi.json      this API's OpenAPI document (protocol/fronts/http/openapi.py)   -> 200
     /v1/schedules[/{name}]       cron schedules: protocol/fronts/http/schedules.py
-    GET    /v1/functions?limit=&after=                               -> T_FUNCTIONS -> 200
+    GET    /v1/functions?q=&sort=name|activity&after=&limit=         -> V_FUNCTIONS -> 200
     GET    /v1/functions/{name}   a function's queue, limits, pause  -> T_FUNCTION  -> 200
     PATCH  /v1/functions/{name}   {"paused": bool}, an operator's    -> T_FUNCTION_PAUSE -> 200
     POST   /v1/tasks/{uniqueId}/retry   a failed or cancelled task   -> T_RETRY   -> 200
@@ -94,7 +94,7 @@ from .ui import Ui
 from .page import Pages
 from .room import Room
 from .streams import Streams
-from .views import Views
+from .views import Views, parse_ranked
 from .pass_check import find_pass
 from .site import GuardedSite, close_after_408
 from ...network.files import stream_capacity
@@ -119,7 +119,7 @@ SHUTDOWN_GRACE_S = 5.0
 _OPEN, _CLOSE = Op.OPEN, Op.CLOSE
 _T_INFO, _T_CANCEL = Op.T_INFO, Op.T_CANCEL
 _T_LIST = Op.T_LIST
-_T_FUNCTIONS, _T_FUNCTION = Op.T_FUNCTIONS, Op.T_FUNCTION
+_T_FUNCTION = Op.T_FUNCTION
 _T_DONE = Op.T_DONE
 _T_FUNCTION_PAUSE, _T_RETRY = Op.T_FUNCTION_PAUSE, Op.T_RETRY
 _T_POSITIONS = Op.T_POSITIONS
@@ -646,13 +646,15 @@ class HttpFront(LinkOwner):
                                   "next": reply[3]})
 
     async def functions(self, request: web.Request) -> web.Response:
-        """A page of functions' queues, limits and pauses, by name (the master key)."""
+        """A page of functions' queues, limits and pauses, by name or busiest first, those
+        whose name holds `q` among all of them, as /v1/tubes pages the tubes (the master
+        key)."""
         denied = check_key(request, self.keys)
-        op = denied or parse_page(request.query, CONN, _T_FUNCTIONS)
-        if isinstance(op, (Problem, str)):
-            return problem_response(op if isinstance(op, Problem) else refuse(400, op))
-        reply = await self.call(op)
-        if reply[1] != R.T_FUNCTIONS:
+        query = denied or parse_ranked(request.query)
+        if isinstance(query, (Problem, str)):
+            return problem_response(query if isinstance(query, Problem) else refuse(400, query))
+        reply = await self.call((Op.V_FUNCTIONS, CONN, *query))
+        if reply[1] != R.V_PAGE:
             return problem_response(reply_problem(reply))
         return web.json_response({"functions": [function_json(i) for i in reply[2]],
                                   "next": reply[3]})

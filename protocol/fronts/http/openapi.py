@@ -846,6 +846,12 @@ def function_paths() -> dict:
              "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 100}}
     after = {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
              "description": "A cursor: the previous page's `next`."}
+    q = {"name": "q", "in": "query", "required": False, "schema": {"type": "string"},
+         "description": "Only functions whose name holds this (among all of them)."}
+    sort = {"name": "sort", "in": "query", "required": False,
+            "schema": {"enum": ["name", "activity"], "default": "name"},
+            "description": "By name, or busiest first: starts a second over the last minute, "
+                           "then tasks queued and running (ranked at most once a second)."}
     page = {"type": "object", "additionalProperties": False, "required": ["functions", "next"],
             "properties": {"functions": {"type": "array", "maxItems": MAX_PAGE,
                                          "items": _ref("FunctionStats")},
@@ -854,8 +860,9 @@ def function_paths() -> dict:
             "schema": {"type": "string"}}
     return {
         "/v1/functions": {"get": _keyed_op(
-            "listFunctions", "A page of functions (configured, or used by tasks) by name",
-            {"200": _json(page, "A page.")}, "400", parameters=[after, limit])},
+            "listFunctions", "A page of functions (configured, or used by tasks), by name "
+            "or busiest first", {"200": _json(page, "A page.")}, "400",
+            parameters=[q, sort, after, limit])},
         "/v1/functions/{name}": {
             "get": _keyed_op("getFunction", "A function's queue, limits and pause",
                              {"200": _json(_ref("FunctionStats"), "The function.")}, "404",

@@ -55,11 +55,61 @@ def schemas() -> dict:
                                      "items": _ref("TubeStats")},
                            "next": {"oneOf": [{"type": "string"}, {"type": "null"}],
                                     "description": "The `after` of the next page."}}}
+    peered = peers()
     return {"TubeStats": tube, "JobStats": job, "Counters": counters, "TubePage": page,
-            "Dashboard": dashboard(tube, counters)}
+            "TubePeek": peek(), "Peers": peered, "Dashboard": dashboard(tube, counters, peered)}
 
 
-def dashboard(tube: dict, counters: dict) -> dict:
+def peers() -> dict:
+    """GET /v1/peers's answer: the fronts, worker pools and dispatchers connected."""
+    peer = {"type": "object", "additionalProperties": False,
+            "required": ["kind", "frontId", "pid", "version", "sessions", "lastSeenMs"],
+            "properties": {
+                "kind": {"type": "string", "description": "beanstalk, counter, http, pool "
+                         "(a zstalk worker), client (a native client) or dispatcher."},
+                "frontId": COUNT, "pid": COUNT,
+                "version": {**COUNT, "description": "The schema version it speaks."},
+                "sessions": {**COUNT, "description": "Its client connections (one for a "
+                             "pool or a dispatcher)."},
+                "lastSeenMs": {**COUNT, "description": "Since it last spoke (a heartbeat "
+                               "at least every second)."},
+                "reserved": {**COUNT, "description": "Jobs its sessions hold (beanstalk "
+                             "fronts, pools and native clients)."},
+                "credits": {**COUNT, "description": "A pool's: jobs it can take now."},
+                "tubes": {"type": "array", "items": {"type": "string"},
+                          "description": "A pool's: the tubes it takes jobs from."},
+                "slots": {**COUNT, "description": "A dispatcher's: calls it can take now."},
+                "stopping": {"type": "boolean", "description": "A dispatcher's: it finishes "
+                             "its calls and takes no more."}}}
+    return {"type": "object", "additionalProperties": False, "required": ["peers", "total"],
+            "properties": {"peers": {"type": "array", "maxItems": MAX_PAGE, "items": peer,
+                                     "description": "By kind, then process id."},
+                           "total": {**COUNT, "description": "How many there are."}}}
+
+
+def peek() -> dict:
+    """GET /v1/tubes/{tube}/peek's answer: its next ready, delayed and buried job."""
+    job = {"oneOf": [{"type": "object", "additionalProperties": False,
+                      "required": ["id", "pri", "age", "delayLeft"],
+                      "properties": {"id": COUNT, "pri": COUNT, "age": COUNT,
+                                     "delayLeft": {**COUNT, "description": "Seconds until a "
+                                                   "delayed job is ready (stats-job's "
+                                                   "time-left); 0 for the others."},
+                                     "body": {"type": "string", "description":
+                                              "Only to the master key."},
+                                     "bodyEncoding": {"enum": ["base64"], "description":
+                                                      "Present when the body is not "
+                                                      "UTF-8 text."}}},
+                     {"type": "null"}]}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["tube", "ready", "delayed", "buried"],
+            "description": "What peek-ready, peek-delayed and peek-buried would show "
+                           "(null: none); no cmd-peek-* is counted.",
+            "properties": {"tube": {"type": "string"}, "ready": job, "delayed": job,
+                           "buried": job}}
+
+
+def dashboard(tube: dict, counters: dict, peered: dict) -> dict:
     """GET /v1/dashboard's snapshot (dashboard.py)."""
     rated = {**tube, "required": [*tube["required"], "puts", "putRate"], "properties": {
         **tube["properties"], "putRate": {**COUNT, "description": "Puts in the last second."},
@@ -70,15 +120,17 @@ def dashboard(tube: dict, counters: dict) -> dict:
     shown = lambda item, text: {"oneOf": [  # noqa: E731
         {"type": "array", "items": item}, {"type": "null"}], "description": text}
     return {"type": "object", "additionalProperties": False,
-            "required": ["tubes", "tubesNext", "counters", "functions", "functionsNext",
-                         "schedules"],
+            "required": ["tubes", "tubesNext", "counters", "peers", "functions",
+                         "functionsNext", "schedules"],
             "properties": {
                 "tubes": {"type": "array", "maxItems": MAX_PAGE, "items": rated,
                           "description": "Busiest first (as sort=activity)."},
                 "tubesNext": cursor, "functionsNext": cursor,
                 "counters": counters["properties"]["counters"],
-                "functions": shown(_ref("FunctionStats"), "A page by name; null without "
-                                   "the master key."),
+                "peers": peered["properties"]["peers"],
+                "functions": shown(_ref("FunctionStats"), "Busiest first (starts a second, "
+                                   "then tasks queued and running); null without the "
+                                   "master or the viewer key."),
                 "schedules": shown(_ref("Schedule"), "Null without the master key.")}}
 
 
@@ -114,6 +166,9 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
             "patch": keyed_op("pauseTube", "Pause a tube for some seconds (0: resume)",
                               tube_ok, "400", "404", "408", "413", "415", parameters=[tube],
                               requestBody=one("pausedFor"))},
+        "/v1/tubes/{tube}/peek": {"get": looked(
+            "peekTube", "A tube's next ready, delayed and buried job (bodies: master key)",
+            {"200": json(_ref("TubePeek"), "The jobs.")}, "404", parameters=[tube])},
         "/v1/tubes/{tube}/kick": {"post": keyed_op(
             "kickTube", "Kick up to `bound` buried jobs of a tube (else delayed ones)",
             {"200": json(kicked, "How many were kicked.")}, "400", "404", "408", "413", "415",
@@ -127,6 +182,8 @@ def paths(keyed_op: Callable, json: Callable, responses: Callable) -> dict:
                                "400", "404", "409", parameters=[job])},
         "/v1/counters": {"get": looked("listCounters", "Every counter: in use and the most",
                                        {"200": json(_ref("Counters"), "The counters.")})},
+        "/v1/peers": {"get": looked("listPeers", "The fronts, worker pools and dispatchers",
+                                    {"200": json(_ref("Peers"), "Those connected.")})},
         **dashboard_paths(looked, json),
         **ui_paths(looked, json),
     }
@@ -177,7 +234,7 @@ def dashboard_paths(looked: Callable, json: Callable) -> dict:
     query = [{"name": name, "in": "query", "required": False, "schema": schema,
               "description": text} for name, schema, text in (
         ("q", {"type": "string"}, "Only tubes, functions and schedules whose name holds "
-                                  "this (functions: of the page read)."),
+                                  "this (the broker searches all of them)."),
         ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
          "At most this many tubes, and functions."),
         ("tubesAfter", {"type": "string"}, "The previous snapshot's `tubesNext`."),

@@ -3,14 +3,16 @@ the beanstalk and counter families, parsed into V_* ops and formatted back.
 
     GET    /v1/tubes?q=&sort=name|activity&after=&limit=   a page: {"tubes", "next"}
     GET    /v1/tubes/{tube}                      one tube's stats-tube, camelCase
+    GET    /v1/tubes/{tube}/peek                 its next ready, delayed and buried job
     POST   /v1/tubes/{tube}/kick   {"bound": n}  up to n buried (else delayed) jobs: kicked
     PATCH  /v1/tubes/{tube}        {"pausedFor": seconds}   pause-tube (0: resume now)
     GET    /v1/jobs/{id}                         stats-job; its body with the master key
     DELETE /v1/jobs/{id}                         a ready, delayed or buried job (409 reserved)
     GET    /v1/counters                          every counter and fn:NAME slot, and stats
+    GET    /v1/peers                             the fronts, worker pools and dispatchers
 
-Looking needs no key (a wrong one is refused: 403), except a job's body, shown only
-with the master key (or when none is configured); acting (kick, pause, delete) needs the
+Looking needs no key (a wrong one is refused: 403), except a job's body (of GET
+/v1/jobs/{id} or a peek's jobs), shown only with the master key (or when none is configured); acting (kick, pause, delete) needs the
 master key.  The broker answers these ops itself (broker/core/views.py), counting no
 beanstalk `cmd-*`, so a dashboard polling them changes nothing `stats` says.  A job's
 body is JSON text when it is UTF-8, else base64 with "bodyEncoding": "base64".
@@ -33,8 +35,9 @@ PAGE_LIMIT = 100
 MAX_ID = (1 << 64) - 1
 
 
-def parse_tubes(query) -> tuple | str:
-    """GET /v1/tubes's query: (q, sort, after, limit), or why not (a 400)."""
+def parse_ranked(query) -> tuple | str:
+    """GET /v1/tubes's and GET /v1/functions's query: (q, sort, after, limit), or why not
+    (a 400)."""
     unknown = [key for key in query if key not in ("q", "sort", "after", "limit")]
     if unknown:
         return f"unknown parameter {unknown[0]!r}; parameters are q, sort, after, limit"
@@ -88,6 +91,12 @@ def job_json(info: dict) -> dict:
     return out
 
 
+def peek_json(info: dict) -> dict:
+    """A V_PEEK's info as the API shows it: each job as job_json shows one (None: none)."""
+    return {key: (job_json(value) if isinstance(value, dict) else value)
+            for key, value in info.items()}
+
+
 class Views:
     """The routes above, over the front's tools: `call` an op, `check_key` (None: the
     master key was shown, or none is needed), `keyed` (True, False, or a wrong key's
@@ -102,11 +111,13 @@ class Views:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/tubes", self.tubes)
         app.router.add_get("/v1/tubes/{tube}", self.tube)
+        app.router.add_get("/v1/tubes/{tube}/peek", self.peek)
         app.router.add_patch("/v1/tubes/{tube}", self.pause_tube)
         app.router.add_post("/v1/tubes/{tube}/kick", self.kick)
         app.router.add_get("/v1/jobs/{id}", self.job)
         app.router.add_delete("/v1/jobs/{id}", self.delete_job)
         app.router.add_get("/v1/counters", self.counters)
+        app.router.add_get("/v1/peers", self.peers)
 
     async def _answer(self, op: tuple, shape: Callable[[Any], Any] = lambda info: info):
         reply = await self.call(op)
@@ -123,7 +134,7 @@ class Views:
 
     async def tubes(self, request: web.Request) -> web.Response:
         denied = self._looking(request)
-        query = denied or parse_tubes(request.query)
+        query = denied or parse_ranked(request.query)
         if isinstance(query, (Problem, str)):
             return self.respond(query if isinstance(query, Problem) else refuse(400, query))
         return await self._answer((Op.V_TUBES, self.conn, *query))
@@ -133,6 +144,13 @@ class Views:
         if denied:
             return self.respond(denied)
         return await self._answer((Op.V_TUBE, self.conn, request.match_info["tube"]))
+
+    async def peek(self, request: web.Request) -> web.Response:
+        key = self.keyed(request)
+        if isinstance(key, Problem):
+            return self.respond(key)
+        return await self._answer((Op.V_PEEK, self.conn, request.match_info["tube"], key is True),
+                                  peek_json)
 
     async def kick(self, request: web.Request) -> web.Response:
         return await self._acted(request, Op.V_KICK, "bound", 2 ** 32 - 1)
@@ -167,3 +185,9 @@ class Views:
         if denied:
             return self.respond(denied)
         return await self._answer((Op.V_COUNTERS, self.conn))
+
+    async def peers(self, request: web.Request) -> web.Response:
+        denied = self._looking(request)
+        if denied:
+            return self.respond(denied)
+        return await self._answer((Op.V_PEERS, self.conn))

@@ -50,7 +50,8 @@ async function start() {
   $("logout").hidden = !keyed || state.role === "nobody";
   $("login").hidden = state.role !== "nobody";
   $("board").hidden = state.role === "nobody";
-  for (const id of ["tubes", "counters", "functions", "schedules"]) {
+  $("peek-section").hidden = true;          // (a peek's bodies are not left for the next role)
+  for (const id of ["tubes", "counters", "peers", "functions", "schedules"]) {
     $(id).tBodies[0].replaceChildren();     // (rows are made again: with this role's buttons)
   }
   if (state.role === "nobody") {
@@ -107,7 +108,8 @@ function button(label, onclick) {
 }
 
 // Fill tbody with a row per item, by name: columns give each cell (text, or a node);
-// `actions(tr)` adds a new row's buttons (it reads the row's item as tr.item when clicked).
+// `actions(tr, td)` adds a new row's buttons (it reads the row's item as tr.item when
+// clicked; a viewer is given only those that look: `master` says whether acting is shown).
 function fill(tbody, items, columns, actions) {
   const rows = new Map([...tbody.rows].map((tr) => [tr.dataset.name, tr]));
   const kept = items.map((item) => {
@@ -119,7 +121,7 @@ function fill(tbody, items, columns, actions) {
       if (actions) {
         const td = document.createElement("td");
         td.className = "acts";
-        if (state.role === "master") actions(tr, td);
+        actions(tr, td, state.role === "master");
         tr.append(td);
       }
     }
@@ -174,6 +176,11 @@ function render(snap) {
   $("tubes-next").disabled = snap.tubesNext === null;
   $("tubes-first").disabled = !state.tubesAfter;
   fill($("counters").tBodies[0], snap.counters, [(c) => c.name, (c) => c.current, (c) => c.max]);
+  const peers = snap.peers.map((p) => ({ ...p, name: `${p.kind} ${p.pid} ${p.frontId}` }));
+  fill($("peers").tBodies[0], peers, [
+    (p) => `${p.kind} ${p.pid}`, (p) => p.sessions, (p) => free(p), (p) => show(p.reserved),
+    (p) => (p.tubes ? p.tubes.join(" ") : "-"), (p) => seconds(p.lastSeenMs / 1000),
+  ]);
   $("functions-section").hidden = snap.functions === null;
   $("schedules-section").hidden = snap.schedules === null;
   if (snap.functions !== null) {
@@ -194,6 +201,13 @@ function render(snap) {
   }
 }
 
+// What a peer can take now: a pool's credits (jobs), a dispatcher's free slots (calls).
+function free(p) {
+  if (p.credits !== undefined) return `${p.credits} credits`;
+  if (p.slots !== undefined) return p.stopping ? "stopping" : `${p.slots} slots`;
+  return "-";
+}
+
 function limits(f) {
   const said = [];
   if (f.concurrency) said.push(`${f.concurrency} at once`);
@@ -208,7 +222,9 @@ function upstream(f) {
   return `${f.upstream}: ${up}/${f.servers.length} up`;
 }
 
-function tubeActions(tr, td) {
+function tubeActions(tr, td, master) {
+  td.append(button("peek", () => peek(tr.item.name)));
+  if (!master) return;
   td.append(button("kick", () => act(`kick ${tr.item.name}`, "POST",
                                      `${named("tubes", tr.item.name)}/kick`, { bound: 1000 })));
   td.append(button("pause 60 s", () => act(`pause ${tr.item.name}`, "PATCH",
@@ -218,7 +234,8 @@ function tubeActions(tr, td) {
 }
 
 function pauseActions(kind, one) {
-  return (tr, td) => {
+  return (tr, td, master) => {
+    if (!master) return;
     td.append(button("pause", () => act(`pause ${one} ${tr.item.name}`, "PATCH",
                                         named(kind, tr.item.name), { paused: true })));
     td.append(button("resume", () => act(`resume ${one} ${tr.item.name}`, "PATCH",
@@ -259,6 +276,8 @@ async function findTask(event) {
   }
 }
 
+const unbase64 = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+
 function hex(bytes) {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");
 }
@@ -278,8 +297,7 @@ async function findJob(event) {
   fields($("job"), doc, ["body", "bodyEncoding"]);
   if (doc.body !== undefined) {
     const text = doc.bodyEncoding === "base64" ? null : doc.body;
-    const bytes = text === null ? Uint8Array.from(atob(doc.body), (c) => c.charCodeAt(0))
-                                : new TextEncoder().encode(text);
+    const bytes = text === null ? unbase64(doc.body) : new TextEncoder().encode(text);
     body.textContent = text === null ? hex(bytes) : text;     // (text, never HTML)
     acts.append(button("as hex", () => { body.textContent = hex(bytes); }));
     if (text !== null) acts.append(button("as text", () => { body.textContent = text; }));
@@ -287,6 +305,39 @@ async function findJob(event) {
   if (state.role === "master") {
     acts.append(button("delete", () => act(`delete job ${id}`, "DELETE", named("jobs", id))));
   }
+}
+
+// A tube's next ready, delayed and buried job (GET /v1/tubes/{tube}/peek): their bodies come
+// only to the master key, shown as text (textContent) or as hex when they are not UTF-8.
+async function peek(name) {
+  const [status, doc] = await api("GET", `${named("tubes", name)}/peek`);
+  $("peek-section").hidden = false;
+  $("peek-tube").textContent = name;
+  const tbody = $("peek").tBodies[0];
+  tbody.replaceChildren();
+  if (status !== 200) {
+    say(`peek ${name}: ${status} ${doc.error || ""} ${doc.message || ""}`, true);
+    return;
+  }
+  for (const kind of ["ready", "delayed", "buried"]) {
+    const job = doc[kind];
+    const tr = document.createElement("tr");
+    tr.dataset.name = kind;
+    const cells = job === null ? [kind, "-", "-", "-", "-", "none"]
+      : [kind, job.id, job.pri, seconds(job.age), job.delayLeft ? seconds(job.delayLeft) : "-",
+         job.body === undefined ? "(master key only)" : bodyText(job)];
+    for (const text of cells) {
+      const td = document.createElement("td");
+      td.textContent = text;        // (text, never HTML)
+      tr.append(td);
+    }
+    tbody.append(tr);
+  }
+}
+
+function bodyText(job) {
+  if (job.bodyEncoding !== "base64") return job.body;
+  return hex(unbase64(job.body));
 }
 
 // -- paging and search -------------------------------------------------------------------------
