@@ -97,7 +97,8 @@ def test_more_ids_than_one_op_may_carry_or_not_a_list_is_refused():
 
 def test_the_places_of_a_full_op_in_a_long_line_cost_a_bisect_each_not_a_walk():
     # (the op's time grows with log(line), not the line: 500 places in a line of 20,000
-    # take about what they take in a line of 500; the bound is 5x, for a loaded machine)
+    # take about what they take in a line of 500 (1-2x quiet), where a walk would take
+    # 40x; the bound is 15x, for a loaded machine: CI's run measured 5.8x under a hog)
     times = []
     for line in (MAX_POSITIONS, 40 * MAX_POSITIONS):
         room = Room(max_waiting_per_client=10 ** 6)
@@ -112,4 +113,4 @@ def test_the_places_of_a_full_op_in_a_long_line_cost_a_bisect_each_not_a_walk():
             best = min(best, time.perf_counter() - start)
         assert places[-1]["waitNum"] == int(asked[-1][1:])
         times.append(best)
-    assert times[1] < 5 * times[0], times
+    assert times[1] < 15 * times[0], times

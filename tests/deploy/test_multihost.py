@@ -243,7 +243,7 @@ def test_a_host_without_keys_cannot_say_hello_while_an_admitted_key_from_there_c
         (keys / name).chmod(0o600)
     result = cluster.hosts["stranger"].exec(
         [sys.executable, "-c", STRANGER, f"tcp://{cluster.hosts['broker'].address}:11500",
-         str(keys), str(mine)], timeout=30)
+         str(keys), str(mine)], timeout=90)      # (three hellos of 2 s at most; a guard)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"no key": None, "unknown key": None,
                                          "the worker's key": "Welcome"}

@@ -72,6 +72,8 @@ RUN_BY = {
     "# lifecycle.toml": "tests/end_to_end/test_task_lifecycle_end_to_end.py",
     "# launch.toml": "tests/end_to_end/test_waiting_room_end_to_end.py",
     "# check_draw.py": "tests/end_to_end/test_waiting_room_end_to_end.py",
+    "# shop-room.toml": "tests/fronts/test_room_page.py",
+    "<!-- shop-room.html -->": "tests/fronts/test_room_page.py",
     "# protect.toml": "test_the_limits_example_runs_as_written",
     "# limits.py": "test_the_limits_example_runs_as_written",
     "# reports.py": "test_the_request_task_example_runs_as_written",
