@@ -47,6 +47,15 @@ def camel(key: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
+def oldest_ready_ms(t, now: float) -> int:
+    """How long the tube's oldest ready job has been ready, in ms (0: none is).  The same
+    FIFOs the metrics' zstalk_tube_oldest_ready_age_seconds reads (jobs.ReadySince): a job
+    released, kicked or back from a delay counts from then, as Sidekiq's queue latency
+    counts a retried job from its enqueueing again."""
+    since = t.ready_since.oldest() if len(t.ready) else None
+    return 0 if since is None else max(0, round((now - since) * 1000))
+
+
 def activity(t) -> int:
     """A tube's events so far: puts, reserves and deletes (the queue's own counts)."""
     return t.total_jobs + t.reserves + t.cmd_delete
@@ -75,6 +84,7 @@ class OperatorViews:
         info = {camel(k): v for k, v in stats.tube_stats(t, now)}
         info["paused"] = t.unpause_at > now
         info["activity"] = activity(t)
+        info["oldestReadyAgeMs"] = oldest_ready_ms(t, now)
         return info
 
     def v_tubes(self, s, op, now):

@@ -53,7 +53,8 @@ FUNCTION_KEY = {"ready": "queued", "reserved": "running", "delayed": "delayed",
 TUBE_COLUMNS = [("TUBE", "name", 24), ("READY", "currentJobsReady", 8),
                 ("RESERVED", "currentJobsReserved", 9), ("DELAYED", "currentJobsDelayed", 8),
                 ("BURIED", "currentJobsBuried", 7), ("TOTAL", "totalJobs", 9),
-                ("PUT/S", "putRate", 7), ("EV/S", "eventRate", 7), ("PAUSED", "paused", 6)]
+                ("PUT/S", "putRate", 7), ("EV/S", "eventRate", 7),
+                ("OLDEST MS", "oldestReadyAgeMs", 10), ("PAUSED", "paused", 6)]
 FUNCTION_COLUMNS = [("FUNCTION", "name", 24), ("QUEUED", "queued", 8), ("RUNNING", "running", 8),
                     ("DELAYED", "delayed", 8), ("STARTS/S", "startRate", 9),
                     ("WAIT MS", "waitTime", 8), ("OLDEST MS", "oldestQueuedAgeMs", 10),

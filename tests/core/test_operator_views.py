@@ -169,3 +169,19 @@ def test_the_counters_view_lists_each_counter_with_its_current_and_most(node):
     code, info = node.view(Op.V_COUNTERS)
     assert code == R.V_INFO and info["counters"] == [{"name": "gpu", "current": 2, "max": 2}]
     assert info["stats"]["objects"] == 1
+
+
+def test_a_tube_shows_how_long_its_oldest_ready_job_has_waited_counting_a_release_afresh(node):
+    assert node.view(Op.V_TUBE, "default")[1]["oldestReadyAgeMs"] == 0, "no ready job"
+    [first, second] = node.put("work", 2)
+    node.advance(2.5)
+    assert node.view(Op.V_TUBE, "work")[1]["oldestReadyAgeMs"] == 2500
+    node.send(BS, (Op.WATCH, 1, "work"), (Op.RESERVE_JOB, 1, first))
+    node.advance(1.0)
+    assert node.view(Op.V_TUBE, "work")[1]["oldestReadyAgeMs"] == 3500, "the second one's"
+    node.send(BS, (Op.RELEASE, 1, first, 0, 0), (Op.DELETE, 1, second))
+    node.advance(0.25)
+    _, [info], _ = node.view(Op.V_TUBES, "work", "name", "", 10)
+    assert info["oldestReadyAgeMs"] == 250, "released: ready again since then"
+    node.send(BS, (Op.DELETE, 1, first))
+    assert node.view(Op.V_TUBE, "work")[1]["oldestReadyAgeMs"] == 0

@@ -9,6 +9,7 @@ show it (docs/operations/dashboard.png)."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -109,6 +110,8 @@ def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server
         assert emails[1:6] == [said["current-jobs-ready"], said["current-jobs-reserved"],
                                said["current-jobs-delayed"], said["current-jobs-buried"],
                                said["total-jobs"]]
+        waited = server.request("GET", "/v1/tubes/emails")[1]["oldestReadyAgeMs"]
+        assert waited > 0 and re.fullmatch(r"\d+ ms|\d+\.\d s", emails[8]), emails
         assert shows(lambda: rows(browser, "counters").get("gpu") == ["gpu", "1", "1"])
         kinds = {name.split()[0] for name in rows(browser, "peers")}    # (this server's fronts)
         assert {"beanstalk", "counter", "http"} <= kinds, kinds
@@ -130,7 +133,7 @@ def test_the_dashboard_shows_the_broker_live_and_acts_with_the_master_key(server
     row = browser.find_element("css selector", '#tubes tr[data-name="emails"]')
     row.find_element("xpath", ".//button[text()='pause 60 s']").click()
     assert shows(lambda: server.request("GET", "/v1/tubes/emails")[1]["paused"])
-    assert shows(lambda: rows(browser, "tubes")["emails"][8].endswith("s left"))
+    assert shows(lambda: rows(browser, "tubes")["emails"][9].endswith("s left"))
     with RawClient(address, 10) as c:
         c.send(b"watch images\r\nignore default\r\nreserve-with-timeout 5\r\n")
         job = int(c.read_replies(3)[2].split()[1])

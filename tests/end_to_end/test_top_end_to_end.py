@@ -84,6 +84,10 @@ def test_top_shows_tubes_functions_counters_and_peers_busiest_first_and_sorts_an
     screen = terminal(find_zstalk(), "top", "--url", server.base, "--master-key", KEY)
     assert screen.shows(lambda: [r[:2] for r in screen.rows("TUBE")][:2] == [
         ["busy", "3"], ["quiet", "1"]]), "\n".join(screen.screen())
+    header = next(text.split() for text in screen.screen() if text.startswith("TUBE"))
+    oldest = header.index("OLDEST")         # ("OLDEST MS": two words, the last before it)
+    assert screen.shows(lambda: any(r[0] == "busy" and r[oldest].isdigit() and int(r[oldest]) > 0
+                                    for r in screen.rows("TUBE"))), "\n".join(screen.screen())
     assert screen.shows(lambda: ["reports", "2", "0", "2"] in [
         r[:4] for r in screen.rows("FUNCTION")]), "\n".join(screen.screen())
     assert screen.shows(lambda: ["resize", "0", "1"] in [r[:3] for r in screen.rows("FUNCTION")])
@@ -115,6 +119,8 @@ def test_top_reads_debians_beanstalkd_and_its_rates(beanstalkd_server, terminal)
     assert screen.shows(lambda: ["emails", "3", "0", "0", "0", "3"] in [
         r[:6] for r in screen.rows("TUBE")]), "\n".join(screen.screen())
     assert not screen.rows("FUNCTION")
+    assert [r[8] for r in screen.rows("TUBE") if r[0] == "emails"] == ["-"], \
+        "stats-tube has no oldest ready age"
     put(address, "emails", *[b"x"] * 20)
     assert screen.shows(lambda: any(r[0] == "emails" and float(r[6]) > 0
                                     for r in screen.rows("TUBE"))), "\n".join(screen.screen())

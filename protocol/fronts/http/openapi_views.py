@@ -12,7 +12,7 @@ COUNT = {"type": "integer", "minimum": 0}
 TUBE_FIELDS = ("currentJobsUrgent", "currentJobsReady", "currentJobsReserved",
                "currentJobsDelayed", "currentJobsBuried", "totalJobs", "currentUsing",
                "currentWatching", "currentWaiting", "cmdDelete", "cmdPauseTube", "pause",
-               "pauseTimeLeft", "activity")
+               "pauseTimeLeft", "activity", "oldestReadyAgeMs")
 JOB_FIELDS = ("id", "pri", "age", "delay", "ttr", "timeLeft", "file", "reserves", "timeouts",
               "releases", "buries", "kicks")
 
@@ -26,7 +26,10 @@ def schemas() -> dict:
             "required": ["name", *TUBE_FIELDS, "paused"],
             "description": "A tube as beanstalk's stats-tube shows it (its keys in camelCase), "
                            "whether it is paused now, and its activity: puts, reserves and "
-                           "deletes so far (what sort=activity orders by).",
+                           "deletes so far (what sort=activity orders by), and how long "
+                           "its oldest ready job has been ready, in ms (oldestReadyAgeMs, 0 "
+                           "when none is: a released, kicked or no longer delayed job counts "
+                           "from then).",
             "properties": {"name": {"type": "string"}, "paused": {"type": "boolean"},
                            **{k: COUNT for k in TUBE_FIELDS}}}
     job = {"type": "object", "additionalProperties": False,

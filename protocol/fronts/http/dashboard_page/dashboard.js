@@ -168,7 +168,7 @@ function render(snap) {
   fill($("tubes").tBodies[0], snap.tubes, [
     (t) => t.name, (t) => t.currentJobsReady, (t) => t.currentJobsReserved,
     (t) => t.currentJobsDelayed, (t) => t.currentJobsBuried, (t) => t.totalJobs,
-    (t) => t.putRate, (t) => spark(t.puts),
+    (t) => t.putRate, (t) => spark(t.puts), (t) => (t.currentJobsReady ? ms(t.oldestReadyAgeMs) : "-"),
     (t) => (t.paused ? `${t.pauseTimeLeft} s left` : "-"),
   ], tubeActions);
   $("tubes-count").textContent = snap.tubesNext === null && !state.tubesAfter
