@@ -22,10 +22,10 @@ measured; 384 admissions of 400 at 20/s on a machine at load 3).  A start up to 
 counted at its exact time (TAT = max(TAT, now - L) + T), with L = max(LATE_S,
 min(T / 4, MAX_LATE_S)): 2 ms at 1,000/s, 12.5 ms at 20/s, 25 ms at 10/s and slower.  The
 mean rate is exact, calls due in the same turn start together, and any interval of
-length t holds at most burst + 1 + floor((t + L) / T) starts.  As L < T once T is over
-2 ms (below 500/s), an interval of a whole number of T (at N/s: any second) holds no more
-than strict GCRA lets through, so an upstream's per-second or per-minute window is never exceeded;
-only a shorter one may see one call more.  On a clock that fires on time (the tests'
+length t holds at most burst + 1 + floor((t + L) / T) starts.  As L < T once T is
+over 2 ms (below 500/s), an interval of a whole number of T (at N/s: any second, any
+minute) holds no more than strict GCRA lets through; only a shorter one may see one
+call more.  On a clock that fires on time (the tests'
 fake one) nothing changes.
 
 A function whose server says "slow down" (429, or 503) is paused: no call of it starts
