@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: {u.message}", file=sys.stderr)
         print(USAGE.format(prog=prog), file=sys.stderr if u.code else sys.stdout, end="")
         return u.code
-    from .. import VERSION
     if opts["version"]:
+        from .. import VERSION      # (the schema package: 8 ms not spent before the bind)
         print(f"{prog} {VERSION}")
         return 0
     from ...protocol.network.listen import bind_listen, describe_listen, systemd_sockets
