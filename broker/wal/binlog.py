@@ -707,7 +707,7 @@ class Binlog:
             J.TASK_CALL: self.reserve_call, J.TASK_STATE: self.reserve_task_state,
             J.TASK_END: self._room_task_end, J.SCHEDULE_NEW: self._room_new_schedule,
             J.SCHEDULE: self.reserve_schedule, J.ROOM_DRAW: self.reserve_draw,
-            J.FUNCTION_PAUSE: self._room_function, J.TASK_RETRY: self._room_task_whole})
+            J.FUNCTION_PAUSE: self._room_function, J.TASK_WHOLE: self._room_task_whole})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self._log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
@@ -715,7 +715,7 @@ class Binlog:
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
             J.ROOM_DRAW: self.log_draw, J.FUNCTION_PAUSE: self._log_function,
-            J.TASK_RETRY: self._log_retry})
+            J.TASK_WHOLE: self._log_whole})
 
     def _room_update(self, job: Job) -> bool:
         return self.reserve(self._reservation(wf.UPDATE_SIZE))
@@ -752,10 +752,11 @@ class Binlog:
             self.log_task_state(task)
 
     def _room_task_whole(self, task: Task) -> bool:
-        """Room for the whole TASK record of an operator's retry: the record as the task
-        is now without its result, which the retried one never outgrows (it drops the
-        result, the error, the times and the queue deadline); what is reserved is what
-        `_log_retry` consumes, so nothing stays promised."""
+        """Room for a task's whole TASK record again (TASK_WHOLE): the record as the task
+        is now without its result, which an operator's retry never outgrows (it drops the
+        result, the error, the times and the queue deadline), and which a cancelled task
+        marked possibly executed fills exactly (it has no result); what is reserved is
+        what `_log_whole` consumes, so nothing stays promised."""
         size = len(self._task_record(task, None))
         amount = self._reservation(size)
         if not self._fits(size) or not self.reserve(amount):
@@ -763,7 +764,7 @@ class Binlog:
         self.retry_room[task.uid] = amount
         return True
 
-    def _log_retry(self, task: Task) -> None:
+    def _log_whole(self, task: Task) -> None:
         amount = self.retry_room.pop(task.uid)
         self.log_task(task)
         self.pending_reserve += amount - self._reservation(self.task_size[task.uid])

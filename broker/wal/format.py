@@ -44,7 +44,8 @@ optional fields (TASK_OPTIONAL: `level`, `queue_deadline` as wall-clock seconds,
 request task's `request` as [method, path, query, [[header, value], ...]], a
 result's `result_headers` as a map, and for upstreams the task's `balance_key` and its
 enqueuer's `client_ip`; a task's `group`, its tenant, when it has one; `token_sha256`,
-the SHA-256 of the task's own token, never the token): a
+the SHA-256 of the task's own token, never the token; `possibly_executed`, true once a
+cancelled task's aborted call may have run): a
 reader takes the keys it knows and ignores the others, and a record without the map
 (formats 2 and 3) has their defaults, so later versions add task fields without a new
 format.  A reader of format 3 or older refuses a format-4 segment by name, as any reader
@@ -105,7 +106,8 @@ T_RESULT = len(TASK_FIELDS)
 T_OPTIONAL = T_RESULT + 1       # format 4: the map of optional fields, after the result
 #: the keys this zstalk writes and reads
 TASK_OPTIONAL = ("level", "queue_deadline", "request", "result_headers", "balance_key",
-                 "client_ip", "online", "pass_exp", "ended_by", "group", "token_sha256")
+                 "client_ip", "online", "pass_exp", "ended_by", "group", "token_sha256",
+                 "possibly_executed")
 ROOM_DRAW_FIELDS = ("function", "opens_at", "seed")
 SCHEDULE_FIELDS = ("name", "cron", "timezone", "function", "params", "options", "paused",
                    "next_fire", "last_fire", "last_error", "created")

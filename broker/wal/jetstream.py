@@ -551,7 +551,7 @@ class JetStreamJournal:
         self.room = J.by_kind(J.accept, {
             J.JOB_PUT: self._room_put, J.TASK_NEW: self._room_record,
             J.SCHEDULE_NEW: self._room_record, J.ROOM_DRAW: self._room_record,
-            J.TASK_RETRY: self._room_record, J.FUNCTION_PAUSE: self._room_record})
+            J.TASK_WHOLE: self._room_record, J.FUNCTION_PAUSE: self._room_record})
         self.append = J.by_kind(J.ignore, {
             J.JOB_PUT: self.log_put, J.JOB_UPDATE: self.log_update, J.JOB_HELD: self.log_held,
             J.JOB_DELETE: self.log_delete, J.TASK_NEW: self.log_task,
@@ -559,7 +559,7 @@ class JetStreamJournal:
             J.TASK_GONE: self.log_task_gone, J.SCHEDULE: self.log_schedule,
             J.SCHEDULE_GONE: self.log_schedule_gone, J.GATES: self._keep_gates,
             J.ROOM_DRAW: self.log_draw, J.FUNCTION_PAUSE: self.log_function,
-            J.TASK_RETRY: self.log_task})
+            J.TASK_WHOLE: self.log_task})
 
     def _room_put(self, job: Job) -> bool:
         """A full stream refuses new work as a full disk does (OUT_OF_MEMORY); what is

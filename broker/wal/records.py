@@ -77,6 +77,8 @@ def task_optional(task: Task, extra: dict | None, wall: float) -> dict:
         out["group"] = task.group
     if task.token is not None:
         out["token_sha256"] = task.token
+    if task.possibly_executed:
+        out["possibly_executed"] = True
     if task.online:
         out["online"] = True
         if task.pass_exp:
@@ -113,6 +115,7 @@ def task_image(fields: list) -> J.TaskImage:
         if type(named.get(name)) is not str:
             named.pop(name, None)
     named["online"] = optional.get("online") is True
+    named["possibly_executed"] = optional.get("possibly_executed") is True
     for name in ("queue_deadline", "pass_exp"):
         if not isinstance(named.get(name), (int, float)) or isinstance(named[name], bool):
             named.pop(name, None)

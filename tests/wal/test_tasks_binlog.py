@@ -658,3 +658,16 @@ def test_a_retry_leaves_promised_only_the_room_its_task_still_needs(node):
     assert code == R.T_TASK and node.wal.retry_room == {}
     wal = node.wal
     assert wal.promised == wal._reservation(len(wf.encode_task_gone("t1")))
+
+
+def test_a_cancelled_tasks_aborted_call_that_may_have_run_says_so_after_a_restart(node):
+    node.enqueue("t1", {"deliveryMode": "atMostOnce"})
+    [(uid, attempt, *_)] = node.subscribe(1)
+    [(_, code, info)] = node.send(HTTP, (Op.T_CANCEL, 1, uid))[HTTP]
+    assert code == R.T_TASK and info["status"] == "cancelled"
+    node.report(uid, attempt, "unknown", error="the connection was cut after the request")
+    assert node.info(uid)["possiblyExecuted"] is True
+    again = node.restart()
+    info = again.info(uid)
+    assert info["status"] == "cancelled" and info["possiblyExecuted"] is True
+    assert again.restart().info(uid)["possiblyExecuted"] is True, "and after a compaction's copy"

@@ -63,11 +63,13 @@ GATES = 12          # {function: TAT, wall-clock seconds}: the slow rates' last 
 ROOM_DRAW = 13      # RoomDraw: a room event's opening drew its pre-line's order (the
                     #   journal keeps each function's latest for good: there is no GONE)
 FUNCTION_PAUSE = 14     # (name, paused): an operator paused a function or resumed it
-TASK_RETRY = 15     # Task: an operator's retry of a failed or cancelled task, as a whole
-                    #   record (room: that record; its TASK_GONE was reserved at enqueue)
+TASK_WHOLE = 15     # Task: its whole record again, for what no state record carries: an
+                    #   operator's retry of a failed or cancelled task, a late report that a
+                    #   cancelled task's aborted call may have run (room: that record; its
+                    #   TASK_GONE was reserved at enqueue)
 KINDS = ("JOB_PUT", "JOB_UPDATE", "JOB_HELD", "JOB_DELETE", "TASK_NEW", "TASK_CALL",
          "TASK_STATE", "TASK_END", "TASK_GONE", "SCHEDULE_NEW", "SCHEDULE", "SCHEDULE_GONE",
-         "GATES", "ROOM_DRAW", "FUNCTION_PAUSE", "TASK_RETRY")
+         "GATES", "ROOM_DRAW", "FUNCTION_PAUSE", "TASK_WHOLE")
 
 # -- what restore gives back ----------------------------------------------------------------
 #: a replayed job is (rec, tube, body, file): `rec` a tuple with these fields at these
@@ -113,6 +115,7 @@ class TaskImage(NamedTuple):
     ended_by: str | None = None
     group: str = ""             # its tenant ("": none; older journals have none)
     token_sha256: bytes | None = None   # its own token's digest (older journals: none)
+    possibly_executed: bool = False     # a cancelled task's aborted call may have run
 
 
 class ScheduleImage(NamedTuple):

@@ -64,7 +64,7 @@ from ....protocol.schema.tasks import (ADMITTED, AT_LEAST_ONCE, AT_MOST_ONCE, CA
                                        MAX_DURATION_MS, MAX_LEVEL, MAX_PAGE, MAX_TIMEOUT_MS,
                                        OPTIONS, QUEUE_TIMEOUT, QUEUED, RUNNING, STATUSES,
                                        SUCCESS, UNIQUE_ID)
-from ..shared.journal import (FUNCTION_PAUSE, TASK_CALL, TASK_END, TASK_NEW, TASK_RETRY,
+from ..shared.journal import (FUNCTION_PAUSE, TASK_CALL, TASK_END, TASK_NEW, TASK_WHOLE,
                               TASK_STATE, Journal, NullJournal)
 from ..upstreams.unavailable import NO_LIVE_UPSTREAMS, Unavailable
 from . import restart
@@ -275,7 +275,7 @@ class Tasks:
             return False
         if task.status != RUNNING:
             if task.aborted == attempt:         # the report of an aborted call
-                after_abort(task, result)
+                self._after_abort(task, result)
             return False
         # (a restart forgets `tried`: a claimed call's report is then taken whatever its move)
         if holder is not None and (task.holder is not holder and task.holder != RESTARTED
@@ -402,10 +402,23 @@ class Tasks:
         task.error = "cancelled during its call (the call was aborted)"
         self._end_call(task, now)
 
+    def _after_abort(self, task: Task, result: Outcome) -> None:
+        """A report on the aborted call of cancelled `task`: when it says the call may have
+        run, the task's whole record again (TASK_WHOLE), so a restart still says so (with
+        no room left in the journal, memory alone says it, and the log)."""
+        was = task.possibly_executed
+        after_abort(task, result)
+        if task.possibly_executed and not was:
+            if self.journal.room[TASK_WHOLE](task):
+                self.journal.append[TASK_WHOLE](task)
+            else:
+                log.warning("task %s: its aborted call may have run; the journal is full, "
+                            "so only memory keeps that", task.uid)
+
     # -- an operator's hand (PATCH /v1/functions/{name}, POST /v1/tasks/{id}/retry) --------
     def retry(self, uid: str, now: float) -> Task | TaskError:
         """Queue a failed or cancelled task again, its attempts from the start and its
-        error cleared (ledger.retry); journalled whole (TASK_RETRY), as it drops its result
+        error cleared (ledger.retry); journalled whole (TASK_WHOLE), as it drops its result
         and queue timeout.  An online task is not retried: its user has left the line."""
         task = self.tasks.get(uid)
         if task is None:
@@ -416,10 +429,10 @@ class Tasks:
                 "task is retried") + (", and online" if task.online else ""))
         if self.function(task.function) is None:
             return TaskError("unknown_function", f"no function named {task.function!r}")
-        if not self.journal.room[TASK_RETRY](task):
+        if not self.journal.room[TASK_WHOLE](task):
             return _NO_SPACE
         self.ledger.retry(task, now)
-        self.journal.append[TASK_RETRY](task)
+        self.journal.append[TASK_WHOLE](task)
         return task
 
     def pause_function(self, name: str, paused: bool, now: float) -> TaskError | None:

@@ -77,8 +77,8 @@ def never_sent(result: Outcome) -> bool:
 def after_abort(task: Task, result: Outcome) -> None:
     """A report on the aborted call of cancelled `task` (store.cancel): it stays cancelled,
     but a success says the function ran, and for an atMostOnce task any report but one of
-    a call that never reached its host says it may have (`possibly_executed`; not
-    journaled: a restart forgets it, as it forgets which call was aborted)."""
+    a call that never reached its host says it may have (`possibly_executed`, journaled
+    by the store as a whole record; a restart forgets which call was aborted)."""
     task.aborted = 0                    # (one report per call: a resent one is the same)
     if result.kind == "success" or task.delivery == AT_MOST_ONCE and not (
             result.kind == "declined" or never_sent(result)):

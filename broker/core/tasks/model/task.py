@@ -177,6 +177,7 @@ def restored(image, wall: float, max_level: int) -> Task:
     task.balance_key, task.client_ip, task.ended_by = (image.balance_key, image.client_ip,
                                                        image.ended_by)
     task.online, task.group, task.token = image.online, image.group, image.token_sha256
+    task.possibly_executed = image.possibly_executed
     task.pass_exp = image.pass_exp - wall if image.pass_exp is not None else 0.0
     kept = image.result_headers
     if isinstance(kept, dict) and all(type(k) is str and type(v) is str for k, v in kept.items()):
