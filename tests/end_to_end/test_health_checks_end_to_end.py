@@ -104,12 +104,15 @@ def test_a_failing_server_is_skipped_by_every_dispatcher_and_back_after_its_pass
             infos = finished(api, enqueue(api, 20))
             assert [i["status"] for i in infos] == ["success"] * 20
             assert a.calls == calls_on_a and servers(api)[a.url]["state"] == "unhealthy"
+            assert servers(api)[a.url]["health"]["error"].endswith(" answered 503"), \
+                "why it is down"
             a.health = 200
             assert wait_for(lambda: health(api, a.url) == "up", INTERVAL_S * PASSES + SLACK_S,
                             step=0.05)
             finished(api, enqueue(api, 20))
             assert a.calls > calls_on_a
             shown = servers(api)[a.url]["health"]
+            assert "error" not in shown, shown
             assert shown["lastCheck"].endswith("Z") or "+" in shown["lastCheck"]
             # (before the cluster stops: a stopping dispatcher hands its server over)
             probed = [Counter(a.probes), Counter(b.probes)]

@@ -65,6 +65,7 @@ class PeerView(NamedTuple):
     #                             address's)
     up: bool | None = None      # active health checks: healthy or not (None: no checks)
     last_check: float | None = None     # ... when the last result came (None: never)
+    check_error: str | None = None      # ... why the last one failed (None: it passed)
 
 
 class UpstreamGroup:
@@ -202,7 +203,8 @@ class UpstreamGroup:
         single = self._set.single
         return [PeerView(p.url, _state(p, now, single), p.backup, p.conns, p.fails,
                          p.usable_at(now, single), *_ramp(p, now, single), p.spec.written,
-                         *((p.up, p.check.last_check) if p.check is not None else ()))
+                         *((p.up, p.check.last_check, p.check.last_error) if p.check is not None
+                           else ()))
                 for p in self.peers] + [
                 PeerView(p.url, "draining", p.backup, p.conns, p.fails, None,
                          name=p.spec.written) for p in self.draining if p.conns > 0]

@@ -767,7 +767,10 @@ def function_stats() -> dict:
                                               "status": {"type": "string",
                                                          "enum": ["up", "down"]},
                                               "lastCheck": {"type": ["string", "null"],
-                                                            "format": "date-time"}}},
+                                                            "format": "date-time"},
+                                              "error": {"type": "string", "description":
+                                                        "Why the last check failed "
+                                                        "(absent: it passed)."}}},
                                       "lastError": {"type": "string"}}}},
             "groups": {"type": "object", "additionalProperties": False,
                        "required": ["count", "busiest"],

@@ -220,6 +220,8 @@ class UpstreamCalls:
                 server["health"] = {"status": "up" if view.up else "down", "lastCheck":
                                     None if view.last_check is None
                                     else view.last_check + wall_offset}
+                if view.check_error:
+                    server["health"]["error"] = view.check_error
             error = self.last_error.get((upstream, view.url))
             if error:
                 server["lastError"] = error
