@@ -122,7 +122,7 @@ def test_the_start_line_says_the_bound_and_a_stretch_when_the_configs_ask_more()
     servers = tuple(ServerSpec(f"http://s{i}:1") for i in range(300))
     fast = UpstreamSpec("g", servers, health_check=HealthSpec(interval_s=1.0))
     line = describe([fast, UpstreamSpec("plain", servers[:1])])
-    assert "300 servers of 1 upstreams" in line and f"at most {MAX_PROBES_PER_S} probes/s" in line
+    assert "300 servers of 1 upstream," in line and f"at most {MAX_PROBES_PER_S} probes/s" in line
     assert "stretched 3.00 times" in line
     assert describe([UpstreamSpec("plain", servers[:1])]) is None
 
@@ -133,3 +133,8 @@ def test_a_group_of_one_unhealthy_server_has_no_live_upstream_and_no_slow_start(
     assert g.pick(None, 1.0) is None and g.unavailable(1.0).reason == NO_LIVE_UPSTREAMS
     assert g.checked(g.peers[0], True, 2.0)
     assert g.pick(None, 2.0) is g.peers[0] and g.view(2.0)[0].ramp_until is None
+
+
+def test_the_start_line_counts_one_server_and_one_upstream_in_the_singular():
+    from zstalk.broker.core.upstreams.health import counted
+    assert [counted(n, "server") for n in (0, 1, 2)] == ["0 servers", "1 server", "2 servers"]

@@ -102,7 +102,7 @@ def checked_config(tmp_path: Path) -> Path:
     return path
 
 
-CHECKS_SAID = ("health checks: 150 servers of 1 upstreams, each probed by one dispatcher, "
+CHECKS_SAID = ("health checks: 150 servers of 1 upstream, each probed by one dispatcher, "
                "at most 100 probes/s (the configs ask 150/s: every interval is stretched "
                "1.50 times)")
 

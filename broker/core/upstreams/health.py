@@ -147,6 +147,11 @@ def stretch(intervals_s: Iterable[float], bound: float = MAX_PROBES_PER_S) -> fl
     return max(1.0, rate / bound)
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` `noun`s as a line says it: 1 server, 2 servers."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def describe(specs: Iterable) -> str | None:
     """What the broker's start line says of the health checks of upstreams `specs`
     (UpstreamSpecs), or None if none has any: servers, the bound and any stretch."""
@@ -158,8 +163,9 @@ def describe(specs: Iterable) -> str | None:
     if not upstreams:
         return None
     factor = stretch(intervals)
-    line = (f"health checks: {len(intervals)} servers of {upstreams} upstreams, each probed "
-            f"by one dispatcher, at most {MAX_PROBES_PER_S} probes/s")
+    line = (f"health checks: {counted(len(intervals), 'server')} of "
+            f"{counted(upstreams, 'upstream')}, each probed by one dispatcher, at most "
+            f"{MAX_PROBES_PER_S} probes/s")
     if factor > 1:
         asked = sum(1 / i for i in intervals)
         line += (f" (the configs ask {asked:.0f}/s: every interval is stretched "

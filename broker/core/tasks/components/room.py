@@ -82,7 +82,9 @@ class Room:
                        "key to it): give none")
         if spec.max_waiting and self.counts.get(spec.name, (0,))[0] >= spec.max_waiting:
             return TaskError("line_full", f"the line of {spec.name!r} is full: "
-                             f"{spec.max_waiting} online tasks wait (max_waiting)")
+                             f"{spec.max_waiting} online "
+                             f"{'task waits' if spec.max_waiting == 1 else 'tasks wait'} "
+                             f"(max_waiting)")
         net = client_net(client_ip)
         if net is not None and self.waiting_by.get((spec.name, net), 0) >= (
                 spec.max_waiting_per_client):
