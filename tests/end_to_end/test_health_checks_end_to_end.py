@@ -104,8 +104,8 @@ def test_a_failing_server_is_skipped_by_every_dispatcher_and_back_after_its_pass
             infos = finished(api, enqueue(api, 20))
             assert [i["status"] for i in infos] == ["success"] * 20
             assert a.calls == calls_on_a and servers(api)[a.url]["state"] == "unhealthy"
-            assert servers(api)[a.url]["health"]["error"].endswith(" answered 503"), \
-                "why it is down"
+            why = servers(api)[a.url]["health"]["error"]      # (a loaded machine: a timeout)
+            assert why.endswith(" answered 503") or "no answer from" in why, why
             a.health = 200
             assert wait_for(lambda: health(api, a.url) == "up", INTERVAL_S * PASSES + SLACK_S,
                             step=0.05)
