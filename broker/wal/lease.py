@@ -62,6 +62,8 @@ RENEW_S = 0.25
 POLL_S = 0.1
 #: a NATS request of the lease waits this long for its answer
 REQUEST_S = 1.0
+#: how long a graceful stop tries to release the lease (Lease.release)
+RELEASE_S = 4.0
 #: a bucket being made while the cluster forms is given this long
 MAKE_S = 15.0
 #: the start (connect, check the stream, the bucket) is given this long in all
@@ -259,13 +261,13 @@ class Lease:
         if self.lost is not None:
             callback(self.lost)
 
-    def release(self, timeout_s: float = 3.0) -> bool:
+    def release(self, timeout_s: float = RELEASE_S) -> bool:
         """A graceful stop: no more renewals, and the key deleted if it is still ours, so
         a standby claims it at its next look.  Whether it was."""
         if self._loop is None or not self.won.done() or self.lost is not None:
             return False
         try:
-            return self._call(self._release(), timeout_s)
+            return self._call(self._release(time.monotonic() + timeout_s), timeout_s + 1.0)
         except Exception as exc:
             log.warning("journal: the lease was not released (%s): a standby takes over "
                         "once it lapses", exc)
@@ -505,20 +507,35 @@ class Lease:
         if self._on_lost is not None:
             self._on_lost(why)
 
-    async def _release(self) -> bool:
+    async def _release(self, deadline: float) -> bool:
+        """Delete the key while it is ours, trying again until `deadline` (monotonic): a
+        NATS electing the bucket's leader (a node restarted a moment ago) answers nothing
+        for a second or two, and a lease not released costs a whole lease of waiting.  A
+        delete whose answer was lost shows as the key gone at the next look."""
         from nats.js.errors import KeyWrongLastSequenceError
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for _ in range(3):
+        while (left := deadline - time.monotonic()) > 0:
             try:
-                await asyncio.wait_for(self.kv.delete(KEY, last=self.revision), REQUEST_S)
+                await asyncio.wait_for(self.kv.delete(KEY, last=self.revision),
+                                       min(left, REQUEST_S))
                 log.info("journal: the lease is released (epoch %d)", self.epoch)
                 return True
             except KeyWrongLastSequenceError:
-                if not (await self._look() and ours(self.watch.holder, self.instance,
-                                                    self.epoch)):
+                if not await self._look():
+                    continue
+                if self.watch.holder is None:       # (our delete went through, unanswered)
+                    log.info("journal: the lease is released (epoch %d)", self.epoch)
+                    return True
+                if not ours(self.watch.holder, self.instance, self.epoch):
                     return False
                 self.revision = self.watch.revision
-        return False
+            except asyncio.TimeoutError:
+                log.debug("journal: releasing the lease: no answer yet, asking again")
+            except Exception as exc:                # (NATS reconnecting: asked again)
+                log.debug("journal: releasing the lease: %s", exc)
+                await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        raise TimeoutError(f"no answer from NATS at {', '.join(self.opts.urls)} in the "
+                           f"time a stop gives it")

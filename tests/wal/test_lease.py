@@ -3,6 +3,8 @@ what the value carries, and whose a value is.  The lease against a real NATS is 
 tests/ha/test_failover.py."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from zstalk.broker.wal.lease import Holder, Watch, ours
 
 
@@ -66,3 +68,61 @@ def test_a_claim_nats_could_not_take_gives_the_leader_a_whole_lease_again():
     assert not w.lapsed(7.4) and w.lapsed(7.5)
     w.seen(4, Holder(1, "a"), now=7.0)      # the leader renewed once NATS was back
     assert not w.lapsed(8.4)
+
+
+class ElectingKv:
+    """A lease bucket whose first `silent` deletes get no answer (NATS electing its
+    leader), the first of them `applied` all the same (its answer lost)."""
+
+    def __init__(self, silent: int, applied: bool) -> None:
+        self.silent, self.applied = silent, applied
+        self.deleted = False
+        self.deletes = 0
+
+    async def delete(self, key, last):
+        import asyncio
+
+        from nats.js.errors import KeyWrongLastSequenceError
+        self.deletes += 1
+        if self.deletes == 1 and self.applied:
+            self.deleted = True
+        if self.deletes <= self.silent:
+            await asyncio.sleep(3600)
+        if self.deleted:
+            raise KeyWrongLastSequenceError(description="wrong last sequence")
+        self.deleted = True
+
+    async def get(self, key):
+        from nats.js.errors import KeyNotFoundError
+        if self.deleted:
+            raise KeyNotFoundError(entry=None, op="DEL")
+        return SimpleNamespace(revision=5, value=Holder(3, "a").encode())
+
+
+def release_with(kv: ElectingKv, monkeypatch, within_s: float = 1.0) -> bool:
+    import asyncio
+    import time
+
+    from zstalk.broker.wal import lease as L
+    monkeypatch.setattr(L, "REQUEST_S", 0.05)
+    from zstalk.broker.wal.stream import Options
+    held = L.Lease(Options(("nats://127.0.0.1:4222",)), "a")
+    held.kv, held.epoch, held.revision = kv, 3, 5
+    return asyncio.run(held._release(time.monotonic() + within_s))
+
+
+def test_a_release_asks_again_while_nats_elects_and_gives_the_key_back(monkeypatch):
+    kv = ElectingKv(silent=3, applied=False)
+    assert release_with(kv, monkeypatch) is True
+    assert kv.deleted and kv.deletes == 4
+
+
+def test_a_release_whose_answer_was_lost_finds_the_key_gone_and_counts_as_done(monkeypatch):
+    kv = ElectingKv(silent=1, applied=True)
+    assert release_with(kv, monkeypatch) is True and kv.deletes == 2
+
+
+def test_a_release_nats_never_answers_ends_in_its_time_and_says_so(monkeypatch):
+    import pytest
+    with pytest.raises(TimeoutError, match="no answer from NATS at nats://127.0.0.1:4222"):
+        release_with(ElectingKv(silent=10 ** 6, applied=False), monkeypatch, within_s=0.3)
