@@ -13,9 +13,9 @@
     zstalk dispatcher --broker EP                    makes the cloud tasks' calls
     zstalk worker MODULE:WORKER [--processes N]      a native worker pool (zstalk.workers)
     zstalk tasks | functions | schedules ...         an operator's commands over the HTTP
-                                                     API (operator.py, loaded when run)
-    zstalk stats [--beanstalk H:P] [--counter H:P]   tubes and counters (stats.py)
-    zstalk top [--url URL | --beanstalk H:P]         the same, live in the terminal (top.py)
+                                                     API (ops/operator.py, loaded when run)
+    zstalk stats [--beanstalk H:P] [--counter H:P]   tubes and counters (ops/stats.py)
+    zstalk top [--url URL | --beanstalk H:P]         the same, live in the terminal (ops/top.py)
 
 `--broker EP` (ZSTALK_BROKER) may list a journal's instances, `EP,EP,…`: the link goes to
 whichever leads (protocol/links/zeromq.py).
@@ -303,10 +303,11 @@ def counter_host(addr: str) -> str:
 
 
 #: commands in modules of their own, loaded only when one runs (never on serve's start
-#: path): name -> (module of this package, its click command)
-LAZY = {"tasks": ("operator", "tasks_group"), "functions": ("operator", "functions_group"),
-        "schedules": ("operator", "schedules_group"), "stats": ("stats", "stats_command"),
-        "top": ("top", "top_command")}
+#: path): name -> (module of this package, its click command); the operator's are in ops/
+LAZY = {"tasks": ("ops.operator", "tasks_group"),
+        "functions": ("ops.operator", "functions_group"),
+        "schedules": ("ops.operator", "schedules_group"),
+        "stats": ("ops.stats", "stats_command"), "top": ("ops.top", "top_command")}
 
 
 class _Main(click.Group):

@@ -138,7 +138,7 @@ def run_http_front(broker: str, sockets: list[socket.socket], master_key: str | 
 
 def run_dispatcher(broker: str, slots: int, health: HealthOptions | None = None) -> None:
     tune_gc()
-    from ...workers.dispatcher import Dispatcher
+    from ...workers.upstream.dispatcher import Dispatcher
 
     async def main() -> None:
         dispatcher = Dispatcher(broker, slots=slots)

@@ -237,7 +237,7 @@ def _the_rest(opts: ServeOptions, counter_listeners) -> list[str]:
     if opts.http_listeners:
         modules.append("zstalk.protocol.fronts.http.front")           # (aiohttp)
     if opts.functions is not None:
-        modules.append("zstalk.workers.dispatcher")
+        modules.append("zstalk.workers.upstream.dispatcher")
     if not no_endpoint(opts.worker_bind):
         modules += ["zmq", "zstalk.protocol.links.handshakes"]
     return modules
@@ -271,7 +271,7 @@ async def _start_tasks(address: str, opts: ServeOptions, http=None) -> list:
         await front.start(opts.http_listeners)
         started.append(front)
     if opts.functions is not None:
-        from ...workers.dispatcher import Dispatcher
+        from ...workers.upstream.dispatcher import Dispatcher
         dispatcher = Dispatcher(address)
         dispatcher.start()
         started.append(dispatcher)

@@ -56,7 +56,7 @@ from .options import (MASTER_KEY_ENV, MASTER_KEY_FILE_ENV, ServeOptions, announc
 
 STOP_GRACE_S = 3.0
 BIND_EXIT = 111         # beanstalkd's exit code for an address it cannot bind
-#: a dispatcher lets running calls finish for 10 s (workers/dispatcher.py CLOSE_GRACE_S)
+#: a dispatcher lets running calls finish for 10 s (workers/upstream/dispatcher.py CLOSE_GRACE_S)
 DISPATCHER_GRACE_S = 12.0
 RESTART_DELAY_S = 0.5
 #: a broker exiting with these cannot succeed by trying again (locked or foreign binlog

@@ -1,4 +1,4 @@
-"""A call's outcome: one type for the dispatcher that reports it (workers/dispatcher.py) and
+"""A call's outcome: one type for the dispatcher that reports it (workers/upstream/dispatcher.py) and
 the task store that applies it (broker/core/tasks/model/outcomes.py), and its wire form.
 
 On the wire an outcome is T_OUTCOME's fields after (conn, unique_id, attempt): kind,

@@ -25,11 +25,11 @@ BIN = Path(sys.executable).parent
 #: loaded on demand only: by an HTTP port, a worker endpoint, a config file, schedules,
 #: and the first message encoded for another process or the first task record
 ON_DEMAND = ("aiohttp", "zmq", "tomllib", "zstalk.broker.config_file", "zstalk.broker.core.schedules.cron",
-             "zstalk.workers", "zstalk.workers.dispatcher", "msgpack", "ssl_from_zstalk",
+             "zstalk.workers", "zstalk.workers.upstream.dispatcher", "msgpack", "ssl_from_zstalk",
              "nats", "zstalk.broker.wal.stream", "zstalk.broker.wal.jetstream",
              # the operator's commands (`zstalk tasks`, `zstalk stats`, ...): never by serve
-             "zstalk.broker.run.operator", "zstalk.broker.run.stats",
-             "zstalk.broker.run.top")
+             "zstalk.broker.run.ops.operator", "zstalk.broker.run.ops.stats",
+             "zstalk.broker.run.ops.top")
 _LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|( *)(\S+)")
 
 

@@ -1,6 +1,6 @@
 """Keep-alive to an upstream's servers end to end: a broker, an HTTP front and a dispatcher
 process call a server that counts requests per TCP connection (tests/support/
-counting_http.py), through the upstream's own pool in the dispatcher (workers/keepalive.py)."""
+counting_http.py), through the upstream's own pool in the dispatcher (workers/upstream/keepalive.py)."""
 from __future__ import annotations
 
 import time

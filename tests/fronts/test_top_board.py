@@ -1,8 +1,8 @@
-"""`zstalk top`'s board (broker/run/top.py) without a terminal or a server: samples taken
+"""`zstalk top`'s board (broker/run/ops/top.py) without a terminal or a server: samples taken
 on a fake clock become rates, keys sort and filter, and the screen is laid out as text."""
 from __future__ import annotations
 
-from zstalk.broker.run.top import Board, Sample, fair_shares
+from zstalk.broker.run.ops.top import Board, Sample, fair_shares
 
 
 def tube(name: str, ready: int = 0, total: int = 0, activity: int = 0, **more) -> dict:

@@ -56,10 +56,14 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                              "room, CORS, the OpenAPI document",
                              ("protocol/schema", "protocol", "protocol/codecs",
                               "protocol/network", "protocol/links", "protocol/fronts")),
-    "workers": ("native worker pools, the producer Client, the dispatcher that makes cloud "
-                "tasks' calls, the cloud-task SDK, signing: the protocol only",
+    "workers": ("native worker pools, the producer Client, the cloud-task SDK, the "
+                "counters' client, signing: the protocol only",
                 ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                  "protocol/links")),
+    "workers/upstream": ("the dispatcher that makes cloud tasks' calls over HTTP, its "
+                         "keep-alive pool per upstream, its active health checks' probes",
+                         ("protocol/schema", "protocol", "protocol/codecs", "protocol/links",
+                          "workers")),
     "broker/core/shared": ("what the core's components share: the out-queue, the admission "
                            "gate, bounded labels, the journal they append their records to",
                            ("protocol/schema", "protocol",
@@ -115,13 +119,18 @@ LAYERS: dict[str, tuple[str, tuple[str, ...]]] = {
                 "broker/core/beanstalk", "broker/core/tasks", "broker/core/schedules",
                 "broker/core", "broker/wal")),
     "broker/run": ("the wiring: the zstalk and zstalkd commands, `zstalk serve` in one "
-                   "process, the supervisor of --fronts N, front processes; nothing imports it",
+                   "process, the supervisor of --fronts N, front processes; nothing but "
+                   "its ops/ imports it",
                    ("protocol/schema", "protocol", "protocol/codecs", "protocol/network",
                     "protocol/links", "protocol/fronts", "protocol/fronts/http", "workers",
-                    "broker/core/shared", "broker/core/upstreams", "broker/core/beanstalk",
+                    "workers/upstream", "broker/core/shared", "broker/core/upstreams", "broker/core/beanstalk",
                     "broker/core/tasks/model", "broker/core/tasks/components",
                     "broker/core/tasks", "broker/core/schedules", "broker/core", "broker/wal",
                     "broker")),
+    "broker/run/ops": ("the operator's commands, clients of a running server: zstalk tasks, "
+                       "functions and schedules, zstalk stats, zstalk top; loaded by name "
+                       "only when one runs, never on serve's start path",
+                       ("protocol/schema", "protocol/codecs", "broker/core", "broker/run")),
 }
 #: imports across the layers that are allowed for now, each (importer, imported module) with
 #: when it goes

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from zstalk.protocol.schema import Op, R, SessionState, Settings, Welcome
 from zstalk.workers import signing
-from zstalk.workers.dispatcher import RETRY_AFTER_MAX_MS, Dispatcher, Outcome, retry_after_ms
+from zstalk.workers.upstream.dispatcher import RETRY_AFTER_MAX_MS, Dispatcher, Outcome, retry_after_ms
 
 PARAMS = b'{"a":1}'
 SLOW_S = 5.0            # the slow function: far past any timeout used here

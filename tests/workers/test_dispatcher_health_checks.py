@@ -1,4 +1,4 @@
-"""A dispatcher's probes for the broker's active health checks (workers/health_checks.py):
+"""A dispatcher's probes for the broker's active health checks (workers/upstream/health_checks.py):
 R.T_CHECKS starts a probe loop per server, each probe a GET of url + path with a
 User-Agent naming the dispatcher, reported as T_CHECKED (passed on a listed status, failed
 on another, a timeout or a refused connection); a new list replaces the old, and losing

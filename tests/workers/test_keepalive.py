@@ -1,4 +1,4 @@
-"""A dispatcher's pool per upstream (workers/keepalive.py) against a real server that counts
+"""A dispatcher's pool per upstream (workers/upstream/keepalive.py) against a real server that counts
 requests per TCP connection (tests/support/counting_http.py): `keepalive_requests` closes a
 connection after its Nth request, which says `Connection: close`; `keepalive_timeout`
 closes an idle one; `keepalive` cuts the idle connections back to N; 0 is a connection per

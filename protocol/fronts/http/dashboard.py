@@ -38,7 +38,7 @@ from aiohttp import web
 from ...schema import Op, R
 from ...schema.tasks import MAX_PAGE
 from .api import Problem, function_json, refuse, reply_problem, schedule_json
-from .streams import BUFFER_MAX, HEADERS, TICK_S, _hold_little
+from .streams import BUFFER_MAX, HEADERS, TICK_S, hold_little
 from .views import parse_limit
 
 HISTORY_S = 60              # seconds of per-second differences kept for a sparkline
@@ -200,7 +200,7 @@ class Dashboard:
         response = web.StreamResponse(headers=HEADERS)
         response.force_close()
         await response.prepare(request)
-        _hold_little(transport, self.buffer_max)
+        hold_little(transport, self.buffer_max)
         self.streams.open += 1
         try:
             while not self.streams.closing and not transport.is_closing():

@@ -29,7 +29,7 @@ Caps, each refused in the API's JSON with Retry-After:
   the client reconnects with Last-Event-ID and gets the place as it is then.  The
   transport's high-water mark is set above it, so a write never waits for the client:
   one stuck reader holds BUFFER_MAX and one event at most, and holds up no one; and the
-  socket's kernel buffer is kept small (`_hold_little`), so the unsent bytes are the
+  socket's kernel buffer is kept small (`hold_little`), so the unsent bytes are the
   front's to see.
 
 A comment is written every PING_S (proxies and clients see the connection alive); a
@@ -149,7 +149,7 @@ class Streams:
             response.force_close()          # (a stream's connection carries nothing after)
             dress(response)
             await response.prepare(request)
-            _hold_little(transport, self.buffer_max)
+            hold_little(transport, self.buffer_max)
             self.following.setdefault(uid, set()).add(stream)
             self.open += 1
             stream.offer(position(info))
@@ -276,12 +276,14 @@ class Streams:
             await asyncio.sleep(0)
 
 
-def _hold_little(transport: asyncio.Transport, buffer_max: int) -> None:
-    """A stream's connection: its writes never wait on the client (BUFFER_MAX decides,
-    below the high-water mark), and the kernel holds little of what it has not sent
-    (SO_SNDBUF: a quarter of BUFFER_MAX, which Linux doubles), so what a client does not
-    read piles up where the front sees it, not in an autotuned kernel buffer of megabytes
-    per connection.  Events are small: that is room for hundreds in flight."""
+def hold_little(transport: asyncio.Transport, buffer_max: int) -> None:
+    """Set up a stream's connection (this module's task streams, and the dashboard's
+    snapshot stream, dashboard.py): its writes never wait on the client (`buffer_max`
+    decides, below the high-water mark), and the kernel holds little of what it has not
+    sent (SO_SNDBUF: a quarter of `buffer_max`, which Linux doubles), so what a client does
+    not read piles up where the front sees it, not in an autotuned kernel buffer of
+    megabytes per connection.  Events are small: that is room for hundreds in flight.
+    Call it once the response is prepared, with the cap the stream cuts a client off at."""
     transport.set_write_buffer_limits(high=4 * buffer_max + (1 << 16))
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -69,7 +69,7 @@ def decide(result: Outcome, task: Task, rand: Callable[[], float],
 def never_sent(result: Outcome) -> bool:
     """Whether a call's request surely never reached its host: a failure with no status
     that the dispatcher says is a connection's error or timeout (it reports one only when
-    aiohttp could not connect: workers/dispatcher.py; a dispatcher before schema 4 says
+    aiohttp could not connect: workers/upstream/dispatcher.py; a dispatcher before schema 4 says
     no such thing, and its calls spend attempts as they did)."""
     return result.kind == "failure" and result.status_code is None and bool(result.failure)
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import aiohttp
 
-from ..protocol.schema import VERSION
+from ...protocol.schema import VERSION
 
 log = logging.getLogger("zstalk.dispatcher")
 #: connections the probes may hold at once (the broker bounds probes per second)

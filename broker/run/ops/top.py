@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 
 import click
 
-from .cli import master_key_options
+from ..cli import master_key_options
 from .operator import (DEFAULT_URL, UNREACHABLE, URL_ENV, Api, Unreachable, api_from,
                        checked_url)
 from .stats import host_port, over_beanstalk

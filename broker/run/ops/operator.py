@@ -31,8 +31,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import click
 
-from ...protocol.schema.tasks import STATUSES
-from .cli import master_key_from, master_key_options
+from ....protocol.schema.tasks import STATUSES
+from ..cli import master_key_from, master_key_options
 
 #: the local HTTP front (cli.py's HTTP_PORT, on loopback)
 DEFAULT_URL = "http://127.0.0.1:8080"

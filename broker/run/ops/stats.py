@@ -23,8 +23,8 @@ from urllib.parse import urlencode
 
 import click
 
-from ...protocol.codecs import yrmcds
-from ..core.views import camel
+from ....protocol.codecs import yrmcds
+from ...core.views import camel
 from .operator import UNREACHABLE, Api, Unreachable, api_from, api_options, ask, table
 
 TIMEOUT_S = 10.0

@@ -67,7 +67,7 @@ goes to the address, and the request says the name as Host and, over TLS, as the
 name (SNI) its certificate is checked against, as nginx's proxy_pass to a resolved
 upstream does with `proxy_set_header Host` and `proxy_ssl_name`.
 The broker may give this dispatcher servers to probe for its upstreams' active health
-checks (R.T_CHECKS, schema 8): workers/health_checks.py runs them on their own timers and
+checks (R.T_CHECKS, schema 8): workers/upstream/health_checks.py runs them on their own timers and
 each result goes back as T_CHECKED; losing the broker stops them (it gives them out
 again, to us or another dispatcher, when we come back), and so does stopping.
 
@@ -90,12 +90,12 @@ from datetime import timezone
 import aiohttp
 import yarl
 
-from ..protocol.links import open_link
-from ..protocol.links.owner import LinkOwner
-from ..protocol.schema import Op, R, SessionState, Welcome
-from ..protocol.schema.outcome import Outcome
-from ..protocol.schema.task_messages import Call
-from . import signing
+from ...protocol.links import open_link
+from ...protocol.links.owner import LinkOwner
+from ...protocol.schema import Op, R, SessionState, Welcome
+from ...protocol.schema.outcome import Outcome
+from ...protocol.schema.task_messages import Call
+from .. import signing
 from .keepalive import Pools, session
 from .health_checks import HealthChecker
 
@@ -172,7 +172,7 @@ class Dispatcher(LinkOwner):
 
     def samples(self) -> list:
         """/metrics (protocol/codecs/prometheus.py METRICS, role dispatcher)."""
-        from ..protocol.codecs.prometheus import Sample
+        from ...protocol.codecs.prometheus import Sample
         return [Sample("zstalk_dispatcher_calls_in_flight", (), len(self.calls)),
                 Sample("zstalk_dispatcher_reports_pending", (),
                        len(self.unacked) + len(self.resend))]
