@@ -274,11 +274,14 @@ def exit_with_parent() -> None:
         sys.exit(0)
 
 
-def bind_or_exit(spec: str, port: int, listen: bool = True):
+def bind_or_exit(spec: str, port: int, listen: bool = True, what: str = ""):
+    """A listening socket, or exit 111 naming the address and the port, and `what` they
+    are for ("beanstalk (-l, -p)"), so a port in use says which flag to change."""
     try:
         return bind_listen(spec, port, listen)
     except OSError as exc:
-        click.echo(f"zstalk: bind {describe_listen(spec, port)}: {exc.strerror}", err=True)
+        click.echo(f"zstalk: bind {describe_listen(spec, port)}"
+                   f"{f' for {what}' if what else ''}: {exc.strerror}", err=True)
         sys.exit(111)       # beanstalkd's exit code for a socket it cannot bind
 
 
@@ -431,11 +434,12 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
     if journal is not None and not journal.advertise:   # (--advertise's default)
         journal = journal._replace(advertise=worker_endpoint(worker_bind) or "")
     hold_signals()                  # (a SIGHUP from now waits for the loop's handler)
-    listener = bind_or_exit(addr, port, listen)
+    listener = bind_or_exit(addr, port, listen, "beanstalk (-l, -p)")
     counter_listeners = []
     if counter_port:
         where = counter_listen or counter_host(addr)
-        counter_listeners.append(bind_or_exit(where, counter_port, listen))
+        counter_listeners.append(bind_or_exit(where, counter_port, listen,
+                                              "counters (--counter-port)"))
     http_listeners = []
     if http_port is None and functions is not None:
         http_port = HTTP_PORT
@@ -444,7 +448,8 @@ def serve(verbose, addr, port, fronts, max_job_size, max_jobs_bytes, max_connect
                                "HTTP API's: give --http-port, or --config with [functions]")
     if http_port:
         http_host = counter_host(addr) if master_key else "127.0.0.1"
-        http_listeners.append(bind_or_exit(http_host, http_port, listen))
+        http_listeners.append(bind_or_exit(http_host, http_port, listen,
+                                           "the HTTP API (--http-port)"))
     opts = ServeOptions(fronts=fronts, max_job_size=min(max_job_size, MAX_JOB_SIZE_CAP),
                         max_jobs_bytes=max_jobs_bytes, max_connections=max_connections,
                         counter_max_connections=counter_max_connections, verbose=verbose,

@@ -191,8 +191,14 @@ def _count(n: int, what: str) -> str:
 
 
 def dashboard_at(listener, tls: bool) -> str:
-    """Where the web dashboard is (protocol/fronts/http/ui.py): on the first HTTP socket."""
-    return f"dashboard at {'https' if tls else 'http'}://{where(listener)}/ui/"
+    """Where the web dashboard is (protocol/fronts/http/ui.py): on the first HTTP socket,
+    as a browser on this host opens it (a socket on every address: its loopback one)."""
+    at = where(listener)
+    if at.startswith("0.0.0.0:"):
+        at = "127.0.0.1:" + at.partition(":")[2]
+    elif at.startswith("[::]:"):
+        at = "[::1]:" + at.rpartition(":")[2]
+    return f"dashboard at {'https' if tls else 'http'}://{at}/ui/"
 
 
 def _http_notes(master_key: str | None, functions: bool) -> str:

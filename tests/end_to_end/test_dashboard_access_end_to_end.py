@@ -81,7 +81,9 @@ def test_the_viewer_key_sees_counts_but_no_body_and_cannot_act(server):
     assert code == 200 and "body" not in info
     for headers in (as_viewer, {"Authorization": f"Bearer {VIEWER}"}):
         code, doc, _ = ask(server, "POST", "/v1/tubes/work/kick", {"bound": 1}, headers=headers)
-        assert code == 403 and "viewer" in doc["message"]
+        assert code == 403 and "acting needs the master key" in doc["message"], doc
+        code, doc, _ = ask(server, "GET", "/v1/functions", headers=headers)
+        assert code == 403 and "reads the dashboard (/v1/dashboard)" in doc["message"], doc
     assert ask(server, "GET", f"/v1/jobs/{job}",
                headers={"Authorization": f"Bearer {KEY}"})[1]["body"] == "secret body"
 
@@ -150,3 +152,8 @@ def test_ten_wrong_keys_from_one_address_make_its_log_ins_wait(server):
     code, doc, headers = ask(server, "POST", "/ui/login", {"key": KEY})
     assert (code, doc["error"], headers["Retry-After"]) == (429, "too_many_logins", "60")
     assert ask(server, "GET", "/v1/tubes", headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+
+
+def test_ui_typed_without_its_slash_is_sent_on_to_the_page(server):
+    code, _, headers = ask(server, "GET", "/ui")
+    assert (code, headers["Location"]) == (308, "/ui/")

@@ -271,6 +271,7 @@ def test_a_bind_error_names_the_address_and_the_port():
                               "--counter-port", "0"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 111
     assert f"{LOOPBACK}:{port}" in out.stderr and "Address already in use" in out.stderr
+    assert "for beanstalk (-l, -p)" in out.stderr, out.stderr
 
 
 # -- a remote front that starts before its broker -------------------------------------

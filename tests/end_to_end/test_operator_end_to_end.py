@@ -178,6 +178,12 @@ def test_a_url_that_is_not_http_is_a_usage_error():
     assert done.returncode == 2 and "--url" in done.stderr
 
 
+def test_an_empty_id_or_name_from_an_unset_variable_is_a_usage_error_not_another_route():
+    for argv in (("tasks", "retry", ""), ("functions", "pause", ""), ("schedules", "show", "")):
+        done = zstalk(None, *argv)
+        assert done.returncode == 2 and "is empty" in done.stderr, (argv, done.stderr)
+
+
 # -- the operations page's example (docs/operations/operator.md), as written -------------------
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "operations" / "operator.md"

@@ -218,3 +218,13 @@ def test_a_master_key_without_the_http_api_is_a_usage_error():
         "Error: --master-key (ZSTALK_MASTER_KEY, --master-key-file) is the HTTP API's: give "
         "--http-port, or --config with [functions]\n")
 
+
+
+def test_the_dashboards_address_on_every_address_is_the_one_a_browser_here_opens():
+    from types import SimpleNamespace
+
+    from zstalk.broker.run.options import dashboard_at
+    on = lambda *addr: SimpleNamespace(getsockname=lambda: addr)  # noqa: E731 (a socket's face)
+    assert dashboard_at(on("0.0.0.0", 8080), False) == "dashboard at http://127.0.0.1:8080/ui/"
+    assert dashboard_at(on("::", 8443, 0, 0), True) == "dashboard at https://[::1]:8443/ui/"
+    assert dashboard_at(on("10.0.0.7", 80), False) == "dashboard at http://10.0.0.7:80/ui/"

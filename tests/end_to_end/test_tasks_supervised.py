@@ -118,6 +118,7 @@ def test_a_busy_http_port_fails_at_once_with_exit_111_naming_address_and_port(tm
                              capture_output=True, text=True, timeout=30)
     assert out.returncode == 111, out.stderr
     assert f"{LOOPBACK}:{http_port}" in out.stderr and "Address already in use" in out.stderr
+    assert "for the HTTP API (--http-port)" in out.stderr, out.stderr
     assert time.monotonic() - started < 5.0
 
 

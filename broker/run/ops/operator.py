@@ -208,9 +208,17 @@ def tasks_list(function, status, limit, url, master_key, master_key_file, as_jso
     show(doc, as_json, lambda d: table(d["tasks"], TASK_COLUMNS))
 
 
+def not_empty(ctx, param, value: str) -> str:
+    """An id or a name of at least one character (an empty one, from an unset shell
+    variable, would ask for another route: a usage error, exit 2)."""
+    if not value:
+        raise click.BadParameter("is empty")
+    return value
+
+
 def _task_command(name: str, method: str, suffix: str, help_text: str):
     @tasks_group.command(name, help=help_text)
-    @click.argument("unique_id", metavar="ID")
+    @click.argument("unique_id", metavar="ID", callback=not_empty)
     @api_options
     def command(unique_id, url, master_key, master_key_file, as_json):
         doc = ask(api_from(url, master_key, master_key_file), method,
@@ -239,7 +247,7 @@ def named_group(kind: str, columns: list, help_text: str) -> click.Group:
         show(items, as_json, lambda rows: table(rows, columns))
 
     @group.command("show", help=f"One {kind[:-1]}, every field.")
-    @click.argument("name")
+    @click.argument("name", callback=not_empty)
     @api_options
     def one(name, url, master_key, master_key_file, as_json):
         doc = ask(api_from(url, master_key, master_key_file), "GET", _named(kind, name))
@@ -252,7 +260,7 @@ def named_group(kind: str, columns: list, help_text: str) -> click.Group:
 
 def _pause_command(kind: str, verb: str, paused: bool) -> click.Command:
     @click.command(verb, help=f"{verb.capitalize()} a {kind[:-1]} (kept across restarts).")
-    @click.argument("name")
+    @click.argument("name", callback=not_empty)
     @api_options
     def command(name, url, master_key, master_key_file, as_json):
         doc = ask(api_from(url, master_key, master_key_file), "PATCH", _named(kind, name),

@@ -88,7 +88,8 @@ from .api import (CODES, ENQUEUED_FIELDS, RETRY_AFTER_S, Enqueue, Problem, funct
                   schedule_json, task_json)
 from .schedules import parse_page, parse_pause, parse_paused, parse_schedule
 from .cors import ROUTES as CORS_ROUTES, Cors, note
-from .access import KEYLESS_LOCAL, MASTER, VIEWER, Keys, keyless_refusal, viewer_from_env
+from .access import (KEYLESS_LOCAL, MASTER, SAFE_METHODS, VIEWER, Keys, keyless_refusal,
+                     viewer_from_env)
 from .dashboard import Dashboard
 from .ui import Ui
 from .page import Pages
@@ -222,7 +223,10 @@ def check_key(request: web.Request, keys: Keys) -> Problem | None:
     if who == MASTER:
         return None
     if who == VIEWER:
-        return refuse(403, "the viewer key only looks; acting needs the master key")
+        return refuse(403, "the viewer key reads the dashboard (/v1/dashboard) and the "
+                      "tubes, counters and peers; this needs the master key"
+                      if request.method in SAFE_METHODS else
+                      "the viewer key only looks; acting needs the master key")
     return who if isinstance(who, Problem) else NEEDS_KEY
 
 

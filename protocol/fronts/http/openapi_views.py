@@ -211,6 +211,10 @@ def ui_paths(looked: Callable, json: Callable) -> dict:
                            "allows only this origin.", "content": {kind: {"schema": {
                                "type": "string"}} for kind in kinds}}
     return {
+        "/ui": {"get": {"operationId": "uiRedirect", "summary": "On to /ui/ (typed without "
+                        "its slash)", "security": [{}], "responses": {"308": {
+                            "description": "Location: /ui/", "headers": {"Location": {
+                                "schema": {"type": "string", "const": "/ui/"}}}}}}},
         "/ui/": {"get": {"operationId": "uiPage", "summary": "The dashboard: one page",
                          "security": [{}], "responses": {"200": page("text/html")}}},
         "/ui/assets/{name}": {"get": {

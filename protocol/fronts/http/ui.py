@@ -1,6 +1,6 @@
 """The dashboard's own routes (issue 50): the log-in that hands out its cookie, and the page.
 
-    GET  /ui/                                             the page (dashboard_page/)
+    GET  /ui/                                             the page (dashboard_page/; /ui: 308 to it)
     GET  /ui/assets/{name}                                its script and its style
     POST /ui/login    {"key": "<master or viewer key>"}  -> {"role"} and the cookie
     POST /ui/logout                                       -> the cookie cleared
@@ -83,11 +83,16 @@ class Ui:
         self.failures = Failures()
 
     def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/ui", self.to_index)
         app.router.add_get("/ui/", self.index)
         app.router.add_get("/ui/assets/{name}", self.asset)
         app.router.add_post("/ui/login", self.login)
         app.router.add_post("/ui/logout", self.logout)
         app.router.add_get("/ui/session", self.session)
+
+    async def to_index(self, request: web.Request) -> web.Response:
+        """/ui, as a person types it: the page is /ui/ (its assets are relative to it)."""
+        return web.Response(status=308, headers={"Location": "/ui/"})
 
     async def index(self, request: web.Request) -> web.Response:
         return self._file("index.html")
