@@ -139,7 +139,7 @@ class Binlog:
         self.wholly: set[str] = set()       # tasks whose call ends with a whole record
         # paused functions -> the segment of the record that paused them (0: not written yet)
         self.function_file: dict[str, int] = {}
-        self.retry_room: dict[str, int] = {}    # a retry's reservation, until it is logged
+        self.whole_room: dict[str, int] = {}    # a TASK_WHOLE's reservation, until logged
         self.gates: dict | None = None      # the gates' TATs to write this turn (GATES)
         self.hold_replies = opts.fsync_ms == 0
         self.logs_reserves = False          # (held jobs only at a graceful stop, JOB_HELD)
@@ -761,11 +761,11 @@ class Binlog:
         amount = self._reservation(size)
         if not self._fits(size) or not self.reserve(amount):
             return False
-        self.retry_room[task.uid] = amount
+        self.whole_room[task.uid] = amount
         return True
 
     def _log_whole(self, task: Task) -> None:
-        amount = self.retry_room.pop(task.uid)
+        amount = self.whole_room.pop(task.uid)
         self.log_task(task)
         self.pending_reserve += amount - self._reservation(self.task_size[task.uid])
 
