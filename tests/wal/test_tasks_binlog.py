@@ -655,7 +655,7 @@ def test_a_retry_leaves_promised_only_the_room_its_task_still_needs(node):
     node.report(uid, attempt, "failure", 500, b"r" * 2000, "x" * 500)
     node.subscribe(0)
     [(_, code, _)] = node.send(HTTP, (Op.T_RETRY, 1, "t1"))[HTTP]
-    assert code == R.T_TASK and node.wal.retry_room == {}
+    assert code == R.T_TASK and node.wal.whole_room == {}
     wal = node.wal
     assert wal.promised == wal._reservation(len(wf.encode_task_gone("t1")))
 
