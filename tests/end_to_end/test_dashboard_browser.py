@@ -233,3 +233,47 @@ def test_a_task_looked_up_shows_its_status_and_a_function_pauses_by_a_click(serv
     browser.find_element("xpath", "//div[@id='task-acts']/button[text()='cancel']").click()
     assert shows(lambda: server.request("GET", f"/v1/tasks/{task['uniqueId']}")[1]["status"]
                  == "cancelled")
+
+
+def test_an_upstreams_cell_counts_the_servers_taking_calls_and_says_why_the_others_do_not(
+        tmp_path, browser):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from servers import ServerProcess, find_zstalk, free_port
+    from test_tasks_end_to_end import Api
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    live = ThreadingHTTPServer((LOOPBACK, 0), Healthy)
+    threading.Thread(target=live.serve_forever, daemon=True).start()
+    dead = f"http://{LOOPBACK}:{free_port()}"           # (nothing listens there)
+    config = tmp_path / "zstalk.toml"
+    config.write_text(
+        f'[upstreams.api]\nservers = [{{ url = "http://{LOOPBACK}:{live.server_port}" }}, '
+        f'{{ url = "{dead}" }}]\nhealth_check = {{ interval = "300ms", timeout = "2s" }}\n\n'
+        '[functions.work]\nupstream = "api"\n')
+    port, http_port = free_port(), free_port()
+    process = ServerProcess([find_zstalk(), "serve", "-l", LOOPBACK, "-p", str(port),
+                             "--counter-port", "0", "--worker-bind", "none", "--config",
+                             str(config), "--http-port", str(http_port), "--master-key", KEY],
+                            (LOOPBACK, port), name="zstalk-dashboard-upstream").start()
+    try:
+        api = Api(f"http://{LOOPBACK}:{http_port}", process)
+        api.key = KEY
+        api.wait_listening()
+        log_in(browser, api.base, KEY)
+        assert shows(lambda: rows(browser, "functions").get("work", [""] * 11)[10]
+                     == "api: 1/2 up"), rows(browser, "functions")
+        cell = browser.find_element("css selector", '#functions tr[data-name="work"] span')
+        assert shows(lambda: f"{dead} unhealthy: " in (cell.get_attribute("title") or "")), \
+            cell.get_attribute("title")
+    finally:
+        process.stop()
+        live.shutdown()

@@ -216,10 +216,19 @@ function limits(f) {
   return said.length ? said.join(", ") : "-";
 }
 
+// An upstream's servers that take calls now or soon (not failed, unhealthy, down or
+// draining), with why the others do not in the cell's title (their health check's error).
+const TAKING = new Set(["usable", "full", "paused"]);
+
 function upstream(f) {
   if (!f.servers) return f.upstream ? f.upstream : "-";
-  const up = f.servers.filter((s) => !s.down && !s.usableAt).length;
-  return `${f.upstream}: ${up}/${f.servers.length} up`;
+  const up = f.servers.filter((s) => TAKING.has(s.state)).length;
+  const span = document.createElement("span");
+  span.textContent = `${f.upstream}: ${up}/${f.servers.length} up`;
+  span.title = f.servers.filter((s) => !TAKING.has(s.state))
+    .map((s) => `${s.url} ${s.state}${s.health && s.health.error ? `: ${s.health.error}` : ""}`)
+    .join("\n");
+  return span;
 }
 
 function tubeActions(tr, td, master) {
